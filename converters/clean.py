@@ -1,0 +1,152 @@
+"""Cleaning on the way in: recognise images by content, reject bad ones with a reason, re-encode.
+
+The common case stays cheap: a JPEG or PNG is accepted from its header (size) and its end marker
+(completeness) without decoding. Only unusual files (trailing bytes, other formats) are decoded
+fully to decide.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+from PIL import Image
+
+from fastload.errors import SampleError
+
+DEFAULT_MAX_PIXELS = 89_478_485  # Pillow's own decompression-bomb threshold
+
+_SIGNATURES: tuple[tuple[bytes, str], ...] = (
+    (b"\xff\xd8\xff", "jpg"),
+    (b"\x89PNG\r\n\x1a\n", "png"),
+    (b"GIF87a", "gif"),
+    (b"GIF89a", "gif"),
+    (b"BM", "bmp"),
+    (b"II*\x00", "tiff"),
+    (b"MM\x00*", "tiff"),
+)
+_PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"
+_JPEG_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+
+
+def sniff_image_format(data: bytes) -> str | None:
+    """The image format of encoded bytes from their magic number (``jpg``, ``png``, ...), else None."""
+    for magic, ext in _SIGNATURES:
+        if data.startswith(magic):
+            return ext
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "webp"
+    return None
+
+
+def jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from a JPEG's SOF marker, or None if the marker stream is malformed."""
+    i, n = 2, len(data)
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
+            i += 2
+            continue
+        if marker in _JPEG_SOF:
+            if i + 9 > n:
+                return None
+            return int.from_bytes(data[i + 7 : i + 9], "big"), int.from_bytes(data[i + 5 : i + 7], "big")
+        if marker == 0xDA:  # scan data before any frame header
+            return None
+        i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
+    return None
+
+
+def png_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from a PNG's IHDR chunk, or None if it is missing."""
+    if len(data) < 24 or data[12:16] != b"IHDR":
+        return None
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def _decodes_fully(data: bytes) -> str | None:
+    """Decode with Pillow; return None on success, else the reason it fails."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as im:
+                im.load()
+    except Exception as exc:  # Pillow raises many types for bad data
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def check_image(data: bytes, where: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> str:
+    """Validate encoded image bytes and return their format (the field name to store them under).
+
+    Raises :class:`SampleError` with a reason: empty file, not an image, truncated or corrupt,
+    or more pixels than ``max_pixels`` (a decompression bomb).
+    """
+    if not data:
+        raise SampleError(where, "empty file: zero bytes")
+    fmt = sniff_image_format(data)
+    if fmt is None:
+        raise SampleError(where, f"not an image: unrecognised signature {data[:8]!r}")
+    if fmt == "jpg":
+        size, complete = jpeg_size(data), data.rstrip(b"\x00\r\n ").endswith(b"\xff\xd9")
+    elif fmt == "png":
+        size, complete = png_size(data), data.endswith(_PNG_END)
+    else:
+        size, complete = None, False
+    if size is None:
+        try:
+            with Image.open(io.BytesIO(data)) as im:
+                size = im.size
+        except Exception as exc:
+            raise SampleError(where, f"corrupt {fmt}: {type(exc).__name__}: {exc}") from None
+    width, height = size
+    if width * height > max_pixels:
+        raise SampleError(
+            where, f"decompression bomb: {width}x{height} = {width * height} pixels > limit {max_pixels}"
+        )
+    if width == 0 or height == 0:
+        raise SampleError(where, f"corrupt {fmt}: zero-sized image {width}x{height}")
+    if not complete:
+        failure = _decodes_fully(data)
+        if failure is not None:
+            kind = "truncated" if "truncated" in failure.lower() else "corrupt"
+            raise SampleError(where, f"{kind} {fmt}: {failure}")
+    return fmt
+
+
+def encode_png(pixels: np.ndarray) -> bytes:
+    """Losslessly encode HWC (or HW) uint8 pixels as PNG, reproducibly."""
+    if pixels.ndim == 3 and pixels.shape[2] == 1:
+        pixels = pixels[:, :, 0]
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(pixels)).save(buf, format="PNG", compress_level=6)
+    return buf.getvalue()
+
+
+def decode_rgb(data: bytes, where: str) -> Image.Image:
+    """Decode any supported image to an RGB Pillow image (EXIF orientation is NOT applied)."""
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            if im.mode.startswith("I"):  # 16/32-bit grayscale: keep the high byte
+                im = Image.fromarray((np.asarray(im, dtype=np.uint32) >> 8).astype(np.uint8))
+            return im.convert("RGB")
+    except Exception as exc:
+        raise SampleError(where, f"cannot decode: {type(exc).__name__}: {exc}") from None
+
+
+def reencode_jpeg(data: bytes, where: str, quality: int, max_size: int | None) -> bytes:
+    """Decode, shrink so the longer side is at most ``max_size`` (if given), and re-encode as JPEG."""
+    image = decode_rgb(data, where)
+    if max_size is not None and max(image.size) > max_size:
+        scale = max_size / max(image.size)
+        new_size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+        image = image.resize(new_size, Image.Resampling.LANCZOS)
+    buf = io.BytesIO()
+    image.save(buf, format="JPEG", quality=quality, optimize=False)
+    return buf.getvalue()

@@ -1,0 +1,74 @@
+"""The conversion's settings, validated once, in one frozen dataclass."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+
+from converters.sources import SOURCE_MODULES, SourceOptions
+from converters.writers import WRITER_MODULES, WriterOptions
+from fastload.errors import check_on_error
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Parse '256MB', '1.5G', '64KiB' or '1000' into bytes (KB/MB/GB decimal, KiB/MiB/GiB binary)."""
+    match = _SIZE.match(text)
+    if not match:
+        raise ValueError(f"cannot parse size {text!r} (examples: 256MB, 1GiB, 500000)")
+    number, unit = float(match.group(1)), match.group(2).upper()
+    prefix = unit[:1] if unit[:1] in ("K", "M", "G", "T") else ""
+    if not prefix:
+        return int(number)
+    return int(number * (1024 if "I" in unit else 1000) ** ("KMGT".index(prefix) + 1))
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """Everything ``fastload convert`` takes; equal options and input give byte-identical output."""
+
+    source: str
+    layout: str = "wds"
+    shard_bytes: int | None = 256 * 10**6
+    samples_per_shard: int | None = None
+    shuffle: bool = False
+    seed: int = 0
+    workers: int = 1
+    limit: int | None = None
+    dedupe: bool = False
+    on_error: str = "raise"
+    reencode_quality: int | None = None
+    max_size: int | None = None
+    max_pixels: int = 89_478_485
+    source_options: SourceOptions = field(default_factory=SourceOptions)
+    writer_options: WriterOptions = field(default_factory=WriterOptions)
+
+    def __post_init__(self) -> None:
+        if self.source not in SOURCE_MODULES:
+            raise ValueError(f"unknown source {self.source!r}; expected one of {sorted(SOURCE_MODULES)}")
+        if self.layout not in WRITER_MODULES:
+            raise ValueError(f"unknown output layout {self.layout!r}; expected one of {sorted(WRITER_MODULES)}")
+        check_on_error(self.on_error)
+        if self.samples_per_shard is not None:
+            if self.samples_per_shard < 1:
+                raise ValueError("samples_per_shard must be >= 1")
+            object.__setattr__(self, "shard_bytes", None)
+        elif self.shard_bytes is None or self.shard_bytes < 1:
+            raise ValueError("give a positive shard size in bytes or samples_per_shard")
+        if self.workers < 1:
+            raise ValueError("workers must be >= 1")
+        if self.limit is not None and self.limit < 0:
+            raise ValueError("limit must be >= 0")
+        if self.reencode_quality is not None and not 1 <= self.reencode_quality <= 100:
+            raise ValueError("reencode_quality must be in 1..100")
+        if self.max_size is not None and self.max_size < 1:
+            raise ValueError("max_size must be >= 1")
+        if self.writer_options.hdf5_decoded and self.layout != "hdf5":
+            raise ValueError("decoded pixel storage is an HDF5 option (--to hdf5)")
+
+    def fingerprint(self) -> dict:
+        """The settings that determine the output bytes (not ``workers``), for resume checks."""
+        data = asdict(self)
+        data.pop("workers")
+        return data

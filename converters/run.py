@@ -1,0 +1,226 @@
+"""Execute a conversion: plan, write the missing shards on an engine, then publish the index last.
+
+Resumable: each finished shard leaves a small result file in ``OUT/.fastload-partial/``; a rerun
+with the same options skips those shards and rewrites any other (the plan, hence every shard's
+bytes, is a pure function of the input and the options).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from converters.engines import open_engine
+from converters.options import ConvertOptions
+from converters.plan import ShardPlan, assign_shards, order_items
+from converters.sample import SourceItem
+from converters.shard import HashTask, ShardResult, ShardTask, hash_items, prepare_sample, write_shard
+from converters.sources import Source, open_source
+from fastload.errors import SampleError
+from fastload.index import (
+    INDEX_FILE,
+    SKIPPED_REPORT,
+    DatasetIndex,
+    ShardInfo,
+    atomic_write_bytes,
+    read_index,
+    write_index,
+)
+
+PARTIAL_DIR = ".fastload-partial"
+DUPLICATES_REPORT = "duplicates.jsonl"
+HASH_BATCH = 256
+
+
+class ConversionConflict(RuntimeError):
+    """OUT holds a dataset or a partial conversion made with other options."""
+
+
+@dataclass(frozen=True)
+class ConvertReport:
+    """What a conversion did, for the command's summary line."""
+
+    index: DatasetIndex
+    shards_written: int
+    shards_reused: int
+    already_complete: bool
+
+
+def _json_line(obj: object) -> str:
+    return json.dumps(obj, sort_keys=True) + "\n"
+
+
+def find_duplicates(source: Source, items: list[SourceItem], engine_name: str, workers: int) -> list[tuple[SourceItem, SourceItem]]:
+    """Pairs (duplicate, first occurrence) of items with identical image content, in item order."""
+    batches = [tuple(items[i : i + HASH_BATCH]) for i in range(0, len(items), HASH_BATCH)]
+    digests: list[list[str | None]] = [[] for _ in batches]
+    for position, result in open_engine(engine_name, workers).map_unordered(
+        hash_items, [HashTask(source, b) for b in batches]
+    ):
+        digests[position] = result
+    first: dict[str, SourceItem] = {}
+    pairs = []
+    for item, digest in zip(items, (d for batch in digests for d in batch)):
+        if digest is None:
+            continue
+        if digest in first:
+            pairs.append((item, first[digest]))
+        else:
+            first[digest] = item
+    return pairs
+
+
+def _decoded_shape(source: Source, items: list[SourceItem], options: ConvertOptions) -> tuple[int, ...]:
+    """The fixed pixel shape of a decoded HDF5 dataset: that of the first sample that prepares."""
+    for item in items:
+        try:
+            prepared = prepare_sample(source.load(item), options, None)
+        except SampleError:
+            continue
+        return tuple(prepared.image.shape)  # type: ignore[union-attr]
+    raise ValueError("no readable sample to take the decoded image shape from")
+
+
+def _check_partial(partial: Path, fingerprint: dict) -> None:
+    plan_file = partial / "plan.json"
+    if plan_file.exists():
+        previous = json.loads(plan_file.read_text())
+        if previous != fingerprint:
+            raise ConversionConflict(
+                f"{partial.parent} holds an unfinished conversion made with other options or input; "
+                f"rerun it with the same options, or delete {partial} to start over"
+            )
+    else:
+        partial.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(plan_file, json.dumps(fingerprint, sort_keys=True).encode())
+
+
+def _load_result(path: Path) -> ShardResult | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    info = ShardInfo(**data.pop("info")) if data.get("info") else None
+    data.pop("info", None)
+    data["class_counts"] = {int(k): v for k, v in data["class_counts"].items()}
+    return ShardResult(info=info, **data)
+
+
+def _finished_results(out: Path, partial: Path, plans: list[ShardPlan]) -> dict[int, ShardResult]:
+    """Results of shards a previous run finished (result file present and shard file in place)."""
+    finished = {}
+    for plan in plans:
+        result = _load_result(partial / f"{plan.name}.json")
+        if result is None:
+            continue
+        if result.info is not None and not (out / result.info.path).is_file():
+            continue
+        finished[plan.number] = result
+    return finished
+
+
+def _assemble_index(
+    source: Source, options: ConvertOptions, results: list[ShardResult], duplicates: int, decoded_shape: tuple[int, ...] | None
+) -> DatasetIndex:
+    class_counts: Counter[int] = Counter()
+    skipped: Counter[str] = Counter()
+    fields: set[str] = set()
+    image_fields: set[str] = set()
+    for result in results:
+        class_counts.update(result.class_counts)
+        skipped.update(entry["reason"].split(":")[0] for entry in result.skipped)
+        fields.update(result.fields)
+        image_fields.update(result.image_fields)
+    classes = source.classes
+    names = classes if classes is not None else None
+
+    def label_name(label: int) -> str:
+        return names[label] if names is not None and 0 <= label < len(names) else str(label)
+
+    conversion = options.fingerprint()
+    conversion.pop("source_options")
+    return DatasetIndex(
+        layout=options.layout,
+        shards=tuple(r.info for r in results if r.info is not None),
+        fields=tuple(sorted(fields)),
+        classes=tuple(classes) if classes is not None else None,
+        class_counts={label_name(k): v for k, v in sorted(class_counts.items())},
+        image_fields=tuple(sorted(image_fields)),
+        decoded_shape=decoded_shape,
+        skipped=dict(sorted(skipped.items())),
+        duplicates=duplicates,
+        source=options.source,
+        conversion=conversion,
+    )
+
+
+def _progress(total: int, quiet: bool):  # type: ignore[no-untyped-def]
+    from tqdm import tqdm
+
+    tqdm.monitor_interval = 0  # no monitor thread: we fork workers
+    return tqdm(total=total, unit="img", disable=quiet or not sys.stderr.isatty(), smoothing=0.1, dynamic_ncols=True)
+
+
+def convert(src: str, out_dir: str, options: ConvertOptions, engine: str = "local", quiet: bool = False) -> ConvertReport:
+    """Convert the raw dataset at ``src`` into shards and an index under ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    partial = out / PARTIAL_DIR
+    fingerprint = {"options": options.fingerprint()}
+    if (out / INDEX_FILE).exists() and not partial.exists():
+        existing = read_index(out)
+        wanted = options.fingerprint()
+        wanted.pop("source_options")
+        if existing.conversion != wanted:
+            raise ConversionConflict(f"{out} already holds a dataset converted with other options; choose another OUT")
+        return ConvertReport(index=existing, shards_written=0, shards_reused=len(existing.shards), already_complete=True)
+
+    source = open_source(options.source, src, options.source_options)
+    items = order_items(source.items(), options.shuffle, options.seed, options.limit)
+    if not items:
+        raise ValueError(f"{src}: the source holds no samples")
+    duplicate_pairs = find_duplicates(source, items, engine, options.workers) if options.dedupe else []
+    if duplicate_pairs:
+        dropped = {id(dup) for dup, _ in duplicate_pairs}
+        items = [item for item in items if id(item) not in dropped]
+    plans = assign_shards(items, options.layout, options.shard_bytes, options.samples_per_shard)
+    decoded_shape = _decoded_shape(source, items, options) if options.writer_options.hdf5_decoded else None
+    fingerprint["keys"] = [[item.key for item in plan.items] for plan in plans]
+    _check_partial(partial, fingerprint)
+
+    results = _finished_results(out, partial, plans)
+    reused = len(results)
+    todo = [plan for plan in plans if plan.number not in results]
+    tasks = [ShardTask(source, plan, str(out), options, decoded_shape) for plan in todo]
+    with _progress(len(items), quiet) as bar:
+        bar.update(sum(len(plans[n].items) for n in results))
+        written_bytes = 0
+        for position, result in open_engine(engine, options.workers).map_unordered(write_shard, tasks):
+            results[result.number] = result
+            atomic_write_bytes(partial / f"{todo[position].name}.json", json.dumps(asdict(result), sort_keys=True).encode())
+            written_bytes += result.info.bytes if result.info else 0
+            bar.update(len(todo[position].items))
+            bar.set_postfix_str(f"{written_bytes / max(bar.format_dict['elapsed'], 1e-9) / 1e6:.1f} MB/s", refresh=False)
+
+    ordered = [results[plan.number] for plan in plans]
+    index = _assemble_index(source, options, ordered, len(duplicate_pairs), decoded_shape)
+    skipped_lines = [_json_line(entry) for r in ordered for entry in r.skipped]
+    _write_report(out / SKIPPED_REPORT, skipped_lines)
+    dup_lines = [_json_line({"key": dup.key, "where": dup.where, "duplicate_of": orig.key}) for dup, orig in duplicate_pairs]
+    _write_report(out / DUPLICATES_REPORT, dup_lines)
+    write_index(out, index)
+    shutil.rmtree(partial)
+    return ConvertReport(index=index, shards_written=len(todo), shards_reused=reused, already_complete=False)
+
+
+def _write_report(path: Path, lines: list[str]) -> None:
+    """Write a JSON-lines report, or remove a stale one when there is nothing to report."""
+    if lines:
+        atomic_write_bytes(path, "".join(lines).encode())
+    else:
+        path.unlink(missing_ok=True)
+

@@ -1,0 +1,59 @@
+"""What flows from a source to a writer: planned item references, then loaded samples."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+_UNSAFE_KEY_CHARS = re.compile(r"[^A-Za-z0-9_\-/]")
+
+
+@dataclass(frozen=True)
+class SourceItem:
+    """A cheap, picklable reference to one raw sample; plans are made of these."""
+
+    key: str
+    where: str  # the file (and row) it comes from, for error messages
+    size_hint: int  # bytes it is expected to take in a shard
+    ref: Any = None  # source-specific locator (path, row number, tar offset, ...)
+
+
+@dataclass
+class Sample:
+    """One loaded sample: an encoded image (bytes) or decoded pixels (HWC uint8), a label, extras."""
+
+    key: str
+    where: str
+    image: bytes | np.ndarray
+    label: int | None = None
+    extra: dict[str, bytes] = field(default_factory=dict)
+
+
+def make_key(relative_name: str) -> str:
+    """A WebDataset-safe key from a relative file name: no extension, no dots, no odd characters."""
+    stem = relative_name.rsplit(".", 1)[0] if "." in relative_name.rsplit("/", 1)[-1] else relative_name
+    return _UNSAFE_KEY_CHARS.sub("_", stem).strip("/") or "_"
+
+
+def unique_keys(keys: list[str]) -> list[str]:
+    """Make keys unique deterministically by suffixing repeats with ``_N``."""
+    seen: dict[str, int] = {}
+    taken = set(keys)
+    out = []
+    for key in keys:
+        n = seen.get(key, 0)
+        seen[key] = n + 1
+        if n == 0:
+            out.append(key)
+            continue
+        candidate = f"{key}_{n}"
+        while candidate in taken:
+            n += 1
+            candidate = f"{key}_{n}"
+        seen[key] = n + 1
+        taken.add(candidate)
+        out.append(candidate)
+    return out

@@ -1,0 +1,124 @@
+"""One shard's work, run by an engine in a worker: load its items, clean them, write the shard."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from converters.clean import check_image, decode_rgb, encode_png, reencode_jpeg
+from converters.options import ConvertOptions
+from converters.plan import ShardPlan
+from converters.sample import Sample, SourceItem
+from converters.sources import Source
+from converters.writers import PreparedSample, open_writer
+from fastload.errors import SampleError
+from fastload.index import ShardInfo
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    """Everything a worker needs to write one shard, picklable."""
+
+    source: Source
+    plan: ShardPlan
+    out_dir: str
+    options: ConvertOptions
+    decoded_shape: tuple[int, ...] | None = None
+
+
+@dataclass
+class ShardResult:
+    """What a finished shard contributes to the index (``info`` is None when every sample was skipped)."""
+
+    number: int
+    info: ShardInfo | None
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    class_counts: dict[int, int] = field(default_factory=dict)
+    fields: list[str] = field(default_factory=list)
+    image_fields: list[str] = field(default_factory=list)
+
+
+def prepare_sample(sample: Sample, options: ConvertOptions, decoded_shape: tuple[int, ...] | None) -> PreparedSample:
+    """Validate and convert one loaded sample to what the writer stores; raises SampleError."""
+    image = sample.image
+    decoded = options.writer_options.hdf5_decoded
+    if isinstance(image, np.ndarray):
+        field_name = "pixels" if decoded else "png"
+        stored: bytes | np.ndarray = image if decoded else encode_png(image)
+    else:
+        field_name = check_image(image, sample.where, options.max_pixels)
+        if options.reencode_quality is not None or options.max_size is not None:
+            image = reencode_jpeg(image, sample.where, options.reencode_quality or 95, options.max_size)
+            field_name = "jpg"
+        if decoded:
+            field_name, stored = "pixels", np.asarray(decode_rgb(image, sample.where))
+        else:
+            stored = image
+    if decoded and decoded_shape is not None and stored.shape != decoded_shape:  # type: ignore[union-attr]
+        raise SampleError(
+            sample.where, f"image shape {stored.shape} differs from the dataset's fixed shape {decoded_shape}"  # type: ignore[union-attr]
+        )
+    return PreparedSample(key=sample.key, image_field=field_name, image=stored, label=sample.label, extra=sample.extra)
+
+
+def write_shard(task: ShardTask) -> ShardResult:
+    """Write one shard; bad samples raise or, with on_error='skip', are left out and reported."""
+    path = Path(task.out_dir) / task.plan.name
+    writer = open_writer(task.options.layout, path, task.options.writer_options)
+    result = ShardResult(number=task.plan.number, info=None)
+    labels: Counter[int] = Counter()
+    fields: set[str] = set()
+    image_fields: set[str] = set()
+    try:
+        for item in task.plan.items:
+            try:
+                prepared = prepare_sample(task.source.load(item), task.options, task.decoded_shape)
+            except SampleError as exc:
+                if task.options.on_error == "raise":
+                    raise
+                result.skipped.append({"key": item.key, "where": exc.where, "reason": exc.reason})
+                continue
+            writer.add(prepared)
+            if prepared.label is not None:
+                labels[prepared.label] += 1
+                fields.add("cls")
+            fields.update(prepared.extra)
+            fields.add(prepared.image_field)
+            image_fields.add(prepared.image_field)
+        if len(task.plan.items) == len(result.skipped):
+            writer.abort()
+        else:
+            result.info = writer.finish()
+    except BaseException:
+        writer.abort()
+        raise
+    result.class_counts = dict(sorted(labels.items()))
+    result.fields = sorted(fields)
+    result.image_fields = sorted(image_fields)
+    return result
+
+
+@dataclass(frozen=True)
+class HashTask:
+    """A run of items to hash for duplicate detection."""
+
+    source: Source
+    items: tuple[SourceItem, ...]
+
+
+def hash_items(task: HashTask) -> list[str | None]:
+    """sha256 of each item's image content (None where the item cannot be read)."""
+    digests: list[str | None] = []
+    for item in task.items:
+        try:
+            image = task.source.load(item).image
+        except SampleError:
+            digests.append(None)
+            continue
+        data = image if isinstance(image, bytes) else np.ascontiguousarray(image).tobytes()
+        digests.append(hashlib.sha256(data).hexdigest())
+    return digests

@@ -1,0 +1,58 @@
+"""Raw dataset sources. Each lists cheap item references, then loads one sample per reference.
+
+A source must be picklable (it is sent to worker processes) and deterministic: the same input
+gives the same items in the same order.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Protocol
+
+from converters.sample import Sample, SourceItem
+
+SOURCE_MODULES: dict[str, str] = {
+    "imagefolder": "converters.sources.imagefolder",
+    "manifest": "converters.sources.manifest",
+    "cifar": "converters.sources.cifar",
+    "mnist": "converters.sources.mnist",
+    "npz": "converters.sources.arrays",
+    "parquet": "converters.sources.parquet",
+    "wds": "converters.sources.wds",
+}
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """Options of the raw sources; each source reads the ones that concern it."""
+
+    follow_symlinks: bool = False  # imagefolder: follow links that leave the source root
+    path_column: str = "path"  # manifest
+    label_column: str = "label"  # manifest, parquet
+    image_column: str = "image"  # parquet
+    split: str = "train"  # cifar, mnist: "train" or "test"
+
+    def __post_init__(self) -> None:
+        if self.split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', got {self.split!r}")
+
+
+class Source(Protocol):
+    """What every source module's ``open_source`` returns."""
+
+    classes: tuple[str, ...] | None
+
+    def items(self) -> list[SourceItem]:
+        """Every sample's reference, in the source's canonical order."""
+
+    def load(self, item: SourceItem) -> Sample:
+        """Read one sample; raises SampleError naming ``item.where`` when it cannot."""
+
+
+def open_source(kind: str, path: str, options: SourceOptions = SourceOptions()) -> Source:
+    """Open a raw dataset of the given kind (a key of ``SOURCE_MODULES``)."""
+    if kind not in SOURCE_MODULES:
+        raise ValueError(f"unknown source {kind!r}; expected one of {sorted(SOURCE_MODULES)}")
+    module = importlib.import_module(SOURCE_MODULES[kind])
+    return module.open_source(path, options)

@@ -1,0 +1,101 @@
+"""Existing WebDataset tar shards, for resharding or converting to HDF5."""
+
+from __future__ import annotations
+
+import os
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from converters.sample import Sample, SourceItem
+from converters.sources import SourceOptions
+from fastload.errors import SampleError
+from fastload.index import IMAGE_FIELDS, DatasetIndexError, read_index, split_member_name
+
+
+def unsafe_member_reason(name: str) -> str | None:
+    """Why a tar member name must not be used (absolute, or climbing out with '..'), else None."""
+    path = PurePosixPath(name)
+    if path.is_absolute() or name.startswith("/"):
+        return f"absolute member name {name!r}"
+    if ".." in path.parts:
+        return f"member name {name!r} contains '..'"
+    return None
+
+
+def scan_tar(path: Path) -> list[tuple[str, dict[str, tuple[int, int]], str | None]]:
+    """Group a tar's regular files into samples: (key, {ext: (data offset, size)}, unsafe reason)."""
+    samples: list[tuple[str, dict[str, tuple[int, int]], str | None]] = []
+    try:
+        with tarfile.open(path, mode="r:") as tar:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                key, ext = split_member_name(member.name)
+                if not key or key.endswith("/"):
+                    continue  # hidden files such as ./.DS_Store
+                if samples and samples[-1][0] == key:
+                    samples[-1][1][ext] = (member.offset_data, member.size)
+                    samples[-1] = (key, samples[-1][1], samples[-1][2] or unsafe_member_reason(member.name))
+                else:
+                    samples.append((key, {ext: (member.offset_data, member.size)}, unsafe_member_reason(member.name)))
+    except tarfile.TarError as exc:
+        raise ValueError(f"{path}: not a readable tar ({exc})") from None
+    return samples
+
+
+@dataclass(frozen=True)
+class WdsSource:
+    """Samples of tar shards in shard order; ``cls`` gives the label, the image field the image."""
+
+    shards: tuple[Path, ...]
+    classes: tuple[str, ...] | None
+
+    def items(self) -> list[SourceItem]:
+        """One item per sample key of every shard."""
+        out = []
+        for shard in self.shards:
+            for key, fields, unsafe in scan_tar(shard):
+                size = sum(size for _, size in fields.values())
+                out.append(SourceItem(key=key, where=f"{shard}:{key}", size_hint=size, ref=(shard, fields, unsafe)))
+        return out
+
+    def load(self, item: SourceItem) -> Sample:
+        """Read the sample's members by offset."""
+        shard, fields, unsafe = item.ref
+        if unsafe:
+            raise SampleError(item.where, f"rejected: {unsafe}")
+        values: dict[str, bytes] = {}
+        fd = os.open(shard, os.O_RDONLY)
+        try:
+            for ext, (offset, size) in fields.items():
+                values[ext] = os.pread(fd, size, offset)
+        finally:
+            os.close(fd)
+        image_field = next((f for f in IMAGE_FIELDS if f in values), None)
+        if image_field is None:
+            raise SampleError(item.where, f"no image field among {sorted(values)}")
+        image = values.pop(image_field)
+        label = None
+        if "cls" in values:
+            text = values.pop("cls").decode(errors="replace").strip()
+            try:
+                label = int(text)
+            except ValueError:
+                raise SampleError(item.where, f"cls field {text!r} is not an integer") from None
+        return Sample(key=item.key, where=item.where, image=image, label=label, extra=values)
+
+
+def open_source(path: str, options: SourceOptions) -> WdsSource:
+    """Open a .tar file or a folder of .tar shards (sorted); classes come from its index.json if any."""
+    p = Path(path)
+    shards = tuple(sorted(p.glob("*.tar"))) if p.is_dir() else (p,)
+    if not shards or not shards[0].is_file():
+        raise FileNotFoundError(f"{path}: no .tar shards")
+    classes = None
+    if p.is_dir():
+        try:
+            classes = read_index(p).classes
+        except DatasetIndexError:
+            classes = None
+    return WdsSource(shards=shards, classes=classes)

@@ -1,0 +1,72 @@
+"""Shard writers. Each writes one shard to a temporary name and, on ``finish``, fsyncs and renames
+it into place, returning the shard's index entry. Nothing is visible under the final name before.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from fastload.index import ShardInfo
+
+WRITER_MODULES: dict[str, str] = {"wds": "converters.writers.wds", "hdf5": "converters.writers.hdf5"}
+SHARD_SUFFIX: dict[str, str] = {"wds": ".tar", "hdf5": ".h5"}
+
+
+@dataclass
+class PreparedSample:
+    """A cleaned sample ready to write: the image under its field name (``jpg``, ``png``, or
+    ``pixels`` for decoded HWC uint8), an optional label, extra fields by extension."""
+
+    key: str
+    image_field: str
+    image: bytes | np.ndarray
+    label: int | None = None
+    extra: dict[str, bytes] = field(default_factory=dict)
+
+
+class ShardWriter(Protocol):
+    """Collects one shard's samples and publishes the shard atomically."""
+
+    def add(self, sample: PreparedSample) -> None:
+        """Append one sample."""
+
+    def finish(self) -> ShardInfo:
+        """Flush, fsync and rename into place; return the shard's index entry."""
+
+    def abort(self) -> None:
+        """Remove temporary files after a failure."""
+
+
+@dataclass(frozen=True)
+class WriterOptions:
+    """Layout-specific writer settings."""
+
+    hdf5_decoded: bool = False  # store uint8[N,H,W,C] pixels instead of encoded bytes
+    hdf5_compression: str | None = None  # "gzip" | "lzf" | None, for decoded pixels
+
+
+def open_writer(layout: str, path: Path, options: WriterOptions) -> ShardWriter:
+    """A writer for one shard at its final ``path``."""
+    module = importlib.import_module(WRITER_MODULES[layout])
+    return module.open_writer(path, options)
+
+
+def temp_path(path: Path) -> Path:
+    """The hidden temporary name a shard file is written under before its rename."""
+    return path.with_name(f".{path.name}.tmp")
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """fsync a finished temporary file and rename it to its final name."""
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, final)

@@ -1,0 +1,30 @@
+"""fastload: fast data loading for PyTorch training.
+
+Heavy parts (torch, the loader) are imported on first use, so ``fastload convert`` starts fast.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "DatasetIndex": "fastload.index",
+    "ShardInfo": "fastload.index",
+    "read_index": "fastload.index",
+    "verify_dataset": "fastload.verify",
+    "FastloadError": "fastload.errors",
+    "SampleError": "fastload.errors",
+    "ShardError": "fastload.errors",
+    "DatasetIndexError": "fastload.errors",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'fastload' has no attribute {name!r}")

@@ -1,0 +1,181 @@
+"""The ``fastload`` command: a thin argparse layer; each subcommand imports what it needs lazily."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+
+
+def _add_convert(sub: argparse._SubParsersAction) -> None:
+    from converters.sources import SOURCE_MODULES
+
+    p = sub.add_parser("convert", help="convert a raw dataset into sharded WebDataset tar or HDF5")
+    p.add_argument("src", help="the raw dataset (folder or file)")
+    p.add_argument("out", help="output folder for shards and index.json")
+    p.add_argument("--from", dest="source", required=True, choices=sorted(SOURCE_MODULES))
+    p.add_argument("--to", dest="layout", default="wds", choices=["wds", "hdf5"])
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--shard-size", default="256MB", help="target shard size, e.g. 256MB, 1GiB (default 256MB)")
+    size.add_argument("--samples-per-shard", type=int, help="samples per shard instead of a size")
+    p.add_argument("--shuffle", action="store_true", help="shuffle samples (seeded) before sharding")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=1, help="worker processes; output is identical for any count")
+    p.add_argument("--limit", type=int, help="convert only the first N samples (after shuffling)")
+    p.add_argument("--dedupe", action="store_true", help="drop exact duplicate images (content hash)")
+    p.add_argument("--on-error", choices=["raise", "skip"], default="raise")
+    p.add_argument("--reencode-quality", type=int, metavar="Q", help="re-encode images as JPEG of quality Q")
+    p.add_argument("--max-size", type=int, metavar="PX", help="shrink images so the longer side is at most PX")
+    p.add_argument("--max-pixels", type=int, default=89_478_485, help="reject images with more pixels (bombs)")
+    p.add_argument("--follow-symlinks", action="store_true", help="follow links that leave the source root")
+    p.add_argument("--path-column", default="path", help="manifest: column of image paths")
+    p.add_argument("--label-column", default="label", help="manifest/parquet: column of labels")
+    p.add_argument("--image-column", default="image", help="parquet: column of images")
+    p.add_argument("--split", default="train", choices=["train", "test"], help="cifar/mnist: which split")
+    p.add_argument("--hdf5-decoded", action="store_true", help="HDF5: store decoded uint8[N,H,W,C] pixels")
+    p.add_argument("--hdf5-compression", choices=["gzip", "lzf"], help="HDF5: compress decoded pixels")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(run=_run_convert)
+
+
+def _run_convert(args: argparse.Namespace) -> int:
+    from converters.options import ConvertOptions, parse_size
+    from converters.run import convert
+    from converters.sources import SourceOptions
+    from converters.writers import WriterOptions
+
+    options = ConvertOptions(
+        source=args.source,
+        layout=args.layout,
+        shard_bytes=None if args.samples_per_shard else parse_size(args.shard_size),
+        samples_per_shard=args.samples_per_shard,
+        shuffle=args.shuffle,
+        seed=args.seed,
+        workers=args.workers,
+        limit=args.limit,
+        dedupe=args.dedupe,
+        on_error=args.on_error,
+        reencode_quality=args.reencode_quality,
+        max_size=args.max_size,
+        max_pixels=args.max_pixels,
+        source_options=SourceOptions(
+            follow_symlinks=args.follow_symlinks,
+            path_column=args.path_column,
+            label_column=args.label_column,
+            image_column=args.image_column,
+            split=args.split,
+        ),
+        writer_options=WriterOptions(hdf5_decoded=args.hdf5_decoded, hdf5_compression=args.hdf5_compression),
+    )
+    start = time.perf_counter()
+    report = convert(args.src, args.out, options, quiet=args.quiet)
+    seconds = time.perf_counter() - start
+    index = report.index
+    if report.already_complete:
+        print(f"{args.out}: already converted ({index.num_samples} samples in {len(index.shards)} shards)")
+        return 0
+    print(
+        f"{args.out}: {index.num_samples} samples in {len(index.shards)} {index.layout} shards, "
+        f"{index.total_bytes / 1e6:.1f} MB in {seconds:.1f}s ({index.total_bytes / 1e6 / max(seconds, 1e-9):.1f} MB/s); "
+        f"{report.shards_written} shards written, {report.shards_reused} resumed"
+    )
+    if index.skipped:
+        print(f"skipped {sum(index.skipped.values())} bad samples {index.skipped}: see {args.out}/skipped.jsonl")
+    if index.duplicates:
+        print(f"dropped {index.duplicates} duplicates: see {args.out}/duplicates.jsonl")
+    return 0
+
+
+def _add_inspect(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("inspect", help="summarise a converted dataset")
+    p.add_argument("dataset")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(run=_run_inspect)
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    from fastload.summary import summarize
+
+    summary = summarize(args.dataset)
+    if args.json:
+        print(json.dumps(summary, indent=1, sort_keys=True))
+        return 0
+    print(f"dataset   {args.dataset}")
+    print(f"layout    {summary['layout']} (from {summary['source'] or '?'})")
+    print(f"samples   {summary['samples']} in {summary['shards']} shards, {summary['bytes'] / 1e6:.1f} MB")
+    print(f"fields    {', '.join(summary['fields'])}")
+    if summary["decoded_shape"]:
+        print(f"pixels    {summary['decoded_shape']} uint8 per sample")
+    if summary["classes"] is not None or summary["class_counts"]:
+        counts = summary["class_counts"]
+        print(f"classes   {len(summary['classes'] or counts)}")
+        for name, count in list(counts.items())[:50]:
+            print(f"  {count:>9}  {name}")
+        if len(counts) > 50:
+            print(f"  ... {len(counts) - 50} more")
+    print(f"skipped   {summary['skipped_total']} {summary['skipped'] or ''}")
+    for entry in summary["skipped_samples"][:20]:
+        print(f"  {entry['where']}: {entry['reason']}")
+    print(f"duplicates dropped {summary['duplicates']}")
+    return 0
+
+
+def _add_verify(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("verify", help="check every shard's checksum and sample count")
+    p.add_argument("dataset")
+    p.add_argument("--decode", action="store_true", help="also decode every image")
+    p.set_defaults(run=_run_verify)
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    from fastload.verify import verify_dataset
+
+    report = verify_dataset(args.dataset, decode=args.decode)
+    for problem in report.problems:
+        print(f"BAD {problem}", file=sys.stderr)
+    status = "OK" if report.ok else f"FAILED ({len(report.problems)} problems)"
+    print(f"{args.dataset}: {report.shards} shards, {report.samples} samples verified{' and decoded' if args.decode else ''}: {status}")
+    return 0 if report.ok else 1
+
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="build a small dataset, convert, inspect and verify it")
+    p.add_argument("--workdir", default="data/demo", help="where to put the demo data (default data/demo)")
+    p.add_argument("--images", type=int, default=600, help="number of images to generate")
+    p.set_defaults(run=_run_demo)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from fastload.demo import run_demo
+
+    return run_demo(args.workdir, args.images)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``fastload`` command."""
+    parser = argparse.ArgumentParser(prog="fastload", description="Fast data loading for PyTorch training.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_convert, _add_inspect, _add_verify, _add_demo):
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``fastload`` command; returns the exit status."""
+    from fastload.errors import FastloadError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (FastloadError, ValueError, FileNotFoundError, RuntimeError, ImportError) as exc:
+        print(f"fastload {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"fastload {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Image decoders: ``cpu`` (libjpeg-turbo through simplejpeg, Pillow for the rest) and ``dali``."""

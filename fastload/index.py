@@ -1,0 +1,198 @@
+"""The contract between shard writers and readers: a versioned ``index.json`` at the dataset root.
+
+Writers (``converters``) produce it last, after every shard is complete; readers (the loader,
+``inspect``, ``verify``) trust nothing else about a dataset. Per-sample byte offsets of tar shards
+live beside each shard in DALI's ``.idx`` format (see :func:`write_dali_index`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from fastload.errors import DatasetIndexError
+
+FORMAT_NAME = "fastload"
+FORMAT_VERSION = 1
+INDEX_FILE = "index.json"
+SKIPPED_REPORT = "skipped.jsonl"
+DALI_INDEX_VERSION = "v1.2"
+
+Layout = Literal["wds", "hdf5"]
+LAYOUTS: tuple[str, ...] = ("wds", "hdf5")
+IMAGE_FIELDS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm")
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One shard file: its path relative to the dataset root, sample count, size and checksum."""
+
+    path: str
+    samples: int
+    bytes: int
+    sha256: str
+    offsets: str | None = None  # the DALI .idx beside a tar shard
+
+    def __post_init__(self) -> None:
+        if self.samples < 0 or self.bytes < 0:
+            raise DatasetIndexError(f"shard {self.path}: negative samples or bytes")
+        if Path(self.path).is_absolute() or ".." in Path(self.path).parts:
+            raise DatasetIndexError(f"shard path {self.path!r} must be relative to the dataset root")
+
+
+@dataclass(frozen=True)
+class DatasetIndex:
+    """Everything a reader needs to know about a converted dataset."""
+
+    layout: str
+    shards: tuple[ShardInfo, ...]
+    fields: tuple[str, ...]
+    classes: tuple[str, ...] | None = None
+    class_counts: dict[str, int] = field(default_factory=dict)
+    image_fields: tuple[str, ...] = ()
+    decoded_shape: tuple[int, ...] | None = None  # HDF5 holding fixed-size decoded pixels
+    skipped: dict[str, int] = field(default_factory=dict)  # reason -> count
+    duplicates: int = 0
+    source: str = ""  # the source kind it was converted from
+    conversion: dict = field(default_factory=dict)  # the options that produced it
+    format: str = FORMAT_NAME
+    version: int = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        if self.format != FORMAT_NAME:
+            raise DatasetIndexError(f"not a fastload index (format={self.format!r})")
+        if self.version != FORMAT_VERSION:
+            raise DatasetIndexError(
+                f"index version {self.version} is not supported (this fastload reads {FORMAT_VERSION})"
+            )
+        if self.layout not in LAYOUTS:
+            raise DatasetIndexError(f"unknown layout {self.layout!r}; expected one of {LAYOUTS}")
+
+    @property
+    def num_samples(self) -> int:
+        """Total samples over all shards."""
+        return sum(s.samples for s in self.shards)
+
+    @property
+    def total_bytes(self) -> int:
+        """Total bytes over all shards."""
+        return sum(s.bytes for s in self.shards)
+
+    def to_json(self) -> str:
+        """Serialise deterministically (sorted keys, no timestamps) so reruns are byte-identical."""
+        data = asdict(self)
+        data["num_samples"] = self.num_samples
+        return json.dumps(data, indent=1, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, where: str = INDEX_FILE) -> "DatasetIndex":
+        """Parse and validate index.json text; ``where`` names the file in errors."""
+        try:
+            data = json.loads(text)
+            data.pop("num_samples", None)
+            data["shards"] = tuple(ShardInfo(**s) for s in data["shards"])
+            for name in ("fields", "image_fields"):
+                data[name] = tuple(data.get(name) or ())
+            for name in ("classes", "decoded_shape"):
+                if data.get(name) is not None:
+                    data[name] = tuple(data[name])
+            return cls(**data)
+        except DatasetIndexError as exc:
+            raise DatasetIndexError(f"{where}: {exc}") from None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DatasetIndexError(f"{where}: malformed fastload index ({exc})") from None
+
+
+def read_index(root: str | os.PathLike[str]) -> DatasetIndex:
+    """Read ``ROOT/index.json``; raises :class:`DatasetIndexError` naming the file when it is unusable."""
+    path = Path(root) / INDEX_FILE
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise DatasetIndexError(
+            f"{path}: no index.json — not a converted dataset, or its conversion has not finished"
+        ) from None
+    return DatasetIndex.from_json(text, where=str(path))
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see either the old file or the whole new one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make a rename inside ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """sha256 of a whole file, read in 4 MiB blocks."""
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            sha.update(block)
+    return sha.hexdigest()
+
+
+def write_index(root: str | os.PathLike[str], index: DatasetIndex) -> None:
+    """Write ``ROOT/index.json`` atomically; called last, after every shard is in place."""
+    atomic_write_bytes(Path(root) / INDEX_FILE, index.to_json().encode())
+
+
+# --- DALI's webdataset index (.idx), version v1.2 -------------------------------------------
+# First line "v1.2 N"; then one line per sample listing, for each of its tar members,
+# "ext data_offset size member_name". DALI's fn.readers.webdataset takes these as index_paths.
+
+Member = tuple[str, int, int, str]  # (ext, data offset, size, member name)
+
+
+def format_dali_index(samples: list[list[Member]]) -> bytes:
+    """Render a DALI v1.2 index for a tar shard from each sample's member list."""
+    lines = [f"{DALI_INDEX_VERSION} {len(samples)}"]
+    for members in samples:
+        lines.append(" ".join(f"{ext} {off} {size} {name}" for ext, off, size, name in members))
+    return ("\n".join(lines) + "\n").encode()
+
+
+def parse_dali_index(text: str, where: str) -> list[tuple[str, dict[str, tuple[int, int]]]]:
+    """Parse a DALI v1.2 index into, per sample, ``(key, {ext: (data offset, size)})``."""
+    lines = text.splitlines()
+    if not lines:
+        raise DatasetIndexError(f"{where}: empty DALI index")
+    head = lines[0].split()
+    if len(head) != 2 or head[0] != DALI_INDEX_VERSION:
+        raise DatasetIndexError(f"{where}: expected a '{DALI_INDEX_VERSION} N' header, got {lines[0]!r}")
+    samples = []
+    for lineno, line in enumerate(lines[1:], start=2):
+        parts = line.split()
+        if not parts or len(parts) % 4:
+            raise DatasetIndexError(f"{where}:{lineno}: malformed sample line")
+        key = split_member_name(parts[3])[0]
+        fields = {parts[i]: (int(parts[i + 1]), int(parts[i + 2])) for i in range(0, len(parts), 4)}
+        samples.append((key, fields))
+    if len(samples) != int(head[1]):
+        raise DatasetIndexError(f"{where}: header says {head[1]} samples, found {len(samples)}")
+    return samples
+
+
+def split_member_name(name: str) -> tuple[str, str]:
+    """Split a tar member name into (key, ext) at the first dot of its last path part, as WebDataset."""
+    dot = name.find(".", name.rfind("/") + 1)
+    if dot < 0:
+        return name, ""
+    return name[:dot], name[dot + 1 :]

@@ -1,0 +1,80 @@
+"""Check a converted dataset against its index: every shard's size, checksum and sample count,
+and optionally that every image decodes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fastload.errors import FastloadError
+from fastload.formats import open_shard
+from fastload.index import IMAGE_FIELDS, DatasetIndex, ShardInfo, file_sha256, read_index
+
+
+@dataclass
+class VerifyReport:
+    """Problems found, one line each naming the shard (and key); empty when all is well."""
+
+    shards: int = 0
+    samples: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when no problem was found."""
+        return not self.problems
+
+
+def _check_shard(root: Path, index: DatasetIndex, shard: ShardInfo, decode: bool, report: VerifyReport) -> None:
+    path = root / shard.path
+    if not path.is_file():
+        report.problems.append(f"{shard.path}: missing")
+        return
+    size = path.stat().st_size
+    if size != shard.bytes:
+        report.problems.append(f"{shard.path}: {size} bytes, index says {shard.bytes} (truncated or replaced)")
+        return
+    if file_sha256(path) != shard.sha256:
+        report.problems.append(f"{shard.path}: sha256 mismatch (corrupted)")
+        return
+    try:
+        reader = open_shard(root, index, shard)
+        count = len(reader)
+        if count != shard.samples:
+            report.problems.append(f"{shard.path}: {count} samples, index says {shard.samples}")
+            return
+        if decode:
+            _decode_all(reader, shard, report)
+        reader.close()
+    except (FastloadError, OSError) as exc:
+        report.problems.append(f"{shard.path}: {exc}")
+        return
+    report.samples += shard.samples
+
+
+def _decode_all(reader, shard: ShardInfo, report: VerifyReport) -> None:  # type: ignore[no-untyped-def]
+    from fastload.decode.cpu import decode_image
+
+    if getattr(reader, "decoded", False):
+        return  # decoded pixels need no decoding; the checksum covers them
+    for i in range(len(reader)):
+        fields = reader.read(i)
+        image_field = next((f for f in IMAGE_FIELDS if f in fields), None)
+        where = f"{shard.path}:{reader.key(i)}"
+        if image_field is None:
+            report.problems.append(f"{where}: no image field among {sorted(fields)}")
+            continue
+        try:
+            decode_image(fields[image_field], where)
+        except FastloadError as exc:
+            report.problems.append(str(exc))
+
+
+def verify_dataset(root: str | Path, decode: bool = False) -> VerifyReport:
+    """Verify every shard listed in ``root/index.json``; never raises for a bad shard, reports it."""
+    root = Path(root)
+    index = read_index(root)
+    report = VerifyReport(shards=len(index.shards))
+    for shard in index.shards:
+        _check_shard(root, index, shard, decode, report)
+    return report

@@ -1,0 +1,28 @@
+# Create or refresh the project's virtual environment (.venv) and activate it.
+# Sourced by scripts/demo.sh and scripts/test.sh; safe to run again (it only installs what changed).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${FASTLOAD_VENV:-$ROOT/.venv}"
+PY="${PYTHON:-python3}"
+
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
+fi
+# shellcheck disable=SC1091
+. "$VENV/bin/activate"
+
+stamp="$VENV/.fastload-installed"
+want="$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/env.sh" | sha256sum | cut -d' ' -f1)"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  python -m pip install -q --upgrade pip
+  if ! python -c "import torch" 2>/dev/null; then
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+      python -m pip install -q torch            # the CUDA build on a GPU machine
+    else
+      # No GPU: the CPU build (served locally here; elsewhere set FASTLOAD_TORCH_INDEX to a CPU index).
+      python -m pip install -q "torch==2.13.0" ${FASTLOAD_TORCH_INDEX:+--index-url "$FASTLOAD_TORCH_INDEX"}
+    fi
+  fi
+  python -m pip install -q -e "$ROOT[dali,test]"
+  echo "$want" > "$stamp"
+fi
