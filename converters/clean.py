@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import io
 import warnings
-
-import numpy as np
-from PIL import Image
+from typing import TYPE_CHECKING
 
 from fastload.errors import SampleError
+
+if TYPE_CHECKING:  # imported where used: checking a JPEG or PNG needs neither
+    import numpy as np
 
 DEFAULT_MAX_PIXELS = 89_478_485  # Pillow's own decompression-bomb threshold
 
@@ -72,6 +73,8 @@ def png_size(data: bytes) -> tuple[int, int] | None:
 
 def _decodes_fully(data: bytes) -> str | None:
     """Decode with Pillow; return None on success, else the reason it fails."""
+    from PIL import Image
+
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -100,6 +103,8 @@ def check_image(data: bytes, where: str, max_pixels: int = DEFAULT_MAX_PIXELS) -
     else:
         size, complete = None, False
     if size is None:
+        from PIL import Image
+
         try:
             with Image.open(io.BytesIO(data)) as im:
                 size = im.size
@@ -122,6 +127,9 @@ def check_image(data: bytes, where: str, max_pixels: int = DEFAULT_MAX_PIXELS) -
 
 def encode_png(pixels: np.ndarray) -> bytes:
     """Losslessly encode HWC (or HW) uint8 pixels as PNG, reproducibly."""
+    import numpy as np
+    from PIL import Image
+
     if pixels.ndim == 3 and pixels.shape[2] == 1:
         pixels = pixels[:, :, 0]
     buf = io.BytesIO()
@@ -129,20 +137,18 @@ def encode_png(pixels: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def decode_rgb(data: bytes, where: str) -> Image.Image:
-    """Decode any supported image to an RGB Pillow image (EXIF orientation is NOT applied)."""
-    try:
-        with Image.open(io.BytesIO(data)) as im:
-            if im.mode.startswith("I"):  # 16/32-bit grayscale: keep the high byte
-                im = Image.fromarray((np.asarray(im, dtype=np.uint32) >> 8).astype(np.uint8))
-            return im.convert("RGB")
-    except Exception as exc:
-        raise SampleError(where, f"cannot decode: {type(exc).__name__}: {exc}") from None
+def decode_rgb(data: bytes, where: str) -> np.ndarray:
+    """Decode any supported image to HWC uint8 RGB pixels (EXIF orientation is NOT applied)."""
+    from fastload.decode.cpu import decode_image
+
+    return decode_image(data, where)
 
 
 def reencode_jpeg(data: bytes, where: str, quality: int, max_size: int | None) -> bytes:
     """Decode, shrink so the longer side is at most ``max_size`` (if given), and re-encode as JPEG."""
-    image = decode_rgb(data, where)
+    from PIL import Image
+
+    image = Image.fromarray(decode_rgb(data, where))
     if max_size is not None and max(image.size) > max_size:
         scale = max_size / max(image.size)
         new_size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))

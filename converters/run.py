@@ -7,6 +7,7 @@ bytes, is a pure function of the input and the options).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import sys
@@ -179,6 +180,8 @@ def convert(src: str, out_dir: str, options: ConvertOptions, engine: str = "loca
             raise ConversionConflict(f"{out} already holds a dataset converted with other options; choose another OUT")
         return ConvertReport(index=existing, shards_written=0, shards_reused=len(existing.shards), already_complete=True)
 
+    for stale in out.glob(".*.tmp*"):  # temporary files of a run that was killed
+        stale.unlink()
     source = open_source(options.source, src, options.source_options)
     items = order_items(source.items(), options.shuffle, options.seed, options.limit)
     if not items:
@@ -189,7 +192,7 @@ def convert(src: str, out_dir: str, options: ConvertOptions, engine: str = "loca
         items = [item for item in items if id(item) not in dropped]
     plans = assign_shards(items, options.layout, options.shard_bytes, options.samples_per_shard)
     decoded_shape = _decoded_shape(source, items, options) if options.writer_options.hdf5_decoded else None
-    fingerprint["keys"] = [[item.key for item in plan.items] for plan in plans]
+    fingerprint["plan_sha256"] = hashlib.sha256("\n".join(f"{p.name} {i.key}" for p in plans for i in p.items).encode()).hexdigest()
     _check_partial(partial, fingerprint)
 
     results = _finished_results(out, partial, plans)

@@ -7,8 +7,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from converters.clean import check_image, decode_rgb, encode_png, reencode_jpeg
 from converters.options import ConvertOptions
 from converters.plan import ShardPlan
@@ -46,7 +44,7 @@ def prepare_sample(sample: Sample, options: ConvertOptions, decoded_shape: tuple
     """Validate and convert one loaded sample to what the writer stores; raises SampleError."""
     image = sample.image
     decoded = options.writer_options.hdf5_decoded
-    if isinstance(image, np.ndarray):
+    if not isinstance(image, bytes):  # pixels from an array source
         field_name = "pixels" if decoded else "png"
         stored: bytes | np.ndarray = image if decoded else encode_png(image)
     else:
@@ -55,7 +53,7 @@ def prepare_sample(sample: Sample, options: ConvertOptions, decoded_shape: tuple
             image = reencode_jpeg(image, sample.where, options.reencode_quality or 95, options.max_size)
             field_name = "jpg"
         if decoded:
-            field_name, stored = "pixels", np.asarray(decode_rgb(image, sample.where))
+            field_name, stored = "pixels", decode_rgb(image, sample.where)
         else:
             stored = image
     if decoded and decoded_shape is not None and stored.shape != decoded_shape:  # type: ignore[union-attr]
@@ -119,6 +117,10 @@ def hash_items(task: HashTask) -> list[str | None]:
         except SampleError:
             digests.append(None)
             continue
-        data = image if isinstance(image, bytes) else np.ascontiguousarray(image).tobytes()
-        digests.append(hashlib.sha256(data).hexdigest())
+        sha = hashlib.sha256()
+        if not isinstance(image, bytes):  # pixels: the shape counts too
+            sha.update(repr(image.shape).encode())
+            image = image.tobytes()
+        sha.update(image)
+        digests.append(sha.hexdigest())
     return digests

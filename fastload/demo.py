@@ -26,7 +26,7 @@ def synthetic_image(rng: np.random.Generator, label: int, height: int, width: in
     draw = ImageDraw.Draw(image)
     for _ in range(int(rng.integers(4, 9))):
         color = tuple(int(v) for v in rng.integers(0, 256, size=3))
-        cx, cy, r = rng.uniform(0, width), rng.uniform(0, height), rng.uniform(15, min(height, width) / 3)
+        cx, cy, r = rng.uniform(0, width), rng.uniform(0, height), rng.uniform(min(height, width) / 12, min(height, width) / 3)
         if label == 0:
             draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=color)
         elif label == 1:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import functools
 import pickle
 from dataclasses import dataclass
@@ -12,8 +13,10 @@ import numpy as np
 from converters.sample import Sample, SourceItem, make_key, unique_keys
 from converters.sources import SourceOptions
 
-# The only globals a CIFAR batch references: how numpy rebuilds an array and its dtype.
+# The only globals a CIFAR batch references: how numpy rebuilds an array and its dtype, and how
+# protocol-2 pickles written by Python 3 spell a bytes object. None of them can run code.
 _ALLOWED_GLOBALS = {
+    ("_codecs", "encode"): codecs.encode,
     ("numpy.core.multiarray", "_reconstruct"): np.ndarray.__reduce__(np.zeros(1))[0],
     ("numpy._core.multiarray", "_reconstruct"): np.ndarray.__reduce__(np.zeros(1))[0],
     ("numpy", "ndarray"): np.ndarray,

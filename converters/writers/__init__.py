@@ -8,11 +8,12 @@ import importlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
-
-import numpy as np
+from typing import TYPE_CHECKING, Protocol
 
 from fastload.index import ShardInfo
+
+if TYPE_CHECKING:
+    import numpy as np
 
 WRITER_MODULES: dict[str, str] = {"wds": "converters.writers.wds", "hdf5": "converters.writers.hdf5"}
 SHARD_SUFFIX: dict[str, str] = {"wds": ".tar", "hdf5": ".h5"}

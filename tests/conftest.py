@@ -1,0 +1,146 @@
+"""Fixtures that generate small raw datasets of every supported kind (no network)."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from fastload.demo import DEMO_CLASSES, synthetic_image
+
+
+def jpeg_bytes(image: Image.Image, quality: int = 90, **kwargs) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format="JPEG", quality=quality, **kwargs)
+    return buf.getvalue()
+
+
+def png_bytes(image: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def small_photo(seed: int, label: int = 0, size: tuple[int, int] = (48, 64)) -> Image.Image:
+    """A small smooth synthetic image (height, width)."""
+    return synthetic_image(np.random.default_rng(seed), label, size[0], size[1])
+
+
+@pytest.fixture(scope="session")
+def image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """ROOT/CLASS/img.jpg: 4 classes, 30 JPEGs of varied sizes."""
+    root = tmp_path_factory.mktemp("imagefolder")
+    for i in range(30):
+        label = i % len(DEMO_CLASSES)
+        path = root / DEMO_CLASSES[label] / f"img_{i:03d}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(jpeg_bytes(small_photo(i, label, (40 + i, 60 + 2 * i))))
+    return root
+
+
+@pytest.fixture(scope="session")
+def manifest_csv(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CSV manifest beside copies of the image folder's files, with string labels."""
+    root = tmp_path_factory.mktemp("manifest")
+    shutil.copytree(image_folder, root / "images")
+    lines = ["file,category"]
+    for path in sorted((root / "images").rglob("*.jpg")):
+        lines.append(f"{path.relative_to(root).as_posix()},{path.parent.name}")
+    (root / "list.csv").write_text("\n".join(lines) + "\n")
+    return root / "list.csv"
+
+
+@pytest.fixture(scope="session")
+def manifest_jsonl(manifest_csv: Path) -> Path:
+    """A JSONL manifest with integer labels, next to the CSV one."""
+    rows = [line.split(",") for line in manifest_csv.read_text().splitlines()[1:]]
+    path = manifest_csv.with_name("list.jsonl")
+    path.write_text("".join(json.dumps({"path": p, "label": DEMO_CLASSES.index(c)}) + "\n" for p, c in rows))
+    return path
+
+
+@pytest.fixture(scope="session")
+def cifar10_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CIFAR-10 "python version" layout with 5 tiny train batches and a test batch."""
+    root = tmp_path_factory.mktemp("cifar") / "cifar-10-batches-py"
+    root.mkdir()
+    rng = np.random.default_rng(0)
+    names = [f"class{i}" for i in range(10)]
+    with open(root / "batches.meta", "wb") as f:
+        pickle.dump({"label_names": names, "num_cases_per_batch": 4}, f, protocol=2)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        batch = {
+            b"batch_label": name.encode(),
+            b"labels": [int(v) for v in rng.integers(0, 10, 4)],
+            b"data": rng.integers(0, 256, (4, 3072), dtype=np.uint8),
+            b"filenames": [f"{name}_img{i}.png".encode() for i in range(4)],
+        }
+        with open(root / name, "wb") as f:
+            pickle.dump(batch, f, protocol=2)
+    return root
+
+
+@pytest.fixture(scope="session")
+def mnist_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """MNIST IDX files: train gzipped, test plain; 12 and 5 images of 28x28."""
+    root = tmp_path_factory.mktemp("mnist")
+    rng = np.random.default_rng(1)
+    for prefix, count, gz in (("train", 12, True), ("t10k", 5, False)):
+        images = rng.integers(0, 256, (count, 28, 28), dtype=np.uint8)
+        labels = rng.integers(0, 10, count).astype(np.uint8)
+        image_raw = bytes([0, 0, 8, 3]) + b"".join(v.to_bytes(4, "big") for v in (count, 28, 28)) + images.tobytes()
+        label_raw = bytes([0, 0, 8, 1]) + count.to_bytes(4, "big") + labels.tobytes()
+        for stem, raw in ((f"{prefix}-images-idx3-ubyte", image_raw), (f"{prefix}-labels-idx1-ubyte", label_raw)):
+            if gz:
+                (root / f"{stem}.gz").write_bytes(gzip.compress(raw, mtime=0))
+            else:
+                (root / stem).write_bytes(raw)
+    return root
+
+
+@pytest.fixture(scope="session")
+def npz_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """images uint8[10,16,16,3] and labels int64[10] in an .npz."""
+    path = tmp_path_factory.mktemp("npz") / "data.npz"
+    rng = np.random.default_rng(2)
+    np.savez(path, images=rng.integers(0, 256, (10, 16, 16, 3), dtype=np.uint8), labels=np.arange(10) % 3)
+    return path
+
+
+@pytest.fixture(scope="session")
+def parquet_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two Parquet files shaped like a Hugging Face export: image {bytes, path} structs, a
+    ClassLabel column whose names live in the schema's 'huggingface' metadata."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    root = tmp_path_factory.mktemp("parquet")
+    features = {"info": {"features": {"image": {"_type": "Image"}, "label": {"names": ["cat", "dog"], "_type": "ClassLabel"}}}}
+    for part in range(2):
+        images = [{"bytes": jpeg_bytes(small_photo(100 + part * 10 + i)), "path": f"p{part}_{i}.jpg"} for i in range(7)]
+        table = pa.table({"image": images, "label": [i % 2 for i in range(7)]})
+        table = table.replace_schema_metadata({"huggingface": json.dumps(features)})
+        pq.write_table(table, root / f"train-{part:05d}-of-00002.parquet", row_group_size=3)
+    return root
+
+
+def run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Run the installed ``fastload`` command."""
+    exe = Path(sys.executable).with_name("fastload")
+    proc = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"fastload {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def tree_bytes(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` by relative path, for byte-identity comparisons."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}

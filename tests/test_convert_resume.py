@@ -1,0 +1,86 @@
+"""Conversion is atomic and resumable: SIGKILL at any moment, rerun, get byte-identical output;
+``--workers 2`` writes exactly what ``--workers 1`` writes."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import jpeg_bytes, run_cli, small_photo, tree_bytes
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def many_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("many")
+    for i in range(240):
+        path = root / f"c{i % 3}" / f"{i:04d}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(jpeg_bytes(small_photo(i, i % 3, (64, 80))))
+    (root / "c0" / "0000.jpg").write_bytes(b"")  # one bad file, skipped and reported
+    return root
+
+
+def convert_args(src: Path, out: Path, layout: str, workers: int) -> list[str]:
+    return [
+        "convert", str(src), str(out), "--from", "imagefolder", "--to", layout, "--samples-per-shard", "4",
+        "--shuffle", "--seed", "3", "--on-error", "skip", "--dedupe", "--workers", str(workers), "--quiet",
+    ]
+
+
+@pytest.mark.parametrize("layout", ["wds", "hdf5"])
+def test_workers_2_equals_workers_1(many_images: Path, tmp_path: Path, layout: str) -> None:
+    run_cli(*convert_args(many_images, tmp_path / "one", layout, 1))
+    run_cli(*convert_args(many_images, tmp_path / "two", layout, 2))
+    one, two = tree_bytes(tmp_path / "one"), tree_bytes(tmp_path / "two")
+    assert len(one) > 60 and one == two
+
+
+def _start(args: list[str]) -> subprocess.Popen:
+    exe = Path(sys.executable).with_name("fastload")
+    return subprocess.Popen([str(exe), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+
+
+def _kill_when(proc: subprocess.Popen, out: Path, shards_done: int, timeout: float = 60) -> None:
+    """SIGKILL the whole process group once ``shards_done`` shard results exist (or at exit)."""
+    partial = out / ".fastload-partial"
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        if partial.is_dir() and len(list(partial.glob("shard-*.json"))) >= shards_done:
+            break
+        time.sleep(0.005)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+@pytest.mark.parametrize("layout,workers", [("wds", 1), ("wds", 2), ("hdf5", 2)])
+def test_sigkill_and_rerun_is_byte_identical(many_images: Path, tmp_path: Path, layout: str, workers: int) -> None:
+    reference = tmp_path / "reference"
+    run_cli(*convert_args(many_images, reference, layout, workers))
+    out = tmp_path / "killed"
+    args = convert_args(many_images, out, layout, workers)
+    killed_mid_way = 0
+    for shards_done in (0, 3, 11, 25, 40):
+        proc = _start(args)
+        _kill_when(proc, out, shards_done)
+        if proc.returncode == -signal.SIGKILL and not (out / "index.json").exists():
+            killed_mid_way += 1
+            assert tree_bytes(out) != tree_bytes(reference)
+    assert killed_mid_way >= 3, "the conversion finished before it could be killed: make it longer"
+    result = run_cli(*args)
+    resumed = re.search(r"(\d+) resumed", result.stdout)
+    assert resumed and int(resumed.group(1)) > 0, result.stdout
+    assert tree_bytes(out) == tree_bytes(reference)
+    verify = run_cli("verify", str(out))
+    assert "OK" in verify.stdout

@@ -1,0 +1,238 @@
+"""Round trip of every source into both writers, read back through fastload's shard readers."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from converters import ConvertOptions, SourceOptions, WriterOptions, convert
+from converters.sources import open_source
+from fastload.formats import open_shard
+from fastload.index import read_index
+
+
+def read_back(out: Path) -> list[tuple[str, dict[str, bytes]]]:
+    """(key, fields) of every sample in shard order, through the public index and readers."""
+    index = read_index(out)
+    samples = []
+    for shard in index.shards:
+        reader = open_shard(out, index, shard)
+        samples.extend((reader.key(i), reader.read(i)) for i in range(len(reader)))
+        reader.close()
+    return samples
+
+
+def pixels_of(data: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(data)))
+
+
+@pytest.mark.parametrize("layout", ["wds", "hdf5"])
+def test_imagefolder_round_trip_keeps_bytes_and_labels(image_folder: Path, tmp_path: Path, layout: str) -> None:
+    report = convert(str(image_folder), str(tmp_path), ConvertOptions(source="imagefolder", layout=layout, samples_per_shard=7))
+    samples = read_back(tmp_path)
+    files = sorted(image_folder.rglob("*.jpg"))
+    assert len(samples) == len(files) == report.index.num_samples == 30
+    assert len(report.index.shards) == 5  # 7+7+7+7+2
+    classes = sorted(p.name for p in image_folder.iterdir())
+    assert report.index.classes == tuple(classes)
+    by_key = dict(samples)
+    for path in files:
+        key = path.relative_to(image_folder).with_suffix("").as_posix()
+        assert by_key[key]["jpg"] == path.read_bytes()
+        assert int(by_key[key]["cls"]) == classes.index(path.parent.name)
+    assert report.index.class_counts == {name: len(list((image_folder / name).glob("*.jpg"))) for name in classes}
+
+
+@pytest.mark.parametrize("layout", ["wds", "hdf5"])
+def test_manifest_csv_with_string_labels(manifest_csv: Path, tmp_path: Path, layout: str) -> None:
+    options = ConvertOptions(
+        source="manifest", layout=layout, source_options=SourceOptions(path_column="file", label_column="category")
+    )
+    index = convert(str(manifest_csv), str(tmp_path), options).index
+    samples = read_back(tmp_path)
+    assert index.classes == ("circles", "squares", "stripes", "waves")
+    rows = [line.split(",") for line in manifest_csv.read_text().splitlines()[1:]]
+    assert [int(f["cls"]) for _, f in samples] == [index.classes.index(c) for _, c in rows]
+    assert [f["jpg"] for _, f in samples] == [(manifest_csv.parent / p).read_bytes() for p, _ in rows]
+
+
+def test_manifest_jsonl_with_int_labels(manifest_jsonl: Path, tmp_path: Path) -> None:
+    index = convert(str(manifest_jsonl), str(tmp_path), ConvertOptions(source="manifest")).index
+    rows = [json.loads(line) for line in manifest_jsonl.read_text().splitlines()]
+    assert index.classes is None
+    assert [int(f["cls"]) for _, f in read_back(tmp_path)] == [r["label"] for r in rows]
+
+
+def test_manifest_names_missing_column(manifest_csv: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"list\.csv: no column 'path'.*category"):
+        convert(str(manifest_csv), str(tmp_path), ConvertOptions(source="manifest"))
+
+
+@pytest.mark.parametrize("layout", ["wds", "hdf5"])
+def test_cifar_pixels_are_lossless(cifar10_dir: Path, tmp_path: Path, layout: str) -> None:
+    index = convert(str(cifar10_dir), str(tmp_path), ConvertOptions(source="cifar", layout=layout)).index
+    samples = read_back(tmp_path)
+    assert index.num_samples == 20 and index.classes == tuple(f"class{i}" for i in range(10))
+    source = open_source("cifar", str(cifar10_dir))
+    for item, (key, fields) in zip(source.items(), samples):
+        expected = source.load(item)
+        assert key == item.key
+        assert np.array_equal(pixels_of(fields["png"]), expected.image)
+        assert int(fields["cls"]) == expected.label
+
+
+def test_cifar_test_split(cifar10_dir: Path, tmp_path: Path) -> None:
+    options = ConvertOptions(source="cifar", source_options=SourceOptions(split="test"))
+    assert convert(str(cifar10_dir), str(tmp_path), options).index.num_samples == 4
+
+
+def test_cifar_refuses_code_in_pickles(tmp_path: Path) -> None:
+    """A pickle that would run code is rejected, never executed."""
+    import pickle
+
+    from converters.sources.cifar import read_cifar_pickle
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(tmp_path / "pwned"), "w"))
+
+    bad = tmp_path / "data_batch_1"
+    bad.write_bytes(pickle.dumps({b"data": Evil()}, protocol=2))
+    with pytest.raises(pickle.UnpicklingError, match="refusing to load"):
+        read_cifar_pickle(bad)
+    assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize("split,count", [("train", 12), ("test", 5)])
+def test_mnist_gz_and_plain(mnist_dir: Path, tmp_path: Path, split: str, count: int) -> None:
+    options = ConvertOptions(source="mnist", layout="hdf5", source_options=SourceOptions(split=split), writer_options=WriterOptions(hdf5_decoded=True))
+    index = convert(str(mnist_dir), str(tmp_path), options).index
+    assert index.num_samples == count and index.decoded_shape == (28, 28, 1)
+    from converters.sources.mnist import read_idx
+
+    prefix = "train" if split == "train" else "t10k"
+    suffix = ".gz" if split == "train" else ""
+    images = read_idx(mnist_dir / f"{prefix}-images-idx3-ubyte{suffix}")
+    labels = read_idx(mnist_dir / f"{prefix}-labels-idx1-ubyte{suffix}")
+    import h5py
+
+    with h5py.File(tmp_path / index.shards[0].path) as f:
+        assert np.array_equal(f["pixels"][:, :, :, 0], images)
+        assert np.array_equal(f["cls"][:], labels)
+
+
+def test_mnist_to_wds_png(mnist_dir: Path, tmp_path: Path) -> None:
+    convert(str(mnist_dir), str(tmp_path), ConvertOptions(source="mnist"))
+    from converters.sources.mnist import read_idx
+
+    images = read_idx(mnist_dir / "train-images-idx3-ubyte.gz")
+    decoded = [pixels_of(f["png"]) for _, f in read_back(tmp_path)]
+    assert np.array_equal(np.stack(decoded), images)
+
+
+@pytest.mark.parametrize("layout", ["wds", "hdf5"])
+def test_npz(npz_file: Path, tmp_path: Path, layout: str) -> None:
+    convert(str(npz_file), str(tmp_path), ConvertOptions(source="npz", layout=layout, samples_per_shard=4))
+    data = np.load(npz_file)
+    samples = read_back(tmp_path)
+    assert np.array_equal(np.stack([pixels_of(f["png"]) for _, f in samples]), data["images"])
+    assert [int(f["cls"]) for _, f in samples] == list(data["labels"])
+
+
+def test_npy_folder_is_memory_mapped(tmp_path: Path) -> None:
+    folder = tmp_path / "arrays"
+    folder.mkdir()
+    images = np.random.default_rng(3).integers(0, 256, (6, 8, 8), dtype=np.uint8)
+    np.save(folder / "images.npy", images)
+    np.save(folder / "labels.npy", np.arange(6))
+    index = convert(str(folder), str(tmp_path / "out"), ConvertOptions(source="npz", layout="hdf5", writer_options=WriterOptions(hdf5_decoded=True))).index
+    assert index.decoded_shape == (8, 8, 1)
+
+
+@pytest.mark.parametrize("layout", ["wds", "hdf5"])
+def test_parquet_hugging_face_export(parquet_dir: Path, tmp_path: Path, layout: str) -> None:
+    index = convert(str(parquet_dir), str(tmp_path), ConvertOptions(source="parquet", layout=layout)).index
+    import pyarrow.parquet as pq
+
+    expected = []
+    for path in sorted(parquet_dir.glob("*.parquet")):
+        table = pq.read_table(path).to_pydict()
+        expected += list(zip([img["bytes"] for img in table["image"]], table["label"]))
+    samples = read_back(tmp_path)
+    assert index.classes == ("cat", "dog")
+    assert [(f["jpg"], int(f["cls"])) for _, f in samples] == expected
+
+
+def test_wds_reshard_and_to_hdf5(image_folder: Path, tmp_path: Path) -> None:
+    """Existing tars (ours, with a json extra added by the webdataset library) reshard losslessly."""
+    import webdataset as wds
+
+    tars = tmp_path / "tars"
+    tars.mkdir()
+    files = sorted(image_folder.rglob("*.jpg"))
+    with wds.TarWriter(str(tars / "part-0.tar")) as sink:
+        for i, path in enumerate(files):
+            sink.write({"__key__": f"s{i:04d}", "jpg": path.read_bytes(), "cls": i % 4, "json": {"i": i}})
+    convert(str(tars), str(tmp_path / "re"), ConvertOptions(source="wds", samples_per_shard=8))
+    convert(str(tmp_path / "re"), str(tmp_path / "h5"), ConvertOptions(source="wds", layout="hdf5"))
+    for out in ("re", "h5"):
+        samples = read_back(tmp_path / out)
+        assert [k for k, _ in samples] == [f"s{i:04d}" for i in range(len(files))]
+        assert [f["jpg"] for _, f in samples] == [p.read_bytes() for p in files]
+        assert [int(f["cls"]) for _, f in samples] == [i % 4 for i in range(len(files))]
+        assert [json.loads(f["json"]) for _, f in samples] == [{"i": i} for i in range(len(files))]
+
+
+def test_shard_size_by_bytes(image_folder: Path, tmp_path: Path) -> None:
+    index = convert(str(image_folder), str(tmp_path), ConvertOptions(source="imagefolder", shard_bytes=20_000)).index
+    assert len(index.shards) > 3
+    assert all(s.bytes < 20_000 + 12_000 for s in index.shards)  # a shard overshoots by at most one sample
+    assert index.num_samples == 30
+
+
+def test_shuffle_and_limit_are_deterministic(image_folder: Path, tmp_path: Path) -> None:
+    def keys(seed: int, name: str) -> list[str]:
+        convert(str(image_folder), str(tmp_path / name), ConvertOptions(source="imagefolder", shuffle=True, seed=seed, limit=10))
+        return [k for k, _ in read_back(tmp_path / name)]
+
+    first, again, other = keys(1, "a"), keys(1, "b"), keys(2, "c")
+    assert first == again and len(first) == 10
+    assert first != other
+    assert first != sorted(first)
+
+
+def test_dedupe_drops_exact_duplicates(image_folder: Path, tmp_path: Path) -> None:
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(image_folder, src)
+    original = sorted(src.rglob("*.jpg"))
+    (src / "circles" / "zz_copy_a.jpg").write_bytes(original[0].read_bytes())
+    (src / "waves" / "zz_copy_b.jpg").write_bytes(original[5].read_bytes())
+    index = convert(str(src), str(tmp_path / "out"), ConvertOptions(source="imagefolder", dedupe=True)).index
+    assert index.num_samples == 30 and index.duplicates == 2
+    report = [json.loads(line) for line in (tmp_path / "out" / "duplicates.jsonl").read_text().splitlines()]
+    assert {r["key"] for r in report} == {"circles/zz_copy_a", "waves/zz_copy_b"}
+
+
+def test_reencode_and_max_size(image_folder: Path, tmp_path: Path) -> None:
+    options = ConvertOptions(source="imagefolder", reencode_quality=75, max_size=32)
+    convert(str(image_folder), str(tmp_path), options)
+    for _, fields in read_back(tmp_path):
+        image = Image.open(io.BytesIO(fields["jpg"]))
+        assert image.format == "JPEG" and max(image.size) <= 32
+
+
+def test_rerun_of_finished_conversion_is_a_no_op_and_other_options_conflict(image_folder: Path, tmp_path: Path) -> None:
+    from converters.run import ConversionConflict
+
+    options = ConvertOptions(source="imagefolder", samples_per_shard=10)
+    convert(str(image_folder), str(tmp_path), options)
+    assert convert(str(image_folder), str(tmp_path), options).already_complete
+    with pytest.raises(ConversionConflict, match="other options"):
+        convert(str(image_folder), str(tmp_path), ConvertOptions(source="imagefolder", samples_per_shard=5))
