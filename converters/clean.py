@@ -11,6 +11,7 @@ import io
 import warnings
 from typing import TYPE_CHECKING
 
+from fastload.decode.header import jpeg_size, png_size, sniff_image_format
 from fastload.errors import SampleError
 
 if TYPE_CHECKING:  # imported where used: checking a JPEG or PNG needs neither
@@ -18,57 +19,7 @@ if TYPE_CHECKING:  # imported where used: checking a JPEG or PNG needs neither
 
 DEFAULT_MAX_PIXELS = 89_478_485  # Pillow's own decompression-bomb threshold
 
-_SIGNATURES: tuple[tuple[bytes, str], ...] = (
-    (b"\xff\xd8\xff", "jpg"),
-    (b"\x89PNG\r\n\x1a\n", "png"),
-    (b"GIF87a", "gif"),
-    (b"GIF89a", "gif"),
-    (b"BM", "bmp"),
-    (b"II*\x00", "tiff"),
-    (b"MM\x00*", "tiff"),
-)
 _PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"
-_JPEG_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
-
-
-def sniff_image_format(data: bytes) -> str | None:
-    """The image format of encoded bytes from their magic number (``jpg``, ``png``, ...), else None."""
-    for magic, ext in _SIGNATURES:
-        if data.startswith(magic):
-            return ext
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "webp"
-    return None
-
-
-def jpeg_size(data: bytes) -> tuple[int, int] | None:
-    """(width, height) from a JPEG's SOF marker, or None if the marker stream is malformed."""
-    i, n = 2, len(data)
-    while i + 4 <= n:
-        if data[i] != 0xFF:
-            return None
-        marker = data[i + 1]
-        if marker == 0xFF:  # fill byte
-            i += 1
-            continue
-        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
-            i += 2
-            continue
-        if marker in _JPEG_SOF:
-            if i + 9 > n:
-                return None
-            return int.from_bytes(data[i + 7 : i + 9], "big"), int.from_bytes(data[i + 5 : i + 7], "big")
-        if marker == 0xDA:  # scan data before any frame header
-            return None
-        i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
-    return None
-
-
-def png_size(data: bytes) -> tuple[int, int] | None:
-    """(width, height) from a PNG's IHDR chunk, or None if it is missing."""
-    if len(data) < 24 or data[12:16] != b"IHDR":
-        return None
-    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
 
 
 def _decodes_fully(data: bytes) -> str | None:

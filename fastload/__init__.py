@@ -11,6 +11,10 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "DataLoader": "fastload.loader",
+    "open": "fastload.dataset",
+    "ShardedDataset": "fastload.dataset",
+    "transforms": "fastload.transforms",
     "DatasetIndex": "fastload.index",
     "ShardInfo": "fastload.index",
     "read_index": "fastload.index",
@@ -25,6 +29,8 @@ __all__ = ["__version__", *_EXPORTS]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "transforms":
+        return import_module("fastload.transforms")
     if name in _EXPORTS:
         return getattr(import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'fastload' has no attribute {name!r}")

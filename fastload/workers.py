@@ -1,0 +1,277 @@
+"""Worker processes that decode and transform whole batches straight into shared memory.
+
+The batch buffers are one anonymous shared mapping made before the workers fork: nothing is
+named in /dev/shm, so nothing can leak, whatever kills the process tree. A worker gets
+(batch number, slot, sample indices), writes the slot's pixels and labels in place, and answers
+with only the keys and skip records. Workers live as long as the loader, across epochs.
+"""
+
+from __future__ import annotations
+
+import mmap
+import multiprocessing
+import os
+import queue
+import signal
+import traceback
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fastload.dataset import ShardedDataset
+from fastload.decode.cpu import decode_image
+from fastload.decode.header import image_size
+from fastload.errors import FastloadError, SampleError
+from fastload.index import IMAGE_FIELDS
+from fastload.sampling import sample_rng
+from fastload.transforms import Transform, apply_plan, dct_min_size, plan
+
+try:
+    from fastload.decode import _turbo
+except ImportError:  # built without libjpeg headers: the simplejpeg/Pillow path does the work
+    _turbo = None
+
+POLL_S = 0.2  # how often a waiting side checks that the other is still alive
+MAX_SUBSTITUTES = 64  # with on_error="skip": how many following samples to try in place of a bad one
+
+
+class WorkerError(FastloadError):
+    """A worker failed: it raised (traceback included) or died (signal or exit code named)."""
+
+
+def transform_into(ds: ShardedDataset, index: int, specs: Sequence[Transform], seed: int, epoch: int, out: np.ndarray) -> tuple[int, str]:
+    """Read, decode and transform sample ``index`` into ``out`` (C, H, W uint8); return (label or -1, key).
+
+    JPEGs go through the libjpeg-turbo extension when it is built: only the crop's region is
+    decoded, at the smallest sufficient DCT scale, and resampled straight into ``out``.
+    """
+    key, fields, pixels = ds.raw(index)
+    rng = sample_rng(seed, epoch, index)
+    where = f"{ds.index.shards[ds.locate(index)[0]].path}:{key}"
+    label = int(fields["cls"]) if "cls" in fields else -1
+    if pixels is None:
+        image_field = next((f for f in IMAGE_FIELDS if f in fields), None)
+        if image_field is None:
+            raise SampleError(where, f"no image field among {sorted(fields)}")
+        data = fields[image_field]
+        try:
+            width, height = image_size(data)
+        except Exception as exc:
+            raise SampleError(where, f"cannot read image header: {type(exc).__name__}: {exc}") from None
+        sample_plan = plan(specs, height, width, rng)
+        _check_size(sample_plan.size, out, where)
+        if _turbo is not None and data[:3] == b"\xff\xd8\xff" and out.shape[0] == 3:
+            try:
+                _turbo.decode_crop_into(data, sample_plan.box, out, out.shape[1], out.shape[2], sample_plan.flip)
+                return label, key
+            except NotImplementedError:
+                pass  # CMYK: the generic path below converts it
+            except ValueError as exc:
+                raise SampleError(where, f"corrupt JPEG: {exc}") from None
+        min_h, min_w = dct_min_size(sample_plan, height, width)
+        pixels = decode_image(data, where, min_h, min_w)
+    else:
+        height, width = pixels.shape[:2]
+        sample_plan = plan(specs, height, width, rng)
+        _check_size(sample_plan.size, out, where)
+    result = apply_plan(pixels, sample_plan, height, width)
+    if result.shape[2] != out.shape[0]:
+        raise SampleError(where, f"has {result.shape[2]} channels, the batch holds {out.shape[0]}")
+    np.copyto(out, result.transpose(2, 0, 1))
+    return label, key
+
+
+def _check_size(size: tuple[int, int], out: np.ndarray, where: str) -> None:
+    if size != out.shape[1:]:
+        raise SampleError(where, f"transforms give {size[0]}x{size[1]}, the batch holds {out.shape[1]}x{out.shape[2]}")
+
+
+@dataclass
+class BatchResult:
+    """A worker's answer: where the batch is, its keys, skipped samples, or the error."""
+
+    batch_no: int
+    slot: int
+    count: int
+    keys: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (where, reason)
+    error: str | None = None  # a worker traceback
+    bad_sample: tuple[str, str] | None = None  # (where, reason) of the SampleError that stopped it
+
+
+def fill_batch(
+    ds: ShardedDataset,
+    indices: np.ndarray,
+    specs: Sequence[Transform],
+    seed: int,
+    epoch: int,
+    on_error: str,
+    images: np.ndarray,
+    labels: np.ndarray,
+) -> tuple[list[str], list[tuple[str, str]]]:
+    """Write the batch's samples into ``images`` (N,C,H,W) and ``labels``; return keys and skips.
+
+    With ``on_error="skip"`` a bad sample is replaced by the next readable one in dataset order,
+    so the batch keeps its size and the result stays independent of the number of workers.
+    """
+    keys: list[str] = []
+    skipped: list[tuple[str, str]] = []
+    for j, index in enumerate(indices.tolist()):
+        for attempt in range(MAX_SUBSTITUTES + 1):
+            candidate = (index + attempt) % len(ds)
+            try:
+                labels[j], key = transform_into(ds, candidate, specs, seed, epoch, images[j])
+                break
+            except SampleError as exc:
+                if on_error == "raise":
+                    raise
+                skipped.append((exc.where, exc.reason))
+        else:
+            raise SampleError(ds.where(index), f"it and the {MAX_SUBSTITUTES} samples after it are all unreadable")
+        keys.append(key)
+    return keys, skipped
+
+
+class BatchBuffers:
+    """``slots`` batch buffers (uint8 images and int64 labels) in one anonymous shared mapping."""
+
+    def __init__(self, slots: int, batch_size: int, image_shape: tuple[int, int, int]) -> None:
+        self.slots, self.batch_size, self.image_shape = slots, batch_size, image_shape
+        self._image_bytes = batch_size * int(np.prod(image_shape))
+        self._slot_bytes = self._image_bytes + batch_size * 8
+        self._slot_bytes += -self._slot_bytes % 64
+        self.memory = mmap.mmap(-1, slots * self._slot_bytes)  # MAP_SHARED | MAP_ANONYMOUS
+
+    def images(self, slot: int) -> np.ndarray:
+        """The (batch_size, C, H, W) uint8 view of a slot."""
+        return np.frombuffer(self.memory, np.uint8, self._image_bytes, slot * self._slot_bytes).reshape(
+            (self.batch_size, *self.image_shape)
+        )
+
+    def labels(self, slot: int) -> np.ndarray:
+        """The (batch_size,) int64 label view of a slot."""
+        return np.frombuffer(self.memory, np.int64, self.batch_size, slot * self._slot_bytes + self._image_bytes)
+
+    def close(self) -> None:
+        """Unmap (only once no view of it is alive)."""
+        try:
+            self.memory.close()
+        except BufferError:
+            pass  # a view is still referenced; the mapping goes with the last one
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What every worker needs; inherited through fork, never pickled."""
+
+    dataset: ShardedDataset
+    specs: tuple[Transform, ...]
+    seed: int
+    on_error: str
+    buffers: BatchBuffers
+    worker_init_fn: Callable[[int], None] | None
+
+
+def _worker_main(worker_id: int, config: WorkerConfig, tasks: multiprocessing.Queue, results: multiprocessing.Queue, parent: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    if config.worker_init_fn is not None:
+        config.worker_init_fn(worker_id)
+    while True:
+        try:
+            task = tasks.get(timeout=POLL_S * 5)
+        except queue.Empty:
+            if os.getppid() != parent:
+                return  # the main process is gone
+            continue
+        if task is None:
+            break
+        batch_no, slot, epoch, indices = task
+        result = BatchResult(batch_no=batch_no, slot=slot, count=len(indices))
+        try:
+            buffers = config.buffers
+            result.keys, result.skipped = fill_batch(
+                config.dataset, indices, config.specs, config.seed, epoch, config.on_error,
+                buffers.images(slot), buffers.labels(slot),
+            )
+        except SampleError as exc:
+            result.bad_sample = (exc.where, exc.reason)
+            result.error = f"worker {worker_id} (pid {os.getpid()}):\n{traceback.format_exc()}"
+        except Exception:
+            result.error = f"worker {worker_id} (pid {os.getpid()}):\n{traceback.format_exc()}"
+        results.put(result)
+    config.dataset.close()
+
+
+class WorkerPool:
+    """``num_workers`` forked processes serving batch tasks; detects dead workers promptly."""
+
+    def __init__(self, config: WorkerConfig, num_workers: int) -> None:
+        context = multiprocessing.get_context("fork")
+        self._tasks: multiprocessing.Queue = context.Queue()
+        self._results: multiprocessing.Queue = context.Queue()
+        self.processes = [
+            context.Process(
+                target=_worker_main, args=(i, config, self._tasks, self._results, os.getpid()),
+                name=f"fastload-worker-{i}", daemon=True,
+            )
+            for i in range(num_workers)
+        ]
+        for process in self.processes:
+            process.start()
+        # runs at close(), when the pool is garbage (even inside a reference cycle), or at exit
+        self._shutdown = weakref.finalize(self, _shutdown, self.processes, self._tasks, self._results)
+
+    def submit(self, batch_no: int, slot: int, epoch: int, indices: np.ndarray) -> None:
+        """Queue one batch for whichever worker is free first."""
+        self._tasks.put((batch_no, slot, epoch, indices))
+
+    def get(self, timeout: float) -> BatchResult:
+        """The next finished batch; raises WorkerError if a worker died, TimeoutError after
+        ``timeout`` seconds (0 = wait forever)."""
+        waited = 0.0
+        while True:
+            for process in self.processes:  # a death is an error even if others cover its work
+                if process.exitcode is not None:
+                    raise WorkerError(f"{process.name} (pid {process.pid}) died: {_describe_exit(process.exitcode)}")
+            try:
+                return self._results.get(timeout=POLL_S)
+            except queue.Empty:
+                waited += POLL_S
+            if timeout and waited >= timeout:
+                raise TimeoutError(f"no batch from the workers within {timeout} s (timeout=)")
+
+    def close(self) -> None:
+        """Stop the workers: ask politely, then terminate, then kill."""
+        self._shutdown()
+
+
+def _shutdown(processes: list, tasks: multiprocessing.Queue, results: multiprocessing.Queue) -> None:
+    for _ in processes:
+        try:
+            tasks.put_nowait(None)
+        except (ValueError, OSError):
+            break
+    for process in processes:
+        process.join(timeout=2)
+        if process.exitcode is None:
+            process.terminate()
+            process.join(timeout=2)
+        if process.exitcode is None:
+            process.kill()
+            process.join()
+    for q in (tasks, results):
+        q.cancel_join_thread()
+        q.close()
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = " (out of memory?)" if name == "SIGKILL" else ""
+        return f"killed by {name}{hint}"
+    return f"exited with code {code}"

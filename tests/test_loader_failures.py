@@ -1,0 +1,197 @@
+"""Failure behaviour with real processes and real signals: corrupt samples raise (naming shard and
+key) or are skipped and counted; a dead or hung worker is an error, never a hang; nothing leaks
+after a normal end, a break, an exception or Ctrl-C; memory stays flat across epochs."""
+
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+import fastload
+from converters import ConvertOptions, convert
+from fastload import transforms as T
+from fastload.errors import SampleError
+from fastload.index import parse_dali_index, read_index
+from fastload.workers import WorkerError
+
+
+@pytest.fixture(scope="module")
+def clean(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("clean")
+    convert(str(image_folder), str(out), ConvertOptions(source="imagefolder", samples_per_shard=8))
+    return out
+
+
+@pytest.fixture()
+def corrupt(clean: Path, tmp_path: Path) -> tuple[Path, set[str]]:
+    """A copy whose shard 1 has one sample with a garbage header and one with garbage scan data."""
+    out = tmp_path / "corrupt"
+    shutil.copytree(clean, out)
+    index = read_index(out)
+    shard = out / index.shards[1].path
+    samples = parse_dali_index((out / index.shards[1].offsets).read_text(), "idx")
+    data = bytearray(shard.read_bytes())
+    (key_a, fields_a), (key_b, fields_b) = samples[2], samples[5]
+    offset, size = fields_a["jpg"]
+    data[offset : offset + 16] = b"\xab" * 16
+    offset, size = fields_b["jpg"]
+    rng = np.random.default_rng(0)
+    data[offset + size // 3 : offset + size - 2] = rng.integers(0, 256, size - 2 - size // 3, dtype=np.uint8).tobytes()
+    shard.write_bytes(bytes(data))
+    return out, {key_a, key_b}
+
+
+def our_children() -> list[psutil.Process]:
+    return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_corrupt_sample_raises_naming_shard_and_key(corrupt: tuple[Path, set[str]], num_workers: int) -> None:
+    path, bad = corrupt
+    with fastload.DataLoader(path, batch_size=4, num_workers=num_workers, transform=T.val(16)) as loader:
+        with pytest.raises(SampleError) as info:
+            list(loader)
+    assert info.value.where.startswith("shard-00001.tar:")
+    assert info.value.where.split(":", 1)[1] in bad
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_skip_keeps_batch_size_and_counts(corrupt: tuple[Path, set[str]], num_workers: int) -> None:
+    path, bad = corrupt
+    with fastload.DataLoader(path, batch_size=4, num_workers=num_workers, transform=T.val(16), on_error="skip", return_keys=True) as loader:
+        batches = list(loader)
+        assert [len(k) for _, _, k in batches] == [4] * 7 + [2]
+        keys = [k for _, _, ks in batches for k in ks]
+        assert not bad & set(keys)
+        assert len(loader.stats.skipped) == 2
+        assert {e["where"].split(":", 1)[1] for e in loader.stats.skipped.entries} == bad
+
+
+def test_killed_worker_raises_within_seconds(clean: Path) -> None:
+    loader = fastload.DataLoader(clean, batch_size=2, num_workers=2, transform=T.val(16), prefetch_factor=1)
+    it = iter(loader)
+    next(it)
+    victim = loader._pool.processes[0]
+    os.kill(victim.pid, signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match=rf"pid {victim.pid}\) died: killed by SIGKILL"):
+        for _ in it:
+            time.sleep(0.05)
+    assert time.monotonic() - start < 5
+    loader.close()
+    assert not our_children()
+
+
+def slow_start(worker_id: int) -> None:
+    time.sleep(30)
+
+
+def test_timeout_is_honoured(clean: Path) -> None:
+    loader = fastload.DataLoader(clean, batch_size=2, num_workers=1, transform=T.val(16), timeout=1, worker_init_fn=slow_start)
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="within 1 s"):
+        next(iter(loader))
+    assert time.monotonic() - start < 4
+    loader.close()
+    assert not our_children()
+
+
+def shm_entries() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+@pytest.mark.parametrize("how", ["normal", "break", "exception"])
+def test_nothing_leaks(clean: Path, how: str) -> None:
+    shm_before = shm_entries()
+    loader = fastload.DataLoader(clean, batch_size=3, num_workers=2, shuffle=True, transform=T.train(16))
+    try:
+        for i, _ in enumerate(loader):
+            if how == "break" and i == 2:
+                break
+            if how == "exception" and i == 2:
+                raise RuntimeError("training step failed")
+    except RuntimeError:
+        assert how == "exception"
+    assert len(our_children()) == 2  # workers live as long as the loader, across epochs
+    del loader
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while our_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not our_children()
+    assert shm_entries() == shm_before
+
+
+CTRL_C_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    import fastload
+    from fastload import transforms as T
+    loader = fastload.DataLoader(sys.argv[1], batch_size=2, num_workers=2, transform=T.train(16))
+    print("ready", flush=True)
+    while True:
+        for batch in loader:
+            time.sleep(0.05)
+    """
+)
+
+
+def test_ctrl_c_leaves_no_process_behind(clean: Path, tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(CTRL_C_SCRIPT)
+    shm_before = shm_entries()
+    proc = subprocess.Popen([sys.executable, str(script), str(clean)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(1.0)
+    tree = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    assert len(tree) == 3
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+    proc.wait(timeout=15)
+    assert "KeyboardInterrupt" in proc.stderr.read()
+    deadline = time.monotonic() + 5
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in tree) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in tree if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert shm_entries() == shm_before
+
+
+def test_workers_exit_when_the_main_process_is_killed(clean: Path, tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(CTRL_C_SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script), str(clean)], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(0.5)
+    workers = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while any(psutil.pid_exists(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in workers if psutil.pid_exists(p)]
+
+
+def tree_rss() -> int:
+    me = psutil.Process()
+    return me.memory_info().rss + sum(c.memory_info().rss for c in me.children(recursive=True))
+
+
+def test_memory_does_not_grow_across_epochs(clean: Path) -> None:
+    with fastload.DataLoader(clean, batch_size=4, num_workers=2, shuffle=True, transform=T.train(32)) as loader:
+        samples = []
+        for _ in range(8):
+            for _ in loader:
+                pass
+            samples.append(tree_rss())
+    growth = max(samples[3:]) - samples[2]
+    assert growth < 8 * 2**20, [s / 2**20 for s in samples]

@@ -1,0 +1,254 @@
+"""The fast path over converted shards: every sample exactly once, determinism whatever the worker
+count, exact resume, transforms against reference implementations, both shard layouts."""
+
+from __future__ import annotations
+
+import io
+import itertools
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import fastload
+from converters import ConvertOptions, WriterOptions, convert
+from fastload import transforms as T
+from fastload.sampling import sample_rng
+from fastload.transforms import plan, random_resized_crop_params
+
+
+@pytest.fixture(scope="module")
+def wds(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("loader-wds")
+    convert(str(image_folder), str(out), ConvertOptions(source="imagefolder", samples_per_shard=7))
+    return out
+
+
+@pytest.fixture(scope="module")
+def hdf5(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("loader-h5")
+    convert(str(image_folder), str(out), ConvertOptions(source="imagefolder", layout="hdf5", samples_per_shard=9))
+    return out
+
+
+def epoch_keys(loader) -> list[str]:
+    return [k for _, _, keys in loader for k in keys]
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 3])
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_every_sample_exactly_once(wds: Path, num_workers: int, shuffle: bool, drop_last: bool) -> None:
+    ds = fastload.open(wds)
+    all_keys = [ds.raw(i)[0] for i in range(len(ds))]
+    with fastload.DataLoader(
+        ds, batch_size=4, shuffle=shuffle, num_workers=num_workers, drop_last=drop_last,
+        transform=T.val(16), return_keys=True,
+    ) as loader:
+        batches = list(loader)
+        assert len(batches) == len(loader) == (7 if drop_last else 8)
+        keys = [k for _, _, ks in batches for k in ks]
+        assert len(keys) == len(set(keys))
+        if drop_last:
+            assert len(keys) == 28 and set(keys) <= set(all_keys)
+        else:
+            assert Counter(keys) == Counter(all_keys)
+        if not shuffle:
+            assert keys == all_keys[: len(keys)]
+        images, labels, _ = batches[0]
+        assert images.shape == (4, 3, 16, 16) and images.dtype == torch.uint8
+        assert labels.dtype == torch.int64
+
+
+def test_same_seed_same_batches_whatever_the_worker_count(wds: Path) -> None:
+    def run(num_workers: int, seed: int = 3) -> list[tuple]:
+        with fastload.DataLoader(wds, batch_size=5, shuffle=True, num_workers=num_workers, transform=T.train(24), seed=seed, return_keys=True) as loader:
+            return [(x.clone(), y.clone(), k) for x, y, k in loader]
+
+    reference = run(0)
+    for other in (run(1), run(3)):
+        assert [k for *_, k in other] == [k for *_, k in reference]
+        for (a, la, _), (b, lb, _) in zip(reference, other):
+            assert torch.equal(a, b) and torch.equal(la, lb)
+    different = run(2, seed=4)
+    assert [k for *_, k in different] != [k for *_, k in reference]
+
+
+def test_epochs_differ_and_set_epoch_replays(wds: Path) -> None:
+    with fastload.DataLoader(wds, batch_size=30, shuffle=True, transform=T.train(24), return_keys=True) as loader:
+        (x0, _, k0), = list(loader)
+        (x1, _, k1), = list(loader)  # the epoch advances by itself
+        assert k0 != k1
+        loader.set_epoch(0)
+        (again, _, k_again), = list(loader)
+        assert k_again == k0 and torch.equal(again, x0)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_state_dict_resumes_exactly(wds: Path, num_workers: int) -> None:
+    kwargs = dict(batch_size=4, shuffle=True, num_workers=num_workers, transform=T.train(16), seed=9, return_keys=True)
+    with fastload.DataLoader(wds, **kwargs) as full:
+        full.set_epoch(2)
+        uninterrupted = [(x.clone(), k) for x, _, k in full]
+    with fastload.DataLoader(wds, **kwargs) as first:
+        first.set_epoch(2)
+        it = iter(first)
+        before = [(x.clone(), k) for x, _, k in itertools.islice(it, 3)]
+        state = first.state_dict()
+    assert state == {"version": 1, "seed": 9, "epoch": 2, "samples_consumed": 12}
+    with fastload.DataLoader(wds, **kwargs) as resumed:
+        resumed.load_state_dict(state)
+        after = [(x.clone(), k) for x, _, k in resumed]
+        assert resumed.state_dict()["epoch"] == 3
+    combined = before + after
+    assert [k for _, k in combined] == [k for _, k in uninterrupted]
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(combined, uninterrupted))
+
+
+def test_hdf5_encoded_and_decoded(wds: Path, hdf5: Path, npz_file: Path, tmp_path: Path) -> None:
+    def epoch(path, **kw):
+        with fastload.DataLoader(path, batch_size=8, transform=T.val(16), return_keys=True, **kw) as loader:
+            return {k: x for xs, _, ks in loader for x, k in zip(xs, ks)}
+
+    from_tar, from_h5 = epoch(wds), epoch(hdf5)
+    assert from_tar.keys() == from_h5.keys()
+    assert all(torch.equal(from_tar[k], from_h5[k]) for k in from_tar)
+
+    decoded = tmp_path / "dec"
+    convert(str(npz_file), str(decoded), ConvertOptions(source="npz", layout="hdf5", writer_options=WriterOptions(hdf5_decoded=True)))
+    with fastload.DataLoader(decoded, batch_size=4) as loader:
+        images, labels = next(iter(loader))
+    data = np.load(npz_file)
+    assert torch.equal(images, torch.from_numpy(data["images"][:4]).permute(0, 3, 1, 2))
+    assert labels.tolist() == data["labels"][:4].tolist()
+
+
+def reference_val(data: bytes, size: int) -> np.ndarray:
+    """torchvision's val recipe on a PIL image: Resize(size/0.875) (short side, bilinear, antialias) + CenterCrop."""
+    image = Image.open(io.BytesIO(data)).convert("RGB")
+    short = int(size / 0.875)
+    w, h = image.size
+    new = (short, int(short * h / w)) if w <= h else (int(short * w / h), short)
+    image = image.resize(new, Image.Resampling.BILINEAR)
+    left, top = int(round((new[0] - size) / 2.0)), int(round((new[1] - size) / 2.0))
+    return np.asarray(image.crop((left, top, left + size, top + size))).transpose(2, 0, 1)
+
+
+def test_val_preset_matches_reference_recipe(image_folder: Path, wds: Path) -> None:
+    ds = fastload.open(wds)
+    with fastload.DataLoader(ds, batch_size=30, transform=T.val(32), return_keys=True) as loader:
+        images, _, keys = next(iter(loader))
+    scores = [psnr(image.numpy(), reference_val((image_folder / f"{key}.jpg").read_bytes(), 32)) for image, key in zip(images, keys)]
+    # DCT-domain downscaling differs from a full decode + resample by a little blur, most at the
+    # sharp edges of these tiny synthetic images (on real photos: PSNR ~40 dB)
+    assert np.mean(scores) > 30 and min(scores) > 24, scores
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+    return float("inf") if mse == 0 else 10 * np.log10(255**2 / mse)
+
+
+def test_center_crop_without_scaling_is_exact(image_folder: Path, wds: Path) -> None:
+    """With no resampling needed, the crop equals Pillow's pixels (both are libjpeg-turbo, islow)."""
+    with fastload.DataLoader(wds, batch_size=30, transform=[T.CenterCrop(24)], return_keys=True) as loader:
+        images, _, keys = next(iter(loader))
+    for image, key in zip(images, keys):
+        full = np.asarray(Image.open(image_folder / f"{key}.jpg").convert("RGB"))
+        top, left = int(round((full.shape[0] - 24) / 2.0)), int(round((full.shape[1] - 24) / 2.0))
+        expected = full[top : top + 24, left : left + 24].transpose(2, 0, 1)
+        assert np.abs(image.numpy().astype(int) - expected.astype(int)).max() <= 1, key
+
+
+def torchvision_get_params(height: int, width: int, g: torch.Generator) -> tuple[int, int, int, int]:
+    """A literal port of torchvision.transforms.RandomResizedCrop.get_params (scale 0.08-1, ratio
+    3/4-4/3), drawing from torch's RNG: the reference distribution."""
+    import math
+
+    area = height * width
+    log_ratio = torch.log(torch.tensor([3 / 4, 4 / 3]))
+    for _ in range(10):
+        target_area = area * torch.empty(1).uniform_(0.08, 1.0, generator=g).item()
+        aspect_ratio = math.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1], generator=g).item())
+        w = int(round(math.sqrt(target_area * aspect_ratio)))
+        h = int(round(math.sqrt(target_area / aspect_ratio)))
+        if 0 < w <= width and 0 < h <= height:
+            i = torch.randint(0, height - h + 1, size=(1,), generator=g).item()
+            j = torch.randint(0, width - w + 1, size=(1,), generator=g).item()
+            return i, j, h, w
+    return 0, 0, height, width
+
+
+def test_train_crop_follows_torchvision_semantics() -> None:
+    rng = np.random.default_rng(0)
+    areas, ratios = [], []
+    for _ in range(2000):
+        top, left, h, w = random_resized_crop_params(300, 400, (0.08, 1.0), (3 / 4, 4 / 3), rng)
+        assert 0 <= top and top + h <= 300 and 0 <= left and left + w <= 400
+        areas.append(h * w / 120000)
+        ratios.append(w / h)
+    assert 0.075 <= min(areas) and max(areas) <= 1.0
+    assert 0.74 <= min(ratios) and max(ratios) <= 1.34
+    reference = [torchvision_get_params(300, 400, torch.Generator().manual_seed(i)) for i in range(2000)]
+    ref_areas = [h * w / 120000 for _, _, h, w in reference]
+    ref_ratios = [w / h for _, _, h, w in reference]
+    assert abs(np.mean(areas) - np.mean(ref_areas)) < 0.02
+    assert abs(np.mean(ratios) - np.mean(ref_ratios)) < 0.02
+    # a crop of a tall, narrow image falls back to the centre crop at the nearest allowed ratio
+    assert random_resized_crop_params(1000, 10, (0.9, 1.0), (3 / 4, 4 / 3), rng) == (493, 0, 13, 10)
+
+
+def test_flip_probability_and_per_sample_determinism() -> None:
+    specs = T.train(8)
+    flips = [plan(specs, 50, 60, sample_rng(0, 0, i)).flip for i in range(4000)]
+    assert 0.47 < np.mean(flips) < 0.53
+    assert plan(specs, 50, 60, sample_rng(5, 1, 42)) == plan(specs, 50, 60, sample_rng(5, 1, 42))
+    assert plan(specs, 50, 60, sample_rng(5, 1, 42)) != plan(specs, 50, 60, sample_rng(5, 2, 42))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_normalize_on_batches(wds: Path, dtype: str) -> None:
+    with fastload.DataLoader(wds, batch_size=6, transform=T.val(16)) as raw_loader:
+        raw, _ = next(iter(raw_loader))
+    specs = (*T.val(16), T.Normalize(dtype=dtype))
+    with fastload.DataLoader(wds, batch_size=6, transform=specs) as loader:
+        normalized, _ = next(iter(loader))
+    assert normalized.dtype == getattr(torch, dtype) and normalized.shape == raw.shape
+    mean = torch.tensor(T.IMAGENET_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(T.IMAGENET_STD).view(1, 3, 1, 1)
+    expected = (raw.float() / 255 - mean) / std
+    assert torch.allclose(normalized.float(), expected, atol=0.05 if dtype != "float32" else 1e-5)
+
+
+def test_to_dtype_scales() -> None:
+    run = T.batch_transform([T.ToDtype("float32")])
+    assert torch.equal(run(torch.tensor([[0, 255]], dtype=torch.uint8)), torch.tensor([[0.0, 1.0]]))
+
+
+def test_transform_spec_validation() -> None:
+    with pytest.raises(ValueError, match="scale must satisfy"):
+        T.RandomResizedCrop(8, scale=(0.5, 0.1))
+    with pytest.raises(ValueError, match="must come before Normalize"):
+        T.validate([T.Normalize(), T.CenterCrop(4)])
+    with pytest.raises(TypeError, match="not a fastload transform spec"):
+        T.validate([lambda x: x])
+
+
+def test_varying_sizes_need_a_fixed_size_transform(wds: Path) -> None:
+    with pytest.raises(ValueError, match="vary in size"):
+        fastload.DataLoader(wds, batch_size=2)
+
+
+def test_dataset_random_access(image_folder: Path, wds: Path) -> None:
+    ds = fastload.open(wds)
+    assert len(ds) == 30 and ds.classes == sorted(p.name for p in image_folder.iterdir())
+    sample = ds[5]
+    expected = np.asarray(Image.open(image_folder / f"{sample['key']}.jpg").convert("RGB"))
+    assert sample["image"].shape == expected.shape
+    assert np.abs(sample["image"].astype(int) - expected.astype(int)).max() <= 1
+    assert ds.classes[sample["label"]] == sample["key"].split("/")[0]
+    with pytest.raises(IndexError):
+        ds[30]
