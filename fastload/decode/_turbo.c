@@ -19,6 +19,10 @@
 
 #include <jpeglib.h>
 
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
+
 typedef struct {
     struct jpeg_error_mgr pub;
     jmp_buf jump;
@@ -106,23 +110,34 @@ static inline unsigned char clamp_u8(float v) {
     return (unsigned char)v;
 }
 
-/* One output row of the horizontal pass with a fixed number of taps K (zero-weighted beyond an
- * output's inputs, so the loop has no data-dependent bounds and unrolls). */
+/* One output row of the horizontal pass with K taps (zero-weighted beyond an output's inputs,
+ * so the loop has no data-dependent bounds). With SSE one 4-lane multiply-add handles the R, G
+ * and B of a tap at once (the 4th lane reads the next pixel and is discarded). */
 static inline void horizontal_row(const float *line, const Weights *wx, int K, int out_w, int flip,
                                   unsigned char *r, unsigned char *g, unsigned char *b) {
     for (int x = 0; x < out_w; x++) {
         const float *kx = wx->weight + (size_t)x * K;
         const float *p = line + (size_t)wx->start[x] * 3;
+        int ox = flip ? out_w - 1 - x : x;
+#if defined(__SSE__)
+        __m128 acc = _mm_mul_ps(_mm_set1_ps(kx[0]), _mm_loadu_ps(p));
+        for (int t = 1; t < K; t++) acc = _mm_add_ps(acc, _mm_mul_ps(_mm_set1_ps(kx[t]), _mm_loadu_ps(p + 3 * t)));
+        float lanes[4];
+        _mm_storeu_ps(lanes, acc);
+        r[ox] = clamp_u8(lanes[0]);
+        g[ox] = clamp_u8(lanes[1]);
+        b[ox] = clamp_u8(lanes[2]);
+#else
         float sr = 0, sg = 0, sb = 0;
         for (int t = 0; t < K; t++) {
             sr += kx[t] * p[3 * t];
             sg += kx[t] * p[3 * t + 1];
             sb += kx[t] * p[3 * t + 2];
         }
-        int ox = flip ? out_w - 1 - x : x;
         r[ox] = clamp_u8(sr);
         g[ox] = clamp_u8(sg);
         b[ox] = clamp_u8(sb);
+#endif
     }
 }
 
@@ -136,7 +151,7 @@ static int resample(const unsigned char *region, int rows, int width, double bx0
     if (make_weights(by0, by1, rows, out_h, &wy) || make_weights(bx0, bx1, width, out_w, &wx)) goto done;
     size_t row_len = (size_t)width * 3;
     /* padded with zeros so a fixed-tap read past the last pixel stays in bounds */
-    line = calloc(row_len + (size_t)wx.taps * 3, sizeof(float));
+    line = calloc(row_len + (size_t)wx.taps * 3 + 1, sizeof(float));
     if (!line) goto done;
     size_t plane = (size_t)out_h * out_w;
     for (int y = 0; y < out_h; y++) {
