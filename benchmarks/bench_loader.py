@@ -5,7 +5,8 @@
         flip (what users write by hand; torchvision's PIL path does the same work)
     the decode ceiling: single-thread libjpeg-turbo full decodes/s of the same images x workers
 
-Rounds are interleaved so machine noise hits every contender alike; the median is reported.
+Each round runs every contender for ``--epochs`` epochs with a fresh loader; rounds are
+interleaved so machine noise hits every contender alike; the median is reported.
 Also: time to the first batch and the peak RSS of the process tree (main + workers).
 
     python benchmarks/bench_loader.py data/photos data/photos-wds --workers 2 --batch-size 256
@@ -70,7 +71,8 @@ def tree_rss_mb() -> float:
 
 
 class PeakRss:
-    """Samples the process tree's RSS every 50 ms in a thread; ``peak`` is the maximum seen."""
+    """Samples the process tree's RSS every 250 ms in a thread; ``peak`` is the maximum seen.
+    (Shared pages, e.g. the batch buffers, count once per process: an upper bound.)"""
 
     def __init__(self) -> None:
         self.peak = 0.0
@@ -80,7 +82,7 @@ class PeakRss:
     def _run(self) -> None:
         while not self._stop.is_set():
             self.peak = max(self.peak, tree_rss_mb())
-            self._stop.wait(0.05)
+            self._stop.wait(0.25)
 
     def __enter__(self) -> PeakRss:
         self._thread.start()
@@ -92,19 +94,19 @@ class PeakRss:
         self.peak = max(self.peak, tree_rss_mb())
 
 
-def time_loader(make, max_batches: int | None = None) -> dict:
-    """Iterate one epoch (a fresh loader, so worker start-up counts); images/s and first-batch time."""
+def time_loader(make, epochs: int) -> dict:
+    """Iterate ``epochs`` epochs of a fresh loader (its start-up and each loader's per-epoch costs,
+    such as torch restarting its workers, count); images/s and time to the first batch."""
     with PeakRss() as rss:
         start = time.perf_counter()
         loader = make()
         first = None
         images = 0
-        for i, (x, _) in enumerate(loader):
-            if first is None:
-                first = time.perf_counter() - start
-            images += len(x)
-            if max_batches and i + 1 >= max_batches:
-                break
+        for _ in range(epochs):
+            for x, _ in loader:
+                if first is None:
+                    first = time.perf_counter() - start
+                images += len(x)
         seconds = time.perf_counter() - start
         if hasattr(loader, "close"):
             loader.close()
@@ -132,6 +134,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=2, help="epochs per loader per round")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -149,7 +152,7 @@ def main() -> None:
     for _ in range(args.rounds):
         ceilings.append(decode_ceiling(args.folder))
         for name, make in contenders.items():
-            results[name].append(time_loader(make))
+            results[name].append(time_loader(make, args.epochs))
     ceiling = statistics.median(ceilings) * args.workers
     torch_rate = statistics.median(r["images_per_s"] for r in results["torch+Pillow"])
     print(f"{len(PillowFolder(args.folder))} images, batch {args.batch_size}, {args.workers} workers, median of {args.rounds} rounds")

@@ -49,7 +49,8 @@ typedef struct {
     int *start;   /* first input index of each output */
     int *count;   /* number of inputs of each output */
     float *weight; /* out_size x taps */
-    int taps;
+    int taps;     /* stride of `weight` */
+    int used;     /* the most non-zero taps any output has */
 } Weights;
 
 static float triangle(float x) {
@@ -63,6 +64,7 @@ static int make_weights(double in0, double in1, int in_size, int out_size, Weigh
     double support = filterscale;
     int taps = (int)ceil(support) * 2 + 1;
     w->taps = taps;
+    w->used = 1;
     w->start = malloc(sizeof(int) * out_size);
     w->count = malloc(sizeof(int) * out_size);
     w->weight = calloc((size_t)out_size * taps, sizeof(float));
@@ -90,9 +92,20 @@ static int make_weights(double in0, double in1, int in_size, int out_size, Weigh
             }
             if (total > 0)
                 for (int x = 0; x < n; x++) k[x] /= total;
+            /* drop zero weights at both ends: a scale just above 1 then needs 3 taps, not 5 */
+            int lead = 0;
+            while (lead < n - 1 && k[lead] == 0) lead++;
+            while (n - 1 > lead && k[n - 1] == 0) n--;
+            if (lead) {
+                memmove(k, k + lead, sizeof(float) * (n - lead));
+                memset(k + n - lead, 0, sizeof(float) * lead);
+                xmin += lead;
+                n -= lead;
+            }
         }
         w->start[xx] = xmin;
         w->count[xx] = n;
+        if (n > w->used) w->used = n;
     }
     return 0;
 }
@@ -110,13 +123,13 @@ static inline unsigned char clamp_u8(float v) {
     return (unsigned char)v;
 }
 
-/* One output row of the horizontal pass with K taps (zero-weighted beyond an output's inputs,
- * so the loop has no data-dependent bounds). With SSE one 4-lane multiply-add handles the R, G
+/* One output row of the horizontal pass with K taps (outputs with fewer non-zero weights have
+ * zeros after them, so the loop has no data-dependent bounds). With SSE one 4-lane multiply-add handles the R, G
  * and B of a tap at once (the 4th lane reads the next pixel and is discarded). */
 static inline void horizontal_row(const float *line, const Weights *wx, int K, int out_w, int flip,
                                   unsigned char *r, unsigned char *g, unsigned char *b) {
     for (int x = 0; x < out_w; x++) {
-        const float *kx = wx->weight + (size_t)x * K;
+        const float *kx = wx->weight + (size_t)x * wx->taps;
         const float *p = line + (size_t)wx->start[x] * 3;
         int ox = flip ? out_w - 1 - x : x;
 #if defined(__SSE__)
@@ -164,10 +177,11 @@ static int resample(const unsigned char *region, int rows, int width, double bx0
             for (size_t i = 0; i < row_len; i++) line[i] += kt * s[i];
         }
         unsigned char *r = out + (size_t)y * out_w, *g = r + plane, *b = g + plane;
-        switch (wx.taps) { /* constant tap counts let the compiler unroll the inner loop */
+        switch (wx.used) { /* constant tap counts let the compiler unroll the inner loop */
+            case 2: horizontal_row(line, &wx, 2, out_w, flip, r, g, b); break;
             case 3: horizontal_row(line, &wx, 3, out_w, flip, r, g, b); break;
-            case 5: horizontal_row(line, &wx, 5, out_w, flip, r, g, b); break;
-            default: horizontal_row(line, &wx, wx.taps, out_w, flip, r, g, b);
+            case 4: horizontal_row(line, &wx, 4, out_w, flip, r, g, b); break;
+            default: horizontal_row(line, &wx, wx.used, out_w, flip, r, g, b);
         }
     }
     status = 0;
