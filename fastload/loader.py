@@ -58,6 +58,7 @@ class DataLoader:
         return_keys: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
+        evaluation: bool = False,
     ) -> None:
         if isinstance(dataset, (str, os.PathLike)):
             dataset = ShardedDataset(dataset)
@@ -68,7 +69,10 @@ class DataLoader:
         self.device = torch.device(device) if device is not None else None
         self._torch_loader: torch.utils.data.DataLoader | None = None
         if not isinstance(dataset, ShardedDataset):
-            for name, value, default in (("transform", transform, None), ("return_keys", return_keys, False), ("on_error", on_error, "raise")):
+            for name, value, default in (
+                ("transform", transform, None), ("return_keys", return_keys, False),
+                ("on_error", on_error, "raise"), ("evaluation", evaluation, False),
+            ):
                 if value != default:
                     raise ValueError(f"{name}= applies to fastload datasets; with a torch Dataset, do it inside the dataset")
             self._torch_loader = torch.utils.data.DataLoader(
@@ -92,6 +96,9 @@ class DataLoader:
             raise ValueError("num_workers must be >= 0")
         if prefetch_factor is not None and num_workers == 0:
             raise ValueError("prefetch_factor needs num_workers > 0 (as in torch)")
+        if evaluation and drop_last:
+            raise ValueError("evaluation=True yields every sample exactly once: it cannot drop_last")
+        self.evaluation = evaluation
         self.shuffle = bool(shuffle)
         self.pin_memory = pin_memory and torch.cuda.is_available()
         self.timeout = timeout
@@ -204,8 +211,9 @@ class DataLoader:
             self._pool = WorkerPool(config, self.num_workers)
         return self._buffers, self._pool
 
-    def _deliver(self, result: BatchResult, buffers: BatchBuffers) -> Any:
-        """Copy a finished slot out (into pinned memory when asked), move it, finish the batch."""
+    def _deliver(self, result: BatchResult, buffers: BatchBuffers, valid: np.ndarray) -> Any:
+        """Copy a finished slot out (into pinned memory when asked), move it, finish the batch.
+        In evaluation mode a last element, the bool tensor ``valid``, marks padding entries."""
         n = result.count
         images = torch.empty((n, *self.image_shape), dtype=torch.uint8, pin_memory=self.pin_memory)
         np.copyto(images.numpy(), buffers.images(result.slot)[:n])
@@ -218,10 +226,13 @@ class DataLoader:
         for where, reason in result.skipped:
             self.stats.record_skip(where, reason)
         if self.dataset.has_labels:
-            return (images, labels, result.keys) if self.return_keys else (images, labels)
+            batch: Any = (images, labels, result.keys) if self.return_keys else (images, labels)
+            return (*batch, torch.from_numpy(valid)) if self.evaluation else batch
         batch = {"image": images}
         if self.return_keys:
             batch["key"] = result.keys
+        if self.evaluation:
+            batch["valid"] = torch.from_numpy(valid)
         return batch
 
 
@@ -289,7 +300,7 @@ class _EpochIterator:
                         raise WorkerError(got.error)
                     self.ready[got.batch_no] = got
                 result = self.ready.pop(self.next_yield)
-        batch = self.loader._deliver(result, self.buffers)
+        batch = self.loader._deliver(result, self.buffers, self.plan.valid(self.next_yield))
         if self.pool is not None:
             self.free_slots.append(result.slot)
         self.next_yield += 1

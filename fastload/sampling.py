@@ -33,6 +33,13 @@ class RankBatches:
     start: int  # global position this plan starts at (samples already consumed)
     step: int  # global samples consumed per batch (world_size * batch_size)
     end: int  # global position after the last batch
+    last_valid: np.ndarray | None = None  # False where the last batch repeats a sample as padding
+
+    def valid(self, batch_no: int) -> np.ndarray:
+        """Which entries of batch ``batch_no`` are real samples rather than padding."""
+        if batch_no == len(self.batches) - 1 and self.last_valid is not None:
+            return self.last_valid
+        return np.ones(len(self.batches[batch_no]), dtype=bool)
 
     def consumed_after(self, batches_done: int) -> int:
         """Global samples consumed once ``batches_done`` of these batches were handed out."""
@@ -46,9 +53,10 @@ def rank_batches(
 ) -> RankBatches:
     """Split order positions ``[start, num_samples)`` into this rank's batches.
 
-    Every rank gets the same number of batches. The tail that does not fill a global step is
-    dropped with ``drop_last``; otherwise one more, smaller batch per rank covers it (padded with
-    samples from the start of the order when the ranks' shares would be unequal).
+    Every rank gets the same number of batches (so collective operations never wait for a rank
+    that has finished). The tail that does not fill a global step is dropped with ``drop_last``;
+    otherwise one more, smaller batch per rank covers it, padded with samples from the start of
+    the order when the ranks' shares would be unequal; ``RankBatches.valid`` marks the padding.
     """
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
@@ -65,9 +73,11 @@ def rank_batches(
     tail_start = start + full_steps * step
     tail = num_samples - tail_start
     end = tail_start
+    last_valid = None
     if tail and not drop_last:
         share = -(-tail // world_size)  # ceil: every rank gets the same count
         positions = np.arange(tail_start + rank * share, tail_start + (rank + 1) * share, dtype=np.int64)
-        batches.append(np.where(positions < num_samples, positions, positions - tail_start) % num_samples)
+        last_valid = positions < num_samples
+        batches.append(np.where(last_valid, positions, positions - tail_start) % num_samples)
         end = num_samples
-    return RankBatches(batches=tuple(batches), start=start, step=step, end=end)
+    return RankBatches(batches=tuple(batches), start=start, step=step, end=end, last_valid=last_valid)

@@ -1,0 +1,120 @@
+"""Distributed loading with real gloo process groups: disjoint ranks that cover the dataset, equal
+batch counts on uneven sizes (no collective hangs at the epoch's end), exact and elastic resume."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import fastload
+from converters import ConvertOptions, convert
+from fastload.dist import resolve_rank_world
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def dataset_1001(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("d1001")
+    rng = np.random.default_rng(0)
+    np.savez(root / "raw.npz", images=rng.integers(0, 256, (1001, 8, 8, 3), dtype=np.uint8), labels=np.arange(1001) % 7)
+    convert(str(root / "raw.npz"), str(root / "wds"), ConvertOptions(source="npz", samples_per_shard=100))
+    return root / "wds"
+
+
+def _rank_main(rank: int, world: int, init: str, data: str, out: str, kwargs: dict, state: dict | None, stop_after: int | None) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
+    loader = fastload.DataLoader(data, return_keys=True, transform=[fastload.transforms.CenterCrop(8)], **kwargs)
+    assert (loader.rank, loader.world_size) == (rank, world)
+    if state is not None:
+        loader.load_state_dict(state)
+    keys, valid, batches, saved = [], [], 0, None
+    for batch in loader:
+        keys += batch[2]
+        valid += batch[3].tolist() if kwargs.get("evaluation") else [True] * len(batch[2])
+        step = torch.ones(1)
+        dist.all_reduce(step)  # a collective per batch, as DDP does: hangs if batch counts differ
+        batches += 1
+        if stop_after is not None and batches == stop_after:
+            saved = loader.state_dict()
+            break
+    states = [None] * world
+    dist.all_gather_object(states, saved)
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"keys": keys, "valid": valid, "batches": batches, "states": states}))
+    loader.close()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_ranks(tmp_path: Path, world: int, data: Path, kwargs: dict, state: dict | None = None, stop_after: int | None = None) -> list[dict]:
+    out = tmp_path / f"run-{len(list(tmp_path.glob('run-*')))}"
+    out.mkdir()
+    mp.spawn(_rank_main, args=(world, str(out / "init"), str(data), str(out), kwargs, state, stop_after), nprocs=world, join=True)
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def all_keys(data: Path) -> list[str]:
+    ds = fastload.open(data)
+    return [ds.raw(i)[0] for i in range(len(ds))]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_ranks_are_disjoint_cover_and_get_equal_batches(dataset_1001: Path, tmp_path: Path, drop_last: bool) -> None:
+    results = run_ranks(tmp_path, 3, dataset_1001, dict(batch_size=7, shuffle=True, seed=1, drop_last=drop_last, num_workers=1))
+    assert len({r["batches"] for r in results}) == 1
+    per_rank = [r["keys"] for r in results]
+    seen = Counter(k for keys in per_rank for k in keys)
+    if drop_last:  # 1001 // 21 = 47 global steps; the 14 samples left over are dropped
+        assert results[0]["batches"] == 47 and sum(seen.values()) == 987 and max(seen.values()) == 1
+    else:  # one more batch of ceil(14 / 3) = 5 per rank; one sample repeated as padding
+        assert results[0]["batches"] == 48 and set(seen) == set(all_keys(dataset_1001))
+        assert sum(seen.values()) == 1002
+    for a in range(3):
+        for b in range(a + 1, 3):
+            if drop_last:
+                assert not set(per_rank[a]) & set(per_rank[b])
+
+
+def test_evaluation_mode_marks_padding_so_each_sample_counts_once(dataset_1001: Path, tmp_path: Path) -> None:
+    results = run_ranks(tmp_path, 3, dataset_1001, dict(batch_size=5, evaluation=True))
+    assert len({r["batches"] for r in results}) == 1
+    counted = Counter(k for r in results for k, ok in zip(r["keys"], r["valid"]) if ok)
+    assert counted == Counter(all_keys(dataset_1001))
+    assert sum(not ok for r in results for ok in r["valid"]) == 1  # 11 left over, 3 ranks x 4 slots
+
+
+@pytest.mark.parametrize("world_after", [3, 2])
+def test_mid_epoch_resume_same_and_other_world_size(dataset_1001: Path, tmp_path: Path, world_after: int) -> None:
+    kwargs = dict(batch_size=9, shuffle=True, seed=4, evaluation=True)
+    whole = run_ranks(tmp_path, 3, dataset_1001, kwargs)
+    first = run_ranks(tmp_path, 3, dataset_1001, kwargs, stop_after=10)
+    states = first[0]["states"]
+    assert states[0] == states[1] == states[2] == {"version": 1, "seed": 4, "epoch": 0, "samples_consumed": 270}
+    second = run_ranks(tmp_path, world_after, dataset_1001, kwargs, state=states[0])
+    before = [k for r in first for k in r["keys"]]
+    after = [k for r in second for k, ok in zip(r["keys"], r["valid"]) if ok]
+    assert not set(before) & set(after)
+    assert Counter(before + after) == Counter(all_keys(dataset_1001))
+    if world_after == 3:  # same world size: each rank continues exactly where it stopped
+        for r in range(3):
+            assert first[r]["keys"] + second[r]["keys"] == whole[r]["keys"]
+
+
+def test_rank_discovery_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert resolve_rank_world() == (0, 1)
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert resolve_rank_world() == (2, 4)
+    assert resolve_rank_world(1, 2) == (1, 2)
+    with pytest.raises(ValueError, match="rank=5 is not valid for world_size=4"):
+        resolve_rank_world(5, None)
