@@ -150,9 +150,11 @@ class DataLoader:
         return self._active
 
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch whose order the next iteration yields (it also advances by itself)."""
-        self._epoch = int(epoch)
-        self._resume_at = 0
+        """Choose the epoch whose order the next iteration yields (it also advances by itself).
+        Setting the epoch a loaded state_dict is in keeps that state's position."""
+        if int(epoch) != self._epoch:
+            self._epoch = int(epoch)
+            self._resume_at = 0
 
     def state_dict(self) -> dict[str, int]:
         """Where training is: only batches handed to the caller count, not prefetched ones."""
