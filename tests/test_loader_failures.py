@@ -52,8 +52,20 @@ def corrupt(clean: Path, tmp_path: Path) -> tuple[Path, set[str]]:
     return out, {key_a, key_b}
 
 
-def our_children() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+def alive(pids: list[int]) -> list[int]:
+    """Those of ``pids`` still running (not zombies)."""
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def worker_pids(loader: fastload.DataLoader) -> list[int]:
+    return [p.pid for p in loader._pool.processes]
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -83,6 +95,7 @@ def test_killed_worker_raises_within_seconds(clean: Path) -> None:
     it = iter(loader)
     next(it)
     victim = loader._pool.processes[0]
+    workers = worker_pids(loader)
     os.kill(victim.pid, signal.SIGKILL)
     start = time.monotonic()
     with pytest.raises(WorkerError, match=rf"pid {victim.pid}\) died: killed by SIGKILL"):
@@ -90,7 +103,7 @@ def test_killed_worker_raises_within_seconds(clean: Path) -> None:
             time.sleep(0.05)
     assert time.monotonic() - start < 5
     loader.close()
-    assert not our_children()
+    assert not alive(workers)
 
 
 def slow_start(worker_id: int) -> None:
@@ -100,11 +113,13 @@ def slow_start(worker_id: int) -> None:
 def test_timeout_is_honoured(clean: Path) -> None:
     loader = fastload.DataLoader(clean, batch_size=2, num_workers=1, transform=T.val(16), timeout=1, worker_init_fn=slow_start)
     start = time.monotonic()
+    it = iter(loader)
+    workers = worker_pids(loader)
     with pytest.raises(TimeoutError, match="within 1 s"):
-        next(iter(loader))
+        next(it)
     assert time.monotonic() - start < 4
     loader.close()
-    assert not our_children()
+    assert not alive(workers)
 
 
 def shm_entries() -> set[str]:
@@ -123,13 +138,14 @@ def test_nothing_leaks(clean: Path, how: str) -> None:
                 raise RuntimeError("training step failed")
     except RuntimeError:
         assert how == "exception"
-    assert len(our_children()) == 2  # workers live as long as the loader, across epochs
+    workers = worker_pids(loader)
+    assert len(alive(workers)) == 2  # workers live as long as the loader, across epochs
     del loader
     gc.collect()
     deadline = time.monotonic() + 5
-    while our_children() and time.monotonic() < deadline:
+    while alive(workers) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not our_children()
+    assert not alive(workers)
     assert shm_entries() == shm_before
 
 
@@ -160,9 +176,9 @@ def test_ctrl_c_leaves_no_process_behind(clean: Path, tmp_path: Path) -> None:
     proc.wait(timeout=15)
     assert "KeyboardInterrupt" in proc.stderr.read()
     deadline = time.monotonic() + 5
-    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in tree) and time.monotonic() < deadline:
+    while alive(tree) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not [p for p in tree if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not alive(tree)
     assert shm_entries() == shm_before
 
 
@@ -176,9 +192,9 @@ def test_workers_exit_when_the_main_process_is_killed(clean: Path, tmp_path: Pat
     proc.kill()
     proc.wait()
     deadline = time.monotonic() + 10
-    while any(psutil.pid_exists(p) for p in workers) and time.monotonic() < deadline:
+    while alive(workers) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [p for p in workers if psutil.pid_exists(p)]
+    assert not alive(workers)
 
 
 def tree_rss() -> int:
