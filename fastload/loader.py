@@ -20,7 +20,7 @@ import torch
 from fastload.dataset import ShardedDataset
 from fastload.dist import resolve_rank_world
 from fastload.errors import SampleError, check_on_error
-from fastload.sampling import RankBatches, epoch_order, rank_batches
+from fastload.sampling import RankBatches, epoch_order, rank_batches, shard_buffer_order
 from fastload.stats import LoaderStats
 from fastload.transforms import Transform, batch_transform, output_size, validate
 from fastload.workers import BatchBuffers, BatchResult, WorkerConfig, WorkerError, WorkerPool, fill_batch
@@ -31,7 +31,13 @@ STATE_VERSION = 1
 
 
 class DataLoader:
-    """Batches from a dataset; see the module docstring. Arguments before ``*`` are torch's."""
+    """Batches from a dataset; see the module docstring. Arguments before ``*`` are torch's.
+
+    fastload's own: ``transform`` (specs from fastload.transforms), ``backend``, ``device``,
+    ``seed``, ``on_error`` ("raise" | "skip"), ``return_keys``, ``rank``/``world_size``,
+    ``evaluation`` (every sample once across ranks, padding marked by a ``valid`` tensor) and
+    ``shuffle_buffer`` (streaming order: shuffled shards read in sequence through a buffer).
+    """
 
     def __init__(
         self,
@@ -59,6 +65,7 @@ class DataLoader:
         rank: int | None = None,
         world_size: int | None = None,
         evaluation: bool = False,
+        shuffle_buffer: int | None = None,
     ) -> None:
         if isinstance(dataset, (str, os.PathLike)):
             dataset = ShardedDataset(dataset)
@@ -72,6 +79,7 @@ class DataLoader:
             for name, value, default in (
                 ("transform", transform, None), ("return_keys", return_keys, False),
                 ("on_error", on_error, "raise"), ("evaluation", evaluation, False),
+                ("shuffle_buffer", shuffle_buffer, None),
             ):
                 if value != default:
                     raise ValueError(f"{name}= applies to fastload datasets; with a torch Dataset, do it inside the dataset")
@@ -99,6 +107,9 @@ class DataLoader:
         if evaluation and drop_last:
             raise ValueError("evaluation=True yields every sample exactly once: it cannot drop_last")
         self.evaluation = evaluation
+        if shuffle_buffer is not None and (not shuffle or shuffle_buffer < 1):
+            raise ValueError("shuffle_buffer= (streaming order) needs shuffle=True and a size >= 1")
+        self.shuffle_buffer = shuffle_buffer
         self.shuffle = bool(shuffle)
         self.pin_memory = pin_memory and torch.cuda.is_available()
         self.timeout = timeout
@@ -243,7 +254,11 @@ class _EpochIterator:
 
     def __init__(self, loader: DataLoader, epoch: int, plan: RankBatches) -> None:
         self.loader, self.epoch, self.plan = loader, epoch, plan
-        self.order = epoch_order(len(loader.dataset), loader.seed, epoch, loader.shuffle)
+        if loader.shuffle_buffer is not None:
+            sizes = [shard.samples for shard in loader.dataset.index.shards]
+            self.order = shard_buffer_order(sizes, loader.seed, epoch, loader.shuffle_buffer)
+        else:
+            self.order = epoch_order(len(loader.dataset), loader.seed, epoch, loader.shuffle)
         self.buffers, self.pool = loader._ensure_workers()
         self.free_slots = list(range(self.buffers.slots))
         self.next_submit = 0

@@ -20,6 +20,35 @@ def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool) -> np.nd
     return np.random.Generator(np.random.PCG64([seed, epoch, 0x5EED])).permutation(num_samples).astype(np.int64)
 
 
+def shard_buffer_order(shard_sizes: list[int], seed: int, epoch: int, buffer_size: int) -> np.ndarray:
+    """The streaming order: shards in a seeded random order, each read once from start to end,
+    its samples passed through a shuffle buffer of ``buffer_size``.
+
+    The trade-off against :func:`epoch_order`'s global permutation: every shard is read once,
+    sequentially (what object storage needs), but samples close together in the order come from
+    the few shards the buffer spans (about ``buffer_size / shard size`` of them), so batches are
+    less independent; a buffer of several shards' worth keeps that small. Like the permutation,
+    it is a pure function of (shard sizes, seed, epoch), so resume stays exact.
+    """
+    if buffer_size < 1:
+        raise ValueError("buffer_size must be >= 1")
+    rng = np.random.Generator(np.random.PCG64([seed, epoch, 0xB0FF]))
+    starts = np.concatenate([[0], np.cumsum(shard_sizes)]).astype(np.int64)
+    stream = np.concatenate(
+        [np.arange(starts[s], starts[s + 1], dtype=np.int64) for s in rng.permutation(len(shard_sizes))]
+        or [np.zeros(0, np.int64)]
+    )
+    out = np.empty_like(stream)
+    buffer = stream[:buffer_size].copy()
+    picks = rng.integers(0, len(buffer), size=max(len(stream) - len(buffer), 0)) if len(buffer) else []
+    for n, (incoming, pick) in enumerate(zip(stream[len(buffer):], picks)):
+        out[n] = buffer[pick]
+        buffer[pick] = incoming
+    rng.shuffle(buffer)
+    out[len(stream) - len(buffer):] = buffer
+    return out
+
+
 def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
     """The random stream of one sample's augmentation: depends only on (seed, epoch, index)."""
     return np.random.Generator(np.random.Philox(key=[seed & (2**64 - 1), ((epoch & 0xFFFFFFFF) << 32) | (index & 0xFFFFFFFF)]))
