@@ -144,3 +144,15 @@ def run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 def tree_bytes(root: Path) -> dict[str, bytes]:
     """Every file under ``root`` by relative path, for byte-identity comparisons."""
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip tests marked ``gpu`` where no CUDA device is visible (run them with ``pytest -m gpu``)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
