@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from converters.engines import open_engine
+from converters.engines import Engine, open_engine
 from converters.options import ConvertOptions
 from converters.plan import ShardPlan, assign_shards, order_items
 from converters.sample import SourceItem
@@ -55,11 +55,11 @@ def _json_line(obj: object) -> str:
     return json.dumps(obj, sort_keys=True) + "\n"
 
 
-def find_duplicates(source: Source, items: list[SourceItem], engine_name: str, workers: int) -> list[tuple[SourceItem, SourceItem]]:
+def find_duplicates(source: Source, items: list[SourceItem], engine: Engine) -> list[tuple[SourceItem, SourceItem]]:
     """Pairs (duplicate, first occurrence) of items with identical image content, in item order."""
     batches = [tuple(items[i : i + HASH_BATCH]) for i in range(0, len(items), HASH_BATCH)]
     digests: list[list[str | None]] = [[] for _ in batches]
-    for position, result in open_engine(engine_name, workers).map_unordered(
+    for position, result in engine.map_unordered(
         hash_items, [HashTask(source, b) for b in batches]
     ):
         digests[position] = result
@@ -166,9 +166,12 @@ def _progress(total: int, quiet: bool):  # type: ignore[no-untyped-def]
     return tqdm(total=total, unit="img", disable=quiet or not sys.stderr.isatty(), smoothing=0.1, dynamic_ncols=True)
 
 
-def convert(src: str, out_dir: str, options: ConvertOptions, engine: str = "local", quiet: bool = False) -> ConvertReport:
-    """Convert the raw dataset at ``src`` into shards and an index under ``out_dir``."""
-    out = Path(out_dir)
+def convert(
+    src: str, out_dir: str, options: ConvertOptions, engine: str = "local", quiet: bool = False, address: str | None = None
+) -> ConvertReport:
+    """Convert the raw dataset at ``src`` into shards and an index under ``out_dir``, on the
+    ``engine`` ("local", or "ray" at ``address``; then OUT must be shared by every node)."""
+    out = Path(out_dir).absolute()
     out.mkdir(parents=True, exist_ok=True)
     partial = out / PARTIAL_DIR
     fingerprint = {"options": options.fingerprint()}
@@ -182,11 +185,12 @@ def convert(src: str, out_dir: str, options: ConvertOptions, engine: str = "loca
 
     for stale in out.glob(".*.tmp*"):  # temporary files of a run that was killed
         stale.unlink()
-    source = open_source(options.source, src, options.source_options)
+    source = open_source(options.source, str(Path(src).absolute()), options.source_options)
+    runner = open_engine(engine, options.workers, address)
     items = order_items(source.items(), options.shuffle, options.seed, options.limit)
     if not items:
         raise ValueError(f"{src}: the source holds no samples")
-    duplicate_pairs = find_duplicates(source, items, engine, options.workers) if options.dedupe else []
+    duplicate_pairs = find_duplicates(source, items, runner) if options.dedupe else []
     if duplicate_pairs:
         dropped = {id(dup) for dup, _ in duplicate_pairs}
         items = [item for item in items if id(item) not in dropped]
@@ -202,7 +206,7 @@ def convert(src: str, out_dir: str, options: ConvertOptions, engine: str = "loca
     with _progress(len(items), quiet) as bar:
         bar.update(sum(len(plans[n].items) for n in results))
         written_bytes = 0
-        for position, result in open_engine(engine, options.workers).map_unordered(write_shard, tasks):
+        for position, result in runner.map_unordered(write_shard, tasks):
             results[result.number] = result
             atomic_write_bytes(partial / f"{todo[position].name}.json", json.dumps(asdict(result), sort_keys=True).encode())
             written_bytes += result.info.bytes if result.info else 0

@@ -36,6 +36,8 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--split", default="train", choices=["train", "test"], help="cifar/mnist: which split")
     p.add_argument("--hdf5-decoded", action="store_true", help="HDF5: store decoded uint8[N,H,W,C] pixels")
     p.add_argument("--hdf5-compression", choices=["gzip", "lzf"], help="HDF5: compress decoded pixels")
+    p.add_argument("--engine", choices=["local", "ray"], default="local", help="local process pool, or a Ray cluster")
+    p.add_argument("--address", help="with --engine ray: 'auto' or ray://HOST:PORT (default: start a local Ray)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=_run_convert)
 
@@ -70,7 +72,9 @@ def _run_convert(args: argparse.Namespace) -> int:
         writer_options=WriterOptions(hdf5_decoded=args.hdf5_decoded, hdf5_compression=args.hdf5_compression),
     )
     start = time.perf_counter()
-    report = convert(args.src, args.out, options, quiet=args.quiet)
+    if args.address and args.engine != "ray":
+        raise ValueError("--address is for --engine ray")
+    report = convert(args.src, args.out, options, engine=args.engine, quiet=args.quiet, address=args.address)
     seconds = time.perf_counter() - start
     index = report.index
     if report.already_complete:

@@ -16,10 +16,17 @@ class Engine(Protocol):
         """Run every task; re-raise the first task error in the caller."""
 
 
-def open_engine(name: str, workers: int) -> Engine:
-    """The engine called ``name`` ("local")."""
+ENGINES = ("local", "ray")
+
+
+def open_engine(name: str, workers: int, address: str | None = None) -> Engine:
+    """The engine called ``name``: "local" (a process pool) or "ray" (a Ray cluster at ``address``)."""
     if name == "local":
         from converters.engines.local import LocalEngine
 
         return LocalEngine(workers)
-    raise ValueError(f"unknown engine {name!r}; expected 'local'")
+    if name == "ray":
+        from converters.engines.ray import RayEngine
+
+        return RayEngine(workers, address)
+    raise ValueError(f"unknown engine {name!r}; expected one of {ENGINES}")

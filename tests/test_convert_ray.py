@@ -1,0 +1,98 @@
+"""Conversion on a local Ray instance: shards identical to the local engine's, also when a Ray
+worker is killed mid-task; a clear message when Ray is missing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from converters import ConvertOptions, convert
+from fastload.demo import make_demo_images
+from tests.conftest import run_cli, tree_bytes
+
+ray = pytest.importorskip("ray")
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_demo_images(tmp_path_factory.mktemp("ray-src") / "raw", 120)
+
+
+OPTIONS = dict(source="imagefolder", samples_per_shard=6, shuffle=True, seed=2, reencode_quality=85, max_size=160, dedupe=True)
+
+
+def test_ray_shards_equal_local_shards(ray_local: None, photos: Path, tmp_path: Path) -> None:
+    convert(str(photos), str(tmp_path / "local"), ConvertOptions(workers=2, **OPTIONS))
+    report = convert(str(photos), str(tmp_path / "ray"), ConvertOptions(workers=2, **OPTIONS), engine="ray", quiet=True)
+    assert report.index.num_samples == 120 and len(report.index.shards) == 20
+    assert tree_bytes(tmp_path / "ray") == tree_bytes(tmp_path / "local")
+
+
+def _kill_one_task_worker(killed: list[int], stop: threading.Event) -> None:
+    """SIGKILL the first Ray worker seen running a write_shard task (Ray names the process after it)."""
+    while not stop.is_set() and not killed:
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            if "ray::write_shard" in cmdline:
+                os.kill(proc.info["pid"], signal.SIGKILL)
+                killed.append(proc.info["pid"])
+                return
+        time.sleep(0.01)
+
+
+def test_killed_task_is_retried_and_output_is_identical(ray_local: None, photos: Path, tmp_path: Path) -> None:
+    convert(str(photos), str(tmp_path / "local"), ConvertOptions(workers=1, **OPTIONS))
+    killed: list[int] = []
+    stop = threading.Event()
+    killer = threading.Thread(target=_kill_one_task_worker, args=(killed, stop))
+    killer.start()
+    try:
+        convert(str(photos), str(tmp_path / "ray"), ConvertOptions(workers=2, **OPTIONS), engine="ray", quiet=True)
+    finally:
+        stop.set()
+        killer.join()
+    assert killed, "no Ray task was caught running: the test did not kill anything"
+    assert tree_bytes(tmp_path / "ray") == tree_bytes(tmp_path / "local")
+
+
+def test_missing_ray_names_the_extra(photos: Path, tmp_path: Path) -> None:
+    script = (
+        "import sys; sys.modules['ray'] = None\n"
+        "from fastload.cli import main\n"
+        f"sys.exit(main(['convert', {str(photos)!r}, {str(tmp_path / 'o')!r}, '--from', 'imagefolder', '--engine', 'ray']))\n"
+    )
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "pip install 'fastload[ray]'" in proc.stderr
+
+
+def test_rerun_after_a_driver_crash_resumes(photos: Path, tmp_path: Path) -> None:
+    from tests.test_convert_resume import _kill_when, _start
+
+    run_cli("convert", str(photos), str(tmp_path / "reference"), "--from", "imagefolder", "--samples-per-shard", "6", "--quiet")
+    args = ["convert", str(photos), str(tmp_path / "out"), "--from", "imagefolder", "--samples-per-shard", "6",
+            "--engine", "ray", "--workers", "2", "--quiet"]
+    proc = _start(args)
+    _kill_when(proc, tmp_path / "out", shards_done=5, timeout=120)
+    assert not (tmp_path / "out" / "index.json").exists(), "finished before the driver could be killed"
+    result = run_cli(*args)
+    resumed = int(result.stdout.split(" resumed")[0].rsplit(" ", 1)[-1])
+    assert resumed >= 5
+    assert tree_bytes(tmp_path / "out") == tree_bytes(tmp_path / "reference")
