@@ -21,9 +21,11 @@ python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tail -3
 echo "== convert"
 python3 -m fastload.cli convert data/gpu-photos /tmp/photos-wds --from imagefolder --shard-size 16MB --workers 8 --quiet
 
+# DALI rows (dali-cpu, dali-gpu) need the nvidia-dali wheel there: ~300 MB, over the 64 MiB a
+# device call can carry, and not in that machine's image.
 echo "== loader: fastload vs torch+Pillow (train(224), uint8, batch 256)"
 for w in 4 8 14; do
-  python3 benchmarks/bench_loader.py data/gpu-photos /tmp/photos-wds --workers $w --rounds 1 --epochs 2 --json "$OUT/loader-w$w.json" 2>&1 | tail -3
+  python3 -m fastload.cli bench /tmp/photos-wds --source data/gpu-photos --backends fastload-cpu,torch --workers $w --epochs 2 --json "$OUT/loader-w$w.json" 2>&1 | tail -6
 done
 
 echo "== threads vs processes (8)"

@@ -7,6 +7,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def _add_convert(sub: argparse._SubParsersAction) -> None:
@@ -144,8 +145,50 @@ def _run_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    from fastload.bench import BACKENDS, TRANSFORMS
+
+    p = sub.add_parser("bench", help="loaders side by side on the same data; data-stall analysis")
+    p.add_argument("dataset", help="a converted dataset")
+    p.add_argument("--source", type=Path, help="the raw image folder it came from (for the torch baseline)")
+    p.add_argument("--backends", default="fastload-cpu,torch", help=f"comma-separated, from {','.join(BACKENDS)}")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--workers", default="2", help="comma-separated worker counts, e.g. 0,1,2,4")
+    p.add_argument("--transform", choices=TRANSFORMS, default="train")
+    p.add_argument("--epochs", type=int, default=1, help="epochs per loader per round")
+    p.add_argument("--rounds", type=int, default=1, help="interleaved rounds; medians are reported")
+    p.add_argument("--model", choices=["resnet18", "resnet50", "resnet_small", "none"], default="none", help="data-stall analysis")
+    p.add_argument("--steps", type=int, default=20, help="training steps for the data-stall analysis")
+    p.add_argument("--gpu-price", type=float, metavar="USD_PER_HOUR", help="print time and cost per epoch")
+    p.add_argument("--dataset-size", type=int, help="images per epoch for --gpu-price (default: this dataset's)")
+    p.add_argument("--json", type=Path, help="write the results as JSON")
+    p.add_argument("--plot", type=Path, help="write throughput vs workers as PNG (needs matplotlib)")
+    p.set_defaults(run=_run_bench)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from fastload.bench import format_table, run_bench, write_outputs
+
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    workers = [int(w) for w in args.workers.split(",")]
+    report = run_bench(
+        args.dataset, args.source, backends, workers, args.batch_size, args.transform, args.epochs, args.rounds,
+        model=None if args.model == "none" else args.model, steps=args.steps,
+    )
+    size = args.dataset_size
+    if args.gpu_price is not None and size is None:
+        from fastload.index import read_index
+
+        size = read_index(args.dataset).num_samples
+    print(format_table(report, args.gpu_price, size))
+    note = write_outputs(report, args.json, args.plot)
+    if note:
+        print(note)
+    return 0
+
+
 def _add_demo(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="build a small dataset, convert, inspect and verify it")
+    p = sub.add_parser("demo", help="build a small dataset, convert, verify, load and benchmark it")
     p.add_argument("--workdir", default="data/demo", help="where to put the demo data (default data/demo)")
     p.add_argument("--images", type=int, default=600, help="number of images to generate")
     p.set_defaults(run=_run_demo)
@@ -161,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``fastload`` command."""
     parser = argparse.ArgumentParser(prog="fastload", description="Fast data loading for PyTorch training.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_convert, _add_inspect, _add_verify, _add_demo):
+    for add in (_add_convert, _add_inspect, _add_verify, _add_bench, _add_demo):
         add(sub)
     return parser
 

@@ -1,4 +1,5 @@
-"""``fastload demo``: make a small image dataset, convert it to both layouts, inspect and verify it.
+"""``fastload demo``: make a small image dataset, convert it to both layouts, inspect and verify it,
+load it, and benchmark fastload against a plain torch DataLoader on it.
 
 The generated images are smooth synthetic scenes (gradients, soft shapes), not noise, so their
 JPEG sizes and decode costs resemble photographs; real-photo benchmarks live in ``benchmarks/``.
@@ -80,7 +81,10 @@ def run_demo(workdir: str | Path, images: int) -> int:
     for layout in ("wds", "hdf5"):
         print(f"== load {workdir / layout} with fastload.DataLoader(train(224), batch 64, 2 workers)", flush=True)
         print(f"   {measure_loading(workdir / layout)}")
-    return 0
+    bench = ["bench", str(workdir / "wds"), "--source", str(raw), "--backends", "fastload-cpu,torch",
+             "--workers", "2", "--batch-size", "64", "--epochs", "2"]
+    print(f"== fastload {' '.join(bench)}", flush=True)
+    return main(bench)
 
 
 def measure_loading(path: Path, epochs: int = 2) -> str:

@@ -1,0 +1,51 @@
+"""``fastload bench`` runs every requested loader on the same data and reports the documented JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from converters import ConvertOptions, convert
+from fastload.demo import make_demo_images
+from tests.conftest import run_cli
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+FIELDS = {"loader", "workers", "images_per_s", "mb_per_s", "cpu_s_per_1k", "peak_rss_mb", "first_batch_s", "ratio_to_torch", "ratio_to_ceiling"}
+
+
+@pytest.fixture(scope="module")
+def bench_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("bench")
+    raw = make_demo_images(root / "raw", 48)
+    convert(str(raw), str(root / "wds"), ConvertOptions(source="imagefolder", samples_per_shard=16))
+    return raw, root / "wds"
+
+
+def test_bench_all_cpu_loaders_json_and_stall(bench_data: tuple[Path, Path], tmp_path: Path) -> None:
+    raw, wds = bench_data
+    pytest.importorskip("nvidia.dali")
+    out = tmp_path / "bench.json"
+    result = run_cli(
+        "bench", str(wds), "--source", str(raw), "--backends", "fastload-cpu,torch,webdataset,dali-cpu",
+        "--workers", "0,1", "--batch-size", "16", "--transform", "val", "--model", "resnet_small", "--steps", "2",
+        "--gpu-price", "2.0", "--json", str(out),
+    )
+    report = json.loads(out.read_text())
+    rows = {(r["loader"], r["workers"]): r for r in report["results"]}
+    assert set(rows) == {(b, w) for b in ("fastload-cpu", "torch", "webdataset", "dali-cpu") for w in (0, 1)}
+    for row in rows.values():
+        assert set(row) == FIELDS
+        assert row["images_per_s"] > 0 and row["cpu_s_per_1k"] > 0 and row["peak_rss_mb"] > 0
+    assert rows[("torch", 1)]["ratio_to_torch"] == pytest.approx(1.0)
+    assert report["ceiling"]["single_thread_images_per_s"] > 0 and report["machine"]["cpus"] >= 1
+    stall = report["data_stall"]
+    assert 0 <= stall["stall_share"] <= 1 and stall["model_images_per_s"] > 0 and stall["verdict"]
+    assert "fastload-cpu" in result.stdout and "data stall (resnet_small" in result.stdout
+    assert "one epoch of 48 images" in result.stdout
+
+
+def test_bench_needs_a_known_backend(bench_data: tuple[Path, Path]) -> None:
+    proc = run_cli("bench", str(bench_data[1]), "--backends", "nope", check=False)
+    assert proc.returncode == 2 and "unknown loader 'nope'" in proc.stderr
