@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -47,10 +46,6 @@ class SkipLog:
     def add(self, key: str, where: str, reason: str) -> None:
         """Record one skipped sample."""
         self.entries.append({"key": key, "where": where, "reason": reason})
-
-    def by_reason(self) -> dict[str, int]:
-        """Counts of skipped samples per reason category (the text before the first ':')."""
-        return dict(sorted(Counter(e["reason"].split(":")[0] for e in self.entries).items()))
 
     def __len__(self) -> int:
         return len(self.entries)

@@ -11,6 +11,12 @@ fi
 # shellcheck disable=SC1091
 . "$VENV/bin/activate"
 
+# The libjpeg-turbo extension needs a C compiler and libjpeg headers; without them fastload still
+# works (simplejpeg/Pillow path), so installing them is best effort.
+if [ ! -f /usr/include/jpeglib.h ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  (apt-get update -qq && apt-get install -y -qq gcc libjpeg-dev) >/dev/null 2>&1 || echo "note: could not install gcc/libjpeg-dev; using the pure-Python decode path"
+fi
+
 stamp="$VENV/.fastload-installed"
 want="$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/env.sh" | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then

@@ -30,8 +30,9 @@ def test_bench_all_cpu_loaders_json_and_stall(bench_data: tuple[Path, Path], tmp
     result = run_cli(
         "bench", str(wds), "--source", str(raw), "--backends", "fastload-cpu,torch,webdataset,dali-cpu",
         "--workers", "0,1", "--batch-size", "16", "--transform", "val", "--model", "resnet_small", "--steps", "2",
-        "--gpu-price", "2.0", "--json", str(out),
+        "--gpu-price", "2.0", "--json", str(out), "--plot", str(tmp_path / "plot.png"),
     )
+    assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = json.loads(out.read_text())
     rows = {(r["loader"], r["workers"]): r for r in report["results"]}
     assert set(rows) == {(b, w) for b in ("fastload-cpu", "torch", "webdataset", "dali-cpu") for w in (0, 1)}
