@@ -28,6 +28,7 @@ from fastload.index import (
     DatasetIndex,
     ShardInfo,
     atomic_write_bytes,
+    fsync_dir,
     read_index,
     write_index,
 )
@@ -208,7 +209,9 @@ def convert(
         written_bytes = 0
         for position, result in runner.map_unordered(write_shard, tasks):
             results[result.number] = result
-            atomic_write_bytes(partial / f"{todo[position].name}.json", json.dumps(asdict(result), sort_keys=True).encode())
+            # Bookkeeping only: if a crash loses it, the shard is simply written again. It is
+            # written after the shard's data was fsynced, so it never vouches for a lost shard.
+            atomic_write_bytes(partial / f"{todo[position].name}.json", json.dumps(asdict(result), sort_keys=True).encode(), durable=False)
             written_bytes += result.info.bytes if result.info else 0
             bar.update(len(todo[position].items))
             bar.set_postfix_str(f"{written_bytes / max(bar.format_dict['elapsed'], 1e-9) / 1e6:.1f} MB/s", refresh=False)
@@ -219,6 +222,7 @@ def convert(
     _write_report(out / SKIPPED_REPORT, skipped_lines)
     dup_lines = [_json_line({"key": dup.key, "where": dup.where, "duplicate_of": orig.key}) for dup, orig in duplicate_pairs]
     _write_report(out / DUPLICATES_REPORT, dup_lines)
+    fsync_dir(out)  # every shard's rename is durable before the index that lists it
     write_index(out, index)
     shutil.rmtree(partial)
     return ConvertReport(index=index, shards_written=len(todo), shards_reused=reused, already_complete=False)

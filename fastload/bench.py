@@ -18,15 +18,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-from PIL import Image
-
-from fastload import transforms as T
 from fastload.dataset import ShardedDataset
 from fastload.index import IMAGE_FIELDS
-from fastload.sampling import sample_rng
-from fastload.transforms import plan
 
 LABEL_DIGITS = 8
 WARMUP_STEPS = 3
@@ -34,19 +27,22 @@ BACKENDS = ("fastload-cpu", "torch", "webdataset", "dali-cpu", "dali-gpu")
 TRANSFORMS = ("train", "val", "decode")
 
 
-def preset(name: str, size: int = 224) -> tuple[T.Transform, ...]:
+def preset(name: str, size: int = 224) -> tuple:
     """The transform specs of a benchmark mode (``decode``: a full decode, then a centre crop)."""
+    from fastload import transforms as T
+
     return {"train": T.train(size), "val": T.val(size), "decode": (T.CenterCrop(size),)}[name]
 
 
 # --- the plain-torch baseline: what users write by hand ------------------------------------------
 
 
-class PillowImages(torch.utils.data.Dataset):
+class PillowImages:
     """Pillow decode + the same geometric specs as fastload (same crop params and flips), giving
-    CHW uint8 tensors: over a raw image folder, or over the shards by random access."""
+    CHW uint8 tensors: over a raw image folder, or over the shards by random access. A map-style
+    dataset for torch's DataLoader."""
 
-    def __init__(self, specs: tuple[T.Transform, ...], folder: Path | None = None, shards: ShardedDataset | None = None) -> None:
+    def __init__(self, specs: tuple, folder: Path | None = None, shards: ShardedDataset | None = None) -> None:
         self.specs = specs
         self.shards = shards
         self.items: list[tuple[str, int]] = []
@@ -57,7 +53,9 @@ class PillowImages(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.items) if self.items else len(self.shards)  # type: ignore[arg-type]
 
-    def _open(self, i: int) -> tuple[Image.Image, int]:
+    def _open(self, i: int) -> tuple[Any, int]:
+        from PIL import Image
+
         if self.items:
             path, label = self.items[i]
             return Image.open(path), label
@@ -67,7 +65,14 @@ class PillowImages(torch.utils.data.Dataset):
         field = next(f for f in IMAGE_FIELDS if f in fields)
         return Image.open(io.BytesIO(fields[field])), int(fields.get("cls", b"-1"))
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        import numpy as np
+        import torch
+        from PIL import Image
+
+        from fastload.sampling import sample_rng
+        from fastload.transforms import plan
+
         image, label = self._open(i)
         with image:
             image = image.convert("RGB")
@@ -197,6 +202,8 @@ def mean_image_bytes(ds: ShardedDataset) -> float:
 
 def make_loader(name: str, ds: ShardedDataset, source: Path | None, specs: tuple, batch_size: int, workers: int) -> Callable[[], Iterable]:
     """A factory of one epoch-iterable loader of the given kind."""
+    import torch
+
     if name == "fastload-cpu":
         from fastload.loader import DataLoader
 
@@ -214,7 +221,12 @@ def make_loader(name: str, ds: ShardedDataset, source: Path | None, specs: tuple
 def _webdataset_loader(ds: ShardedDataset, specs: tuple, batch_size: int, workers: int) -> Callable[[], Iterable]:
     """The webdataset library's own pipeline over the same tars: shard shuffle, sample shuffle,
     Pillow decode, the same crop and flip, batching in the workers."""
+    import numpy as np
+    import torch
     import webdataset as wds
+    from PIL import Image
+
+    from fastload.transforms import plan
 
     if ds.index.layout != "wds":
         raise ValueError("the webdataset loader reads tar shards")
@@ -243,6 +255,9 @@ def _dali_loader(ds: ShardedDataset, specs: tuple, batch_size: int, workers: int
     """DALI's own reader and decoder over the same tars, as its documentation recommends:
     fn.readers.webdataset with our .idx files, decoders.image_random_crop (ROI decoding) or
     decoders.image + resize for val, flip and CHW layout in crop_mirror_normalize."""
+    import torch
+
+    from fastload import transforms as T
     from fastload.decode.dali import import_dali, torch_iterator
 
     dali = import_dali()
@@ -291,8 +306,10 @@ class _DaliEpochs:
         return ((b[0]["images"], ascii_labels(b[0]["labels"])) for b in self.iterator)
 
 
-def ascii_labels(digits: torch.Tensor) -> torch.Tensor:
+def ascii_labels(digits: Any) -> Any:
     """Decimal labels from NUL-padded ASCII digit rows (how webdataset stores ``cls``)."""
+    import torch
+
     values = torch.zeros(len(digits), dtype=torch.int64)
     for column in digits.cpu().to(torch.int64).T:
         present = column > 0
@@ -306,13 +323,15 @@ def ascii_labels(digits: torch.Tensor) -> torch.Tensor:
 def data_stall(make: Callable[[], Iterable], model_name: str, steps: int, num_classes: int) -> dict[str, Any]:
     """Train ``steps`` steps fed by the loader and ``steps`` on one cached batch: the share of step
     time spent waiting for data, the model's own images/s, and a verdict."""
+    import torch
+
     from fastload.models import build_model
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = build_model(model_name, num_classes).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
-    def step(images: torch.Tensor, labels: torch.Tensor) -> None:
+    def step(images: Any, labels: Any) -> None:
         images = images.to(device, non_blocking=True).float().div_(255)
         labels = labels.to(device, non_blocking=True).long().view(-1) % num_classes
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
@@ -364,6 +383,8 @@ def _forever(loader: Iterable) -> Iterable:
 
 def machine() -> dict[str, Any]:
     """What the numbers were measured on."""
+    import torch
+
     info: dict[str, Any] = {"cpus": os.cpu_count(), "torch": torch.__version__}
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import bisect
+import itertools
 import os
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from fastload.errors import SampleError
 from fastload.formats import ShardReader, open_shard
 from fastload.index import IMAGE_FIELDS, DatasetIndex, read_index
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class ShardedDataset:
@@ -24,7 +26,7 @@ class ShardedDataset:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
         self.index: DatasetIndex = read_index(self.root)
-        self._starts = np.cumsum([0] + [s.samples for s in self.index.shards]).tolist()
+        self._starts = list(itertools.accumulate((s.samples for s in self.index.shards), initial=0))
         self._readers: dict[int, ShardReader] = {}
 
     def __len__(self) -> int:

@@ -119,16 +119,19 @@ def read_index(root: str | os.PathLike[str]) -> DatasetIndex:
     return DatasetIndex.from_json(text, where=str(path))
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see either the old file or the whole new one."""
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, durable: bool = True) -> None:
+    """Write ``data`` to ``path`` so that readers see either the old file or the whole new one;
+    ``durable`` also fsyncs file and folder (skip it for bookkeeping that may be lost in a crash)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "wb") as f:
         f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
