@@ -26,7 +26,7 @@ from fastload.decode.header import image_size
 from fastload.errors import FastloadError, SampleError
 from fastload.index import IMAGE_FIELDS
 from fastload.sampling import sample_rng
-from fastload.transforms import Transform, apply_plan, dct_min_size, plan
+from fastload.transforms import Plan, Transform, apply_plan, dct_min_size, plan
 
 try:
     from fastload.decode import _turbo
@@ -41,46 +41,66 @@ class WorkerError(FastloadError):
     """A worker failed: it raised (traceback included) or died (signal or exit code named)."""
 
 
+@dataclass
+class PlannedSample:
+    """One sample read and planned: encoded bytes (or decoded pixels), its Plan, label and key."""
+
+    key: str
+    where: str
+    label: int
+    plan: Plan
+    height: int
+    width: int
+    data: bytes | None = None
+    pixels: np.ndarray | None = None
+
+
+def plan_sample(ds: ShardedDataset, index: int, specs: Sequence[Transform], seed: int, epoch: int) -> PlannedSample:
+    """Read sample ``index`` and plan its transforms from the image header (nothing decoded yet)."""
+    key, fields, pixels = ds.raw(index)
+    rng = sample_rng(seed, epoch, index)
+    where = f"{ds.index.shards[ds.locate(index)[0]].path}:{key}"
+    label = int(fields["cls"]) if "cls" in fields else -1
+    if pixels is not None:
+        height, width = pixels.shape[:2]
+        return PlannedSample(key, where, label, plan(specs, height, width, rng), height, width, pixels=pixels)
+    image_field = next((f for f in IMAGE_FIELDS if f in fields), None)
+    if image_field is None:
+        raise SampleError(where, f"no image field among {sorted(fields)}")
+    data = fields[image_field]
+    try:
+        width, height = image_size(data)
+    except Exception as exc:
+        raise SampleError(where, f"cannot read image header: {type(exc).__name__}: {exc}") from None
+    return PlannedSample(key, where, label, plan(specs, height, width, rng), height, width, data=data)
+
+
 def transform_into(ds: ShardedDataset, index: int, specs: Sequence[Transform], seed: int, epoch: int, out: np.ndarray) -> tuple[int, str]:
     """Read, decode and transform sample ``index`` into ``out`` (C, H, W uint8); return (label or -1, key).
 
     JPEGs go through the libjpeg-turbo extension when it is built: only the crop's region is
     decoded, at the smallest sufficient DCT scale, and resampled straight into ``out``.
     """
-    key, fields, pixels = ds.raw(index)
-    rng = sample_rng(seed, epoch, index)
-    where = f"{ds.index.shards[ds.locate(index)[0]].path}:{key}"
-    label = int(fields["cls"]) if "cls" in fields else -1
-    if pixels is None:
-        image_field = next((f for f in IMAGE_FIELDS if f in fields), None)
-        if image_field is None:
-            raise SampleError(where, f"no image field among {sorted(fields)}")
-        data = fields[image_field]
-        try:
-            width, height = image_size(data)
-        except Exception as exc:
-            raise SampleError(where, f"cannot read image header: {type(exc).__name__}: {exc}") from None
-        sample_plan = plan(specs, height, width, rng)
-        _check_size(sample_plan.size, out, where)
+    sample = plan_sample(ds, index, specs, seed, epoch)
+    _check_size(sample.plan.size, out, sample.where)
+    pixels = sample.pixels
+    if sample.data is not None:
+        data = sample.data
         if _turbo is not None and data[:3] == b"\xff\xd8\xff" and out.shape[0] == 3:
             try:
-                _turbo.decode_crop_into(data, sample_plan.box, out, out.shape[1], out.shape[2], sample_plan.flip)
-                return label, key
+                _turbo.decode_crop_into(data, sample.plan.box, out, out.shape[1], out.shape[2], sample.plan.flip)
+                return sample.label, sample.key
             except NotImplementedError:
                 pass  # CMYK: the generic path below converts it
             except ValueError as exc:
-                raise SampleError(where, f"corrupt JPEG: {exc}") from None
-        min_h, min_w = dct_min_size(sample_plan, height, width)
-        pixels = decode_image(data, where, min_h, min_w)
-    else:
-        height, width = pixels.shape[:2]
-        sample_plan = plan(specs, height, width, rng)
-        _check_size(sample_plan.size, out, where)
-    result = apply_plan(pixels, sample_plan, height, width)
+                raise SampleError(sample.where, f"corrupt JPEG: {exc}") from None
+        min_h, min_w = dct_min_size(sample.plan, sample.height, sample.width)
+        pixels = decode_image(data, sample.where, min_h, min_w)
+    result = apply_plan(pixels, sample.plan, sample.height, sample.width)  # type: ignore[arg-type]
     if result.shape[2] != out.shape[0]:
-        raise SampleError(where, f"has {result.shape[2]} channels, the batch holds {out.shape[0]}")
+        raise SampleError(sample.where, f"has {result.shape[2]} channels, the batch holds {out.shape[0]}")
     np.copyto(out, result.transpose(2, 0, 1))
-    return label, key
+    return sample.label, sample.key
 
 
 def _check_size(size: tuple[int, int], out: np.ndarray, where: str) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gc
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,37 +18,9 @@ import psutil
 import pytest
 
 import fastload
-from converters import ConvertOptions, convert
 from fastload import transforms as T
 from fastload.errors import SampleError
-from fastload.index import parse_dali_index, read_index
 from fastload.workers import WorkerError
-
-
-@pytest.fixture(scope="module")
-def clean(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("clean")
-    convert(str(image_folder), str(out), ConvertOptions(source="imagefolder", samples_per_shard=8))
-    return out
-
-
-@pytest.fixture()
-def corrupt(clean: Path, tmp_path: Path) -> tuple[Path, set[str]]:
-    """A copy whose shard 1 has one sample with a garbage header and one with garbage scan data."""
-    out = tmp_path / "corrupt"
-    shutil.copytree(clean, out)
-    index = read_index(out)
-    shard = out / index.shards[1].path
-    samples = parse_dali_index((out / index.shards[1].offsets).read_text(), "idx")
-    data = bytearray(shard.read_bytes())
-    (key_a, fields_a), (key_b, fields_b) = samples[2], samples[5]
-    offset, size = fields_a["jpg"]
-    data[offset : offset + 16] = b"\xab" * 16
-    offset, size = fields_b["jpg"]
-    rng = np.random.default_rng(0)
-    data[offset + size // 3 : offset + size - 2] = rng.integers(0, 256, size - 2 - size // 3, dtype=np.uint8).tobytes()
-    shard.write_bytes(bytes(data))
-    return out, {key_a, key_b}
 
 
 def alive(pids: list[int]) -> list[int]:
