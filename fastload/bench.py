@@ -23,7 +23,7 @@ from fastload.index import IMAGE_FIELDS
 
 LABEL_DIGITS = 8
 WARMUP_STEPS = 3
-BACKENDS = ("fastload-cpu", "torch", "webdataset", "dali-cpu", "dali-gpu")
+BACKENDS = ("fastload-cpu", "fastload-dali", "torch", "webdataset", "dali-cpu", "dali-gpu")
 TRANSFORMS = ("train", "val", "decode")
 
 
@@ -204,10 +204,11 @@ def make_loader(name: str, ds: ShardedDataset, source: Path | None, specs: tuple
     """A factory of one epoch-iterable loader of the given kind."""
     import torch
 
-    if name == "fastload-cpu":
+    if name in ("fastload-cpu", "fastload-dali"):
         from fastload.loader import DataLoader
 
-        return lambda: DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers, transform=specs, backend="cpu")
+        backend = name.split("-")[1]
+        return lambda: DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers, transform=specs, backend=backend)
     if name == "torch":
         dataset = PillowImages(specs, folder=source) if source else PillowImages(specs, shards=ds)
         return lambda: torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers)
