@@ -21,8 +21,16 @@ python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tail -3
 echo "== convert"
 python3 -m fastload.cli convert data/gpu-photos /tmp/photos-wds --from imagefolder --shard-size 16MB --workers 8 --quiet
 
-# DALI rows (dali-cpu, dali-gpu) need the nvidia-dali wheel there: ~300 MB, over the 64 MiB a
-# device call can carry, and not in that machine's image.
+# DALI rows need the nvidia-dali wheel there: ~300 MB, over the 64 MiB a device call can carry,
+# and not in that machine's image; they run when DALI is importable.
+if python3 -c "import nvidia.dali" 2>/dev/null; then
+  for t in decode train; do
+    echo "== DALI on the GPU, $t, batch 256"
+    python3 -m fastload.cli bench /tmp/photos-wds --backends fastload-dali,dali-gpu,fastload-cpu --workers 8 --transform $t --epochs 2 --json "$OUT/dali-$t.json" 2>&1 | tail -5
+  done
+else
+  echo "== DALI: not installed on this machine (no dali rows)"
+fi
 echo "== loader: fastload vs torch+Pillow (train(224), uint8, batch 256)"
 for w in 4 8 14; do
   python3 -m fastload.cli bench /tmp/photos-wds --source data/gpu-photos --backends fastload-cpu,torch --workers $w --epochs 2 --json "$OUT/loader-w$w.json" 2>&1 | tail -6

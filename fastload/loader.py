@@ -71,7 +71,8 @@ class DataLoader:
     fastload's own: ``transform`` (specs from fastload.transforms), ``backend``, ``device``,
     ``seed``, ``on_error`` ("raise" | "skip"), ``return_keys``, ``rank``/``world_size``,
     ``evaluation`` (every sample once across ranks, padding marked by a ``valid`` tensor) and
-    ``shuffle_buffer`` (streaming order: shuffled shards read in sequence through a buffer).
+    ``shuffle_buffer`` (streaming order: shuffled shards read in sequence through a buffer) and
+    ``hw_decoder_load`` (with DALI on a GPU: the share of JPEGs sent to the hardware decoder).
     """
 
     def __init__(
@@ -101,6 +102,7 @@ class DataLoader:
         world_size: int | None = None,
         evaluation: bool = False,
         shuffle_buffer: int | None = None,
+        hw_decoder_load: float = 0.65,
     ) -> None:
         if isinstance(dataset, (str, os.PathLike)):
             dataset = ShardedDataset(dataset)
@@ -114,7 +116,7 @@ class DataLoader:
             for name, value, default in (
                 ("transform", transform, None), ("return_keys", return_keys, False),
                 ("on_error", on_error, "raise"), ("evaluation", evaluation, False),
-                ("shuffle_buffer", shuffle_buffer, None),
+                ("shuffle_buffer", shuffle_buffer, None), ("hw_decoder_load", hw_decoder_load, 0.65),
             ):
                 if value != default:
                     raise ValueError(f"{name}= applies to fastload datasets; with a torch Dataset, do it inside the dataset")
@@ -143,6 +145,9 @@ class DataLoader:
         if shuffle_buffer is not None and (not shuffle or shuffle_buffer < 1):
             raise ValueError("shuffle_buffer= (streaming order) needs shuffle=True and a size >= 1")
         self.shuffle_buffer = shuffle_buffer
+        if not 0 <= hw_decoder_load <= 1:
+            raise ValueError("hw_decoder_load is a share of images, between 0 and 1")
+        self.hw_decoder_load = hw_decoder_load
         self.shuffle = bool(shuffle)
         self.pin_memory = pin_memory and torch.cuda.is_available()
         self.timeout = timeout
@@ -299,7 +304,9 @@ class DataLoader:
 
         if self._dali is None:
             device_id = torch.cuda.current_device() if self.backend == "dali-gpu" else None
-            self._dali = DaliBatchDecoder(self.batch_size, self.image_shape[1:], max(1, self.num_workers), device_id)  # type: ignore[arg-type]
+            self._dali = DaliBatchDecoder(
+                self.batch_size, self.image_shape[1:], max(1, self.num_workers), device_id, self.hw_decoder_load  # type: ignore[arg-type]
+            )
         return self._dali
 
 

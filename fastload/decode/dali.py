@@ -42,8 +42,11 @@ class DaliBatchDecoder:
     mirror flags), which raises StopIteration at the end of the epoch.
     """
 
-    def __init__(self, batch_size: int, out_hw: tuple[int, int], num_threads: int, device_id: int | None) -> None:
+    def __init__(
+        self, batch_size: int, out_hw: tuple[int, int], num_threads: int, device_id: int | None, hw_decoder_load: float = 0.65
+    ) -> None:
         self.batch_size, self.out_hw, self.num_threads, self.device_id = batch_size, out_hw, num_threads, device_id
+        self.hw_decoder_load = hw_decoder_load  # share of images for the hardware JPEG decoder (A100/H100/H200)
         self.feed: Any = None
         self.base = 0
         self.pipe: Any = None
@@ -62,7 +65,7 @@ class DaliBatchDecoder:
         @dali.pipeline_def(batch_size=self.batch_size, num_threads=self.num_threads, device_id=self.device_id, prefetch_queue_depth=2)
         def pipeline():  # type: ignore[no-untyped-def]
             jpegs, anchors, shapes, mirror = fn.external_source(source=self._source, num_outputs=4, batch=True, batch_info=True)
-            decode_args = {"hw_decoder_load": 0.65} if gpu else {}
+            decode_args = {"hw_decoder_load": self.hw_decoder_load} if gpu else {}
             images = fn.decoders.image_slice(
                 jpegs, anchors, shapes, device="mixed" if gpu else "cpu", output_type=types.RGB, axis_names="WH",
                 normalized_anchor=False, normalized_shape=False, **decode_args,
