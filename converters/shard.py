@@ -6,6 +6,7 @@ import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from converters.clean import check_image, decode_rgb, encode_png, reencode_jpeg
 from converters.options import ConvertOptions
@@ -15,6 +16,9 @@ from converters.sources import Source
 from converters.writers import PreparedSample, open_writer
 from fastload.errors import SampleError
 from fastload.index import ShardInfo
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True)

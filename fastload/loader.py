@@ -62,6 +62,8 @@ def choose_backend(requested: str, decoded_pixels: bool) -> tuple[str, str]:
     if gpu:
         return "cpu", "DALI is not installed (pip install 'fastload[dali]' for GPU decoding)"
     return "cpu", "no CUDA GPU; on the CPU fastload's workers beat DALI's CPU pipeline"
+
+
 STATE_VERSION = 1
 
 
@@ -70,7 +72,7 @@ class DataLoader:
 
     fastload's own: ``transform`` (specs from fastload.transforms), ``backend``, ``device``,
     ``seed``, ``on_error`` ("raise" | "skip"), ``return_keys``, ``rank``/``world_size``,
-    ``evaluation`` (every sample once across ranks, padding marked by a ``valid`` tensor) and
+    ``evaluation`` (every sample once across ranks, padding marked by a ``valid`` tensor),
     ``shuffle_buffer`` (streaming order: shuffled shards read in sequence through a buffer) and
     ``hw_decoder_load`` (with DALI on a GPU: the share of JPEGs sent to the hardware decoder).
     """

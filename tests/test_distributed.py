@@ -4,7 +4,6 @@ batch counts on uneven sizes (no collective hangs at the epoch's end), exact and
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from pathlib import Path
 
