@@ -1,13 +1,14 @@
 """``fastload bench``: loaders side by side on the same data, the decode ceiling, data-stall analysis.
 
-Every requested (loader, workers) pair runs in each round, rounds interleaved so machine noise
-hits all alike; medians are reported, with each loader's ratio to the plain-torch baseline (same
+Every requested (loader, workers) pair runs in each round, each in a fresh process, rounds
+interleaved so machine noise hits all alike; medians are reported, with each loader's ratio to the plain-torch baseline (same
 workers) and to the decode ceiling (single-thread libjpeg-turbo full decodes/s x workers).
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import resource
 import statistics
@@ -382,6 +383,40 @@ def _forever(loader: Iterable) -> Iterable:
 # --- the whole run --------------------------------------------------------------------------------
 
 
+def _in_fresh_process(fn: Callable, args: tuple) -> Any:
+    """Run ``fn(*args)`` in a spawned (non-daemonic: it may start workers) process; return its result."""
+    context = multiprocessing.get_context("spawn")
+    receiver, sender = context.Pipe(duplex=False)
+    process = context.Process(target=_child_main, args=(sender, fn, args))
+    process.start()
+    sender.close()
+    try:
+        ok, value = receiver.recv()
+    except EOFError:
+        process.join()
+        raise RuntimeError(f"the benchmark process died (exit code {process.exitcode})") from None
+    process.join()
+    if not ok:
+        raise RuntimeError(f"the benchmark process failed:\n{value}")
+    return value
+
+
+def _child_main(sender: Any, fn: Callable, args: tuple) -> None:
+    import traceback
+
+    multiprocessing.set_start_method("fork", force=True)  # loaders inside start workers as usual on Linux
+    try:
+        sender.send((True, fn(*args)))
+    except Exception:
+        sender.send((False, traceback.format_exc()))
+
+
+def _measure(backend: str, dataset: str, source: Path | None, transform: str, batch_size: int, workers: int, epochs: int, mean_bytes: float) -> dict[str, float]:
+    """One measurement, run in a fresh spawned process by run_bench."""
+    loader = make_loader(backend, ShardedDataset(dataset), source, preset(transform), batch_size, workers)
+    return time_batches(loader, epochs, mean_bytes)
+
+
 def machine() -> dict[str, Any]:
     """What the numbers were measured on."""
     import torch
@@ -402,10 +437,14 @@ def run_bench(
     mean_bytes = mean_image_bytes(ds)
     runs: dict[tuple[str, int], list[dict]] = {(b, w): [] for b in backends for w in workers}
     ceilings = []
+    for name in backends:
+        make_loader(name, ds, source, specs, batch_size, 0)  # fail fast on an unknown or unavailable loader
     for _ in range(rounds):
         ceilings.append(decode_ceiling(ds))
         for backend, w in runs:
-            runs[(backend, w)].append(time_batches(make_loader(backend, ds, source, specs, batch_size, w), epochs, mean_bytes))
+            # each measurement in a fresh interpreter: no memory or threads left over from another loader
+            args = (backend, str(dataset), source, transform, batch_size, w, epochs, mean_bytes)
+            runs[(backend, w)].append(_in_fresh_process(_measure, args))
     single = statistics.median(ceilings)
     results = [
         Result(loader=b, workers=w, **{k: statistics.median(r[k] for r in rs) for k in rs[0]}) for (b, w), rs in runs.items()
