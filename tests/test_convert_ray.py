@@ -86,9 +86,9 @@ def test_missing_ray_names_the_extra(photos: Path, tmp_path: Path) -> None:
 def test_rerun_after_a_driver_crash_resumes(photos: Path, tmp_path: Path) -> None:
     from tests.test_convert_resume import _kill_when, _start
 
-    run_cli("convert", str(photos), str(tmp_path / "reference"), "--from", "imagefolder", "--samples-per-shard", "6", "--quiet")
-    args = ["convert", str(photos), str(tmp_path / "out"), "--from", "imagefolder", "--samples-per-shard", "6",
-            "--engine", "ray", "--workers", "2", "--quiet"]
+    common = ["--from", "imagefolder", "--samples-per-shard", "6", "--reencode-quality", "85", "--max-size", "160", "--quiet"]
+    run_cli("convert", str(photos), str(tmp_path / "reference"), *common)
+    args = ["convert", str(photos), str(tmp_path / "out"), *common, "--engine", "ray", "--workers", "2"]
     proc = _start(args)
     _kill_when(proc, tmp_path / "out", shards_done=5, timeout=120)
     assert not (tmp_path / "out" / "index.json").exists(), "finished before the driver could be killed"
