@@ -167,7 +167,7 @@ class DataLoader:
         self._resume_at = 0
         self._pool: WorkerPool | None = None
         self._buffers: BatchBuffers | None = None
-        self._active: _EpochIterator | _DaliEpoch | None = None
+        self._active: _Epoch | None = None
         self._dali = None
         self.backend, why = choose_backend(backend, dataset.decoded)
         if (self.backend, why) not in _logged:
@@ -320,25 +320,46 @@ def _order(loader: DataLoader, epoch: int) -> np.ndarray:
     return epoch_order(len(loader.dataset), loader.seed, epoch, loader.shuffle)
 
 
-class _EpochIterator:
-    """One pass over a rank's batches: dispatches to free slots, yields in order."""
+class _Epoch:
+    """One pass over a rank's batches, in the epoch's order; subclasses produce the batches."""
 
     def __init__(self, loader: DataLoader, epoch: int, plan: RankBatches) -> None:
         self.loader, self.epoch, self.plan = loader, epoch, plan
         self.order = _order(loader, epoch)
+        self.next_yield = 0
+        self.finished = False
+
+    def consumed(self) -> int:
+        """Global samples consumed once the batches yielded so far are counted."""
+        return self.plan.consumed_after(self.next_yield)
+
+    def __iter__(self) -> _Epoch:
+        return self
+
+    def _finish(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self.loader._epoch = self.epoch + 1
+            self.loader._resume_at = 0
+
+    def _abandon(self) -> None:
+        """Like torch, a new iteration after an abandoned one starts this epoch over."""
+        if not self.finished:
+            self.loader._resume_at = 0
+            self.loader._epoch = self.epoch
+        self.finished = True
+
+
+class _EpochIterator(_Epoch):
+    """The CPU path: dispatches batches to the workers' free slots, yields them in order."""
+
+    def __init__(self, loader: DataLoader, epoch: int, plan: RankBatches) -> None:
+        super().__init__(loader, epoch, plan)
         self.buffers, self.pool = loader._ensure_workers()
         self.free_slots = list(range(self.buffers.slots))
         self.next_submit = 0
-        self.next_yield = 0
         self.ready: dict[int, BatchResult] = {}
-        self.finished = False
         self.in_flight = 0
-
-    def consumed(self) -> int:
-        return self.plan.consumed_after(self.next_yield)
-
-    def __iter__(self) -> _EpochIterator:
-        return self
 
     def _indices(self, batch_no: int) -> np.ndarray:
         return self.order[self.plan.batches[batch_no]]
@@ -391,12 +412,6 @@ class _EpochIterator:
         stats.record_batch(result.count)
         return batch
 
-    def _finish(self) -> None:
-        if not self.finished:
-            self.finished = True
-            self.loader._epoch = self.epoch + 1
-            self.loader._resume_at = 0
-
     def close(self) -> None:
         """Abandon the epoch (a break, an exception): drain the workers' pending answers.
         The next iteration starts this epoch over, as with torch; resume needs load_state_dict."""
@@ -409,14 +424,11 @@ class _EpochIterator:
                 self.loader._discard_pool()
         self.ready.clear()
         self.in_flight = 0
-        if not self.finished:  # like torch: a new iteration starts this epoch over
-            self.loader._resume_at = 0
-            self.loader._epoch = self.epoch
-        self.finished = True
+        self._abandon()
 
 
 
-class _DaliEpoch:
+class _DaliEpoch(_Epoch):
     """One pass over a rank's batches decoded by DALI, in the same order as the CPU path.
 
     The main thread reads each batch's bytes and plans its crops (fastload's own plans, so the
@@ -427,19 +439,10 @@ class _DaliEpoch:
     """
 
     def __init__(self, loader: DataLoader, epoch: int, plan: RankBatches) -> None:
-        self.loader, self.epoch, self.plan = loader, epoch, plan
-        self.order = _order(loader, epoch)
-        self.next_yield = 0
-        self.finished = False
+        super().__init__(loader, epoch, plan)
         self.meta: dict[int, tuple[list[int], list[str], list[tuple[str, str]]]] = {}
         self.decoder = loader._dali_decoder()
         self.decoder.start(self._feed, 0)
-
-    def consumed(self) -> int:
-        return self.plan.consumed_after(self.next_yield)
-
-    def __iter__(self) -> _DaliEpoch:
-        return self
 
     def _feed(self, batch_no: int) -> tuple[list, list, list, list]:
         """DALI's inputs for batch ``batch_no``: bytes, crop anchors and shapes, mirror flags."""
@@ -498,15 +501,6 @@ class _DaliEpoch:
         self.loader.stats.record_batch(len(keys))
         return batch
 
-    def _finish(self) -> None:
-        if not self.finished:
-            self.finished = True
-            self.loader._epoch = self.epoch + 1
-            self.loader._resume_at = 0
-
     def close(self) -> None:
         """Abandon the epoch; the next iteration starts it over (and rebuilds the pipeline)."""
-        if not self.finished:
-            self.loader._resume_at = 0
-            self.loader._epoch = self.epoch
-        self.finished = True
+        self._abandon()
