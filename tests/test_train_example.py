@@ -67,3 +67,11 @@ def test_trains_is_killed_and_resumes(small_dataset: Path, tmp_path: Path) -> No
     epochs = re.findall(r"epoch (\d): loss .* val acc .* images/s .* \(step (\d+)\)", out)
     assert epochs and epochs[-1] == ("2", "39"), out  # 200 / (8 x 2) = 13 steps per epoch, as uninterrupted
     assert "done: best val acc" in out
+
+
+def test_quickstart_runs(image_folder: Path, tmp_path: Path) -> None:
+    script = Path(__file__).parent.parent / "examples" / "quickstart.py"
+    proc = subprocess.run([sys.executable, str(script), str(image_folder), str(tmp_path / "wds")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "30 images of ['circles', 'squares', 'stripes', 'waves']" in proc.stdout
+    assert "(30, 3, 224, 224) torch.float32" in proc.stdout
