@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fastload.dataset import ShardedDataset
-from fastload.index import IMAGE_FIELDS
+from fastload.index import image_field
 
 LABEL_DIGITS = 8
 WARMUP_STEPS = 3
@@ -63,7 +63,7 @@ class PillowImages:
         import io
 
         _, fields, _ = self.shards.raw(i)  # type: ignore[union-attr]
-        field = next(f for f in IMAGE_FIELDS if f in fields)
+        field = image_field(fields)
         return Image.open(io.BytesIO(fields[field])), int(fields.get("cls", b"-1"))
 
     def __getitem__(self, i: int) -> tuple[Any, int]:

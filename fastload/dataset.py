@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastload.errors import SampleError
 from fastload.formats import ShardReader, open_shard
-from fastload.index import IMAGE_FIELDS, DatasetIndex, read_index
+from fastload.index import DatasetIndex, image_field, read_index
 
 if TYPE_CHECKING:
     import numpy as np
@@ -82,10 +82,10 @@ class ShardedDataset:
         key, fields, pixels = self.raw(i)
         out: dict[str, Any] = {"key": key}
         if pixels is None:
-            image_field = next((f for f in IMAGE_FIELDS if f in fields), None)
-            if image_field is None:
+            field = image_field(fields)
+            if field is None:
                 raise SampleError(self.where(i), f"no image field among {sorted(fields)}")
-            pixels = decode_image(fields.pop(image_field), self.where(i))
+            pixels = decode_image(fields.pop(field), self.where(i))
         out["image"] = pixels
         if "cls" in fields:
             out["label"] = int(fields.pop("cls"))

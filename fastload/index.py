@@ -12,6 +12,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Literal
 
 from fastload.errors import DatasetIndexError
@@ -25,6 +26,12 @@ DALI_INDEX_VERSION = "v1.2"
 Layout = Literal["wds", "hdf5"]
 LAYOUTS: tuple[str, ...] = ("wds", "hdf5")
 IMAGE_FIELDS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm")
+
+
+def image_field(fields: Iterable[str]) -> str | None:
+    """Which of a sample's fields holds its image (the first image extension present), if any."""
+    present = set(fields)
+    return next((f for f in IMAGE_FIELDS if f in present), None)
 
 
 @dataclass(frozen=True)

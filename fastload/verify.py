@@ -8,7 +8,7 @@ from pathlib import Path
 
 from fastload.errors import FastloadError
 from fastload.formats import open_shard
-from fastload.index import IMAGE_FIELDS, DatasetIndex, ShardInfo, file_sha256, read_index
+from fastload.index import DatasetIndex, ShardInfo, file_sha256, image_field, read_index
 
 
 @dataclass
@@ -59,13 +59,13 @@ def _decode_all(reader, shard: ShardInfo, report: VerifyReport) -> None:  # type
         return  # decoded pixels need no decoding; the checksum covers them
     for i in range(len(reader)):
         fields = reader.read(i)
-        image_field = next((f for f in IMAGE_FIELDS if f in fields), None)
+        ext = image_field(fields)
         where = f"{shard.path}:{reader.key(i)}"
-        if image_field is None:
+        if ext is None:
             report.problems.append(f"{where}: no image field among {sorted(fields)}")
             continue
         try:
-            decode_image(fields[image_field], where)
+            decode_image(fields[ext], where)
         except FastloadError as exc:
             report.problems.append(str(exc))
 

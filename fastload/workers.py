@@ -24,7 +24,7 @@ from fastload.dataset import ShardedDataset
 from fastload.decode.cpu import decode_image
 from fastload.decode.header import image_size
 from fastload.errors import FastloadError, SampleError
-from fastload.index import IMAGE_FIELDS
+from fastload.index import image_field
 from fastload.sampling import sample_rng
 from fastload.transforms import Plan, Transform, apply_plan, dct_min_size, plan
 
@@ -64,10 +64,10 @@ def plan_sample(ds: ShardedDataset, index: int, specs: Sequence[Transform], seed
     if pixels is not None:
         height, width = pixels.shape[:2]
         return PlannedSample(key, where, label, plan(specs, height, width, rng), height, width, pixels=pixels)
-    image_field = next((f for f in IMAGE_FIELDS if f in fields), None)
-    if image_field is None:
+    ext = image_field(fields)
+    if ext is None:
         raise SampleError(where, f"no image field among {sorted(fields)}")
-    data = fields[image_field]
+    data = fields[ext]
     try:
         width, height = image_size(data)
     except Exception as exc:

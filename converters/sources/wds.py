@@ -10,7 +10,7 @@ from pathlib import Path, PurePosixPath
 from converters.sample import Sample, SourceItem
 from converters.sources import SourceOptions
 from fastload.errors import SampleError
-from fastload.index import IMAGE_FIELDS, DatasetIndexError, read_index, split_member_name
+from fastload.index import DatasetIndexError, image_field, read_index, split_member_name
 
 
 def unsafe_member_reason(name: str) -> str | None:
@@ -72,10 +72,10 @@ class WdsSource:
                 values[ext] = os.pread(fd, size, offset)
         finally:
             os.close(fd)
-        image_field = next((f for f in IMAGE_FIELDS if f in values), None)
-        if image_field is None:
+        field = image_field(values)
+        if field is None:
             raise SampleError(item.where, f"no image field among {sorted(values)}")
-        image = values.pop(image_field)
+        image = values.pop(field)
         label = None
         if "cls" in values:
             text = values.pop("cls").decode(errors="replace").strip()
