@@ -88,18 +88,13 @@ def encode_png(pixels: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def decode_rgb(data: bytes, where: str) -> np.ndarray:
-    """Decode any supported image to HWC uint8 RGB pixels (EXIF orientation is NOT applied)."""
-    from fastload.decode.cpu import decode_image
-
-    return decode_image(data, where)
-
-
 def reencode_jpeg(data: bytes, where: str, quality: int, max_size: int | None) -> bytes:
     """Decode, shrink so the longer side is at most ``max_size`` (if given), and re-encode as JPEG."""
     from PIL import Image
 
-    image = Image.fromarray(decode_rgb(data, where))
+    from fastload.decode.cpu import decode_image
+
+    image = Image.fromarray(decode_image(data, where))
     if max_size is not None and max(image.size) > max_size:
         scale = max_size / max(image.size)
         new_size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from converters.clean import check_image, decode_rgb, encode_png, reencode_jpeg
+from converters.clean import check_image, encode_png, reencode_jpeg
 from converters.options import ConvertOptions
 from converters.plan import ShardPlan
 from converters.sample import Sample, SourceItem
@@ -57,7 +57,9 @@ def prepare_sample(sample: Sample, options: ConvertOptions, decoded_shape: tuple
             image = reencode_jpeg(image, sample.where, options.reencode_quality or 95, options.max_size)
             field_name = "jpg"
         if decoded:
-            field_name, stored = "pixels", decode_rgb(image, sample.where)
+            from fastload.decode.cpu import decode_image  # numpy, simplejpeg: only when decoding
+
+            field_name, stored = "pixels", decode_image(image, sample.where)
         else:
             stored = image
     if decoded and decoded_shape is not None and stored.shape != decoded_shape:  # type: ignore[union-attr]
