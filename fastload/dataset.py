@@ -5,12 +5,14 @@ from __future__ import annotations
 import bisect
 import itertools
 import os
+from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastload.errors import SampleError
-from fastload.formats import ShardReader, open_shard
-from fastload.index import DatasetIndex, image_field, read_index
+from fastload.formats import ShardReader, offsets_name, open_shard, open_shard_files
+from fastload.index import INDEX_FILE, DatasetIndex, image_field, read_index
+from fastload.remote import is_url
 
 if TYPE_CHECKING:
     import numpy as np
@@ -21,19 +23,47 @@ class ShardedDataset:
     ``image`` (HWC uint8), ``label`` (int, when the data has ``cls``) and any extra raw fields.
 
     Shard files open lazily in each process, so the object can be created before workers fork.
+    A remote dataset (``s3://``, ``gs://``, ``http(s)://``, any fsspec URL) reads its index once
+    per rank (rank 0 reads and broadcasts it when a process group exists) and its shards through
+    a local :class:`~fastload.cache.ShardCache`, whole files checked against the index.
     """
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = Path(root)
-        self.index: DatasetIndex = read_index(self.root)
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_size: int | str | None = None,
+        storage_options: dict | None = None,
+    ) -> None:
+        self.url = str(root).rstrip("/") if is_url(root) else None
+        self.root = Path(root) if self.url is None else None
+        if self.url is None:
+            if cache_dir is not None or cache_size is not None or storage_options is not None:
+                raise ValueError("cache_dir, cache_size and storage_options apply to remote datasets (URLs)")
+            self.index: DatasetIndex = read_index(self.root)  # type: ignore[arg-type]
+            self.cache = None
+        else:
+            from fastload.cache import ShardCache
+            from fastload.sizes import parse_size
+
+            self.index = _read_remote_index(self.url, storage_options)
+            limit = parse_size(cache_size) if isinstance(cache_size, str) else cache_size
+            self.cache = ShardCache(cache_dir, limit, storage_options)
         self._starts = list(itertools.accumulate((s.samples for s in self.index.shards), initial=0))
-        self._readers: dict[int, ShardReader] = {}
+        self._readers: OrderedDict[int, ShardReader] = OrderedDict()
 
     def __len__(self) -> int:
         return self.index.num_samples
 
     def __repr__(self) -> str:
-        return f"fastload.open({str(self.root)!r}): {len(self)} samples, {len(self.index.shards)} {self.index.layout} shards"
+        return f"fastload.open({self.location!r}): {len(self)} samples, {len(self.index.shards)} {self.index.layout} shards"
+
+    @property
+    def location(self) -> str:
+        """The dataset's folder or URL (without credentials)."""
+        from fastload.remote import redact
+
+        return redact(self.url) if self.url is not None else str(self.root)
 
     @property
     def classes(self) -> list[str] | None:
@@ -57,12 +87,44 @@ class ShardedDataset:
         shard = bisect.bisect_right(self._starts, i) - 1
         return shard, i - self._starts[shard]
 
+    def shards_of(self, indices: np.ndarray) -> np.ndarray:
+        """Shard number of each sample index."""
+        import numpy as np
+
+        return np.searchsorted(np.asarray(self._starts), indices, side="right") - 1
+
     def reader(self, shard: int) -> ShardReader:
-        """The (lazily opened) reader of shard number ``shard``."""
+        """The (lazily opened) reader of shard number ``shard``. A remote dataset keeps at most
+        ``MAX_OPEN_REMOTE_SHARDS`` open per process, so evicted cache entries free their disk."""
         reader = self._readers.get(shard)
-        if reader is None:
-            reader = self._readers[shard] = open_shard(self.root, self.index, self.index.shards[shard])
+        if reader is not None:
+            self._readers.move_to_end(shard)
+            return reader
+        if self.cache is None:
+            reader = open_shard(self.root, self.index, self.index.shards[shard])  # type: ignore[arg-type]
+        else:
+            data, offsets = self.fetch(shard)
+            reader = open_shard_files(self.index.layout, data, offsets)
+            while len(self._readers) >= MAX_OPEN_REMOTE_SHARDS:
+                self._readers.popitem(last=False)[1].close()
+        self._readers[shard] = reader
         return reader
+
+    def fetch(self, shard: int) -> tuple[Path, Path | None]:
+        """Local paths of a remote shard's files (data, offset index), downloading what the cache
+        lacks; several processes asking at once download it once."""
+        from fastload.cache import RemoteFile
+        from fastload.remote import join
+
+        if self.cache is None or self.url is None:
+            raise ValueError(f"{self.location} is a local dataset: nothing to fetch")
+        info = self.index.shards[shard]
+        offsets = None
+        if self.index.layout == "wds":
+            name = offsets_name(info)
+            offsets = self.cache.path(RemoteFile(join(self.url, name), name, info.offsets_sha256, None))
+        data = self.cache.path(RemoteFile(join(self.url, info.path), info.path, info.sha256, info.bytes))
+        return data, offsets
 
     def where(self, i: int) -> str:
         """'shard-00003.tar:key' — how errors name a sample."""
@@ -104,6 +166,25 @@ class ShardedDataset:
         self._readers.clear()
 
 
-def open(path: str | os.PathLike[str]) -> ShardedDataset:  # noqa: A001 - the public name is fastload.open
-    """Open a converted dataset (a folder holding index.json)."""
-    return ShardedDataset(path)
+MAX_OPEN_REMOTE_SHARDS = 16
+
+
+def _read_remote_index(url: str, storage_options: dict | None) -> DatasetIndex:
+    """The index at ``url``: read by rank 0 and broadcast when a process group is initialized."""
+    from fastload import remote
+    from fastload.dist import broadcast_bytes
+
+    where = remote.redact(remote.join(url, INDEX_FILE))
+    text = broadcast_bytes(lambda: remote.read_bytes(remote.join(url, INDEX_FILE), storage_options), where)
+    return DatasetIndex.from_json(text.decode(), where=where)
+
+
+def open(  # noqa: A001 - the public name is fastload.open
+    path: str | os.PathLike[str],
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_size: int | str | None = None,
+    storage_options: dict | None = None,
+) -> ShardedDataset:
+    """Open a converted dataset: a folder holding index.json, or its URL (then shards are cached
+    under ``cache_dir`` / FASTLOAD_CACHE_DIR, at most ``cache_size`` / FASTLOAD_CACHE_SIZE)."""
+    return ShardedDataset(path, cache_dir, cache_size, storage_options)

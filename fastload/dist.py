@@ -4,6 +4,7 @@ else torchrun's environment (RANK, WORLD_SIZE), else a single process."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 
 def resolve_rank_world(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
@@ -30,3 +31,30 @@ def _discover() -> tuple[int, int]:
 def local_rank() -> int:
     """This process's GPU index on its machine (torchrun's LOCAL_RANK, else 0)."""
     return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def broadcast_bytes(read: Callable[[], bytes], what: str) -> bytes:
+    """``read()`` on rank 0, its bytes sent to every rank when a process group is initialized
+    (as a uint8 tensor: nothing is pickled); otherwise just ``read()``."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return read()
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    data, error = b"", None
+    if dist.get_rank() == 0:
+        try:
+            data = read()
+        except Exception as exc:  # noqa: BLE001 - re-raised below, after telling the other ranks
+            error = exc
+    length = torch.tensor([-1 if error else len(data)], dtype=torch.int64, device=device)
+    dist.broadcast(length, src=0)
+    if error is not None:
+        raise error
+    if length.item() < 0:
+        raise RuntimeError(f"rank 0 could not read {what}; see its error")
+    buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(int(length.item()), dtype=torch.uint8)
+    buffer = buffer.to(device)
+    dist.broadcast(buffer, src=0)
+    return bytes(buffer.cpu().numpy())

@@ -43,6 +43,7 @@ class ShardInfo:
     bytes: int
     sha256: str
     offsets: str | None = None  # the DALI .idx beside a tar shard
+    offsets_sha256: str | None = None  # its checksum (fetched .idx files are checked too)
 
     def __post_init__(self) -> None:
         if self.samples < 0 or self.bytes < 0:

@@ -20,7 +20,8 @@ import torch
 from fastload.dataset import ShardedDataset
 from fastload.dist import resolve_rank_world
 from fastload.errors import SampleError, check_on_error
-from fastload.sampling import RankBatches, epoch_order, rank_batches, shard_buffer_order
+from fastload.prefetch import ShardPrefetcher, shards_in_use_order
+from fastload.sampling import EpochOrder, RankBatches, epoch_order, rank_batches, shard_groups, streaming_order, unseen_groups
 from fastload.stats import LoaderStats
 from fastload.transforms import Transform, batch_transform, output_size, validate
 from fastload.workers import (
@@ -65,6 +66,7 @@ def choose_backend(requested: str, decoded_pixels: bool) -> tuple[str, str]:
 
 
 STATE_VERSION = 1
+REMOTE_SHUFFLE_BUFFER = 4096
 
 
 class DataLoader:
@@ -73,7 +75,8 @@ class DataLoader:
     fastload's own: ``transform`` (specs from fastload.transforms), ``backend``, ``device``,
     ``seed``, ``on_error`` ("raise" | "skip"), ``return_keys``, ``rank``/``world_size``,
     ``evaluation`` (every sample once across ranks, padding marked by a ``valid`` tensor),
-    ``shuffle_buffer`` (streaming order: shuffled shards read in sequence through a buffer) and
+    ``shuffle_buffer`` (streaming order: each rank reads its own shuffled shards in sequence
+    through a buffer; always used for remote datasets, with ``REMOTE_SHUFFLE_BUFFER`` by default) and
     ``hw_decoder_load`` (with DALI on a GPU: the share of JPEGs sent to the hardware decoder).
     """
 
@@ -146,7 +149,8 @@ class DataLoader:
         self.evaluation = evaluation
         if shuffle_buffer is not None and (not shuffle or shuffle_buffer < 1):
             raise ValueError("shuffle_buffer= (streaming order) needs shuffle=True and a size >= 1")
-        self.shuffle_buffer = shuffle_buffer
+        self.streaming = shuffle_buffer is not None or dataset.url is not None
+        self.shuffle_buffer = (shuffle_buffer or REMOTE_SHUFFLE_BUFFER) if shuffle else 1
         if not 0 <= hw_decoder_load <= 1:
             raise ValueError("hw_decoder_load is a share of images, between 0 and 1")
         self.hw_decoder_load = hw_decoder_load
@@ -165,6 +169,8 @@ class DataLoader:
         self._batch_fn = batch_transform(self.transform)
         self._epoch = 0
         self._resume_at = 0
+        self._generations: list[tuple[int, int, int]] = []  # (world, batch, consumed) of earlier layouts this epoch
+        self._order_cache: tuple[tuple, EpochOrder] | None = None
         self._pool: WorkerPool | None = None
         self._buffers: BatchBuffers | None = None
         self._active: _Epoch | None = None
@@ -211,24 +217,40 @@ class DataLoader:
         if int(epoch) != self._epoch:
             self._epoch = int(epoch)
             self._resume_at = 0
+            self._generations = []
 
-    def state_dict(self) -> dict[str, int]:
+    def state_dict(self) -> dict[str, Any]:
         """Where training is: only batches handed to the caller count, not prefetched ones."""
+        generations = self._generations
         if self._active is not None and not self._active.finished:
             epoch, consumed = self._active.epoch, self._active.consumed()
             if consumed >= self._active.plan.end and self._active.next_yield >= len(self._active.plan.batches):
-                epoch, consumed = epoch + 1, 0
+                epoch, consumed, generations = epoch + 1, 0, []
         else:
             epoch, consumed = self._epoch, self._resume_at
-        return {"version": STATE_VERSION, "seed": self.seed, "epoch": epoch, "samples_consumed": consumed}
+        state: dict[str, Any] = {"version": STATE_VERSION, "seed": self.seed, "epoch": epoch, "samples_consumed": consumed}
+        if self.streaming:  # its positions depend on the layout: record it for a resume at another one
+            state.update(order="streaming", world_size=self.world_size, batch_size=self.batch_size,
+                         resumed_from=[list(g) for g in generations])
+        return state
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Resume: the next iteration yields exactly the samples of that epoch not yet consumed."""
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: the next iteration yields exactly the samples of that epoch not yet consumed,
+        at any world size (the streaming order then deals the unseen shards anew)."""
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"loader state version {state.get('version')} is not {STATE_VERSION}")
         if state["seed"] != self.seed:
             raise ValueError(f"state was saved with seed={state['seed']}, this loader has seed={self.seed}")
-        self._epoch, self._resume_at = int(state["epoch"]), int(state["samples_consumed"])
+        order = "streaming" if self.streaming else "global"
+        if state.get("order", "global") != order:
+            raise ValueError(f"state was saved with the {state.get('order', 'global')} order, this loader uses the {order} order")
+        consumed = int(state["samples_consumed"])
+        generations = [tuple(int(v) for v in g) for g in state.get("resumed_from", [])] if self.streaming else []
+        layout = (int(state.get("world_size", self.world_size)), int(state.get("batch_size", self.batch_size)))
+        if self.streaming and consumed and layout != (self.world_size, self.batch_size):
+            generations.append((*layout, consumed))
+            consumed = 0
+        self._epoch, self._resume_at, self._generations = int(state["epoch"]), consumed, generations  # type: ignore[assignment]
 
     def close(self) -> None:
         """Stop the workers and release the shared memory (also done at garbage collection)."""
@@ -254,7 +276,26 @@ class DataLoader:
     # --- internals --------------------------------------------------------------------------------
 
     def _plan(self, epoch: int, start: int) -> RankBatches:
-        return rank_batches(len(self.dataset), start, self.batch_size, self.rank, self.world_size, self.drop_last)  # type: ignore[arg-type]
+        length = len(self._epoch_order(epoch))
+        return rank_batches(length, start, self.batch_size, self.rank, self.world_size, self.drop_last)  # type: ignore[arg-type]
+
+    def _epoch_order(self, epoch: int) -> EpochOrder:
+        """The epoch's global order (the same for every backend), cached for the current epoch."""
+        key = (epoch, tuple(self._generations))
+        if self._order_cache is not None and self._order_cache[0] == key:
+            return self._order_cache[1]
+        ds: ShardedDataset = self.dataset
+        if not self.streaming:
+            order = EpochOrder(epoch_order(len(ds), self.seed, epoch, self.shuffle))
+        else:
+            groups = shard_groups([shard.samples for shard in ds.index.shards], self.seed, epoch, self.shuffle)
+            layouts = [*self._generations, (self.world_size, self.batch_size, 0)]
+            for generation, (world, batch, consumed) in enumerate(layouts):
+                order = streaming_order(groups, world, batch, self.shuffle_buffer, self.drop_last, self.seed, epoch, generation)
+                if generation < len(self._generations):
+                    groups = unseen_groups(order, consumed, ds.shards_of)
+        self._order_cache = (key, order)
+        return order
 
     def _discard_pool(self) -> None:
         if self._pool is not None:
@@ -312,22 +353,39 @@ class DataLoader:
         return self._dali
 
 
-def _order(loader: DataLoader, epoch: int) -> np.ndarray:
-    """The epoch's global sample order (the same for every backend)."""
-    if loader.shuffle_buffer is not None:
-        sizes = [shard.samples for shard in loader.dataset.index.shards]
-        return shard_buffer_order(sizes, loader.seed, epoch, loader.shuffle_buffer)
-    return epoch_order(len(loader.dataset), loader.seed, epoch, loader.shuffle)
-
-
 class _Epoch:
     """One pass over a rank's batches, in the epoch's order; subclasses produce the batches."""
 
     def __init__(self, loader: DataLoader, epoch: int, plan: RankBatches) -> None:
         self.loader, self.epoch, self.plan = loader, epoch, plan
-        self.order = _order(loader, epoch)
+        epoch_order = loader._epoch_order(epoch)
+        self.order, self.order_valid = epoch_order.order, epoch_order.valid
         self.next_yield = 0
         self.finished = False
+        self.prefetcher: ShardPrefetcher | None = None
+
+    def _start_prefetch(self) -> None:
+        """For a remote dataset, start downloading this rank's shards ahead of use."""
+        if self.loader.dataset.url is not None and self.plan.batches:
+            batches = [self.order[positions] for positions in self.plan.batches]
+            shards, first_batch = shards_in_use_order(self.loader.dataset, batches)
+            self.prefetcher = ShardPrefetcher(self.loader.dataset, shards, first_batch, self._dispatched)
+
+    def _dispatched(self) -> int:
+        """Batches whose samples have been handed to the decoders so far."""
+        return self.next_yield
+
+    def _stop_prefetch(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.stop()
+            self.prefetcher = None
+
+    def valid(self, batch_no: int) -> np.ndarray:
+        """Which entries of batch ``batch_no`` are real samples (not padding)."""
+        valid = self.plan.valid(batch_no)
+        if self.order_valid is not None:
+            valid = valid & self.order_valid[self.plan.batches[batch_no]]
+        return valid
 
     def consumed(self) -> int:
         """Global samples consumed once the batches yielded so far are counted."""
@@ -337,16 +395,20 @@ class _Epoch:
         return self
 
     def _finish(self) -> None:
+        self._stop_prefetch()
         if not self.finished:
             self.finished = True
             self.loader._epoch = self.epoch + 1
             self.loader._resume_at = 0
+            self.loader._generations = []
 
     def _abandon(self) -> None:
         """Like torch, a new iteration after an abandoned one starts this epoch over."""
+        self._stop_prefetch()
         if not self.finished:
             self.loader._resume_at = 0
             self.loader._epoch = self.epoch
+            self.loader._generations = []
         self.finished = True
 
 
@@ -360,6 +422,10 @@ class _EpochIterator(_Epoch):
         self.next_submit = 0
         self.ready: dict[int, BatchResult] = {}
         self.in_flight = 0
+        self._start_prefetch()
+
+    def _dispatched(self) -> int:
+        return self.next_submit
 
     def _indices(self, batch_no: int) -> np.ndarray:
         return self.order[self.plan.batches[batch_no]]
@@ -386,6 +452,8 @@ class _EpochIterator(_Epoch):
             self._finish()
             raise StopIteration
         stats = self.loader.stats
+        if self.prefetcher is not None:
+            self.prefetcher.check()
         with stats.waiting():
             if self.pool is None:
                 result = self._run_inline()
@@ -405,7 +473,7 @@ class _EpochIterator(_Epoch):
                         raise WorkerError(got.error)
                     self.ready[got.batch_no] = got
                 result = self.ready.pop(self.next_yield)
-        batch = self.loader._deliver(result, self.buffers, self.plan.valid(self.next_yield))
+        batch = self.loader._deliver(result, self.buffers, self.valid(self.next_yield))
         if self.pool is not None:
             self.free_slots.append(result.slot)
         self.next_yield += 1
@@ -442,6 +510,7 @@ class _DaliEpoch(_Epoch):
         super().__init__(loader, epoch, plan)
         self.meta: dict[int, tuple[list[int], list[str], list[tuple[str, str]]]] = {}
         self.decoder = loader._dali_decoder()
+        self._start_prefetch()
         self.decoder.start(self._feed, 0)
 
     def _feed(self, batch_no: int) -> tuple[list, list, list, list]:
@@ -483,6 +552,8 @@ class _DaliEpoch(_Epoch):
         if self.next_yield >= len(self.plan.batches):
             self._finish()
             raise StopIteration
+        if self.prefetcher is not None:
+            self.prefetcher.check()
         with self.loader.stats.waiting():
             try:
                 images = self.decoder.next_batch()
@@ -495,7 +566,7 @@ class _DaliEpoch(_Epoch):
                 self.meta.clear()
                 self.decoder.start(self._feed, self.next_yield + 1)
         batch = self.loader._finish_batch(
-            images, torch.tensor(labels, dtype=torch.int64), keys, skipped, self.plan.valid(self.next_yield)
+            images, torch.tensor(labels, dtype=torch.int64), keys, skipped, self.valid(self.next_yield)
         )
         self.next_yield += 1
         self.loader.stats.record_batch(len(keys))

@@ -4,10 +4,14 @@ The epoch's order is one global permutation. Training consumes it in *global ste
 ``world_size * batch_size`` samples; in each step rank r takes the r-th slice of ``batch_size``.
 So after k steps exactly the first ``k * world_size * batch_size`` samples of the order have been
 seen, whatever the world size, and a resume (at any world size) continues from that position.
+
+The streaming order (:func:`streaming_order`, for object storage) lays out the same global steps,
+but each rank's slices come from its own whole shards.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,33 +24,116 @@ def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool) -> np.nd
     return np.random.Generator(np.random.PCG64([seed, epoch, 0x5EED])).permutation(num_samples).astype(np.int64)
 
 
-def shard_buffer_order(shard_sizes: list[int], seed: int, epoch: int, buffer_size: int) -> np.ndarray:
-    """The streaming order: shards in a seeded random order, each read once from start to end,
-    its samples passed through a shuffle buffer of ``buffer_size``.
+@dataclass(frozen=True)
+class EpochOrder:
+    """An epoch's global order: sample index at each position, and (streaming order only) which
+    positions are real samples rather than padding that evens out the ranks' batch counts."""
 
-    The trade-off against :func:`epoch_order`'s global permutation: every shard is read once,
-    sequentially (what object storage needs), but samples close together in the order come from
-    the few shards the buffer spans (about ``buffer_size / shard size`` of them), so batches are
-    less independent; a buffer of several shards' worth keeps that small. Like the permutation,
-    it is a pure function of (shard sizes, seed, epoch), so resume stays exact.
-    """
-    if buffer_size < 1:
-        raise ValueError("buffer_size must be >= 1")
-    rng = np.random.Generator(np.random.PCG64([seed, epoch, 0xB0FF]))
+    order: np.ndarray
+    valid: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+
+def shard_groups(shard_sizes: list[int], seed: int, epoch: int, shuffle: bool) -> list[np.ndarray]:
+    """Each shard's sample indices, the shards in a seeded random order when shuffling."""
     starts = np.concatenate([[0], np.cumsum(shard_sizes)]).astype(np.int64)
-    stream = np.concatenate(
-        [np.arange(starts[s], starts[s + 1], dtype=np.int64) for s in rng.permutation(len(shard_sizes))]
-        or [np.zeros(0, np.int64)]
-    )
+    shards = np.arange(len(shard_sizes))
+    if shuffle:
+        shards = np.random.Generator(np.random.PCG64([seed, epoch, 0x5AAD])).permutation(len(shard_sizes))
+    return [np.arange(starts[s], starts[s + 1], dtype=np.int64) for s in shards if shard_sizes[s]]
+
+
+def deal(groups: list[np.ndarray], lanes: int) -> list[list[np.ndarray]]:
+    """Deal whole groups (shards) to ``lanes`` in turn, each to the lane holding fewest samples.
+    With fewer groups than lanes, the largest groups are halved first so no lane is left empty."""
+    groups = list(groups)
+    while 0 < len(groups) < lanes and max(len(g) for g in groups) > 1:
+        big = max(range(len(groups)), key=lambda i: len(groups[i]))
+        half = len(groups[big]) // 2
+        groups[big : big + 1] = [groups[big][:half], groups[big][half:]]
+    dealt: list[list[np.ndarray]] = [[] for _ in range(lanes)]
+    counts = [0] * lanes
+    for group in groups:
+        lane = counts.index(min(counts))
+        dealt[lane].append(group)
+        counts[lane] += len(group)
+    return dealt
+
+
+def buffer_shuffle(stream: np.ndarray, buffer_size: int, rng: np.random.Generator) -> np.ndarray:
+    """``stream`` passed through a shuffle buffer: each output is a random pick among the next
+    ``buffer_size`` candidates, so a sample moves at most about ``buffer_size`` places."""
+    if buffer_size <= 1 or len(stream) <= 1:
+        return stream.copy()
     out = np.empty_like(stream)
     buffer = stream[:buffer_size].copy()
-    picks = rng.integers(0, len(buffer), size=max(len(stream) - len(buffer), 0)) if len(buffer) else []
-    for n, (incoming, pick) in enumerate(zip(stream[len(buffer):], picks)):
+    picks = rng.integers(0, len(buffer), size=max(len(stream) - len(buffer), 0))
+    for n, (incoming, pick) in enumerate(zip(stream[len(buffer):].tolist(), picks.tolist())):
         out[n] = buffer[pick]
         buffer[pick] = incoming
     rng.shuffle(buffer)
     out[len(stream) - len(buffer):] = buffer
     return out
+
+
+def streaming_order(
+    groups: list[np.ndarray], world_size: int, batch_size: int, buffer_size: int, drop_last: bool,
+    seed: int, epoch: int, generation: int = 0,
+) -> EpochOrder:
+    """The streaming order: whole shards dealt to the ranks, each rank reading its own shards in
+    sequence through a shuffle buffer (what object storage needs: every shard is fetched by one
+    rank, once per epoch).
+
+    Laid out in global steps like :func:`epoch_order` (rank r takes the r-th ``batch_size`` slice
+    of each step), so a rank's batches are its own lane. Lanes differ in length by up to a shard:
+    with ``drop_last`` every rank stops at the shortest lane's last full batch; otherwise shorter
+    lanes are padded with repeats of their own samples, marked invalid. The trade-off against a
+    global permutation: samples close together in a lane come from the few shards its buffer
+    spans, so a buffer several shards deep keeps batches varied. ``generation`` counts resumes at
+    another world size within the epoch (each re-deals the unseen samples).
+    """
+    if buffer_size < 1:
+        raise ValueError("buffer_size must be >= 1")
+    lanes = [
+        buffer_shuffle(np.concatenate(dealt) if dealt else np.zeros(0, np.int64), buffer_size,
+                       np.random.Generator(np.random.PCG64([seed, epoch, generation, lane, 0xB0FF])))
+        for lane, dealt in enumerate(deal(groups, world_size))
+    ]
+    lengths = [len(lane) for lane in lanes]
+    if drop_last:
+        full, last = min(lengths) // batch_size, 0
+    else:  # like the global order's tail: one smaller last batch, as long as the longest lane needs
+        full, last = divmod(max(lengths), batch_size)
+    span = full * batch_size + last
+    every = np.concatenate(groups) if groups else np.zeros(0, np.int64)
+    columns = np.zeros((world_size, span), dtype=np.int64)
+    masks = np.zeros((world_size, span), dtype=bool)
+    for rank, lane in enumerate(lanes):
+        real = min(len(lane), span)
+        if span:
+            columns[rank] = np.resize(lane if len(lane) else every, span)
+        columns[rank, :real] = lane[:real]
+        masks[rank, :real] = True
+
+    def steps(a: np.ndarray) -> np.ndarray:  # lanes side by side, one batch each per global step
+        head = a[:, : full * batch_size].reshape(world_size, full, batch_size).transpose(1, 0, 2)
+        return np.concatenate([head.reshape(-1), a[:, full * batch_size :].reshape(-1)])
+
+    return EpochOrder(steps(columns), steps(masks))
+
+
+def unseen_groups(order: EpochOrder, consumed: int, shard_of: Callable[[np.ndarray], np.ndarray]) -> list[np.ndarray]:
+    """Samples of a streaming epoch not yet consumed after ``consumed`` positions, grouped by
+    shard (``shard_of`` maps samples to shards) in order of first appearance: what a resume at
+    another world size deals anew."""
+    rest = order.order[consumed:]
+    if order.valid is not None:
+        rest = rest[order.valid[consumed:]]
+    shard_numbers = shard_of(rest)
+    shards, first = np.unique(shard_numbers, return_index=True)
+    return [rest[shard_numbers == shard] for shard in shards[np.argsort(first)]]
 
 
 def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:

@@ -37,6 +37,9 @@ def _check_shard(root: Path, index: DatasetIndex, shard: ShardInfo, decode: bool
     if file_sha256(path) != shard.sha256:
         report.problems.append(f"{shard.path}: sha256 mismatch (corrupted)")
         return
+    if shard.offsets and shard.offsets_sha256 and not _offsets_match(root / shard.offsets, shard.offsets_sha256):
+        report.problems.append(f"{shard.offsets}: missing or sha256 mismatch (the shard's offset index is corrupted)")
+        return
     try:
         reader = open_shard(root, index, shard)
         count = len(reader)
@@ -50,6 +53,13 @@ def _check_shard(root: Path, index: DatasetIndex, shard: ShardInfo, decode: bool
         report.problems.append(f"{shard.path}: {exc}")
         return
     report.samples += shard.samples
+
+
+def _offsets_match(path: Path, sha256: str) -> bool:
+    try:
+        return file_sha256(path) == sha256
+    except FileNotFoundError:
+        return False
 
 
 def _decode_all(reader, shard: ShardInfo, report: VerifyReport) -> None:  # type: ignore[no-untyped-def]

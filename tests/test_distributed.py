@@ -90,13 +90,37 @@ def test_evaluation_mode_marks_padding_so_each_sample_counts_once(dataset_1001: 
     assert sum(not ok for r in results for ok in r["valid"]) == 1  # 11 left over, 3 ranks x 4 slots
 
 
+def shard_of_key(data: Path) -> dict[str, int]:
+    ds = fastload.open(data)
+    return {ds.raw(i)[0]: ds.locate(i)[0] for i in range(len(ds))}
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_streaming_order_gives_each_rank_its_own_whole_shards(dataset_1001: Path, tmp_path: Path, drop_last: bool) -> None:
+    kwargs = dict(batch_size=7, shuffle=True, shuffle_buffer=30, seed=2, drop_last=drop_last)
+    results = run_ranks(tmp_path, 3, dataset_1001, kwargs)
+    assert len({r["batches"] for r in results}) == 1
+    shard_of = shard_of_key(dataset_1001)
+    shards = [{shard_of[k] for k in r["keys"]} for r in results]
+    assert not (shards[0] & shards[1]) and not (shards[0] & shards[2]) and not (shards[1] & shards[2])
+    seen = Counter(k for r in results for k in r["keys"])
+    if drop_last:  # every rank stops at the shortest lane's last full batch: nothing repeats
+        assert max(seen.values()) == 1
+    else:  # shorter lanes repeat their own samples; every sample is seen
+        assert set(seen) == set(all_keys(dataset_1001))
+
+
 @pytest.mark.parametrize("world_after", [3, 2])
-def test_mid_epoch_resume_same_and_other_world_size(dataset_1001: Path, tmp_path: Path, world_after: int) -> None:
-    kwargs = dict(batch_size=9, shuffle=True, seed=4, evaluation=True)
+@pytest.mark.parametrize("streaming", [False, True])
+def test_mid_epoch_resume_same_and_other_world_size(dataset_1001: Path, tmp_path: Path, world_after: int, streaming: bool) -> None:
+    kwargs = dict(batch_size=9, shuffle=True, seed=4, evaluation=True, **(dict(shuffle_buffer=40) if streaming else {}))
     whole = run_ranks(tmp_path, 3, dataset_1001, kwargs)
     first = run_ranks(tmp_path, 3, dataset_1001, kwargs, stop_after=10)
     states = first[0]["states"]
-    assert states[0] == states[1] == states[2] == {"version": 1, "seed": 4, "epoch": 0, "samples_consumed": 270}
+    expected = {"version": 1, "seed": 4, "epoch": 0, "samples_consumed": 270}
+    if streaming:
+        expected.update(order="streaming", world_size=3, batch_size=9, resumed_from=[])
+    assert states[0] == states[1] == states[2] == expected
     second = run_ranks(tmp_path, world_after, dataset_1001, kwargs, state=states[0])
     before = [k for r in first for k in r["keys"]]
     after = [k for r in second for k, ok in zip(r["keys"], r["valid"]) if ok]

@@ -254,19 +254,6 @@ def test_dataset_random_access(image_folder: Path, wds: Path) -> None:
         ds[30]
 
 
-def test_streaming_order_reads_shards_whole_and_is_a_permutation() -> None:
-    from fastload.sampling import shard_buffer_order
-
-    sizes = [50, 50, 50, 30]
-    order = shard_buffer_order(sizes, seed=1, epoch=0, buffer_size=20)
-    assert sorted(order.tolist()) == list(range(180))
-    assert np.array_equal(order, shard_buffer_order(sizes, seed=1, epoch=0, buffer_size=20))
-    assert not np.array_equal(order, shard_buffer_order(sizes, seed=1, epoch=1, buffer_size=20))
-    shard_of = np.searchsorted(np.cumsum(sizes), order, side="right")
-    # with a 20-sample buffer over 50-sample shards, any 20 consecutive samples span few shards
-    assert max(len(set(shard_of[i : i + 20])) for i in range(0, 160)) <= 3
-
-
 def test_streaming_order_through_the_loader_resumes(wds: Path) -> None:
     kwargs = dict(batch_size=4, shuffle=True, shuffle_buffer=6, transform=T.val(16), return_keys=True)
     with fastload.DataLoader(wds, **kwargs) as loader:

@@ -93,7 +93,8 @@ class WdsShardWriter:
             self._write(b"\0" * (RECORD - self._pos % RECORD))
         self._file.close()
         idx_tmp = temp_path(self.idx_path)
-        idx_tmp.write_bytes(format_dali_index(self._samples))
+        idx_bytes = format_dali_index(self._samples)
+        idx_tmp.write_bytes(idx_bytes)
         publish(idx_tmp, self.idx_path)
         publish(self._tmp, self.path)
         return ShardInfo(
@@ -102,6 +103,7 @@ class WdsShardWriter:
             bytes=self._pos,
             sha256=self._sha.hexdigest(),
             offsets=self.idx_path.name,
+            offsets_sha256=hashlib.sha256(idx_bytes).hexdigest(),
         )
 
     def abort(self) -> None:

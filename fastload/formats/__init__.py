@@ -24,12 +24,25 @@ class ShardReader(Protocol):
         """Release file handles."""
 
 
+def offsets_name(shard: ShardInfo) -> str:
+    """The relative path of a tar shard's DALI offset index."""
+    return shard.offsets or str(Path(shard.path).with_suffix(".idx"))
+
+
 def open_shard(root: Path, index: DatasetIndex, shard: ShardInfo) -> ShardReader:
-    """A reader for one shard of a dataset, by its layout."""
-    if index.layout == "wds":
+    """A reader for one shard of a dataset under ``root``, by its layout."""
+    offsets = root / offsets_name(shard) if index.layout == "wds" else None
+    return open_shard_files(index.layout, root / shard.path, offsets)
+
+
+def open_shard_files(layout: str, data: Path, offsets: Path | None) -> ShardReader:
+    """A reader over a shard's files wherever they are (the dataset folder, or a local cache)."""
+    if layout == "wds":
         from fastload.formats.tar import TarShardReader
 
-        return TarShardReader(root / shard.path, root / (shard.offsets or Path(shard.path).with_suffix(".idx")))
+        if offsets is None:
+            raise ValueError(f"{data}: a tar shard is read through its offset index; none given")
+        return TarShardReader(data, offsets)
     from fastload.formats.hdf5 import Hdf5ShardReader
 
-    return Hdf5ShardReader(root / shard.path)
+    return Hdf5ShardReader(data)

@@ -1,0 +1,148 @@
+"""A bounded local cache of remote shard files, shared by every worker and local rank on a machine.
+
+Entries are named by their sha256 from the index (content-addressed: two datasets holding the same
+shard share it). A file lock per entry makes concurrent users download it once; the download goes
+to a temporary name and is checked against the index's size and sha256 before its rename. After
+that check a stamp records the file's size and mtime, so later opens trust an unchanged file
+without hashing it again and re-verify (and re-fetch) one that was modified. Least recently used
+entries are evicted to stay under the size limit; a reader holding an evicted file open keeps
+reading it (POSIX unlink semantics).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from collections.abc import Iterator
+
+from fastload import remote
+from fastload.index import file_sha256
+
+DEFAULT_CACHE_BYTES = 50 * 10**9
+_STAMP = ".ok"
+_LOCK = ".lock"
+
+
+def default_cache_dir() -> Path:
+    """FASTLOAD_CACHE_DIR, else $XDG_CACHE_HOME/fastload, else ~/.cache/fastload."""
+    if os.environ.get("FASTLOAD_CACHE_DIR"):
+        return Path(os.environ["FASTLOAD_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fastload"
+
+
+def default_cache_bytes() -> int:
+    """FASTLOAD_CACHE_SIZE (e.g. "20GB"), else 50 GB."""
+    from fastload.sizes import parse_size
+
+    text = os.environ.get("FASTLOAD_CACHE_SIZE")
+    return parse_size(text) if text else DEFAULT_CACHE_BYTES
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """One file of a remote dataset: where it is and what the index says it holds."""
+
+    url: str
+    name: str  # the path relative to the dataset root, for the cache entry's name
+    sha256: str | None
+    bytes: int | None
+
+
+class ShardCache:
+    """Local copies of remote files under ``root``, at most ``max_bytes`` in all."""
+
+    def __init__(self, root: str | os.PathLike[str] | None = None, max_bytes: int | None = None, storage_options: dict | None = None) -> None:
+        self.root = Path(root) if root is not None else default_cache_dir()
+        self.max_bytes = max_bytes if max_bytes is not None else default_cache_bytes()
+        if self.max_bytes < 1:
+            raise ValueError("the cache size limit must be positive")
+        self.storage_options = storage_options
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def entry(self, file: RemoteFile) -> Path:
+        """The cache path of ``file``: by content hash, or by URL when the index has no hash."""
+        digest = file.sha256 or "url-" + hashlib.sha256(file.url.encode()).hexdigest()
+        return self.root / f"{digest}{Path(file.name).suffix}"
+
+    def path(self, file: RemoteFile) -> Path:
+        """The verified local copy of ``file``, downloaded first when absent or modified. Open it
+        soon: it is now the most recently used entry, so the last one eviction would take."""
+        path = self.entry(file)
+        if not self._trusted(path, file):  # the common case, a verified hit, takes no lock
+            with self._locked(path):
+                if not self._trusted(path, file):
+                    self._make_room(file.bytes or 0, keep=path)
+                    remote.download(file.url, path, file.sha256, file.bytes, self.storage_options)
+                    self._stamp(path)
+        os.utime(path, ns=(time.time_ns(), path.stat().st_mtime_ns))  # recency (atime) for LRU; mtime kept for the stamp
+        return path
+
+    def size(self) -> int:
+        """Bytes held by cache entries now."""
+        return sum(size for _, size, _ in self._entries())
+
+    @contextmanager
+    def _locked(self, path: Path) -> Iterator[None]:
+        fd = os.open(path.with_name(path.name + _LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _trusted(self, path: Path, file: RemoteFile) -> bool:
+        """Whether ``path`` holds ``file`` verified: stamp matches, else re-hashed now."""
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return False
+        if file.bytes is not None and st.st_size != file.bytes:
+            return False
+        stamp = path.with_name(path.name + _STAMP)
+        try:
+            if stamp.read_text() == _stamp_text(st):
+                return True
+        except FileNotFoundError:
+            pass
+        if file.sha256 is not None and file_sha256(path) != file.sha256:
+            return False
+        self._stamp(path)
+        return True
+
+    def _stamp(self, path: Path) -> None:
+        path.with_name(path.name + _STAMP).write_text(_stamp_text(path.stat()))
+
+    def _entries(self) -> list[tuple[Path, int, float]]:
+        """(path, size, last use) of every complete entry."""
+        out = []
+        for path in self.root.iterdir():
+            if path.name.endswith((_STAMP, _LOCK)) or path.name.startswith("."):
+                continue
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue
+            out.append((path, st.st_size, st.st_atime))
+        return out
+
+    def _make_room(self, incoming: int, keep: Path) -> None:
+        """Evict least recently used entries until ``incoming`` more bytes fit under the limit."""
+        entries = sorted(self._entries(), key=lambda e: e[2])
+        total = sum(size for _, size, _ in entries)
+        for path, size, _ in entries:
+            if total + incoming <= self.max_bytes:
+                break
+            if path == keep:
+                continue
+            for name in (path, path.with_name(path.name + _STAMP)):
+                name.unlink(missing_ok=True)
+            total -= size
+
+
+def _stamp_text(st: os.stat_result) -> str:
+    return f"{st.st_size} {st.st_mtime_ns} {st.st_ino}"

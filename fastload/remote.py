@@ -1,0 +1,217 @@
+"""Object storage through fsspec (s3://, gs://, http(s)://, any fsspec URL): whole-file download
+with checksum, upload, small reads and writes, each retried with backoff on transient failures.
+
+The only module importing fsspec. Credentials come only from each filesystem's own mechanisms
+(environment, config files) or ``storage_options``; they are never logged, and URLs in messages
+have any ``user:password@`` part removed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from fastload.errors import FastloadError
+
+T = TypeVar("T")
+CHUNK = 4 << 20
+# 4xx answers that may succeed when asked again: timeout, too many requests
+_RETRYABLE_STATUS = {408, 425, 429}
+_PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ValueError, TypeError, NotImplementedError)
+
+
+class RemoteError(FastloadError):
+    """A remote object could not be read or written; the message names the URL."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how patiently transient failures are retried (env: FASTLOAD_RETRIES,
+    FASTLOAD_RETRY_DELAY seconds before the first retry, FASTLOAD_IO_TIMEOUT seconds of silence)."""
+
+    attempts: int = 6
+    first_delay: float = 0.5
+    max_delay: float = 15.0
+    io_timeout: float = 60.0
+
+    @classmethod
+    def from_env(cls) -> RetryPolicy:
+        """The policy with any environment overrides applied."""
+        return cls(
+            attempts=max(1, int(os.environ.get("FASTLOAD_RETRIES", cls.attempts))),
+            first_delay=float(os.environ.get("FASTLOAD_RETRY_DELAY", cls.first_delay)),
+            io_timeout=float(os.environ.get("FASTLOAD_IO_TIMEOUT", cls.io_timeout)),
+        )
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait before retry number ``attempt`` (1-based): exponential, jittered."""
+        return min(self.max_delay, self.first_delay * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+
+
+def is_url(path: object) -> bool:
+    """Whether ``path`` names remote storage (``scheme://...``, other than ``file://``)."""
+    return isinstance(path, str) and "://" in path and not path.startswith("file://")
+
+
+def redact(url: str) -> str:
+    """``url`` without a ``user:password@`` part, for messages."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def join(url: str, *names: str) -> str:
+    """``url`` with path parts appended, one slash between each."""
+    return "/".join([url.rstrip("/"), *(n.strip("/") for n in names)])
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a failure may go away when tried again: timeouts, resets, 5xx, throttling."""
+    status = getattr(exc, "status", None) or getattr(exc, "code", None)
+    if isinstance(status, int) and 400 <= status < 600:
+        return status >= 500 or status in _RETRYABLE_STATUS
+    if isinstance(exc, _PERMANENT):
+        return False
+    if isinstance(exc, (OSError, TimeoutError, ConnectionError, EOFError)):
+        return True
+    module = type(exc).__module__
+    return module.startswith(("aiohttp", "botocore", "aiobotocore", "urllib3", "requests", "google", "asyncio"))
+
+
+_filesystems: dict[tuple, Any] = {}
+
+
+def filesystem(url: str, storage_options: dict | None = None) -> tuple[Any, str]:
+    """(fsspec filesystem, path within it) for ``url``; one instance per process and options."""
+    try:
+        import fsspec
+        from fsspec.core import split_protocol
+    except ImportError:
+        raise ImportError(f"reading {redact(url)} needs fsspec: pip install 'fastload[cloud]'") from None
+    protocol = split_protocol(url)[0] or "file"
+    options = dict(storage_options or {})
+    if protocol in ("http", "https"):
+        options.setdefault("client_kwargs", {}).setdefault("timeout", _http_timeout())
+    key = (os.getpid(), protocol, repr(sorted(options.items())))
+    fs = _filesystems.get(key)
+    if fs is None:
+        try:
+            cls = fsspec.get_filesystem_class(protocol)
+        except (ImportError, ValueError) as exc:
+            raise ImportError(f"{redact(url)}: no filesystem for {protocol}:// ({exc}); pip install 'fastload[cloud]'") from None
+        fs = _filesystems[key] = cls(skip_instance_cache=True, **options)
+    return fs, fs._strip_protocol(url) if protocol not in ("http", "https") else url
+
+
+def _http_timeout():  # type: ignore[no-untyped-def]
+    import aiohttp
+
+    seconds = RetryPolicy.from_env().io_timeout
+    return aiohttp.ClientTimeout(total=None, sock_connect=seconds, sock_read=seconds)
+
+
+def retrying(what: str, url: str, fn: Callable[[], T], policy: RetryPolicy | None = None) -> T:
+    """Run ``fn``; retry transient failures with backoff; raise :class:`RemoteError` naming the URL."""
+    policy = policy or RetryPolicy.from_env()
+    for attempt in range(1, policy.attempts + 1):
+        try:
+            return fn()
+        except FileNotFoundError:
+            raise RemoteError(f"{redact(url)}: not found (while trying to {what})") from None
+        except Exception as exc:  # noqa: BLE001 - classified below
+            if not is_transient(exc) or attempt == policy.attempts:
+                tries = f" after {attempt} attempts" if attempt > 1 else ""
+                raise RemoteError(f"{redact(url)}: cannot {what}{tries}: {type(exc).__name__}: {exc}") from exc
+            time.sleep(policy.delay(attempt))
+    raise AssertionError("unreachable")
+
+
+def read_bytes(url: str, storage_options: dict | None = None) -> bytes:
+    """The whole (small) object at ``url``."""
+    fs, path = filesystem(url, storage_options)
+    return retrying("read it", url, lambda: fs.cat_file(path))
+
+
+def write_bytes(url: str, data: bytes, storage_options: dict | None = None) -> None:
+    """Write a small object (bookkeeping, index.json)."""
+    fs, path = filesystem(url, storage_options)
+    retrying("write it", url, lambda: fs.pipe_file(path, data))
+
+
+def size(url: str, storage_options: dict | None = None) -> int | None:
+    """Size in bytes of the object at ``url``, or None when there is none."""
+    fs, path = filesystem(url, storage_options)
+
+    def info() -> int | None:
+        try:
+            return int(fs.info(path)["size"])
+        except FileNotFoundError:
+            return None
+
+    return retrying("look it up", url, info)
+
+
+def remove(url: str, storage_options: dict | None = None, recursive: bool = False) -> None:
+    """Delete the object (or, with ``recursive``, the prefix) at ``url``; absent is fine."""
+    fs, path = filesystem(url, storage_options)
+
+    def rm() -> None:
+        try:
+            fs.rm(path, recursive=recursive)
+        except FileNotFoundError:
+            pass
+
+    retrying("delete it", url, rm)
+
+
+def upload(local: str | os.PathLike[str], url: str, storage_options: dict | None = None) -> None:
+    """Copy a local file to ``url`` (one atomic PUT on object stores)."""
+    fs, path = filesystem(url, storage_options)
+    retrying("upload it", url, lambda: fs.put_file(str(local), path))
+
+
+def download(
+    url: str, dest: Path, sha256: str | None, expected_bytes: int | None, storage_options: dict | None = None
+) -> None:
+    """Stream ``url`` into ``dest`` (via a temporary name), checking size and sha256 when given.
+
+    A transfer cut short or a checksum mismatch is retried like any transient failure (a fresh
+    download each time); one that still mismatches after the last attempt raises, naming the URL.
+    """
+    fs, path = filesystem(url, storage_options)
+    tmp = dest.with_name(f".{dest.name}.part-{os.getpid()}")
+    streaming = url.startswith(("http://", "https://"))
+
+    def fetch() -> None:
+        digest = hashlib.sha256()
+        got = 0
+        kwargs: dict[str, Any] = {"block_size": 0, "size": expected_bytes or None} if streaming else {}
+        try:
+            with fs.open(path, "rb", **kwargs) as src, open(tmp, "wb") as out:
+                while block := src.read(CHUNK):
+                    digest.update(block)
+                    out.write(block)
+                    got += len(block)
+            if expected_bytes is not None and got != expected_bytes:
+                raise _Mismatch(f"got {got} bytes, the index says {expected_bytes} (transfer cut short?)")
+            if sha256 is not None and digest.hexdigest() != sha256:
+                raise _Mismatch(f"sha256 {digest.hexdigest()[:12]}... differs from the index's {sha256[:12]}...")
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    retrying("download it", url, fetch)
+
+
+class _Mismatch(ConnectionError):
+    """The downloaded bytes are not the ones the index describes (retried as transient)."""

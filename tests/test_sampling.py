@@ -1,0 +1,75 @@
+"""The sample orders as pure functions: permutations, locality of the streaming order, lanes of
+whole shards, equal batch counts, and the unseen set a resume at another world size deals anew."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fastload.sampling import deal, rank_batches, shard_groups, streaming_order, unseen_groups
+
+SIZES = [50, 50, 50, 30, 41, 7]
+STARTS = np.concatenate([[0], np.cumsum(SIZES)])
+
+
+def shard_of(samples: np.ndarray) -> np.ndarray:
+    return np.searchsorted(STARTS, samples, side="right") - 1
+
+
+def lane(order, world: int, batch: int, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rank ``rank``'s samples and validity, as rank_batches would hand them out."""
+    plan = rank_batches(len(order), 0, batch, rank, world, drop_last=False)
+    positions = np.concatenate(plan.batches)
+    return order.order[positions], order.valid[positions]
+
+
+def test_one_rank_streams_a_deterministic_permutation_with_local_windows() -> None:
+    groups = shard_groups(SIZES, seed=1, epoch=0, shuffle=True)
+    order = streaming_order(groups, 1, 4, buffer_size=20, drop_last=False, seed=1, epoch=0)
+    real = order.order[order.valid]
+    assert sorted(real.tolist()) == list(range(sum(SIZES)))
+    again = streaming_order(shard_groups(SIZES, 1, 0, True), 1, 4, 20, False, 1, 0)
+    assert np.array_equal(order.order, again.order)
+    other = streaming_order(shard_groups(SIZES, 1, 1, True), 1, 4, 20, False, 1, 1)
+    assert not np.array_equal(order.order, other.order)
+    # a 20-sample buffer over 50-sample shards: 20 consecutive samples span ~2 shards on average
+    # (a global permutation: ~4 of the 4)
+    big = streaming_order(shard_groups([50, 50, 50, 30], 1, 0, True), 1, 4, 20, False, 1, 0).order
+    big_shard = np.searchsorted([50, 100, 150], big, side="right")
+    spans = [len(set(big_shard[i : i + 20].tolist())) for i in range(len(big) - 20)]
+    assert np.mean(spans) < 2.7 and max(spans) <= 4
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_ranks_read_disjoint_whole_shards_in_equal_batches(drop_last: bool) -> None:
+    world, batch = 3, 8
+    order = streaming_order(shard_groups(SIZES, 5, 2, True), world, batch, 16, drop_last, 5, 2)
+    assert len(order) % world == 0
+    lanes = [lane(order, world, batch, r) for r in range(world)]
+    shards = [set(shard_of(samples[valid]).tolist()) for samples, valid in lanes]
+    assert all(not (shards[a] & shards[b]) for a in range(world) for b in range(a + 1, world))
+    real = np.concatenate([samples[valid] for samples, valid in lanes])
+    assert len(set(real.tolist())) == len(real)  # nothing real twice
+    if drop_last:
+        assert all(valid.all() for _, valid in lanes)
+    else:
+        assert sorted(real.tolist()) == list(range(sum(SIZES)))
+        for samples, valid in lanes:  # padding repeats the lane's own samples
+            assert set(samples[~valid].tolist()) <= set(samples[valid].tolist())
+
+
+def test_fewer_shards_than_ranks_splits_shards_so_no_rank_idles() -> None:
+    dealt = deal([np.arange(10), np.arange(10, 13)], 4)
+    assert all(len(d) for d in dealt)
+    assert sorted(np.concatenate([np.concatenate(d) for d in dealt]).tolist()) == list(range(13))
+
+
+def test_unseen_groups_are_exactly_the_samples_not_consumed() -> None:
+    world, batch = 3, 5
+    order = streaming_order(shard_groups(SIZES, 3, 0, True), world, batch, 10, False, 3, 0)
+    consumed = 4 * world * batch
+    seen = set(order.order[:consumed][order.valid[:consumed]].tolist())
+    groups = unseen_groups(order, consumed, shard_of)
+    rest = np.concatenate(groups)
+    assert sorted(rest.tolist()) == sorted(set(range(sum(SIZES))) - seen)
+    assert all(len(set(shard_of(g).tolist())) == 1 for g in groups)  # grouped by shard
