@@ -3,6 +3,10 @@
 Resumable: each finished shard leaves a small result file in ``OUT/.fastload-partial/``; a rerun
 with the same options skips those shards and rewrites any other (the plan, hence every shard's
 bytes, is a pure function of the input and the options).
+
+OUT may be a URL (``s3://bucket/prefix``, any fsspec URL): shards are then written to a local
+staging folder, uploaded as each finishes and deleted locally; the reports and index.json are
+uploaded last. The bookkeeping stays in staging, so a rerun on the same machine resumes.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from converters.plan import ShardPlan, assign_shards, order_items
 from converters.sample import SourceItem
 from converters.shard import HashTask, ShardResult, ShardTask, hash_items, prepare_sample, write_shard
 from converters.sources import Source, open_source
+from fastload import remote
 from fastload.errors import SampleError
 from fastload.index import (
     INDEX_FILE,
@@ -112,17 +117,38 @@ def _load_result(path: Path) -> ShardResult | None:
     return ShardResult(info=info, **data)
 
 
-def _finished_results(out: Path, partial: Path, plans: list[ShardPlan]) -> dict[int, ShardResult]:
-    """Results of shards a previous run finished (result file present and shard file in place)."""
+def _finished_results(out: Path, partial: Path, plans: list[ShardPlan], url: str | None) -> dict[int, ShardResult]:
+    """Results of shards a previous run finished (result file present and shard in place: the
+    file under OUT, or the object of the right size at the URL)."""
     finished = {}
     for plan in plans:
         result = _load_result(partial / f"{plan.name}.json")
         if result is None:
             continue
-        if result.info is not None and not (out / result.info.path).is_file():
-            continue
+        if result.info is not None:
+            if url is None and not (out / result.info.path).is_file():
+                continue
+            if url is not None and remote.size(remote.join(url, result.info.path)) != result.info.bytes:
+                continue
         finished[plan.number] = result
     return finished
+
+
+def staging_dir(url: str) -> Path:
+    """Where a conversion to ``url`` writes shards before uploading them (in the cache folder)."""
+    from fastload.cache import default_cache_dir
+
+    return default_cache_dir() / "staging" / hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
+
+
+def _existing_index(out: Path, url: str | None) -> DatasetIndex | None:
+    """The finished dataset's index at OUT, if there is one."""
+    if url is None:
+        return read_index(out) if (out / INDEX_FILE).exists() else None
+    if remote.size(remote.join(url, INDEX_FILE)) is None:
+        return None
+    where = remote.redact(remote.join(url, INDEX_FILE))
+    return DatasetIndex.from_json(remote.read_bytes(remote.join(url, INDEX_FILE)).decode(), where)
 
 
 def _assemble_index(
@@ -189,20 +215,23 @@ def _progress(total: int, quiet: bool):  # type: ignore[no-untyped-def]
 
 
 def convert(
-    src: str, out_dir: str, options: ConvertOptions, engine: str = "local", quiet: bool = False, address: str | None = None
+    src: str, out_dir: str, options: ConvertOptions, engine: str = "local", quiet: bool = False,
+    address: str | None = None, staging: str | None = None,
 ) -> ConvertReport:
-    """Convert the raw dataset at ``src`` into shards and an index under ``out_dir``, on the
-    ``engine`` ("local", or "ray" at ``address``; then OUT must be shared by every node)."""
-    out = Path(out_dir).absolute()
+    """Convert the raw dataset at ``src`` into shards and an index under ``out_dir`` (a folder or
+    a URL; ``staging`` overrides where shards wait for upload), on the ``engine`` ("local", or
+    "ray" at ``address``; then a local OUT must be shared by every node)."""
+    url = out_dir.rstrip("/") if remote.is_url(out_dir) else None
+    out = (Path(staging) if staging else staging_dir(url)).absolute() if url else Path(out_dir).absolute()
     out.mkdir(parents=True, exist_ok=True)
     partial = out / PARTIAL_DIR
     fingerprint = {"options": options.fingerprint()}
-    if (out / INDEX_FILE).exists() and not partial.exists():
-        existing = read_index(out)
+    existing = _existing_index(out, url) if not partial.exists() else None
+    if existing is not None:
         wanted = options.fingerprint()
         wanted.pop("source_options")
         if existing.conversion != wanted:
-            raise ConversionConflict(f"{out} already holds a dataset converted with other options; choose another OUT")
+            raise ConversionConflict(f"{remote.redact(url) if url else out} already holds a dataset converted with other options; choose another OUT")
         return ConvertReport(index=existing, shards_written=0, shards_reused=len(existing.shards), already_complete=True)
 
     for stale in out.glob(".*.tmp*"):  # temporary files of a run that was killed
@@ -221,10 +250,10 @@ def convert(
     fingerprint["plan_sha256"] = hashlib.sha256("\n".join(f"{p.name} {i.key}" for p in plans for i in p.items).encode()).hexdigest()
     _check_partial(partial, fingerprint)
 
-    results = _finished_results(out, partial, plans)
+    results = _finished_results(out, partial, plans, url)
     reused = len(results)
     todo = [plan for plan in plans if plan.number not in results]
-    tasks = [ShardTask(source, plan, str(out), options, decoded_shape) for plan in todo]
+    tasks = [ShardTask(source, plan, str(out), options, decoded_shape, upload_to=url) for plan in todo]
     with _progress(len(items), quiet) as bar:
         bar.update(sum(len(plans[n].items) for n in results))
         written_bytes = 0
@@ -245,8 +274,24 @@ def convert(
     _write_report(out / DUPLICATES_REPORT, dup_lines)
     fsync_dir(out)  # every shard's rename is durable before the index that lists it
     write_index(out, index)
+    if url is not None:
+        _publish(out, url)
+        for name in (INDEX_FILE, SKIPPED_REPORT, DUPLICATES_REPORT):
+            (out / name).unlink(missing_ok=True)
     shutil.rmtree(partial)
+    if url is not None and not any(out.iterdir()):
+        out.rmdir()
     return ConvertReport(index=index, shards_written=len(todo), shards_reused=reused, already_complete=False)
+
+
+def _publish(staging: Path, url: str) -> None:
+    """Upload the reports (removing stale ones) and, last, index.json from staging to ``url``."""
+    for name in (SKIPPED_REPORT, DUPLICATES_REPORT):
+        if (staging / name).exists():
+            remote.upload(staging / name, remote.join(url, name))
+        else:
+            remote.remove(remote.join(url, name))
+    remote.upload(staging / INDEX_FILE, remote.join(url, INDEX_FILE))
 
 
 def _write_report(path: Path, lines: list[str]) -> None:

@@ -30,6 +30,7 @@ class ShardTask:
     out_dir: str
     options: ConvertOptions
     decoded_shape: tuple[int, ...] | None = None
+    upload_to: str | None = None  # a dataset URL: upload the finished shard there, then drop the local copy
 
 
 @dataclass
@@ -72,6 +73,7 @@ def prepare_sample(sample: Sample, options: ConvertOptions, decoded_shape: tuple
 def write_shard(task: ShardTask) -> ShardResult:
     """Write one shard; bad samples raise or, with on_error='skip', are left out and reported."""
     path = Path(task.out_dir) / task.plan.name
+    path.parent.mkdir(parents=True, exist_ok=True)  # a Ray worker on another node writes to its own staging
     writer = open_writer(task.options.layout, path, task.options.writer_options)
     result = ShardResult(number=task.plan.number, info=None)
     labels: Counter[int] = Counter()
@@ -103,7 +105,22 @@ def write_shard(task: ShardTask) -> ShardResult:
     result.class_counts = dict(sorted(labels.items()))
     result.fields = sorted(fields)
     result.image_fields = sorted(image_fields)
+    if task.upload_to is not None and result.info is not None:
+        upload_shard(Path(task.out_dir), result.info, task.upload_to)
     return result
+
+
+def upload_shard(local_root: Path, info: ShardInfo, url: str) -> None:
+    """Upload a finished shard (data, then its offset index) to the dataset at ``url``, then
+    delete the local copies: staging holds only shards in flight."""
+    from fastload import remote
+
+    for name in (info.offsets, info.path):
+        if name:
+            remote.upload(local_root / name, remote.join(url, name))
+    for name in (info.path, info.offsets):
+        if name:
+            (local_root / name).unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from fastload.index import file_sha256
 DEFAULT_CACHE_BYTES = 50 * 10**9
 _STAMP = ".ok"
 _LOCK = ".lock"
+_RESERVED = ".reserved"
 
 
 def default_cache_dir() -> Path:
@@ -76,11 +77,23 @@ class ShardCache:
         if not self._trusted(path, file):  # the common case, a verified hit, takes no lock
             with self._locked(path):
                 if not self._trusted(path, file):
-                    self._make_room(file.bytes or 0, keep=path)
-                    remote.download(file.url, path, file.sha256, file.bytes, self.storage_options)
-                    self._stamp(path)
+                    self._download(file, path)
         os.utime(path, ns=(time.time_ns(), path.stat().st_mtime_ns))  # recency (atime) for LRU; mtime kept for the stamp
         return path
+
+    def _download(self, file: RemoteFile, path: Path) -> None:
+        """Reserve room (under the cache-wide lock, so concurrent downloads of other entries
+        count each other), then download without holding that lock."""
+        reservation = path.with_name(f".{path.name}{_RESERVED}")
+        with self._locked(self.root / "cache"):
+            self._make_room(file.bytes or 0, keep=path)
+            with open(reservation, "wb") as f:
+                f.truncate(file.bytes or 0)  # sparse: it only counts, it takes no disk
+        try:
+            remote.download(file.url, path, file.sha256, file.bytes, self.storage_options)
+            self._stamp(path)
+        finally:
+            reservation.unlink(missing_ok=True)
 
     def size(self) -> int:
         """Bytes held by cache entries now."""
@@ -130,10 +143,20 @@ class ShardCache:
             out.append((path, st.st_size, st.st_atime))
         return out
 
+    def _reserved(self) -> int:
+        """Bytes promised to downloads in progress."""
+        total = 0
+        for path in self.root.glob(f".*{_RESERVED}"):
+            try:
+                total += path.stat().st_size
+            except FileNotFoundError:
+                pass
+        return total
+
     def _make_room(self, incoming: int, keep: Path) -> None:
         """Evict least recently used entries until ``incoming`` more bytes fit under the limit."""
         entries = sorted(self._entries(), key=lambda e: e[2])
-        total = sum(size for _, size, _ in entries)
+        total = sum(size for _, size, _ in entries) + self._reserved()
         for path, size, _ in entries:
             if total + incoming <= self.max_bytes:
                 break

@@ -15,7 +15,7 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("convert", help="convert a raw dataset into sharded WebDataset tar or HDF5")
     p.add_argument("src", help="the raw dataset (folder or file)")
-    p.add_argument("out", help="output folder for shards and index.json")
+    p.add_argument("out", help="output folder for shards and index.json, or a URL (s3://bucket/prefix, gs://..., any fsspec URL)")
     p.add_argument("--from", dest="source", required=True, choices=sorted(SOURCE_MODULES))
     p.add_argument("--to", dest="layout", default="wds", choices=["wds", "hdf5"])
     size = p.add_mutually_exclusive_group()
@@ -39,6 +39,7 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hdf5-compression", choices=["gzip", "lzf"], help="HDF5: compress decoded pixels")
     p.add_argument("--engine", choices=["local", "ray"], default="local", help="local process pool, or a Ray cluster")
     p.add_argument("--address", help="with --engine ray: 'auto' or ray://HOST:PORT (default: start a local Ray)")
+    p.add_argument("--staging", help="with a URL as OUT: local folder for shards awaiting upload (default: in FASTLOAD_CACHE_DIR)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=_run_convert)
 
@@ -75,7 +76,7 @@ def _run_convert(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     if args.address and args.engine != "ray":
         raise ValueError("--address is for --engine ray")
-    report = convert(args.src, args.out, options, engine=args.engine, quiet=args.quiet, address=args.address)
+    report = convert(args.src, args.out, options, engine=args.engine, quiet=args.quiet, address=args.address, staging=args.staging)
     seconds = time.perf_counter() - start
     index = report.index
     if report.already_complete:

@@ -49,6 +49,12 @@ class ShardedDataset:
             self.index = _read_remote_index(self.url, storage_options)
             limit = parse_size(cache_size) if isinstance(cache_size, str) else cache_size
             self.cache = ShardCache(cache_dir, limit, storage_options)
+            largest = max((shard.bytes for shard in self.index.shards), default=0)
+            if largest > self.cache.max_bytes:
+                raise ValueError(
+                    f"{self.location}: the cache limit ({self.cache.max_bytes} bytes) is smaller than its largest "
+                    f"shard ({largest} bytes); give cache_size= (or FASTLOAD_CACHE_SIZE) a few shards' worth"
+                )
         self._starts = list(itertools.accumulate((s.samples for s in self.index.shards), initial=0))
         self._readers: OrderedDict[int, ShardReader] = OrderedDict()
 

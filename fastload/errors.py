@@ -21,6 +21,16 @@ class ShardError(FastloadError):
     """A shard file is missing, truncated or does not match the index."""
 
 
+class RemoteError(FastloadError):
+    """A remote object could not be read or written; the message names the URL."""
+
+
+def rebuild_error(name: str, message: str) -> FastloadError:
+    """Re-create, in the main process, a fastload error a worker raised (by class name)."""
+    kinds = {cls.__name__: cls for cls in (DatasetIndexError, ShardError, RemoteError)}
+    return kinds.get(name, FastloadError)(message)
+
+
 class SampleError(FastloadError):
     """One sample cannot be read or decoded; says where it came from and why."""
 

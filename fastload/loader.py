@@ -19,7 +19,7 @@ import torch
 
 from fastload.dataset import ShardedDataset
 from fastload.dist import resolve_rank_world
-from fastload.errors import SampleError, check_on_error
+from fastload.errors import SampleError, check_on_error, rebuild_error
 from fastload.prefetch import ShardPrefetcher, shards_in_use_order
 from fastload.sampling import EpochOrder, RankBatches, epoch_order, rank_batches, shard_groups, streaming_order, unseen_groups
 from fastload.stats import LoaderStats
@@ -470,6 +470,8 @@ class _EpochIterator(_Epoch):
                         self.close()
                         if got.bad_sample is not None:
                             raise SampleError(*got.bad_sample) from WorkerError(got.error)
+                        if got.failure is not None:
+                            raise rebuild_error(*got.failure) from WorkerError(got.error)
                         raise WorkerError(got.error)
                     self.ready[got.batch_no] = got
                 result = self.ready.pop(self.next_yield)

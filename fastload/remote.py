@@ -18,17 +18,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from fastload.errors import FastloadError
+from fastload.errors import RemoteError
 
 T = TypeVar("T")
 CHUNK = 4 << 20
 # 4xx answers that may succeed when asked again: timeout, too many requests
 _RETRYABLE_STATUS = {408, 425, 429}
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ValueError, TypeError, NotImplementedError)
-
-
-class RemoteError(FastloadError):
-    """A remote object could not be read or written; the message names the URL."""
 
 
 @dataclass(frozen=True)

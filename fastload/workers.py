@@ -119,6 +119,7 @@ class BatchResult:
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (where, reason)
     error: str | None = None  # a worker traceback
     bad_sample: tuple[str, str] | None = None  # (where, reason) of the SampleError that stopped it
+    failure: tuple[str, str] | None = None  # (class name, message) of another fastload error that stopped it
 
 
 def fill_batch(
@@ -217,6 +218,9 @@ def _worker_main(worker_id: int, config: WorkerConfig, tasks: multiprocessing.Qu
             )
         except SampleError as exc:
             result.bad_sample = (exc.where, exc.reason)
+            result.error = f"worker {worker_id} (pid {os.getpid()}):\n{traceback.format_exc()}"
+        except FastloadError as exc:  # a shard or a download that failed for good
+            result.failure = (type(exc).__name__, str(exc))
             result.error = f"worker {worker_id} (pid {os.getpid()}):\n{traceback.format_exc()}"
         except Exception:
             result.error = f"worker {worker_id} (pid {os.getpid()}):\n{traceback.format_exc()}"

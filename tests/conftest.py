@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import pickle
 import shutil
 import subprocess
@@ -158,6 +159,30 @@ def corrupt(clean: Path, tmp_path: Path) -> tuple[Path, set[str]]:
     data[offset + size // 3 : offset + size - 2] = rng.integers(0, 256, size - 2 - size // 3, dtype=np.uint8).tobytes()
     shard.write_bytes(bytes(data))
     return out, {key_a, key_b}
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():  # type: ignore[no-untyped-def]
+    """moto's S3 server on loopback (as s3fs's own tests use), found through the standard AWS_*
+    variables; yields an s3fs filesystem on it with the bucket ``fastload-test``."""
+    pytest.importorskip("s3fs")
+    moto_server = pytest.importorskip("moto.server")
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL")}
+    os.environ.update(AWS_ACCESS_KEY_ID="fastload-test-key", AWS_SECRET_ACCESS_KEY="fastload-test-secret",
+                      AWS_DEFAULT_REGION="us-east-1", AWS_ENDPOINT_URL=f"http://{host}:{port}")
+    import s3fs
+
+    s3fs.S3FileSystem(skip_instance_cache=True).mkdir("fastload-test")
+    yield s3fs.S3FileSystem(skip_instance_cache=True)
+    server.stop()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
