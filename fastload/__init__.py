@@ -23,6 +23,7 @@ _EXPORTS = {
     "SampleError": "fastload.errors",
     "ShardError": "fastload.errors",
     "DatasetIndexError": "fastload.errors",
+    "RemoteError": "fastload.errors",
 }
 
 __all__ = ["__version__", *_EXPORTS]

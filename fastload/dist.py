@@ -1,5 +1,6 @@
 """Rank and world size: explicit arguments, else an initialized torch.distributed process group,
-else torchrun's environment (RANK, WORLD_SIZE), else a single process."""
+else torchrun's environment (RANK, WORLD_SIZE), else a single process; and sharing bytes that
+rank 0 read (a remote index) with the other ranks."""
 
 from __future__ import annotations
 
