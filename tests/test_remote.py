@@ -127,6 +127,20 @@ def test_http_dataset_loads_like_local_and_downloads_each_shard_once(served, loc
     assert server.counts["index.json"] == 1
 
 
+def test_hdf5_dataset_over_http(image_folder: Path, tmp_path: Path) -> None:
+    local = tmp_path / "h5"
+    convert(str(image_folder), str(local), ConvertOptions(source="imagefolder", layout="hdf5", samples_per_shard=8))
+    server = DatasetServer(local)
+    try:
+        keys, images = load_all(fastload.open(server.url, cache_dir=tmp_path / "cache"), num_workers=2)
+    finally:
+        server.shutdown()
+        server.server_close()
+    local_keys, local_images = load_all(fastload.open(local))
+    assert keys == local_keys and np.array_equal(images, local_images)
+    assert all(server.counts[p.name] == 1 for p in local.glob("*.h5"))
+
+
 def test_transient_failures_are_retried(served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     server, root = served
     monkeypatch.setenv("FASTLOAD_IO_TIMEOUT", "1")
