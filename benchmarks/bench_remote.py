@@ -15,7 +15,6 @@ import tempfile
 import threading
 import time
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import fastload
 from fastload import transforms as T
