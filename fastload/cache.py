@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import stat
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -140,7 +141,8 @@ class ShardCache:
                 st = path.stat()
             except FileNotFoundError:
                 continue
-            out.append((path, st.st_size, st.st_atime))
+            if stat.S_ISREG(st.st_mode):  # not the staging folder of conversions to a URL
+                out.append((path, st.st_size, st.st_atime))
         return out
 
     def _reserved(self) -> int:

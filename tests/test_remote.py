@@ -175,6 +175,8 @@ def test_cache_stays_under_its_limit(served, tmp_path: Path) -> None:
     server, root = served
     shard_bytes = max(p.stat().st_size for p in root.glob("*.tar"))
     limit = int(2.5 * shard_bytes)
+    staging = tmp_path / "cache" / "staging" / "some-conversion"  # conversions to URLs stage here
+    staging.mkdir(parents=True)
     ds = fastload.open(server.url, cache_dir=tmp_path / "cache", cache_size=limit)
     keys = []
     with fastload.DataLoader(ds, batch_size=4, shuffle=True, transform=T.val(16), return_keys=True, num_workers=2) as loader:
@@ -184,6 +186,7 @@ def test_cache_stays_under_its_limit(served, tmp_path: Path) -> None:
     assert sorted(keys) == sorted(ds.raw(i)[0] for i in range(30))  # raw() fetches again what was evicted
     assert ds.cache.size() <= limit
     assert sum(server.counts[p.name] for p in root.glob("*.tar")) > 4  # evicted shards came back
+    assert staging.is_dir()  # eviction takes cache entries only
 
 
 def test_corrupted_cache_entry_is_fetched_again(served, tmp_path: Path) -> None:
