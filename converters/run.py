@@ -145,10 +145,9 @@ def _existing_index(out: Path, url: str | None) -> DatasetIndex | None:
     """The finished dataset's index at OUT, if there is one."""
     if url is None:
         return read_index(out) if (out / INDEX_FILE).exists() else None
-    if remote.size(remote.join(url, INDEX_FILE)) is None:
-        return None
-    where = remote.redact(remote.join(url, INDEX_FILE))
-    return DatasetIndex.from_json(remote.read_bytes(remote.join(url, INDEX_FILE)).decode(), where)
+    from fastload.dataset import read_remote_index
+
+    return read_remote_index(url) if remote.size(remote.join(url, INDEX_FILE)) is not None else None
 
 
 def _assemble_index(

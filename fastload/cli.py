@@ -96,7 +96,7 @@ def _run_convert(args: argparse.Namespace) -> int:
 
 def _add_inspect(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="summarise a converted dataset")
-    p.add_argument("dataset")
+    p.add_argument("dataset", help="a converted dataset folder or its URL")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(run=_run_inspect)
 
@@ -130,7 +130,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
 
 def _add_verify(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("verify", help="check every shard's checksum and sample count")
-    p.add_argument("dataset")
+    p.add_argument("dataset", help="a converted dataset folder or its URL (then every shard is downloaded)")
     p.add_argument("--decode", action="store_true", help="also decode every image")
     p.set_defaults(run=_run_verify)
 

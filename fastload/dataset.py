@@ -46,7 +46,7 @@ class ShardedDataset:
             from fastload.cache import ShardCache
             from fastload.sizes import parse_size
 
-            self.index = _read_remote_index(self.url, storage_options)
+            self.index = read_remote_index(self.url, storage_options)
             limit = parse_size(cache_size) if isinstance(cache_size, str) else cache_size
             self.cache = ShardCache(cache_dir, limit, storage_options)
             largest = max((shard.bytes for shard in self.index.shards), default=0)
@@ -175,8 +175,9 @@ class ShardedDataset:
 MAX_OPEN_REMOTE_SHARDS = 16
 
 
-def _read_remote_index(url: str, storage_options: dict | None) -> DatasetIndex:
-    """The index at ``url``: read by rank 0 and broadcast when a process group is initialized."""
+def read_remote_index(url: str, storage_options: dict | None = None) -> DatasetIndex:
+    """The index of the dataset at ``url``: read by rank 0 and broadcast when a process group is
+    initialized, else just read."""
     from fastload import remote
     from fastload.dist import broadcast_bytes
 

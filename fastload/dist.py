@@ -5,6 +5,7 @@ rank 0 read (a remote index) with the other ranks."""
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 
 
@@ -37,11 +38,11 @@ def local_rank() -> int:
 def broadcast_bytes(read: Callable[[], bytes], what: str) -> bytes:
     """``read()`` on rank 0, its bytes sent to every rank when a process group is initialized
     (as a uint8 tensor: nothing is pickled); otherwise just ``read()``."""
-    import torch
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    dist = sys.modules.get("torch.distributed")  # no torch imported: no process group (and no import cost)
+    if dist is None or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return read()
+    import torch
+
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     data, error = b"", None
     if dist.get_rank() == 0:

@@ -5,15 +5,24 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from fastload import remote
+from fastload.dataset import read_remote_index
 from fastload.index import SKIPPED_REPORT, read_index
 
 
 def summarize(root: str | Path) -> dict:
-    """A JSON-ready summary of a converted dataset: sizes, fields, classes, skipped samples."""
-    root = Path(root)
-    index = read_index(root)
-    report = root / SKIPPED_REPORT
-    skipped_samples = [json.loads(line) for line in report.read_text().splitlines()] if report.exists() else []
+    """A JSON-ready summary of a converted dataset (a folder or a URL): sizes, fields, classes,
+    skipped samples."""
+    if remote.is_url(str(root)):
+        url = str(root)
+        index = read_remote_index(url)
+        report_url = remote.join(url, SKIPPED_REPORT)
+        report_text = remote.read_bytes(report_url).decode() if remote.size(report_url) is not None else ""
+    else:
+        index = read_index(root)
+        report = Path(root) / SKIPPED_REPORT
+        report_text = report.read_text() if report.exists() else ""
+    skipped_samples = [json.loads(line) for line in report_text.splitlines()]
     return {
         "layout": index.layout,
         "source": index.source,

@@ -1,14 +1,18 @@
 """Check a converted dataset against its index: every shard's size, checksum and sample count,
-and optionally that every image decodes."""
+and optionally that every image decodes. A dataset at a URL is downloaded shard by shard into a
+temporary cache (checked on the way in) and checked the same way."""
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fastload.errors import FastloadError
-from fastload.formats import open_shard
+from fastload.errors import FastloadError, RemoteError
+from fastload.formats import ShardReader, open_shard, open_shard_files
 from fastload.index import DatasetIndex, ShardInfo, file_sha256, image_field, read_index
+from fastload.remote import is_url
 
 
 @dataclass
@@ -40,8 +44,13 @@ def _check_shard(root: Path, index: DatasetIndex, shard: ShardInfo, decode: bool
     if shard.offsets and shard.offsets_sha256 and not _offsets_match(root / shard.offsets, shard.offsets_sha256):
         report.problems.append(f"{shard.offsets}: missing or sha256 mismatch (the shard's offset index is corrupted)")
         return
+    _check_contents(lambda: open_shard(root, index, shard), shard, decode, report)
+
+
+def _check_contents(open_reader: Callable[[], ShardReader], shard: ShardInfo, decode: bool, report: VerifyReport) -> None:
+    """Sample count against the index and, with ``decode``, every image."""
     try:
-        reader = open_shard(root, index, shard)
+        reader = open_reader()
         count = len(reader)
         if count != shard.samples:
             report.problems.append(f"{shard.path}: {count} samples, index says {shard.samples}")
@@ -81,10 +90,35 @@ def _decode_all(reader, shard: ShardInfo, report: VerifyReport) -> None:  # type
 
 
 def verify_dataset(root: str | Path, decode: bool = False) -> VerifyReport:
-    """Verify every shard listed in ``root/index.json``; never raises for a bad shard, reports it."""
+    """Verify every shard listed in ``root/index.json`` (``root`` a folder or a URL); never
+    raises for a bad shard, reports it."""
+    if is_url(str(root)):
+        return _verify_remote(str(root), decode)
     root = Path(root)
     index = read_index(root)
     report = VerifyReport(shards=len(index.shards))
     for shard in index.shards:
         _check_shard(root, index, shard, decode, report)
+    return report
+
+
+def _verify_remote(url: str, decode: bool) -> VerifyReport:
+    """Download each shard into a fresh temporary cache (so nothing cached earlier is trusted) and
+    delete it once checked; the download checks size and sha256, then the contents are checked as
+    for a local shard."""
+    from fastload.dataset import ShardedDataset
+
+    with tempfile.TemporaryDirectory(prefix="fastload-verify-") as cache:
+        ds = ShardedDataset(url, cache_dir=cache)
+        report = VerifyReport(shards=len(ds.index.shards))
+        for number, shard in enumerate(ds.index.shards):
+            try:
+                data, offsets = ds.fetch(number)
+            except RemoteError as exc:
+                report.problems.append(f"{shard.path}: {exc}")
+                continue
+            _check_contents(lambda: open_shard_files(ds.index.layout, data, offsets), shard, decode, report)  # noqa: B023
+            for path in (data, offsets):
+                if path is not None:
+                    path.unlink()
     return report

@@ -27,7 +27,7 @@ from fastload import transforms as T
 from fastload.cache import RemoteFile
 from fastload.errors import RemoteError
 
-from .conftest import jpeg_bytes, small_photo, tree_bytes
+from tests.conftest import jpeg_bytes, run_cli, small_photo, tree_bytes
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -139,6 +139,20 @@ def test_hdf5_dataset_over_http(image_folder: Path, tmp_path: Path) -> None:
     local_keys, local_images = load_all(fastload.open(local))
     assert keys == local_keys and np.array_equal(images, local_images)
     assert all(server.counts[p.name] == 1 for p in local.glob("*.h5"))
+
+
+def test_inspect_and_verify_a_url(served) -> None:  # type: ignore[no-untyped-def]
+    server, root = served
+    summary = json.loads(run_cli("inspect", server.url, "--json").stdout)
+    assert summary["samples"] == 30 and summary["shards"] == 4
+    assert "4 shards, 30 samples verified and decoded: OK" in run_cli("verify", server.url, "--decode").stdout
+    shard = root / "shard-00002.tar"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 3] ^= 0x10
+    shard.write_bytes(bytes(data))
+    bad = run_cli("verify", server.url, check=False)
+    assert bad.returncode == 1
+    assert "BAD shard-00002.tar" in bad.stderr and "sha256" in bad.stderr and "shard-00001" not in bad.stderr
 
 
 def test_transient_failures_are_retried(served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
