@@ -59,7 +59,7 @@ class ShardedDataset:
         self._readers: OrderedDict[int, ShardReader] = OrderedDict()
 
     def __len__(self) -> int:
-        return self.index.num_samples
+        return self._starts[-1]
 
     def __repr__(self) -> str:
         return f"fastload.open({self.location!r}): {len(self)} samples, {len(self.index.shards)} {self.index.layout} shards"
