@@ -9,7 +9,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fastload.errors import SampleError
+from fastload.errors import SampleError, ShardError
 from fastload.formats import ShardReader, offsets_name, open_shard, open_shard_files
 from fastload.index import INDEX_FILE, DatasetIndex, image_field, read_index
 from fastload.remote import is_url
@@ -109,11 +109,26 @@ class ShardedDataset:
         if self.cache is None:
             reader = open_shard(self.root, self.index, self.index.shards[shard])  # type: ignore[arg-type]
         else:
-            data, offsets = self.fetch(shard)
-            reader = open_shard_files(self.index.layout, data, offsets)
+            reader = self._open_cached(shard)
             while len(self._readers) >= MAX_OPEN_REMOTE_SHARDS:
                 self._readers.popitem(last=False)[1].close()
         self._readers[shard] = reader
+        return reader
+
+    def _open_cached(self, shard: int) -> ShardReader:
+        """A reader over the cached copy, its file opened at once: an open descriptor stays
+        readable when another process evicts the entry; one evicted in between is fetched again."""
+        data, offsets = self.fetch(shard)
+        try:
+            return self._open_files(data, offsets)
+        except ShardError:
+            if all(path is None or path.exists() for path in (data, offsets)):
+                raise
+        return self._open_files(*self.fetch(shard))
+
+    def _open_files(self, data: Path, offsets: Path | None) -> ShardReader:
+        reader = open_shard_files(self.index.layout, data, offsets)
+        reader.open()
         return reader
 
     def fetch(self, shard: int) -> tuple[Path, Path | None]:

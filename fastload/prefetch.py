@@ -14,16 +14,13 @@ SHARDS_AHEAD = 2  # shards fetched beyond the one being read: downloads overlap 
 
 def shards_in_use_order(dataset: ShardedDataset, samples_by_batch: list[np.ndarray]) -> tuple[list[int], list[int]]:
     """(shards in order of first use, the batch number where each is first used)."""
-    shards: list[int] = []
-    first_batch: list[int] = []
-    seen: set[int] = set()
-    for batch_no, samples in enumerate(samples_by_batch):
-        for shard in dataset.shards_of(samples).tolist():
-            if shard not in seen:
-                seen.add(shard)
-                shards.append(shard)
-                first_batch.append(batch_no)
-    return shards, first_batch
+    if not samples_by_batch:
+        return [], []
+    shard_ids = dataset.shards_of(np.concatenate(samples_by_batch))
+    shards, first = np.unique(shard_ids, return_index=True)
+    by_first_use = np.argsort(first)
+    batch_of_position = np.repeat(np.arange(len(samples_by_batch)), [len(b) for b in samples_by_batch])
+    return shards[by_first_use].tolist(), batch_of_position[first[by_first_use]].tolist()
 
 
 class ShardPrefetcher:

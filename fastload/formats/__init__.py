@@ -20,6 +20,9 @@ class ShardReader(Protocol):
     def read(self, i: int) -> dict[str, bytes]:
         """Raw fields of sample ``i`` by extension (``jpg``, ``cls``, ...)."""
 
+    def open(self) -> None:
+        """Open the shard file in this process now rather than at the first read."""
+
     def close(self) -> None:
         """Release file handles."""
 

@@ -37,6 +37,10 @@ class Hdf5ShardReader:
             self._pid = os.getpid()
         return self._file
 
+    def open(self) -> None:
+        """Open the file in this process now."""
+        self._h5()
+
     def __len__(self) -> int:
         return len(self._h5()["key"])
 

@@ -43,6 +43,10 @@ class TarShardReader:
             self._pid = os.getpid()
         return self._fd
 
+    def open(self) -> None:
+        """Open the shard's descriptor in this process now."""
+        self._descriptor()
+
     def key(self, i: int) -> str:
         """The key of sample ``i``."""
         return self._samples[i][0]
