@@ -127,6 +127,15 @@ def test_http_dataset_loads_like_local_and_downloads_each_shard_once(served, loc
     assert server.counts["index.json"] == 1
 
 
+def test_dali_backend_reads_a_url(served, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("nvidia.dali")
+    server, root = served
+    keys, images = load_all(fastload.open(server.url, cache_dir=tmp_path / "cache"), backend="dali", shuffle=True)
+    assert sorted(keys) == sorted(fastload.open(root).raw(i)[0] for i in range(30))
+    assert images.shape == (30, 3, 16, 16)
+    assert all(server.counts[p.name] == 1 for p in root.glob("*.tar"))
+
+
 def test_hdf5_dataset_over_http(image_folder: Path, tmp_path: Path) -> None:
     local = tmp_path / "h5"
     convert(str(image_folder), str(local), ConvertOptions(source="imagefolder", layout="hdf5", samples_per_shard=8))
