@@ -66,6 +66,7 @@ def choose_backend(requested: str, decoded_pixels: bool) -> tuple[str, str]:
 
 
 STATE_VERSION = 1
+LENDABLE_SLOTS = 2  # batch slots beyond the workers' queue, for batches the caller still holds
 REMOTE_SHUFFLE_BUFFER = 4096
 
 
@@ -306,7 +307,8 @@ class DataLoader:
 
     def _ensure_workers(self) -> tuple[BatchBuffers, WorkerPool | None]:
         if self._buffers is None:
-            slots = max(1, self.num_workers * self.prefetch_factor)
+            in_flight = self.num_workers * self.prefetch_factor
+            slots = in_flight + LENDABLE_SLOTS if in_flight else 1
             self._buffers = BatchBuffers(slots, self.batch_size, self.image_shape)  # type: ignore[arg-type]
         if self.num_workers and self._pool is None:
             config = WorkerConfig(self.dataset, self.transform, self.seed, self.on_error, self._buffers, self.worker_init_fn)
@@ -314,11 +316,18 @@ class DataLoader:
         return self._buffers, self._pool
 
     def _deliver(self, result: BatchResult, buffers: BatchBuffers, valid: np.ndarray) -> Any:
-        """Copy a finished slot out (into pinned memory when asked) and finish the batch."""
+        """Hand a finished slot's images out (lent without a copy when workers fill the slots and
+        nothing is pinned; else copied, into pinned memory when asked) and finish the batch."""
         n = result.count
-        images = torch.empty((n, *self.image_shape), dtype=torch.uint8, pin_memory=self.pin_memory)
-        np.copyto(images.numpy(), buffers.images(result.slot)[:n])
         labels = torch.from_numpy(buffers.labels(result.slot)[:n].copy())
+        keep = self.num_workers * self.prefetch_factor  # lending never thins the workers' queue
+        lent = None if self.pin_memory or self._pool is None else buffers.lend(result.slot, n, keep=keep)
+        if lent is not None:
+            images = torch.from_numpy(lent)
+        else:
+            images = torch.empty((n, *self.image_shape), dtype=torch.uint8, pin_memory=self.pin_memory)
+            np.copyto(images.numpy(), buffers.images(result.slot)[:n])
+            buffers.give_back(result.slot)
         return self._finish_batch(images, labels, result.keys, result.skipped, valid)
 
     def _finish_batch(self, images: torch.Tensor, labels: torch.Tensor, keys: list[str], skipped: list, valid: np.ndarray) -> Any:
@@ -418,7 +427,7 @@ class _EpochIterator(_Epoch):
     def __init__(self, loader: DataLoader, epoch: int, plan: RankBatches) -> None:
         super().__init__(loader, epoch, plan)
         self.buffers, self.pool = loader._ensure_workers()
-        self.free_slots = list(range(self.buffers.slots))
+        self.buffers.reclaim()  # nothing is being filled now; lent slots stay lent
         self.next_submit = 0
         self.ready: dict[int, BatchResult] = {}
         self.in_flight = 0
@@ -431,20 +440,23 @@ class _EpochIterator(_Epoch):
         return self.order[self.plan.batches[batch_no]]
 
     def _submit_more(self) -> None:
-        while self.free_slots and self.next_submit < len(self.plan.batches):
-            slot = self.free_slots.pop()
+        while self.next_submit < len(self.plan.batches) and (slot := self.buffers.take()) is not None:
             self.pool.submit(self.next_submit, slot, self.epoch, self._indices(self.next_submit))  # type: ignore[union-attr]
             self.next_submit += 1
             self.in_flight += 1
 
     def _run_inline(self) -> BatchResult:
-        slot = 0
+        slot = self.buffers.take()  # never None: the inline path copies every batch out
         indices = self._indices(self.next_yield)
-        result = BatchResult(batch_no=self.next_yield, slot=slot, count=len(indices))
-        result.keys, result.skipped = fill_batch(
-            self.loader.dataset, indices, self.loader.transform, self.loader.seed, self.epoch,
-            self.loader.on_error, self.buffers.images(slot), self.buffers.labels(slot),
-        )
+        result = BatchResult(batch_no=self.next_yield, slot=slot, count=len(indices))  # type: ignore[arg-type]
+        try:
+            result.keys, result.skipped = fill_batch(
+                self.loader.dataset, indices, self.loader.transform, self.loader.seed, self.epoch,
+                self.loader.on_error, self.buffers.images(slot), self.buffers.labels(slot),  # type: ignore[arg-type]
+            )
+        except BaseException:
+            self.buffers.give_back(slot)  # type: ignore[arg-type]
+            raise
         return result
 
     def __next__(self) -> Any:
@@ -476,8 +488,6 @@ class _EpochIterator(_Epoch):
                     self.ready[got.batch_no] = got
                 result = self.ready.pop(self.next_yield)
         batch = self.loader._deliver(result, self.buffers, self.valid(self.next_yield))
-        if self.pool is not None:
-            self.free_slots.append(result.slot)
         self.next_yield += 1
         stats.record_batch(result.count)
         return batch

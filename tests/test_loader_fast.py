@@ -38,6 +38,21 @@ def epoch_keys(loader) -> list[str]:
     return [k for _, _, keys in loader for k in keys]
 
 
+def test_batches_kept_by_the_caller_stay_intact(wds: Path) -> None:
+    """Batches are lent from the shared slots without a copy; a slot is refilled only once no
+    tensor views it, so batches kept across the epoch, the next epoch and close() stay intact."""
+    kwargs = dict(batch_size=4, num_workers=2, transform=T.val(16), shuffle=True)
+    with fastload.DataLoader(wds, **kwargs) as loader:
+        first = [x.clone() for x, _ in loader]
+        second = [x.clone() for x, _ in loader]
+    with fastload.DataLoader(wds, **kwargs) as loader:
+        kept_first = [x for x, _ in loader]
+        kept_second = [x[1:] for x, _ in loader]  # views of lent batches keep their slots too
+    assert len(kept_first) == len(first) == 8
+    assert all(torch.equal(a, b) for a, b in zip(first, kept_first))
+    assert all(torch.equal(a[1:], b) for a, b in zip(second, kept_second))
+
+
 @pytest.mark.parametrize("num_workers", [0, 1, 3])
 @pytest.mark.parametrize("shuffle", [False, True])
 @pytest.mark.parametrize("drop_last", [False, True])
