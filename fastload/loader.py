@@ -42,7 +42,7 @@ _logged: set[tuple[str, str]] = set()
 
 def choose_backend(requested: str, decoded_pixels: bool) -> tuple[str, str]:
     """("cpu" | "dali-cpu" | "dali-gpu", why). ``auto`` takes DALI only on a GPU: on the CPU
-    fastload's own workers measured 1.5x DALI's CPU pipeline (README, fastload bench)."""
+    fastload's own workers measured 1.5-1.7x DALI's CPU pipeline (README, fastload bench)."""
     from fastload.decode.dali import dali_available
 
     if requested not in BACKENDS:
