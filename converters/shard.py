@@ -115,12 +115,11 @@ def upload_shard(local_root: Path, info: ShardInfo, url: str) -> None:
     delete the local copies: staging holds only shards in flight."""
     from fastload import remote
 
-    for name in (info.offsets, info.path):
-        if name:
-            remote.upload(local_root / name, remote.join(url, name))
-    for name in (info.path, info.offsets):
-        if name:
-            (local_root / name).unlink(missing_ok=True)
+    names = [name for name in (info.offsets, info.path) if name]
+    for name in names:
+        remote.upload(local_root / name, remote.join(url, name))
+    for name in names:
+        (local_root / name).unlink()
 
 
 @dataclass(frozen=True)

@@ -138,10 +138,17 @@ def read_bytes(url: str, storage_options: dict | None = None) -> bytes:
     return retrying("read it", url, lambda: fs.cat_file(path))
 
 
-def write_bytes(url: str, data: bytes, storage_options: dict | None = None) -> None:
-    """Write a small object (bookkeeping, index.json)."""
+def read_if_exists(url: str, storage_options: dict | None = None) -> bytes | None:
+    """The whole (small) object at ``url``, or None when there is none (one request either way)."""
     fs, path = filesystem(url, storage_options)
-    retrying("write it", url, lambda: fs.pipe_file(path, data))
+
+    def cat() -> bytes | None:
+        try:
+            return fs.cat_file(path)
+        except FileNotFoundError:
+            return None
+
+    return retrying("read it", url, cat)
 
 
 def size(url: str, storage_options: dict | None = None) -> int | None:
@@ -157,13 +164,13 @@ def size(url: str, storage_options: dict | None = None) -> int | None:
     return retrying("look it up", url, info)
 
 
-def remove(url: str, storage_options: dict | None = None, recursive: bool = False) -> None:
-    """Delete the object (or, with ``recursive``, the prefix) at ``url``; absent is fine."""
+def remove(url: str, storage_options: dict | None = None) -> None:
+    """Delete the object at ``url``; absent is fine."""
     fs, path = filesystem(url, storage_options)
 
     def rm() -> None:
         try:
-            fs.rm(path, recursive=recursive)
+            fs.rm_file(path)
         except FileNotFoundError:
             pass
 

@@ -16,8 +16,7 @@ def summarize(root: str | Path) -> dict:
     if remote.is_url(str(root)):
         url = str(root)
         index = read_remote_index(url)
-        report_url = remote.join(url, SKIPPED_REPORT)
-        report_text = remote.read_bytes(report_url).decode() if remote.size(report_url) is not None else ""
+        report_text = (remote.read_if_exists(remote.join(url, SKIPPED_REPORT)) or b"").decode()
     else:
         index = read_index(root)
         report = Path(root) / SKIPPED_REPORT
