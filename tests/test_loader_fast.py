@@ -17,7 +17,9 @@ import fastload
 from converters import ConvertOptions, WriterOptions, convert
 from fastload import transforms as T
 from fastload.sampling import sample_rng
-from fastload.transforms import plan, random_resized_crop_params
+from fastload.transforms import Plan, apply_plan, plan, random_resized_crop_params
+from fastload.workers import _turbo
+from tests.conftest import jpeg_bytes, small_photo
 
 
 @pytest.fixture(scope="module")
@@ -176,6 +178,30 @@ def test_center_crop_without_scaling_is_exact(image_folder: Path, wds: Path) -> 
         top, left = int(round((full.shape[0] - 24) / 2.0)), int(round((full.shape[1] - 24) / 2.0))
         expected = full[top : top + 24, left : left + 24].transpose(2, 0, 1)
         assert np.abs(image.numpy().astype(int) - expected.astype(int)).max() <= 1, key
+
+
+@pytest.mark.skipif(_turbo is None, reason="the libjpeg-turbo extension is not built")
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+def test_crop_decoder_matches_pillow_resampling(mode: str) -> None:
+    """Where the crop needs the full-size decode, the extension's output is Pillow's antialiased
+    bilinear resize of the same box, within rounding: downscales, upscales, odd output widths,
+    flips, boxes touching the border, greyscale JPEGs."""
+    image = small_photo(7, size=(181, 243)).convert(mode)
+    data = jpeg_bytes(image, quality=95)
+    full = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    cases = [
+        ((10.0, 20.0, 190.5, 160.0), (97, 131)),  # down by ~1.4-1.9 (DCT scale stays 1)
+        ((0.0, 0.0, 243.0, 181.0), (181, 129)),  # whole image, width only
+        ((100.2, 50.7, 140.9, 80.3), (64, 61)),  # up by ~1.5-2
+        ((200.0, 150.0, 243.0, 181.0), (33, 47)),  # bottom-right corner
+        ((3.0, 4.0, 5.0, 6.0), (8, 8)),  # a tiny box, blown up
+    ]
+    for box, size in cases:
+        for flip in (False, True):
+            out = np.zeros((3, *size), np.uint8)
+            assert _turbo.decode_crop_into(data, box, out, size[0], size[1], flip) == 8, box
+            expected = apply_plan(full, Plan(box=box, size=size, flip=flip), 181, 243).transpose(2, 0, 1)
+            assert np.abs(out.astype(int) - expected.astype(int)).max() <= 1, (box, size, flip)
 
 
 def torchvision_get_params(height: int, width: int, g: torch.Generator) -> tuple[int, int, int, int]:
