@@ -136,9 +136,49 @@ def unseen_groups(order: EpochOrder, consumed: int, shard_of: Callable[[np.ndarr
     return [rest[shard_numbers == shard] for shard in shards[np.argsort(first)]]
 
 
-def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def _mix64(z: int) -> int:
+    """SplitMix64's finaliser: a bijective 64-bit hash with full avalanche."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+class SampleRandom:
+    """One sample's random stream: SplitMix64 from a key hashed from (seed, epoch, index).
+
+    Counter-based, so any sample's stream is available without state, and cheap: ~1 us a draw,
+    where creating a numpy Philox generator per sample cost ~35 us. Has the three methods of
+    ``numpy.random.Generator`` the transforms use.
+    """
+
+    __slots__ = ("_state",)
+
+    def __init__(self, seed: int, epoch: int, index: int) -> None:
+        key = _mix64((seed & _MASK64) ^ 0x5EED)
+        key = _mix64(key ^ (epoch & _MASK64))
+        self._state = _mix64(key ^ (index & _MASK64))
+
+    def random(self) -> float:
+        """A float uniform in [0, 1), 53 bits."""
+        self._state = (self._state + _GOLDEN) & _MASK64
+        return (_mix64(self._state) >> 11) * (1.0 / (1 << 53))
+
+    def uniform(self, low: float, high: float) -> float:
+        """A float uniform in [low, high)."""
+        return low + (high - low) * self.random()
+
+    def integers(self, low: int, high: int) -> int:
+        """An int uniform in [low, high) (bias below 2**-40 for ranges under 2**13)."""
+        return low + int(self.random() * (high - low))
+
+
+def sample_rng(seed: int, epoch: int, index: int) -> SampleRandom:
     """The random stream of one sample's augmentation: depends only on (seed, epoch, index)."""
-    return np.random.Generator(np.random.Philox(key=[seed & (2**64 - 1), ((epoch & 0xFFFFFFFF) << 32) | (index & 0xFFFFFFFF)]))
+    return SampleRandom(seed, epoch, index)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -156,6 +157,16 @@ def output_size(specs: Sequence[Transform]) -> tuple[int, int] | None:
 # --- geometry planned from the header ------------------------------------------------------
 
 
+class RandomSource(Protocol):
+    """The draws a plan needs: fastload.sampling.SampleRandom, or a numpy Generator."""
+
+    def random(self) -> float: ...
+
+    def uniform(self, low: float, high: float) -> float: ...
+
+    def integers(self, low: int, high: int) -> int: ...
+
+
 @dataclass(frozen=True)
 class Plan:
     """What to do with one image: crop ``box`` (x0, y0, x1, y1 in source pixels, floats), resize
@@ -167,7 +178,7 @@ class Plan:
 
 
 def random_resized_crop_params(
-    height: int, width: int, scale: tuple[float, float], ratio: tuple[float, float], rng: np.random.Generator
+    height: int, width: int, scale: tuple[float, float], ratio: tuple[float, float], rng: RandomSource
 ) -> tuple[int, int, int, int]:
     """torchvision's RandomResizedCrop.get_params: (top, left, h, w), 10 tries then a centre crop."""
     area = height * width
@@ -200,7 +211,7 @@ def resize_size(size: int | tuple[int, int], height: int, width: int) -> tuple[i
     return int(size * height / width), size
 
 
-def plan(specs: Sequence[Transform], height: int, width: int, rng: np.random.Generator) -> Plan:
+def plan(specs: Sequence[Transform], height: int, width: int, rng: RandomSource) -> Plan:
     """Compose the per-sample specs for an image of ``height`` x ``width`` into one Plan."""
     x0, y0, x1, y1 = 0.0, 0.0, float(width), float(height)
     cur_h, cur_w = height, width
