@@ -22,6 +22,10 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+#if defined(__GNUC__) && defined(__x86_64__)
+#define HAVE_AVX2_PATH 1 /* compiled for any x86-64, picked at run time when the CPU has AVX2 and FMA */
+#include <immintrin.h>
+#endif
 
 typedef struct {
     struct jpeg_error_mgr pub;
@@ -149,7 +153,7 @@ static void widen_row(const unsigned char *src, float *dst, size_t n) {
 }
 
 /* Horizontal pass over one interleaved RGB float row into three planar rows of `wx` outputs
- * (padded to a multiple of 4). K is the number of taps computed per output. With SSE one
+ * (padded to a multiple of 32). K is the number of taps computed per output. With SSE one
  * 4-lane multiply-add handles the R, G and B of a tap at once (the 4th lane reads the next pixel
  * and is discarded); four outputs are transposed into planar order and stored together. */
 static inline void horizontal_row(const float *line, const Weights *wx, int K, int padded, float *r, float *g,
@@ -230,6 +234,88 @@ static void vertical_row(float *const *rows, const float *ky, int count, size_t 
 #endif
 }
 
+#if HAVE_AVX2_PATH
+/* The same two passes with 8-lane AVX2 and FMA. Horizontal: one register holds a tap of two
+ * outputs (x + i in the low half, x + i + 4 in the high half), so the in-lane 4x4 transpose of
+ * four such registers gives eight outputs of one colour in order. */
+__attribute__((target("avx2,fma"))) static inline void horizontal_row_avx2(const float *line, const Weights *wx, int K,
+                                                                            int padded, float *r, float *g, float *b) {
+    for (int x = 0; x < padded; x += 8) {
+        __m256 acc[4];
+        for (int i = 0; i < 4; i++) {
+            const float *k0 = wx->weight + (size_t)(x + i) * wx->taps, *k1 = k0 + (size_t)4 * wx->taps;
+            const float *p0 = line + (size_t)wx->start[x + i] * 3, *p1 = line + (size_t)wx->start[x + i + 4] * 3;
+            __m256 a = _mm256_setzero_ps();
+            for (int t = 0; t < K; t++) {
+                __m256 w = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(k0[t])), _mm_set1_ps(k1[t]), 1);
+                __m256 v = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(p0 + 3 * t)), _mm_loadu_ps(p1 + 3 * t), 1);
+                a = _mm256_fmadd_ps(w, v, a);
+            }
+            acc[i] = a;
+        }
+        __m256 t0 = _mm256_unpacklo_ps(acc[0], acc[1]), t1 = _mm256_unpackhi_ps(acc[0], acc[1]);
+        __m256 t2 = _mm256_unpacklo_ps(acc[2], acc[3]), t3 = _mm256_unpackhi_ps(acc[2], acc[3]);
+        _mm256_storeu_ps(r + x, _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0)));
+        _mm256_storeu_ps(g + x, _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2)));
+        _mm256_storeu_ps(b + x, _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0)));
+    }
+}
+
+__attribute__((target("avx2,fma"))) static void horizontal_avx2(const float *line, const Weights *wx, int padded,
+                                                                 float *r, float *g, float *b) {
+    switch (wx->used) {
+        case 1: horizontal_row_avx2(line, wx, 1, padded, r, g, b); break;
+        case 2: horizontal_row_avx2(line, wx, 2, padded, r, g, b); break;
+        case 3: horizontal_row_avx2(line, wx, 3, padded, r, g, b); break;
+        case 4: horizontal_row_avx2(line, wx, 4, padded, r, g, b); break;
+        case 5: horizontal_row_avx2(line, wx, 5, padded, r, g, b); break;
+        default: horizontal_row_avx2(line, wx, wx->used, padded, r, g, b);
+    }
+}
+
+/* Vertical: 32 values at a time through all the taps; packing works within 128-bit lanes, so
+ * the last permute puts the four groups of 8 bytes back in order. */
+__attribute__((target("avx2,fma"))) static void vertical_row_avx2(float *const *rows, const float *ky, int count,
+                                                                   size_t n, unsigned char *dst) {
+    const __m256 half = _mm256_set1_ps(0.5f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (size_t i = 0; i < n; i += 32) {
+        __m256 k = _mm256_set1_ps(ky[0]);
+        const float *s = rows[0] + i;
+        __m256 a = _mm256_mul_ps(k, _mm256_loadu_ps(s)), b = _mm256_mul_ps(k, _mm256_loadu_ps(s + 8));
+        __m256 c = _mm256_mul_ps(k, _mm256_loadu_ps(s + 16)), d = _mm256_mul_ps(k, _mm256_loadu_ps(s + 24));
+        for (int t = 1; t < count; t++) {
+            k = _mm256_set1_ps(ky[t]);
+            s = rows[t] + i;
+            a = _mm256_fmadd_ps(k, _mm256_loadu_ps(s), a);
+            b = _mm256_fmadd_ps(k, _mm256_loadu_ps(s + 8), b);
+            c = _mm256_fmadd_ps(k, _mm256_loadu_ps(s + 16), c);
+            d = _mm256_fmadd_ps(k, _mm256_loadu_ps(s + 24), d);
+        }
+        __m256i ia = _mm256_cvttps_epi32(_mm256_add_ps(a, half)), ib = _mm256_cvttps_epi32(_mm256_add_ps(b, half));
+        __m256i ic = _mm256_cvttps_epi32(_mm256_add_ps(c, half)), id = _mm256_cvttps_epi32(_mm256_add_ps(d, half));
+        __m256i bytes = _mm256_packus_epi16(_mm256_packs_epi32(ia, ib), _mm256_packs_epi32(ic, id));
+        _mm256_storeu_si256((__m256i *)(dst + i), _mm256_permutevar8x32_epi32(bytes, order));
+    }
+}
+#endif
+
+/* The kernels this CPU runs: AVX2 + FMA when it has them, else SSE2 (or plain C). */
+typedef void (*HorizontalFn)(const float *, const Weights *, int, float *, float *, float *);
+typedef void (*VerticalFn)(float *const *, const float *, int, size_t, unsigned char *);
+static HorizontalFn horizontal_pass = horizontal;
+static VerticalFn vertical_pass = vertical_row;
+
+static void choose_kernels(void) {
+#if HAVE_AVX2_PATH
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        horizontal_pass = horizontal_avx2;
+        vertical_pass = vertical_row_avx2;
+    }
+#endif
+}
+
 /* The resampler fed one decoded row at a time: each row is resampled horizontally into a ring of
  * the last `wy.used` rows (small enough to stay in cache), and each output row is computed as
  * soon as the rows it needs have arrived. Output is planar CHW uint8. */
@@ -262,7 +348,7 @@ static Resampler *resampler_new(int rows, int width, double bx0, double by0, dou
     if (!rs) return NULL;
     rs->out_h = out_h;
     rs->out_w = out_w;
-    rs->padded = (out_w + 15) / 16 * 16;
+    rs->padded = (out_w + 31) / 32 * 32; /* whole vectors in every kernel, no tails */
     if (make_weights(by0, by1, rows, out_h, out_h, 0, &rs->wy) ||
         make_weights(bx0, bx1, width, out_w, rs->padded, flip, &rs->wx)) {
         resampler_free(rs);
@@ -289,12 +375,12 @@ static int resampler_push(Resampler *rs, int y, const unsigned char *row, int wi
     if (y < rs->wy.start[0]) return 0; /* margin above the first output's reach */
     float *dst = rs->rows + (size_t)(y % rs->ring) * 3 * padded;
     widen_row(row, rs->line, (size_t)width * 3);
-    horizontal(rs->line, &rs->wx, rs->padded, dst, dst + padded, dst + 2 * padded);
+    horizontal_pass(rs->line, &rs->wx, rs->padded, dst, dst + padded, dst + 2 * padded);
     while (rs->next_out < rs->out_h) {
         const int o = rs->next_out, first = rs->wy.start[o], count = rs->wy.count[o];
         if (first + count - 1 > y) break;
         for (int t = 0; t < count; t++) rs->window[t] = rs->rows + (size_t)((first + t) % rs->ring) * 3 * padded;
-        vertical_row(rs->window, rs->wy.weight + (size_t)o * rs->wy.taps, count, 3 * padded, rs->bytes);
+        vertical_pass(rs->window, rs->wy.weight + (size_t)o * rs->wy.taps, count, 3 * padded, rs->bytes);
         for (int c = 0; c < 3; c++) memcpy(out + c * plane + (size_t)o * rs->out_w, rs->bytes + c * padded, rs->out_w);
         rs->next_out++;
     }
@@ -429,4 +515,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_turbo", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__turbo(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__turbo(void) {
+    choose_kernels();
+    return PyModule_Create(&module);
+}
