@@ -67,14 +67,28 @@ def buffer_shuffle(stream: np.ndarray, buffer_size: int, rng: np.random.Generato
     ``buffer_size`` candidates, so a sample moves at most about ``buffer_size`` places."""
     if buffer_size <= 1 or len(stream) <= 1:
         return stream.copy()
+    size = min(buffer_size, len(stream))
+    picks = rng.integers(0, size, size=len(stream) - size)
+    # Step t outputs what slot picks[t] holds, then puts stream[size + t] there. So it outputs
+    # the item put there at the slot's previous pick, or the slot's first item: found for all
+    # steps at once by sorting the steps by slot (stable, so each slot's steps stay in order).
+    keys = picks.astype(np.uint16) if size <= 1 << 16 else picks  # numpy radix-sorts 16-bit keys
+    steps = np.argsort(keys, kind="stable")
+    sorted_picks = picks[steps]
+    first_of_slot = np.ones(len(steps), dtype=bool)
+    first_of_slot[1:] = sorted_picks[1:] != sorted_picks[:-1]
+    previous = np.empty(len(steps), dtype=np.int64)
+    previous[steps[1:]] = steps[:-1]
+    previous[steps[first_of_slot]] = -1
     out = np.empty_like(stream)
-    buffer = stream[:buffer_size].copy()
-    picks = rng.integers(0, len(buffer), size=max(len(stream) - len(buffer), 0))
-    for n, (incoming, pick) in enumerate(zip(stream[len(buffer):].tolist(), picks.tolist())):
-        out[n] = buffer[pick]
-        buffer[pick] = incoming
+    head = len(stream) - size
+    out[:head] = np.where(previous >= 0, stream[size + np.maximum(previous, 0)], stream[picks])
+    buffer = stream[:size].copy()  # what each slot holds at the end: its last incoming item
+    last_of_slot = np.ones(len(steps), dtype=bool)
+    last_of_slot[:-1] = first_of_slot[1:]
+    buffer[sorted_picks[last_of_slot]] = stream[size + steps[last_of_slot]]
     rng.shuffle(buffer)
-    out[len(stream) - len(buffer):] = buffer
+    out[head:] = buffer
     return out
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fastload.sampling import deal, rank_batches, shard_groups, streaming_order, unseen_groups
+from fastload.sampling import buffer_shuffle, deal, rank_batches, shard_groups, streaming_order, unseen_groups
 
 SIZES = [50, 50, 50, 30, 41, 7]
 STARTS = np.concatenate([[0], np.cumsum(SIZES)])
@@ -73,3 +73,26 @@ def test_unseen_groups_are_exactly_the_samples_not_consumed() -> None:
     rest = np.concatenate(groups)
     assert sorted(rest.tolist()) == sorted(set(range(sum(SIZES))) - seen)
     assert all(len(set(shard_of(g).tolist())) == 1 for g in groups)  # grouped by shard
+
+
+def sequential_buffer_shuffle(stream: np.ndarray, buffer_size: int, rng: np.random.Generator) -> np.ndarray:
+    """The shuffle buffer as it is usually written, one step at a time: the reference."""
+    buffer = list(stream[:buffer_size])
+    out = []
+    picks = rng.integers(0, len(buffer), size=max(len(stream) - len(buffer), 0))
+    for incoming, pick in zip(stream[len(buffer):], picks):
+        out.append(buffer[pick])
+        buffer[pick] = incoming
+    tail = np.array(buffer, dtype=stream.dtype)
+    rng.shuffle(tail)
+    return np.concatenate([np.array(out, dtype=stream.dtype), tail])
+
+
+@pytest.mark.parametrize(("length", "buffer_size"), [(1000, 64), (1000, 1), (37, 100), (500, 500), (5000, 3), (2, 2), (150000, 70000)])
+def test_buffer_shuffle_equals_the_step_by_step_buffer(length: int, buffer_size: int) -> None:
+    """Computed for all steps at once, the output is exactly the sequential buffer's."""
+    stream = np.random.default_rng(length).permutation(length * 3)[:length].astype(np.int64)
+    for seed in range(3):
+        fast = buffer_shuffle(stream, buffer_size, np.random.default_rng(seed))
+        reference = sequential_buffer_shuffle(stream, buffer_size, np.random.default_rng(seed)) if buffer_size > 1 else stream
+        assert fast.tolist() == reference.tolist()
