@@ -32,6 +32,7 @@ from fastload.workers import (
     WorkerError,
     WorkerPool,
     fill_batch,
+    merge_parts,
     plan_sample,
 )
 
@@ -67,6 +68,7 @@ def choose_backend(requested: str, decoded_pixels: bool) -> tuple[str, str]:
 
 STATE_VERSION = 1
 LENDABLE_SLOTS = 2  # batch slots beyond the workers' queue, for batches the caller still holds
+MIN_PART = 16  # the fewest samples a worker is given of a batch
 REMOTE_SHUFFLE_BUFFER = 4096
 
 
@@ -429,8 +431,10 @@ class _EpochIterator(_Epoch):
         self.buffers, self.pool = loader._ensure_workers()
         self.buffers.reclaim()  # nothing is being filled now; lent slots stay lent
         self.next_submit = 0
+        self.parts: dict[int, list[BatchResult]] = {}  # finished parts of batches not yet whole
+        self.expected_parts: dict[int, int] = {}
         self.ready: dict[int, BatchResult] = {}
-        self.in_flight = 0
+        self.in_flight = 0  # parts submitted and not answered
         self._start_prefetch()
 
     def _dispatched(self) -> int:
@@ -440,10 +444,27 @@ class _EpochIterator(_Epoch):
         return self.order[self.plan.batches[batch_no]]
 
     def _submit_more(self) -> None:
+        """Give every free slot the next batch, split into one part per worker (at least
+        MIN_PART samples each): all workers work on the oldest batch, so a batch, the first
+        one included, is ready in 1/workers of the time, and an epoch's last batches don't
+        leave workers idle."""
         while self.next_submit < len(self.plan.batches) and (slot := self.buffers.take()) is not None:
-            self.pool.submit(self.next_submit, slot, self.epoch, self._indices(self.next_submit))  # type: ignore[union-attr]
+            indices = self._indices(self.next_submit)
+            count = max(1, min(self.loader.num_workers, len(indices) // MIN_PART))
+            bounds = np.linspace(0, len(indices), count + 1).astype(int)
+            for start, end in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+                self.pool.submit(self.next_submit, slot, self.epoch, start, indices[start:end])  # type: ignore[union-attr]
+            self.expected_parts[self.next_submit] = count
             self.next_submit += 1
-            self.in_flight += 1
+            self.in_flight += count
+
+    def _receive(self, got: BatchResult) -> None:
+        """File a finished part; a batch whose parts are all in is ready."""
+        parts = self.parts.setdefault(got.batch_no, [])
+        parts.append(got)
+        if len(parts) == self.expected_parts[got.batch_no]:
+            self.ready[got.batch_no] = merge_parts(self.parts.pop(got.batch_no))
+            del self.expected_parts[got.batch_no]
 
     def _run_inline(self) -> BatchResult:
         slot = self.buffers.take()  # never None: the inline path copies every batch out
@@ -485,7 +506,7 @@ class _EpochIterator(_Epoch):
                         if got.failure is not None:
                             raise rebuild_error(*got.failure) from WorkerError(got.error)
                         raise WorkerError(got.error)
-                    self.ready[got.batch_no] = got
+                    self._receive(got)
                 result = self.ready.pop(self.next_yield)
         batch = self.loader._deliver(result, self.buffers, self.valid(self.next_yield))
         self.next_yield += 1
@@ -503,6 +524,8 @@ class _EpochIterator(_Epoch):
             except (WorkerError, TimeoutError):
                 self.loader._discard_pool()
         self.ready.clear()
+        self.parts.clear()
+        self.expected_parts.clear()
         self.in_flight = 0
         self._abandon()
 

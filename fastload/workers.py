@@ -1,9 +1,10 @@
 """Worker processes that decode and transform whole batches straight into shared memory.
 
 The batch buffers are one anonymous shared mapping made before the workers fork: nothing is
-named in /dev/shm, so nothing can leak, whatever kills the process tree. A worker gets
-(batch number, slot, sample indices), writes the slot's pixels and labels in place, and answers
-with only the keys and skip records. Workers live as long as the loader, across epochs.
+named in /dev/shm, so nothing can leak, whatever kills the process tree. A worker gets a part of
+a batch (batch number, slot, first row, sample indices), writes those rows' pixels and labels in
+place, and answers with only the keys and skip records. Workers live as long as the loader,
+across epochs.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import multiprocessing
 import os
 import queue
 import signal
-import weakref
 import traceback
 import weakref
 from collections.abc import Callable, Sequence
@@ -111,11 +111,13 @@ def _check_size(size: tuple[int, int], out: np.ndarray, where: str) -> None:
 
 @dataclass
 class BatchResult:
-    """A worker's answer: where the batch is, its keys, skipped samples, or the error."""
+    """A worker's answer for rows ``start`` to ``start + count`` of a batch: where they are, their
+    keys, skipped samples, or the error."""
 
     batch_no: int
     slot: int
     count: int
+    start: int = 0
     keys: list[str] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (where, reason)
     error: str | None = None  # a worker traceback
@@ -246,13 +248,13 @@ def _worker_main(worker_id: int, config: WorkerConfig, tasks: multiprocessing.Qu
             continue
         if task is None:
             break
-        batch_no, slot, epoch, indices = task
-        result = BatchResult(batch_no=batch_no, slot=slot, count=len(indices))
+        batch_no, slot, epoch, start, indices = task
+        result = BatchResult(batch_no=batch_no, slot=slot, count=len(indices), start=start)
         try:
-            buffers = config.buffers
+            rows = slice(start, start + len(indices))
             result.keys, result.skipped = fill_batch(
                 config.dataset, indices, config.specs, config.seed, epoch, config.on_error,
-                buffers.images(slot), buffers.labels(slot),
+                config.buffers.images(slot)[rows], config.buffers.labels(slot)[rows],
             )
         except SampleError as exc:
             result.bad_sample = (exc.where, exc.reason)
@@ -285,9 +287,9 @@ class WorkerPool:
         # runs at close(), when the pool is garbage (even inside a reference cycle), or at exit
         self._shutdown = weakref.finalize(self, _shutdown, self.processes, self._tasks, self._results)
 
-    def submit(self, batch_no: int, slot: int, epoch: int, indices: np.ndarray) -> None:
-        """Queue one batch for whichever worker is free first."""
-        self._tasks.put((batch_no, slot, epoch, indices))
+    def submit(self, batch_no: int, slot: int, epoch: int, start: int, indices: np.ndarray) -> None:
+        """Queue rows ``start``.. of a batch (``indices``) for whichever worker is free first."""
+        self._tasks.put((batch_no, slot, epoch, start, indices))
 
     def get(self, timeout: float) -> BatchResult:
         """The next finished batch; raises WorkerError if a worker died, TimeoutError after
@@ -337,3 +339,13 @@ def _describe_exit(code: int) -> str:
         hint = " (out of memory?)" if name == "SIGKILL" else ""
         return f"killed by {name}{hint}"
     return f"exited with code {code}"
+
+
+def merge_parts(parts: list[BatchResult]) -> BatchResult:
+    """One batch's result from the results of its parts, in row order."""
+    parts = sorted(parts, key=lambda part: part.start)
+    merged = BatchResult(batch_no=parts[0].batch_no, slot=parts[0].slot, count=sum(part.count for part in parts))
+    for part in parts:
+        merged.keys += part.keys
+        merged.skipped += part.skipped
+    return merged
