@@ -3,10 +3,10 @@
  * decode_crop_into(data, box, out, flip) decodes the JPEG in `data` with libjpeg-turbo at the
  * smallest DCT scale (1/8, 1/4, 1/2, 1) that still gives the crop `box` (x0, y0, x1, y1 in source pixels)
  * at least the output's resolution, skipping the scanlines above and below the crop and the
- * columns beside it (jpeg_skip_scanlines, jpeg_crop_scanline), then resamples it into `out`, a
- * writable C-contiguous uint8 buffer of shape (3, H, W), with an antialiased bilinear (triangle)
- * filter computed like Pillow's, mirrored when `flip`. The GIL is released while it works.
- * Corrupt-data warnings are errors, as in simplejpeg's strict mode.
+ * columns beside it (jpeg_skip_scanlines, jpeg_crop_scanline), and resamples each decoded row
+ * as it arrives into `out`, a writable C-contiguous uint8 buffer of shape (3, H, W), with an
+ * antialiased bilinear (triangle) filter computed like Pillow's, mirrored when `flip`. The GIL
+ * is released while it works. Corrupt-data warnings are errors, as in simplejpeg's strict mode.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
