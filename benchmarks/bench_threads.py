@@ -2,7 +2,7 @@
 threads in one process (the libjpeg-turbo extension releases the GIL) and with N forked
 processes (what fastload uses), side by side.
 
-    python benchmarks/bench_threads.py data/photos12k-wds --workers 2 --batches 12
+    python benchmarks/bench_threads.py data/photos12k-wds --workers 2 --batches 64
 """
 
 from __future__ import annotations
