@@ -18,7 +18,8 @@ from typing import Literal
 from fastload.errors import DatasetIndexError
 
 FORMAT_NAME = "fastload"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: HDF5 byte columns stored flat (a group of `bytes` + `offsets`)
+READABLE_VERSIONS = (1, 2)
 INDEX_FILE = "index.json"
 SKIPPED_REPORT = "skipped.jsonl"
 DALI_INDEX_VERSION = "v1.2"
@@ -73,9 +74,9 @@ class DatasetIndex:
     def __post_init__(self) -> None:
         if self.format != FORMAT_NAME:
             raise DatasetIndexError(f"not a fastload index (format={self.format!r})")
-        if self.version != FORMAT_VERSION:
+        if self.version not in READABLE_VERSIONS:
             raise DatasetIndexError(
-                f"index version {self.version} is not supported (this fastload reads {FORMAT_VERSION})"
+                f"index version {self.version} is not supported (this fastload reads {READABLE_VERSIONS})"
             )
         if self.layout not in LAYOUTS:
             raise DatasetIndexError(f"unknown layout {self.layout!r}; expected one of {LAYOUTS}")

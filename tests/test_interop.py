@@ -65,7 +65,8 @@ def test_h5py_reads_encoded_and_decoded_hdf5(image_folder: Path, npz_file: Path,
     index = read_index(tmp_path / "enc")
     with h5py.File(tmp_path / "enc" / index.shards[0].path) as f:
         keys = [k.decode() for k in f["key"][:]]
-        got = {k: (f["image"][i].tobytes(), int(f["cls"][i])) for i, k in enumerate(keys)}
+        images, offsets = f["image/bytes"], f["image/offsets"]  # flat: value i = bytes[offsets[i]:offsets[i + 1]]
+        got = {k: (images[offsets[i] : offsets[i + 1]].tobytes(), int(f["cls"][i])) for i, k in enumerate(keys)}
         assert f.attrs["format"] == "fastload"
     assert got == expected_samples(image_folder)
 

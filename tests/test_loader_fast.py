@@ -4,6 +4,7 @@ count, exact resume, transforms against reference implementations, both shard la
 from __future__ import annotations
 
 import io
+import json
 import itertools
 import os
 import subprocess
@@ -146,6 +147,33 @@ def test_hdf5_encoded_and_decoded(wds: Path, hdf5: Path, npz_file: Path, tmp_pat
     data = np.load(npz_file)
     assert torch.equal(images, torch.from_numpy(data["images"][:4]).permute(0, 3, 1, 2))
     assert labels.tolist() == data["labels"][:4].tolist()
+
+
+def test_hdf5_shards_of_the_earlier_layout_still_load(hdf5: Path, tmp_path: Path) -> None:
+    """Index version 1 wrote byte columns as variable-length uint8 datasets; they still read,
+    sample for sample as the flat layout."""
+    import shutil
+
+    import h5py
+
+    legacy = tmp_path / "legacy"
+    shutil.copytree(hdf5, legacy)
+    for shard in sorted(legacy.glob("*.h5")):
+        with h5py.File(shard, "r+") as f:
+            flat = f["image"]
+            values = [flat["bytes"][a:b] for a, b in zip(flat["offsets"][:-1], flat["offsets"][1:])]
+            del f["image"]
+            column = f.create_dataset("image", (len(values),), dtype=h5py.vlen_dtype(np.uint8))
+            for i, value in enumerate(values):
+                column[i] = value
+            f.attrs["version"] = 1
+    index = json.loads((legacy / "index.json").read_text())
+    index["version"] = 1
+    (legacy / "index.json").write_text(json.dumps(index))
+
+    new, old = fastload.open(hdf5), fastload.open(legacy)
+    assert len(new) == len(old) == 30
+    assert all(new.raw(i)[1] == old.raw(i)[1] for i in range(len(new)))
 
 
 def reference_val(data: bytes, size: int) -> np.ndarray:

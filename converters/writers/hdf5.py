@@ -1,5 +1,11 @@
-"""HDF5 shards: encoded images in a variable-length uint8 dataset (or fixed-size decoded pixels),
-int64 labels, string keys, and the schema in attributes."""
+"""HDF5 shards: encoded images (or fixed-size decoded pixels), int64 labels, string keys, and the
+schema in attributes.
+
+Byte strings (encoded images, extra fields) are stored flat: a group holding ``bytes``, every
+value concatenated in one contiguous uint8 dataset, and ``offsets`` (int64, n + 1), value i being
+``bytes[offsets[i]:offsets[i + 1]]``. A reader can then fetch a value with one ``pread`` at the
+dataset's file offset; h5py's variable-length rows cost ~150 us each to read.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +19,15 @@ from fastload.index import FORMAT_NAME, FORMAT_VERSION, ShardInfo, file_sha256
 
 ENCODED_DATASET = "image"
 DECODED_DATASET = "pixels"
+
+
+def write_byte_column(f: h5py.File, name: str, values: list[bytes]) -> None:
+    """Store byte strings flat as group ``name``: contiguous uint8 ``bytes`` and int64 ``offsets``."""
+    group = f.create_group(name)
+    offsets = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum([len(v) for v in values], out=offsets[1:])
+    group.create_dataset("bytes", data=np.frombuffer(b"".join(values), dtype=np.uint8))  # contiguous: no chunks
+    group.create_dataset("offsets", data=offsets)
 
 
 class Hdf5ShardWriter:
@@ -44,17 +59,13 @@ class Hdf5ShardWriter:
                 DECODED_DATASET, data=pixels, chunks=chunks, compression=self.options.hdf5_compression
             )
         else:
-            images = f.create_dataset(ENCODED_DATASET, (n,), dtype=h5py.vlen_dtype(np.uint8))
-            for i, s in enumerate(self._samples):
-                images[i] = np.frombuffer(s.image, dtype=np.uint8)
+            write_byte_column(f, ENCODED_DATASET, [s.image for s in self._samples])  # type: ignore[misc]
             f.create_dataset(
                 "image_format", data=np.array([s.image_field for s in self._samples], dtype=object),
                 dtype=h5py.string_dtype(),
             )
         for ext in sorted({ext for s in self._samples for ext in s.extra}):
-            column = f.create_dataset(f"extra/{ext}", (n,), dtype=h5py.vlen_dtype(np.uint8))
-            for i, s in enumerate(self._samples):
-                column[i] = np.frombuffer(s.extra.get(ext, b""), dtype=np.uint8)
+            write_byte_column(f, f"extra/{ext}", [s.extra.get(ext, b"") for s in self._samples])
 
     def finish(self) -> ShardInfo:
         """Write the file under a temporary name, then publish it."""

@@ -1,5 +1,9 @@
 """HDF5 shards read by row: encoded images (``image``) or fixed-size pixels (``pixels``), labels
-(``cls``), keys, and extra fields (``extra/EXT``)."""
+(``cls``), keys, and extra fields (``extra/EXT``).
+
+Byte columns written by this version are flat (a group of contiguous ``bytes`` + ``offsets``):
+a value is one ``pread`` at the dataset's file offset. Older shards' variable-length columns are
+read through h5py."""
 
 from __future__ import annotations
 
@@ -11,19 +15,46 @@ import numpy as np
 from fastload.errors import ShardError
 
 
+class ByteColumn:
+    """Row access to a column of byte strings: flat (one ``pread`` a value when the bytes are
+    stored contiguously, else an h5py slice) or a variable-length uint8 dataset (older shards)."""
+
+    def __init__(self, node, fd: int) -> None:  # type: ignore[no-untyped-def]
+        import h5py
+
+        self._vlen = None if isinstance(node, h5py.Group) else node
+        if self._vlen is None:
+            self._offsets = node["offsets"][:].tolist()
+            self._bytes = node["bytes"]
+            self._file_offset = self._bytes.id.get_offset()  # None when chunked, compressed or empty
+            self._fd = fd
+
+    def __getitem__(self, i: int) -> bytes:
+        if self._vlen is not None:
+            return self._vlen[i].tobytes()
+        start, end = self._offsets[i], self._offsets[i + 1]
+        if self._file_offset is None:
+            return self._bytes[start:end].tobytes()
+        data = os.pread(self._fd, end - start, self._file_offset + start)
+        if len(data) != end - start:
+            raise OSError(f"short read: {len(data)} of {end - start} bytes")
+        return data
+
+
 class Hdf5ShardReader:
     """Random access to the rows of one HDF5 shard; the file opens lazily in each process."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._file = None
+        self._fd: int | None = None  # the same file opened plainly, for pread
         self._pid = -1
         self._cached: dict | None = None
         self._cached_pid = -1
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_file"], state["_pid"], state["_cached"] = None, -1, None
+        state["_file"], state["_fd"], state["_pid"], state["_cached"] = None, None, -1, None
         return state
 
     def _h5(self):  # type: ignore[no-untyped-def]
@@ -32,6 +63,7 @@ class Hdf5ShardReader:
 
             try:
                 self._file = h5py.File(self.path, "r")
+                self._fd = os.open(self.path, os.O_RDONLY)
             except OSError as exc:
                 raise ShardError(f"{self.path}: cannot open HDF5 shard ({exc})") from None
             self._pid = os.getpid()
@@ -53,9 +85,9 @@ class Hdf5ShardReader:
                 "key": decode(f["key"][:]),
                 "cls": f["cls"][:] if "cls" in f else None,
                 "image_format": decode(f["image_format"][:]) if "image_format" in f else None,
-                "image": f["image"] if "image" in f else None,
+                "image": ByteColumn(f["image"], self._fd) if "image" in f else None,  # type: ignore[arg-type]
                 "pixels": f["pixels"] if "pixels" in f else None,
-                "extra": dict(f["extra"].items()) if "extra" in f else {},
+                "extra": {ext: ByteColumn(node, self._fd) for ext, node in f["extra"].items()} if "extra" in f else {},  # type: ignore[arg-type]
             }
             self._cached_pid = os.getpid()
         return self._cached
@@ -77,12 +109,15 @@ class Hdf5ShardReader:
         """Encoded fields of row ``i``: the image under its format's extension, ``cls``, extras."""
         columns = self._columns()
         out: dict[str, bytes] = {}
-        if columns["image"] is not None:
-            out[columns["image_format"][i]] = columns["image"][i].tobytes()
-        if columns["cls"] is not None:
-            out["cls"] = str(int(columns["cls"][i])).encode()
-        for ext, column in columns["extra"].items():
-            out[ext] = column[i].tobytes()
+        try:
+            if columns["image"] is not None:
+                out[columns["image_format"][i]] = columns["image"][i]
+            if columns["cls"] is not None:
+                out["cls"] = str(int(columns["cls"][i])).encode()
+            for ext, column in columns["extra"].items():
+                out[ext] = column[i]
+        except OSError as exc:
+            raise ShardError(f"{self.path}: cannot read row {i} ({exc}; shard truncated?)") from None
         return out
 
     def close(self) -> None:
@@ -90,4 +125,5 @@ class Hdf5ShardReader:
         self._cached = None
         if self._file is not None and self._pid == os.getpid():
             self._file.close()
-        self._file = None
+            os.close(self._fd)  # type: ignore[arg-type]
+        self._file, self._fd = None, None
