@@ -251,12 +251,14 @@ def dct_min_size(plan_: Plan, height: int, width: int) -> tuple[int, int]:
 def apply_plan(pixels: np.ndarray, plan_: Plan, source_height: int, source_width: int) -> np.ndarray:
     """Crop, resize (antialiased bilinear) and flip decoded HWC pixels, which may be a DCT-scaled
     decode of a ``source_height`` x ``source_width`` image. Returns HWC uint8."""
-    from PIL import Image
-
     sy, sx = pixels.shape[0] / source_height, pixels.shape[1] / source_width
     x0, y0, x1, y1 = plan_.box
     box = (x0 * sx, y0 * sy, x1 * sx, y1 * sy)
     out_h, out_w = plan_.size
+    if box == (0.0, 0.0, float(pixels.shape[1]), float(pixels.shape[0])) and (out_h, out_w) == pixels.shape[:2]:
+        return pixels[:, ::-1] if plan_.flip else pixels  # nothing to resample: no round trip through Pillow
+    from PIL import Image
+
     squeeze = pixels.ndim == 3 and pixels.shape[2] == 1
     image = Image.fromarray(pixels[:, :, 0] if squeeze else pixels)
     full = box == (0.0, 0.0, float(pixels.shape[1]), float(pixels.shape[0]))

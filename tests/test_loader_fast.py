@@ -140,13 +140,19 @@ def test_hdf5_encoded_and_decoded(wds: Path, hdf5: Path, npz_file: Path, tmp_pat
     assert from_tar.keys() == from_h5.keys()
     assert all(torch.equal(from_tar[k], from_h5[k]) for k in from_tar)
 
-    decoded = tmp_path / "dec"
-    convert(str(npz_file), str(decoded), ConvertOptions(source="npz", layout="hdf5", writer_options=WriterOptions(hdf5_decoded=True)))
-    with fastload.DataLoader(decoded, batch_size=4) as loader:
-        images, labels = next(iter(loader))
     data = np.load(npz_file)
-    assert torch.equal(images, torch.from_numpy(data["images"][:4]).permute(0, 3, 1, 2))
-    assert labels.tolist() == data["labels"][:4].tolist()
+    expected = torch.from_numpy(data["images"]).permute(0, 3, 1, 2)
+    for compression in (None, "lzf"):  # contiguous rows read with pread; compressed chunks through h5py
+        decoded = tmp_path / f"dec-{compression}"
+        options = WriterOptions(hdf5_decoded=True, hdf5_compression=compression)
+        convert(str(npz_file), str(decoded), ConvertOptions(source="npz", layout="hdf5", writer_options=options))
+        with fastload.DataLoader(decoded, batch_size=4, num_workers=2) as loader:
+            images, labels = next(iter(loader))
+        assert torch.equal(images, expected[:4])
+        assert labels.tolist() == data["labels"][:4].tolist()
+        with fastload.DataLoader(decoded, batch_size=len(expected), transform=[T.RandomHorizontalFlip(p=1.0)]) as loader:
+            mirrored, _ = next(iter(loader))
+        assert torch.equal(mirrored, expected.flip(3))
 
 
 def test_hdf5_shards_of_the_earlier_layout_still_load(hdf5: Path, tmp_path: Path) -> None:

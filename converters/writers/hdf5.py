@@ -54,10 +54,10 @@ class Hdf5ShardWriter:
             f.create_dataset("cls", data=np.array([-1 if v is None else v for v in labels], dtype=np.int64))
         if self.options.hdf5_decoded:
             pixels = np.stack([s.image for s in self._samples]) if n else np.zeros((0, 0, 0, 0), np.uint8)
-            chunks = (min(max(n, 1), 64),) + pixels.shape[1:] if n else None
-            f.create_dataset(
-                DECODED_DATASET, data=pixels, chunks=chunks, compression=self.options.hdf5_compression
-            )
+            compression = self.options.hdf5_compression
+            # compressed: chunks of 64 rows; else contiguous, so a row is one pread at a known offset
+            chunks = (min(max(n, 1), 64),) + pixels.shape[1:] if n and compression else None
+            f.create_dataset(DECODED_DATASET, data=pixels, chunks=chunks, compression=compression)
         else:
             write_byte_column(f, ENCODED_DATASET, [s.image for s in self._samples])  # type: ignore[misc]
             f.create_dataset(

@@ -41,6 +41,15 @@ class ByteColumn:
         return data
 
 
+def _contiguous_rows(dataset) -> tuple[int, tuple[int, ...], int] | None:  # type: ignore[no-untyped-def]
+    """(file offset, row shape, row bytes) of a contiguous uint8 dataset, else None."""
+    offset = dataset.id.get_offset()  # None when chunked, compressed or empty
+    if offset is None or dataset.dtype != np.uint8:
+        return None
+    row_shape = tuple(dataset.shape[1:])
+    return offset, row_shape, int(np.prod(row_shape))
+
+
 class Hdf5ShardReader:
     """Random access to the rows of one HDF5 shard; the file opens lazily in each process."""
 
@@ -87,6 +96,7 @@ class Hdf5ShardReader:
                 "image_format": decode(f["image_format"][:]) if "image_format" in f else None,
                 "image": ByteColumn(f["image"], self._fd) if "image" in f else None,  # type: ignore[arg-type]
                 "pixels": f["pixels"] if "pixels" in f else None,
+                "pixels_at": _contiguous_rows(f["pixels"]) if "pixels" in f else None,
                 "extra": {ext: ByteColumn(node, self._fd) for ext, node in f["extra"].items()} if "extra" in f else {},  # type: ignore[arg-type]
             }
             self._cached_pid = os.getpid()
@@ -102,8 +112,16 @@ class Hdf5ShardReader:
         return self._columns()["pixels"] is not None
 
     def pixels(self, i: int) -> np.ndarray:
-        """Decoded HWC uint8 pixels of row ``i`` (decoded shards only)."""
-        return self._columns()["pixels"][i]
+        """Decoded HWC uint8 pixels of row ``i`` (decoded shards only): one ``pread`` when the
+        dataset is contiguous (uncompressed), else through h5py (a chunk is decompressed)."""
+        columns = self._columns()
+        if columns["pixels_at"] is None:
+            return columns["pixels"][i]
+        file_offset, row_shape, size = columns["pixels_at"]
+        data = os.pread(self._fd, size, file_offset + i * size)  # type: ignore[arg-type]
+        if len(data) != size:
+            raise ShardError(f"{self.path}: cannot read row {i} (short read; shard truncated?)")
+        return np.frombuffer(data, dtype=np.uint8).reshape(row_shape)
 
     def read(self, i: int) -> dict[str, bytes]:
         """Encoded fields of row ``i``: the image under its format's extension, ``cls``, extras."""
