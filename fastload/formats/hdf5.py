@@ -14,6 +14,11 @@ import numpy as np
 
 from fastload.errors import ShardError
 
+# Decompressed chunks kept per open file (h5py's default is 1 MB, a handful of 64-row chunks, so
+# shuffled reading of a compressed shard decompressed a chunk for nearly every row).
+CHUNK_CACHE_BYTES = 32 << 20
+CHUNK_CACHE_SLOTS = 10007  # a prime well above the chunks that fit
+
 
 class ByteColumn:
     """Row access to a column of byte strings: flat (one ``pread`` a value when the bytes are
@@ -71,7 +76,7 @@ class Hdf5ShardReader:
             import h5py
 
             try:
-                self._file = h5py.File(self.path, "r")
+                self._file = h5py.File(self.path, "r", rdcc_nbytes=CHUNK_CACHE_BYTES, rdcc_nslots=CHUNK_CACHE_SLOTS)
                 self._fd = os.open(self.path, os.O_RDONLY)
             except OSError as exc:
                 raise ShardError(f"{self.path}: cannot open HDF5 shard ({exc})") from None
