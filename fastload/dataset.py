@@ -127,7 +127,7 @@ class ShardedDataset:
         return self._open_files(*self.fetch(shard))
 
     def _open_files(self, data: Path, offsets: Path | None) -> ShardReader:
-        reader = open_shard_files(self.index.layout, data, offsets)
+        reader = open_shard_files(self.index.layout, data, offsets, min(len(self.index.shards), MAX_OPEN_REMOTE_SHARDS))
         reader.open()
         return reader
 

@@ -35,17 +35,18 @@ def offsets_name(shard: ShardInfo) -> str:
 def open_shard(root: Path, index: DatasetIndex, shard: ShardInfo) -> ShardReader:
     """A reader for one shard of a dataset under ``root``, by its layout."""
     offsets = root / offsets_name(shard) if index.layout == "wds" else None
-    return open_shard_files(index.layout, root / shard.path, offsets)
+    return open_shard_files(index.layout, root / shard.path, offsets, open_files=len(index.shards))
 
 
-def open_shard_files(layout: str, data: Path, offsets: Path | None) -> ShardReader:
-    """A reader over a shard's files wherever they are (the dataset folder, or a local cache)."""
+def open_shard_files(layout: str, data: Path, offsets: Path | None, open_files: int = 1) -> ShardReader:
+    """A reader over a shard's files wherever they are (the dataset folder, or a local cache);
+    ``open_files``: how many shards a process may hold open at once (sizes HDF5's chunk cache)."""
     if layout == "wds":
         from fastload.formats.tar import TarShardReader
 
         if offsets is None:
             raise ValueError(f"{data}: a tar shard is read through its offset index; none given")
         return TarShardReader(data, offsets)
-    from fastload.formats.hdf5 import Hdf5ShardReader
+    from fastload.formats.hdf5 import Hdf5ShardReader, chunk_cache_bytes
 
-    return Hdf5ShardReader(data)
+    return Hdf5ShardReader(data, chunk_cache_bytes(open_files))

@@ -14,10 +14,16 @@ import numpy as np
 
 from fastload.errors import ShardError
 
-# Decompressed chunks kept per open file (h5py's default is 1 MB, a handful of 64-row chunks, so
-# shuffled reading of a compressed shard decompressed a chunk for nearly every row).
-CHUNK_CACHE_BYTES = 32 << 20
+# Decompressed chunks kept per process over its open files (h5py's default is 1 MB a file, a
+# handful of 64-row chunks, so shuffled reading of a compressed shard decompressed a chunk for
+# nearly every row). Only chunked (compressed) datasets use it, and only as chunks are read.
+CHUNK_CACHE_BUDGET = 256 << 20
 CHUNK_CACHE_SLOTS = 10007  # a prime well above the chunks that fit
+
+
+def chunk_cache_bytes(open_files: int) -> int:
+    """Each open file's share of the budget, between h5py's default 1 MB and 32 MB."""
+    return max(1 << 20, min(32 << 20, CHUNK_CACHE_BUDGET // max(open_files, 1)))
 
 
 class ByteColumn:
@@ -58,8 +64,9 @@ def _contiguous_rows(dataset) -> tuple[int, tuple[int, ...], int] | None:  # typ
 class Hdf5ShardReader:
     """Random access to the rows of one HDF5 shard; the file opens lazily in each process."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, cache_bytes: int = 1 << 20) -> None:
         self.path = path
+        self.cache_bytes = cache_bytes  # h5py's chunk cache for this file
         self._file = None
         self._fd: int | None = None  # the same file opened plainly, for pread
         self._pid = -1
@@ -76,7 +83,7 @@ class Hdf5ShardReader:
             import h5py
 
             try:
-                self._file = h5py.File(self.path, "r", rdcc_nbytes=CHUNK_CACHE_BYTES, rdcc_nslots=CHUNK_CACHE_SLOTS)
+                self._file = h5py.File(self.path, "r", rdcc_nbytes=self.cache_bytes, rdcc_nslots=CHUNK_CACHE_SLOTS)
                 self._fd = os.open(self.path, os.O_RDONLY)
             except OSError as exc:
                 raise ShardError(f"{self.path}: cannot open HDF5 shard ({exc})") from None
