@@ -62,9 +62,12 @@ class PillowImages:
             return Image.open(path), label
         import io
 
-        _, fields, _ = self.shards.raw(i)  # type: ignore[union-attr]
+        _, fields, pixels = self.shards.raw(i)  # type: ignore[union-attr]
+        label = int(fields.get("cls", b"-1"))
+        if pixels is not None:  # a dataset of decoded pixels
+            return Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels), label
         field = image_field(fields)
-        return Image.open(io.BytesIO(fields[field])), int(fields.get("cls", b"-1"))
+        return Image.open(io.BytesIO(fields[field])), label
 
     def __getitem__(self, i: int) -> tuple[Any, int]:
         import numpy as np
@@ -175,7 +178,7 @@ def time_batches(make: Callable[[], Iterable], epochs: int, mean_bytes: float) -
     }
 
 
-def decode_ceiling(ds: ShardedDataset, limit: int = 600, passes: int = 3) -> float:
+def decode_ceiling(ds: ShardedDataset, limit: int = 600, passes: int = 3) -> float | None:
     """Single-thread full libjpeg-turbo decodes per second over a sample of the dataset's images:
     the fastest of ``passes`` passes, so a pass slowed by machine noise doesn't lower the bar."""
     import simplejpeg
@@ -187,7 +190,7 @@ def decode_ceiling(ds: ShardedDataset, limit: int = 600, passes: int = 3) -> flo
         if "jpg" in fields:
             data.append(fields["jpg"])
     if not data:
-        raise ValueError("the decode ceiling needs JPEG images")
+        return None  # no JPEG images (PNG, decoded pixels): no libjpeg-turbo ceiling to compare with
     best = float("inf")
     for _ in range(passes):
         start = time.perf_counter()
@@ -415,9 +418,12 @@ def _child_main(sender: Any, fn: Callable, args: tuple) -> None:
         sender.send((False, traceback.format_exc()))
 
 
-def _measure(backend: str, dataset: str, source: Path | None, transform: str, batch_size: int, workers: int, epochs: int, mean_bytes: float) -> dict[str, float]:
+def _measure(
+    backend: str, dataset: str, source: Path | None, transform: str, size: int, batch_size: int, workers: int,
+    epochs: int, mean_bytes: float,
+) -> dict[str, float]:
     """One measurement, run in a fresh spawned process by run_bench."""
-    loader = make_loader(backend, ShardedDataset(dataset), source, preset(transform), batch_size, workers)
+    loader = make_loader(backend, ShardedDataset(dataset), source, preset(transform, size), batch_size, workers)
     return time_batches(loader, epochs, mean_bytes)
 
 
@@ -433,11 +439,12 @@ def machine() -> dict[str, Any]:
 
 def run_bench(
     dataset: str | Path, source: Path | None, backends: list[str], workers: list[int], batch_size: int,
-    transform: str, epochs: int, rounds: int, model: str | None = None, steps: int = 20,
+    transform: str, epochs: int, rounds: int, model: str | None = None, steps: int = 20, size: int = 224,
 ) -> dict[str, Any]:
-    """Measure every (backend, workers) pair; return the JSON-ready report."""
+    """Measure every (backend, workers) pair; return the JSON-ready report. ``size``: the
+    transform's output side (224 for ImageNet-sized photos, 32 for CIFAR-sized ones)."""
     ds = ShardedDataset(dataset)
-    specs = preset(transform)
+    specs = preset(transform, size)
     mean_bytes = mean_image_bytes(ds)
     runs: dict[tuple[str, int], list[dict]] = {(b, w): [] for b in backends for w in workers}
     ceilings = []
@@ -447,21 +454,24 @@ def run_bench(
         ceilings.append(decode_ceiling(ds))
         for backend, w in runs:
             # each measurement in a fresh interpreter: no memory or threads left over from another loader
-            args = (backend, str(dataset), source, transform, batch_size, w, epochs, mean_bytes)
+            args = (backend, str(dataset), source, transform, size, batch_size, w, epochs, mean_bytes)
             runs[(backend, w)].append(_in_fresh_process(_measure, args))
-    single = statistics.median(ceilings)
+    single = None if None in ceilings else statistics.median(ceilings)  # type: ignore[type-var]
     results = [
         Result(loader=b, workers=w, **{k: statistics.median(r[k] for r in rs) for k in rs[0]}) for (b, w), rs in runs.items()
     ]
     for result in results:
         baseline = next((r for r in results if r.loader == "torch" and r.workers == result.workers), None)
         result.ratio_to_torch = result.images_per_s / baseline.images_per_s if baseline else None
-        result.ratio_to_ceiling = result.images_per_s / (single * max(result.workers, 1))
+        result.ratio_to_ceiling = result.images_per_s / (single * max(result.workers, 1)) if single else None
     report: dict[str, Any] = {
         "results": [asdict(r) for r in results],
         "ceiling": {"single_thread_images_per_s": single, "method": "simplejpeg full decode, x workers"},
         "machine": machine(),
-        "config": {"dataset": str(dataset), "batch_size": batch_size, "transform": transform, "epochs": epochs, "rounds": rounds},
+        "config": {
+            "dataset": str(dataset), "batch_size": batch_size, "transform": transform, "size": size, "epochs": epochs,
+            "rounds": rounds,
+        },
     }
     if model:
         first = backends[0]
@@ -475,14 +485,15 @@ def format_table(report: dict[str, Any], gpu_price: float | None = None, dataset
     """The terminal table: one row per loader and worker count."""
     ceiling = report["ceiling"]["single_thread_images_per_s"]
     lines = [
-        f"decode ceiling: {ceiling:.0f} images/s per thread (x workers)",
+        f"decode ceiling: {ceiling:.0f} images/s per thread (x workers)" if ceiling else "decode ceiling: none (no JPEG images)",
         f"{'loader':14} {'workers':>7} {'images/s':>9} {'MB/s':>7} {'CPU s/1k':>9} {'RSS MB':>7} {'1st batch':>9} {'x torch':>8} {'x ceiling':>9}",
     ]
     for r in report["results"]:
         torch_ratio = f"{r['ratio_to_torch']:.2f}" if r["ratio_to_torch"] else "-"
+        ceiling_ratio = f"{r['ratio_to_ceiling']:.2f}" if r["ratio_to_ceiling"] else "-"
         lines.append(
             f"{r['loader']:14} {r['workers']:>7} {r['images_per_s']:9.0f} {r['mb_per_s']:7.1f} {r['cpu_s_per_1k']:9.2f} "
-            f"{r['peak_rss_mb']:7.0f} {r['first_batch_s']:8.2f}s {torch_ratio:>8} {r['ratio_to_ceiling']:9.2f}"
+            f"{r['peak_rss_mb']:7.0f} {r['first_batch_s']:8.2f}s {torch_ratio:>8} {ceiling_ratio:>9}"
         )
     stall = report.get("data_stall")
     if stall:

@@ -156,6 +156,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--workers", default="2", help="comma-separated worker counts, e.g. 0,1,2,4")
     p.add_argument("--transform", choices=TRANSFORMS, default="train")
+    p.add_argument("--size", type=int, default=224, help="the transform's output side (e.g. 32 for CIFAR-sized images)")
     p.add_argument("--epochs", type=int, default=1, help="epochs per loader per round")
     p.add_argument("--rounds", type=int, default=1, help="interleaved rounds; medians are reported")
     p.add_argument("--model", choices=["resnet18", "resnet50", "resnet_small", "none"], default="none", help="data-stall analysis")
@@ -174,7 +175,7 @@ def _run_bench(args: argparse.Namespace) -> int:
     workers = [int(w) for w in args.workers.split(",")]
     report = run_bench(
         args.dataset, args.source, backends, workers, args.batch_size, args.transform, args.epochs, args.rounds,
-        model=None if args.model == "none" else args.model, steps=args.steps,
+        model=None if args.model == "none" else args.model, steps=args.steps, size=args.size,
     )
     size = args.dataset_size
     if args.gpu_price is not None and size is None:

@@ -80,7 +80,8 @@ def transform_into(ds: ShardedDataset, index: int, specs: Sequence[Transform], s
     """Read, decode and transform sample ``index`` into ``out`` (C, H, W uint8); return (label or -1, key).
 
     JPEGs go through the libjpeg-turbo extension when it is built: only the crop's region is
-    decoded, at the smallest sufficient DCT scale, and resampled straight into ``out``.
+    decoded, at the smallest sufficient DCT scale, and resampled straight into ``out``; other
+    RGB pixels (PNG, decoded datasets) are resampled by the same extension, the rest by Pillow.
     """
     sample = plan_sample(ds, index, specs, seed, epoch)
     _check_size(sample.plan.size, out, sample.where)
@@ -97,6 +98,14 @@ def transform_into(ds: ShardedDataset, index: int, specs: Sequence[Transform], s
                 raise SampleError(sample.where, f"corrupt JPEG: {exc}") from None
         min_h, min_w = dct_min_size(sample.plan, sample.height, sample.width)
         pixels = decode_image(data, sample.where, min_h, min_w)
+    if _turbo is not None and pixels.shape[2] == 3 == out.shape[0]:  # type: ignore[union-attr]
+        height, width = pixels.shape[:2]  # type: ignore[union-attr]
+        sy, sx = height / sample.height, width / sample.width  # a DCT-scaled decode is smaller
+        x0, y0, x1, y1 = sample.plan.box
+        box = (x0 * sx, y0 * sy, x1 * sx, y1 * sy)
+        pixels = np.ascontiguousarray(pixels)
+        _turbo.resample_into(pixels, height, width, box, out, out.shape[1], out.shape[2], sample.plan.flip)
+        return sample.label, sample.key
     result = apply_plan(pixels, sample.plan, sample.height, sample.width)  # type: ignore[arg-type]
     if result.shape[2] != out.shape[0]:
         raise SampleError(sample.where, f"has {result.shape[2]} channels, the batch holds {out.shape[0]}")

@@ -235,7 +235,8 @@ def test_crop_decoder_matches_pillow_resampling(kernels: str) -> None:
 
 def check_crop_decoder_against_pillow() -> None:
     """Downscales (few and many taps: the fixed-point and float AVX2 passes), upscales, odd
-    output widths, flips, boxes touching the border, colour and greyscale JPEGs."""
+    output widths, flips, boxes touching the border, colour and greyscale JPEGs; the same
+    crops of already decoded pixels (resample_into)."""
     for mode in ("RGB", "L"):
         check_crop_decoder_mode(mode)
 
@@ -259,6 +260,13 @@ def check_crop_decoder_mode(mode: str) -> None:
             assert _turbo.decode_crop_into(data, box, out, size[0], size[1], flip) == 8, box
             expected = apply_plan(full, Plan(box=box, size=size, flip=flip), 181, 243).transpose(2, 0, 1)
             assert np.abs(out.astype(int) - expected.astype(int)).max() <= 1, (box, size, flip)
+            # decoded pixels (PNG, decoded datasets) go through the same resampler
+            out[:] = 0
+            _turbo.resample_into(full, 181, 243, box, out, size[0], size[1], flip)
+            assert np.abs(out.astype(int) - expected.astype(int)).max() <= 1, ("pixels", box, size, flip)
+    out = np.zeros((3, 181, 243), np.uint8)  # nothing to resample: an exact copy
+    _turbo.resample_into(full, 181, 243, (0.0, 0.0, 243.0, 181.0), out, 181, 243, False)
+    assert np.array_equal(out, full.transpose(2, 0, 1))
 
 
 def torchvision_get_params(height: int, width: int, g: torch.Generator) -> tuple[int, int, int, int]:

@@ -439,6 +439,30 @@ static int resampler_push(Resampler *rs, int y, const unsigned char *row, int wi
     return rs->next_out == rs->out_h;
 }
 
+/* The part of an sw x sh image the resampler reads for the crop (bx0, by0, bx1, by1) at out_h x
+ * out_w: the box plus the filter's reach (`support` pixels) on every side, within the image. */
+static void region_of(double bx0, double by0, double bx1, double by1, int out_h, int out_w, int sw, int sh, int *rx0,
+                      int *ry0, int *rx1, int *ry1) {
+    double support_x = fmax((bx1 - bx0) / out_w, 1.0) + 1, support_y = fmax((by1 - by0) / out_h, 1.0) + 1;
+    *rx0 = (int)floor(bx0 - support_x);
+    *rx1 = (int)ceil(bx1 + support_x);
+    *ry0 = (int)floor(by0 - support_y);
+    *ry1 = (int)ceil(by1 + support_y);
+    if (*rx0 < 0) *rx0 = 0;
+    if (*ry0 < 0) *ry0 = 0;
+    if (*rx1 > sw) *rx1 = sw;
+    if (*ry1 > sh) *ry1 = sh;
+}
+
+/* Clamp the crop box to a width x height image; 0 if anything is left of it. */
+static int clamp_box(double *x0, double *y0, double *x1, double *y1, int width, int height) {
+    if (*x0 < 0) *x0 = 0;
+    if (*y0 < 0) *y0 = 0;
+    if (*x1 > width) *x1 = width;
+    if (*y1 > height) *y1 = height;
+    return *x1 > *x0 && *y1 > *y0;
+}
+
 /* Returns 0 on success; on failure fills `message`. */
 static int decode_crop(const unsigned char *data, size_t size, double x0, double y0, double x1, double y1,
                        unsigned char *out, int out_h, int out_w, int flip, char *message, int *scale_used) {
@@ -467,11 +491,7 @@ static int decode_crop(const unsigned char *data, size_t size, double x0, double
         return -2; /* the caller falls back to another decoder */
     }
     const int width = (int)cinfo.image_width, height = (int)cinfo.image_height;
-    if (x0 < 0) x0 = 0;
-    if (y0 < 0) y0 = 0;
-    if (x1 > width) x1 = width;
-    if (y1 > height) y1 = height;
-    if (x1 <= x0 || y1 <= y0) {
+    if (!clamp_box(&x0, &y0, &x1, &y1, width, height)) {
         strcpy(message, "empty crop box");
         jpeg_destroy_decompress(&cinfo);
         return -1;
@@ -491,14 +511,8 @@ static int decode_crop(const unsigned char *data, size_t size, double x0, double
     const int sw = (int)cinfo.output_width, sh = (int)cinfo.output_height;
     const double sx = (double)sw / width, sy = (double)sh / height;
     double bx0 = x0 * sx, bx1 = x1 * sx, by0 = y0 * sy, by1 = y1 * sy;
-    /* the resampling filter reaches up to `support` pixels beyond the box: decode those too */
-    double support_x = fmax((bx1 - bx0) / out_w, 1.0) + 1, support_y = fmax((by1 - by0) / out_h, 1.0) + 1;
-    int rx0 = (int)floor(bx0 - support_x), rx1 = (int)ceil(bx1 + support_x);
-    int ry0 = (int)floor(by0 - support_y), ry1 = (int)ceil(by1 + support_y);
-    if (rx0 < 0) rx0 = 0;
-    if (ry0 < 0) ry0 = 0;
-    if (rx1 > sw) rx1 = sw;
-    if (ry1 > sh) ry1 = sh;
+    int rx0, ry0, rx1, ry1;
+    region_of(bx0, by0, bx1, by1, out_h, out_w, sw, sh, &rx0, &ry0, &rx1, &ry1);
     JDIMENSION xoff = (JDIMENSION)rx0, xwidth = (JDIMENSION)(rx1 - rx0);
     if (xoff > 0 || xwidth < (JDIMENSION)sw) jpeg_crop_scanline(&cinfo, &xoff, &xwidth);
     const int rows = ry1 - ry0;
@@ -529,16 +543,73 @@ static int decode_crop(const unsigned char *data, size_t size, double x0, double
     return 0;
 }
 
+/* Resample the crop of decoded HWC RGB pixels (height x width) into `out`; 0 on success. */
+static int resample_crop(const unsigned char *pixels, int height, int width, double x0, double y0, double x1,
+                         double y1, unsigned char *out, int out_h, int out_w, int flip, char *message) {
+    if (!clamp_box(&x0, &y0, &x1, &y1, width, height)) {
+        strcpy(message, "empty crop box");
+        return -1;
+    }
+    int rx0, ry0, rx1, ry1;
+    region_of(x0, y0, x1, y1, out_h, out_w, width, height, &rx0, &ry0, &rx1, &ry1);
+    const size_t row_bytes = (size_t)(rx1 - rx0) * 3;
+    /* each row is copied into a padded buffer: the kernels read up to ROW_SLACK bytes past it */
+    unsigned char *row = calloc(row_bytes + ROW_SLACK, 1);
+    Resampler *rs = resampler_new(ry1 - ry0, rx1 - rx0, x0 - rx0, y0 - ry0, x1 - rx0, y1 - ry0, out_h, out_w, flip);
+    if (!row || !rs) {
+        strcpy(message, "out of memory");
+        free(row);
+        resampler_free(rs);
+        return -1;
+    }
+    for (int y = ry0; y < ry1; y++) {
+        memcpy(row, pixels + ((size_t)y * width + rx0) * 3, row_bytes);
+        if (resampler_push(rs, y - ry0, row, rx1 - rx0, out)) break;
+    }
+    free(row);
+    resampler_free(rs);
+    return 0;
+}
+
+static int check_output(Py_buffer *out, int out_h, int out_w) {
+    if (out->len == (Py_ssize_t)out_h * out_w * 3) return 0;
+    PyErr_Format(PyExc_ValueError, "output buffer holds %zd bytes, expected 3x%dx%d", out->len, out_h, out_w);
+    return -1;
+}
+
+static PyObject *py_resample_into(PyObject *self, PyObject *args) {
+    Py_buffer pixels, out;
+    int height, width, out_h, out_w, flip;
+    double x0, y0, x1, y1;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*ii(dddd)w*iip", &pixels, &height, &width, &x0, &y0, &x1, &y1, &out, &out_h, &out_w,
+                          &flip))
+        return NULL;
+    int status = -1;
+    char message[64] = {0};
+    if (pixels.len != (Py_ssize_t)height * width * 3) {
+        PyErr_Format(PyExc_ValueError, "pixels hold %zd bytes, expected %dx%dx3", pixels.len, height, width);
+    } else if (!check_output(&out, out_h, out_w)) {
+        Py_BEGIN_ALLOW_THREADS
+        status = resample_crop(pixels.buf, height, width, x0, y0, x1, y1, out.buf, out_h, out_w, flip, message);
+        Py_END_ALLOW_THREADS
+        if (status) PyErr_SetString(PyExc_ValueError, message);
+    }
+    PyBuffer_Release(&pixels);
+    PyBuffer_Release(&out);
+    if (status) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_decode_crop_into(PyObject *self, PyObject *args) {
     Py_buffer data, out;
     double x0, y0, x1, y1;
     int out_h, out_w, flip;
     if (!PyArg_ParseTuple(args, "y*(dddd)w*iip", &data, &x0, &y0, &x1, &y1, &out, &out_h, &out_w, &flip))
         return NULL;
-    if (out.len != (Py_ssize_t)out_h * out_w * 3) {
+    if (check_output(&out, out_h, out_w)) {
         PyBuffer_Release(&data);
         PyBuffer_Release(&out);
-        PyErr_Format(PyExc_ValueError, "output buffer holds %zd bytes, expected 3x%dx%d", out.len, out_h, out_w);
         return NULL;
     }
     char message[JMSG_LENGTH_MAX] = {0};
@@ -563,6 +634,9 @@ static PyMethodDef methods[] = {
     {"decode_crop_into", py_decode_crop_into, METH_VARARGS,
      "decode_crop_into(jpeg, (x0, y0, x1, y1), out, height, width, flip) -> M: decode the crop's "
      "region at DCT scale M/8 and resample it into out (3 x height x width uint8)."},
+    {"resample_into", py_resample_into, METH_VARARGS,
+     "resample_into(pixels, height, width, (x0, y0, x1, y1), out, out_height, out_width, flip): resample "
+     "the crop of C-contiguous HWC RGB uint8 pixels into out (3 x out_height x out_width uint8)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_turbo", NULL, -1, methods};
