@@ -1,5 +1,6 @@
 """Small decoded images (CIFAR-sized) in HDF5: fastload.DataLoader against torch's DataLoader over
-an h5py dataset reading one row per sample (what users write by hand), side by side.
+an h5py dataset reading one row per sample (what users write by hand), side by side: rows as
+stored, and with train(SIZE) (random resized crop + flip; Pillow in the torch dataset).
 
 The rows are real photos shrunk to 32x32 (from a folder of JPEGs, e.g. benchmarks/make_photos.py
 output), stored with ``fastload convert --to hdf5 --hdf5-decoded``, uncompressed and with lzf.
@@ -22,13 +23,17 @@ from PIL import Image
 
 import fastload
 from converters import ConvertOptions, WriterOptions, convert
+from fastload import transforms as T
+from fastload.sampling import sample_rng
+from fastload.transforms import apply_plan, plan
 
 
 class H5Rows(torch.utils.data.Dataset):
-    """One h5py row read per sample, the file opened lazily in each worker."""
+    """One h5py row read per sample, the file opened lazily in each worker; with ``specs``, the
+    same crop and flip as fastload's, done with Pillow."""
 
-    def __init__(self, path: Path) -> None:
-        self.path, self.file = path, None
+    def __init__(self, path: Path, specs: tuple = ()) -> None:
+        self.path, self.file, self.specs = path, None, specs
         with h5py.File(path, "r") as f:
             self.length = len(f["cls"])
 
@@ -38,7 +43,11 @@ class H5Rows(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         if self.file is None:
             self.file = h5py.File(self.path, "r")
-        return torch.from_numpy(self.file["pixels"][i]).permute(2, 0, 1), int(self.file["cls"][i])
+        pixels = self.file["pixels"][i]
+        if self.specs:
+            height, width = pixels.shape[:2]
+            pixels = apply_plan(pixels, plan(self.specs, height, width, sample_rng(0, 0, i)), height, width)
+        return torch.from_numpy(np.array(pixels)).permute(2, 0, 1), int(self.file["cls"][i])
 
 
 def small_photos(folder: Path, out: Path, size: int) -> Path:
@@ -73,18 +82,22 @@ def main() -> None:
             options = WriterOptions(hdf5_decoded=True, hdf5_compression=compression)
             convert(str(npz), str(out), ConvertOptions(source="npz", layout="hdf5", writer_options=options), quiet=True)
             shard = next(out.glob("*.h5"))
+            modes = [("rows", ())] + ([("train", T.train(args.size))] if compression is None else [])
             for _ in range(args.rounds):
-                with fastload.DataLoader(out, batch_size=args.batch_size, shuffle=True, num_workers=args.workers) as loader:
-                    rates.setdefault(f"fastload, {compression or 'uncompressed'}", []).append(images_per_s(loader))
-                torch_loader = torch.utils.data.DataLoader(
-                    H5Rows(shard), batch_size=args.batch_size, shuffle=True, num_workers=args.workers
-                )
-                rates.setdefault(f"torch + h5py rows, {compression or 'uncompressed'}", []).append(images_per_s(torch_loader))
-    baseline = statistics.median(rates["torch + h5py rows, uncompressed"])
+                for mode, specs in modes:
+                    name = f"{compression or 'uncompressed'}, {mode}"
+                    with fastload.DataLoader(out, batch_size=args.batch_size, shuffle=True, num_workers=args.workers, transform=specs) as loader:
+                        rates.setdefault(f"fastload, {name}", []).append(images_per_s(loader))
+                    torch_loader = torch.utils.data.DataLoader(
+                        H5Rows(shard, specs), batch_size=args.batch_size, shuffle=True, num_workers=args.workers
+                    )
+                    rates.setdefault(f"torch + h5py rows, {name}", []).append(images_per_s(torch_loader))
     print(f"{count} photos at {args.size}x{args.size}, batch {args.batch_size}, "
           f"{args.workers} workers, shuffled, median of {args.rounds} rounds (each loader's first epoch)")
     for name, values in rates.items():
-        print(f"  {name:32} {statistics.median(values) / baseline:6.1f}x torch + h5py rows, uncompressed")
+        mode = name.split(", ")[-1]
+        baseline = statistics.median(rates[f"torch + h5py rows, uncompressed, {mode}"])
+        print(f"  {name:40} {statistics.median(values) / baseline:6.1f}x torch + h5py rows, uncompressed, {mode}")
 
 
 if __name__ == "__main__":
