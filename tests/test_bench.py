@@ -50,3 +50,22 @@ def test_bench_all_cpu_loaders_json_and_stall(bench_data: tuple[Path, Path], tmp
 def test_bench_needs_a_known_backend(bench_data: tuple[Path, Path]) -> None:
     proc = run_cli("bench", str(bench_data[1]), "--backends", "nope", check=False)
     assert proc.returncode == 2 and "unknown loader 'nope'" in proc.stderr
+
+
+def test_bench_on_decoded_pixels_has_no_ceiling(npz_file: Path, tmp_path: Path) -> None:
+    """A dataset of decoded pixels has no JPEG to measure a ceiling on: the table says so and the
+    JSON holds nulls; --size sets the transform's output."""
+    from converters import WriterOptions
+
+    decoded = tmp_path / "dec"
+    options = ConvertOptions(source="npz", layout="hdf5", writer_options=WriterOptions(hdf5_decoded=True))
+    convert(str(npz_file), str(decoded), options)
+    out = tmp_path / "bench.json"
+    result = run_cli(
+        "bench", str(decoded), "--backends", "fastload-cpu,torch", "--workers", "1", "--batch-size", "4",
+        "--size", "8", "--json", str(out),
+    )
+    report = json.loads(out.read_text())
+    assert report["ceiling"]["single_thread_images_per_s"] is None and report["config"]["size"] == 8
+    assert all(r["ratio_to_ceiling"] is None and r["images_per_s"] > 0 for r in report["results"])
+    assert "decode ceiling: none (no JPEG images)" in result.stdout
