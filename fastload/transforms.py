@@ -248,12 +248,18 @@ def dct_min_size(plan_: Plan, height: int, width: int) -> tuple[int, int]:
     return math.ceil(height * need), math.ceil(width * need)
 
 
+def scaled_box(plan_: Plan, pixels: np.ndarray, source_height: int, source_width: int) -> tuple[float, float, float, float]:
+    """The plan's crop box in the coordinates of ``pixels``, which may be a DCT-scaled (smaller)
+    decode of a ``source_height`` x ``source_width`` image."""
+    sy, sx = pixels.shape[0] / source_height, pixels.shape[1] / source_width
+    x0, y0, x1, y1 = plan_.box
+    return (x0 * sx, y0 * sy, x1 * sx, y1 * sy)
+
+
 def apply_plan(pixels: np.ndarray, plan_: Plan, source_height: int, source_width: int) -> np.ndarray:
     """Crop, resize (antialiased bilinear) and flip decoded HWC pixels, which may be a DCT-scaled
     decode of a ``source_height`` x ``source_width`` image. Returns HWC uint8."""
-    sy, sx = pixels.shape[0] / source_height, pixels.shape[1] / source_width
-    x0, y0, x1, y1 = plan_.box
-    box = (x0 * sx, y0 * sy, x1 * sx, y1 * sy)
+    box = scaled_box(plan_, pixels, source_height, source_width)
     out_h, out_w = plan_.size
     if box == (0.0, 0.0, float(pixels.shape[1]), float(pixels.shape[0])) and (out_h, out_w) == pixels.shape[:2]:
         return pixels[:, ::-1] if plan_.flip else pixels  # nothing to resample: no round trip through Pillow

@@ -27,7 +27,7 @@ from fastload.decode.header import image_size
 from fastload.errors import FastloadError, SampleError
 from fastload.index import image_field
 from fastload.sampling import sample_rng
-from fastload.transforms import Plan, Transform, apply_plan, dct_min_size, plan
+from fastload.transforms import Plan, Transform, apply_plan, dct_min_size, plan, scaled_box
 
 try:
     from fastload.decode import _turbo
@@ -100,9 +100,7 @@ def transform_into(ds: ShardedDataset, index: int, specs: Sequence[Transform], s
         pixels = decode_image(data, sample.where, min_h, min_w)
     if _turbo is not None and pixels.shape[2] == 3 == out.shape[0]:  # type: ignore[union-attr]
         height, width = pixels.shape[:2]  # type: ignore[union-attr]
-        sy, sx = height / sample.height, width / sample.width  # a DCT-scaled decode is smaller
-        x0, y0, x1, y1 = sample.plan.box
-        box = (x0 * sx, y0 * sy, x1 * sx, y1 * sy)
+        box = scaled_box(sample.plan, pixels, sample.height, sample.width)  # type: ignore[arg-type]
         pixels = np.ascontiguousarray(pixels)
         _turbo.resample_into(pixels, height, width, box, out, out.shape[1], out.shape[2], sample.plan.flip)
         return sample.label, sample.key
