@@ -1,45 +1,63 @@
 #!/usr/bin/env bash
 # The GPU machine's check, run once per lent machine (see README "GPU machine"):
-#   device run, carry [.whl, data/gpu-photos]:  bash benchmarks/gpu_check.sh
-# Installs the carried wheels (.whl/), builds the libjpeg-turbo extension if it can, runs the
-# `gpu` tests, the loader benchmark at several worker counts, threads vs processes, and the
-# training example with nccl + bf16; prints a short table and leaves logs in $OUT.
+#   bash benchmarks/gpu_check.sh loader   carry [.whl, data/gpu-photos]
+#   bash benchmarks/gpu_check.sh dali     after DALI's parts were sent (benchmarks/dali_parts.sh)
+# `loader` installs the carried wheels (.whl/: simplejpeg, libjpeg-turbo's Debian packages for the
+# extension), converts the photos, runs the non-DALI `gpu` tests, the loader benchmark at several
+# worker counts, threads vs processes, the data-stall analysis with ResNet-50 and the training
+# example with nccl + bf16. `dali` installs DALI from /tmp/dali-parts, runs every `gpu` test and the
+# DALI benchmarks (decode only and train(224), batch 256). Logs and JSON go to $OUT.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-/tmp/gpu-check}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
+part="${1:-loader}"
+site=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+
+if [ ! -d /tmp/site ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
+  for deb in .whl/*.deb; do dpkg -x "$deb" /tmp/jpeg; done
+fi
 export PYTHONPATH="/tmp/site:$PWD"
-python3 setup.py build_ext --inplace -q >"$OUT/build.log" 2>&1 && echo "extension: built" || echo "extension: not built (simplejpeg path), see build.log"
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-echo "machine: $gpu, $(nproc) CPU cores, $(date -u +%Y-%m-%d)"
+if [ ! -f fastload/decode/_turbo.*cpython-312*.so ]; then
+  lib=/tmp/jpeg/usr/lib/x86_64-linux-gnu
+  CFLAGS="-I/tmp/jpeg/usr/include -I/tmp/jpeg/usr/include/x86_64-linux-gnu" LDFLAGS="-L$lib -Wl,-rpath,$lib" \
+    python3 setup.py build_ext --inplace -q >"$OUT/build.log" 2>&1
+fi
+python3 -c "import fastload.decode._turbo" 2>/dev/null && echo "extension: built" || echo "extension: NOT built (simplejpeg path), see build.log"
+gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)
+echo "machine: $gpu, $(nproc) CPU cores, python $(python3 -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)'), $(date -u +%Y-%m-%d)"
+[ -d /tmp/photos-wds ] || python3 -m fastload.cli convert data/gpu-photos /tmp/photos-wds --from imagefolder --shard-size 16MB --workers 8 --quiet
 
-echo "== gpu tests"
-python3 -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tail -3
+if [ "$part" = loader ]; then
+  echo "== gpu tests without DALI"
+  python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tail -3
+  echo "== loader: fastload vs torch+Pillow (train(224), uint8, batch 256)"
+  python3 -m fastload.cli bench /tmp/photos-wds --source data/gpu-photos --backends fastload-cpu,torch --workers 4,8,14 \
+    --epochs 2 --json "$OUT/loader.json" --plot "$OUT/loader.png" 2>&1 | tail -9
+  echo "== data stall: ResNet-50, bf16, fed by fastload (14 workers)"
+  python3 -m fastload.cli bench /tmp/photos-wds --backends fastload-cpu --workers 14 --model resnet50 --steps 30 \
+    --json "$OUT/stall.json" 2>&1 | tail -4
+  echo "== threads vs processes (8)"
+  python3 benchmarks/bench_threads.py /tmp/photos-wds --workers 8 --batches 16 2>&1 | tail -1
+  echo "== train_ddp.py on the GPU (nccl, bf16, resnet50, 224 px, batch 128)"
+  timeout 240 python3 -m torch.distributed.run --standalone --nproc_per_node=1 examples/train_ddp.py \
+    --data /tmp/photos-wds --epochs 3 --batch-size 128 --workers 12 --checkpoint-dir /tmp/ckpt 2>&1 \
+    | grep -E "^epoch|done|Error|error" | tee "$OUT/train.log"
+fi
 
-echo "== convert"
-python3 -m fastload.cli convert data/gpu-photos /tmp/photos-wds --from imagefolder --shard-size 16MB --workers 8 --quiet
-
-# DALI rows need the nvidia-dali wheel there: ~300 MB, over the 64 MiB a device call can carry,
-# and not in that machine's image; they run when DALI is importable.
-if python3 -c "import nvidia.dali" 2>/dev/null; then
+if [ "$part" = dali ]; then
+  if ! python3 -c "import nvidia.dali" 2>/dev/null; then
+    unxz="xz -d -T0"; command -v xz >/dev/null || unxz="python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)'"
+    cat /tmp/dali-parts/part* | eval "$unxz" | tar -x -C "$site" || exit 1
+  fi
+  python3 -c "import nvidia.dali as d; print('dali', d.__version__)" || exit 1
+  echo "== every gpu test"
+  python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py tests/test_dali_backend.py 2>&1 | tee "$OUT/pytest-gpu.log" | tail -4
   for t in decode train; do
     echo "== DALI on the GPU, $t, batch 256"
-    python3 -m fastload.cli bench /tmp/photos-wds --backends fastload-dali,dali-gpu,fastload-cpu --workers 8 --transform $t --epochs 2 --json "$OUT/dali-$t.json" 2>&1 | tail -5
+    python3 -m fastload.cli bench /tmp/photos-wds --backends fastload-dali,dali-gpu,fastload-cpu --workers 14 --transform $t \
+      --epochs 3 --json "$OUT/dali-$t.json" 2>&1 | tail -6
   done
-else
-  echo "== DALI: not installed on this machine (no dali rows)"
 fi
-echo "== loader: fastload vs torch+Pillow (train(224), uint8, batch 256)"
-for w in 4 8 14; do
-  python3 -m fastload.cli bench /tmp/photos-wds --source data/gpu-photos --backends fastload-cpu,torch --workers $w --epochs 2 --json "$OUT/loader-w$w.json" 2>&1 | tail -6
-done
-
-echo "== threads vs processes (8)"
-python3 benchmarks/bench_threads.py /tmp/photos-wds --workers 8 --batches 16 2>&1 | tail -1
-
-echo "== train_ddp.py on the GPU (nccl, bf16, resnet50, 224 px, batch 128)"
-timeout 300 python3 -m torch.distributed.run --standalone --nproc_per_node=1 examples/train_ddp.py \
-  --data /tmp/photos-wds --epochs 3 --batch-size 128 --workers 12 --checkpoint-dir /tmp/ckpt 2>&1 \
-  | grep -E "^epoch|done|Error|error" | tee "$OUT/train.log"
