@@ -59,8 +59,9 @@ def setup() -> tuple[torch.device, int, int]:
 
 
 def all_sum(*values: float) -> list[float]:
-    """Sum numbers over ranks."""
-    tensor = torch.tensor(values, dtype=torch.float64)
+    """Sum numbers over ranks (on the GPU with nccl, which has no CPU tensors)."""
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.is_initialized() and dist.get_backend() == "nccl" else None
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
     if dist.is_initialized():
         dist.all_reduce(tensor)
     return tensor.tolist()
@@ -129,7 +130,7 @@ def main() -> None:
     start_epoch = train_loader.state_dict()["epoch"]
     for epoch in range(start_epoch, args.epochs):
         train_loader.set_epoch(epoch)
-        wait_before, started, images, loss_sum = train_loader.stats.wait_s, time.perf_counter(), 0, 0.0
+        wait_before, started, images, loss_sum = train_loader.stats.wait_s, time.perf_counter(), 0, torch.zeros((), device=device)
         for batch, labels in train_loader:
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=on_gpu):
                 loss = F.cross_entropy(ddp(batch), labels)
@@ -138,13 +139,13 @@ def main() -> None:
             optimizer.step()
             step += 1
             images += len(batch)
-            loss_sum += loss.item() * len(batch)
+            loss_sum += loss.detach() * len(batch)  # a device tensor: no GPU sync each step
             if step % args.checkpoint_every == 0:
                 checkpoint()
         seconds = time.perf_counter() - started
         waited = train_loader.stats.wait_s - wait_before
         accuracy = evaluate(ddp, val_loader, device)
-        total_images, total_loss, total_wait = all_sum(images, loss_sum, waited)
+        total_images, total_loss, total_wait = all_sum(images, loss_sum.item(), waited)
         if accuracy > best:
             best, bad_epochs = accuracy, 0
         else:
