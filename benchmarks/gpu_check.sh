@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # The GPU machine's check, run once per lent machine (see README "GPU machine"):
-#   bash benchmarks/gpu_check.sh loader   carry [.whl, data/gpu-photos]
-#   bash benchmarks/gpu_check.sh dali     after DALI's parts were sent (benchmarks/dali_parts.sh)
-# `loader` installs the carried wheels (.whl/: simplejpeg, libjpeg-turbo's Debian packages for the
-# extension), converts the photos, runs the non-DALI `gpu` tests, the loader benchmark at several
-# worker counts, threads vs processes, the data-stall analysis with ResNet-50 and the training
-# example with nccl + bf16. `dali` installs DALI from /tmp/dali-parts, runs every `gpu` test and the
-# DALI benchmarks (decode only and train(224), batch 256). Logs and JSON go to $OUT.
+#   bash benchmarks/gpu_check.sh PART...   (PART: setup, loader, train, dali), carry [.whl, data/gpu-photos]
+# Every run installs the carried wheels (.whl/: simplejpeg, libjpeg-turbo's Debian packages for the
+# extension) and converts the photos once. `loader`: the non-DALI `gpu` tests, the loader benchmark
+# at several worker counts, threads vs processes, the data-stall analysis with ResNet-50. `dali`: installs DALI from /tmp/dali-parts (README "GPU
+# machine" says how its parts get there), runs every `gpu` test and the DALI benchmarks (decode
+# only and train(224), batch 256). `train` (after `dali` when both are given, so DALI feeds it): the
+# training example with nccl + bf16. Logs and JSON go to $OUT.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-/tmp/gpu-check}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-part="${1:-loader}"
+parts=" ${*:-loader} "
 site=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 
 if [ ! -d /tmp/site ]; then
@@ -30,7 +30,7 @@ gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1
 echo "machine: $gpu, $(nproc) CPU cores, python $(python3 -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)'), $(date -u +%Y-%m-%d)"
 [ -d /tmp/photos-wds ] || python3 -m fastload.cli convert data/gpu-photos /tmp/photos-wds --from imagefolder --shard-size 16MB --workers 8 --quiet
 
-if [ "$part" = loader ]; then
+if [[ $parts == *" loader "* ]]; then
   echo "== gpu tests without DALI"
   python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tail -3
   echo "== loader: fastload vs torch+Pillow (train(224), uint8, batch 256)"
@@ -41,13 +41,9 @@ if [ "$part" = loader ]; then
     --json "$OUT/stall.json" 2>&1 | tail -4
   echo "== threads vs processes (8)"
   python3 benchmarks/bench_threads.py /tmp/photos-wds --workers 8 --batches 16 2>&1 | tail -1
-  echo "== train_ddp.py on the GPU (nccl, bf16, resnet50, 224 px, batch 128)"
-  timeout 240 python3 -m torch.distributed.run --standalone --nproc_per_node=1 examples/train_ddp.py \
-    --data /tmp/photos-wds --epochs 3 --batch-size 128 --workers 12 --checkpoint-dir /tmp/ckpt 2>&1 \
-    | grep -E "^epoch|done|Error|error" | tee "$OUT/train.log"
 fi
 
-if [ "$part" = dali ]; then
+if [[ $parts == *" dali "* ]]; then
   if ! python3 -c "import nvidia.dali" 2>/dev/null; then
     unxz="xz -d -T0"; command -v xz >/dev/null || unxz="python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)'"
     cat /tmp/dali-parts/part* | eval "$unxz" | tar -x -C "$site" || exit 1
@@ -58,6 +54,13 @@ if [ "$part" = dali ]; then
   for t in decode train; do
     echo "== DALI on the GPU, $t, batch 256"
     python3 -m fastload.cli bench /tmp/photos-wds --backends fastload-dali,dali-gpu,fastload-cpu --workers 14 --transform $t \
-      --epochs 3 --json "$OUT/dali-$t.json" 2>&1 | tail -6
+      --epochs 20 --json "$OUT/dali-$t.json" 2>&1 | tail -4
   done
+fi
+
+if [[ $parts == *" train "* ]]; then
+  echo "== train_ddp.py on the GPU (nccl, bf16, resnet50, 224 px, batch 128)"
+  timeout 240 python3 -m torch.distributed.run --standalone --nproc_per_node=1 examples/train_ddp.py \
+    --data /tmp/photos-wds --epochs 3 --batch-size 128 --workers 12 --checkpoint-dir /tmp/ckpt 2>&1 \
+    | grep -E "^epoch|done|Error|error" | tee "$OUT/train.log"
 fi

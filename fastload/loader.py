@@ -12,20 +12,21 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 
+from fastload.dali_feed import DaliFeed
 from fastload.dataset import ShardedDataset
 from fastload.dist import resolve_rank_world
 from fastload.errors import SampleError, check_on_error, rebuild_error
 from fastload.prefetch import ShardPrefetcher, shards_in_use_order
-from fastload.sampling import EpochOrder, RankBatches, epoch_order, rank_batches, shard_groups, streaming_order, unseen_groups
+from fastload.sampling import EpochOrder, OrderSpec, RankBatches
 from fastload.stats import LoaderStats
 from fastload.transforms import Transform, batch_transform, output_size, validate
 from fastload.workers import (
-    MAX_SUBSTITUTES,
     BatchBuffers,
     BatchResult,
     WorkerConfig,
@@ -33,7 +34,6 @@ from fastload.workers import (
     WorkerPool,
     fill_batch,
     merge_parts,
-    plan_sample,
 )
 
 log = logging.getLogger("fastload")
@@ -217,6 +217,8 @@ class DataLoader:
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose order the next iteration yields (it also advances by itself).
         Setting the epoch a loaded state_dict is in keeps that state's position."""
+        if self._active is not None:
+            self._active.close()  # an abandoned epoch (a break) would restore itself at the next iter()
         if int(epoch) != self._epoch:
             self._epoch = int(epoch)
             self._resume_at = 0
@@ -279,26 +281,22 @@ class DataLoader:
     # --- internals --------------------------------------------------------------------------------
 
     def _plan(self, epoch: int, start: int) -> RankBatches:
-        length = len(self._epoch_order(epoch))
-        return rank_batches(length, start, self.batch_size, self.rank, self.world_size, self.drop_last)  # type: ignore[arg-type]
+        return self._order_spec().batches(len(self._epoch_order(epoch)), start)
+
+    def _order_spec(self) -> OrderSpec:
+        """What this loader's orders depend on, as plain values (DALI's workers get a copy)."""
+        ds: ShardedDataset = self.dataset
+        return OrderSpec(
+            tuple(shard.samples for shard in ds.index.shards), self.seed, self.shuffle, self.batch_size,  # type: ignore[arg-type]
+            self.rank, self.world_size, self.drop_last, self.streaming, self.shuffle_buffer, tuple(self._generations),
+        )
 
     def _epoch_order(self, epoch: int) -> EpochOrder:
         """The epoch's global order (the same for every backend), cached for the current epoch."""
-        key = (epoch, tuple(self._generations))
-        if self._order_cache is not None and self._order_cache[0] == key:
-            return self._order_cache[1]
-        ds: ShardedDataset = self.dataset
-        if not self.streaming:
-            order = EpochOrder(epoch_order(len(ds), self.seed, epoch, self.shuffle))
-        else:
-            groups = shard_groups([shard.samples for shard in ds.index.shards], self.seed, epoch, self.shuffle)
-            layouts = [*self._generations, (self.world_size, self.batch_size, 0)]
-            for generation, (world, batch, consumed) in enumerate(layouts):
-                order = streaming_order(groups, world, batch, self.shuffle_buffer, self.drop_last, self.seed, epoch, generation)
-                if generation < len(self._generations):
-                    groups = unseen_groups(order, consumed, ds.shards_of)
-        self._order_cache = (key, order)
-        return order
+        spec = self._order_spec()
+        if self._order_cache is None or self._order_cache[0] != (epoch, spec):
+            self._order_cache = ((epoch, spec), spec.order(epoch))
+        return self._order_cache[1]
 
     def _discard_pool(self) -> None:
         if self._pool is not None:
@@ -359,7 +357,8 @@ class DataLoader:
         if self._dali is None:
             device_id = torch.cuda.current_device() if self.backend == "dali-gpu" else None
             self._dali = DaliBatchDecoder(
-                self.batch_size, self.image_shape[1:], max(1, self.num_workers), device_id, self.hw_decoder_load  # type: ignore[arg-type]
+                self.batch_size, self.image_shape[1:], max(1, self.num_workers), device_id, self.hw_decoder_load,  # type: ignore[arg-type]
+                workers=self.num_workers,
             )
         return self._dali
 
@@ -534,46 +533,20 @@ class _EpochIterator(_Epoch):
 class _DaliEpoch(_Epoch):
     """One pass over a rank's batches decoded by DALI, in the same order as the CPU path.
 
-    The main thread reads each batch's bytes and plans its crops (fastload's own plans, so the
-    geometry equals the CPU path's); DALI decodes only the crop regions and resizes. A sample
-    whose header is unreadable is handled by ``on_error`` when its batch is fed (a batch or two
-    ahead of delivery); a batch that fails inside DALI (corrupt entropy data) is redone on the CPU
-    path, which names or skips the bad sample, and DALI carries on after it.
+    DALI's worker processes read each batch's bytes and plan its crops (fastload's own plans, so
+    the geometry equals the CPU path's); DALI decodes only the crop regions and resizes. A batch
+    that fails inside DALI (an unreadable header with ``on_error="raise"``, corrupt entropy data)
+    is redone on the CPU path, which names or skips the bad sample, and DALI carries on after it.
     """
 
     def __init__(self, loader: DataLoader, epoch: int, plan: RankBatches) -> None:
         super().__init__(loader, epoch, plan)
-        self.meta: dict[int, tuple[list[int], list[str], list[tuple[str, str]]]] = {}
         self.decoder = loader._dali_decoder()
         self._start_prefetch()
-        self.decoder.start(self._feed, 0)
-
-    def _feed(self, batch_no: int) -> tuple[list, list, list, list]:
-        """DALI's inputs for batch ``batch_no``: bytes, crop anchors and shapes, mirror flags."""
-        if batch_no >= len(self.plan.batches):
-            raise StopIteration
-        loader, ds = self.loader, self.loader.dataset
-        jpegs, anchors, shapes, mirror, labels, keys, skipped = [], [], [], [], [], [], []
-        for index in self.order[self.plan.batches[batch_no]].tolist():
-            for attempt in range(MAX_SUBSTITUTES + 1):
-                try:
-                    sample = plan_sample(ds, (index + attempt) % len(ds), loader.transform, loader.seed, self.epoch)
-                    break
-                except SampleError as exc:
-                    if loader.on_error == "raise":
-                        raise
-                    skipped.append((exc.where, exc.reason))
-            else:
-                raise SampleError(ds.where(index), f"it and the {MAX_SUBSTITUTES} samples after it are all unreadable")
-            x0, y0, x1, y1 = sample.plan.box
-            jpegs.append(np.frombuffer(sample.data, dtype=np.uint8))  # type: ignore[arg-type]
-            anchors.append(np.array([x0, y0], dtype=np.float32))
-            shapes.append(np.array([x1 - x0, y1 - y0], dtype=np.float32))
-            mirror.append(np.array(int(sample.plan.flip), dtype=np.int32))
-            labels.append(sample.label)
-            keys.append(sample.key)
-        self.meta[batch_no] = (labels, keys, skipped)
-        return jpegs, anchors, shapes, mirror
+        self.feed = DaliFeed(
+            loader.dataset, loader.transform, loader.seed, loader.on_error, loader._order_spec(), epoch, plan.start
+        )
+        self.decoder.start(self.feed, len(plan.batches))
 
     def _on_cpu(self, batch_no: int) -> tuple[torch.Tensor, list[int], list[str], list[tuple[str, str]]]:
         loader = self.loader
@@ -591,15 +564,15 @@ class _DaliEpoch(_Epoch):
             self.prefetcher.check()
         with self.loader.stats.waiting():
             try:
-                images = self.decoder.next_batch()
-                labels, keys, skipped = self.meta.pop(self.next_yield)
-            except SampleError:
-                self.finished = True
-                raise
-            except RuntimeError:  # DALI could not decode something in this batch
-                images, labels, keys, skipped = self._on_cpu(self.next_yield)
-                self.meta.clear()
-                self.decoder.start(self._feed, self.next_yield + 1)
+                images, labels, keys, skipped = self.decoder.next_batch()
+            except Exception:  # noqa: BLE001 - DALI could not read or decode something: the CPU path names it or skips it
+                try:
+                    images, labels, keys, skipped = self._on_cpu(self.next_yield)
+                except SampleError:
+                    self.finished = True
+                    raise
+                following = self.next_yield + 1
+                self.decoder.start(replace(self.feed, first_batch=following), len(self.plan.batches) - following)
         batch = self.loader._finish_batch(
             images, torch.tensor(labels, dtype=torch.int64), keys, skipped, self.valid(self.next_yield)
         )

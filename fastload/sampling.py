@@ -251,3 +251,41 @@ def rank_batches(
         batches.append(np.where(last_valid, positions, positions - tail_start) % num_samples)
         end = num_samples
     return RankBatches(batches=tuple(batches), start=start, step=step, end=end, last_valid=last_valid)
+
+
+@dataclass(frozen=True)
+class OrderSpec:
+    """Everything an epoch's order and a rank's batches depend on, as plain values: a worker
+    process (DALI's parallel source) computes from it exactly the order the loader computes."""
+
+    shard_sizes: tuple[int, ...]
+    seed: int
+    shuffle: bool
+    batch_size: int
+    rank: int
+    world_size: int
+    drop_last: bool
+    streaming: bool = False
+    shuffle_buffer: int = 1
+    generations: tuple[tuple[int, int, int], ...] = ()  # (world, batch, consumed) of earlier layouts this epoch
+
+    def order(self, epoch: int) -> EpochOrder:
+        """The epoch's global order (streaming: re-dealt after each earlier layout's consumed part)."""
+        if not self.streaming:
+            return EpochOrder(epoch_order(sum(self.shard_sizes), self.seed, epoch, self.shuffle))
+        starts = np.cumsum([0, *self.shard_sizes[:-1]], dtype=np.int64)
+
+        def shard_of(indices: np.ndarray) -> np.ndarray:
+            return np.searchsorted(starts, indices, side="right") - 1
+
+        groups = shard_groups(list(self.shard_sizes), self.seed, epoch, self.shuffle)
+        layouts = [*self.generations, (self.world_size, self.batch_size, 0)]
+        for generation, (world, batch, consumed) in enumerate(layouts):
+            order = streaming_order(groups, world, batch, self.shuffle_buffer, self.drop_last, self.seed, epoch, generation)
+            if generation < len(self.generations):
+                groups = unseen_groups(order, consumed, shard_of)
+        return order
+
+    def batches(self, order_length: int, start: int) -> RankBatches:
+        """This rank's batches of an order of ``order_length`` positions, from position ``start``."""
+        return rank_batches(order_length, start, self.batch_size, self.rank, self.world_size, self.drop_last)

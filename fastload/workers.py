@@ -76,6 +76,21 @@ def plan_sample(ds: ShardedDataset, index: int, specs: Sequence[Transform], seed
     return PlannedSample(key, where, label, plan(specs, height, width, rng), height, width, data=data)
 
 
+def plan_with_substitutes(
+    ds: ShardedDataset, index: int, specs: Sequence[Transform], seed: int, epoch: int, on_error: str, skipped: list[tuple[str, str]]
+) -> PlannedSample:
+    """:func:`plan_sample`, or with ``on_error="skip"`` the next plannable sample in dataset order
+    (each one passed over is appended to ``skipped`` as (where, reason))."""
+    for attempt in range(MAX_SUBSTITUTES + 1):
+        try:
+            return plan_sample(ds, (index + attempt) % len(ds), specs, seed, epoch)
+        except SampleError as exc:
+            if on_error == "raise":
+                raise
+            skipped.append((exc.where, exc.reason))
+    raise SampleError(ds.where(index), f"it and the {MAX_SUBSTITUTES} samples after it are all unreadable")
+
+
 def transform_into(ds: ShardedDataset, index: int, specs: Sequence[Transform], seed: int, epoch: int, out: np.ndarray) -> tuple[int, str]:
     """Read, decode and transform sample ``index`` into ``out`` (C, H, W uint8); return (label or -1, key).
 

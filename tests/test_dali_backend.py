@@ -6,8 +6,10 @@ from __future__ import annotations
 import itertools
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -74,17 +76,63 @@ def test_dali_resume_and_rank_split_equal_the_cpu_path(wds: Path) -> None:
     assert before + after == [k for *_, k in epoch(wds, "cpu", **kwargs)]
 
 
-def test_corrupt_sample_raises_or_is_skipped(corrupt: tuple[Path, set[str]]) -> None:
+@pytest.mark.parametrize("workers", [0, 2], ids=["in-process", "parallel-source"])
+def test_dali_epochs_after_a_full_epoch_and_after_a_break_equal_the_cpu_path(demo_wds: Path, workers: int) -> None:
+    """The pipeline is reused after a clean epoch end and rebuilt after a break: every epoch keeps
+    the CPU path's order and crops (a crop planned for another epoch differs by ~40+ levels),
+    whether DALI's worker processes or this process read and plan the batches."""
+    kwargs = dict(batch_size=4, shuffle=True, seed=9, transform=T.train(32), num_workers=workers)
+
+    def keys_and_pixels(loader: fastload.DataLoader, limit: int | None = None) -> list[tuple[str, torch.Tensor]]:
+        batches = itertools.islice(iter(loader), limit)
+        return [(k, x[i]) for x, _, keys in batches for i, k in enumerate(keys)]
+
+    with fastload.DataLoader(demo_wds, backend="cpu", return_keys=True, **kwargs) as cpu:
+        expected = []
+        for e in range(4):
+            cpu.set_epoch(e)
+            expected.append(keys_and_pixels(cpu))
+    for backend in ("cpu", "dali"):  # set_epoch after a break must win on both paths
+        with fastload.DataLoader(demo_wds, backend=backend, return_keys=True, **kwargs) as loader:
+            got = []
+            for e, limit in enumerate([None, 1, None, None]):  # full, break after one batch, full, full
+                loader.set_epoch(e)
+                got.append(keys_and_pixels(loader, limit))
+        for e, (want, have) in enumerate(zip(expected, got)):
+            assert [k for k, _ in have] == [k for k, _ in want][: len(have)], f"{backend}, epoch {e}"
+            for (_, x_have), (_, x_want) in zip(have, want):
+                assert (x_have.float() - x_want.float()).abs().mean() < 20, f"{backend}, epoch {e}"
+        assert len(got[1]) == 4 and len(got[3]) == len(expected[3])
+
+
+@pytest.mark.parametrize("workers", [0, 2], ids=["in-process", "parallel-source"])
+def test_corrupt_sample_raises_or_is_skipped(corrupt: tuple[Path, set[str]], workers: int) -> None:
     path, bad = corrupt
-    with fastload.DataLoader(path, batch_size=4, backend="dali", transform=T.val(16)) as loader:
+    kwargs = dict(batch_size=4, backend="dali", transform=T.val(16), num_workers=workers)
+    with fastload.DataLoader(path, **kwargs) as loader:
         with pytest.raises(SampleError) as info:
             list(loader)
     assert info.value.where.split(":", 1)[1] in bad
-    with fastload.DataLoader(path, batch_size=4, backend="dali", transform=T.val(16), on_error="skip", return_keys=True) as loader:
+    with fastload.DataLoader(path, on_error="skip", return_keys=True, **kwargs) as loader:
         batches = list(loader)
         assert [len(k) for *_, k in batches] == [4] * 7 + [2]
         assert not bad & {k for *_, ks in batches for k in ks}
         assert len(loader.stats.skipped) == 2
+    with fastload.DataLoader(corrupt[0], shuffle=True, on_error="skip", return_keys=True, **kwargs) as loader:
+        keys = [k for *_, ks in loader for k in ks]
+    assert len(keys) == 30 and not bad & set(keys)  # as above, in shuffled order
+
+
+def test_dali_worker_processes_end_with_the_loader(wds: Path) -> None:
+    me = psutil.Process()
+    before = {c.pid for c in me.children(recursive=True)}
+    with fastload.DataLoader(wds, batch_size=4, backend="dali", transform=T.val(16), num_workers=2) as loader:
+        next(iter(loader))
+        assert len({c.pid for c in me.children(recursive=True)} - before) >= 2  # DALI's source workers
+    deadline = time.monotonic() + 10
+    while {c.pid for c in me.children(recursive=True)} - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not {c.pid for c in me.children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE} - before
 
 
 def test_auto_stays_on_cpu_without_a_gpu_and_decoded_pixels_refuse_dali(wds: Path, npz_file: Path, tmp_path: Path) -> None:

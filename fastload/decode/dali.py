@@ -38,59 +38,88 @@ class DaliBatchDecoder:
     hardware decoder with ``gpu``, libjpeg-turbo on the CPU otherwise), resizes it (antialiased
     linear) and mirrors it, giving uint8 NCHW batches as torch tensors on the pipeline's device.
 
-    Inputs come from ``feed(batch_number)`` -> (encoded images, (x, y) anchors, (w, h) shapes,
-    mirror flags), which raises StopIteration at the end of the epoch.
+    Its input is a :class:`fastload.dali_feed.DaliFeed`, run by DALI's parallel external source
+    in ``workers`` processes (spawned when the pipeline runs on a GPU: CUDA forbids forking
+    after it started), or in this process with ``workers=0``.
     """
 
     def __init__(
-        self, batch_size: int, out_hw: tuple[int, int], num_threads: int, device_id: int | None, hw_decoder_load: float = 0.65
+        self, batch_size: int, out_hw: tuple[int, int], num_threads: int, device_id: int | None,
+        hw_decoder_load: float = 0.65, workers: int = 0,
     ) -> None:
         self.batch_size, self.out_hw, self.num_threads, self.device_id = batch_size, out_hw, num_threads, device_id
         self.hw_decoder_load = hw_decoder_load  # share of images for the hardware JPEG decoder (A100/H100/H200)
-        self.feed: Any = None
-        self.base = 0
+        self.workers = workers
+        self.feed: Any = None  # the feed the pipeline was built with
         self.pipe: Any = None
+        self.epochs = 0  # DALI epochs begun since the build
+        self.expected = self.taken = 0  # batches of the current DALI epoch: to deliver, delivered
 
-    def _source(self, info: Any) -> Any:
-        return self.feed(self.base + info.iteration)
+    def start(self, feed: Any, batches: int) -> None:
+        """Deliver ``feed``'s next ``batches`` batches. The pipeline (and its worker processes)
+        carries on into its next epoch when ``feed`` is that epoch and the last one was taken to
+        its end; otherwise it is rebuilt (a GPU pipeline takes seconds to build)."""
+        clean_end = self.pipe is not None and self.taken == self.expected
+        if clean_end and feed == self.feed.next_epoch(self.epochs):
+            self.pipe.reset()
+            self.epochs += 1
+        else:
+            self.close()
+            self._build(feed)
+        self.expected, self.taken = batches, 0
 
-    def start(self, feed: Any, first_batch: int = 0) -> None:
-        """(Re)build the pipeline to read ``feed`` from batch ``first_batch`` on."""
+    def _build(self, feed: Any) -> None:
+        from fastload.dali_feed import OUTPUTS
+
         dali = import_dali()
         fn, types = dali.fn, dali.types
-        self.feed, self.base = feed, first_batch
         gpu = self.device_id is not None
         height, width = self.out_hw
+        parallel = self.workers > 0
+        pool = {"py_num_workers": self.workers, "py_start_method": "spawn" if gpu else "fork"} if parallel else {}
 
-        @dali.pipeline_def(batch_size=self.batch_size, num_threads=self.num_threads, device_id=self.device_id, prefetch_queue_depth=2)
+        @dali.pipeline_def(
+            batch_size=self.batch_size, num_threads=self.num_threads, device_id=self.device_id, prefetch_queue_depth=2, **pool
+        )
         def pipeline():  # type: ignore[no-untyped-def]
-            jpegs, anchors, shapes, mirror = fn.external_source(source=self._source, num_outputs=4, batch=True, batch_info=True)
+            source = {"parallel": True, "prefetch_queue_depth": max(2, self.workers)} if parallel else {}
+            jpegs, anchors, shapes, mirror, labels, keys, notes = fn.external_source(
+                source=feed, num_outputs=OUTPUTS, batch=True, batch_info=True, **source
+            )
             decode_args = {"hw_decoder_load": self.hw_decoder_load} if gpu else {}
             images = fn.decoders.image_slice(
                 jpegs, anchors, shapes, device="mixed" if gpu else "cpu", output_type=types.RGB, axis_names="WH",
                 normalized_anchor=False, normalized_shape=False, **decode_args,
             )
             images = fn.resize(images, resize_x=width, resize_y=height, antialias=True, interp_type=types.INTERP_LINEAR)
-            return fn.crop_mirror_normalize(images, mirror=mirror, dtype=types.UINT8, output_layout="CHW")
+            images = fn.crop_mirror_normalize(images, mirror=mirror, dtype=types.UINT8, output_layout="CHW")
+            return images, labels, keys, notes
 
         self.pipe = pipeline()
         self.pipe.build()
+        self.feed, self.epochs = feed, 1
 
-    def next_batch(self) -> Any:
-        """The next decoded batch (raises StopIteration after the feed's last batch)."""
+    def next_batch(self) -> tuple[Any, list[int], list[str], list[tuple[str, str]]]:
+        """The next decoded batch: (images, labels, keys, skip records)."""
         import numpy as np
         import torch
 
-        (images,) = self.pipe.run()
+        from fastload.dali_feed import read_notes
+
+        images, labels, keys, notes = self.pipe.run()
+        self.taken += 1
+        label_list = [int(labels.at(i)[0]) for i in range(len(labels))]
+        key_list = [keys.at(i).tobytes().decode() for i in range(len(keys))]
+        skipped = read_notes([notes.at(i).tobytes() for i in range(len(notes))])
         dense = images.as_tensor()
         if self.device_id is None:
-            return torch.from_numpy(np.array(dense))
+            return torch.from_numpy(np.array(dense)), label_list, key_list, skipped
         from nvidia.dali.plugin.pytorch import feed_ndarray
 
         out = torch.empty(dense.shape(), dtype=torch.uint8, device=f"cuda:{self.device_id}")
         feed_ndarray(dense, out, cuda_stream=torch.cuda.current_stream(out.device).cuda_stream)
-        return out
+        return out, label_list, key_list, skipped
 
     def close(self) -> None:
-        """Release the pipeline (and its device memory)."""
+        """Release the pipeline (its device memory and worker processes)."""
         self.pipe = None

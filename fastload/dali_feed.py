@@ -1,0 +1,72 @@
+"""The DALI backend's input: each batch read and planned (encoded bytes, crop boxes, flips,
+labels, keys) by a picklable callable, which DALI's parallel external source runs in its own
+worker processes so the training process's main thread only collects decoded batches."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from fastload.dataset import ShardedDataset
+from fastload.sampling import EpochOrder, OrderSpec, RankBatches
+from fastload.transforms import Transform
+from fastload.workers import plan_with_substitutes
+
+OUTPUTS = 7  # jpegs, anchors, shapes, mirror, labels, keys, skip notes
+
+
+@dataclass
+class DaliFeed:
+    """Batch ``info.iteration`` of DALI epoch ``info.epoch_idx``. DALI's epoch 0 is ``first_epoch``
+    from order position ``start``, skipping its first ``first_batch`` batches (already delivered);
+    each later DALI epoch (after a reset) is the next epoch from its beginning."""
+
+    dataset: ShardedDataset
+    specs: tuple[Transform, ...]
+    seed: int
+    on_error: str
+    orders: OrderSpec
+    first_epoch: int
+    start: int = 0
+    first_batch: int = 0
+    _plans: dict[int, tuple[EpochOrder, RankBatches]] = field(default_factory=dict, repr=False, compare=False)
+
+    def plan(self, epoch_idx: int) -> tuple[int, EpochOrder, RankBatches, int]:
+        """(epoch, its order, this rank's batches, first batch to feed) of DALI epoch ``epoch_idx``."""
+        if epoch_idx not in self._plans:
+            order = self.orders.order(self.first_epoch + epoch_idx)
+            self._plans = {epoch_idx: (order, self.orders.batches(len(order), self.start if epoch_idx == 0 else 0))}
+        order, batches = self._plans[epoch_idx]
+        return self.first_epoch + epoch_idx, order, batches, self.first_batch if epoch_idx == 0 else 0
+
+    def next_epoch(self, epochs_fed: int) -> DaliFeed:
+        """The feed a fresh pipeline would need for the epoch after ``epochs_fed`` DALI epochs."""
+        return replace(self, first_epoch=self.first_epoch + epochs_fed, start=0, first_batch=0, _plans={})
+
+    def __call__(self, info: Any) -> tuple[list[np.ndarray], ...]:
+        epoch, order, batches, first = self.plan(info.epoch_idx)
+        batch_no = first + info.iteration
+        if batch_no >= len(batches.batches):
+            raise StopIteration
+        columns: tuple[list[np.ndarray], ...] = tuple([] for _ in range(OUTPUTS))
+        jpegs, anchors, shapes, mirror, labels, keys, notes = columns
+        for index in order.order[batches.batches[batch_no]].tolist():
+            skipped: list[tuple[str, str]] = []
+            sample = plan_with_substitutes(self.dataset, index, self.specs, self.seed, epoch, self.on_error, skipped)
+            x0, y0, x1, y1 = sample.plan.box
+            jpegs.append(np.frombuffer(sample.data, dtype=np.uint8))  # type: ignore[arg-type]
+            anchors.append(np.array([x0, y0], dtype=np.float32))
+            shapes.append(np.array([x1 - x0, y1 - y0], dtype=np.float32))
+            mirror.append(np.array(int(sample.plan.flip), dtype=np.int32))
+            labels.append(np.array([sample.label], dtype=np.int64))
+            keys.append(np.frombuffer(sample.key.encode(), dtype=np.uint8))
+            notes.append(np.frombuffer(json.dumps(skipped).encode() if skipped else b"", dtype=np.uint8))
+        return columns
+
+
+def read_notes(notes: list[bytes]) -> list[tuple[str, str]]:
+    """The (where, reason) skip records carried by a batch's notes output."""
+    return [(where, reason) for note in notes if note for where, reason in json.loads(note)]
