@@ -177,7 +177,7 @@ class ShardedDataset:
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_readers"] = {}
+        state["_readers"] = OrderedDict()  # each process opens its own files
         return state
 
     def close(self) -> None:

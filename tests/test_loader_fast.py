@@ -131,6 +131,20 @@ def test_state_dict_resumes_exactly(wds: Path, num_workers: int) -> None:
     assert all(torch.equal(a, b) for (a, _), (b, _) in zip(combined, uninterrupted))
 
 
+def test_a_dataset_in_spawned_torch_workers_reads_like_in_process(wds: Path) -> None:
+    """A fastload dataset pickled into spawned workers (torch's DataLoader, DALI's parallel source)
+    opens its own files there and keeps reading them."""
+    ds = fastload.open(wds)
+    picks = list(range(0, len(ds), 3))
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.Subset(ds, picks), batch_size=None, num_workers=2, multiprocessing_context="spawn"
+    )
+    got = {sample["key"]: sample["image"] for sample in loader}
+    assert len(got) == len(picks)
+    for i in picks:
+        assert np.array_equal(got[ds[i]["key"]], ds[i]["image"])
+
+
 def test_hdf5_encoded_and_decoded(wds: Path, hdf5: Path, npz_file: Path, tmp_path: Path) -> None:
     def epoch(path, **kw):
         with fastload.DataLoader(path, batch_size=8, transform=T.val(16), return_keys=True, **kw) as loader:
