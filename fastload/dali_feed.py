@@ -4,6 +4,8 @@ worker processes so the training process's main thread only collects decoded bat
 
 from __future__ import annotations
 
+import functools
+import io
 import json
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -11,11 +13,13 @@ from typing import Any
 import numpy as np
 
 from fastload.dataset import ShardedDataset
+from fastload.errors import SampleError
 from fastload.sampling import EpochOrder, OrderSpec, RankBatches
 from fastload.transforms import Transform
 from fastload.workers import plan_with_substitutes
 
-OUTPUTS = 7  # jpegs, anchors, shapes, mirror, labels, keys, skip notes
+OUTPUTS = 7  # jpegs, anchors, shapes, mirror, labels, keys, notes (skip records, errors)
+PLACEHOLDER_SIDE = 8
 
 
 @dataclass
@@ -55,7 +59,17 @@ class DaliFeed:
         jpegs, anchors, shapes, mirror, labels, keys, notes = columns
         for index in order.order[batches.batches[batch_no]].tolist():
             skipped: list[tuple[str, str]] = []
-            sample = plan_with_substitutes(self.dataset, index, self.specs, self.seed, epoch, self.on_error, skipped)
+            try:
+                sample = plan_with_substitutes(self.dataset, index, self.specs, self.seed, epoch, self.on_error, skipped)
+            except SampleError as exc:  # DALI's workers cannot raise it intact: it travels as a note
+                jpegs.append(placeholder_jpeg())
+                anchors.append(np.zeros(2, dtype=np.float32))
+                shapes.append(np.full(2, PLACEHOLDER_SIDE, dtype=np.float32))
+                mirror.append(np.array(0, dtype=np.int32))
+                labels.append(np.array([-1], dtype=np.int64))
+                keys.append(np.zeros(0, dtype=np.uint8))
+                notes.append(_note({"error": [exc.where, exc.reason]}))
+                continue
             x0, y0, x1, y1 = sample.plan.box
             jpegs.append(np.frombuffer(sample.data, dtype=np.uint8))  # type: ignore[arg-type]
             anchors.append(np.array([x0, y0], dtype=np.float32))
@@ -63,10 +77,32 @@ class DaliFeed:
             mirror.append(np.array(int(sample.plan.flip), dtype=np.int32))
             labels.append(np.array([sample.label], dtype=np.int64))
             keys.append(np.frombuffer(sample.key.encode(), dtype=np.uint8))
-            notes.append(np.frombuffer(json.dumps(skipped).encode() if skipped else b"", dtype=np.uint8))
+            notes.append(_note({"skipped": skipped} if skipped else None))
         return columns
 
 
-def read_notes(notes: list[bytes]) -> list[tuple[str, str]]:
-    """The (where, reason) skip records carried by a batch's notes output."""
-    return [(where, reason) for note in notes if note for where, reason in json.loads(note)]
+def _note(note: dict | None) -> np.ndarray:
+    return np.frombuffer(json.dumps(note).encode() if note else b"", dtype=np.uint8)
+
+
+@functools.cache
+def placeholder_jpeg() -> np.ndarray:
+    """A small black JPEG standing in for a sample that could not be planned."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (PLACEHOLDER_SIDE, PLACEHOLDER_SIDE)).save(out, "JPEG")
+    return np.frombuffer(out.getvalue(), dtype=np.uint8)
+
+
+def read_notes(notes: list[bytes]) -> tuple[list[tuple[str, str]], SampleError | None]:
+    """A batch's skip records (where, reason) and the first unreadable sample's error, if any."""
+    skipped: list[tuple[str, str]] = []
+    error = None
+    for note in notes:
+        if note:
+            fields = json.loads(note)
+            skipped += [(where, reason) for where, reason in fields.get("skipped", [])]
+            if "error" in fields and error is None:
+                error = SampleError(*fields["error"])
+    return skipped, error

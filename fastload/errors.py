@@ -39,6 +39,9 @@ class SampleError(FastloadError):
         self.where = where
         self.reason = reason
 
+    def __reduce__(self) -> tuple:
+        return (type(self), (self.where, self.reason))  # intact across processes (DALI's workers)
+
 
 def check_on_error(value: str) -> OnError:
     """Validate an ``on_error`` argument, naming the allowed values when it is wrong."""

@@ -530,13 +530,21 @@ class _EpochIterator(_Epoch):
 
 
 
+def is_decode_failure(exc: BaseException) -> bool:
+    """Whether a DALI pipeline error is one of its operators failing on the data (a JPEG it cannot
+    decode), which the CPU path then names or skips. Errors from the feed's worker processes
+    arrive as a plain Exception and are raised: unreadable samples travel as notes, not errors."""
+    return type(exc) is RuntimeError and exc.__cause__ is None
+
+
 class _DaliEpoch(_Epoch):
     """One pass over a rank's batches decoded by DALI, in the same order as the CPU path.
 
     DALI's worker processes read each batch's bytes and plan its crops (fastload's own plans, so
-    the geometry equals the CPU path's); DALI decodes only the crop regions and resizes. A batch
-    that fails inside DALI (an unreadable header with ``on_error="raise"``, corrupt entropy data)
-    is redone on the CPU path, which names or skips the bad sample, and DALI carries on after it.
+    the geometry equals the CPU path's); DALI decodes only the crop regions and resizes. A sample
+    whose header is unreadable is skipped while planning, or with ``on_error="raise"`` raised
+    when its batch is due; a batch DALI cannot decode (corrupt entropy data) is redone on the CPU
+    path, which names or skips the bad sample, and DALI carries on after it.
     """
 
     def __init__(self, loader: DataLoader, epoch: int, plan: RankBatches) -> None:
@@ -564,8 +572,14 @@ class _DaliEpoch(_Epoch):
             self.prefetcher.check()
         with self.loader.stats.waiting():
             try:
-                images, labels, keys, skipped = self.decoder.next_batch()
-            except Exception:  # noqa: BLE001 - DALI could not read or decode something: the CPU path names it or skips it
+                images, labels, keys, skipped, error = self.decoder.next_batch()
+            except Exception as exc:  # noqa: BLE001 - data DALI cannot decode goes to the CPU path; anything else is raised
+                if not is_decode_failure(exc):
+                    self.finished = True
+                    raise
+                log.warning("fastload: DALI failed on batch %d of epoch %d, redoing it on the CPU: %s",
+                            self.next_yield, self.epoch, str(exc).strip().splitlines()[-1][:300])
+                self.loader.stats.redone_on_cpu += 1
                 try:
                     images, labels, keys, skipped = self._on_cpu(self.next_yield)
                 except SampleError:
@@ -573,6 +587,10 @@ class _DaliEpoch(_Epoch):
                     raise
                 following = self.next_yield + 1
                 self.decoder.start(replace(self.feed, first_batch=following), len(self.plan.batches) - following)
+            else:
+                if error is not None:  # a sample that could not be read (on_error="raise", or no substitute left)
+                    self.finished = True
+                    raise error
         batch = self.loader._finish_batch(
             images, torch.tensor(labels, dtype=torch.int64), keys, skipped, self.valid(self.next_yield)
         )

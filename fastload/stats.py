@@ -1,4 +1,5 @@
-"""Loader counters: samples, batches, time spent waiting for data, skipped samples."""
+"""Loader counters: samples, batches, time spent waiting for data, skipped samples, batches the
+DALI backend handed back to the CPU path."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ class LoaderStats:
     samples: int = 0
     wait_s: float = 0.0
     skipped: SkipLog = field(default_factory=SkipLog)
+    redone_on_cpu: int = 0  # batches DALI could not read or decode, redone on the CPU path
     started: float = field(default_factory=time.perf_counter)
 
     @contextmanager

@@ -40,7 +40,9 @@ def wds(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def epoch(path: Path, backend: str, **kwargs) -> list[tuple[torch.Tensor, torch.Tensor, str]]:
     with fastload.DataLoader(path, backend=backend, return_keys=True, **kwargs) as loader:
-        return [(x[i].cpu(), y[i].cpu(), k) for x, y, keys in loader for i, k in enumerate(keys)]
+        samples = [(x[i].cpu(), y[i].cpu(), k) for x, y, keys in loader for i, k in enumerate(keys)]
+        assert loader.stats.redone_on_cpu == 0  # clean data: DALI decoded every batch itself
+    return samples
 
 
 @pytest.mark.parametrize("preset", [T.val(160), T.train(128)], ids=["val", "train"])
@@ -98,6 +100,7 @@ def test_dali_epochs_after_a_full_epoch_and_after_a_break_equal_the_cpu_path(dem
             for e, limit in enumerate([None, 1, None, None]):  # full, break after one batch, full, full
                 loader.set_epoch(e)
                 got.append(keys_and_pixels(loader, limit))
+            assert loader.stats.redone_on_cpu == 0
         for e, (want, have) in enumerate(zip(expected, got)):
             assert [k for k, _ in have] == [k for k, _ in want][: len(have)], f"{backend}, epoch {e}"
             for (_, x_have), (_, x_want) in zip(have, want):
@@ -118,9 +121,24 @@ def test_corrupt_sample_raises_or_is_skipped(corrupt: tuple[Path, set[str]], wor
         assert [len(k) for *_, k in batches] == [4] * 7 + [2]
         assert not bad & {k for *_, ks in batches for k in ks}
         assert len(loader.stats.skipped) == 2
+        assert loader.stats.redone_on_cpu == 1  # the garbage scan data; the bad header is skipped while planning
     with fastload.DataLoader(corrupt[0], shuffle=True, on_error="skip", return_keys=True, **kwargs) as loader:
         keys = [k for *_, ks in loader for k in ks]
     assert len(keys) == 30 and not bad & set(keys)  # as above, in shuffled order
+
+
+def test_a_bug_in_the_feed_is_raised_not_redone_on_the_cpu(wds: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only bad samples fall back to the CPU path; a failure of the feed itself must surface."""
+    import fastload.dali_feed
+
+    def broken(*args: object) -> None:
+        raise AttributeError("a bug in the feed")
+
+    monkeypatch.setattr(fastload.dali_feed, "plan_with_substitutes", broken)
+    with fastload.DataLoader(wds, batch_size=4, backend="dali", transform=T.val(16)) as loader:
+        with pytest.raises(AttributeError, match="a bug in the feed"):
+            next(iter(loader))
+        assert loader.stats.redone_on_cpu == 0
 
 
 def test_dali_worker_processes_end_with_the_loader(wds: Path) -> None:

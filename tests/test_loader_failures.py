@@ -181,3 +181,12 @@ def test_memory_does_not_grow_across_epochs(clean: Path) -> None:
             samples.append(tree_rss())
     growth = max(samples[3:]) - samples[2]
     assert growth < 8 * 2**20, [s / 2**20 for s in samples]
+
+
+def test_a_sample_error_survives_pickling() -> None:
+    """Errors cross process boundaries (multiprocessing, spawned workers) with where and why intact."""
+    import pickle
+
+    error = pickle.loads(pickle.dumps(SampleError("shard-00001.tar:cat/7", "cannot read image header")))
+    assert (error.where, error.reason) == ("shard-00001.tar:cat/7", "cannot read image header")
+    assert str(error) == "shard-00001.tar:cat/7: cannot read image header"

@@ -39,8 +39,8 @@ class DaliBatchDecoder:
     linear) and mirrors it, giving uint8 NCHW batches as torch tensors on the pipeline's device.
 
     Its input is a :class:`fastload.dali_feed.DaliFeed`, run by DALI's parallel external source
-    in ``workers`` processes (spawned when the pipeline runs on a GPU: CUDA forbids forking
-    after it started), or in this process with ``workers=0``.
+    in ``workers`` spawned processes (DALI refuses to fork once CUDA is initialized, as it is in
+    a training process; spawning always keeps one tested path), or in this process with ``workers=0``.
     """
 
     def __init__(
@@ -76,7 +76,7 @@ class DaliBatchDecoder:
         gpu = self.device_id is not None
         height, width = self.out_hw
         parallel = self.workers > 0
-        pool = {"py_num_workers": self.workers, "py_start_method": "spawn" if gpu else "fork"} if parallel else {}
+        pool = {"py_num_workers": self.workers, "py_start_method": "spawn"} if parallel else {}
 
         @dali.pipeline_def(
             batch_size=self.batch_size, num_threads=self.num_threads, device_id=self.device_id, prefetch_queue_depth=2, **pool
@@ -99,8 +99,9 @@ class DaliBatchDecoder:
         self.pipe.build()
         self.feed, self.epochs = feed, 1
 
-    def next_batch(self) -> tuple[Any, list[int], list[str], list[tuple[str, str]]]:
-        """The next decoded batch: (images, labels, keys, skip records)."""
+    def next_batch(self) -> tuple[Any, list[int], list[str], list[tuple[str, str]], Any]:
+        """The next decoded batch: (images, labels, keys, skip records, the SampleError of a
+        sample that could not be read, or None)."""
         import numpy as np
         import torch
 
@@ -110,15 +111,15 @@ class DaliBatchDecoder:
         self.taken += 1
         label_list = [int(labels.at(i)[0]) for i in range(len(labels))]
         key_list = [keys.at(i).tobytes().decode() for i in range(len(keys))]
-        skipped = read_notes([notes.at(i).tobytes() for i in range(len(notes))])
+        skipped, error = read_notes([notes.at(i).tobytes() for i in range(len(notes))])
         dense = images.as_tensor()
         if self.device_id is None:
-            return torch.from_numpy(np.array(dense)), label_list, key_list, skipped
+            return torch.from_numpy(np.array(dense)), label_list, key_list, skipped, error
         from nvidia.dali.plugin.pytorch import feed_ndarray
 
         out = torch.empty(dense.shape(), dtype=torch.uint8, device=f"cuda:{self.device_id}")
         feed_ndarray(dense, out, cuda_stream=torch.cuda.current_stream(out.device).cuda_stream)
-        return out, label_list, key_list, skipped
+        return out, label_list, key_list, skipped, error
 
     def close(self) -> None:
         """Release the pipeline (its device memory and worker processes)."""
