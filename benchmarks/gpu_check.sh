@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# The GPU machine's check, run once per lent machine (see README "GPU machine"):
-#   bash benchmarks/gpu_check.sh PART...   (PART: setup, loader, train, dali), carry [.whl, data/gpu-photos]
-# Every run installs the carried wheels (.whl/: simplejpeg, libjpeg-turbo's Debian packages for the
-# extension) and converts the photos once. `loader`: the non-DALI `gpu` tests, the loader benchmark
-# at several worker counts, threads vs processes, the data-stall analysis with ResNet-50. `dali`: installs DALI from /tmp/dali-parts (README "GPU
-# machine" says how its parts get there), runs every `gpu` test and the DALI benchmarks (decode
-# only and train(224), batch 256). `train` (after `dali` when both are given, so DALI feeds it): the
-# training example with nccl + bf16. Logs and JSON go to $OUT.
+# The GPU machine's check, run once per lent machine (README "On a GPU machine" shows its tables):
+#   bash benchmarks/gpu_check.sh PART...   (PART: setup, loader, dali, train)
+# Carry .whl/ and data/gpu-photos. .whl/ holds the simplejpeg wheel for CPython 3.12 (`pip download
+# --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 simplejpeg`)
+# and libjpeg-turbo's Debian packages (`apt-get download libjpeg62-turbo libjpeg62-turbo-dev`),
+# from which the C extension is built there. Every run installs those and converts the photos once.
+#   loader  the non-DALI `gpu` tests, the loader benchmark at 4, 8 and 14 workers, threads vs
+#           processes, the data-stall analysis with ResNet-50;
+#   dali    installs DALI from /tmp/dali-parts (made by benchmarks/dali_parts.sh; part0 rides with
+#           the photos, each other part is carried in its own call and moved there), runs every
+#           `gpu` test and the DALI benchmarks (decode only and train(224), 20 epochs);
+#   train   (after `dali` when both are given, so DALI feeds it) the training example with nccl + bf16.
+# Logs and JSON go to $OUT.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-/tmp/gpu-check}"

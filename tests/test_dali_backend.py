@@ -78,6 +78,17 @@ def test_dali_resume_and_rank_split_equal_the_cpu_path(wds: Path) -> None:
     assert before + after == [k for *_, k in epoch(wds, "cpu", **kwargs)]
 
 
+def test_hdf5_shards_feed_dali_through_the_parallel_source(image_folder: Path, tmp_path: Path) -> None:
+    out = tmp_path / "h5"
+    convert(str(image_folder), str(out), ConvertOptions(source="imagefolder", layout="hdf5", samples_per_shard=9))
+    kwargs = dict(batch_size=5, shuffle=True, seed=4, transform=T.val(24), num_workers=2)
+    cpu, dali = epoch(out, "cpu", **kwargs), epoch(out, "dali", **kwargs)
+    assert [k for *_, k in dali] == [k for *_, k in cpu] and len(cpu) == 30
+    assert [y for _, y, _ in dali] == [y for _, y, _ in cpu]
+    differences = [(x_dali.float() - x_cpu.float()).abs().mean().item() for (x_dali, *_), (x_cpu, *_) in zip(dali, cpu)]
+    assert sum(differences) / len(differences) < 3 and max(differences) < 10  # resampling differs a little at 24 px
+
+
 @pytest.mark.parametrize("workers", [0, 2], ids=["in-process", "parallel-source"])
 def test_dali_epochs_after_a_full_epoch_and_after_a_break_equal_the_cpu_path(demo_wds: Path, workers: int) -> None:
     """The pipeline is reused after a clean epoch end and rebuilt after a break: every epoch keeps
