@@ -40,7 +40,7 @@ class SampleError(FastloadError):
         self.reason = reason
 
     def __reduce__(self) -> tuple:
-        return (type(self), (self.where, self.reason))  # intact across processes (DALI's workers)
+        return (type(self), (self.where, self.reason))  # intact through pickle (multiprocessing, spawned workers)
 
 
 def check_on_error(value: str) -> OnError:
