@@ -66,16 +66,43 @@ def test_dali_normalizes_like_the_cpu_path(wds: Path) -> None:
     assert (x_cpu.float() - x_dali.float()).abs().mean() < 0.1
 
 
-def test_dali_resume_and_rank_split_equal_the_cpu_path(wds: Path) -> None:
-    kwargs = dict(batch_size=4, shuffle=True, seed=5, transform=T.val(16), rank=1, world_size=2)
-    assert [k for *_, k in epoch(wds, "dali", **kwargs)] == [k for *_, k in epoch(wds, "cpu", **kwargs)]
+@pytest.mark.parametrize("workers", [0, 2], ids=["in-process", "parallel-source"])
+@pytest.mark.parametrize("streaming", [False, True], ids=["global-order", "streaming-order"])
+def test_dali_resume_and_rank_split_equal_the_cpu_path(wds: Path, workers: int, streaming: bool) -> None:
+    kwargs = dict(batch_size=4, shuffle=True, seed=5, transform=T.val(16), rank=1, world_size=2, num_workers=workers)
+    if streaming:
+        kwargs["shuffle_buffer"] = 6
+    full = [k for *_, k in epoch(wds, "cpu", **kwargs)]
+    assert [k for *_, k in epoch(wds, "dali", **kwargs)] == full
     with fastload.DataLoader(wds, backend="dali", return_keys=True, **kwargs) as loader:
         before = [k for _, _, keys in itertools.islice(iter(loader), 2) for k in keys]
         state = loader.state_dict()
     with fastload.DataLoader(wds, backend="cpu", return_keys=True, **kwargs) as loader:
         loader.load_state_dict(state)  # switch backends and resume
         after = [k for _, _, keys in loader for k in keys]
-    assert before + after == [k for *_, k in epoch(wds, "cpu", **kwargs)]
+    assert before + after == full
+    with fastload.DataLoader(wds, backend="cpu", return_keys=True, **kwargs) as loader:
+        before = [k for _, _, keys in itertools.islice(iter(loader), 3) for k in keys]
+        state = loader.state_dict()
+    with fastload.DataLoader(wds, backend="dali", return_keys=True, **kwargs) as loader:
+        loader.load_state_dict(state)  # and back: DALI's feed starts mid-epoch
+        after = [k for _, _, keys in loader for k in keys]
+    assert before + after == full
+
+
+def test_dali_workers_follow_a_streaming_resume_at_another_world_size(wds: Path) -> None:
+    """The re-dealt order of a resume at another world size (OrderSpec.generations) is computed in
+    DALI's worker processes exactly as in the loader."""
+    kwargs = dict(batch_size=3, shuffle=True, seed=2, transform=T.val(16), shuffle_buffer=5)
+    with fastload.DataLoader(wds, backend="cpu", rank=0, world_size=2, **kwargs) as loader:
+        list(itertools.islice(iter(loader), 2))
+        state = loader.state_dict()
+    rest = {}
+    for backend, workers in (("cpu", 0), ("dali", 2)):
+        with fastload.DataLoader(wds, backend=backend, return_keys=True, num_workers=workers, **kwargs) as loader:
+            loader.load_state_dict(state)
+            rest[backend] = [k for _, _, keys in loader for k in keys]
+    assert rest["dali"] == rest["cpu"] and len(rest["cpu"]) > 0
 
 
 def test_hdf5_shards_feed_dali_through_the_parallel_source(image_folder: Path, tmp_path: Path) -> None:
