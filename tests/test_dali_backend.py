@@ -179,6 +179,32 @@ def test_a_bug_in_the_feed_is_raised_not_redone_on_the_cpu(wds: Path, monkeypatc
         assert loader.stats.redone_on_cpu == 0
 
 
+SPAWN_SCRIPT = """
+import fastload, fastload.decode.dali
+from fastload import transforms as T
+
+def main():
+    fastload.decode.dali.cuda_initialized = lambda: True  # as in a training process on a GPU: spawn
+    with fastload.DataLoader({path!r}, batch_size=4, backend="dali", transform=T.val(16), num_workers=2) as loader:
+        print("batches", sum(1 for _ in loader), "redone", loader.stats.redone_on_cpu)
+{entry}
+"""
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["guarded-script", "unguarded-script"])
+def test_spawned_dali_workers_need_a_guarded_entry_point_and_say_so(wds: Path, tmp_path: Path, guarded: bool) -> None:
+    entry = "if __name__ == '__main__':\n    main()" if guarded else "main()"
+    script = tmp_path / "train.py"
+    script.write_text(SPAWN_SCRIPT.format(path=str(wds), entry=entry))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    if guarded:
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "batches 8 redone 0" in proc.stdout
+    else:
+        assert proc.returncode != 0
+        assert "guard its entry point with `if __name__ == '__main__':`" in proc.stderr
+
+
 def test_dali_worker_processes_end_with_the_loader(wds: Path) -> None:
     me = psutil.Process()
     before = {c.pid for c in me.children(recursive=True)}

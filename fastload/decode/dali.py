@@ -24,6 +24,11 @@ def torch_iterator(pipeline: Any, names: list[str], reader_name: str) -> Any:
     return DALIGenericIterator(pipeline, names, reader_name=reader_name, last_batch_policy=LastBatchPolicy.PARTIAL, auto_reset=True)
 
 
+def cuda_initialized() -> bool:
+    """Whether this process has initialized the CUDA driver (DALI will not fork workers then)."""
+    return bool(import_dali().backend.IsDriverInitialized())
+
+
 def dali_available() -> bool:
     """Whether DALI can be imported (without raising)."""
     try:
@@ -39,8 +44,9 @@ class DaliBatchDecoder:
     linear) and mirrors it, giving uint8 NCHW batches as torch tensors on the pipeline's device.
 
     Its input is a :class:`fastload.dali_feed.DaliFeed`, run by DALI's parallel external source
-    in ``workers`` spawned processes (DALI refuses to fork once CUDA is initialized, as it is in
-    a training process; spawning always keeps one tested path), or in this process with ``workers=0``.
+    in ``workers`` processes, or in this process with ``workers=0``. The processes are forked
+    while CUDA is not initialized in this process and spawned once it is (DALI refuses to fork
+    then, as in a training process that has moved its model to the GPU).
     """
 
     def __init__(
@@ -76,7 +82,8 @@ class DaliBatchDecoder:
         gpu = self.device_id is not None
         height, width = self.out_hw
         parallel = self.workers > 0
-        pool = {"py_num_workers": self.workers, "py_start_method": "spawn"} if parallel else {}
+        start_method = "spawn" if cuda_initialized() else "fork"
+        pool = {"py_num_workers": self.workers, "py_start_method": start_method} if parallel else {}
 
         @dali.pipeline_def(
             batch_size=self.batch_size, num_threads=self.num_threads, device_id=self.device_id, prefetch_queue_depth=2, **pool
@@ -96,7 +103,16 @@ class DaliBatchDecoder:
             return images, labels, keys, notes
 
         self.pipe = pipeline()
-        self.pipe.build()
+        try:
+            self.pipe.build()
+        except RuntimeError as exc:
+            if parallel and start_method == "spawn" and "initialization failed" in str(exc):
+                raise RuntimeError(
+                    "DALI's worker processes could not start. They are spawned because CUDA is initialized "
+                    "in this process, and a spawned process re-imports the main script: guard its entry point "
+                    "with `if __name__ == '__main__':`, or pass num_workers=0 to read batches in this process"
+                ) from exc
+            raise
         self.feed, self.epochs = feed, 1
 
     def next_batch(self) -> tuple[Any, list[int], list[str], list[tuple[str, str]], Any]:
