@@ -153,6 +153,7 @@ class Result:
     cpu_s_per_1k: float
     peak_rss_mb: float
     first_batch_s: float
+    running_images_per_s: float  # after the first batch: what a long run gets, start-up left out
     ratio_to_torch: float | None = None
     ratio_to_ceiling: float | None = None
 
@@ -162,11 +163,12 @@ def time_batches(make: Callable[[], Iterable], epochs: int, mean_bytes: float) -
     with PeakRss() as rss:
         cpu0, start = _cpu_seconds(), time.perf_counter()
         loader = make()
-        first, images = None, 0
+        first, first_images, images = None, 0, 0
         for _ in range(epochs):
             for batch in loader:
-                first = first if first is not None else time.perf_counter() - start
                 images += len(batch[0])
+                if first is None:
+                    first, first_images = time.perf_counter() - start, images
         seconds = time.perf_counter() - start
         cpu = _cpu_seconds() - cpu0
         if hasattr(loader, "close"):
@@ -175,6 +177,7 @@ def time_batches(make: Callable[[], Iterable], epochs: int, mean_bytes: float) -
     return {
         "images_per_s": images / seconds, "mb_per_s": images * mean_bytes / seconds / 1e6,
         "cpu_s_per_1k": 1000 * cpu / max(images, 1), "peak_rss_mb": rss.peak, "first_batch_s": first or 0.0,
+        "running_images_per_s": (images - first_images) / max(seconds - (first or 0.0), 1e-9),
     }
 
 
@@ -486,13 +489,15 @@ def format_table(report: dict[str, Any], gpu_price: float | None = None, dataset
     ceiling = report["ceiling"]["single_thread_images_per_s"]
     lines = [
         f"decode ceiling: {ceiling:.0f} images/s per thread (x workers)" if ceiling else "decode ceiling: none (no JPEG images)",
-        f"{'loader':14} {'workers':>7} {'images/s':>9} {'MB/s':>7} {'CPU s/1k':>9} {'RSS MB':>7} {'1st batch':>9} {'x torch':>8} {'x ceiling':>9}",
+        f"{'loader':14} {'workers':>7} {'images/s':>9} {'running':>8} {'MB/s':>7} {'CPU s/1k':>9} {'RSS MB':>7} {'1st batch':>9} "
+        f"{'x torch':>8} {'x ceiling':>9}",
     ]
     for r in report["results"]:
         torch_ratio = f"{r['ratio_to_torch']:.2f}" if r["ratio_to_torch"] else "-"
         ceiling_ratio = f"{r['ratio_to_ceiling']:.2f}" if r["ratio_to_ceiling"] else "-"
         lines.append(
-            f"{r['loader']:14} {r['workers']:>7} {r['images_per_s']:9.0f} {r['mb_per_s']:7.1f} {r['cpu_s_per_1k']:9.2f} "
+            f"{r['loader']:14} {r['workers']:>7} {r['images_per_s']:9.0f} {r['running_images_per_s']:8.0f} {r['mb_per_s']:7.1f} "
+            f"{r['cpu_s_per_1k']:9.2f} "
             f"{r['peak_rss_mb']:7.0f} {r['first_batch_s']:8.2f}s {torch_ratio:>8} {ceiling_ratio:>9}"
         )
     stall = report.get("data_stall")

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from converters import ConvertOptions, convert
+from fastload.bench import time_batches
 from fastload.demo import make_demo_images
 from tests.conftest import run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
-FIELDS = {"loader", "workers", "images_per_s", "mb_per_s", "cpu_s_per_1k", "peak_rss_mb", "first_batch_s", "ratio_to_torch", "ratio_to_ceiling"}
+FIELDS = {
+    "loader", "workers", "images_per_s", "running_images_per_s", "mb_per_s", "cpu_s_per_1k", "peak_rss_mb", "first_batch_s",
+    "ratio_to_torch", "ratio_to_ceiling",
+}
 
 
 @pytest.fixture(scope="module")
@@ -69,3 +75,20 @@ def test_bench_on_decoded_pixels_has_no_ceiling(npz_file: Path, tmp_path: Path) 
     assert report["ceiling"]["single_thread_images_per_s"] is None and report["config"]["size"] == 8
     assert all(r["ratio_to_ceiling"] is None and r["images_per_s"] > 0 for r in report["results"])
     assert "decode ceiling: none (no JPEG images)" in result.stdout
+
+
+def test_the_running_rate_leaves_start_up_out() -> None:
+    """A loader slow to start (0.3 s) then quick (10 batches of 8, 10 ms each): the overall rate
+    counts the start, the running rate only what follows the first batch."""
+
+    class SlowStart:
+        def __iter__(self) -> Iterator[tuple[list[int]]]:
+            time.sleep(0.3)
+            for _ in range(10):
+                time.sleep(0.01)
+                yield ([0] * 8,)
+
+    rates = time_batches(SlowStart, epochs=1, mean_bytes=1.0)
+    assert rates["first_batch_s"] >= 0.3
+    assert rates["images_per_s"] < 80 / 0.39  # 80 images in at least 0.4 s
+    assert rates["running_images_per_s"] > 72 / 0.2  # 72 images in ~0.09 s (0.2 s on a busy machine)
