@@ -578,7 +578,7 @@ class _DaliEpoch(_Epoch):
                     self.finished = True
                     raise
                 log.warning("fastload: DALI failed on batch %d of epoch %d, redoing it on the CPU: %s",
-                            self.next_yield, self.epoch, str(exc).strip().splitlines()[-1][:300])
+                            self.next_yield, self.epoch, (str(exc).strip().splitlines() or ["RuntimeError"])[-1][:300])
                 self.loader.stats.redone_on_cpu += 1
                 try:
                     images, labels, keys, skipped = self._on_cpu(self.next_yield)
