@@ -497,8 +497,7 @@ def format_table(report: dict[str, Any], gpu_price: float | None = None, dataset
         ceiling_ratio = f"{r['ratio_to_ceiling']:.2f}" if r["ratio_to_ceiling"] else "-"
         lines.append(
             f"{r['loader']:14} {r['workers']:>7} {r['images_per_s']:9.0f} {r['running_images_per_s']:8.0f} {r['mb_per_s']:7.1f} "
-            f"{r['cpu_s_per_1k']:9.2f} "
-            f"{r['peak_rss_mb']:7.0f} {r['first_batch_s']:8.2f}s {torch_ratio:>8} {ceiling_ratio:>9}"
+            f"{r['cpu_s_per_1k']:9.2f} {r['peak_rss_mb']:7.0f} {r['first_batch_s']:8.2f}s {torch_ratio:>8} {ceiling_ratio:>9}"
         )
     stall = report.get("data_stall")
     if stall:

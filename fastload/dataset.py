@@ -95,9 +95,9 @@ class ShardedDataset:
 
     def shards_of(self, indices: np.ndarray) -> np.ndarray:
         """Shard number of each sample index."""
-        import numpy as np
+        from fastload.sampling import shards_of
 
-        return np.searchsorted(np.asarray(self._starts), indices, side="right") - 1
+        return shards_of(self._starts, indices)
 
     def reader(self, shard: int) -> ShardReader:
         """The (lazily opened) reader of shard number ``shard``. A remote dataset keeps at most

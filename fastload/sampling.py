@@ -11,7 +11,7 @@ but each rank's slices come from its own whole shards.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -136,6 +136,11 @@ def streaming_order(
         return np.concatenate([head.reshape(-1), a[:, full * batch_size :].reshape(-1)])
 
     return EpochOrder(steps(columns), steps(masks))
+
+
+def shards_of(starts: Sequence[int] | np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """Shard number of each sample index, given the shards' first indices (and the total last)."""
+    return np.searchsorted(np.asarray(starts), indices, side="right") - 1
 
 
 def unseen_groups(order: EpochOrder, consumed: int, shard_of: Callable[[np.ndarray], np.ndarray]) -> list[np.ndarray]:
@@ -273,17 +278,13 @@ class OrderSpec:
         """The epoch's global order (streaming: re-dealt after each earlier layout's consumed part)."""
         if not self.streaming:
             return EpochOrder(epoch_order(sum(self.shard_sizes), self.seed, epoch, self.shuffle))
-        starts = np.cumsum([0, *self.shard_sizes[:-1]], dtype=np.int64)
-
-        def shard_of(indices: np.ndarray) -> np.ndarray:
-            return np.searchsorted(starts, indices, side="right") - 1
-
+        starts = np.cumsum([0, *self.shard_sizes], dtype=np.int64)
         groups = shard_groups(list(self.shard_sizes), self.seed, epoch, self.shuffle)
         layouts = [*self.generations, (self.world_size, self.batch_size, 0)]
         for generation, (world, batch, consumed) in enumerate(layouts):
             order = streaming_order(groups, world, batch, self.shuffle_buffer, self.drop_last, self.seed, epoch, generation)
             if generation < len(self.generations):
-                groups = unseen_groups(order, consumed, shard_of)
+                groups = unseen_groups(order, consumed, lambda indices: shards_of(starts, indices))
         return order
 
     def batches(self, order_length: int, start: int) -> RankBatches:

@@ -18,6 +18,7 @@ import traceback
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -35,6 +36,7 @@ except ImportError:  # built without libjpeg headers: the simplejpeg/Pillow path
     _turbo = None
 
 POLL_S = 0.2  # how often a waiting side checks that the other is still alive
+Attempted = TypeVar("Attempted")
 MAX_SUBSTITUTES = 64  # with on_error="skip": how many following samples to try in place of a bad one
 
 
@@ -76,19 +78,27 @@ def plan_sample(ds: ShardedDataset, index: int, specs: Sequence[Transform], seed
     return PlannedSample(key, where, label, plan(specs, height, width, rng), height, width, data=data)
 
 
-def plan_with_substitutes(
-    ds: ShardedDataset, index: int, specs: Sequence[Transform], seed: int, epoch: int, on_error: str, skipped: list[tuple[str, str]]
-) -> PlannedSample:
-    """:func:`plan_sample`, or with ``on_error="skip"`` the next plannable sample in dataset order
-    (each one passed over is appended to ``skipped`` as (where, reason))."""
-    for attempt in range(MAX_SUBSTITUTES + 1):
+def with_substitutes(
+    ds: ShardedDataset, index: int, on_error: str, skipped: list[tuple[str, str]], attempt: Callable[[int], Attempted]
+) -> Attempted:
+    """``attempt(index)``, or with ``on_error="skip"`` ``attempt`` of the next sample in dataset
+    order that does not raise SampleError (each one passed over is appended to ``skipped`` as
+    (where, reason)), so a batch keeps its size whatever the number of workers."""
+    for offset in range(MAX_SUBSTITUTES + 1):
         try:
-            return plan_sample(ds, (index + attempt) % len(ds), specs, seed, epoch)
+            return attempt((index + offset) % len(ds))
         except SampleError as exc:
             if on_error == "raise":
                 raise
             skipped.append((exc.where, exc.reason))
     raise SampleError(ds.where(index), f"it and the {MAX_SUBSTITUTES} samples after it are all unreadable")
+
+
+def plan_with_substitutes(
+    ds: ShardedDataset, index: int, specs: Sequence[Transform], seed: int, epoch: int, on_error: str, skipped: list[tuple[str, str]]
+) -> PlannedSample:
+    """:func:`plan_sample` of ``index`` or, with ``on_error="skip"``, of its substitute."""
+    return with_substitutes(ds, index, on_error, skipped, lambda i: plan_sample(ds, i, specs, seed, epoch))
 
 
 def transform_into(ds: ShardedDataset, index: int, specs: Sequence[Transform], seed: int, epoch: int, out: np.ndarray) -> tuple[int, str]:
@@ -159,23 +169,14 @@ def fill_batch(
 ) -> tuple[list[str], list[tuple[str, str]]]:
     """Write the batch's samples into ``images`` (N,C,H,W) and ``labels``; return keys and skips.
 
-    With ``on_error="skip"`` a bad sample is replaced by the next readable one in dataset order,
-    so the batch keeps its size and the result stays independent of the number of workers.
+    With ``on_error="skip"`` a bad sample is replaced by the next readable one (:func:`with_substitutes`).
     """
     keys: list[str] = []
     skipped: list[tuple[str, str]] = []
     for j, index in enumerate(indices.tolist()):
-        for attempt in range(MAX_SUBSTITUTES + 1):
-            candidate = (index + attempt) % len(ds)
-            try:
-                labels[j], key = transform_into(ds, candidate, specs, seed, epoch, images[j])
-                break
-            except SampleError as exc:
-                if on_error == "raise":
-                    raise
-                skipped.append((exc.where, exc.reason))
-        else:
-            raise SampleError(ds.where(index), f"it and the {MAX_SUBSTITUTES} samples after it are all unreadable")
+        labels[j], key = with_substitutes(
+            ds, index, on_error, skipped, lambda i: transform_into(ds, i, specs, seed, epoch, images[j])  # noqa: B023 - called at once
+        )
         keys.append(key)
     return keys, skipped
 
