@@ -217,12 +217,17 @@ class DataLoader:
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose order the next iteration yields (it also advances by itself).
         Setting the epoch a loaded state_dict is in keeps that state's position."""
-        if self._active is not None:
-            self._active.close()  # an abandoned epoch (a break) would restore itself at the next iter()
+        self._settle_abandoned()
         if int(epoch) != self._epoch:
             self._epoch = int(epoch)
             self._resume_at = 0
             self._generations = []
+
+    def _settle_abandoned(self) -> None:
+        """Close an epoch left in progress (a break) now: closing restores its own position, which
+        must happen before the caller sets another (set_epoch, load_state_dict), not over it."""
+        if self._active is not None:
+            self._active.close()
 
     def state_dict(self) -> dict[str, Any]:
         """Where training is: only batches handed to the caller count, not prefetched ones."""
@@ -249,6 +254,7 @@ class DataLoader:
         order = "streaming" if self.streaming else "global"
         if state.get("order", "global") != order:
             raise ValueError(f"state was saved with the {state.get('order', 'global')} order, this loader uses the {order} order")
+        self._settle_abandoned()
         consumed = int(state["samples_consumed"])
         generations = [tuple(int(v) for v in g) for g in state.get("resumed_from", [])] if self.streaming else []
         layout = (int(state.get("world_size", self.world_size)), int(state.get("batch_size", self.batch_size)))

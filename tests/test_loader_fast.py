@@ -129,6 +129,10 @@ def test_state_dict_resumes_exactly(wds: Path, num_workers: int) -> None:
     combined = before + after
     assert [k for _, k in combined] == [k for _, k in uninterrupted]
     assert all(torch.equal(a, b) for (a, _), (b, _) in zip(combined, uninterrupted))
+    with fastload.DataLoader(wds, **kwargs) as reused:  # a loader left mid-epoch by a break, then loaded
+        list(itertools.islice(iter(reused), 5))
+        reused.load_state_dict(state)
+        assert [k for _, _, k in reused] == [k for _, k in after]
 
 
 def test_a_dataset_in_spawned_torch_workers_reads_like_in_process(wds: Path) -> None:
