@@ -5,7 +5,9 @@ after a normal end, a break, an exception or Ctrl-C; memory stays flat across ep
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -181,6 +183,23 @@ def test_memory_does_not_grow_across_epochs(clean: Path) -> None:
             samples.append(tree_rss())
     growth = max(samples[3:]) - samples[2]
     assert growth < 8 * 2**20, [s / 2**20 for s in samples]
+
+
+def test_workers_leave_the_inherited_heap_shared(clean: Path) -> None:
+    """A garbage collection in a worker does not write to the objects it inherited, which would copy
+    every page of the parent's heap (with torch imported: 11k page faults, ~100 ms for a fresh
+    worker's first sample)."""
+    heap = [[i] for i in range(500_000)]  # ~50 MB of collectable objects in the parent
+    faults = multiprocessing.Array("l", 2)
+
+    def collect(worker_id: int) -> None:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        gc.collect()
+        faults[worker_id] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+    with fastload.DataLoader(clean, batch_size=4, num_workers=2, transform=T.val(16), worker_init_fn=collect) as loader:
+        next(iter(loader))
+    assert len(heap) and max(faults) < 1000, list(faults)
 
 
 def test_a_sample_error_survives_pickling() -> None:
