@@ -15,6 +15,8 @@ from pathlib import Path
 from collections.abc import Iterable
 from typing import Literal
 
+import numpy as np
+
 from fastload.errors import DatasetIndexError
 
 FORMAT_NAME = "fastload"
@@ -181,25 +183,63 @@ def format_dali_index(samples: list[list[Member]]) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-def parse_dali_index(text: str, where: str) -> list[tuple[str, dict[str, tuple[int, int]]]]:
-    """Parse a DALI v1.2 index into, per sample, ``(key, {ext: (data offset, size)})``."""
-    lines = text.splitlines()
-    if not lines:
+class TarMembers:
+    """A tar shard's parsed ``.idx``, kept compact: every sample's key and each field's
+    (data offset, size) in a few flat arrays (~70 bytes a sample where per-sample Python dicts and
+    tuples took ~600: 0.8 GB in every worker process for ImageNet's 1.28M samples)."""
+
+    def __init__(self, keys: list[str], first: np.ndarray, exts: list[str], ext_ids: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> None:
+        self._keys = "".join(keys)
+        self._key_ends = np.cumsum([len(key) for key in keys], dtype=np.int64)
+        self._first = first  # sample i's members are first[i]:first[i + 1]
+        self._exts, self._ext_ids, self._offsets, self._sizes = exts, ext_ids, offsets, sizes
+
+    def __len__(self) -> int:
+        return len(self._first) - 1
+
+    def key(self, i: int) -> str:
+        """The key of sample ``i``."""
+        start = int(self._key_ends[i - 1]) if i else 0
+        return self._keys[start : int(self._key_ends[i])]
+
+    def spans(self, i: int) -> dict[str, tuple[int, int]]:
+        """Each field of sample ``i``: {ext: (data offset, size)}."""
+        members = slice(int(self._first[i]), int(self._first[i + 1]))
+        exts = self._exts
+        return {
+            exts[e]: (offset, size)
+            for e, offset, size in zip(self._ext_ids[members].tolist(), self._offsets[members].tolist(), self._sizes[members].tolist())
+        }
+
+
+def parse_dali_index(text: str, where: str) -> TarMembers:
+    """Parse a DALI v1.2 index (one sample a line, four tokens a member) into :class:`TarMembers`."""
+    head, _, body = text.partition("\n")
+    head_parts = head.split()
+    if not head.strip():
         raise DatasetIndexError(f"{where}: empty DALI index")
-    head = lines[0].split()
-    if len(head) != 2 or head[0] != DALI_INDEX_VERSION:
-        raise DatasetIndexError(f"{where}: expected a '{DALI_INDEX_VERSION} N' header, got {lines[0]!r}")
-    samples = []
-    for lineno, line in enumerate(lines[1:], start=2):
-        parts = line.split()
-        if not parts or len(parts) % 4:
-            raise DatasetIndexError(f"{where}:{lineno}: malformed sample line")
-        key = split_member_name(parts[3])[0]
-        fields = {parts[i]: (int(parts[i + 1]), int(parts[i + 2])) for i in range(0, len(parts), 4)}
-        samples.append((key, fields))
-    if len(samples) != int(head[1]):
-        raise DatasetIndexError(f"{where}: header says {head[1]} samples, found {len(samples)}")
-    return samples
+    if len(head_parts) != 2 or head_parts[0] != DALI_INDEX_VERSION or not head_parts[1].isdigit():
+        raise DatasetIndexError(f"{where}: expected a '{DALI_INDEX_VERSION} N' header, got {head!r}")
+    lines = body.splitlines()
+    tokens_per_line = np.fromiter(map(len, map(str.split, lines)), np.int64, len(lines))
+    malformed = np.flatnonzero((tokens_per_line == 0) | (tokens_per_line % 4 != 0))
+    if malformed.size:
+        raise DatasetIndexError(f"{where}:{int(malformed[0]) + 2}: malformed sample line")
+    if len(lines) != int(head_parts[1]):
+        raise DatasetIndexError(f"{where}: header says {head_parts[1]} samples, found {len(lines)}")
+    tokens = body.split()
+    first = np.zeros(len(lines) + 1, np.int64)
+    np.cumsum(tokens_per_line // 4, out=first[1:])
+    names = tokens[3::4]
+    keys = [split_member_name(names[m])[0] for m in first[:-1].tolist()]
+    ext_tokens = tokens[0::4]
+    exts = list(dict.fromkeys(ext_tokens))
+    ext_ids = np.fromiter(map({ext: e for e, ext in enumerate(exts)}.__getitem__, ext_tokens), np.uint16, len(ext_tokens))
+    try:
+        offsets, sizes = (np.fromiter(map(int, tokens[k::4]), np.int64, len(ext_tokens)) for k in (1, 2))
+    except ValueError as exc:
+        raise DatasetIndexError(f"{where}: a member's offset or size is not an integer ({exc})") from None
+    return TarMembers(keys, first, exts, ext_ids, offsets, sizes)
 
 
 def split_member_name(name: str) -> tuple[str, str]:

@@ -149,16 +149,16 @@ def corrupt(clean: Path, tmp_path: Path) -> tuple[Path, set[str]]:
     shutil.copytree(clean, out)
     index = read_index(out)
     shard = out / index.shards[1].path
-    samples = parse_dali_index((out / index.shards[1].offsets).read_text(), "idx")
+    members = parse_dali_index((out / index.shards[1].offsets).read_text(), "idx")
     data = bytearray(shard.read_bytes())
-    (key_a, fields_a), (key_b, fields_b) = samples[2], samples[5]
+    fields_a, fields_b = members.spans(2), members.spans(5)
     offset, size = fields_a["jpg"]
     data[offset : offset + 16] = b"\xab" * 16
     offset, size = fields_b["jpg"]
     rng = np.random.default_rng(0)
     data[offset + size // 3 : offset + size - 2] = rng.integers(0, 256, size - 2 - size // 3, dtype=np.uint8).tobytes()
     shard.write_bytes(bytes(data))
-    return out, {key_a, key_b}
+    return out, {members.key(2), members.key(5)}
 
 
 @pytest.fixture(scope="session")

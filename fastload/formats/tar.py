@@ -52,17 +52,17 @@ class TarShardReader:
 
     def key(self, i: int) -> str:
         """The key of sample ``i``."""
-        return self._samples[i][0]
+        return self._samples.key(i)
 
     def spans(self, i: int) -> dict[str, tuple[int, int]]:
         """Each field's (data offset, size) for sample ``i``."""
-        return self._samples[i][1]
+        return self._samples.spans(i)
 
     def read(self, i: int) -> dict[str, bytes]:
         """Every field of sample ``i``: one ``pread`` over all of them (a sample's members are
         neighbours in the tar, a tar header apart), else one per field."""
         fd = self._descriptor()
-        spans = self._samples[i][1]
+        spans = self._samples.spans(i)
         start = min(offset for offset, _ in spans.values())
         end = max(offset + size for offset, size in spans.values())
         if end - start <= sum(size for _, size in spans.values()) + MAX_GAP:
