@@ -2,7 +2,9 @@
 
 Every requested (loader, workers) pair runs in each round, each in a fresh process, rounds
 interleaved so machine noise hits all alike; medians are reported, with each loader's ratio to the plain-torch baseline (same
-workers) and to the decode ceiling (single-thread libjpeg-turbo full decodes/s x workers).
+workers), to the decode ceiling (single-thread libjpeg-turbo full decodes/s x workers) and to
+what as many threads decoding at once deliver on this machine (below the ceiling where cores are
+shared: SMT siblings, busy neighbours on a VM).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -156,6 +159,7 @@ class Result:
     running_images_per_s: float  # after the first batch: what a long run gets, start-up left out
     ratio_to_torch: float | None = None
     ratio_to_ceiling: float | None = None
+    ratio_to_parallel: float | None = None  # to `workers` threads decoding at once: what the machine delivers
 
 
 def time_batches(make: Callable[[], Iterable], epochs: int, mean_bytes: float) -> dict[str, float]:
@@ -181,26 +185,29 @@ def time_batches(make: Callable[[], Iterable], epochs: int, mean_bytes: float) -
     }
 
 
-def decode_ceiling(ds: ShardedDataset, limit: int = 600, passes: int = 3) -> float | None:
-    """Single-thread full libjpeg-turbo decodes per second over a sample of the dataset's images:
-    the fastest of ``passes`` passes, so a pass slowed by machine noise doesn't lower the bar."""
+def ceiling_images(ds: ShardedDataset, limit: int = 600) -> list[bytes]:
+    """Up to ``limit`` of the dataset's JPEGs, evenly spread: what the decode ceiling is measured on."""
+    step = max(1, len(ds) // limit)
+    return [fields["jpg"] for fields in (ds.raw(i)[1] for i in range(0, len(ds), step)) if "jpg" in fields]
+
+
+def decode_rate(images: list[bytes], threads: int = 1, passes: int = 3) -> float:
+    """Full libjpeg-turbo decodes per second of ``threads`` threads each decoding every one of
+    ``images`` at once (simplejpeg releases the GIL): the fastest of ``passes`` passes, so a pass
+    slowed by machine noise doesn't lower the bar."""
     import simplejpeg
 
-    step = max(1, len(ds) // limit)
-    data = []
-    for i in range(0, len(ds), step):
-        fields = ds.raw(i)[1]
-        if "jpg" in fields:
-            data.append(fields["jpg"])
-    if not data:
-        return None  # no JPEG images (PNG, decoded pixels): no libjpeg-turbo ceiling to compare with
+    def decode_all(_: int = 0) -> None:
+        for data in images:
+            simplejpeg.decode_jpeg(data, colorspace="RGB")
+
     best = float("inf")
-    for _ in range(passes):
-        start = time.perf_counter()
-        for d in data:
-            simplejpeg.decode_jpeg(d, colorspace="RGB")
-        best = min(best, time.perf_counter() - start)
-    return len(data) / best
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(passes):
+            start = time.perf_counter()
+            list(pool.map(decode_all, range(threads)))
+            best = min(best, time.perf_counter() - start)
+    return threads * len(images) / best
 
 
 def mean_image_bytes(ds: ShardedDataset) -> float:
@@ -450,26 +457,38 @@ def run_bench(
     specs = preset(transform, size)
     mean_bytes = mean_image_bytes(ds)
     runs: dict[tuple[str, int], list[dict]] = {(b, w): [] for b in backends for w in workers}
-    ceilings = []
+    images = ceiling_images(ds)
+    parallel_counts = sorted({w for w in workers if w > 1})
+    ceilings: list[float] = []
+    parallel: dict[int, list[float]] = {w: [] for w in parallel_counts}
     for name in backends:
         make_loader(name, ds, source, specs, batch_size, 0)  # fail fast on an unknown or unavailable loader
     for _ in range(rounds):
-        ceilings.append(decode_ceiling(ds))
+        if images:  # none for PNGs or decoded pixels: no libjpeg-turbo ceiling to compare with
+            ceilings.append(decode_rate(images))
+            for w in parallel_counts:
+                parallel[w].append(decode_rate(images, threads=w))
         for backend, w in runs:
             # each measurement in a fresh interpreter: no memory or threads left over from another loader
             args = (backend, str(dataset), source, transform, size, batch_size, w, epochs, mean_bytes)
             runs[(backend, w)].append(_in_fresh_process(_measure, args))
-    single = None if None in ceilings else statistics.median(ceilings)  # type: ignore[type-var]
+    single = statistics.median(ceilings) if ceilings else None
+    together = {w: statistics.median(rates) for w, rates in parallel.items() if rates}
     results = [
         Result(loader=b, workers=w, **{k: statistics.median(r[k] for r in rs) for k in rs[0]}) for (b, w), rs in runs.items()
     ]
     for result in results:
         baseline = next((r for r in results if r.loader == "torch" and r.workers == result.workers), None)
         result.ratio_to_torch = result.images_per_s / baseline.images_per_s if baseline else None
-        result.ratio_to_ceiling = result.images_per_s / (single * max(result.workers, 1)) if single else None
+        if single:
+            result.ratio_to_ceiling = result.images_per_s / (single * max(result.workers, 1))
+            result.ratio_to_parallel = result.images_per_s / together.get(result.workers, single)
     report: dict[str, Any] = {
         "results": [asdict(r) for r in results],
-        "ceiling": {"single_thread_images_per_s": single, "method": "simplejpeg full decode, x workers"},
+        "ceiling": {
+            "single_thread_images_per_s": single, "method": "simplejpeg full decode, x workers",
+            "parallel_images_per_s": {str(w): rate for w, rate in together.items()},  # w threads decoding at once
+        },
         "machine": machine(),
         "config": {
             "dataset": str(dataset), "batch_size": batch_size, "transform": transform, "size": size, "epochs": epochs,
@@ -487,17 +506,22 @@ def run_bench(
 def format_table(report: dict[str, Any], gpu_price: float | None = None, dataset_size: int | None = None) -> str:
     """The terminal table: one row per loader and worker count."""
     ceiling = report["ceiling"]["single_thread_images_per_s"]
+    together = ", ".join(
+        f"{rate:.0f} with {w} threads ({rate / (int(w) * ceiling):.2f}x)" for w, rate in report["ceiling"]["parallel_images_per_s"].items()
+    )
     lines = [
         f"decode ceiling: {ceiling:.0f} images/s per thread (x workers)" if ceiling else "decode ceiling: none (no JPEG images)",
+        *([f"decoding at once: {together}"] if together else []),
         f"{'loader':14} {'workers':>7} {'images/s':>9} {'running':>8} {'MB/s':>7} {'CPU s/1k':>9} {'RSS MB':>7} {'1st batch':>9} "
-        f"{'x torch':>8} {'x ceiling':>9}",
+        f"{'x torch':>8} {'x ceiling':>9} {'x at once':>9}",
     ]
     for r in report["results"]:
         torch_ratio = f"{r['ratio_to_torch']:.2f}" if r["ratio_to_torch"] else "-"
         ceiling_ratio = f"{r['ratio_to_ceiling']:.2f}" if r["ratio_to_ceiling"] else "-"
+        parallel_ratio = f"{r['ratio_to_parallel']:.2f}" if r["ratio_to_parallel"] else "-"
         lines.append(
             f"{r['loader']:14} {r['workers']:>7} {r['images_per_s']:9.0f} {r['running_images_per_s']:8.0f} {r['mb_per_s']:7.1f} "
-            f"{r['cpu_s_per_1k']:9.2f} {r['peak_rss_mb']:7.0f} {r['first_batch_s']:8.2f}s {torch_ratio:>8} {ceiling_ratio:>9}"
+            f"{r['cpu_s_per_1k']:9.2f} {r['peak_rss_mb']:7.0f} {r['first_batch_s']:8.2f}s {torch_ratio:>8} {ceiling_ratio:>9} {parallel_ratio:>9}"
         )
     stall = report.get("data_stall")
     if stall:

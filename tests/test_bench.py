@@ -17,7 +17,7 @@ from tests.conftest import run_cli
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 FIELDS = {
     "loader", "workers", "images_per_s", "running_images_per_s", "mb_per_s", "cpu_s_per_1k", "peak_rss_mb", "first_batch_s",
-    "ratio_to_torch", "ratio_to_ceiling",
+    "ratio_to_torch", "ratio_to_ceiling", "ratio_to_parallel",
 }
 
 
@@ -51,6 +51,24 @@ def test_bench_all_cpu_loaders_json_and_stall(bench_data: tuple[Path, Path], tmp
     assert 0 <= stall["stall_share"] <= 1 and stall["model_images_per_s"] > 0 and stall["verdict"]
     assert "fastload-cpu" in result.stdout and "data stall (resnet_small" in result.stdout
     assert "one epoch of 48 images" in result.stdout
+
+
+def test_bench_measures_decoders_running_at_once(bench_data: tuple[Path, Path], tmp_path: Path) -> None:
+    """Beside the ceiling (one thread's rate x workers), as many threads decoding at once: what this
+    machine's cores deliver together, and the loader's ratio to that."""
+    out = tmp_path / "bench.json"
+    result = run_cli(
+        "bench", str(bench_data[1]), "--backends", "fastload-cpu", "--workers", "1,2", "--batch-size", "16",
+        "--transform", "val", "--json", str(out),
+    )
+    report = json.loads(out.read_text())
+    single = report["ceiling"]["single_thread_images_per_s"]
+    together = report["ceiling"]["parallel_images_per_s"]
+    assert set(together) == {"2"} and single < together["2"] < 2.5 * single
+    rows = {r["workers"]: r for r in report["results"]}
+    assert rows[2]["ratio_to_parallel"] == pytest.approx(rows[2]["images_per_s"] / together["2"])
+    assert rows[1]["ratio_to_parallel"] == pytest.approx(rows[1]["ratio_to_ceiling"])
+    assert f"decoding at once: {together['2']:.0f} with 2 threads" in result.stdout and "x at once" in result.stdout
 
 
 def test_bench_needs_a_known_backend(bench_data: tuple[Path, Path]) -> None:
