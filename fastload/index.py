@@ -215,9 +215,9 @@ class TarMembers:
 def parse_dali_index(text: str, where: str) -> TarMembers:
     """Parse a DALI v1.2 index (one sample a line, four tokens a member) into :class:`TarMembers`."""
     head, _, body = text.partition("\n")
-    head_parts = head.split()
     if not head.strip():
         raise DatasetIndexError(f"{where}: empty DALI index")
+    head_parts = head.split()
     if len(head_parts) != 2 or head_parts[0] != DALI_INDEX_VERSION or not head_parts[1].isdigit():
         raise DatasetIndexError(f"{where}: expected a '{DALI_INDEX_VERSION} N' header, got {head!r}")
     lines = body.splitlines()
