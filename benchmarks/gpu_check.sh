@@ -43,7 +43,7 @@ if [[ $parts == *" loader "* ]]; then
     --epochs 2 --json "$OUT/loader.json" --plot "$OUT/loader.png" 2>&1 | tail -9
   echo "== data stall: ResNet-50, bf16, fed by fastload (14 workers)"
   python3 -m fastload.cli bench /tmp/photos-wds --backends fastload-cpu --workers 14 --model resnet50 --steps 30 \
-    --json "$OUT/stall.json" 2>&1 | tail -4
+    --json "$OUT/stall.json" 2>&1 | tail -5
   echo "== threads vs processes (8)"
   python3 benchmarks/bench_threads.py /tmp/photos-wds --workers 8 --batches 16 2>&1 | tail -1
 fi
@@ -59,7 +59,7 @@ if [[ $parts == *" dali "* ]]; then
   for t in decode train; do
     echo "== DALI on the GPU, $t, batch 256"
     python3 -m fastload.cli bench /tmp/photos-wds --backends fastload-dali,dali-gpu,fastload-cpu --workers 14 --transform $t \
-      --epochs 20 --json "$OUT/dali-$t.json" 2>&1 | tail -4
+      --epochs 20 --json "$OUT/dali-$t.json" 2>&1 | tail -6
   done
 fi
 
