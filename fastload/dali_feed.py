@@ -5,8 +5,10 @@ worker processes so the training process's main thread only collects decoded bat
 from __future__ import annotations
 
 import functools
+import gc
 import io
 import json
+import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -36,6 +38,7 @@ class DaliFeed:
     first_epoch: int
     start: int = 0
     first_batch: int = 0
+    home_pid: int = field(default_factory=os.getpid)  # the training process; DALI's workers are others
     _plans: dict[int, tuple[EpochOrder, RankBatches]] = field(default_factory=dict, repr=False, compare=False)
 
     def plan(self, epoch_idx: int) -> tuple[int, EpochOrder, RankBatches, int]:
@@ -51,6 +54,7 @@ class DaliFeed:
         return replace(self, first_epoch=self.first_epoch + epochs_fed, start=0, first_batch=0, _plans={})
 
     def __call__(self, info: Any) -> tuple[list[np.ndarray], ...]:
+        _freeze_inherited(self.home_pid)
         epoch, order, batches, first = self.plan(info.epoch_idx)
         batch_no = first + info.iteration
         if batch_no >= len(batches.batches):
@@ -79,6 +83,20 @@ class DaliFeed:
             keys.append(np.frombuffer(sample.key.encode(), dtype=np.uint8))
             notes.append(_note({"skipped": skipped} if skipped else None))
         return columns
+
+
+_frozen_in = -1
+
+
+def _freeze_inherited(home_pid: int) -> None:
+    """In a DALI worker, once: the objects it inherited go to the permanent generation, so that its
+    collections don't write to them all and copy the training process's heap (fastload.workers does
+    the same). Never in the training process itself (``num_workers=0``): its garbage must go."""
+    global _frozen_in
+    pid = os.getpid()
+    if pid != home_pid and _frozen_in != pid:
+        gc.freeze()
+        _frozen_in = pid
 
 
 def _note(note: dict | None) -> np.ndarray:

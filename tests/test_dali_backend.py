@@ -3,7 +3,10 @@ pipeline runs here (device_id=None); the mixed GPU path is marked ``gpu``."""
 
 from __future__ import annotations
 
+import gc
 import itertools
+import os
+import resource
 import subprocess
 import sys
 import time
@@ -177,6 +180,35 @@ def test_a_bug_in_the_feed_is_raised_not_redone_on_the_cpu(wds: Path, monkeypatc
         with pytest.raises(AttributeError, match="a bug in the feed"):
             next(iter(loader))
         assert loader.stats.redone_on_cpu == 0
+
+
+@pytest.mark.parametrize("workers", [0, 2], ids=["in-process", "parallel-source"])
+def test_dali_workers_leave_the_inherited_heap_shared(wds: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int) -> None:
+    """As with fastload's own workers: a collection in a DALI source worker leaves the objects it
+    inherited alone rather than copying the training process's heap; the training process itself
+    (num_workers=0) is not frozen, its garbage must still be collected."""
+    import fastload.dali_feed
+
+    heap = [[i] for i in range(500_000)]  # ~50 MB of collectable objects in the training process
+    plan = fastload.dali_feed.plan_with_substitutes
+
+    def measured(*args: object) -> object:
+        record = tmp_path / str(os.getpid())
+        if not record.exists():
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            gc.collect()
+            record.write_text(f"{resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before} {gc.get_freeze_count()}")
+        return plan(*args)
+
+    monkeypatch.setattr(fastload.dali_feed, "plan_with_substitutes", measured)
+    with fastload.DataLoader(wds, batch_size=4, backend="dali", transform=T.val(16), num_workers=workers) as loader:
+        assert sum(1 for _ in loader) == 8
+    records = {int(p.name): tuple(map(int, p.read_text().split())) for p in tmp_path.iterdir()}
+    if workers:
+        assert len(records) >= 1 and os.getpid() not in records and len(heap)
+        assert all(faults < 1000 for faults, _ in records.values()), records
+    else:
+        assert list(records) == [os.getpid()] and records[os.getpid()][1] == 0  # nothing frozen here
 
 
 SPAWN_SCRIPT = """
