@@ -8,10 +8,12 @@ read through h5py."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
 
+from fastload.columns import PackedStrings, int_column
 from fastload.errors import ShardError
 
 # Decompressed chunks kept per process over its open files (h5py's default is 1 MB a file, a
@@ -35,7 +37,7 @@ class ByteColumn:
 
         self._vlen = None if isinstance(node, h5py.Group) else node
         if self._vlen is None:
-            self._offsets = node["offsets"][:].tolist()
+            self._offsets = int_column(node["offsets"][:].astype(np.int64))
             self._bytes = node["bytes"]
             self._file_offset = self._bytes.id.get_offset()  # None when chunked, compressed or empty
             self._fd = fd
@@ -103,9 +105,9 @@ class Hdf5ShardReader:
             f = self._h5()
             decode = lambda values: [v.decode() if isinstance(v, bytes) else v for v in values]  # noqa: E731
             self._cached = {
-                "key": decode(f["key"][:]),
+                "key": PackedStrings(decode(f["key"][:])),
                 "cls": f["cls"][:] if "cls" in f else None,
-                "image_format": decode(f["image_format"][:]) if "image_format" in f else None,
+                "image_format": list(map(sys.intern, decode(f["image_format"][:]))) if "image_format" in f else None,  # a few shared strings
                 "image": ByteColumn(f["image"], self._fd) if "image" in f else None,  # type: ignore[arg-type]
                 "pixels": f["pixels"] if "pixels" in f else None,
                 "pixels_at": _contiguous_rows(f["pixels"]) if "pixels" in f else None,
