@@ -11,14 +11,12 @@ from collections.abc import Iterable
 import numpy as np
 
 
-def int_column(values: np.ndarray | Iterable[int], typecode: str = "q") -> array:
+def int_column(values: np.ndarray, typecode: str = "q") -> array:
     """Integers as an ``array.array`` (8 bytes each for "q"): indexing and slicing give plain
     ints, without the cost of numpy scalars (a tar sample's spans in ~1.3 us, ~2.2 from numpy)."""
-    if isinstance(values, np.ndarray):
-        out = array(typecode)
-        out.frombytes(np.ascontiguousarray(values, dtype=np.dtype(typecode)).tobytes())
-        return out
-    return array(typecode, values)
+    out = array(typecode)
+    out.frombytes(np.ascontiguousarray(values, dtype=np.dtype(typecode)).tobytes())
+    return out
 
 
 class PackedStrings:

@@ -37,7 +37,7 @@ class ByteColumn:
 
         self._vlen = None if isinstance(node, h5py.Group) else node
         if self._vlen is None:
-            self._offsets = int_column(node["offsets"][:].astype(np.int64))
+            self._offsets = int_column(node["offsets"][:])
             self._bytes = node["bytes"]
             self._file_offset = self._bytes.id.get_offset()  # None when chunked, compressed or empty
             self._fd = fd
