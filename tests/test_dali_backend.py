@@ -6,7 +6,6 @@ from __future__ import annotations
 import gc
 import itertools
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import fastload
 from converters import ConvertOptions, WriterOptions, convert
 from fastload import transforms as T
 from fastload.errors import SampleError
+from tests.conftest import collection_page_faults
 
 pytest.importorskip("nvidia.dali")
 
@@ -195,9 +195,7 @@ def test_dali_workers_leave_the_inherited_heap_shared(wds: Path, tmp_path: Path,
     def measured(*args: object) -> object:
         record = tmp_path / str(os.getpid())
         if not record.exists():
-            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            gc.collect()
-            record.write_text(f"{resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before} {gc.get_freeze_count()}")
+            record.write_text(f"{collection_page_faults()} {gc.get_freeze_count()}")
         return plan(*args)
 
     monkeypatch.setattr(fastload.dali_feed, "plan_with_substitutes", measured)

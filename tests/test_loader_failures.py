@@ -7,7 +7,6 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import fastload
 from fastload import transforms as T
 from fastload.errors import SampleError
 from fastload.workers import WorkerError
+from tests.conftest import collection_page_faults
 
 
 def alive(pids: list[int]) -> list[int]:
@@ -193,9 +193,7 @@ def test_workers_leave_the_inherited_heap_shared(clean: Path) -> None:
     faults = multiprocessing.Array("l", 2)
 
     def collect(worker_id: int) -> None:
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        gc.collect()
-        faults[worker_id] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        faults[worker_id] = collection_page_faults()
 
     with fastload.DataLoader(clean, batch_size=4, num_workers=2, transform=T.val(16), worker_init_fn=collect) as loader:
         next(iter(loader))
