@@ -175,6 +175,12 @@ class ShardedDataset:
         out.update(fields)
         return out
 
+    def __getitems__(self, indices: list[int]) -> Any:
+        """torch's batched fetch: the batch sampler of a fastload loader yields lists that make that
+        loader's batch (same plans, same pixels); other index lists give one ``ds[i]`` each."""
+        fill = getattr(indices, "fill", None)
+        return fill(self) if fill is not None else [self[i] for i in indices]
+
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_readers"] = OrderedDict()  # each process opens its own files

@@ -273,11 +273,17 @@ class OrderSpec:
     streaming: bool = False
     shuffle_buffer: int = 1
     generations: tuple[tuple[int, int, int], ...] = ()  # (world, batch, consumed) of earlier layouts this epoch
+    take: tuple[int, ...] | None = None  # the sample indices of a Subset, in its order; None: every sample
+    drop_remainder: bool = False  # as DistributedSampler(drop_last=True): no padding to a multiple of the world size
 
     def order(self, epoch: int) -> EpochOrder:
         """The epoch's global order (streaming: re-dealt after each earlier layout's consumed part)."""
         if not self.streaming:
-            return EpochOrder(epoch_order(sum(self.shard_sizes), self.seed, epoch, self.shuffle))
+            size = sum(self.shard_sizes) if self.take is None else len(self.take)
+            order = epoch_order(size, self.seed, epoch, self.shuffle)
+            if self.drop_remainder:
+                order = order[: size - size % self.world_size]
+            return EpochOrder(order if self.take is None else np.asarray(self.take, dtype=np.int64)[order])
         starts = np.cumsum([0, *self.shard_sizes], dtype=np.int64)
         groups = shard_groups(list(self.shard_sizes), self.seed, epoch, self.shuffle)
         layouts = [*self.generations, (self.world_size, self.batch_size, 0)]

@@ -147,6 +147,7 @@ class BatchResult:
     """A worker's answer for rows ``start`` to ``start + count`` of a batch: where they are, their
     keys, skipped samples, or the error."""
 
+    run: int  # the iteration that asked for it (answers for an abandoned one are recognised)
     batch_no: int
     slot: int
     count: int
@@ -198,21 +199,54 @@ class BatchBuffers:
         self._image_bytes = batch_size * int(np.prod(image_shape))
         self._slot_bytes = self._image_bytes + batch_size * 8
         self._slot_bytes += -self._slot_bytes % 64
-        self.memory = mmap.mmap(-1, slots * self._slot_bytes)  # MAP_SHARED | MAP_ANONYMOUS
+        try:
+            self.memory = mmap.mmap(-1, slots * self._slot_bytes)  # MAP_SHARED | MAP_ANONYMOUS
+        except (OSError, MemoryError) as exc:
+            raise MemoryError(
+                f"cannot allocate the loader's batch slots: {slots} slots of {self._slot_bytes:,} bytes "
+                f"(batch_size={batch_size}, images {'x'.join(map(str, image_shape))}) = {slots * self._slot_bytes:,} bytes "
+                f"of shared memory ({exc.strerror or type(exc).__name__}); lower batch_size, num_workers or prefetch_factor"
+            ) from None
         self._free = list(range(slots))
         self._lent: set[int] = set()
+        self.filling: dict[int, int] = {}  # slot -> parts still being written by workers
+        self._orphans: set[int] = set()  # filling slots whose batch nobody waits for any more
 
     def take(self) -> int | None:
         """A free slot to fill, or None when every slot is being filled or lent."""
         return self._free.pop() if self._free else None
 
     def give_back(self, slot: int) -> None:
-        """Return a slot whose contents are no longer needed."""
-        self._free.append(slot)
+        """Return a slot whose contents are no longer needed (again: no effect)."""
+        if slot not in self._free:
+            self._free.append(slot)
+
+    def part_done(self, slot: int) -> None:
+        """A worker finished writing one part of ``slot``; an orphaned slot is free once all are in."""
+        left = self.filling[slot] - 1
+        if left:
+            self.filling[slot] = left
+            return
+        del self.filling[slot]
+        if slot in self._orphans:
+            self._orphans.discard(slot)
+            self.give_back(slot)
+
+    def release(self, slot: int) -> None:
+        """Nobody needs this slot's batch: free now, or once the workers writing it are done."""
+        if slot in self.filling:
+            self._orphans.add(slot)
+        else:
+            self.give_back(slot)
+
+    def forget_filling(self) -> None:
+        """The workers are gone: nothing is being written any more."""
+        self.filling.clear()
+        self._orphans.clear()
 
     def reclaim(self) -> None:
-        """Every slot not lent is free (when nothing is being filled: an epoch's start)."""
-        self._free = [slot for slot in range(self.slots) if slot not in self._lent]
+        """At an epoch's start: every slot neither lent nor still being written is free."""
+        self._free = [slot for slot in range(self.slots) if slot not in self._lent and slot not in self.filling]
 
     def lend(self, slot: int, count: int, keep: int) -> np.ndarray | None:
         """The first ``count`` images of ``slot`` as a view that frees the slot when it dies, or
@@ -266,7 +300,12 @@ def _worker_main(worker_id: int, config: WorkerConfig, tasks: multiprocessing.Qu
     # their pages (a fresh worker's first sample took ~100 ms and 11k page faults).
     gc.freeze()
     if config.worker_init_fn is not None:
-        config.worker_init_fn(worker_id)
+        try:
+            config.worker_init_fn(worker_id)
+        except BaseException:  # noqa: BLE001 - reported to the training process, which raises it
+            error = f"worker_init_fn raised in worker {worker_id} (pid {os.getpid()}):\n{traceback.format_exc()}"
+            results.put(BatchResult(run=0, batch_no=INIT_FAILED, slot=-1, count=0, error=error))
+            return
     while True:
         try:
             task = tasks.get(timeout=POLL_S * 5)
@@ -276,8 +315,8 @@ def _worker_main(worker_id: int, config: WorkerConfig, tasks: multiprocessing.Qu
             continue
         if task is None:
             break
-        batch_no, slot, epoch, start, indices = task
-        result = BatchResult(batch_no=batch_no, slot=slot, count=len(indices), start=start)
+        run, batch_no, slot, epoch, start, indices = task
+        result = BatchResult(run=run, batch_no=batch_no, slot=slot, count=len(indices), start=start)
         try:
             rows = slice(start, start + len(indices))
             result.keys, result.skipped = fill_batch(
@@ -312,12 +351,12 @@ class WorkerPool:
         ]
         for process in self.processes:
             process.start()
-        # runs at close(), when the pool is garbage (even inside a reference cycle), or at exit
-        self._shutdown = weakref.finalize(self, _shutdown, self.processes, self._tasks, self._results)
+        # runs at close(), when the pool is garbage, or at exit - only in the process that made it
+        self._shutdown = weakref.finalize(self, _shutdown, os.getpid(), self.processes, self._tasks, self._results)
 
-    def submit(self, batch_no: int, slot: int, epoch: int, start: int, indices: np.ndarray) -> None:
-        """Queue rows ``start``.. of a batch (``indices``) for whichever worker is free first."""
-        self._tasks.put((batch_no, slot, epoch, start, indices))
+    def submit(self, run: int, batch_no: int, slot: int, epoch: int, start: int, indices: np.ndarray) -> None:
+        """Queue rows ``start``.. of a batch (``indices``) of iteration ``run`` for whichever worker is free first."""
+        self._tasks.put((run, batch_no, slot, epoch, start, indices))
 
     def get(self, timeout: float) -> BatchResult:
         """The next finished batch; raises WorkerError if a worker died, TimeoutError after
@@ -326,20 +365,40 @@ class WorkerPool:
         while True:
             for process in self.processes:  # a death is an error even if others cover its work
                 if process.exitcode is not None:
-                    raise WorkerError(f"{process.name} (pid {process.pid}) died: {_describe_exit(process.exitcode)}")
+                    raise WorkerError(self._death(process))
             try:
-                return self._results.get(timeout=POLL_S)
+                result = self._results.get(timeout=POLL_S)
             except queue.Empty:
                 waited += POLL_S
+            else:
+                if result.batch_no == INIT_FAILED:
+                    raise WorkerError(result.error)
+                return result
             if timeout and waited >= timeout:
                 raise TimeoutError(f"no batch from the workers within {timeout} s (timeout=)")
+
+    def _death(self, process: multiprocessing.Process) -> str:
+        """What to say of a dead worker: worker_init_fn's traceback when that is what ended it."""
+        try:
+            while True:
+                result = self._results.get(timeout=POLL_S)
+                if result.batch_no == INIT_FAILED:
+                    return result.error  # type: ignore[return-value]
+        except queue.Empty:
+            pass
+        return f"{process.name} (pid {process.pid}) died: {_describe_exit(process.exitcode)}"  # type: ignore[arg-type]
 
     def close(self) -> None:
         """Stop the workers: ask politely, then terminate, then kill."""
         self._shutdown()
 
 
-def _shutdown(processes: list, tasks: multiprocessing.Queue, results: multiprocessing.Queue) -> None:
+INIT_FAILED = -1  # batch_no of the answer a worker sends when worker_init_fn raised
+
+
+def _shutdown(owner: int, processes: list, tasks: multiprocessing.Queue, results: multiprocessing.Queue) -> None:
+    if os.getpid() != owner:
+        return  # a forked child (another loader's worker) inherited the pool: not its to stop
     for _ in processes:
         try:
             tasks.put_nowait(None)
@@ -372,7 +431,7 @@ def _describe_exit(code: int) -> str:
 def merge_parts(parts: list[BatchResult]) -> BatchResult:
     """One batch's result from the results of its parts, in row order."""
     parts = sorted(parts, key=lambda part: part.start)
-    merged = BatchResult(batch_no=parts[0].batch_no, slot=parts[0].slot, count=sum(part.count for part in parts))
+    merged = BatchResult(run=parts[0].run, batch_no=parts[0].batch_no, slot=parts[0].slot, count=sum(part.count for part in parts))
     for part in parts:
         merged.keys += part.keys
         merged.skipped += part.skipped

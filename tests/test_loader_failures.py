@@ -4,6 +4,7 @@ after a normal end, a break, an exception or Ctrl-C; memory stays flat across ep
 
 from __future__ import annotations
 
+import functools
 import gc
 import multiprocessing
 import os
@@ -78,20 +79,51 @@ def test_killed_worker_raises_within_seconds(clean: Path) -> None:
     assert not alive(workers)
 
 
-def slow_start(worker_id: int) -> None:
+def slow_start(pid_dir: str, worker_id: int) -> None:
+    Path(pid_dir, str(os.getpid())).touch()
     time.sleep(30)
 
 
-def test_timeout_is_honoured(clean: Path) -> None:
-    loader = fastload.DataLoader(clean, batch_size=2, num_workers=1, transform=T.val(16), timeout=1, worker_init_fn=slow_start)
-    start = time.monotonic()
-    it = iter(loader)
-    workers = worker_pids(loader)
-    with pytest.raises(TimeoutError, match="within 1 s"):
-        next(it)
-    assert time.monotonic() - start < 4
+def test_timeout_is_honoured_and_the_next_iteration_starts_promptly(clean: Path, tmp_path: Path) -> None:
+    """A timeout stops the stuck workers; the next iteration starts fresh ones at once (it had
+    waited 30 s for the old ones' answers)."""
+    loader = fastload.DataLoader(clean, batch_size=2, num_workers=1, transform=T.val(16), timeout=1,
+                                 worker_init_fn=functools.partial(slow_start, str(tmp_path)))
+    for attempt in (1, 2):
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match="within 1 s"):
+            next(iter(loader))
+        assert time.monotonic() - start < 4
+        workers = [int(p.name) for p in tmp_path.iterdir()]
+        assert len(workers) == attempt  # each attempt had its own worker ...
+        assert not alive(workers)  # ... and none is left waiting
     loader.close()
-    assert not alive(workers)
+
+
+def failing_init(worker_id: int) -> None:
+    raise RuntimeError(f"no licence server for worker {worker_id}")
+
+
+def test_worker_init_fn_error_reaches_the_training_process(clean: Path) -> None:
+    with fastload.DataLoader(clean, batch_size=2, num_workers=2, transform=T.val(16), worker_init_fn=failing_init) as loader:
+        with pytest.raises(WorkerError, match=r"(?s)worker_init_fn raised in worker \d.*RuntimeError: no licence server for worker \d"):
+            next(iter(loader))
+
+
+def test_batch_slots_that_cannot_be_allocated_say_how_much(clean: Path) -> None:
+    """Under an address-space limit, the slots' allocation fails with the bytes it asked for."""
+    script = f"""
+import resource, fastload, fastload.transforms as T
+resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+loader = fastload.DataLoader({str(clean)!r}, batch_size=4096, num_workers=2, transform=T.val(512))
+try:
+    next(iter(loader))
+except MemoryError as exc:
+    print("MemoryError:", exc)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert "cannot allocate the loader's batch slots: 6 slots of 3,221,258,240 bytes" in out.stdout, out.stdout + out.stderr
+    assert "batch_size=4096, images 3x512x512" in out.stdout and "lower batch_size" in out.stdout
 
 
 def shm_entries() -> set[str]:

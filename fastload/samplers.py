@@ -1,0 +1,243 @@
+"""torch's sampling surface over the fast path: the ``sampler=`` values fastload can honour
+exactly, ``Subset`` of a fastload dataset, and ``loader.sampler`` / ``loader.batch_sampler``
+objects with torch's meanings that read the loader's own order (a pure function of seed, epoch,
+rank and world size, so it resumes exactly).
+
+``loader.sampler`` is a ``DistributedSampler``: Lightning then leaves the loader as it is (it
+re-instantiates DataLoaders whose sampler is not one) and its ``set_epoch`` reaches the loader.
+``loader.batch_sampler`` yields this rank's batches as :class:`BatchIndices`, lists of sample
+indices that also say how the fast path plans them, so a torch DataLoader built from the
+loader's parts (Accelerate's ``skip_first_batches``) yields the same pixels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler, Subset, SubsetRandomSampler
+from torch.utils.data.distributed import DistributedSampler
+
+from fastload.dataset import ShardedDataset
+
+if TYPE_CHECKING:
+    from fastload.loader import DataLoader
+    from fastload.transforms import Transform
+
+
+def unwrap_subset(dataset: Any) -> tuple[ShardedDataset | None, np.ndarray | None]:
+    """(the fastload dataset under ``dataset``, the indices a (nested) ``Subset`` selects, or None);
+    (None, None) when ``dataset`` is no fastload dataset."""
+    if isinstance(dataset, ShardedDataset):
+        return dataset, None
+    if isinstance(dataset, Subset):
+        base, inner = unwrap_subset(dataset.dataset)
+        if base is None:
+            return None, None
+        indices = np.asarray(dataset.indices, dtype=np.int64).reshape(-1)
+        return base, indices if inner is None else inner[indices]
+    return None, None
+
+
+@dataclass(frozen=True)
+class SamplerChoice:
+    """What a ``sampler=`` argument asks of the fast path."""
+
+    shuffle: bool | None = None  # None: the loader's shuffle= decides
+    rank: int | None = None
+    world_size: int | None = None
+    seed: int | None = None
+    drop_remainder: bool = False
+    take: np.ndarray | None = None  # SubsetRandomSampler's indices
+    distributed: DistributedSampler | None = None  # its epoch is read when each iteration starts
+
+
+REFUSED_SAMPLER = (
+    "fastload.DataLoader cannot honour sampler={name} on its fast path: the order there is a pure function of "
+    "(seed, epoch, rank, world size), so it resumes exactly and deals samples to ranks itself. Use shuffle=True/False, "
+    "a torch.utils.data.Subset of the dataset for a fixed list of samples, or a DistributedSampler for rank and "
+    "world size; for another sampler wrap the samples in your own torch Dataset (then torch's loader runs)."
+)
+
+
+def adopt_sampler(sampler: Any, size: int) -> SamplerChoice:
+    """The fast path's equivalent of a torch sampler over ``size`` samples, or a ValueError that
+    says what to use instead."""
+    if sampler is None:
+        return SamplerChoice()
+    name = type(sampler).__name__
+    if isinstance(sampler, DistributedSampler):
+        if len(sampler.dataset) != size:  # type: ignore[arg-type]
+            raise ValueError(f"the DistributedSampler covers {len(sampler.dataset)} samples, the dataset has {size}")  # type: ignore[arg-type]
+        return SamplerChoice(sampler.shuffle, sampler.rank, sampler.num_replicas, sampler.seed, sampler.drop_last, None, sampler)
+    if isinstance(sampler, SequentialSampler) and len(sampler) == size:
+        return SamplerChoice(shuffle=False)
+    if isinstance(sampler, RandomSampler) and not sampler.replacement and len(sampler) == size:
+        return SamplerChoice(shuffle=True)
+    if isinstance(sampler, SubsetRandomSampler):
+        return SamplerChoice(shuffle=True, take=np.asarray(list(sampler.indices), dtype=np.int64))
+    raise ValueError(REFUSED_SAMPLER.format(name=name))
+
+
+class LoaderSampler(DistributedSampler):
+    """``loader.sampler`` of a fast-path loader: this rank's sample indices of the current epoch,
+    with DistributedSampler's attributes; ``set_epoch`` is the loader's."""
+
+    def __init__(self, loader: DataLoader) -> None:  # no super().__init__: everything is read from the loader
+        self._loader = loader
+
+    def __iter__(self) -> Iterator[int]:
+        for batch in self._loader._epoch_batches(from_start=True):
+            yield from batch.tolist()
+
+    def __len__(self) -> int:
+        return sum(len(batch) for batch in self._loader._epoch_batches(from_start=True))
+
+    def set_epoch(self, epoch: int) -> None:
+        """The loader's set_epoch: the next iteration yields that epoch's order."""
+        self._loader.set_epoch(epoch)
+
+    @property
+    def epoch(self) -> int:  # type: ignore[override]
+        return self._loader._epoch
+
+    @property
+    def num_replicas(self) -> int:  # type: ignore[override]
+        return self._loader.world_size
+
+    @property
+    def rank(self) -> int:  # type: ignore[override]
+        return self._loader.rank
+
+    @property
+    def shuffle(self) -> bool:  # type: ignore[override]
+        return self._loader.shuffle
+
+    @property
+    def seed(self) -> int:  # type: ignore[override]
+        return self._loader.seed
+
+    @property
+    def drop_last(self) -> bool:  # type: ignore[override]
+        return self._loader.drop_last
+
+    @property
+    def dataset(self) -> Any:  # type: ignore[override]
+        return self._loader.dataset
+
+    @property
+    def num_samples(self) -> int:  # type: ignore[override]
+        return len(self)
+
+    @property
+    def total_size(self) -> int:  # type: ignore[override]
+        return len(self) * self._loader.world_size
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """How the fast path makes the batches of one loader epoch: enough for any process that holds
+    the dataset (a torch worker) to make the same batch."""
+
+    specs: tuple[Transform, ...]
+    seed: int
+    epoch: int
+    on_error: str
+    image_shape: tuple[int, int, int]
+    has_labels: bool
+    return_keys: bool
+    evaluation: bool
+
+
+class BatchIndices(list):
+    """One batch's sample indices (a list, as torch's batch samplers yield) that a fastload dataset's
+    ``__getitems__`` turns into the fast path's batch (same plans, same pixels)."""
+
+    def __init__(self, indices: Sequence[int], request: BatchRequest, valid: Sequence[bool]) -> None:
+        super().__init__(indices)
+        self.request, self.valid = request, list(valid)
+
+    def __reduce__(self) -> tuple:
+        return (BatchIndices, (list(self), self.request, self.valid))
+
+    def fill(self, dataset: ShardedDataset) -> PlannedBatch:
+        """Read, decode and transform this batch as the loader's workers do."""
+        from fastload.workers import fill_batch
+
+        request = self.request
+        images = np.empty((len(self), *request.image_shape), dtype=np.uint8)
+        labels = np.empty(len(self), dtype=np.int64)
+        keys, _ = fill_batch(dataset, np.asarray(self, dtype=np.int64), request.specs, request.seed, request.epoch,
+                             request.on_error, images, labels)
+        return PlannedBatch(torch.from_numpy(images), torch.from_numpy(labels), keys, np.asarray(self.valid), request)
+
+
+@dataclass
+class PlannedBatch:
+    """A batch :meth:`BatchIndices.fill` made, before :func:`collate` shapes it as the loader does."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    keys: list[str]
+    valid: np.ndarray
+    request: BatchRequest
+
+
+def collate(batch: Any) -> Any:
+    """``loader.collate_fn``: a :class:`PlannedBatch` in the loader's batch layout (Normalize/ToDtype
+    applied here, on the CPU); anything else as torch's default_collate."""
+    if not isinstance(batch, PlannedBatch):
+        return torch.utils.data.default_collate(batch)
+    from fastload.transforms import batch_transform
+
+    request = batch.request
+    images = batch.images
+    batch_fn = batch_transform(request.specs)
+    if batch_fn is not None:
+        images = batch_fn(images)
+    if request.has_labels:
+        out: Any = (images, batch.labels, batch.keys) if request.return_keys else (images, batch.labels)
+        return (*out, torch.from_numpy(batch.valid)) if request.evaluation else out
+    out = {"image": images}
+    if request.return_keys:
+        out["key"] = batch.keys
+    if request.evaluation:
+        out["valid"] = torch.from_numpy(batch.valid)
+    return out
+
+
+class LoaderBatchSampler(BatchSampler):
+    """``loader.batch_sampler`` of a fast-path loader: the rest of this rank's batches of the
+    current epoch (from a loaded state's position), as :class:`BatchIndices`."""
+
+    def __init__(self, loader: DataLoader) -> None:  # no super().__init__: everything is read from the loader
+        self._loader = loader
+
+    def __iter__(self) -> Iterator[list[int]]:
+        loader = self._loader
+        request = loader._batch_request()
+        plan = loader._plan(loader._epoch, loader._resume_at)
+        order = loader._epoch_order(loader._epoch)
+        for batch_no, positions in enumerate(plan.batches):
+            valid = plan.valid(batch_no)
+            if order.valid is not None:
+                valid = valid & order.valid[positions]
+            yield BatchIndices(order.order[positions].tolist(), request, valid.tolist())
+
+    def __len__(self) -> int:
+        return len(self._loader._plan(self._loader._epoch, self._loader._resume_at).batches)
+
+    @property
+    def sampler(self) -> Any:  # type: ignore[override]
+        return self._loader.sampler
+
+    @property
+    def batch_size(self) -> int:  # type: ignore[override]
+        return self._loader.batch_size
+
+    @property
+    def drop_last(self) -> bool:  # type: ignore[override]
+        return self._loader.drop_last
