@@ -186,7 +186,7 @@ class DataLoader(torch.utils.data.DataLoader):
         self.pin_memory_device = ""
         self.timeout = timeout
         self.worker_init_fn = worker_init_fn
-        self.prefetch_factor = 2 if prefetch_factor is None else prefetch_factor
+        self.prefetch_factor = (2 if prefetch_factor is None else prefetch_factor) if num_workers else None  # torch's values
         self.persistent_workers = persistent_workers  # workers always live as long as the loader
         self.multiprocessing_context = None
         self.generator = None
@@ -263,6 +263,11 @@ class DataLoader(torch.utils.data.DataLoader):
             if self.device is None:
                 self.device = accelerate_device()
         return True
+
+    @_is_accelerate_prepared.setter
+    def _is_accelerate_prepared(self, value: bool) -> None:  # accelerate's prepare() also sets it
+        if value:
+            _ = self._is_accelerate_prepared
 
     def __len__(self) -> int:
         return len(self._plan(self._epoch, 0).batches)
@@ -438,7 +443,7 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def _ensure_workers(self) -> tuple[BatchBuffers, WorkerPool | None]:
         if self._buffers is None:
-            in_flight = self.num_workers * self.prefetch_factor
+            in_flight = self.num_workers * (self.prefetch_factor or 0)
             slots = in_flight + LENDABLE_SLOTS if in_flight else 1
             self._buffers = BatchBuffers(slots, self.batch_size, self.image_shape)  # type: ignore[arg-type]
         if self.num_workers and self._pool is None:
@@ -451,7 +456,7 @@ class DataLoader(torch.utils.data.DataLoader):
         nothing is pinned; else copied, into pinned memory when asked) and finish the batch."""
         n = result.count
         labels = torch.from_numpy(buffers.labels(result.slot)[:n].copy())
-        keep = self.num_workers * self.prefetch_factor  # lending never thins the workers' queue
+        keep = self.num_workers * (self.prefetch_factor or 0)  # lending never thins the workers' queue
         lent = None if self.pin_memory or self._pool is None else buffers.lend(result.slot, n, keep=keep)
         if lent is not None:
             images = torch.from_numpy(lent)
