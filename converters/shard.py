@@ -55,12 +55,12 @@ def prepare_sample(sample: Sample, options: ConvertOptions, decoded_shape: tuple
     else:
         field_name = check_image(image, sample.where, options.max_pixels)
         if options.reencode_quality is not None or options.max_size is not None:
-            image = reencode_jpeg(image, sample.where, options.reencode_quality or 95, options.max_size)
+            image = reencode_jpeg(image, sample.where, options.reencode_quality or 95, options.max_size, options.max_pixels)
             field_name = "jpg"
         if decoded:
             from fastload.decode.cpu import decode_image  # numpy, simplejpeg: only when decoding
 
-            field_name, stored = "pixels", decode_image(image, sample.where)
+            field_name, stored = "pixels", decode_image(image, sample.where, max_pixels=options.max_pixels)
         else:
             stored = image
     if decoded and decoded_shape is not None and stored.shape != decoded_shape:  # type: ignore[union-attr]

@@ -29,7 +29,7 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--on-error", choices=["raise", "skip"], default="raise")
     p.add_argument("--reencode-quality", type=int, metavar="Q", help="re-encode images as JPEG of quality Q")
     p.add_argument("--max-size", type=int, metavar="PX", help="shrink images so the longer side is at most PX")
-    p.add_argument("--max-pixels", type=int, default=89_478_485, help="reject images with more pixels (bombs)")
+    p.add_argument("--max-pixels", type=int, help="reject images with more pixels (bombs); default 89478485 (Pillow's), or FASTLOAD_MAX_PIXELS")
     p.add_argument("--follow-symlinks", action="store_true", help="follow links that leave the source root")
     p.add_argument("--path-column", default="path", help="manifest: column of image paths")
     p.add_argument("--label-column", default="label", help="manifest/parquet: column of labels")
@@ -49,6 +49,7 @@ def _run_convert(args: argparse.Namespace) -> int:
     from converters.run import convert
     from converters.sources import SourceOptions
     from converters.writers import WriterOptions
+    from fastload.decode.header import MAX_PIXELS
 
     options = ConvertOptions(
         source=args.source,
@@ -63,7 +64,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         on_error=args.on_error,
         reencode_quality=args.reencode_quality,
         max_size=args.max_size,
-        max_pixels=args.max_pixels,
+        max_pixels=MAX_PIXELS if args.max_pixels is None else args.max_pixels,
         source_options=SourceOptions(
             follow_symlinks=args.follow_symlinks,
             path_column=args.path_column,
