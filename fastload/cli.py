@@ -87,6 +87,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         f"{args.out}: {index.num_samples} samples in {len(index.shards)} {index.layout} shards, "
         f"{index.total_bytes / 1e6:.1f} MB in {seconds:.1f}s ({index.total_bytes / 1e6 / max(seconds, 1e-9):.1f} MB/s); "
         f"{report.shards_written} shards written, {report.shards_reused} resumed"
+        + (f" ({report.shards_changed} finished earlier rewritten: their sources changed)" if report.shards_changed else "")
     )
     if index.skipped:
         print(f"skipped {sum(index.skipped.values())} bad samples {index.skipped}: see {args.out}/skipped.jsonl")
@@ -219,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (FastloadError, ValueError, FileNotFoundError, RuntimeError, ImportError) as exc:
+    except (FastloadError, ValueError, OSError, RuntimeError, ImportError) as exc:  # OSError: disk full, permissions, ...
         print(f"fastload {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
