@@ -93,6 +93,33 @@ def test_sigkill_of_convert_takes_its_workers_along(photos: Path, tmp_path: Path
     assert survivors == []
 
 
+RAY_AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
+
+
+@pytest.mark.slow
+def test_sigkill_of_a_ray_convert_takes_its_workers_along(photos: Path, tmp_path: Path) -> None:
+    """With the local Ray it starts: no Ray process holds the caller's stdout, and the raylet,
+    GCS and task workers exit within seconds. (Ray's two node agents are left to exit by
+    themselves: they first try to report to the dead GCS, which took ~1-2 minutes here.)"""
+    pytest.importorskip("ray")
+    out = tmp_path / "out"
+    proc = start([*convert_args(photos, out, workers=2, per_shard=1), "--engine", "ray"])
+    wait_for_results(proc, out, 3, timeout=120)
+    names = {p.pid: p.name() for p in psutil.Process(proc.pid).children(recursive=True)}
+    workers = [pid for pid, name in names.items() if name not in RAY_AGENTS]
+    assert proc.poll() is None and len(workers) >= 4, names  # raylet, GCS, task workers, ...
+    proc.send_signal(signal.SIGKILL)
+    try:
+        begin = time.monotonic()
+        proc.communicate(timeout=5)
+        while time.monotonic() - begin < 10 and alive(workers):
+            time.sleep(0.1)
+        assert alive(workers) == []
+    finally:
+        for pid in alive(list(names)):  # ours to clean up, agents included
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_a_second_convert_into_the_same_out_fails_at_once_naming_the_first(photos: Path, tmp_path: Path) -> None:
     reference = tmp_path / "reference"
     convert(str(photos), str(reference), ConvertOptions(source="imagefolder", samples_per_shard=2))
