@@ -135,6 +135,20 @@ def test_decode_image_takes_the_converters_limit() -> None:
         decode_image(png_bytes(small_photo(1, size=(20, 30))), "x", max_pixels=599)
 
 
+def test_crop_decoder_checks_the_limit_against_libjpegs_own_reading() -> None:
+    """Whatever fastload's header parser made of a file, the crop decoder refuses to allocate
+    for an image over the limit as libjpeg reads it."""
+    from fastload.workers import _turbo
+
+    if _turbo is None:
+        pytest.skip("the libjpeg-turbo extension is not built")
+    data = jpeg_bytes(small_photo(1, size=(20, 30)))
+    out = np.zeros((3, 8, 8), np.uint8)
+    assert _turbo.decode_crop_into(data, (0.0, 0.0, 30.0, 20.0), out, 8, 8, False, 600) >= 1
+    with pytest.raises(MemoryError, match="decompression bomb: 30x20 = 600 pixels > limit 599"):
+        _turbo.decode_crop_into(data, (0.0, 0.0, 30.0, 20.0), out, 8, 8, False, 599)
+
+
 def corrupt_jpeg(seed: int) -> bytes:
     """A JPEG whose scan data ends early (a cut in the middle): libjpeg warns, Pillow decodes it."""
     data = jpeg_bytes(small_photo(seed, size=(96, 128)))

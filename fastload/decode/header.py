@@ -70,7 +70,7 @@ def check_pixels(width: int, height: int, where: str, max_pixels: int = MAX_PIXE
     if width * height > max_pixels:
         raise SampleError(where, f"decompression bomb: {width}x{height} = {width * height} pixels > limit {max_pixels}")
     if width <= 0 or height <= 0:
-        raise SampleError(where, f"zero-sized image {width}x{height}")
+        raise SampleError(where, f"zero-sized image: {width}x{height}")
 
 
 def image_size(data: bytes, where: str, max_pixels: int = MAX_PIXELS) -> tuple[int, int]:
