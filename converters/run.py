@@ -233,7 +233,10 @@ def convert(
     out = (Path(staging) if staging else staging_dir(url)).absolute() if url else Path(out_dir).absolute()
     out.mkdir(parents=True, exist_ok=True)
     with locked_output(out):
-        return _convert(src, out, url, options, engine, quiet, address)
+        report = _convert(src, out, url, options, engine, quiet, address)
+    if url is not None and not any(out.iterdir()):
+        out.rmdir()  # staging holds nothing once every shard is uploaded
+    return report
 
 
 def _convert(
@@ -249,8 +252,7 @@ def _convert(
             raise ConversionConflict(f"{remote.redact(url) if url else out} already holds a dataset converted with other options; choose another OUT")
         return ConvertReport(index=existing, shards_written=0, shards_reused=len(existing.shards), already_complete=True)
 
-    for stale in out.glob(".*.tmp*"):  # temporary files of a run that was killed (none other runs: we hold OUT)
-        stale.unlink()
+    _remove_temporary_files(out)  # of a run that was killed
     source = open_source(options.source, str(Path(src).absolute()), options.source_options)
     runner = open_engine(engine, options.workers, address)
     items = order_items(source.items(), options.shuffle, options.seed, options.limit)
@@ -283,6 +285,7 @@ def _convert(
             bar.update(len(todo[position].items))
             bar.set_postfix_str(f"{written_bytes / max(bar.format_dict['elapsed'], 1e-9) / 1e6:.1f} MB/s", refresh=False)
 
+    _remove_temporary_files(out)  # of task workers killed mid-shard (their retries used other names)
     ordered = [results[plan.number] for plan in plans]
     index = _assemble_index(source, options, ordered, len(duplicate_pairs), decoded_shape)
     skipped_lines = [_json_line(entry) for r in ordered for entry in r.skipped]
@@ -297,9 +300,14 @@ def _convert(
         for name in (INDEX_FILE, SKIPPED_REPORT, DUPLICATES_REPORT):
             (out / name).unlink(missing_ok=True)
     shutil.rmtree(partial)
-    if url is not None and not any(out.iterdir()):
-        out.rmdir()
     return ConvertReport(index=index, shards_written=len(todo), shards_reused=reused, already_complete=False, shards_changed=changed)
+
+
+def _remove_temporary_files(out: Path) -> None:
+    """Delete every shard temporary file in OUT: with OUT locked, none belongs to a live writer
+    before the shards are planned or after the last one is finished."""
+    for stale in out.glob(".*.tmp*"):
+        stale.unlink(missing_ok=True)
 
 
 def _publish(staging: Path, url: str) -> None:
