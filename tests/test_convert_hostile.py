@@ -121,16 +121,30 @@ def test_sigkill_of_a_ray_convert_takes_its_workers_along(photos: Path, tmp_path
 
 
 def test_a_second_convert_into_the_same_out_fails_at_once_naming_the_first(photos: Path, tmp_path: Path) -> None:
+    """The first run is held mid-way (its last image is a FIFO nobody has written yet) while a
+    second one into the same OUT fails; released, the first finishes as if alone."""
+    src, reference_src = tmp_path / "src", tmp_path / "reference-src"
+    subprocess.run(["cp", "-r", str(photos), str(src)], check=True)
+    subprocess.run(["cp", "-r", str(photos), str(reference_src)], check=True)
+    last = jpeg_bytes(small_photo(500, 2, (64, 80)))
+    (reference_src / "c2" / "zzzz.jpg").write_bytes(last)
+    os.mkfifo(src / "c2" / "zzzz.jpg")
     reference = tmp_path / "reference"
-    convert(str(photos), str(reference), ConvertOptions(source="imagefolder", samples_per_shard=2))
+    convert(str(reference_src), str(reference), ConvertOptions(source="imagefolder", samples_per_shard=2))
     out = tmp_path / "out"
-    first = start(convert_args(photos, out, workers=1))
-    wait_for_results(first, out, 1)
-    assert first.poll() is None, "the first conversion ended too soon: make it longer"
-    begin = time.monotonic()
-    second = run_cli(*convert_args(photos, out, workers=1), check=False)
-    assert time.monotonic() - begin < 10 and second.returncode == 2
-    assert second.stderr.strip().count("\n") == 0 and f"(pid {first.pid})" in second.stderr, second.stderr
+    first = start(convert_args(src, out, workers=1))
+    try:
+        deadline = time.monotonic() + 60
+        lock = out / LOCK_FILE
+        while time.monotonic() < deadline and not (lock.is_file() and lock.read_text().strip() == str(first.pid)):
+            time.sleep(0.01)  # until the first run holds OUT
+        begin = time.monotonic()
+        second = run_cli(*convert_args(src, out, workers=1), check=False)
+        assert time.monotonic() - begin < 10 and second.returncode == 2
+        assert second.stderr.strip().count("\n") == 0 and f"(pid {first.pid})" in second.stderr, second.stderr
+    finally:
+        with open(src / "c2" / "zzzz.jpg", "wb") as fifo:  # let the first run read its last image
+            fifo.write(last)
     assert first.wait(timeout=120) == 0
     assert tree_bytes(out) == tree_bytes(reference)  # untouched by the second run; no lock file left
     assert not (out / LOCK_FILE).exists()
