@@ -16,6 +16,7 @@ import simplejpeg
 
 import fastload
 from fastload import transforms as T
+from fastload.decode.header import MAX_PIXELS
 from fastload.workers import _turbo, plan_sample
 
 
@@ -46,7 +47,7 @@ def main() -> None:
 
     def crop_all() -> None:
         for s in samples:
-            _turbo.decode_crop_into(s.data, s.plan.box, out, args.size, args.size, s.plan.flip)
+            _turbo.decode_crop_into(s.data, s.plan.box, out, args.size, args.size, s.plan.flip, MAX_PIXELS)
 
     def full_all() -> None:
         for s in samples:

@@ -11,13 +11,11 @@ import io
 import warnings
 from typing import TYPE_CHECKING
 
-from fastload.decode.header import jpeg_size, png_size, sniff_image_format
+from fastload.decode.header import MAX_PIXELS, check_pixels, jpeg_size, png_size, sniff_image_format
 from fastload.errors import SampleError
 
 if TYPE_CHECKING:  # imported where used: checking a JPEG or PNG needs neither
     import numpy as np
-
-DEFAULT_MAX_PIXELS = 89_478_485  # Pillow's own decompression-bomb threshold
 
 _PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"
 
@@ -36,7 +34,7 @@ def _decodes_fully(data: bytes) -> str | None:
     return None
 
 
-def check_image(data: bytes, where: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> str:
+def check_image(data: bytes, where: str, max_pixels: int = MAX_PIXELS) -> str:
     """Validate encoded image bytes and return their format (the field name to store them under).
 
     Raises :class:`SampleError` with a reason: empty file, not an image, truncated or corrupt,
@@ -46,7 +44,7 @@ def check_image(data: bytes, where: str, max_pixels: int = DEFAULT_MAX_PIXELS) -
         raise SampleError(where, "empty file: zero bytes")
     fmt = sniff_image_format(data)
     if fmt is None:
-        raise SampleError(where, f"not an image: unrecognised signature {data[:8]!r}")
+        raise SampleError(where, "not an image: unrecognised signature")
     if fmt == "jpg":
         size, complete = jpeg_size(data), data.rstrip(b"\x00\r\n ").endswith(b"\xff\xd9")
     elif fmt == "png":
@@ -61,13 +59,7 @@ def check_image(data: bytes, where: str, max_pixels: int = DEFAULT_MAX_PIXELS) -
                 size = im.size
         except Exception as exc:
             raise SampleError(where, f"corrupt {fmt}: {type(exc).__name__}: {exc}") from None
-    width, height = size
-    if width * height > max_pixels:
-        raise SampleError(
-            where, f"decompression bomb: {width}x{height} = {width * height} pixels > limit {max_pixels}"
-        )
-    if width == 0 or height == 0:
-        raise SampleError(where, f"corrupt {fmt}: zero-sized image {width}x{height}")
+    check_pixels(size[0], size[1], where, max_pixels)
     if not complete:
         failure = _decodes_fully(data)
         if failure is not None:
@@ -88,13 +80,13 @@ def encode_png(pixels: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def reencode_jpeg(data: bytes, where: str, quality: int, max_size: int | None) -> bytes:
+def reencode_jpeg(data: bytes, where: str, quality: int, max_size: int | None, max_pixels: int = MAX_PIXELS) -> bytes:
     """Decode, shrink so the longer side is at most ``max_size`` (if given), and re-encode as JPEG."""
     from PIL import Image
 
     from fastload.decode.cpu import decode_image
 
-    image = Image.fromarray(decode_image(data, where))
+    image = Image.fromarray(decode_image(data, where, max_pixels=max_pixels))
     if max_size is not None and max(image.size) > max_size:
         scale = max_size / max(image.size)
         new_size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 
 from converters.sources import SOURCE_MODULES, SourceOptions
 from converters.writers import WRITER_MODULES, WriterOptions
+from fastload.decode.header import MAX_PIXELS
 from fastload.errors import check_on_error
 from fastload.sizes import parse_size
 
@@ -28,7 +29,7 @@ class ConvertOptions:
     on_error: str = "raise"
     reencode_quality: int | None = None
     max_size: int | None = None
-    max_pixels: int = 89_478_485
+    max_pixels: int = MAX_PIXELS  # the one limit every decode path applies (fastload.decode.header)
     source_options: SourceOptions = field(default_factory=SourceOptions)
     writer_options: WriterOptions = field(default_factory=WriterOptions)
 
@@ -50,6 +51,8 @@ class ConvertOptions:
             raise ValueError("limit must be >= 0")
         if self.reencode_quality is not None and not 1 <= self.reencode_quality <= 100:
             raise ValueError("reencode_quality must be in 1..100")
+        if self.max_pixels < 1:
+            raise ValueError("max_pixels must be >= 1")
         if self.max_size is not None and self.max_size < 1:
             raise ValueError("max_size must be >= 1")
         if self.writer_options.hdf5_decoded and self.layout != "hdf5":

@@ -1,8 +1,10 @@
 """Execute a conversion: plan, write the missing shards on an engine, then publish the index last.
 
-Resumable: each finished shard leaves a small result file in ``OUT/.fastload-partial/``; a rerun
-with the same options skips those shards and rewrites any other (the plan, hence every shard's
-bytes, is a pure function of the input and the options).
+Resumable: each finished shard leaves a small result file in ``OUT/.fastload-partial/``, which
+records what the shard was made from (each source file's size and mtime_ns); a rerun with the same
+options keeps those shards whose sources are unchanged and rewrites every other (the plan, hence
+every shard's bytes, is a pure function of the input and the options). One run at a time holds OUT
+(converters.lock).
 
 OUT may be a URL (``s3://bucket/prefix``, any fsspec URL): shards are then written to a local
 staging folder, uploaded as each finishes and deleted locally; the reports and index.json are
@@ -20,10 +22,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from converters.engines import Engine, open_engine
+from converters.lock import locked_output
 from converters.options import ConvertOptions
 from converters.plan import ShardPlan, assign_shards, order_items
 from converters.sample import SourceItem
-from converters.shard import HashTask, ShardResult, ShardTask, hash_items, prepare_sample, write_shard
+from converters.shard import HashTask, ShardResult, ShardTask, hash_items, naming, prepare_sample, sources_digest, write_shard
 from converters.sources import Source, open_source
 from fastload import remote
 from fastload.errors import SampleError
@@ -55,6 +58,7 @@ class ConvertReport:
     shards_written: int
     shards_reused: int
     already_complete: bool
+    shards_changed: int = 0  # finished by an earlier run, rewritten because their sources changed since
 
 
 def _json_line(obj: object) -> str:
@@ -103,7 +107,8 @@ def _check_partial(partial: Path, fingerprint: dict) -> None:
             )
     else:
         partial.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(plan_file, json.dumps(fingerprint, sort_keys=True).encode(), durable=False)
+        with naming(plan_file):
+            atomic_write_bytes(plan_file, json.dumps(fingerprint, sort_keys=True).encode(), durable=False)
 
 
 def _load_result(path: Path) -> ShardResult | None:
@@ -117,13 +122,17 @@ def _load_result(path: Path) -> ShardResult | None:
     return ShardResult(info=info, **data)
 
 
-def _finished_results(out: Path, partial: Path, plans: list[ShardPlan], url: str | None) -> dict[int, ShardResult]:
-    """Results of shards a previous run finished (result file present and shard in place: the
-    file under OUT, or the object of the right size at the URL)."""
-    finished = {}
+def _finished_results(out: Path, partial: Path, plans: list[ShardPlan], url: str | None) -> tuple[dict[int, ShardResult], int]:
+    """Results of shards a previous run finished from the sources as they are now (result file
+    present, same source stamps, and shard in place: the file under OUT, or the object of the
+    right size at the URL), and how many were finished from sources that have changed since."""
+    finished, changed = {}, 0
     for plan in plans:
         result = _load_result(partial / f"{plan.name}.json")
         if result is None:
+            continue
+        if result.sources != sources_digest(plan.items):
+            changed += 1
             continue
         if result.info is not None:
             if url is None and not (out / result.info.path).is_file():
@@ -131,7 +140,7 @@ def _finished_results(out: Path, partial: Path, plans: list[ShardPlan], url: str
             if url is not None and remote.size(remote.join(url, result.info.path)) != result.info.bytes:
                 continue
         finished[plan.number] = result
-    return finished
+    return finished, changed
 
 
 def staging_dir(url: str) -> Path:
@@ -223,6 +232,16 @@ def convert(
     url = out_dir.rstrip("/") if remote.is_url(out_dir) else None
     out = (Path(staging) if staging else staging_dir(url)).absolute() if url else Path(out_dir).absolute()
     out.mkdir(parents=True, exist_ok=True)
+    with locked_output(out):
+        report = _convert(src, out, url, options, engine, quiet, address)
+    if url is not None and not any(out.iterdir()):
+        out.rmdir()  # staging holds nothing once every shard is uploaded
+    return report
+
+
+def _convert(
+    src: str, out: Path, url: str | None, options: ConvertOptions, engine: str, quiet: bool, address: str | None
+) -> ConvertReport:
     partial = out / PARTIAL_DIR
     fingerprint = {"options": options.fingerprint()}
     existing = _existing_index(out, url) if not partial.exists() else None
@@ -233,8 +252,7 @@ def convert(
             raise ConversionConflict(f"{remote.redact(url) if url else out} already holds a dataset converted with other options; choose another OUT")
         return ConvertReport(index=existing, shards_written=0, shards_reused=len(existing.shards), already_complete=True)
 
-    for stale in out.glob(".*.tmp*"):  # temporary files of a run that was killed
-        stale.unlink()
+    _remove_temporary_files(out)  # of a run that was killed
     source = open_source(options.source, str(Path(src).absolute()), options.source_options)
     runner = open_engine(engine, options.workers, address)
     items = order_items(source.items(), options.shuffle, options.seed, options.limit)
@@ -249,7 +267,7 @@ def convert(
     fingerprint["plan_sha256"] = hashlib.sha256("\n".join(f"{p.name} {i.key}" for p in plans for i in p.items).encode()).hexdigest()
     _check_partial(partial, fingerprint)
 
-    results = _finished_results(out, partial, plans, url)
+    results, changed = _finished_results(out, partial, plans, url)
     reused = len(results)
     todo = [plan for plan in plans if plan.number not in results]
     tasks = [ShardTask(source, plan, str(out), options, decoded_shape, upload_to=url) for plan in todo]
@@ -260,11 +278,14 @@ def convert(
             results[result.number] = result
             # Bookkeeping only: if a crash loses it, the shard is simply written again. It is
             # written after the shard's data was fsynced, so it never vouches for a lost shard.
-            atomic_write_bytes(partial / f"{todo[position].name}.json", json.dumps(asdict(result), sort_keys=True).encode(), durable=False)
+            result_file = partial / f"{todo[position].name}.json"
+            with naming(result_file):
+                atomic_write_bytes(result_file, json.dumps(asdict(result), sort_keys=True).encode(), durable=False)
             written_bytes += result.info.bytes if result.info else 0
             bar.update(len(todo[position].items))
             bar.set_postfix_str(f"{written_bytes / max(bar.format_dict['elapsed'], 1e-9) / 1e6:.1f} MB/s", refresh=False)
 
+    _remove_temporary_files(out)  # of task workers killed mid-shard (their retries used other names)
     ordered = [results[plan.number] for plan in plans]
     index = _assemble_index(source, options, ordered, len(duplicate_pairs), decoded_shape)
     skipped_lines = [_json_line(entry) for r in ordered for entry in r.skipped]
@@ -272,15 +293,21 @@ def convert(
     dup_lines = [_json_line({"key": dup.key, "where": dup.where, "duplicate_of": orig.key}) for dup, orig in duplicate_pairs]
     _write_report(out / DUPLICATES_REPORT, dup_lines)
     fsync_dir(out)  # every shard's rename is durable before the index that lists it
-    write_index(out, index)
+    with naming(out / INDEX_FILE):
+        write_index(out, index)
     if url is not None:
         _publish(out, url)
         for name in (INDEX_FILE, SKIPPED_REPORT, DUPLICATES_REPORT):
             (out / name).unlink(missing_ok=True)
     shutil.rmtree(partial)
-    if url is not None and not any(out.iterdir()):
-        out.rmdir()
-    return ConvertReport(index=index, shards_written=len(todo), shards_reused=reused, already_complete=False)
+    return ConvertReport(index=index, shards_written=len(todo), shards_reused=reused, already_complete=False, shards_changed=changed)
+
+
+def _remove_temporary_files(out: Path) -> None:
+    """Delete every shard temporary file in OUT: with OUT locked, none belongs to a live writer
+    before the shards are planned or after the last one is finished."""
+    for stale in out.glob(".*.tmp*"):
+        stale.unlink(missing_ok=True)
 
 
 def _publish(staging: Path, url: str) -> None:
@@ -296,7 +323,8 @@ def _publish(staging: Path, url: str) -> None:
 def _write_report(path: Path, lines: list[str]) -> None:
     """Write a JSON-lines report, or remove a stale one when there is nothing to report."""
     if lines:
-        atomic_write_bytes(path, "".join(lines).encode())
+        with naming(path):
+            atomic_write_bytes(path, "".join(lines).encode())
     else:
         path.unlink(missing_ok=True)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,7 @@ class SourceItem:
     where: str  # the file (and row) it comes from, for error messages
     size_hint: int  # bytes it is expected to take in a shard
     ref: Any = None  # source-specific locator (path, row number, tar offset, ...)
+    stamp: tuple[int, ...] = ()  # (size, mtime_ns) of each file it is read from: resume redoes a shard when one changes
 
 
 @dataclass
@@ -31,6 +33,16 @@ class Sample:
     image: bytes | np.ndarray
     label: int | None = None
     extra: dict[str, bytes] = field(default_factory=dict)
+
+
+def file_stamp(*paths: str | os.PathLike[str]) -> tuple[int, ...]:
+    """(size, mtime_ns) of each file, flattened: a SourceItem's ``stamp``. A stat the sources make
+    anyway; a content hash would read the whole input again on every rerun."""
+    stamp: list[int] = []
+    for path in paths:
+        st = os.stat(path)
+        stamp += (st.st_size, st.st_mtime_ns)
+    return tuple(stamp)
 
 
 def make_key(relative_name: str) -> str:

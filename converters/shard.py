@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -43,6 +45,7 @@ class ShardResult:
     class_counts: dict[int, int] = field(default_factory=dict)
     fields: list[str] = field(default_factory=list)
     image_fields: list[str] = field(default_factory=list)
+    sources: str = ""  # sources_digest of its items when it was written: resume redoes it if they changed
 
 
 def prepare_sample(sample: Sample, options: ConvertOptions, decoded_shape: tuple[int, ...] | None) -> PreparedSample:
@@ -55,12 +58,12 @@ def prepare_sample(sample: Sample, options: ConvertOptions, decoded_shape: tuple
     else:
         field_name = check_image(image, sample.where, options.max_pixels)
         if options.reencode_quality is not None or options.max_size is not None:
-            image = reencode_jpeg(image, sample.where, options.reencode_quality or 95, options.max_size)
+            image = reencode_jpeg(image, sample.where, options.reencode_quality or 95, options.max_size, options.max_pixels)
             field_name = "jpg"
         if decoded:
             from fastload.decode.cpu import decode_image  # numpy, simplejpeg: only when decoding
 
-            field_name, stored = "pixels", decode_image(image, sample.where)
+            field_name, stored = "pixels", decode_image(image, sample.where, max_pixels=options.max_pixels)
         else:
             stored = image
     if decoded and decoded_shape is not None and stored.shape != decoded_shape:  # type: ignore[union-attr]
@@ -70,8 +73,29 @@ def prepare_sample(sample: Sample, options: ConvertOptions, decoded_shape: tuple
     return PreparedSample(key=sample.key, image_field=field_name, image=stored, label=sample.label, extra=sample.extra)
 
 
+def sources_digest(items: tuple[SourceItem, ...]) -> str:
+    """What a shard is made from: its items' keys and file stamps (size, mtime_ns), hashed."""
+    return hashlib.sha256("\n".join(f"{item.key} {item.stamp}" for item in items).encode()).hexdigest()
+
+
+@contextmanager
+def naming(path: Path) -> Iterator[None]:
+    """Re-raise an OSError that names no file (a failed write: ENOSPC, EFBIG) as one naming ``path``."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None or exc.errno is None:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+
+
 def write_shard(task: ShardTask) -> ShardResult:
     """Write one shard; bad samples raise or, with on_error='skip', are left out and reported."""
+    with naming(Path(task.out_dir) / task.plan.name):
+        return _write_shard(task)
+
+
+def _write_shard(task: ShardTask) -> ShardResult:
     path = Path(task.out_dir) / task.plan.name
     path.parent.mkdir(parents=True, exist_ok=True)  # a Ray worker on another node writes to its own staging
     writer = open_writer(task.options.layout, path, task.options.writer_options)
@@ -102,6 +126,7 @@ def write_shard(task: ShardTask) -> ShardResult:
     except BaseException:
         writer.abort()
         raise
+    result.sources = sources_digest(task.plan.items)
     result.class_counts = dict(sorted(labels.items()))
     result.fields = sorted(fields)
     result.image_fields = sorted(image_fields)

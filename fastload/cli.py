@@ -29,7 +29,7 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--on-error", choices=["raise", "skip"], default="raise")
     p.add_argument("--reencode-quality", type=int, metavar="Q", help="re-encode images as JPEG of quality Q")
     p.add_argument("--max-size", type=int, metavar="PX", help="shrink images so the longer side is at most PX")
-    p.add_argument("--max-pixels", type=int, default=89_478_485, help="reject images with more pixels (bombs)")
+    p.add_argument("--max-pixels", type=int, help="reject images with more pixels (bombs); default 89478485 (Pillow's), or FASTLOAD_MAX_PIXELS")
     p.add_argument("--follow-symlinks", action="store_true", help="follow links that leave the source root")
     p.add_argument("--path-column", default="path", help="manifest: column of image paths")
     p.add_argument("--label-column", default="label", help="manifest/parquet: column of labels")
@@ -49,6 +49,7 @@ def _run_convert(args: argparse.Namespace) -> int:
     from converters.run import convert
     from converters.sources import SourceOptions
     from converters.writers import WriterOptions
+    from fastload.decode.header import MAX_PIXELS
 
     options = ConvertOptions(
         source=args.source,
@@ -63,7 +64,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         on_error=args.on_error,
         reencode_quality=args.reencode_quality,
         max_size=args.max_size,
-        max_pixels=args.max_pixels,
+        max_pixels=MAX_PIXELS if args.max_pixels is None else args.max_pixels,
         source_options=SourceOptions(
             follow_symlinks=args.follow_symlinks,
             path_column=args.path_column,
@@ -86,6 +87,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         f"{args.out}: {index.num_samples} samples in {len(index.shards)} {index.layout} shards, "
         f"{index.total_bytes / 1e6:.1f} MB in {seconds:.1f}s ({index.total_bytes / 1e6 / max(seconds, 1e-9):.1f} MB/s); "
         f"{report.shards_written} shards written, {report.shards_reused} resumed"
+        + (f" ({report.shards_changed} finished earlier rewritten: their sources changed)" if report.shards_changed else "")
     )
     if index.skipped:
         print(f"skipped {sum(index.skipped.values())} bad samples {index.skipped}: see {args.out}/skipped.jsonl")
@@ -218,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (FastloadError, ValueError, FileNotFoundError, RuntimeError, ImportError) as exc:
+    except (FastloadError, ValueError, OSError, RuntimeError, ImportError) as exc:  # OSError: disk full, permissions, ...
         print(f"fastload {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

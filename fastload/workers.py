@@ -25,7 +25,7 @@ import numpy as np
 
 from fastload.dataset import ShardedDataset
 from fastload.decode.cpu import decode_image
-from fastload.decode.header import image_size
+from fastload.decode.header import MAX_PIXELS, image_size
 from fastload.errors import FastloadError, SampleError
 from fastload.index import image_field
 from fastload.sampling import sample_rng
@@ -72,10 +72,7 @@ def plan_sample(ds: ShardedDataset, index: int, specs: Sequence[Transform], seed
     if ext is None:
         raise SampleError(where, f"no image field among {sorted(fields)}")
     data = fields[ext]
-    try:
-        width, height = image_size(data)
-    except Exception as exc:
-        raise SampleError(where, f"cannot read image header: {type(exc).__name__}: {exc}") from None
+    width, height = image_size(data, where)  # a bomb or an empty image is a SampleError here
     return PlannedSample(key, where, label, plan(specs, height, width, rng), height, width, data=data)
 
 
@@ -116,12 +113,14 @@ def transform_into(ds: ShardedDataset, index: int, specs: Sequence[Transform], s
         data = sample.data
         if _turbo is not None and data[:3] == b"\xff\xd8\xff" and out.shape[0] == 3:
             try:
-                _turbo.decode_crop_into(data, sample.plan.box, out, out.shape[1], out.shape[2], sample.plan.flip)
+                _turbo.decode_crop_into(data, sample.plan.box, out, out.shape[1], out.shape[2], sample.plan.flip, MAX_PIXELS)
                 return sample.label, sample.key
             except NotImplementedError:
                 pass  # CMYK: the generic path below converts it
             except ValueError as exc:
                 raise SampleError(sample.where, f"corrupt JPEG: {exc}") from None
+            except MemoryError as exc:  # over the pixel limit by libjpeg's own reading of the header
+                raise SampleError(sample.where, str(exc)) from None
         min_h, min_w = dct_min_size(sample.plan, sample.height, sample.width)
         pixels = decode_image(data, sample.where, min_h, min_w)
     if _turbo is not None and pixels.shape[2] == 3 == out.shape[0]:  # type: ignore[union-attr]

@@ -7,7 +7,6 @@ import io
 import json
 import os
 import tarfile
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -20,16 +19,7 @@ from fastload.errors import SampleError
 from fastload.formats import open_shard
 from fastload.index import read_index
 from tests.conftest import jpeg_bytes, png_bytes, run_cli, small_photo
-
-
-def fake_png_header(width: int, height: int) -> bytes:
-    """A small, well-formed PNG that claims huge dimensions (a decompression bomb's header)."""
-    ihdr = width.to_bytes(4, "big") + height.to_bytes(4, "big") + bytes([8, 2, 0, 0, 0])
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")
-
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+from tests.hostile_data import fake_png_header
 
 
 @pytest.fixture()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import jpeg_bytes, run_cli, small_photo, tree_bytes
+from tests.conftest import cli_env, jpeg_bytes, run_cli, small_photo, tree_bytes
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +46,7 @@ def test_workers_2_equals_workers_1(many_images: Path, tmp_path: Path, layout: s
 
 def _start(args: list[str]) -> subprocess.Popen:
     exe = Path(sys.executable).with_name("fastload")
-    return subprocess.Popen([str(exe), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    return subprocess.Popen([str(exe), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, env=cli_env())
 
 
 def _kill_when(proc: subprocess.Popen, out: Path, shards_done: int, timeout: float = 60) -> None:

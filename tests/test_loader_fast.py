@@ -275,7 +275,7 @@ def check_crop_decoder_mode(mode: str) -> None:
     for box, size in cases:
         for flip in (False, True):
             out = np.zeros((3, *size), np.uint8)
-            assert _turbo.decode_crop_into(data, box, out, size[0], size[1], flip) == 8, box
+            assert _turbo.decode_crop_into(data, box, out, size[0], size[1], flip, 10**8) == 8, box
             expected = apply_plan(full, Plan(box=box, size=size, flip=flip), 181, 243).transpose(2, 0, 1)
             assert np.abs(out.astype(int) - expected.astype(int)).max() <= 1, (box, size, flip)
             # decoded pixels (PNG, decoded datasets) go through the same resampler

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from converters.sample import Sample, SourceItem
+from converters.sample import Sample, SourceItem, file_stamp
 from converters.sources import SourceOptions
 
 IMAGE_NAMES = ("images", "x", "data", "X", "x_train")
@@ -59,7 +59,8 @@ class ArraySource:
         """One item per row."""
         images, _ = _load(self.path)
         hint = int(np.prod(images.shape[1:])) // 2
-        return [SourceItem(key=f"{i:08d}", where=f"{self.path}#{i}", size_hint=hint, ref=i) for i in range(len(images))]
+        stamp = file_stamp(*(sorted(self.path.iterdir()) if self.path.is_dir() else [self.path]))
+        return [SourceItem(key=f"{i:08d}", where=f"{self.path}#{i}", size_hint=hint, ref=i, stamp=stamp) for i in range(len(images))]
 
     def load(self, item: SourceItem) -> Sample:
         """The row's pixels (HWC) and label."""

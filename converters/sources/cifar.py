@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from converters.sample import Sample, SourceItem, make_key, unique_keys
+from converters.sample import Sample, SourceItem, file_stamp, make_key, unique_keys
 from converters.sources import SourceOptions
 
 # The only globals a CIFAR batch references: how numpy rebuilds an array and its dtype, and how
@@ -68,7 +68,7 @@ class CifarSource:
 
     def items(self) -> list[SourceItem]:
         """Every image of every batch file, in file order."""
-        refs, names = [], []
+        refs, names, stamps = [], [], {path: file_stamp(path) for path in self.files}
         for path in self.files:
             data, _, filenames = _load_batch(path)
             for row in range(len(data)):
@@ -76,7 +76,7 @@ class CifarSource:
                 names.append(filenames[row] if row < len(filenames) else f"{path.name}_{row:05d}")
         keys = unique_keys([make_key(n) for n in names])
         return [
-            SourceItem(key=k, where=f"{p}#{row}", size_hint=2200, ref=(p, row)) for k, (p, row) in zip(keys, refs)
+            SourceItem(key=k, where=f"{p}#{row}", size_hint=2200, ref=(p, row), stamp=stamps[p]) for k, (p, row) in zip(keys, refs)
         ]
 
     def load(self, item: SourceItem) -> Sample:

@@ -38,17 +38,17 @@ class ImageFolderSource:
 
     def items(self) -> list[SourceItem]:
         """Every image file, class by class, in sorted path order."""
-        found: list[tuple[str, int, int, bool]] = []  # (relative path, label, size, is a symlink)
+        found: list[tuple[str, int, tuple[int, ...], bool]] = []  # (relative path, label, (size, mtime_ns), is a symlink)
         root = str(self.root)
         for label, name in enumerate(self.classes):
             self._scan(root, name, label, found)
         keys = unique_keys([make_key(rel) for rel, _, _, _ in found])
         return [
-            SourceItem(key=key, where=f"{root}/{rel}", size_hint=size, ref=(rel, label, link))
-            for key, (rel, label, size, link) in zip(keys, found)
+            SourceItem(key=key, where=f"{root}/{rel}", size_hint=stamp[0] if stamp else 0, ref=(rel, label, link), stamp=stamp)
+            for key, (rel, label, stamp, link) in zip(keys, found)
         ]
 
-    def _scan(self, root: str, rel_dir: str, label: int, found: list[tuple[str, int, int, bool]]) -> None:
+    def _scan(self, root: str, rel_dir: str, label: int, found: list[tuple[str, int, tuple[int, ...], bool]]) -> None:
         with os.scandir(f"{root}/{rel_dir}") as it:
             entries = sorted(it, key=lambda e: e.name)
         for entry in entries:
@@ -57,10 +57,11 @@ class ImageFolderSource:
                 self._scan(root, rel, label, found)
             elif os.path.splitext(entry.name)[1].lower() in IMAGE_EXTENSIONS:
                 try:
-                    size = entry.stat().st_size
+                    st = entry.stat()
+                    stamp: tuple[int, ...] = (st.st_size, st.st_mtime_ns)
                 except OSError:
-                    size = 0  # a dangling link: reported when loaded
-                found.append((rel, label, size, entry.is_symlink()))
+                    stamp = ()  # a dangling link: reported when loaded
+                found.append((rel, label, stamp, entry.is_symlink()))
 
     def load(self, item: SourceItem) -> Sample:
         """Read the file's bytes as they are."""

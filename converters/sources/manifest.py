@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from converters.sample import Sample, SourceItem, make_key, unique_keys
+from converters.sample import Sample, SourceItem, file_stamp, make_key, unique_keys
 from converters.sources import SourceOptions
 from fastload.errors import SampleError
 
@@ -25,14 +25,15 @@ class ManifestSource:
         """One item per manifest row, in file order."""
         keys = unique_keys([make_key(path) for path, _ in self.rows])
         out = []
+        listed = file_stamp(self.manifest)  # the labels come from it
         for lineno, (key, (path, label)) in enumerate(zip(keys, self.rows), start=1):
             full = self.base / path
             try:
-                size = full.stat().st_size
+                stamp = file_stamp(full)
             except OSError:
-                size = 0
+                stamp = ()
             where = f"{full} (row {lineno} of {self.manifest.name})"
-            out.append(SourceItem(key=key, where=where, size_hint=size, ref=(path, label)))
+            out.append(SourceItem(key=key, where=where, size_hint=stamp[0] if stamp else 0, ref=(path, label), stamp=listed + stamp))
         return out
 
     def load(self, item: SourceItem) -> Sample:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from converters.sample import Sample, SourceItem
+from converters.sample import Sample, SourceItem, file_stamp
 from converters.sources import SourceOptions
 
 _PREFIX = {"train": "train", "test": "t10k"}
@@ -58,8 +58,9 @@ class MnistSource:
     def items(self) -> list[SourceItem]:
         """One item per image, in file order."""
         images, _ = _load(self.images_path, self.labels_path)
+        stamp = file_stamp(self.images_path, self.labels_path)
         return [
-            SourceItem(key=f"{self.split}_{i:06d}", where=f"{self.images_path}#{i}", size_hint=400, ref=i)
+            SourceItem(key=f"{self.split}_{i:06d}", where=f"{self.images_path}#{i}", size_hint=400, ref=i, stamp=stamp)
             for i in range(len(images))
         ]
 

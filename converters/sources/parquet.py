@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from converters.sample import Sample, SourceItem
+from converters.sample import Sample, SourceItem, file_stamp
 from converters.sources import SourceOptions
 from fastload.errors import SampleError
 
@@ -51,13 +51,14 @@ class ParquetSource:
         pq = import_pyarrow_parquet()
         out = []
         for path in self.files:
+            stamp = file_stamp(path)
             meta = pq.ParquetFile(path).metadata
             for group in range(meta.num_row_groups):
                 rows = meta.row_group(group).num_rows
                 size = meta.row_group(group).total_byte_size // max(rows, 1)
                 for row in range(rows):
                     key = f"{path.stem}_{group:04d}_{row:06d}".replace(".", "_")
-                    out.append(SourceItem(key=key, where=f"{path}#group{group}/row{row}", size_hint=size, ref=(path, group, row)))
+                    out.append(SourceItem(key=key, where=f"{path}#group{group}/row{row}", size_hint=size, ref=(path, group, row), stamp=stamp))
         return out
 
     def load(self, item: SourceItem) -> Sample:

@@ -7,7 +7,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from converters.sample import Sample, SourceItem
+from converters.sample import Sample, SourceItem, file_stamp
 from converters.sources import SourceOptions
 from fastload.errors import SampleError
 from fastload.index import DatasetIndexError, image_field, read_index, split_member_name
@@ -27,8 +27,13 @@ def scan_tar(path: Path) -> list[tuple[str, dict[str, tuple[int, int]], str | No
     """Group a tar's regular files into samples: (key, {ext: (data offset, size)}, unsafe reason)."""
     samples: list[tuple[str, dict[str, tuple[int, int]], str | None]] = []
     try:
+        file_size = path.stat().st_size
         with tarfile.open(path, mode="r:") as tar:
             for member in tar:
+                if member.offset_data + member.size > file_size:  # e.g. a GNU base-256 size: nothing after it can be found
+                    raise ValueError(
+                        f"{path}: not a readable tar (member {member.name!r} claims {member.size} bytes, past the end of the file)"
+                    )
                 if not member.isfile():
                     continue
                 key, ext = split_member_name(member.name)
@@ -39,7 +44,7 @@ def scan_tar(path: Path) -> list[tuple[str, dict[str, tuple[int, int]], str | No
                     samples[-1] = (key, samples[-1][1], samples[-1][2] or unsafe_member_reason(member.name))
                 else:
                     samples.append((key, {ext: (member.offset_data, member.size)}, unsafe_member_reason(member.name)))
-    except tarfile.TarError as exc:
+    except (tarfile.TarError, OSError) as exc:
         raise ValueError(f"{path}: not a readable tar ({exc})") from None
     return samples
 
@@ -55,9 +60,10 @@ class WdsSource:
         """One item per sample key of every shard."""
         out = []
         for shard in self.shards:
+            stamp = file_stamp(shard)
             for key, fields, unsafe in scan_tar(shard):
                 size = sum(size for _, size in fields.values())
-                out.append(SourceItem(key=key, where=f"{shard}:{key}", size_hint=size, ref=(shard, fields, unsafe)))
+                out.append(SourceItem(key=key, where=f"{shard}:{key}", size_hint=size, ref=(shard, fields, unsafe), stamp=stamp))
         return out
 
     def load(self, item: SourceItem) -> Sample:
@@ -66,12 +72,15 @@ class WdsSource:
         if unsafe:
             raise SampleError(item.where, f"rejected: {unsafe}")
         values: dict[str, bytes] = {}
-        fd = os.open(shard, os.O_RDONLY)
         try:
-            for ext, (offset, size) in fields.items():
-                values[ext] = os.pread(fd, size, offset)
-        finally:
-            os.close(fd)
+            fd = os.open(shard, os.O_RDONLY)
+            try:
+                for ext, (offset, size) in fields.items():
+                    values[ext] = os.pread(fd, size, offset)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise SampleError(item.where, f"unreadable: {exc.strerror or exc}") from None
         field = image_field(values)
         if field is None:
             raise SampleError(item.where, f"no image field among {sorted(values)}")
@@ -82,7 +91,7 @@ class WdsSource:
             try:
                 label = int(text)
             except ValueError:
-                raise SampleError(item.where, f"cls field {text!r} is not an integer") from None
+                raise SampleError(item.where, "cls field is not an integer") from None
         return Sample(key=item.key, where=item.where, image=image, label=label, extra=values)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -59,8 +60,9 @@ def open_writer(layout: str, path: Path, options: WriterOptions) -> ShardWriter:
 
 
 def temp_path(path: Path) -> Path:
-    """The hidden temporary name a shard file is written under before its rename."""
-    return path.with_name(f".{path.name}.tmp")
+    """The hidden temporary name a shard file is written under before its rename; unique to the
+    writing process (host and pid), so a retried Ray task never writes into another's file."""
+    return path.with_name(f".{path.name}.tmp-{socket.gethostname()}-{os.getpid()}")
 
 
 def publish(tmp: Path, final: Path) -> None:

@@ -1,12 +1,15 @@
 /* fastload.decode._turbo: decode only the part of a JPEG a crop needs, then resample it.
  *
- * decode_crop_into(data, box, out, flip) decodes the JPEG in `data` with libjpeg-turbo at the
+ * decode_crop_into(data, box, out, height, width, flip, max_pixels) decodes the JPEG in `data` with libjpeg-turbo at the
  * smallest DCT scale (1/8, 1/4, 1/2, 1) that still gives the crop `box` (x0, y0, x1, y1 in source pixels)
  * at least the output's resolution, skipping the scanlines above and below the crop and the
  * columns beside it (jpeg_skip_scanlines, jpeg_crop_scanline), and resamples each decoded row
  * as it arrives into `out`, a writable C-contiguous uint8 buffer of shape (3, H, W), with an
  * antialiased bilinear (triangle) filter computed like Pillow's, mirrored when `flip`. The GIL
- * is released while it works. Corrupt-data warnings are errors, as in simplejpeg's strict mode.
+ * is released while it works. Corrupt-data warnings are errors, as in simplejpeg's strict mode; data
+ * below the decoded rows is never read, so damage there goes unseen (fastload verify --decode reads
+ * it). An image of more than max_pixels pixels (as libjpeg parsed its header) is refused before
+ * anything is allocated for it.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -465,7 +468,8 @@ static int clamp_box(double *x0, double *y0, double *x1, double *y1, int width, 
 
 /* Returns 0 on success; on failure fills `message`. */
 static int decode_crop(const unsigned char *data, size_t size, double x0, double y0, double x1, double y1,
-                       unsigned char *out, int out_h, int out_w, int flip, char *message, int *scale_used) {
+                       unsigned char *out, int out_h, int out_w, int flip, unsigned long long max_pixels, char *message,
+                       int *scale_used) {
     struct jpeg_decompress_struct cinfo;
     ErrorManager err;
     unsigned char *volatile row = NULL;
@@ -485,6 +489,13 @@ static int decode_crop(const unsigned char *data, size_t size, double x0, double
     jpeg_create_decompress(&cinfo);
     jpeg_mem_src(&cinfo, data, (unsigned long)size);
     jpeg_read_header(&cinfo, TRUE);
+    if ((unsigned long long)cinfo.image_width * cinfo.image_height > max_pixels) {
+        snprintf(message, JMSG_LENGTH_MAX, "decompression bomb: %ux%u = %llu pixels > limit %llu",
+                 (unsigned)cinfo.image_width, (unsigned)cinfo.image_height,
+                 (unsigned long long)cinfo.image_width * cinfo.image_height, max_pixels);
+        jpeg_destroy_decompress(&cinfo);
+        return -3; /* the caller raises it as a limit, not as corrupt data */
+    }
     if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
         strcpy(message, "CMYK JPEG: not handled here");
         jpeg_destroy_decompress(&cinfo);
@@ -605,7 +616,8 @@ static PyObject *py_decode_crop_into(PyObject *self, PyObject *args) {
     Py_buffer data, out;
     double x0, y0, x1, y1;
     int out_h, out_w, flip;
-    if (!PyArg_ParseTuple(args, "y*(dddd)w*iip", &data, &x0, &y0, &x1, &y1, &out, &out_h, &out_w, &flip))
+    unsigned long long max_pixels;
+    if (!PyArg_ParseTuple(args, "y*(dddd)w*iipK", &data, &x0, &y0, &x1, &y1, &out, &out_h, &out_w, &flip, &max_pixels))
         return NULL;
     if (check_output(&out, out_h, out_w)) {
         PyBuffer_Release(&data);
@@ -615,12 +627,17 @@ static PyObject *py_decode_crop_into(PyObject *self, PyObject *args) {
     char message[JMSG_LENGTH_MAX] = {0};
     int status, scale = 0;
     Py_BEGIN_ALLOW_THREADS
-    status = decode_crop(data.buf, (size_t)data.len, x0, y0, x1, y1, out.buf, out_h, out_w, flip, message, &scale);
+    status = decode_crop(data.buf, (size_t)data.len, x0, y0, x1, y1, out.buf, out_h, out_w, flip, max_pixels, message,
+                         &scale);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
     PyBuffer_Release(&out);
     if (status == -2) {
         PyErr_SetString(PyExc_NotImplementedError, message);
+        return NULL;
+    }
+    if (status == -3) {
+        PyErr_SetString(PyExc_MemoryError, message);
         return NULL;
     }
     if (status) {
@@ -632,8 +649,9 @@ static PyObject *py_decode_crop_into(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"decode_crop_into", py_decode_crop_into, METH_VARARGS,
-     "decode_crop_into(jpeg, (x0, y0, x1, y1), out, height, width, flip) -> M: decode the crop's "
-     "region at DCT scale M/8 and resample it into out (3 x height x width uint8)."},
+     "decode_crop_into(jpeg, (x0, y0, x1, y1), out, height, width, flip, max_pixels) -> M: decode the crop's "
+     "region at DCT scale M/8 and resample it into out (3 x height x width uint8). ValueError for corrupt "
+     "data, MemoryError (before any allocation) for an image over max_pixels."},
     {"resample_into", py_resample_into, METH_VARARGS,
      "resample_into(pixels, height, width, (x0, y0, x1, y1), out, out_height, out_width, flip): resample "
      "the crop of C-contiguous HWC RGB uint8 pixels into out (3 x out_height x out_width uint8)."},

@@ -1,8 +1,17 @@
-"""Image headers without decoding: the format from the magic number, the size from the header."""
+"""Image headers without decoding: the format from the magic number, the size from the header,
+and the one pixel limit every decode path checks that size against before allocating anything."""
 
 from __future__ import annotations
 
 import io
+import os
+
+from fastload.errors import SampleError
+
+# Pillow's MAX_IMAGE_PIXELS (a 1.2 KB progressive JPEG claiming 65500x65500 wants ~13 GB of
+# coefficients and pixels). The converters' --max-pixels defaults to it; FASTLOAD_MAX_PIXELS raises
+# it for the loader, verify and dataset indexing (read once, at import).
+MAX_PIXELS: int = int(os.environ.get("FASTLOAD_MAX_PIXELS", "89478485"))
 
 _SIGNATURES: tuple[tuple[bytes, str], ...] = (
     (b"\xff\xd8\xff", "jpg"),
@@ -56,13 +65,26 @@ def png_size(data: bytes) -> tuple[int, int] | None:
     return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
 
 
-def image_size(data: bytes) -> tuple[int, int]:
-    """(width, height) of any supported image: from the header, else from Pillow (lazily)."""
+def check_pixels(width: int, height: int, where: str, max_pixels: int = MAX_PIXELS) -> None:
+    """Raise SampleError for an empty image (a zero side) or one over ``max_pixels`` (a bomb)."""
+    if width * height > max_pixels:
+        raise SampleError(where, f"decompression bomb: {width}x{height} = {width * height} pixels > limit {max_pixels}")
+    if width <= 0 or height <= 0:
+        raise SampleError(where, f"zero-sized image: {width}x{height}")
+
+
+def image_size(data: bytes, where: str, max_pixels: int = MAX_PIXELS) -> tuple[int, int]:
+    """(width, height) of any supported image, from the header (else Pillow's, lazily), checked
+    by :func:`check_pixels`; a header that cannot be read is a SampleError."""
     fmt = sniff_image_format(data)
     size = jpeg_size(data) if fmt == "jpg" else png_size(data) if fmt == "png" else None
     if size is None:
         from PIL import Image
 
-        with Image.open(io.BytesIO(data)) as im:
-            size = im.size
+        try:
+            with Image.open(io.BytesIO(data)) as im:
+                size = im.size
+        except Exception as exc:  # Pillow raises many types for bad data
+            raise SampleError(where, f"cannot read image header: {type(exc).__name__}: {exc}") from None
+    check_pixels(size[0], size[1], where, max_pixels)
     return size
