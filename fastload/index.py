@@ -217,6 +217,8 @@ class DatasetIndex:
                 data[name] = _as_tuple(data.get(name))
             data["image_fields"] = data["image_fields"] or ()  # absent or null: none
             index = cls(**data)
+            if total is not None:
+                _check_int(total, "num_samples")
             if total is not None and total != index.num_samples:
                 raise DatasetIndexError(f"num_samples: says {total}, the shards hold {index.num_samples}")
             return index

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fastload.errors import FastloadError, RemoteError
+from fastload.errors import FastloadError
 from fastload.formats import ShardReader, dataset_file, offsets_name, open_shard, open_shard_files
 from fastload.index import DatasetIndex, ShardInfo, file_sha256, image_field, read_index
 from fastload.remote import is_url
@@ -120,7 +120,7 @@ def _verify_remote(url: str, decode: bool) -> VerifyReport:
         for number, shard in enumerate(ds.index.shards):
             try:
                 data, offsets = ds.fetch(number)
-            except RemoteError as exc:
+            except (FastloadError, OSError) as exc:  # a failed download, a full disk
                 report.problems.append(f"{shard.path}: {exc}")
                 continue
             _check_contents(lambda: open_shard_files(ds.index, shard, data, offsets), shard, decode, report)  # noqa: B023
