@@ -219,8 +219,8 @@ class DatasetIndex:
             index = cls(**data)
             if total is not None:
                 _check_int(total, "num_samples")
-            if total is not None and total != index.num_samples:
-                raise DatasetIndexError(f"num_samples: says {total}, the shards hold {index.num_samples}")
+                if total != index.num_samples:
+                    raise DatasetIndexError(f"num_samples: says {total}, the shards hold {index.num_samples}")
             return index
         except DatasetIndexError as exc:
             raise DatasetIndexError(f"{where}: {exc}") from None

@@ -134,6 +134,8 @@ class Hdf5ShardReader:
         return self._cached
 
     def _read_columns(self, f) -> dict:  # type: ignore[no-untyped-def]
+        """Read and check the columns: each as many rows as the index says, labels integers,
+        pixels of the index's shape (a ShardError naming the column otherwise)."""
         import h5py
 
         rows, where = self.rows, f"{self.path}: column"
