@@ -195,10 +195,19 @@ def s3_endpoint():  # type: ignore[no-untyped-def]
             os.environ[key] = value
 
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli_env() -> dict[str, str]:
+    """The environment in which the installed ``fastload`` command imports this checkout's code
+    (an editable install elsewhere would otherwise win)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH"))))}
+
+
 def run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    """Run the installed ``fastload`` command."""
+    """Run the installed ``fastload`` command on this checkout's code."""
     exe = Path(sys.executable).with_name("fastload")
-    proc = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=600, env=cli_env())
     if check and proc.returncode != 0:
         raise AssertionError(f"fastload {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc

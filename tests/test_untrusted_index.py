@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,6 +28,7 @@ from fastload.cli import main as cli_main
 from fastload.errors import DatasetIndexError, FastloadError, SampleError, ShardError
 from fastload.index import INDEX_FILE, format_dali_index, parse_dali_index, read_index
 
+from tests.conftest import run_cli
 from tests.test_fuzz_readers import exercise
 from tests.test_remote import DatasetServer
 
@@ -56,13 +56,6 @@ def h5_root(h5_clean: Path, tmp_path: Path) -> Path:
     root = tmp_path / "h5"
     shutil.copytree(h5_clean, root)
     return root
-
-
-def run_verify(root: Path) -> subprocess.CompletedProcess:
-    """``fastload verify ROOT`` in a fresh process running this checkout's code (the installed
-    ``fastload`` script imports whichever checkout was installed)."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    return subprocess.run([sys.executable, "-m", "fastload.cli", "verify", str(root)], capture_output=True, text=True, env=env, timeout=120)
 
 
 def edit_index(root: Path, change: Callable[[dict], None]) -> None:
@@ -388,7 +381,7 @@ def test_verify_fails_an_empty_tar_whose_idx_lists_samples(ds_root: Path) -> Non
     (ds_root / "shard-00000.tar").write_bytes(b"")
     edit_index(ds_root, set_shard(0, bytes=0, sha256=empty))
     edit_index(ds_root, lambda d: None)
-    result = run_verify(ds_root)
+    result = run_cli("verify", str(ds_root), check=False)
     assert result.returncode == 1, result.stdout
     assert "BAD shard-00000.tar: " in result.stderr and "not a readable tar (ReadError) though its .idx lists 16 members" in result.stderr
     assert "Traceback" not in result.stderr
@@ -399,12 +392,12 @@ def test_verify_compares_every_member_header_with_the_idx(ds_root: Path) -> None
         next(m for m in samples[5] if m[0] == "jpg")[1] += 512
 
     rewrite_idx(ds_root, 2, shift)
-    result = run_verify(ds_root)
+    result = run_cli("verify", str(ds_root), check=False)
     assert result.returncode == 1
     assert "BAD shard-00002.tar: " in result.stderr and "member 11 disagrees with the .idx" in result.stderr
     rewrite_idx(ds_root, 2, lambda samples: samples.pop())  # one sample fewer, the index count to match
     edit_index(ds_root, set_shard(2, samples=7))
-    assert "the tar holds 16 members, its .idx lists 14" in run_verify(ds_root).stderr
+    assert "the tar holds 16 members, its .idx lists 14" in run_cli("verify", str(ds_root), check=False).stderr
 
 
 # --- confinement: nothing outside the root is opened, whatever the index says -------------------
