@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import fastload
-from converters import ConvertOptions, convert
+from converters import ConvertOptions, WriterOptions, convert
 from fastload import transforms as T
 from fastload.cache import RemoteFile
 from fastload.cli import main as cli_main
@@ -356,12 +356,23 @@ def rewrite_h5_column(path: Path, name: str, values: np.ndarray) -> None:
     ],
 )
 def test_hdf5_columns_other_than_the_index_says_are_a_shard_error(h5_root: Path, column: str, values: np.ndarray, message: str) -> None:
-    rewrite_h5_column(h5_root / "shard-00000.h5", column, values)
-    edit_index(h5_root, lambda d: d["shards"][0].update(bytes=(h5_root / "shard-00000.h5").stat().st_size, sha256=hashlib.sha256((h5_root / "shard-00000.h5").read_bytes()).hexdigest()))
+    shard = h5_root / "shard-00000.h5"
+    rewrite_h5_column(shard, column, values)
+    edit_index(h5_root, set_shard(0, bytes=shard.stat().st_size, sha256=hashlib.sha256(shard.read_bytes()).hexdigest()))
     with pytest.raises(ShardError, match=re.escape(message)):
         fastload.open(h5_root)[7]
     problems = fastload.verify_dataset(h5_root).problems
     assert len(problems) == 1 and message in problems[0]
+
+
+def test_decoded_pixels_of_another_shape_than_the_index_says_are_a_shard_error(npz_file: Path, tmp_path: Path) -> None:
+    root = tmp_path / "px"
+    convert(str(npz_file), str(root), ConvertOptions(source="npz", layout="hdf5", writer_options=WriterOptions(hdf5_decoded=True)))
+    height, width, channels = read_index(root).decoded_shape
+    assert fastload.open(root)[0]["image"].shape == (height, width, channels)
+    edit_index(root, lambda d: d.update(decoded_shape=[height + 1, width, channels]))
+    with pytest.raises(ShardError, match=re.escape(f"column pixels: not {read_index(root).shards[0].samples} rows of uint8 pixels of shape [{height + 1}, {width}, {channels}]")):
+        fastload.open(root)[0]
 
 
 def test_hdf5_byte_offsets_past_their_bytes_are_a_shard_error(h5_root: Path) -> None:
@@ -380,7 +391,6 @@ def test_verify_fails_an_empty_tar_whose_idx_lists_samples(ds_root: Path) -> Non
     empty = hashlib.sha256(b"").hexdigest()
     (ds_root / "shard-00000.tar").write_bytes(b"")
     edit_index(ds_root, set_shard(0, bytes=0, sha256=empty))
-    edit_index(ds_root, lambda d: None)
     result = run_cli("verify", str(ds_root), check=False)
     assert result.returncode == 1, result.stdout
     assert "BAD shard-00000.tar: " in result.stderr and "not a readable tar (ReadError) though its .idx lists 16 members" in result.stderr
