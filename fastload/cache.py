@@ -22,7 +22,8 @@ from pathlib import Path
 from collections.abc import Iterator
 
 from fastload import remote
-from fastload.index import file_sha256
+from fastload.errors import DatasetIndexError
+from fastload.index import check_relative_path, file_sha256, is_sha256
 
 DEFAULT_CACHE_BYTES = 50 * 10**9
 _STAMP = ".ok"
@@ -47,12 +48,18 @@ def default_cache_bytes() -> int:
 
 @dataclass(frozen=True)
 class RemoteFile:
-    """One file of a remote dataset: where it is and what the index says it holds."""
+    """One file of a remote dataset: where it is and what the index says it holds. ``name`` and
+    ``sha256`` name its cache entry, so they are checked here too (as the index checks them)."""
 
     url: str
     name: str  # the path relative to the dataset root, for the cache entry's name
     sha256: str | None
     bytes: int | None
+
+    def __post_init__(self) -> None:
+        check_relative_path(self.name, f"{remote.redact(self.url)}: name")
+        if self.sha256 is not None and not is_sha256(self.sha256):
+            raise DatasetIndexError(f"{remote.redact(self.url)}: sha256 must be 64 lowercase hex digits")
 
 
 class ShardCache:
@@ -67,7 +74,8 @@ class ShardCache:
         self.root.mkdir(parents=True, exist_ok=True)
 
     def entry(self, file: RemoteFile) -> Path:
-        """The cache path of ``file``: by content hash, or by URL when the index has no hash."""
+        """The cache path of ``file``, directly under the cache root: by content hash (checked to be
+        hex), or by a hash of its URL when the index has none; the suffix is of its checked name."""
         digest = file.sha256 or "url-" + hashlib.sha256(file.url.encode()).hexdigest()
         return self.root / f"{digest}{Path(file.name).suffix}"
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastload.errors import SampleError, ShardError
 from fastload.formats import ShardReader, offsets_name, open_shard, open_shard_files
-from fastload.index import INDEX_FILE, DatasetIndex, image_field, read_index
+from fastload.index import INDEX_FILE, DatasetIndex, image_field, parse_label, read_index
 from fastload.remote import is_url
 
 if TYPE_CHECKING:
@@ -120,14 +120,15 @@ class ShardedDataset:
         readable when another process evicts the entry; one evicted in between is fetched again."""
         data, offsets = self.fetch(shard)
         try:
-            return self._open_files(data, offsets)
+            return self._open_files(shard, data, offsets)
         except ShardError:
             if all(path is None or path.exists() for path in (data, offsets)):
                 raise
-        return self._open_files(*self.fetch(shard))
+        return self._open_files(shard, *self.fetch(shard))
 
-    def _open_files(self, data: Path, offsets: Path | None) -> ShardReader:
-        reader = open_shard_files(self.index.layout, data, offsets, min(len(self.index.shards), MAX_OPEN_REMOTE_SHARDS))
+    def _open_files(self, shard: int, data: Path, offsets: Path | None) -> ShardReader:
+        info = self.index.shards[shard]
+        reader = open_shard_files(self.index, info, data, offsets, min(len(self.index.shards), MAX_OPEN_REMOTE_SHARDS))
         reader.open()
         return reader
 
@@ -171,7 +172,7 @@ class ShardedDataset:
             pixels = decode_image(fields.pop(field), self.where(i))
         out["image"] = pixels
         if "cls" in fields:
-            out["label"] = int(fields.pop("cls"))
+            out["label"] = parse_label(fields.pop("cls"), self.where(i))
         out.update(fields)
         return out
 
@@ -204,7 +205,7 @@ def read_remote_index(url: str, storage_options: dict | None = None) -> DatasetI
 
     where = remote.redact(remote.join(url, INDEX_FILE))
     text = broadcast_bytes(lambda: remote.read_bytes(remote.join(url, INDEX_FILE), storage_options), where)
-    return DatasetIndex.from_json(text.decode(), where=where)
+    return DatasetIndex.from_json(text, where=where)
 
 
 def open(  # noqa: A001 - the public name is fastload.open

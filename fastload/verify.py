@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fastload.errors import FastloadError, RemoteError
-from fastload.formats import ShardReader, open_shard, open_shard_files
+from fastload.errors import FastloadError
+from fastload.formats import ShardReader, dataset_file, offsets_name, open_shard, open_shard_files
 from fastload.index import DatasetIndex, ShardInfo, file_sha256, image_field, read_index
 from fastload.remote import is_url
 
@@ -30,34 +30,40 @@ class VerifyReport:
 
 
 def _check_shard(root: Path, index: DatasetIndex, shard: ShardInfo, decode: bool, report: VerifyReport) -> None:
-    path = root / shard.path
-    if not path.is_file():
-        report.problems.append(f"{shard.path}: missing")
-        return
-    size = path.stat().st_size
-    if size != shard.bytes:
-        report.problems.append(f"{shard.path}: {size} bytes, index says {shard.bytes} (truncated or replaced)")
-        return
-    if file_sha256(path) != shard.sha256:
-        report.problems.append(f"{shard.path}: sha256 mismatch (corrupted)")
-        return
-    if shard.offsets and shard.offsets_sha256 and not _offsets_match(root / shard.offsets, shard.offsets_sha256):
-        report.problems.append(f"{shard.offsets}: missing or sha256 mismatch (the shard's offset index is corrupted)")
+    """Size and checksum of the shard (and of its .idx) against the index, then its contents;
+    any failure, an unreadable file included, becomes a problem line."""
+    try:
+        path = dataset_file(root, shard.path)
+        if not path.is_file():
+            report.problems.append(f"{shard.path}: missing")
+            return
+        size = path.stat().st_size
+        if size != shard.bytes:
+            report.problems.append(f"{shard.path}: {size} bytes, index says {shard.bytes} (truncated or replaced)")
+            return
+        if file_sha256(path) != shard.sha256:
+            report.problems.append(f"{shard.path}: sha256 mismatch (corrupted)")
+            return
+        if index.layout == "wds" and shard.offsets_sha256 and not _offsets_match(dataset_file(root, offsets_name(shard)), shard.offsets_sha256):
+            report.problems.append(f"{offsets_name(shard)}: missing or sha256 mismatch (the shard's offset index is corrupted)")
+            return
+    except (FastloadError, OSError) as exc:
+        report.problems.append(f"{shard.path}: {exc}")
         return
     _check_contents(lambda: open_shard(root, index, shard), shard, decode, report)
 
 
 def _check_contents(open_reader: Callable[[], ShardReader], shard: ShardInfo, decode: bool, report: VerifyReport) -> None:
-    """Sample count against the index and, with ``decode``, every image."""
+    """The shard's structure against the index (sample count; a tar's member headers against its
+    .idx; HDF5 columns against the row count) and, with ``decode``, every image."""
     try:
         reader = open_reader()
-        count = len(reader)
-        if count != shard.samples:
-            report.problems.append(f"{shard.path}: {count} samples, index says {shard.samples}")
-            return
-        if decode:
-            _decode_all(reader, shard, report)
-        reader.close()
+        try:
+            reader.check()
+            if decode:
+                _decode_all(reader, shard, report)
+        finally:
+            reader.close()
     except (FastloadError, OSError) as exc:
         report.problems.append(f"{shard.path}: {exc}")
         return
@@ -114,10 +120,10 @@ def _verify_remote(url: str, decode: bool) -> VerifyReport:
         for number, shard in enumerate(ds.index.shards):
             try:
                 data, offsets = ds.fetch(number)
-            except RemoteError as exc:
+            except (FastloadError, OSError) as exc:  # a failed download, a full disk
                 report.problems.append(f"{shard.path}: {exc}")
                 continue
-            _check_contents(lambda: open_shard_files(ds.index.layout, data, offsets), shard, decode, report)  # noqa: B023
+            _check_contents(lambda: open_shard_files(ds.index, shard, data, offsets), shard, decode, report)  # noqa: B023
             for path in (data, offsets):
                 if path is not None:
                     path.unlink()

@@ -27,7 +27,7 @@ from fastload.dataset import ShardedDataset
 from fastload.decode.cpu import decode_image
 from fastload.decode.header import MAX_PIXELS, image_size
 from fastload.errors import FastloadError, SampleError
-from fastload.index import image_field
+from fastload.index import image_field, parse_label
 from fastload.sampling import sample_rng
 from fastload.transforms import Plan, Transform, apply_plan, dct_min_size, plan, scaled_box
 
@@ -64,7 +64,7 @@ def plan_sample(ds: ShardedDataset, index: int, specs: Sequence[Transform], seed
     key, fields, pixels = ds.raw(index)
     rng = sample_rng(seed, epoch, index)
     where = f"{ds.index.shards[ds.locate(index)[0]].path}:{key}"
-    label = int(fields["cls"]) if "cls" in fields else -1
+    label = parse_label(fields["cls"], where) if "cls" in fields else -1
     if pixels is not None:
         height, width = pixels.shape[:2]
         return PlannedSample(key, where, label, plan(specs, height, width, rng), height, width, pixels=pixels)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Protocol
 
+from fastload.errors import ShardError
 from fastload.index import DatasetIndex, ShardInfo
 
 
@@ -23,6 +25,9 @@ class ShardReader(Protocol):
     def open(self) -> None:
         """Open the shard file in this process now rather than at the first read."""
 
+    def check(self) -> None:
+        """Check the whole shard's structure against its index (for ``verify``); ShardError if not."""
+
     def close(self) -> None:
         """Release file handles."""
 
@@ -32,21 +37,31 @@ def offsets_name(shard: ShardInfo) -> str:
     return shard.offsets or str(Path(shard.path).with_suffix(".idx"))
 
 
+def dataset_file(root: Path, name: str) -> Path:
+    """``root / name`` (``name`` already checked by the index to be a relative path inside it),
+    refused with a ShardError when symlinks lead it out of the dataset root."""
+    path = root / name
+    if not Path(os.path.realpath(path)).is_relative_to(os.path.realpath(root)):
+        raise ShardError(f"{path}: a symlink leads outside the dataset root; refusing to read it")
+    return path
+
+
 def open_shard(root: Path, index: DatasetIndex, shard: ShardInfo) -> ShardReader:
-    """A reader for one shard of a dataset under ``root``, by its layout."""
-    offsets = root / offsets_name(shard) if index.layout == "wds" else None
-    return open_shard_files(index.layout, root / shard.path, offsets, open_files=len(index.shards))
+    """A reader for one shard of a dataset under ``root``, by its layout; its files must lie
+    inside ``root`` once symlinks are followed."""
+    offsets = dataset_file(root, offsets_name(shard)) if index.layout == "wds" else None
+    return open_shard_files(index, shard, dataset_file(root, shard.path), offsets, open_files=len(index.shards))
 
 
-def open_shard_files(layout: str, data: Path, offsets: Path | None, open_files: int = 1) -> ShardReader:
-    """A reader over a shard's files wherever they are (the dataset folder, or a local cache);
+def open_shard_files(index: DatasetIndex, shard: ShardInfo, data: Path, offsets: Path | None, open_files: int = 1) -> ShardReader:
+    """A reader over ``shard``'s files wherever they are (the dataset folder, or a local cache);
     ``open_files``: how many shards a process may hold open at once (sizes HDF5's chunk cache)."""
-    if layout == "wds":
+    if index.layout == "wds":
         from fastload.formats.tar import TarShardReader
 
         if offsets is None:
             raise ValueError(f"{data}: a tar shard is read through its offset index; none given")
-        return TarShardReader(data, offsets)
+        return TarShardReader(data, offsets, shard.samples)
     from fastload.formats.hdf5 import Hdf5ShardReader, chunk_cache_bytes
 
-    return Hdf5ShardReader(data, chunk_cache_bytes(open_files))
+    return Hdf5ShardReader(data, shard.samples, index.decoded_shape, chunk_cache_bytes(open_files))

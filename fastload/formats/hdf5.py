@@ -15,6 +15,7 @@ import numpy as np
 
 from fastload.columns import PackedStrings, int_column
 from fastload.errors import ShardError
+from fastload.index import open_regular
 
 # Decompressed chunks kept per process over its open files (h5py's default is 1 MB a file, a
 # handful of 64-row chunks, so shuffled reading of a compressed shard decompressed a chunk for
@@ -30,17 +31,27 @@ def chunk_cache_bytes(open_files: int) -> int:
 
 class ByteColumn:
     """Row access to a column of byte strings: flat (one ``pread`` a value when the bytes are
-    stored contiguously, else an h5py slice) or a variable-length uint8 dataset (older shards)."""
+    stored contiguously, else an h5py slice) or a variable-length uint8 dataset (older shards).
+    Its shape is checked against ``rows`` once, here: ``where`` names the column in the error."""
 
-    def __init__(self, node, fd: int) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, node, fd: int, rows: int, where: str) -> None:  # type: ignore[no-untyped-def]
         import h5py
 
         self._vlen = None if isinstance(node, h5py.Group) else node
-        if self._vlen is None:
-            self._offsets = int_column(node["offsets"][:])
-            self._bytes = node["bytes"]
-            self._file_offset = self._bytes.id.get_offset()  # None when chunked, compressed or empty
-            self._fd = fd
+        if self._vlen is not None:
+            if not isinstance(node, h5py.Dataset) or h5py.check_vlen_dtype(node.dtype) != np.uint8 or node.shape != (rows,):
+                raise ShardError(f"{where}: not {rows} rows of bytes, as the index says")
+            return
+        offsets, self._bytes = node["offsets"][:], node["bytes"]
+        if (
+            offsets.shape != (rows + 1,) or offsets.dtype.kind not in "iu"
+            or self._bytes.dtype != np.uint8 or self._bytes.ndim != 1
+            or offsets[0] < 0 or np.any(offsets[1:] < offsets[:-1]) or offsets[-1] > self._bytes.shape[0]
+        ):
+            raise ShardError(f"{where}: its offsets do not describe {rows} rows of its bytes, as the index says")
+        self._offsets = int_column(offsets)
+        self._file_offset = self._bytes.id.get_offset()  # None when chunked, compressed or empty
+        self._fd = fd
 
     def __getitem__(self, i: int) -> bytes:
         if self._vlen is not None:
@@ -64,10 +75,14 @@ def _contiguous_rows(dataset) -> tuple[int, tuple[int, ...], int] | None:  # typ
 
 
 class Hdf5ShardReader:
-    """Random access to the rows of one HDF5 shard; the file opens lazily in each process."""
+    """Random access to the rows of one HDF5 shard; the file opens lazily in each process. The
+    index says how many ``rows`` it holds and, for decoded pixels, their ``pixel_shape``: every
+    column is checked against them when first read, so row reads need no bounds checks."""
 
-    def __init__(self, path: Path, cache_bytes: int = 1 << 20) -> None:
+    def __init__(self, path: Path, rows: int, pixel_shape: tuple[int, ...] | None = None, cache_bytes: int = 1 << 20) -> None:
         self.path = path
+        self.rows = rows
+        self.pixel_shape = pixel_shape
         self.cache_bytes = cache_bytes  # h5py's chunk cache for this file
         self._file = None
         self._fd: int | None = None  # the same file opened plainly, for pread
@@ -85,10 +100,15 @@ class Hdf5ShardReader:
             import h5py
 
             try:
-                self._file = h5py.File(self.path, "r", rdcc_nbytes=self.cache_bytes, rdcc_nslots=CHUNK_CACHE_SLOTS)
-                self._fd = os.open(self.path, os.O_RDONLY)
+                fd = open_regular(self.path)  # first: h5py would wait on a FIFO
             except OSError as exc:
-                raise ShardError(f"{self.path}: cannot open HDF5 shard ({exc})") from None
+                raise ShardError(f"{self.path}: cannot open HDF5 shard ({exc.strerror})") from None
+            try:
+                self._file = h5py.File(self.path, "r", rdcc_nbytes=self.cache_bytes, rdcc_nslots=CHUNK_CACHE_SLOTS)
+            except OSError:
+                os.close(fd)
+                raise ShardError(f"{self.path}: cannot open HDF5 shard (not an HDF5 file, or damaged)") from None
+            self._fd = fd
             self._pid = os.getpid()
         return self._file
 
@@ -97,24 +117,52 @@ class Hdf5ShardReader:
         self._h5()
 
     def __len__(self) -> int:
-        return len(self._h5()["key"])
+        return len(self._columns()["key"])
+
+    def check(self) -> None:
+        """Check every column against the index (row counts, byte offsets, pixel shape)."""
+        self._columns()
 
     def _columns(self) -> dict:
         """Small per-row columns (keys, labels, image formats) read once; big ones as dataset handles."""
         if self._cached is None or self._cached_pid != os.getpid():
-            f = self._h5()
-            decode = lambda values: [v.decode() if isinstance(v, bytes) else v for v in values]  # noqa: E731
-            self._cached = {
-                "key": PackedStrings(decode(f["key"][:])),
-                "cls": f["cls"][:] if "cls" in f else None,
-                "image_format": list(map(sys.intern, decode(f["image_format"][:]))) if "image_format" in f else None,  # a few shared strings
-                "image": ByteColumn(f["image"], self._fd) if "image" in f else None,  # type: ignore[arg-type]
-                "pixels": f["pixels"] if "pixels" in f else None,
-                "pixels_at": _contiguous_rows(f["pixels"]) if "pixels" in f else None,
-                "extra": {ext: ByteColumn(node, self._fd) for ext, node in f["extra"].items()} if "extra" in f else {},  # type: ignore[arg-type]
-            }
+            try:
+                self._cached = self._read_columns(self._h5())
+            except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError, OSError) as exc:
+                raise ShardError(f"{self.path}: not a readable fastload HDF5 shard ({type(exc).__name__})") from None
             self._cached_pid = os.getpid()
         return self._cached
+
+    def _read_columns(self, f) -> dict:  # type: ignore[no-untyped-def]
+        """Read and check the columns: each as many rows as the index says, labels integers,
+        pixels of the index's shape (a ShardError naming the column otherwise)."""
+        import h5py
+
+        rows, where = self.rows, f"{self.path}: column"
+        decode = lambda values: [v.decode() if isinstance(v, bytes) else v for v in values]  # noqa: E731
+        present = {name: f[name] for name in ("key", "cls", "image_format", "pixels") if name in f}
+        for name, dataset in present.items():
+            if not isinstance(dataset, h5py.Dataset) or dataset.shape[:1] != (rows,):
+                raise ShardError(f"{where} {name}: not {rows} rows, as the index says")
+        if "key" not in present:
+            raise ShardError(f"{where} key: missing")
+        if "cls" in present and (present["cls"].dtype.kind not in "iu" or present["cls"].ndim != 1):
+            raise ShardError(f"{where} cls: not integer labels")
+        if "image" in f and "image_format" not in present:
+            raise ShardError(f"{where} image_format: missing beside image")
+        pixels = present.get("pixels")
+        if self.pixel_shape is not None and (pixels is None or pixels.dtype != np.uint8 or pixels.shape[1:] != self.pixel_shape):
+            raise ShardError(f"{where} pixels: not {rows} rows of uint8 pixels of shape {list(self.pixel_shape)}, as the index says")
+        extra = f["extra"] if "extra" in f else {}
+        return {
+            "key": PackedStrings(decode(present["key"][:])),
+            "cls": present["cls"][:] if "cls" in present else None,
+            "image_format": list(map(sys.intern, decode(present["image_format"][:]))) if "image_format" in present else None,  # a few shared strings
+            "image": ByteColumn(f["image"], self._fd, rows, f"{where} image") if "image" in f else None,  # type: ignore[arg-type]
+            "pixels": pixels,
+            "pixels_at": _contiguous_rows(pixels) if pixels is not None else None,
+            "extra": {ext: ByteColumn(node, self._fd, rows, f"{where} extra/{ext}") for ext, node in extra.items()},  # type: ignore[arg-type]
+        }
 
     def key(self, i: int) -> str:
         """The key of row ``i``."""
@@ -130,7 +178,10 @@ class Hdf5ShardReader:
         dataset is contiguous (uncompressed), else through h5py (a chunk is decompressed)."""
         columns = self._columns()
         if columns["pixels_at"] is None:
-            return columns["pixels"][i]
+            try:
+                return columns["pixels"][i]
+            except OSError:
+                raise ShardError(f"{self.path}: cannot read row {i} (a damaged chunk?)") from None
         file_offset, row_shape, size = columns["pixels_at"]
         data = os.pread(self._fd, size, file_offset + i * size)  # type: ignore[arg-type]
         if len(data) != size:

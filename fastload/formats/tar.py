@@ -4,28 +4,34 @@ so reading a sample is one ``pread`` per field, with no tar parsing."""
 from __future__ import annotations
 
 import os
+import tarfile
 from pathlib import Path
 
-from fastload.errors import ShardError
-from fastload.index import DatasetIndexError, parse_dali_index
+from fastload.errors import SampleError, ShardError
+from fastload.index import DatasetIndexError, open_regular, parse_dali_index, read_file
 
 
 MAX_GAP = 4096  # read a sample's fields in one pread when they are at most this far apart in all
 
 
 class TarShardReader:
-    """Random access to the samples of one tar shard."""
+    """Random access to the samples of one tar shard, whose index entry says it holds ``samples``."""
 
-    def __init__(self, path: Path, idx_path: Path) -> None:
+    def __init__(self, path: Path, idx_path: Path, samples: int) -> None:
         self.path = path
         try:
-            text = idx_path.read_text()
+            text = read_file(idx_path).decode()
         except OSError as exc:
             raise ShardError(f"{idx_path}: cannot read the shard's offset index ({exc.strerror})") from None
+        except UnicodeDecodeError as exc:
+            raise ShardError(f"{idx_path}: the shard's offset index is not UTF-8 text (at byte {exc.start})") from None
         try:
             self._samples = parse_dali_index(text, str(idx_path))
         except DatasetIndexError as exc:
             raise ShardError(str(exc)) from None
+        if len(self._samples) != samples:
+            raise ShardError(f"{idx_path}: lists {len(self._samples)} samples, the index says {path.name} holds {samples}")
+        self._outside: frozenset[int] = frozenset()  # samples whose spans leave the file (set when it opens)
         self._fd: int | None = None
         self._pid = -1
 
@@ -40,10 +46,11 @@ class TarShardReader:
     def _descriptor(self) -> int:
         if self._fd is None or self._pid != os.getpid():  # never share a descriptor across a fork
             try:
-                self._fd = os.open(self.path, os.O_RDONLY)
+                fd = open_regular(self.path)
             except OSError as exc:
                 raise ShardError(f"{self.path}: cannot open shard ({exc.strerror})") from None
-            self._pid = os.getpid()
+            self._outside = self._samples.samples_outside(os.fstat(fd).st_size)
+            self._fd, self._pid = fd, os.getpid()
         return self._fd
 
     def open(self) -> None:
@@ -62,6 +69,8 @@ class TarShardReader:
         """Every field of sample ``i``: one ``pread`` over all of them (a sample's members are
         neighbours in the tar, a tar header apart), else one per field."""
         fd = self._descriptor()
+        if i in self._outside:
+            raise SampleError(f"{self.path}:{self.key(i)}", "its .idx entry gives a negative offset or size, or one past the end of the shard")
         spans = self._samples.spans(i)
         start = min(offset for offset, _ in spans.values())
         end = max(offset + size for offset, size in spans.values())
@@ -76,6 +85,27 @@ class TarShardReader:
                 raise ShardError(f"{self.path}: sample {self.key(i)!r} field {ext} is cut short (shard truncated?)")
             out[ext] = data
         return out
+
+    def check(self) -> None:
+        """Walk the tar's member headers and check them against the ``.idx``: the same members
+        in the same order, at the same data offsets with the same sizes, all inside the file."""
+        listed = self._samples.members()
+        found: list[tuple[str, int, int]] = []
+        size = 0
+        try:
+            with os.fdopen(open_regular(self.path), "rb") as f, tarfile.open(fileobj=f, mode="r:") as tar:
+                size = os.fstat(f.fileno()).st_size
+                found = [(m.name, m.offset_data, m.size) for m in tar if m.isreg()]
+        except (tarfile.TarError, OSError, EOFError, ValueError) as exc:  # EOF, bad headers, undecodable names
+            if listed:
+                raise ShardError(f"{self.path}: not a readable tar ({type(exc).__name__}) though its .idx lists {len(listed)} members") from None
+        if len(found) != len(listed):
+            raise ShardError(f"{self.path}: the tar holds {len(found)} members, its .idx lists {len(listed)}")
+        for number, ((name, offset, length), want) in enumerate(zip(found, listed)):
+            if (name, offset, length) != want:
+                raise ShardError(f"{self.path}: member {number} disagrees with the .idx (name, data offset or size)")
+            if offset + length > size:
+                raise ShardError(f"{self.path}: member {number} runs past the end of the file")
 
     def close(self) -> None:
         """Close the descriptor of this process."""
