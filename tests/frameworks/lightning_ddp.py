@@ -36,3 +36,5 @@ checkpoints = L.pytorch.callbacks.ModelCheckpoint(dirpath=out, filename="{step}"
 trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False, callbacks=[checkpoints],
                     enable_progress_bar=False, enable_model_summary=False)
 trainer.fit(Model(), loader, ckpt_path=resume)
+if torch.distributed.is_initialized():
+    torch.distributed.destroy_process_group()  # else gloo's threads can abort the exit ("terminate called ...")

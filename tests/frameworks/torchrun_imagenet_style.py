@@ -31,16 +31,17 @@ for epoch in range(2):
     train_sampler.set_epoch(epoch)
     epochs.append([k for _, _, keys in train_loader for k in keys])
 validated = [k for _, _, keys in val_loader for k in keys]
+remainder = []
 if len(val_loader.sampler) * world < len(val_loader.dataset):
     aux_val_dataset = Subset(val_loader.dataset, range(len(val_loader.sampler) * world, len(val_loader.dataset)))
     aux_val_loader = fastload.DataLoader(aux_val_dataset, batch_size=4, shuffle=False, num_workers=2, pin_memory=True,
                                          transform=fastload.transforms.val(8), return_keys=True)
-    validated += [k for _, _, keys in aux_val_loader for k in keys]
+    remainder = [k for _, _, keys in aux_val_loader for k in keys]
 # --resume: a fresh loader whose sampler is set to epoch 1 replays epoch 1, not epoch 0
 resumed_sampler = DistributedSampler(train_dataset)
 resumed = fastload.DataLoader(train_dataset, batch_size=4, sampler=resumed_sampler, transform=fastload.transforms.train(8), return_keys=True)
 resumed_sampler.set_epoch(1)
-report = {"epochs": epochs, "validated": validated, "resumed_epoch1": [k for _, _, keys in resumed for k in keys],
+report = {"epochs": epochs, "validated": validated, "remainder": remainder, "resumed_epoch1": [k for _, _, keys in resumed for k in keys],
           "sampler_len": len(val_loader.sampler), "local_rank": int(os.environ["LOCAL_RANK"])}
 (out / f"rank{rank}.json").write_text(json.dumps(report))
 dist.destroy_process_group()
