@@ -37,6 +37,7 @@ report["val_seen"] = seen
 it = iter(train)
 first = [k for _, _, keys in (next(it), next(it)) for k in keys]
 accelerator.save_state(str(out / "state"))
+accelerator.wait_for_everyone()  # only the main process writes the model and optimizer files
 rest = [k for _, _, keys in it for k in keys]
 accelerator.load_state(str(out / "state"))  # as a restarted run would, into the loaders prepare() listed
 report["resumed_equal"] = [k for _, _, keys in train for k in keys] == rest
