@@ -22,7 +22,7 @@ import torch
 from PIL import Image
 
 import fastload
-from converters import ConvertOptions, WriterOptions, convert
+from fastload.converters import ConvertOptions, WriterOptions, convert
 from fastload import transforms as T
 from fastload.sampling import sample_rng
 from fastload.transforms import apply_plan, plan

@@ -9,7 +9,7 @@ import sys
 import time
 
 import fastload
-from converters import ConvertOptions, convert
+from fastload.converters import ConvertOptions, convert
 from fastload import transforms as T
 
 

@@ -242,8 +242,12 @@ def _webdataset_loader(ds: ShardedDataset, specs: tuple, batch_size: int, worker
     Pillow decode, the same crop and flip, batching in the workers."""
     import numpy as np
     import torch
-    import webdataset as wds
     from PIL import Image
+
+    try:
+        import webdataset as wds
+    except ImportError:
+        raise ImportError("--backends webdataset needs the webdataset library: pip install 'fastload[bench]'") from None
 
     from fastload.transforms import plan
 

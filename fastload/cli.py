@@ -11,7 +11,7 @@ from pathlib import Path
 
 
 def _add_convert(sub: argparse._SubParsersAction) -> None:
-    from converters.sources import SOURCE_MODULES
+    from fastload.converters.sources import SOURCE_MODULES
 
     p = sub.add_parser("convert", help="convert a raw dataset into sharded WebDataset tar or HDF5")
     p.add_argument("src", help="the raw dataset (folder or file)")
@@ -45,10 +45,10 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_convert(args: argparse.Namespace) -> int:
-    from converters.options import ConvertOptions, parse_size
-    from converters.run import convert
-    from converters.sources import SourceOptions
-    from converters.writers import WriterOptions
+    from fastload.converters.options import ConvertOptions, parse_size
+    from fastload.converters.run import convert
+    from fastload.converters.sources import SourceOptions
+    from fastload.converters.writers import WriterOptions
     from fastload.decode.header import MAX_PIXELS
 
     options = ConvertOptions(

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from converters import ConvertOptions, convert
+from fastload.converters import ConvertOptions, convert
 from fastload.demo import DEMO_CLASSES, synthetic_image
 from fastload.index import parse_dali_index, read_index
 

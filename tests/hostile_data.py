@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from converters.writers import PreparedSample
-from converters.writers.wds import WdsShardWriter
+from fastload.converters.writers import PreparedSample
+from fastload.converters.writers.wds import WdsShardWriter
 from fastload.index import DatasetIndex, write_index
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from converters import ConvertOptions, convert
+from fastload.converters import ConvertOptions, convert
 from fastload.bench import time_batches
 from fastload.demo import make_demo_images
 from tests.conftest import run_cli
@@ -79,7 +79,7 @@ def test_bench_needs_a_known_backend(bench_data: tuple[Path, Path]) -> None:
 def test_bench_on_decoded_pixels_has_no_ceiling(npz_file: Path, tmp_path: Path) -> None:
     """A dataset of decoded pixels has no JPEG to measure a ceiling on: the table says so and the
     JSON holds nulls; --size sets the transform's output."""
-    from converters import WriterOptions
+    from fastload.converters import WriterOptions
 
     decoded = tmp_path / "dec"
     options = ConvertOptions(source="npz", layout="hdf5", writer_options=WriterOptions(hdf5_decoded=True))

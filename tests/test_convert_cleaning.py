@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from converters import ConvertOptions, SourceOptions, convert
+from fastload.converters import ConvertOptions, SourceOptions, convert
 from fastload.decode.cpu import decode_image
 from fastload.errors import SampleError
 from fastload.formats import open_shard

@@ -21,8 +21,8 @@ import psutil
 import pytest
 from PIL import Image
 
-from converters import ConvertOptions, convert
-from converters.lock import LOCK_FILE
+from fastload.converters import ConvertOptions, convert
+from fastload.converters.lock import LOCK_FILE
 from tests.conftest import cli_env, jpeg_bytes, run_cli, small_photo, tree_bytes
 
 EXE = str(Path(sys.executable).with_name("fastload"))

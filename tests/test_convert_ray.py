@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from converters import ConvertOptions, convert
+from fastload.converters import ConvertOptions, convert
 from fastload.demo import make_demo_images
 from tests.conftest import run_cli, tree_bytes
 

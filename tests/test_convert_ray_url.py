@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from converters import ConvertOptions, convert
+from fastload.converters import ConvertOptions, convert
 from fastload.demo import make_demo_images
 from tests.conftest import tree_bytes
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from converters import ConvertOptions, SourceOptions, WriterOptions, convert
-from converters.sources import open_source
+from fastload.converters import ConvertOptions, SourceOptions, WriterOptions, convert
+from fastload.converters.sources import open_source
 from fastload.formats import open_shard
 from fastload.index import read_index
 
@@ -95,7 +95,7 @@ def test_cifar_refuses_code_in_pickles(tmp_path: Path) -> None:
     """A pickle that would run code is rejected, never executed."""
     import pickle
 
-    from converters.sources.cifar import read_cifar_pickle
+    from fastload.converters.sources.cifar import read_cifar_pickle
 
     class Evil:
         def __reduce__(self):
@@ -113,7 +113,7 @@ def test_mnist_gz_and_plain(mnist_dir: Path, tmp_path: Path, split: str, count: 
     options = ConvertOptions(source="mnist", layout="hdf5", source_options=SourceOptions(split=split), writer_options=WriterOptions(hdf5_decoded=True))
     index = convert(str(mnist_dir), str(tmp_path), options).index
     assert index.num_samples == count and index.decoded_shape == (28, 28, 1)
-    from converters.sources.mnist import read_idx
+    from fastload.converters.sources.mnist import read_idx
 
     prefix = "train" if split == "train" else "t10k"
     suffix = ".gz" if split == "train" else ""
@@ -128,7 +128,7 @@ def test_mnist_gz_and_plain(mnist_dir: Path, tmp_path: Path, split: str, count: 
 
 def test_mnist_to_wds_png(mnist_dir: Path, tmp_path: Path) -> None:
     convert(str(mnist_dir), str(tmp_path), ConvertOptions(source="mnist"))
-    from converters.sources.mnist import read_idx
+    from fastload.converters.sources.mnist import read_idx
 
     images = read_idx(mnist_dir / "train-images-idx3-ubyte.gz")
     decoded = [pixels_of(f["png"]) for _, f in read_back(tmp_path)]
@@ -229,7 +229,7 @@ def test_reencode_and_max_size(image_folder: Path, tmp_path: Path) -> None:
 
 
 def test_rerun_of_finished_conversion_is_a_no_op_and_other_options_conflict(image_folder: Path, tmp_path: Path) -> None:
-    from converters.run import ConversionConflict
+    from fastload.converters.run import ConversionConflict
 
     options = ConvertOptions(source="imagefolder", samples_per_shard=10)
     convert(str(image_folder), str(tmp_path), options)

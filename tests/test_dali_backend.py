@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import fastload
-from converters import ConvertOptions, WriterOptions, convert
+from fastload.converters import ConvertOptions, WriterOptions, convert
 from fastload import transforms as T
 from fastload.errors import SampleError
 from tests.conftest import collection_page_faults

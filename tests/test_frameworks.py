@@ -22,8 +22,8 @@ from torch.utils.data import RandomSampler, Subset, SubsetRandomSampler, TensorD
 from torch.utils.data.distributed import DistributedSampler
 
 import fastload
-from converters.options import ConvertOptions
-from converters.run import convert
+from fastload.converters.options import ConvertOptions
+from fastload.converters.run import convert
 from fastload import transforms as T
 
 HERE = Path(__file__).parent / "frameworks"

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import fastload
-from converters import ConvertOptions, convert
+from fastload.converters import ConvertOptions, convert
 from fastload import transforms as T
 from fastload.errors import FastloadError
 from fastload.index import INDEX_FILE

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fastload
-from converters import ConvertOptions, convert
+from fastload.converters import ConvertOptions, convert
 from fastload import transforms as T
 
 pytestmark = pytest.mark.gpu

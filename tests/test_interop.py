@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from converters import ConvertOptions, WriterOptions, convert
+from fastload.converters import ConvertOptions, WriterOptions, convert
 from fastload.index import read_index
 
 

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import fastload
-from converters import ConvertOptions, convert
+from fastload.converters import ConvertOptions, convert
 from fastload import transforms as T
 from fastload.cache import RemoteFile
 from fastload.errors import RemoteError

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import fastload
-from converters import ConvertOptions, convert
+from fastload.converters import ConvertOptions, convert
 from fastload.errors import DatasetIndexError, ShardError
 from fastload.index import format_dali_index, parse_dali_index, read_index
 

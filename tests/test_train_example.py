@@ -14,7 +14,7 @@ import psutil
 import pytest
 import torch
 
-from converters import ConvertOptions, convert
+from fastload.converters import ConvertOptions, convert
 from fastload.demo import make_demo_images
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

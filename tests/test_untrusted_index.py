@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import fastload
-from converters import ConvertOptions, WriterOptions, convert
+from fastload.converters import ConvertOptions, WriterOptions, convert
 from fastload import transforms as T
 from fastload.cache import RemoteFile
 from fastload.cli import main as cli_main

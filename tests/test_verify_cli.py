@@ -70,7 +70,7 @@ def test_cli_convert_inspect_and_errors(image_folder: Path, tmp_path: Path) -> N
 
 
 def test_parse_size() -> None:
-    from converters import parse_size
+    from fastload.converters import parse_size
 
     assert parse_size("256MB") == 256_000_000
     assert parse_size("1GiB") == 1 << 30

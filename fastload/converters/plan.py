@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from converters.sample import SourceItem
-from converters.writers import SHARD_SUFFIX
+from fastload.converters.sample import SourceItem
+from fastload.converters.writers import SHARD_SUFFIX
 
 TAR_OVERHEAD_PER_MEMBER = 1024  # header + average padding, for planning tar shards by bytes
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from converters.sample import Sample, SourceItem, file_stamp, make_key, unique_keys
-from converters.sources import SourceOptions
+from fastload.converters.sample import Sample, SourceItem, file_stamp, make_key, unique_keys
+from fastload.converters.sources import SourceOptions
 
 # The only globals a CIFAR batch references: how numpy rebuilds an array and its dtype, and how
 # protocol-2 pickles written by Python 3 spell a bytes object. None of them can run code.

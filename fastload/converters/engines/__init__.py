@@ -22,11 +22,11 @@ ENGINES = ("local", "ray")
 def open_engine(name: str, workers: int, address: str | None = None) -> Engine:
     """The engine called ``name``: "local" (a process pool) or "ray" (a Ray cluster at ``address``)."""
     if name == "local":
-        from converters.engines.local import LocalEngine
+        from fastload.converters.engines.local import LocalEngine
 
         return LocalEngine(workers)
     if name == "ray":
-        from converters.engines.ray import RayEngine
+        from fastload.converters.engines.ray import RayEngine
 
         return RayEngine(workers, address)
     raise ValueError(f"unknown engine {name!r}; expected one of {ENGINES}")

@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from converters.clean import check_image, encode_png, reencode_jpeg
-from converters.options import ConvertOptions
-from converters.plan import ShardPlan
-from converters.sample import Sample, SourceItem
-from converters.sources import Source
-from converters.writers import PreparedSample, open_writer
+from fastload.converters.clean import check_image, encode_png, reencode_jpeg
+from fastload.converters.options import ConvertOptions
+from fastload.converters.plan import ShardPlan
+from fastload.converters.sample import Sample, SourceItem
+from fastload.converters.sources import Source
+from fastload.converters.writers import PreparedSample, open_writer
 from fastload.errors import SampleError
 from fastload.index import ShardInfo
 

@@ -16,7 +16,7 @@ from fastload.index import ShardInfo
 if TYPE_CHECKING:
     import numpy as np
 
-WRITER_MODULES: dict[str, str] = {"wds": "converters.writers.wds", "hdf5": "converters.writers.hdf5"}
+WRITER_MODULES: dict[str, str] = {"wds": "fastload.converters.writers.wds", "hdf5": "fastload.converters.writers.hdf5"}
 SHARD_SUFFIX: dict[str, str] = {"wds": ".tar", "hdf5": ".h5"}
 
 

@@ -10,16 +10,16 @@ import importlib
 from dataclasses import dataclass
 from typing import Protocol
 
-from converters.sample import Sample, SourceItem
+from fastload.converters.sample import Sample, SourceItem
 
 SOURCE_MODULES: dict[str, str] = {
-    "imagefolder": "converters.sources.imagefolder",
-    "manifest": "converters.sources.manifest",
-    "cifar": "converters.sources.cifar",
-    "mnist": "converters.sources.mnist",
-    "npz": "converters.sources.arrays",
-    "parquet": "converters.sources.parquet",
-    "wds": "converters.sources.wds",
+    "imagefolder": "fastload.converters.sources.imagefolder",
+    "manifest": "fastload.converters.sources.manifest",
+    "cifar": "fastload.converters.sources.cifar",
+    "mnist": "fastload.converters.sources.mnist",
+    "npz": "fastload.converters.sources.arrays",
+    "parquet": "fastload.converters.sources.parquet",
+    "wds": "fastload.converters.sources.wds",
 }
 
 

@@ -7,7 +7,7 @@ import tarfile
 from pathlib import Path
 from typing import BinaryIO
 
-from converters.writers import PreparedSample, WriterOptions, publish, temp_path
+from fastload.converters.writers import PreparedSample, WriterOptions, publish, temp_path
 from fastload.index import Member, ShardInfo, format_dali_index
 
 BLOCK = tarfile.BLOCKSIZE

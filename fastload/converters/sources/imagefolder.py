@@ -6,8 +6,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from converters.sample import Sample, SourceItem, make_key, unique_keys
-from converters.sources import SourceOptions
+from fastload.converters.sample import Sample, SourceItem, make_key, unique_keys
+from fastload.converters.sources import SourceOptions
 from fastload.errors import SampleError
 
 IMAGE_EXTENSIONS = frozenset(

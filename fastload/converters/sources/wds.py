@@ -7,8 +7,8 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from converters.sample import Sample, SourceItem, file_stamp
-from converters.sources import SourceOptions
+from fastload.converters.sample import Sample, SourceItem, file_stamp
+from fastload.converters.sources import SourceOptions
 from fastload.errors import SampleError
 from fastload.index import DatasetIndexError, image_field, read_index, split_member_name
 

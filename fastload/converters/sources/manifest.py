@@ -7,8 +7,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from converters.sample import Sample, SourceItem, file_stamp, make_key, unique_keys
-from converters.sources import SourceOptions
+from fastload.converters.sample import Sample, SourceItem, file_stamp, make_key, unique_keys
+from fastload.converters.sources import SourceOptions
 from fastload.errors import SampleError
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from converters.writers import PreparedSample, WriterOptions, publish, temp_path
+from fastload.converters.writers import PreparedSample, WriterOptions, publish, temp_path
 from fastload.index import FORMAT_NAME, FORMAT_VERSION, ShardInfo, file_sha256
 
 ENCODED_DATASET = "image"

@@ -7,8 +7,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from converters.sample import Sample, SourceItem, file_stamp
-from converters.sources import SourceOptions
+from fastload.converters.sample import Sample, SourceItem, file_stamp
+from fastload.converters.sources import SourceOptions
 from fastload.errors import SampleError
 
 

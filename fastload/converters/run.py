@@ -21,13 +21,13 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from converters.engines import Engine, open_engine
-from converters.lock import locked_output
-from converters.options import ConvertOptions
-from converters.plan import ShardPlan, assign_shards, order_items
-from converters.sample import SourceItem
-from converters.shard import HashTask, ShardResult, ShardTask, hash_items, naming, prepare_sample, sources_digest, write_shard
-from converters.sources import Source, open_source
+from fastload.converters.engines import Engine, open_engine
+from fastload.converters.lock import locked_output
+from fastload.converters.options import ConvertOptions
+from fastload.converters.plan import ShardPlan, assign_shards, order_items
+from fastload.converters.sample import SourceItem
+from fastload.converters.shard import HashTask, ShardResult, ShardTask, hash_items, naming, prepare_sample, sources_digest, write_shard
+from fastload.converters.sources import Source, open_source
 from fastload import remote
 from fastload.errors import SampleError
 from fastload.index import (

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from converters.sources import SOURCE_MODULES, SourceOptions
-from converters.writers import WRITER_MODULES, WriterOptions
+from fastload.converters.sources import SOURCE_MODULES, SourceOptions
+from fastload.converters.writers import WRITER_MODULES, WriterOptions
 from fastload.decode.header import MAX_PIXELS
 from fastload.errors import check_on_error
 from fastload.sizes import parse_size

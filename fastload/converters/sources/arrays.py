@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from converters.sample import Sample, SourceItem, file_stamp
-from converters.sources import SourceOptions
+from fastload.converters.sample import Sample, SourceItem, file_stamp
+from fastload.converters.sources import SourceOptions
 
 IMAGE_NAMES = ("images", "x", "data", "X", "x_train")
 LABEL_NAMES = ("labels", "y", "targets", "Y", "y_train")

@@ -1,0 +1,8 @@
+"""Converters: raw datasets -> sharded WebDataset tar or HDF5 files with an index.json."""
+
+from fastload.converters.options import ConvertOptions, parse_size
+from fastload.converters.run import ConvertReport, convert
+from fastload.converters.sources import SourceOptions
+from fastload.converters.writers import WriterOptions
+
+__all__ = ["ConvertOptions", "ConvertReport", "SourceOptions", "WriterOptions", "convert", "parse_size"]
