@@ -281,7 +281,7 @@ def _dali_loader(ds: ShardedDataset, specs: tuple, batch_size: int, workers: int
     import torch
 
     from fastload import transforms as T
-    from fastload.decode.dali import import_dali, torch_iterator
+    from fastload.dali.library import import_dali, torch_iterator
 
     dali = import_dali()
     fn, types = dali.fn, dali.types
