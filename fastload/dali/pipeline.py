@@ -39,8 +39,8 @@ class DaliBatchDecoder:
         """Deliver ``feed``'s next ``batches`` batches. The pipeline (and its worker processes)
         carries on into its next epoch when ``feed`` is that epoch and the last one was taken to
         its end; otherwise it is rebuilt (a GPU pipeline takes seconds to build)."""
-        clean_end = self.pipe is not None and self.feed is not None and self.taken == self.expected
-        if clean_end and feed == self.feed.next_epoch(self.epochs):
+        clean_end = self.pipe is not None and self.taken == self.expected
+        if clean_end and self.feed is not None and feed == self.feed.next_epoch(self.epochs):
             self.pipe.reset()
             self.epochs += 1
         else:
