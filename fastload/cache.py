@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 from fastload import remote
 from fastload.errors import DatasetIndexError
-from fastload.index import check_relative_path, file_sha256, is_sha256
+from fastload.files import check_relative_path, file_sha256, is_sha256
 
 DEFAULT_CACHE_BYTES = 50 * 10**9
 _STAMP = ".ok"

@@ -2,33 +2,27 @@
 
 Writers (``converters``) produce it last, after every shard is complete; readers (the loader,
 ``inspect``, ``verify``) trust nothing else about a dataset. Per-sample byte offsets of tar shards
-live beside each shard in DALI's ``.idx`` format (see :func:`write_dali_index`).
+live beside each shard in DALI's ``.idx`` format (:mod:`fastload.formats.idx`); the file helpers
+that read and write both are in :mod:`fastload.files`.
 """
 
 from __future__ import annotations
 
-import errno
-import hashlib
 import json
 import os
-import re
-import stat
 from dataclasses import MISSING, asdict, dataclass, field, fields as dataclass_fields
 from pathlib import Path
 from collections.abc import Iterable
 from typing import Literal
 
-import numpy as np
-
-from fastload.columns import PackedStrings, int_column
 from fastload.errors import DatasetIndexError, SampleError
+from fastload.files import atomic_write_bytes, check_relative_path, is_sha256, read_file
 
 FORMAT_NAME = "fastload"
 FORMAT_VERSION = 2  # 2: HDF5 byte columns stored flat (a group of `bytes` + `offsets`)
 READABLE_VERSIONS = (1, 2)
 INDEX_FILE = "index.json"
 SKIPPED_REPORT = "skipped.jsonl"
-DALI_INDEX_VERSION = "v1.2"
 
 Layout = Literal["wds", "hdf5"]
 LAYOUTS: tuple[str, ...] = ("wds", "hdf5")
@@ -36,8 +30,6 @@ IMAGE_FIELDS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "ti
 
 
 MAX_INT = 2**63 - 1  # counts, sizes and labels all fit an int64
-_PATH_PART = re.compile(r"[A-Za-z0-9_.+=,@-]+")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def image_field(fields: Iterable[str]) -> str | None:
@@ -56,25 +48,6 @@ def parse_label(data: bytes, where: str) -> int:
     if not -MAX_INT - 1 <= label <= MAX_INT:
         raise SampleError(where, "cls is outside the int64 range")
     return label
-
-
-def check_relative_path(value: object, name: str) -> str:
-    """``value`` if it is a path confined to the dataset root / URL prefix: '/'-separated parts of
-    ASCII letters, digits and ``._+=,@-``, none empty, ``.`` or ``..`` (so no absolute path,
-    backslash, NUL, ``%``, ``?`` or ``#`` either); else a DatasetIndexError naming field ``name``."""
-    if not isinstance(value, str) or not all(
-        part not in (".", "..") and _PATH_PART.fullmatch(part) for part in value.split("/")
-    ):
-        raise DatasetIndexError(
-            f"{name}: must be a relative path inside the dataset ('/'-separated parts of letters, digits "
-            "and ._+=,@-; no empty, '.' or '..' part)"
-        )
-    return value
-
-
-def is_sha256(value: object) -> bool:
-    """Whether ``value`` is a sha256 hex digest as the writers record it (64 lowercase hex digits)."""
-    return isinstance(value, str) and _SHA256.fullmatch(value) is not None
 
 
 def _check_sha256(value: object, name: str, optional: bool = False) -> None:
@@ -260,161 +233,6 @@ def read_index(root: str | os.PathLike[str]) -> DatasetIndex:
     return DatasetIndex.from_json(data, where=str(path))
 
 
-def open_regular(path: str | os.PathLike[str]) -> int:
-    """A read-only descriptor of ``path``; an OSError unless it is a regular file (a FIFO would
-    block the reader, a directory or device is no dataset file)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: opening a FIFO does not wait
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise OSError(errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL, "not a regular file", str(path))
-    return fd
-
-
-def read_file(path: str | os.PathLike[str]) -> bytes:
-    """The whole of a regular file (see :func:`open_regular`)."""
-    with os.fdopen(open_regular(path), "rb") as f:
-        return f.read()
-
-
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, durable: bool = True) -> None:
-    """Write ``data`` to ``path`` so that readers see either the old file or the whole new one;
-    ``durable`` also fsyncs file and folder (skip it for bookkeeping that may be lost in a crash)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
-    if durable:
-        fsync_dir(path.parent)
-
-
-def fsync_dir(path: str | os.PathLike[str]) -> None:
-    """Make a rename inside ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    """sha256 of a whole file, read in 4 MiB blocks."""
-    sha = hashlib.sha256()
-    with os.fdopen(open_regular(path), "rb") as f:
-        while block := f.read(1 << 22):
-            sha.update(block)
-    return sha.hexdigest()
-
-
 def write_index(root: str | os.PathLike[str], index: DatasetIndex) -> None:
     """Write ``ROOT/index.json`` atomically; called last, after every shard is in place."""
     atomic_write_bytes(Path(root) / INDEX_FILE, index.to_json().encode())
-
-
-# --- DALI's webdataset index (.idx), version v1.2 -------------------------------------------
-# First line "v1.2 N"; then one line per sample listing, for each of its tar members,
-# "ext data_offset size member_name". DALI's fn.readers.webdataset takes these as index_paths.
-
-Member = tuple[str, int, int, str]  # (ext, data offset, size, member name)
-
-
-def format_dali_index(samples: list[list[Member]]) -> bytes:
-    """Render a DALI v1.2 index for a tar shard from each sample's member list."""
-    lines = [f"{DALI_INDEX_VERSION} {len(samples)}"]
-    for members in samples:
-        lines.append(" ".join(f"{ext} {off} {size} {name}" for ext, off, size, name in members))
-    return ("\n".join(lines) + "\n").encode()
-
-
-class TarMembers:
-    """A tar shard's parsed ``.idx``, kept compact: every sample's key and each field's
-    (data offset, size) in a few flat arrays (~70 bytes a sample where per-sample Python dicts and
-    tuples took ~600: 0.8 GB in every worker process for ImageNet's 1.28M samples)."""
-
-    def __init__(self, keys: list[str], first: np.ndarray, exts: list[str], ext_ids: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> None:
-        """``ext_ids`` (uint16) index ``exts``; ``first``, ``offsets`` and ``sizes`` are int64."""
-        self._keys = PackedStrings(keys)
-        self._first = int_column(first)  # sample i's members are first[i]:first[i + 1]
-        self._exts, self._ext_ids = exts, int_column(ext_ids, "H")
-        self._offsets, self._sizes = int_column(offsets), int_column(sizes)
-
-    def __len__(self) -> int:
-        return len(self._first) - 1
-
-    def key(self, i: int) -> str:
-        """The key of sample ``i``."""
-        return self._keys[i]
-
-    def spans(self, i: int) -> dict[str, tuple[int, int]]:
-        """Each field of sample ``i``: {ext: (data offset, size)}."""
-        members = slice(self._first[i], self._first[i + 1])
-        exts = self._exts
-        return {exts[e]: (offset, size) for e, offset, size in zip(self._ext_ids[members], self._offsets[members], self._sizes[members])}
-
-    def samples_outside(self, size: int) -> frozenset[int]:
-        """Samples with a member not wholly inside the first ``size`` bytes (negative offset or
-        size, or past the end): checked once when a shard opens, so reads need no bounds check."""
-        offsets = np.frombuffer(self._offsets, np.int64)
-        sizes = np.frombuffer(self._sizes, np.int64)
-        bad = (offsets < 0) | (sizes < 0) | (sizes > size - offsets)  # no overflow: both within int64
-        owners = np.searchsorted(np.frombuffer(self._first, np.int64), np.flatnonzero(bad), side="right") - 1
-        return frozenset(owners.tolist())
-
-    def members(self) -> list[tuple[str, int, int]]:
-        """Every member as (name, data offset, size), in .idx order."""
-        exts, ext_ids = self._exts, self._ext_ids
-        owners = np.repeat(np.arange(len(self)), np.diff(np.frombuffer(self._first, np.int64))).tolist()
-        return [
-            (self.key(owner) + (f".{exts[ext_ids[m]]}" if exts[ext_ids[m]] else ""), self._offsets[m], self._sizes[m])
-            for m, owner in enumerate(owners)
-        ]
-
-
-_DALI_HEADER = re.compile(rf"{re.escape(DALI_INDEX_VERSION)} +([0-9]{{1,18}}) *")
-
-
-def parse_dali_index(text: str, where: str) -> TarMembers:
-    """Parse a DALI v1.2 index (one sample a line, four tokens a member) into :class:`TarMembers`;
-    a DatasetIndexError names ``where`` and the line, never what the file holds."""
-    head, _, body = text.partition("\n")
-    if not head.strip():
-        raise DatasetIndexError(f"{where}: empty DALI index")
-    header = _DALI_HEADER.fullmatch(head.strip())
-    if header is None:
-        raise DatasetIndexError(f"{where}: expected a '{DALI_INDEX_VERSION} N' header on the first line")
-    lines = body.splitlines()
-    tokens_per_line = np.fromiter(map(len, map(str.split, lines)), np.int64, len(lines))
-    malformed = np.flatnonzero((tokens_per_line == 0) | (tokens_per_line % 4 != 0))
-    if malformed.size:
-        raise DatasetIndexError(f"{where}:{int(malformed[0]) + 2}: malformed sample line")
-    if len(lines) != int(header[1]):
-        raise DatasetIndexError(f"{where}: header says {int(header[1])} samples, found {len(lines)}")
-    tokens = body.split()
-    first = np.zeros(len(lines) + 1, np.int64)
-    np.cumsum(tokens_per_line // 4, out=first[1:])
-    names = tokens[3::4]
-    keys = [split_member_name(names[m])[0] for m in first[:-1].tolist()]
-    ext_tokens = tokens[0::4]
-    exts = list(dict.fromkeys(ext_tokens))
-    if len(exts) > np.iinfo(np.uint16).max:
-        raise DatasetIndexError(f"{where}: more than {np.iinfo(np.uint16).max} different field names")
-    ext_ids = np.fromiter(map({ext: e for e, ext in enumerate(exts)}.__getitem__, ext_tokens), np.uint16, len(ext_tokens))
-    try:
-        offsets, sizes = (np.fromiter(map(int, tokens[k::4]), np.int64, len(ext_tokens)) for k in (1, 2))
-    except ValueError:
-        raise DatasetIndexError(f"{where}: a member's offset or size is not an integer") from None
-    except OverflowError:
-        raise DatasetIndexError(f"{where}: a member's offset or size is beyond the int64 range") from None
-    return TarMembers(keys, first, exts, ext_ids, offsets, sizes)
-
-
-def split_member_name(name: str) -> tuple[str, str]:
-    """Split a tar member name into (key, ext) at the first dot of its last path part, as WebDataset."""
-    dot = name.find(".", name.rfind("/") + 1)
-    if dot < 0:
-        return name, ""
-    return name[:dot], name[dot + 1 :]

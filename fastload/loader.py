@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastload.dali_feed import DaliFeed
+from fastload.dali.feed import DaliFeed
 from fastload.dataset import ShardedDataset
 from fastload.dist import check_ranks_agree, resolve_rank_world
 from fastload.errors import SampleError, check_on_error, rebuild_error
@@ -48,7 +48,7 @@ _logged: set[tuple[str, str]] = set()
 def choose_backend(requested: str, decoded_pixels: bool) -> tuple[str, str]:
     """("cpu" | "dali-cpu" | "dali-gpu", why). ``auto`` takes DALI only on a GPU: on the CPU
     fastload's own workers measured 1.5-1.7x DALI's CPU pipeline (README, fastload bench)."""
-    from fastload.decode.dali import dali_available
+    from fastload.dali.library import dali_available
 
     if requested not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {requested!r}")
@@ -488,7 +488,7 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def _dali_decoder(self):  # type: ignore[no-untyped-def]
         """The DALI pipeline wrapper of this loader, made on first use."""
-        from fastload.decode.dali import DaliBatchDecoder
+        from fastload.dali.pipeline import DaliBatchDecoder
 
         if self._dali is None:
             device_id = torch.cuda.current_device() if self.backend == "dali-gpu" else None

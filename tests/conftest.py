@@ -20,7 +20,8 @@ from PIL import Image
 
 from fastload.converters import ConvertOptions, convert
 from fastload.demo import DEMO_CLASSES, synthetic_image
-from fastload.index import parse_dali_index, read_index
+from fastload.formats.idx import parse_dali_index
+from fastload.index import read_index
 
 
 def collection_page_faults() -> int:

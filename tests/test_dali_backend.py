@@ -19,7 +19,7 @@ import fastload
 from fastload.converters import ConvertOptions, WriterOptions, convert
 from fastload import transforms as T
 from fastload.errors import SampleError
-from tests.conftest import collection_page_faults
+from tests.conftest import cli_env, collection_page_faults
 
 pytest.importorskip("nvidia.dali")
 
@@ -170,12 +170,12 @@ def test_corrupt_sample_raises_or_is_skipped(corrupt: tuple[Path, set[str]], wor
 
 def test_a_bug_in_the_feed_is_raised_not_redone_on_the_cpu(wds: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Only bad samples fall back to the CPU path; a failure of the feed itself must surface."""
-    import fastload.dali_feed
+    import fastload.dali.feed
 
     def broken(*args: object) -> None:
         raise AttributeError("a bug in the feed")
 
-    monkeypatch.setattr(fastload.dali_feed, "plan_with_substitutes", broken)
+    monkeypatch.setattr(fastload.dali.feed, "plan_with_substitutes", broken)
     with fastload.DataLoader(wds, batch_size=4, backend="dali", transform=T.val(16)) as loader:
         with pytest.raises(AttributeError, match="a bug in the feed"):
             next(iter(loader))
@@ -187,10 +187,10 @@ def test_dali_workers_leave_the_inherited_heap_shared(wds: Path, tmp_path: Path,
     """As with fastload's own workers: a collection in a DALI source worker leaves the objects it
     inherited alone rather than copying the training process's heap; the training process itself
     (num_workers=0) is not frozen, its garbage must still be collected."""
-    import fastload.dali_feed
+    import fastload.dali.feed
 
     heap = [[i] for i in range(500_000)]  # ~50 MB of collectable objects in the training process
-    plan = fastload.dali_feed.plan_with_substitutes
+    plan = fastload.dali.feed.plan_with_substitutes
 
     def measured(*args: object) -> object:
         record = tmp_path / str(os.getpid())
@@ -198,7 +198,7 @@ def test_dali_workers_leave_the_inherited_heap_shared(wds: Path, tmp_path: Path,
             record.write_text(f"{collection_page_faults()} {gc.get_freeze_count()}")
         return plan(*args)
 
-    monkeypatch.setattr(fastload.dali_feed, "plan_with_substitutes", measured)
+    monkeypatch.setattr(fastload.dali.feed, "plan_with_substitutes", measured)
     with fastload.DataLoader(wds, batch_size=4, backend="dali", transform=T.val(16), num_workers=workers) as loader:
         assert sum(1 for _ in loader) == 8
     records = {int(p.name): tuple(map(int, p.read_text().split())) for p in tmp_path.iterdir()}
@@ -210,11 +210,11 @@ def test_dali_workers_leave_the_inherited_heap_shared(wds: Path, tmp_path: Path,
 
 
 SPAWN_SCRIPT = """
-import fastload, fastload.decode.dali
+import fastload, fastload.dali.pipeline
 from fastload import transforms as T
 
 def main():
-    fastload.decode.dali.cuda_initialized = lambda: True  # as in a training process on a GPU: spawn
+    fastload.dali.pipeline.cuda_initialized = lambda: True  # as in a training process on a GPU: spawn
     with fastload.DataLoader({path!r}, batch_size=4, backend="dali", transform=T.val(16), num_workers=2) as loader:
         print("batches", sum(1 for _ in loader), "redone", loader.stats.redone_on_cpu)
 {entry}
@@ -226,7 +226,7 @@ def test_spawned_dali_workers_need_a_guarded_entry_point_and_say_so(wds: Path, t
     entry = "if __name__ == '__main__':\n    main()" if guarded else "main()"
     script = tmp_path / "train.py"
     script.write_text(SPAWN_SCRIPT.format(path=str(wds), entry=entry))
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=cli_env())
     if guarded:
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert "batches 8 redone 0" in proc.stdout

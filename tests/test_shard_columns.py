@@ -16,7 +16,8 @@ import pytest
 import fastload
 from fastload.converters import ConvertOptions, convert
 from fastload.errors import DatasetIndexError, ShardError
-from fastload.index import format_dali_index, parse_dali_index, read_index
+from fastload.formats.idx import format_dali_index, parse_dali_index
+from fastload.index import read_index
 
 
 def test_members_round_trip_with_different_fields_per_sample() -> None:

@@ -26,7 +26,8 @@ from fastload import transforms as T
 from fastload.cache import RemoteFile
 from fastload.cli import main as cli_main
 from fastload.errors import DatasetIndexError, FastloadError, SampleError, ShardError
-from fastload.index import INDEX_FILE, format_dali_index, parse_dali_index, read_index
+from fastload.formats.idx import format_dali_index, parse_dali_index
+from fastload.index import INDEX_FILE, read_index
 
 from tests.conftest import run_cli
 from tests.test_fuzz_readers import exercise

@@ -30,16 +30,8 @@ from fastload.converters.shard import HashTask, ShardResult, ShardTask, hash_ite
 from fastload.converters.sources import Source, open_source
 from fastload import remote
 from fastload.errors import SampleError
-from fastload.index import (
-    INDEX_FILE,
-    SKIPPED_REPORT,
-    DatasetIndex,
-    ShardInfo,
-    atomic_write_bytes,
-    fsync_dir,
-    read_index,
-    write_index,
-)
+from fastload.files import atomic_write_bytes, fsync_dir
+from fastload.index import INDEX_FILE, SKIPPED_REPORT, DatasetIndex, ShardInfo, read_index, write_index
 
 PARTIAL_DIR = ".fastload-partial"
 DUPLICATES_REPORT = "duplicates.jsonl"

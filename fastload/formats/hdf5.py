@@ -15,7 +15,7 @@ import numpy as np
 
 from fastload.columns import PackedStrings, int_column
 from fastload.errors import ShardError
-from fastload.index import open_regular
+from fastload.files import open_regular
 
 # Decompressed chunks kept per process over its open files (h5py's default is 1 MB a file, a
 # handful of 64-row chunks, so shuffled reading of a compressed shard decompressed a chunk for

@@ -7,8 +7,9 @@ import os
 import tarfile
 from pathlib import Path
 
-from fastload.errors import SampleError, ShardError
-from fastload.index import DatasetIndexError, open_regular, parse_dali_index, read_file
+from fastload.errors import DatasetIndexError, SampleError, ShardError
+from fastload.files import open_regular, read_file
+from fastload.formats.idx import parse_dali_index
 
 
 MAX_GAP = 4096  # read a sample's fields in one pread when they are at most this far apart in all

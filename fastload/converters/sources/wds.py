@@ -9,8 +9,9 @@ from pathlib import Path, PurePosixPath
 
 from fastload.converters.sample import Sample, SourceItem, file_stamp
 from fastload.converters.sources import SourceOptions
-from fastload.errors import SampleError
-from fastload.index import DatasetIndexError, image_field, read_index, split_member_name
+from fastload.errors import DatasetIndexError, SampleError
+from fastload.formats.idx import split_member_name
+from fastload.index import image_field, read_index
 
 
 def unsafe_member_reason(name: str) -> str | None:

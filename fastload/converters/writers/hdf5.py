@@ -15,7 +15,8 @@ import h5py
 import numpy as np
 
 from fastload.converters.writers import PreparedSample, WriterOptions, publish, temp_path
-from fastload.index import FORMAT_NAME, FORMAT_VERSION, ShardInfo, file_sha256
+from fastload.files import file_sha256
+from fastload.index import FORMAT_NAME, FORMAT_VERSION, ShardInfo
 
 ENCODED_DATASET = "image"
 DECODED_DATASET = "pixels"

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from fastload.converters.writers import PreparedSample, WriterOptions, publish, temp_path
-from fastload.index import Member, ShardInfo, format_dali_index
+from fastload.formats.idx import Member, format_dali_index
+from fastload.index import ShardInfo
 
 BLOCK = tarfile.BLOCKSIZE
 RECORD = tarfile.RECORDSIZE

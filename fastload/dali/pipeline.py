@@ -1,41 +1,15 @@
-"""NVIDIA DALI, imported lazily: the only module that imports ``nvidia.dali``."""
+"""The DALI pipeline that decodes the feed's batches: crop regions decoded (nvJPEG and the
+hardware decoder on a GPU, libjpeg-turbo on the CPU), resized and mirrored into uint8 CHW batches."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from fastload.dali.library import cuda_initialized, images_as_torch, import_dali
+from fastload.dali.protocol import DecodedColumns, FeedColumns, read_notes
 
-def import_dali():  # type: ignore[no-untyped-def]
-    """The ``nvidia.dali`` module, or an error naming the extra that installs it."""
-    try:
-        import nvidia.dali as dali
-        import nvidia.dali.fn  # noqa: F401 - make dali.fn and dali.types available
-        import nvidia.dali.types  # noqa: F401
-    except ImportError:
-        raise ImportError("NVIDIA DALI is not installed: pip install 'fastload[dali]'") from None
-    return dali
-
-
-def torch_iterator(pipeline: Any, names: list[str], reader_name: str) -> Any:
-    """DALI's PyTorch iterator over a built pipeline: every sample once per epoch, auto-reset."""
-    import_dali()
-    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
-
-    return DALIGenericIterator(pipeline, names, reader_name=reader_name, last_batch_policy=LastBatchPolicy.PARTIAL, auto_reset=True)
-
-
-def cuda_initialized() -> bool:
-    """Whether this process has initialized the CUDA driver (DALI will not fork workers then)."""
-    return bool(import_dali().backend.IsDriverInitialized())
-
-
-def dali_available() -> bool:
-    """Whether DALI can be imported (without raising)."""
-    try:
-        import_dali()
-    except ImportError:
-        return False
-    return True
+if TYPE_CHECKING:
+    from fastload.dali.feed import DaliFeed
 
 
 class DaliBatchDecoder:
@@ -43,7 +17,7 @@ class DaliBatchDecoder:
     hardware decoder with ``gpu``, libjpeg-turbo on the CPU otherwise), resizes it (antialiased
     linear) and mirrors it, giving uint8 NCHW batches as torch tensors on the pipeline's device.
 
-    Its input is a :class:`fastload.dali_feed.DaliFeed`, run by DALI's parallel external source
+    Its input is a :class:`fastload.dali.feed.DaliFeed`, run by DALI's parallel external source
     in ``workers`` processes, or in this process with ``workers=0``. The processes are forked
     while CUDA is not initialized in this process and spawned once it is (DALI refuses to fork
     then, as in a training process that has moved its model to the GPU).
@@ -56,17 +30,17 @@ class DaliBatchDecoder:
         self.batch_size, self.out_hw, self.num_threads, self.device_id = batch_size, out_hw, num_threads, device_id
         self.hw_decoder_load = hw_decoder_load  # share of images for the hardware JPEG decoder (A100/H100/H200)
         self.workers = workers
-        self.feed: Any = None  # the feed the pipeline was built with
+        self.feed: DaliFeed | None = None  # the feed the pipeline was built with
         self.pipe: Any = None
         self.epochs = 0  # DALI epochs begun since the build
         self.expected = self.taken = 0  # batches of the current DALI epoch: to deliver, delivered
 
-    def start(self, feed: Any, batches: int) -> None:
+    def start(self, feed: DaliFeed, batches: int) -> None:
         """Deliver ``feed``'s next ``batches`` batches. The pipeline (and its worker processes)
         carries on into its next epoch when ``feed`` is that epoch and the last one was taken to
         its end; otherwise it is rebuilt (a GPU pipeline takes seconds to build)."""
         clean_end = self.pipe is not None and self.taken == self.expected
-        if clean_end and feed == self.feed.next_epoch(self.epochs):
+        if clean_end and self.feed is not None and feed == self.feed.next_epoch(self.epochs):
             self.pipe.reset()
             self.epochs += 1
         else:
@@ -74,9 +48,7 @@ class DaliBatchDecoder:
             self._build(feed)
         self.expected, self.taken = batches, 0
 
-    def _build(self, feed: Any) -> None:
-        from fastload.dali_feed import OUTPUTS
-
+    def _build(self, feed: DaliFeed) -> None:
         dali = import_dali()
         fn, types = dali.fn, dali.types
         gpu = self.device_id is not None
@@ -90,17 +62,17 @@ class DaliBatchDecoder:
         )
         def pipeline():  # type: ignore[no-untyped-def]
             source = {"parallel": True, "prefetch_queue_depth": max(2, self.workers)} if parallel else {}
-            jpegs, anchors, shapes, mirror, labels, keys, notes = fn.external_source(
-                source=feed, num_outputs=OUTPUTS, batch=True, batch_info=True, **source
-            )
+            fed = FeedColumns(*fn.external_source(
+                source=feed, num_outputs=len(FeedColumns._fields), batch=True, batch_info=True, **source
+            ))
             decode_args = {"hw_decoder_load": self.hw_decoder_load} if gpu else {}
             images = fn.decoders.image_slice(
-                jpegs, anchors, shapes, device="mixed" if gpu else "cpu", output_type=types.RGB, axis_names="WH",
+                fed.jpegs, fed.anchors, fed.shapes, device="mixed" if gpu else "cpu", output_type=types.RGB, axis_names="WH",
                 normalized_anchor=False, normalized_shape=False, **decode_args,
             )
             images = fn.resize(images, resize_x=width, resize_y=height, antialias=True, interp_type=types.INTERP_LINEAR)
-            images = fn.crop_mirror_normalize(images, mirror=mirror, dtype=types.UINT8, output_layout="CHW")
-            return images, labels, keys, notes
+            images = fn.crop_mirror_normalize(images, mirror=fed.mirror, dtype=types.UINT8, output_layout="CHW")
+            return tuple(DecodedColumns(images=images, labels=fed.labels, keys=fed.keys, notes=fed.notes))
 
         self.pipe = pipeline()
         try:
@@ -118,24 +90,12 @@ class DaliBatchDecoder:
     def next_batch(self) -> tuple[Any, list[int], list[str], list[tuple[str, str]], Any]:
         """The next decoded batch: (images, labels, keys, skip records, the SampleError of a
         sample that could not be read, or None)."""
-        import numpy as np
-        import torch
-
-        from fastload.dali_feed import read_notes
-
-        images, labels, keys, notes = self.pipe.run()
+        out = DecodedColumns(*self.pipe.run())
         self.taken += 1
-        label_list = [int(labels.at(i)[0]) for i in range(len(labels))]
-        key_list = [keys.at(i).tobytes().decode() for i in range(len(keys))]
-        skipped, error = read_notes([notes.at(i).tobytes() for i in range(len(notes))])
-        dense = images.as_tensor()
-        if self.device_id is None:
-            return torch.from_numpy(np.array(dense)), label_list, key_list, skipped, error
-        from nvidia.dali.plugin.pytorch import feed_ndarray
-
-        out = torch.empty(dense.shape(), dtype=torch.uint8, device=f"cuda:{self.device_id}")
-        feed_ndarray(dense, out, cuda_stream=torch.cuda.current_stream(out.device).cuda_stream)
-        return out, label_list, key_list, skipped, error
+        labels = [int(out.labels.at(i)[0]) for i in range(len(out.labels))]
+        keys = [out.keys.at(i).tobytes().decode() for i in range(len(out.keys))]
+        skipped, error = read_notes([out.notes.at(i).tobytes() for i in range(len(out.notes))])
+        return images_as_torch(out.images.as_tensor(), self.device_id), labels, keys, skipped, error
 
     def close(self) -> None:
         """Release the pipeline (its device memory and worker processes)."""

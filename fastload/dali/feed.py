@@ -7,20 +7,19 @@ from __future__ import annotations
 import functools
 import gc
 import io
-import json
 import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from fastload.dali.protocol import empty_feed_columns, encode_note
 from fastload.dataset import ShardedDataset
 from fastload.errors import SampleError
 from fastload.sampling import EpochOrder, OrderSpec, RankBatches
 from fastload.transforms import Transform
 from fastload.workers import plan_with_substitutes
 
-OUTPUTS = 7  # jpegs, anchors, shapes, mirror, labels, keys, notes (skip records, errors)
 PLACEHOLDER_SIDE = 8
 
 
@@ -54,35 +53,35 @@ class DaliFeed:
         return replace(self, first_epoch=self.first_epoch + epochs_fed, start=0, first_batch=0, _plans={})
 
     def __call__(self, info: Any) -> tuple[list[np.ndarray], ...]:
+        """The columns (:class:`~fastload.dali.protocol.FeedColumns`) of DALI's batch ``info``."""
         _freeze_inherited(self.home_pid)
         epoch, order, batches, first = self.plan(info.epoch_idx)
         batch_no = first + info.iteration
         if batch_no >= len(batches.batches):
             raise StopIteration
-        columns: tuple[list[np.ndarray], ...] = tuple([] for _ in range(OUTPUTS))
-        jpegs, anchors, shapes, mirror, labels, keys, notes = columns
+        columns = empty_feed_columns()
         for index in order.order[batches.batches[batch_no]].tolist():
             skipped: list[tuple[str, str]] = []
             try:
                 sample = plan_with_substitutes(self.dataset, index, self.specs, self.seed, epoch, self.on_error, skipped)
             except SampleError as exc:  # DALI's workers cannot raise it intact: it travels as a note
-                jpegs.append(placeholder_jpeg())
-                anchors.append(np.zeros(2, dtype=np.float32))
-                shapes.append(np.full(2, PLACEHOLDER_SIDE, dtype=np.float32))
-                mirror.append(np.array(0, dtype=np.int32))
-                labels.append(np.array([-1], dtype=np.int64))
-                keys.append(np.zeros(0, dtype=np.uint8))
-                notes.append(_note({"error": [exc.where, exc.reason]}))
+                columns.jpegs.append(placeholder_jpeg())
+                columns.anchors.append(np.zeros(2, dtype=np.float32))
+                columns.shapes.append(np.full(2, PLACEHOLDER_SIDE, dtype=np.float32))
+                columns.mirror.append(np.array(0, dtype=np.int32))
+                columns.labels.append(np.array([-1], dtype=np.int64))
+                columns.keys.append(np.zeros(0, dtype=np.uint8))
+                columns.notes.append(encode_note(error=exc))
                 continue
             x0, y0, x1, y1 = sample.plan.box
-            jpegs.append(np.frombuffer(sample.data, dtype=np.uint8))  # type: ignore[arg-type]
-            anchors.append(np.array([x0, y0], dtype=np.float32))
-            shapes.append(np.array([x1 - x0, y1 - y0], dtype=np.float32))
-            mirror.append(np.array(int(sample.plan.flip), dtype=np.int32))
-            labels.append(np.array([sample.label], dtype=np.int64))
-            keys.append(np.frombuffer(sample.key.encode(), dtype=np.uint8))
-            notes.append(_note({"skipped": skipped} if skipped else None))
-        return columns
+            columns.jpegs.append(np.frombuffer(sample.data, dtype=np.uint8))  # type: ignore[arg-type]
+            columns.anchors.append(np.array([x0, y0], dtype=np.float32))
+            columns.shapes.append(np.array([x1 - x0, y1 - y0], dtype=np.float32))
+            columns.mirror.append(np.array(int(sample.plan.flip), dtype=np.int32))
+            columns.labels.append(np.array([sample.label], dtype=np.int64))
+            columns.keys.append(np.frombuffer(sample.key.encode(), dtype=np.uint8))
+            columns.notes.append(encode_note(skipped))
+        return tuple(columns)  # a plain tuple: DALI's worker processes rebuild tuples and lists by type(x)(...)
 
 
 _frozen_in = -1
@@ -99,10 +98,6 @@ def _freeze_inherited(home_pid: int) -> None:
         _frozen_in = pid
 
 
-def _note(note: dict | None) -> np.ndarray:
-    return np.frombuffer(json.dumps(note).encode() if note else b"", dtype=np.uint8)
-
-
 @functools.cache
 def placeholder_jpeg() -> np.ndarray:
     """A small black JPEG standing in for a sample that could not be planned."""
@@ -111,16 +106,3 @@ def placeholder_jpeg() -> np.ndarray:
     out = io.BytesIO()
     Image.new("RGB", (PLACEHOLDER_SIDE, PLACEHOLDER_SIDE)).save(out, "JPEG")
     return np.frombuffer(out.getvalue(), dtype=np.uint8)
-
-
-def read_notes(notes: list[bytes]) -> tuple[list[tuple[str, str]], SampleError | None]:
-    """A batch's skip records (where, reason) and the first unreadable sample's error, if any."""
-    skipped: list[tuple[str, str]] = []
-    error = None
-    for note in notes:
-        if note:
-            fields = json.loads(note)
-            skipped += [(where, reason) for where, reason in fields.get("skipped", [])]
-            if "error" in fields and error is None:
-                error = SampleError(*fields["error"])
-    return skipped, error
