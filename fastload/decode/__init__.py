@@ -1,1 +1,2 @@
-"""Image decoders: ``cpu`` (libjpeg-turbo through simplejpeg, Pillow for the rest) and ``dali``."""
+"""Image decoders: ``cpu`` (libjpeg-turbo through fastload's own ``_turbo`` extension for crops and
+simplejpeg for whole images, Pillow for the rest) and ``dali``."""
