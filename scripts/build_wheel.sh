@@ -18,7 +18,7 @@ raw="$(mktemp -d)"
 trap 'rm -rf "$raw"' EXIT
 # --no-isolation: build with this environment's setuptools, offline (an isolated build downloads it)
 "$PY" -m build --no-isolation --outdir "$raw" "$ROOT"
-if ! "$PY" -m zipfile -l "$raw"/*.whl | grep -q 'fastload/decode/_turbo\.'; then
+if ! "$PY" -c 'import sys, zipfile; sys.exit(not any(n.startswith("fastload/decode/_turbo.") and not n.endswith(".c") for n in zipfile.ZipFile(sys.argv[1]).namelist()))' "$raw"/*.whl; then
   echo "error: the wheel has no libjpeg-turbo extension (see the note above: compiler or libjpeg headers missing)" >&2
   exit 1
 fi

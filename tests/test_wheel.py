@@ -13,6 +13,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pytest
@@ -23,7 +24,7 @@ import fastload
 from fastload import transforms as T
 from fastload.converters import ConvertOptions, convert
 from fastload.decode import cpu
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, tree_bytes
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -39,6 +40,7 @@ with fastload.DataLoader(sys.argv[1], batch_size=8, num_workers=2, transform=T.t
     np.save(sys.argv[2], np.concatenate([images.numpy() for images, _ in loader]))
 print(json.dumps({"fastload": fastload.__file__, "decoder": cpu.jpeg_crop_decoder(), "turbo": getattr(cpu.turbo, "__file__", None)}))
 """
+Item = TypeVar("Item")
 EXTENSION_NOTE = "note: fastload's libjpeg-turbo extension (fastload.decode._turbo) was not built"
 
 
@@ -49,14 +51,16 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def run(*args: str | Path, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(a) for a in args], cwd=cwd, env=env or clean_env(), capture_output=True, text=True, timeout=300)
+    """Run a command; a failure shows the end of its output."""
+    proc = subprocess.run([str(a) for a in args], check=False, cwd=cwd, env=env or clean_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"{' '.join(map(str, args))} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     return proc
 
 
-def only(paths: list[Path]) -> Path:
-    assert len(paths) == 1, paths
-    return paths[0]
+def only(items: list[Item]) -> Item:
+    """The one item of ``items``."""
+    assert len(items) == 1, items
+    return items[0]
 
 
 def build_bundled(out: Path, cwd: Path) -> Path:
@@ -74,7 +78,7 @@ def build_plain(out: Path, cwd: Path, **env: str) -> tuple[Path, str]:
 def declared_dependencies(wheel: Path) -> list[importlib.metadata.Distribution]:
     """The installed distributions the wheel's Requires-Dist (no extras) reaches, transitively."""
     with zipfile.ZipFile(wheel) as zf:
-        metadata = email.message_from_bytes(zf.read(only([Path(n) for n in zf.namelist() if n.endswith(".dist-info/METADATA")]).as_posix()))
+        metadata = email.message_from_bytes(zf.read(only([n for n in zf.namelist() if n.endswith(".dist-info/METADATA")])))
     todo, found = [(Requirement(r), {""}) for r in metadata.get_all("Requires-Dist")], {}
     while todo:
         req, extras = todo.pop()
@@ -117,6 +121,7 @@ def bundled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def dataset(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The image folder converted by the checkout."""
     out = tmp_path_factory.mktemp("wheel-ds") / "wds"
     convert(str(image_folder), str(out), ConvertOptions(source="imagefolder", samples_per_shard=8))
     return out
@@ -135,7 +140,9 @@ def checkout_images(dataset: Path) -> np.ndarray:
         return np.concatenate([images.numpy() for images, _ in loader])
 
 
-def test_wheel_bundles_libjpeg_turbo_and_loads_through_it(bundled: tuple[Path, Path], dataset: Path, tmp_path: Path) -> None:
+def test_wheel_bundles_libjpeg_turbo_and_loads_through_it(
+    bundled: tuple[Path, Path], image_folder: Path, dataset: Path, tmp_path: Path
+) -> None:
     wheel, deps = bundled
     assert re.fullmatch(r"fastload-[\d.]+-cp\d+-cp\d+-.*manylinux_\d+_\d+_\w+\.whl", wheel.name), wheel.name
     names = zipfile.ZipFile(wheel).namelist()
@@ -152,14 +159,17 @@ def test_wheel_bundles_libjpeg_turbo_and_loads_through_it(bundled: tuple[Path, P
     resolved = re.search(rf"{re.escape(jpeg)} => (\S+)", run("ldd", extension, cwd=tmp_path).stdout).group(1)
     assert Path(resolved).resolve() == (site / "fastload.libs" / jpeg).resolve()
 
-    report, images, stderr = load(site, dataset, tmp_path)
+    fastload_command = site.parents[2] / "bin" / "fastload"
+    run(fastload_command, "convert", image_folder, tmp_path / "wds", "--from", "imagefolder", "--samples-per-shard", "8", cwd=tmp_path)
+    assert tree_bytes(tmp_path / "wds") == tree_bytes(dataset)  # the same shards, byte for byte
+    report, images, stderr = load(site, tmp_path / "wds", tmp_path)
     assert Path(report["fastload"]).is_relative_to(site) and Path(report["turbo"]).is_relative_to(site), report
     assert report["decoder"] == "fastload.decode._turbo" and "Warning" not in stderr, (report, stderr)
     assert images.shape == (30, 3, 32, 32)
     assert np.array_equal(images, checkout_images(dataset))  # the same crops, pixel for pixel
 
     # every command on the declared dependencies alone: convert (both layouts), inspect, verify, load, bench
-    demo = run(site.parents[2] / "bin" / "fastload", "demo", "--workdir", tmp_path / "demo", "--images", "24", cwd=tmp_path)
+    demo = run(fastload_command, "demo", "--workdir", tmp_path / "demo", "--images", "24", cwd=tmp_path)
     assert "24 samples verified and decoded: OK" in demo.stdout and "fastload-cpu" in demo.stdout, demo.stdout
 
 
