@@ -11,7 +11,15 @@ import torch
 from fastload.epoch import Epoch, EpochInputs
 from fastload.errors import SampleError, rebuild_error
 from fastload.state import LoaderState
-from fastload.workers import BatchBuffers, BatchResult, WorkerConfig, WorkerError, WorkerPool, fill_batch, merge_parts
+from fastload.workers import (
+    BatchBuffers,
+    BatchResult,
+    WorkerConfig,
+    WorkerError,
+    WorkerPool,
+    fill_batch,
+    merge_parts,
+)
 
 LENDABLE_SLOTS = 2  # batch slots beyond the workers' queue, for batches the caller still holds
 MIN_PART = 16  # the fewest samples a worker is given of a batch

@@ -33,7 +33,14 @@ from fastload.frameworks import accelerate_device
 from fastload.layout import BatchLayout
 from fastload.options import LoaderOptions
 from fastload.orders import LoaderOrders
-from fastload.samplers import BatchIndices, BatchRequest, LoaderBatchSampler, LoaderSampler, collate, unwrap_subset
+from fastload.samplers import (
+    BatchIndices,
+    BatchRequest,
+    LoaderBatchSampler,
+    LoaderSampler,
+    collate,
+    unwrap_subset,
+)
 from fastload.state import LoaderState, read_state_dict
 from fastload.stats import LoaderStats
 from fastload.torch_mode import TorchMode
@@ -85,7 +92,7 @@ class DataLoader(torch.utils.data.DataLoader):
     ``seed``, ``on_error`` ("raise" | "skip"), ``return_keys``, ``rank``/``world_size``,
     ``evaluation`` (every sample once across ranks, padding marked by a ``valid`` tensor),
     ``shuffle_buffer`` (streaming order: each rank reads its own shuffled shards in sequence
-    through a buffer; always used for remote datasets, with ``REMOTE_SHUFFLE_BUFFER`` by default) and
+    through a buffer; always used for remote datasets, with ``options.REMOTE_SHUFFLE_BUFFER`` by default) and
     ``hw_decoder_load`` (with DALI on a GPU: the share of JPEGs sent to the hardware decoder).
     """
 

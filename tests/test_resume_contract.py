@@ -75,11 +75,11 @@ def served(clean: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iter
 
 
 LOCAL_PATHS = {
-    "cpu workers": dict(backend="cpu", num_workers=2),
-    "cpu inline": dict(backend="cpu", num_workers=0),
-    "cpu, rank 1 of 2": dict(backend="cpu", num_workers=1, rank=1, world_size=2),
-    "dali on the cpu": dict(backend="dali", num_workers=1),
-    "streaming order": dict(backend="cpu", num_workers=2, shuffle_buffer=5),
+    "cpu workers": {"backend": "cpu", "num_workers": 2},
+    "cpu inline": {"backend": "cpu", "num_workers": 0},
+    "cpu, rank 1 of 2": {"backend": "cpu", "num_workers": 1, "rank": 1, "world_size": 2},
+    "dali on the cpu": {"backend": "dali", "num_workers": 1},
+    "streaming order": {"backend": "cpu", "num_workers": 2, "shuffle_buffer": 5},
 }
 
 
