@@ -201,7 +201,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
 def _run_demo(args: argparse.Namespace) -> int:
     from fastload.demo import run_demo
 
-    return run_demo(args.workdir, args.images)
+    return run_demo(args.workdir, args.images, main)
 
 
 def build_parser() -> argparse.ArgumentParser:

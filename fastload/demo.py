@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -56,10 +57,9 @@ def make_demo_images(folder: str | Path, count: int, seed: int = 0) -> Path:
     return folder
 
 
-def run_demo(workdir: str | Path, images: int) -> int:
-    """Build, convert (both layouts, 2 workers), inspect and verify; print what each step took."""
-    from fastload.cli import main
-
+def run_demo(workdir: str | Path, images: int, fastload_command: Callable[[Sequence[str]], int]) -> int:
+    """Build, convert (both layouts, 2 workers), inspect, verify, load and bench, each step through
+    ``fastload_command`` (the ``fastload`` command's entry point; returns its exit status)."""
     workdir = Path(workdir)
     raw = workdir / "raw"
     if not raw.exists():
@@ -75,7 +75,7 @@ def run_demo(workdir: str | Path, images: int) -> int:
     ]
     for step in steps:
         print(f"== fastload {' '.join(step)}", flush=True)
-        status = main(step)
+        status = fastload_command(step)
         if status:
             return status
     # the tar shards are loaded by the bench below; load the HDF5 ones here
@@ -84,7 +84,7 @@ def run_demo(workdir: str | Path, images: int) -> int:
     bench = ["bench", str(workdir / "wds"), "--source", str(raw), "--backends", "fastload-cpu,torch",
              "--workers", "2", "--batch-size", "64", "--epochs", "2"]
     print(f"== fastload {' '.join(bench)}", flush=True)
-    return main(bench)
+    return fastload_command(bench)
 
 
 def measure_loading(path: Path, epochs: int = 2) -> str:

@@ -1,10 +1,14 @@
 """``fastload.DataLoader``: a drop-in for ``torch.utils.data.DataLoader``.
 
-Given any torch Dataset it *is* torch's DataLoader (same arguments, same batches). Given a
-converted dataset (or its path) it takes the fast path: workers read bytes by offset, decode
+Given any torch Dataset it *is* torch's DataLoader (same arguments, same batches; fastload.torch_mode).
+Given a converted dataset (or its path) it takes the fast path: workers read bytes by offset, decode
 with libjpeg-turbo at the smallest sufficient DCT scale, transform, and write pixels into shared
 memory; the main process keeps ``prefetch_factor`` batches in flight per worker, pins and moves
 batches to ``device``, and applies Normalize/ToDtype there on whole batches.
+
+The loader is its stages: options validated once (fastload.options), one training position
+(fastload.state), the orders (fastload.orders), and each backend's epoch (fastload.cpu_epoch,
+fastload.dali_epoch), which starts at the state's position and advances it.
 """
 
 from __future__ import annotations
@@ -20,38 +24,37 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastload.dali.feed import DaliFeed
+from fastload.cpu_epoch import CpuWorkers
+from fastload.dali_epoch import DaliPipeline
 from fastload.dataset import ShardedDataset
-from fastload.dist import check_ranks_agree, resolve_rank_world
-from fastload.errors import SampleError, check_on_error, rebuild_error
-from fastload.frameworks import AccelerateEpoch, accelerate_device
-from fastload.prefetch import ShardPrefetcher, shards_in_use_order
-from fastload.samplers import BatchRequest, LoaderBatchSampler, LoaderSampler, adopt_sampler, collate, unwrap_subset
-from fastload.sampling import EpochOrder, OrderSpec, RankBatches
-from fastload.stats import LoaderStats
-from fastload.transforms import Transform, batch_transform, output_size, validate
-from fastload.workers import (
-    BatchBuffers,
-    BatchResult,
-    WorkerConfig,
-    WorkerError,
-    WorkerPool,
-    fill_batch,
-    merge_parts,
+from fastload.dist import check_ranks_agree
+from fastload.epoch import Epoch, EpochInputs
+from fastload.frameworks import accelerate_device
+from fastload.layout import BatchLayout
+from fastload.options import LoaderOptions
+from fastload.orders import LoaderOrders
+from fastload.samplers import (
+    BatchIndices,
+    BatchRequest,
+    LoaderBatchSampler,
+    LoaderSampler,
+    collate,
+    unwrap_subset,
 )
+from fastload.state import LoaderState, read_state_dict
+from fastload.stats import LoaderStats
+from fastload.torch_mode import TorchMode
+from fastload.transforms import Transform, batch_transform, output_size
 
 log = logging.getLogger("fastload")
-BACKENDS = ("auto", "cpu", "dali")
 _logged: set[tuple[str, str]] = set()
 
 
 def choose_backend(requested: str, decoded_pixels: bool) -> tuple[str, str]:
-    """("cpu" | "dali-cpu" | "dali-gpu", why). ``auto`` takes DALI only on a GPU: on the CPU
-    fastload's own workers measured 1.5-1.7x DALI's CPU pipeline (README, fastload bench)."""
+    """("cpu" | "dali-cpu" | "dali-gpu", why) for a validated ``backend=``. ``auto`` takes DALI only on
+    a GPU: on the CPU fastload's own workers measured 1.5-1.7x DALI's CPU pipeline (README, fastload bench)."""
     from fastload.dali.library import dali_available
 
-    if requested not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {requested!r}")
     if requested == "cpu":
         return "cpu", "backend='cpu'"
     if decoded_pixels:
@@ -68,12 +71,6 @@ def choose_backend(requested: str, decoded_pixels: bool) -> tuple[str, str]:
     if gpu:
         return "cpu", "DALI is not installed (pip install 'fastload[dali]' for GPU decoding)"
     return "cpu", "no CUDA GPU; on the CPU fastload's workers beat DALI's CPU pipeline"
-
-
-STATE_VERSION = 1
-LENDABLE_SLOTS = 2  # batch slots beyond the workers' queue, for batches the caller still holds
-MIN_PART = 16  # the fewest samples a worker is given of a batch
-REMOTE_SHUFFLE_BUFFER = 4096
 
 
 def is_fastload_dataset(dataset: Any) -> bool:
@@ -95,7 +92,7 @@ class DataLoader(torch.utils.data.DataLoader):
     ``seed``, ``on_error`` ("raise" | "skip"), ``return_keys``, ``rank``/``world_size``,
     ``evaluation`` (every sample once across ranks, padding marked by a ``valid`` tensor),
     ``shuffle_buffer`` (streaming order: each rank reads its own shuffled shards in sequence
-    through a buffer; always used for remote datasets, with ``REMOTE_SHUFFLE_BUFFER`` by default) and
+    through a buffer; always used for remote datasets, with ``options.REMOTE_SHUFFLE_BUFFER`` by default) and
     ``hw_decoder_load`` (with DALI on a GPU: the share of JPEGs sent to the hardware decoder).
     """
 
@@ -103,8 +100,6 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> DataLoader:
         if cls is DataLoader and not is_fastload_dataset(dataset):
-            from fastload.torch_mode import TorchDatasetLoader
-
             return super().__new__(TorchDatasetLoader)
         return super().__new__(cls)
 
@@ -139,97 +134,49 @@ class DataLoader(torch.utils.data.DataLoader):
     ) -> None:
         if isinstance(dataset, (str, os.PathLike)):
             dataset = ShardedDataset(dataset)
-        sharded, take = unwrap_subset(dataset)
+        sharded, subset = unwrap_subset(dataset)
         assert sharded is not None  # __new__ sent every other dataset to torch_mode
+        self.options = options = LoaderOptions.from_arguments(
+            len(dataset), subset, sharded.url is not None, sampler=sampler, batch_sampler=batch_sampler,
+            collate_fn=collate_fn, generator=generator, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
+            batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory, drop_last=drop_last, timeout=timeout,
+            worker_init_fn=worker_init_fn, prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+            transform=transform, backend=backend, device=device, on_error=on_error, return_keys=return_keys,
+            evaluation=evaluation, shuffle_buffer=shuffle_buffer, hw_decoder_load=hw_decoder_load,
+        )
         self.dataset = dataset
         self.sharded: ShardedDataset = sharded
-        for name, value in (("batch_sampler", batch_sampler), ("collate_fn", collate_fn), ("generator", generator)):
-            if value is not None:
-                raise ValueError(
-                    f"{name}= is not used with a fastload dataset: order comes from shuffle/seed/rank "
-                    f"(so it can resume exactly) and batches are assembled in shared memory"
-                )
-        if sampler is not None and shuffle:
-            raise ValueError("sampler option is mutually exclusive with shuffle (as in torch)")
-        choice = adopt_sampler(sampler, len(dataset))
-        if choice.take is not None:
-            take = choice.take if take is None else take[choice.take]
-        if choice.seed is not None and seed not in (0, choice.seed):
-            raise ValueError(f"seed={seed} and the sampler's seed={choice.seed} differ: give one of them")
-        shuffle = choice.shuffle if choice.shuffle is not None else shuffle
-        seed = choice.seed if choice.seed is not None else seed
-        if batch_size is None or batch_size < 1:
-            raise ValueError("a fastload dataset needs batch_size >= 1")
-        if num_workers < 0:
-            raise ValueError("num_workers must be >= 0")
-        if prefetch_factor is not None and num_workers == 0:
-            raise ValueError("prefetch_factor needs num_workers > 0 (as in torch)")
-        if evaluation and drop_last:
-            raise ValueError("evaluation=True yields every sample exactly once: it cannot drop_last")
-        self.evaluation = evaluation
-        if shuffle_buffer is not None and (not shuffle or shuffle_buffer < 1):
-            raise ValueError("shuffle_buffer= (streaming order) needs shuffle=True and a size >= 1")
-        self.streaming = shuffle_buffer is not None or sharded.url is not None
-        if self.streaming and take is not None:
-            raise ValueError("a Subset (or SubsetRandomSampler) picks samples across shards: not with the streaming "
-                             "order (remote datasets, shuffle_buffer=), which reads whole shards")
-        self._take = None if take is None else tuple(take.tolist())
-        self.shuffle_buffer = (shuffle_buffer or REMOTE_SHUFFLE_BUFFER) if shuffle else 1
-        if not 0 <= hw_decoder_load <= 1:
-            raise ValueError("hw_decoder_load is a share of images, between 0 and 1")
-        self.hw_decoder_load = hw_decoder_load
-        self.batch_size = batch_size
-        self.num_workers = num_workers
-        self.drop_last = drop_last
-        self.shuffle = bool(shuffle)
-        self.pin_memory = pin_memory and torch.cuda.is_available()
-        self.pin_memory_device = ""
-        self.timeout = timeout
-        self.worker_init_fn = worker_init_fn
-        self.prefetch_factor = (2 if prefetch_factor is None else prefetch_factor) if num_workers else None  # torch's values
-        self.persistent_workers = persistent_workers  # workers always live as long as the loader
-        self.multiprocessing_context = None
-        self.generator = None
-        self.in_order = True
-        self.seed = seed
-        self.on_error = check_on_error(on_error)
-        self.return_keys = return_keys
-        self.transform = validate(transform)
-        self.device = torch.device(device) if device is not None else None
-        self._rank_arg = rank if rank is not None else choice.rank
-        self._world_arg = world_size if world_size is not None else choice.world_size
-        if self._rank_arg is not None and self._world_arg is not None:
-            resolve_rank_world(self._rank_arg, self._world_arg)  # refuse an impossible pair now
-        self._drop_remainder = choice.drop_remainder
-        self._distributed_sampler = choice.distributed
-        self._sampler_epoch_seen = None if choice.distributed is None else choice.distributed.epoch
-        self.stats = LoaderStats()
-        self.image_shape = self._image_shape()
-        self._batch_fn = batch_transform(self.transform)
-        self._epoch = 0
-        self._resume_at = 0
-        self._generations: list[tuple[int, int, int]] = []  # (world, batch, consumed) of earlier layouts this epoch
-        self._order_cache: tuple[tuple, EpochOrder] | None = None
-        self._pool: WorkerPool | None = None
-        self._buffers: BatchBuffers | None = None
-        self._active: weakref.ref[_Epoch] | None = None  # held weakly: an iterator dropped mid-epoch ends it
-        self._abandoned: tuple[int, int, list] | None = None  # (epoch, consumed, layouts) where an iteration broke off
-        self._runs = 0  # iterations started: tags worker tasks, so answers for an abandoned one are recognised
-        self._agreed = False
-        self._accelerate = False
-        self._dali = None
-        # torch's names, with torch's meanings; they refer to this loader weakly (no reference cycle)
-        self.sampler = choice.distributed if choice.distributed is not None else LoaderSampler(weakref.proxy(self))
+        # torch's names, with torch's meanings (frameworks read them); the views refer to this loader weakly
+        self.batch_size, self.drop_last, self.num_workers = options.batch_size, options.drop_last, options.num_workers
+        self.pin_memory, self.pin_memory_device, self.timeout = options.pin_memory, "", options.timeout
+        self.worker_init_fn, self.prefetch_factor = options.worker_init_fn, options.prefetch_factor
+        self.persistent_workers, self.multiprocessing_context = options.persistent_workers, None
+        self.generator, self.in_order = None, True
+        self.sampler = options.distributed if options.distributed is not None else LoaderSampler(weakref.proxy(self))
         self.batch_sampler = LoaderBatchSampler(weakref.proxy(self))
         self.collate_fn = collate
-        self.backend, why = choose_backend(backend, sharded.decoded)
+        self.shuffle, self.seed, self.device = options.shuffle, options.seed, options.device
+        self.image_shape = self._image_shape()
+        self.backend, why = choose_backend(options.backend, sharded.decoded)
         if (self.backend, why) not in _logged:
             _logged.add((self.backend, why))
             log.warning("fastload: backend=%s (%s)", self.backend, why)
+        self.stats = LoaderStats()
+        self.state = LoaderState()
+        self.orders = LoaderOrders(sharded, options)
+        self._engine: CpuWorkers | DaliPipeline = (
+            DaliPipeline(gpu=self.backend == "dali-gpu") if self.backend.startswith("dali") else CpuWorkers()
+        )
+        self._batch_fn = batch_transform(options.transform)
+        self._batch_layout = BatchLayout(sharded.has_labels, options.return_keys, options.evaluation)
+        self._sampler_epoch_seen = None if options.distributed is None else options.distributed.epoch
+        self._active: weakref.ref[Epoch] | None = None  # held weakly: an iterator dropped mid-epoch ends it
+        self._agreed = False
+        self._accelerate = False
 
     def _image_shape(self) -> tuple[int, int, int]:
         ds = self.sharded
-        size = output_size(self.transform)
+        size = output_size(self.options.transform)  # type: ignore[arg-type]
         channels = 3
         if ds.decoded:
             height, width, channels = ds.index.decoded_shape  # type: ignore[misc]
@@ -246,12 +193,12 @@ class DataLoader(torch.utils.data.DataLoader):
     @property
     def rank(self) -> int:
         """This process's rank: rank=, a DistributedSampler's, the process group's, the launcher's."""
-        return resolve_rank_world(self._rank_arg, self._world_arg)[0]
+        return self.orders.ranks()[0]
 
     @property
     def world_size(self) -> int:
         """The number of ranks sharing the dataset, resolved like :attr:`rank`."""
-        return resolve_rank_world(self._rank_arg, self._world_arg)[1]
+        return self.orders.ranks()[1]
 
     @property
     def _is_accelerate_prepared(self) -> bool:
@@ -270,39 +217,51 @@ class DataLoader(torch.utils.data.DataLoader):
             _ = self._is_accelerate_prepared
 
     def __len__(self) -> int:
-        return len(self._plan(self._epoch, 0).batches)
+        return len(self.orders.batches(replace(self.state.upcoming(), consumed=0)).batches)
 
     def __iter__(self) -> Iterator[Any]:
         previous = self._active() if self._active is not None else None
         if previous is not None:
             previous.close()
-        epoch_class = _DaliEpoch if self.backend.startswith("dali") else _EpochIterator
-        iterator = epoch_class(self)
+        inputs = EpochInputs(
+            self.sharded, self.options, self.image_shape, self.device, self._batch_fn, self._batch_layout,
+            self.orders, self.state, self.stats, self._accelerate, self._before_epoch,
+        )
+        iterator = self._engine.epoch(inputs)
         self._active = weakref.ref(iterator)
         return iterator
+
+    def upcoming_batches(self, from_start: bool) -> list[BatchIndices]:
+        """This rank's batches of the upcoming epoch (from its start, or from a loaded state's
+        position) as sample indices: what ``loader.sampler`` and ``loader.batch_sampler`` yield."""
+        position = self.state.upcoming()
+        if from_start:
+            position = replace(position, consumed=0)
+        options = self.options
+        request = BatchRequest(options.transform, options.seed, position.epoch, options.on_error,  # type: ignore[arg-type]
+                               self.image_shape, self._batch_layout)
+        plan, order = self.orders.batches(position), self.orders.order(position)
+        batches = []
+        for batch_no, positions in enumerate(plan.batches):
+            valid = plan.valid(batch_no)
+            if order.valid is not None:
+                valid = valid & order.valid[positions]
+            batches.append(BatchIndices(order.order[positions].tolist(), request, valid.tolist()))
+        return batches
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose order the next iteration yields (it also advances by itself once
         an epoch's batches are all handed out). Setting the epoch a loaded state_dict is in keeps
         that state's position."""
         self._settle_abandoned()
-        self._abandoned = None
-        if int(epoch) != self._epoch:
-            self._epoch = int(epoch)
-            self._resume_at = 0
-            self._generations = []
-
-    def _running(self) -> _Epoch | None:
-        """The iterator of an epoch in progress (started, not finished), if any."""
-        active = self._active() if self._active is not None else None
-        return active if active is not None and active.started and not active.finished else None
+        self.state.set_epoch(int(epoch))
 
     def _settle_abandoned(self) -> None:
-        """Close an epoch left in progress (a break) now: closing restores its own position, which
-        must happen before the caller sets another (set_epoch, load_state_dict), not over it."""
-        running = self._running()
-        if running is not None:
-            running.close()
+        """Close an epoch left in progress (a break) now: closing breaks it off, which must happen
+        before the caller sets another position (set_epoch, load_state_dict), not over it."""
+        active = self._active() if self._active is not None else None
+        if active is not None and active.started and not active.finished:
+            active.close()
 
     @property
     def identity(self) -> str:
@@ -311,65 +270,41 @@ class DataLoader(torch.utils.data.DataLoader):
         digest = hashlib.sha256()
         for shard in self.sharded.index.shards:
             digest.update(f"{shard.path}|{shard.samples}|{shard.sha256};".encode())
-        if self._take is not None:
-            digest.update(np.asarray(self._take, dtype=np.int64).tobytes())
+        if self.options.take is not None:
+            digest.update(np.asarray(self.options.take, dtype=np.int64).tobytes())
         return digest.hexdigest()[:16]
 
-    def _check_ranks_agree(self) -> None:
-        """Once per loader, with a process group: the ranks must agree on what decides the order."""
+    def _before_epoch(self) -> None:
+        """As an epoch starts: a DistributedSampler passed as sampler= has its set_epoch take
+        effect, and (once per loader, with a process group) the ranks must agree on the order."""
+        sampler = self.options.distributed
+        if sampler is not None and sampler.epoch != self._sampler_epoch_seen:
+            self._sampler_epoch_seen = sampler.epoch
+            self.set_epoch(sampler.epoch)
         if not self._agreed:
+            options = self.options
             check_ranks_agree(
-                {"seed": self.seed, "batch_size": self.batch_size, "world_size": self.world_size,
-                 "shuffle": self.shuffle, "drop_last": self.drop_last, "streaming order": self.streaming,
+                {"seed": options.seed, "batch_size": options.batch_size, "world_size": self.world_size,
+                 "shuffle": options.shuffle, "drop_last": options.drop_last, "streaming order": options.streaming,
                  "dataset (its identity digest)": int(self.identity[:15], 16), "number of samples": len(self.dataset)},
                 "fastload.DataLoader",
             )
             self._agreed = True
 
-    def _follow_sampler_epoch(self) -> None:
-        """A DistributedSampler passed as sampler=: its set_epoch takes effect at the next iteration."""
-        sampler = self._distributed_sampler
-        if sampler is not None and sampler.epoch != self._sampler_epoch_seen:
-            self._sampler_epoch_seen = sampler.epoch
-            self.set_epoch(sampler.epoch)
+    def _streaming_layout(self) -> tuple[int, int] | None:
+        """(world size, batch size) where the positions depend on them (the streaming order)."""
+        return (self.world_size, self.options.batch_size) if self.options.streaming else None  # type: ignore[return-value]
 
     def state_dict(self) -> dict[str, Any]:
         """Where training is: only batches handed to the caller count, not prefetched ones."""
-        running = self._running()
-        if running is not None:
-            epoch, consumed, generations = running.epoch, running.consumed(), self._generations
-        elif self._abandoned is not None:  # an iteration broken off (its next one starts the epoch over)
-            epoch, consumed, generations = self._abandoned
-        else:
-            epoch, consumed, generations = self._epoch, self._resume_at, self._generations
-        state: dict[str, Any] = {"version": STATE_VERSION, "seed": self.seed, "epoch": epoch, "samples_consumed": consumed,
-                                 "dataset": self.identity}
-        if self.streaming:  # its positions depend on the layout: record it for a resume at another one
-            state.update(order="streaming", world_size=self.world_size, batch_size=self.batch_size,
-                         resumed_from=[list(g) for g in generations])
-        return state
+        return self.state.state_dict(self.options.seed, self.identity, self._streaming_layout())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration yields exactly the samples of that epoch not yet consumed,
         at any world size (the streaming order then deals the unseen shards anew)."""
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"loader state version {state.get('version')} is not {STATE_VERSION}")
-        if state["seed"] != self.seed:
-            raise ValueError(f"state was saved with seed={state['seed']}, this loader has seed={self.seed}")
-        if state.get("dataset", self.identity) != self.identity:
-            raise ValueError(f"state was saved for another dataset (identity {state['dataset']}, this loader reads {self.identity})")
-        order = "streaming" if self.streaming else "global"
-        if state.get("order", "global") != order:
-            raise ValueError(f"state was saved with the {state.get('order', 'global')} order, this loader uses the {order} order")
+        position = read_state_dict(state, self.options.seed, self.identity, self._streaming_layout())
         self._settle_abandoned()
-        self._abandoned = None
-        consumed = int(state["samples_consumed"])
-        generations = [tuple(int(v) for v in g) for g in state.get("resumed_from", [])] if self.streaming else []
-        layout = (int(state.get("world_size", self.world_size)), int(state.get("batch_size", self.batch_size)))
-        if self.streaming and consumed and layout != (self.world_size, self.batch_size):
-            generations.append((*layout, consumed))
-            consumed = 0
-        self._epoch, self._resume_at, self._generations = int(state["epoch"]), consumed, generations  # type: ignore[assignment]
+        self.state.restore(position)
 
     def close(self) -> None:
         """Stop the workers and release the shared memory (also done as soon as nothing refers to
@@ -378,15 +313,7 @@ class DataLoader(torch.utils.data.DataLoader):
         if active is not None:
             active.close()
         self._active = None
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
-        if self._buffers is not None:
-            self._buffers.close()
-            self._buffers = None
-        if self._dali is not None:
-            self._dali.close()
-            self._dali = None
+        self._engine.close()
 
     def __enter__(self) -> DataLoader:
         return self
@@ -394,392 +321,7 @@ class DataLoader(torch.utils.data.DataLoader):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # --- internals --------------------------------------------------------------------------------
 
-    def _plan(self, epoch: int, start: int) -> RankBatches:
-        return self._order_spec().batches(len(self._epoch_order(epoch)), start)
-
-    def _epoch_batches(self, from_start: bool) -> list[np.ndarray]:
-        """This rank's batches of the current epoch as sample indices (from its start, or from a
-        loaded state's position)."""
-        order = self._epoch_order(self._epoch).order
-        return [order[positions] for positions in self._plan(self._epoch, 0 if from_start else self._resume_at).batches]
-
-    def _batch_request(self) -> BatchRequest:
-        return BatchRequest(self.transform, self.seed, self._epoch, self.on_error, self.image_shape,
-                            self.sharded.has_labels, self.return_keys, self.evaluation)
-
-    def _order_spec(self) -> OrderSpec:
-        """What this loader's orders depend on, as plain values (DALI's workers get a copy)."""
-        rank, world = resolve_rank_world(self._rank_arg, self._world_arg)
-        return OrderSpec(
-            tuple(shard.samples for shard in self.sharded.index.shards), self.seed, self.shuffle, self.batch_size,  # type: ignore[arg-type]
-            rank, world, self.drop_last, self.streaming, self.shuffle_buffer, tuple(self._generations),
-            self._take, self._drop_remainder,
-        )
-
-    def _epoch_order(self, epoch: int) -> EpochOrder:
-        """The epoch's global order (the same for every backend), cached for the current epoch."""
-        spec = self._order_spec()
-        if self._order_cache is None or self._order_cache[0] != (epoch, spec):
-            self._order_cache = ((epoch, spec), spec.order(epoch))
-        return self._order_cache[1]
-
-    def _remainder(self, plan: RankBatches, order: EpochOrder) -> int:
-        """Real samples in the epoch's last global batch, as accelerate's ``remainder``: 0 when
-        every global batch is full, -1 when padding is not at the end (the streaming order)."""
-        if order.valid is not None:
-            return -1
-        if self.drop_last:
-            return 0
-        return len(order) % plan.step
-
-    def _discard_pool(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
-        if self._buffers is not None:
-            self._buffers.forget_filling()  # nobody writes into those slots any more
-
-    def _ensure_workers(self) -> tuple[BatchBuffers, WorkerPool | None]:
-        if self._buffers is None:
-            in_flight = self.num_workers * (self.prefetch_factor or 0)
-            slots = in_flight + LENDABLE_SLOTS if in_flight else 1
-            self._buffers = BatchBuffers(slots, self.batch_size, self.image_shape)  # type: ignore[arg-type]
-        if self.num_workers and self._pool is None:
-            config = WorkerConfig(self.sharded, self.transform, self.seed, self.on_error, self._buffers, self.worker_init_fn)
-            self._pool = WorkerPool(config, self.num_workers)
-        return self._buffers, self._pool
-
-    def _deliver(self, result: BatchResult, buffers: BatchBuffers, valid: np.ndarray) -> Any:
-        """Hand a finished slot's images out (lent without a copy when workers fill the slots and
-        nothing is pinned; else copied, into pinned memory when asked) and finish the batch."""
-        n = result.count
-        labels = torch.from_numpy(buffers.labels(result.slot)[:n].copy())
-        keep = self.num_workers * (self.prefetch_factor or 0)  # lending never thins the workers' queue
-        lent = None if self.pin_memory or self._pool is None else buffers.lend(result.slot, n, keep=keep)
-        if lent is not None:
-            images = torch.from_numpy(lent)
-        else:
-            images = torch.empty((n, *self.image_shape), dtype=torch.uint8, pin_memory=self.pin_memory)
-            np.copyto(images.numpy(), buffers.images(result.slot)[:n])
-            buffers.give_back(result.slot)
-        return self._finish_batch(images, labels, result.keys, result.skipped, valid)
-
-    def _finish_batch(self, images: torch.Tensor, labels: torch.Tensor, keys: list[str], skipped: list, valid: np.ndarray) -> Any:
-        """Move to ``device``, apply Normalize/ToDtype there, shape the batch. In evaluation mode a
-        last element, the bool tensor ``valid``, marks padding entries."""
-        if self.device is not None:
-            images = images.to(self.device, non_blocking=True)
-            labels = labels.to(self.device, non_blocking=True)
-        if self._batch_fn is not None:
-            images = self._batch_fn(images)
-        for where, reason in skipped:
-            self.stats.record_skip(where, reason)
-        if self.sharded.has_labels:
-            batch: Any = (images, labels, keys) if self.return_keys else (images, labels)
-            return (*batch, torch.from_numpy(valid)) if self.evaluation else batch
-        batch = {"image": images}
-        if self.return_keys:
-            batch["key"] = keys
-        if self.evaluation:
-            batch["valid"] = torch.from_numpy(valid)
-        return batch
-
-    def _dali_decoder(self):  # type: ignore[no-untyped-def]
-        """The DALI pipeline wrapper of this loader, made on first use."""
-        from fastload.dali.pipeline import DaliBatchDecoder
-
-        if self._dali is None:
-            device_id = torch.cuda.current_device() if self.backend == "dali-gpu" else None
-            self._dali = DaliBatchDecoder(
-                self.batch_size, self.image_shape[1:], max(1, self.num_workers), device_id, self.hw_decoder_load,  # type: ignore[arg-type]
-                workers=self.num_workers,
-            )
-        return self._dali
-
-
-class _Epoch:
-    """One pass over a rank's batches, in the epoch's order; subclasses produce the batches.
-
-    Nothing is read when the iterator is made: the first ``next()`` starts the epoch, taking the
-    loader's epoch and position, rank and world size then (torch's samplers are lazy alike). The
-    epoch is finished once its last batch is handed out, whether or not StopIteration is reached;
-    an iterator dropped or closed before that puts the loader back to the epoch's start."""
-
-    def __init__(self, loader: DataLoader) -> None:
-        self.loader = loader
-        self.started = self.finished = False
-        self.next_yield = 0
-        self.prefetcher: ShardPrefetcher | None = None
-        self.accelerate: AccelerateEpoch | None = None
-
-    def _start(self) -> None:
-        loader = self.loader
-        loader._follow_sampler_epoch()
-        loader._check_ranks_agree()
-        self.epoch, start = loader._epoch, loader._resume_at
-        loader._resume_at, loader._abandoned = 0, None
-        self.plan = loader._plan(self.epoch, start)
-        epoch_order = loader._epoch_order(self.epoch)
-        self.order, self.order_valid = epoch_order.order, epoch_order.valid
-        loader._runs += 1
-        self.run = loader._runs
-        self.started = True
-        if loader._accelerate:
-            self.accelerate = AccelerateEpoch(self, loader._remainder(self.plan, epoch_order))
-
-    def _start_prefetch(self) -> None:
-        """For a remote dataset, start downloading this rank's shards ahead of use."""
-        if self.loader.sharded.url is not None and self.plan.batches:
-            batches = [self.order[positions] for positions in self.plan.batches]
-            shards, first_batch = shards_in_use_order(self.loader.sharded, batches)
-            self.prefetcher = ShardPrefetcher(self.loader.sharded, shards, first_batch, self._dispatched)
-
-    def _dispatched(self) -> int:
-        """Batches whose samples have been handed to the decoders so far."""
-        return self.next_yield
-
-    def _stop_prefetch(self) -> None:
-        if self.prefetcher is not None:
-            self.prefetcher.stop()
-            self.prefetcher = None
-
-    def valid(self, batch_no: int) -> np.ndarray:
-        """Which entries of batch ``batch_no`` are real samples (not padding)."""
-        valid = self.plan.valid(batch_no)
-        if self.order_valid is not None:
-            valid = valid & self.order_valid[self.plan.batches[batch_no]]
-        return valid
-
-    def consumed(self) -> int:
-        """Global samples consumed once the batches yielded so far are counted."""
-        return self.plan.consumed_after(self.next_yield)
-
-    def __iter__(self) -> _Epoch:
-        return self
-
-    def __next__(self) -> Any:
-        if not self.started:
-            if self.finished:  # closed before it started
-                raise StopIteration
-            self._start()
-        if self.next_yield >= len(self.plan.batches):
-            self._finish()
-            self._end_accelerate()
-            raise StopIteration
-        if self.next_yield == len(self.plan.batches) - 1 and self.accelerate is not None:
-            self.accelerate.last_batch()
-        batch = self._next_batch()
-        self.next_yield += 1
-        if self.next_yield == len(self.plan.batches):
-            self._finish()  # all handed out: the next iter() starts the next epoch
-        return batch
-
-    def _next_batch(self) -> Any:
-        raise NotImplementedError
-
-    def _end_accelerate(self) -> None:
-        if self.accelerate is not None:
-            self.accelerate.end()
-            self.accelerate = None
-
-    def _finish(self) -> None:
-        self._stop_prefetch()
-        if not self.finished:
-            self.finished = True
-            self.loader._epoch = self.epoch + 1
-            self.loader._resume_at = 0
-            self.loader._generations = []
-
-    def close(self) -> None:
-        """Abandon the epoch (a break, an exception, the iterator dropped): like torch, the next
-        iteration starts this epoch over; state_dict() still says where it stopped, so
-        load_state_dict resumes there."""
-        self._stop_prefetch()
-        self._end_accelerate()
-        if self.started and not self.finished:
-            self.loader._abandoned = (self.epoch, self.consumed(), list(self.loader._generations))
-            self.loader._resume_at = 0
-            self.loader._epoch = self.epoch
-            self.loader._generations = []
-        self.finished = True
-
-    def __del__(self) -> None:
-        if not self.finished:
-            try:
-                self.close()
-            except Exception:  # noqa: BLE001 - at interpreter exit the loader may be half torn down
-                pass
-
-
-class _EpochIterator(_Epoch):
-    """The CPU path: dispatches batches to the workers' free slots, yields them in order."""
-
-    def _start(self) -> None:
-        super()._start()
-        self.buffers, self.pool = self.loader._ensure_workers()
-        self.buffers.reclaim()  # slots still lent or being filled for an abandoned epoch stay out
-        self.next_submit = 0
-        self.parts: dict[int, list[BatchResult]] = {}  # finished parts of batches not yet whole
-        self.expected_parts: dict[int, int] = {}
-        self.ready: dict[int, BatchResult] = {}
-        self._start_prefetch()
-
-    def _dispatched(self) -> int:
-        return self.next_submit
-
-    def _indices(self, batch_no: int) -> np.ndarray:
-        return self.order[self.plan.batches[batch_no]]
-
-    def _submit_more(self) -> None:
-        """Give every free slot the next batch, split into one part per worker (at least
-        MIN_PART samples each): all workers work on the oldest batch, so a batch, the first
-        one included, is ready in 1/workers of the time, and an epoch's last batches don't
-        leave workers idle."""
-        while self.next_submit < len(self.plan.batches) and (slot := self.buffers.take()) is not None:
-            indices = self._indices(self.next_submit)
-            count = max(1, min(self.loader.num_workers, len(indices) // MIN_PART))
-            bounds = np.linspace(0, len(indices), count + 1).astype(int)
-            self.buffers.filling[slot] = count
-            for start, end in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-                self.pool.submit(self.run, self.next_submit, slot, self.epoch, start, indices[start:end])  # type: ignore[union-attr]
-            self.expected_parts[self.next_submit] = count
-            self.next_submit += 1
-
-    def _receive(self, got: BatchResult) -> None:
-        """File a finished part; a batch whose parts are all in is ready."""
-        parts = self.parts.setdefault(got.batch_no, [])
-        parts.append(got)
-        if len(parts) == self.expected_parts[got.batch_no]:
-            self.ready[got.batch_no] = merge_parts(self.parts.pop(got.batch_no))
-            del self.expected_parts[got.batch_no]
-
-    def _run_inline(self) -> BatchResult:
-        slot = self.buffers.take()  # never None: the inline path copies every batch out
-        indices = self._indices(self.next_yield)
-        result = BatchResult(run=self.run, batch_no=self.next_yield, slot=slot, count=len(indices))  # type: ignore[arg-type]
-        try:
-            result.keys, result.skipped = fill_batch(
-                self.loader.sharded, indices, self.loader.transform, self.loader.seed, self.epoch,
-                self.loader.on_error, self.buffers.images(slot), self.buffers.labels(slot),  # type: ignore[arg-type]
-            )
-        except BaseException:
-            self.buffers.give_back(slot)  # type: ignore[arg-type]
-            raise
-        return result
-
-    def _await_ready(self) -> BatchResult:
-        """Wait for the next batch in order; answers for an abandoned iteration free their slots."""
-        self._submit_more()
-        while self.next_yield not in self.ready:
-            try:
-                got = self.pool.get(self.loader.timeout)  # type: ignore[union-attr]
-            except (WorkerError, TimeoutError):
-                self.loader._discard_pool()  # the next iteration starts fresh workers at once
-                self.close()
-                raise
-            self.buffers.part_done(got.slot)
-            if got.run != self.run:
-                continue
-            if got.error is not None:
-                self.buffers.release(got.slot)
-                self.close()
-                if got.bad_sample is not None:
-                    raise SampleError(*got.bad_sample) from WorkerError(got.error)
-                if got.failure is not None:
-                    raise rebuild_error(*got.failure) from WorkerError(got.error)
-                raise WorkerError(got.error)
-            self._receive(got)
-        return self.ready.pop(self.next_yield)
-
-    def _next_batch(self) -> Any:
-        stats = self.loader.stats
-        if self.prefetcher is not None:
-            self.prefetcher.check()
-        with stats.waiting():
-            result = self._run_inline() if self.pool is None else self._await_ready()
-        batch = self.loader._deliver(result, self.buffers, self.valid(self.next_yield))
-        stats.record_batch(result.count)
-        return batch
-
-    def close(self) -> None:
-        """Abandon the epoch: batches in flight are not waited for; their slots come back as the
-        workers' answers arrive (recognised by the run they were asked for)."""
-        if self.started and not self.finished:
-            for slot in list(self.buffers.filling):
-                self.buffers.release(slot)
-            for batch in self.ready.values():
-                self.buffers.release(batch.slot)
-            for parts in self.parts.values():
-                self.buffers.release(parts[0].slot)
-            self.ready.clear()
-            self.parts.clear()
-            self.expected_parts.clear()
-        super().close()
-
-
-def is_decode_failure(exc: BaseException) -> bool:
-    """Whether a DALI pipeline error is one of its operators failing on the data (a JPEG it cannot
-    decode), which the CPU path then names or skips. Errors from the feed's worker processes
-    arrive as a plain Exception and are raised: unreadable samples travel as notes, not errors."""
-    return type(exc) is RuntimeError and exc.__cause__ is None
-
-
-class _DaliEpoch(_Epoch):
-    """One pass over a rank's batches decoded by DALI, in the same order as the CPU path.
-
-    DALI's worker processes read each batch's bytes and plan its crops (fastload's own plans, so
-    the geometry equals the CPU path's); DALI decodes only the crop regions and resizes. A sample
-    whose header is unreadable is skipped while planning, or with ``on_error="raise"`` raised
-    when its batch is due; a batch DALI cannot decode (corrupt entropy data) is redone on the CPU
-    path, which names or skips the bad sample, and DALI carries on after it.
-    """
-
-    def _start(self) -> None:
-        super()._start()
-        loader = self.loader
-        self.decoder = loader._dali_decoder()
-        self._start_prefetch()
-        self.feed = DaliFeed(
-            loader.sharded, loader.transform, loader.seed, loader.on_error, loader._order_spec(), self.epoch, self.plan.start
-        )
-        self.decoder.start(self.feed, len(self.plan.batches))
-
-    def _on_cpu(self, batch_no: int) -> tuple[torch.Tensor, list[int], list[str], list[tuple[str, str]]]:
-        loader = self.loader
-        indices = self.order[self.plan.batches[batch_no]]
-        images = np.empty((len(indices), *loader.image_shape), dtype=np.uint8)
-        labels = np.empty(len(indices), dtype=np.int64)
-        keys, skipped = fill_batch(loader.sharded, indices, loader.transform, loader.seed, self.epoch, loader.on_error, images, labels)
-        return torch.from_numpy(images), labels.tolist(), keys, skipped
-
-    def _next_batch(self) -> Any:
-        if self.prefetcher is not None:
-            self.prefetcher.check()
-        with self.loader.stats.waiting():
-            try:
-                images, labels, keys, skipped, error = self.decoder.next_batch()
-            except Exception as exc:  # noqa: BLE001 - data DALI cannot decode goes to the CPU path; anything else is raised
-                if not is_decode_failure(exc):
-                    self.close()
-                    raise
-                log.warning("fastload: DALI failed on batch %d of epoch %d, redoing it on the CPU: %s",
-                            self.next_yield, self.epoch, (str(exc).strip().splitlines() or ["RuntimeError"])[-1][:300])
-                self.loader.stats.redone_on_cpu += 1
-                try:
-                    images, labels, keys, skipped = self._on_cpu(self.next_yield)
-                except SampleError:
-                    self.close()
-                    raise
-                following = self.next_yield + 1
-                self.decoder.start(replace(self.feed, first_batch=following), len(self.plan.batches) - following)
-            else:
-                if error is not None:  # a sample that could not be read (on_error="raise", or no substitute left)
-                    self.close()
-                    raise error
-        batch = self.loader._finish_batch(
-            images, torch.tensor(labels, dtype=torch.int64), keys, skipped, self.valid(self.next_yield)
-        )
-        self.loader.stats.record_batch(len(keys))
-        return batch
+class TorchDatasetLoader(TorchMode, DataLoader):
+    """What ``fastload.DataLoader(torch_dataset, ...)`` makes: torch's loader with fastload's surface
+    (fastload.torch_mode), and a ``fastload.DataLoader``."""

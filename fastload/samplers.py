@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -22,9 +22,10 @@ from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler, Sub
 from torch.utils.data.distributed import DistributedSampler
 
 from fastload.dataset import ShardedDataset
+from fastload.layout import BatchLayout
+from fastload.state import LoaderState
 
 if TYPE_CHECKING:
-    from fastload.loader import DataLoader
     from fastload.transforms import Transform
 
 
@@ -82,19 +83,41 @@ def adopt_sampler(sampler: Any, size: int) -> SamplerChoice:
     raise ValueError(REFUSED_SAMPLER.format(name=name))
 
 
+class SamplingLoader(Protocol):
+    """What the sampler views read from their loader (a fast-path ``fastload.DataLoader``)."""
+
+    dataset: Any
+    batch_size: int
+    drop_last: bool
+    shuffle: bool
+    seed: int
+    sampler: Any
+    state: LoaderState
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+    def upcoming_batches(self, from_start: bool) -> list[BatchIndices]: ...
+
+
 class LoaderSampler(DistributedSampler):
     """``loader.sampler`` of a fast-path loader: this rank's sample indices of the current epoch,
     with DistributedSampler's attributes; ``set_epoch`` is the loader's."""
 
-    def __init__(self, loader: DataLoader) -> None:  # no super().__init__: everything is read from the loader
+    def __init__(self, loader: SamplingLoader) -> None:  # no super().__init__: everything is read from the loader
         self._loader = loader
 
     def __iter__(self) -> Iterator[int]:
-        for batch in self._loader._epoch_batches(from_start=True):
-            yield from batch.tolist()
+        for batch in self._loader.upcoming_batches(from_start=True):
+            yield from batch
 
     def __len__(self) -> int:
-        return sum(len(batch) for batch in self._loader._epoch_batches(from_start=True))
+        return sum(len(batch) for batch in self._loader.upcoming_batches(from_start=True))
 
     def set_epoch(self, epoch: int) -> None:
         """The loader's set_epoch: the next iteration yields that epoch's order."""
@@ -102,7 +125,7 @@ class LoaderSampler(DistributedSampler):
 
     @property
     def epoch(self) -> int:  # type: ignore[override]
-        return self._loader._epoch
+        return self._loader.state.epoch
 
     @property
     def num_replicas(self) -> int:  # type: ignore[override]
@@ -147,9 +170,7 @@ class BatchRequest:
     epoch: int
     on_error: str
     image_shape: tuple[int, int, int]
-    has_labels: bool
-    return_keys: bool
-    evaluation: bool
+    layout: BatchLayout
 
 
 class BatchIndices(list):
@@ -193,42 +214,25 @@ def collate(batch: Any) -> Any:
         return torch.utils.data.default_collate(batch)
     from fastload.transforms import batch_transform
 
-    request = batch.request
     images = batch.images
-    batch_fn = batch_transform(request.specs)
+    batch_fn = batch_transform(batch.request.specs)
     if batch_fn is not None:
         images = batch_fn(images)
-    if request.has_labels:
-        out: Any = (images, batch.labels, batch.keys) if request.return_keys else (images, batch.labels)
-        return (*out, torch.from_numpy(batch.valid)) if request.evaluation else out
-    out = {"image": images}
-    if request.return_keys:
-        out["key"] = batch.keys
-    if request.evaluation:
-        out["valid"] = torch.from_numpy(batch.valid)
-    return out
+    return batch.request.layout.shape(images, batch.labels, batch.keys, batch.valid)
 
 
 class LoaderBatchSampler(BatchSampler):
     """``loader.batch_sampler`` of a fast-path loader: the rest of this rank's batches of the
     current epoch (from a loaded state's position), as :class:`BatchIndices`."""
 
-    def __init__(self, loader: DataLoader) -> None:  # no super().__init__: everything is read from the loader
+    def __init__(self, loader: SamplingLoader) -> None:  # no super().__init__: everything is read from the loader
         self._loader = loader
 
     def __iter__(self) -> Iterator[list[int]]:
-        loader = self._loader
-        request = loader._batch_request()
-        plan = loader._plan(loader._epoch, loader._resume_at)
-        order = loader._epoch_order(loader._epoch)
-        for batch_no, positions in enumerate(plan.batches):
-            valid = plan.valid(batch_no)
-            if order.valid is not None:
-                valid = valid & order.valid[positions]
-            yield BatchIndices(order.order[positions].tolist(), request, valid.tolist())
+        yield from self._loader.upcoming_batches(from_start=False)
 
     def __len__(self) -> int:
-        return len(self._loader._plan(self._loader._epoch, self._loader._resume_at).batches)
+        return len(self._loader.upcoming_batches(from_start=False))
 
     @property
     def sampler(self) -> Any:  # type: ignore[override]

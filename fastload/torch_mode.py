@@ -1,6 +1,8 @@
 """``fastload.DataLoader`` over any torch Dataset: torch's DataLoader itself (same arguments, same
 batches), with the rest of fastload's loader surface: ``set_epoch``, a resumable ``state_dict``,
-``close``, ``stats`` and the context manager.
+``close`` and ``stats``. :class:`TorchMode` is that behaviour; ``fastload.loader`` joins it to
+``fastload.DataLoader`` (so the object is one, context manager included) without this module
+importing the loader.
 
 A resume skips the consumed batches' *indices* (nothing is loaded for them) when the order can be
 replayed: a map-style dataset whose sampler is sequential, a DistributedSampler (its epoch is
@@ -18,13 +20,12 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset, RandomSampler
 
-from fastload.loader import STATE_VERSION, DataLoader
+from fastload.options import fast_path_defaults
 from fastload.sampling import epoch_order
+from fastload.state import STATE_VERSION
 from fastload.stats import LoaderStats
 
-FAST_PATH_ONLY = {"transform": None, "return_keys": False, "on_error": "raise", "evaluation": False,
-                  "shuffle_buffer": None, "hw_decoder_load": 0.65, "backend": "auto", "device": None,
-                  "rank": None, "world_size": None}
+FAST_PATH_ONLY = fast_path_defaults()
 
 
 class _SkipFirst:
@@ -40,8 +41,8 @@ class _SkipFirst:
         return max(0, len(self.sampler) - self.skip)
 
 
-class TorchDatasetLoader(DataLoader):
-    """What ``fastload.DataLoader(torch_dataset, ...)`` makes; see the module docstring."""
+class TorchMode(torch.utils.data.DataLoader):
+    """What ``fastload.DataLoader(torch_dataset, ...)`` does; see the module docstring."""
 
     _is_accelerate_prepared = False  # Accelerate prepares it like any torch DataLoader
     use_stateful_dataloader = False

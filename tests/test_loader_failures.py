@@ -38,7 +38,7 @@ def alive(pids: list[int]) -> list[int]:
 
 
 def worker_pids(loader: fastload.DataLoader) -> list[int]:
-    return [p.pid for p in loader._pool.processes]
+    return [p.pid for p in loader._engine.pool.processes]
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -67,7 +67,7 @@ def test_killed_worker_raises_within_seconds(clean: Path) -> None:
     loader = fastload.DataLoader(clean, batch_size=2, num_workers=2, transform=T.val(16), prefetch_factor=1)
     it = iter(loader)
     next(it)
-    victim = loader._pool.processes[0]
+    victim = loader._engine.pool.processes[0]
     workers = worker_pids(loader)
     os.kill(victim.pid, signal.SIGKILL)
     start = time.monotonic()

@@ -1,0 +1,124 @@
+"""The DALI backend's epoch: fastload reads and plans each batch in DALI's worker processes (the
+feed), DALI decodes the crop regions on the GPU (or its CPU), in the same order as the CPU path."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from fastload.dali.feed import DaliFeed
+from fastload.epoch import Epoch, EpochInputs
+from fastload.errors import SampleError
+from fastload.state import LoaderState
+from fastload.workers import fill_batch
+
+log = logging.getLogger("fastload")
+
+
+def is_decode_failure(exc: BaseException) -> bool:
+    """Whether a DALI pipeline error is one of its operators failing on the data (a JPEG it cannot
+    decode), which the CPU path then names or skips. Errors from the feed's worker processes
+    arrive as a plain Exception and are raised: unreadable samples travel as notes, not errors."""
+    return type(exc) is RuntimeError and exc.__cause__ is None
+
+
+class DaliPipeline:
+    """A loader's DALI pipeline, built on first use and kept across its epochs (a GPU pipeline
+    takes seconds to build; its worker processes carry on into the next epoch)."""
+
+    def __init__(self, gpu: bool) -> None:
+        self.gpu = gpu
+        self.decoder: Any = None  # fastload.dali.pipeline.DaliBatchDecoder
+
+    def epoch(self, inputs: EpochInputs) -> DaliEpoch:
+        """An iterator over the next epoch's batches."""
+        return DaliEpoch(inputs, self)
+
+    def ensure(self, inputs: EpochInputs) -> Any:
+        """The pipeline's decoder, made if not yet there."""
+        from fastload.dali.pipeline import DaliBatchDecoder
+
+        if self.decoder is None:
+            options = inputs.options
+            device_id = torch.cuda.current_device() if self.gpu else None
+            self.decoder = DaliBatchDecoder(
+                options.batch_size, inputs.image_shape[1:], max(1, options.num_workers), device_id,  # type: ignore[arg-type]
+                options.hw_decoder_load, workers=options.num_workers,
+            )
+        return self.decoder
+
+    def close(self) -> None:
+        """Release the pipeline (its device memory and worker processes)."""
+        if self.decoder is not None:
+            self.decoder.close()
+            self.decoder = None
+
+
+class DaliEpoch(Epoch):
+    """One pass over a rank's batches decoded by DALI, in the same order as the CPU path.
+
+    DALI's worker processes read each batch's bytes and plan its crops (fastload's own plans, so
+    the geometry equals the CPU path's); DALI decodes only the crop regions and resizes. A sample
+    whose header is unreadable is skipped while planning, or with ``on_error="raise"`` raised
+    when its batch is due; a batch DALI cannot decode (corrupt entropy data) is redone on the CPU
+    path, which names or skips the bad sample, and DALI carries on after it.
+    """
+
+    def __init__(self, inputs: EpochInputs, pipeline: DaliPipeline) -> None:
+        super().__init__(inputs)
+        self.pipeline = pipeline
+
+    def reset(self, state: LoaderState) -> None:
+        """Start at ``state``'s position: the feed starts there, and the pipeline carries on into it
+        when it is the epoch after the one it has just finished (else it is rebuilt)."""
+        super().reset(state)
+        inputs, options = self.inputs, self.inputs.options
+        self.decoder = self.pipeline.ensure(inputs)
+        self._start_prefetch()
+        self.feed = DaliFeed(
+            inputs.dataset, options.transform, options.seed, options.on_error,  # type: ignore[arg-type]
+            inputs.orders.spec(self.start.generations), self.epoch, self.plan.start,
+        )
+        self.decoder.start(self.feed, len(self.plan.batches))
+
+    def _on_cpu(self, batch_no: int) -> tuple[torch.Tensor, list[int], list[str], list[tuple[str, str]]]:
+        inputs, options = self.inputs, self.inputs.options
+        indices = self.order[self.plan.batches[batch_no]]
+        images = np.empty((len(indices), *inputs.image_shape), dtype=np.uint8)
+        labels = np.empty(len(indices), dtype=np.int64)
+        keys, skipped = fill_batch(inputs.dataset, indices, options.transform, options.seed, self.epoch,  # type: ignore[arg-type]
+                                   options.on_error, images, labels)
+        return torch.from_numpy(images), labels.tolist(), keys, skipped
+
+    def _next_batch(self) -> Any:
+        stats = self.inputs.stats
+        if self.prefetcher is not None:
+            self.prefetcher.check()
+        with stats.waiting():
+            try:
+                images, labels, keys, skipped, error = self.decoder.next_batch()
+            except Exception as exc:  # noqa: BLE001 - data DALI cannot decode goes to the CPU path; anything else is raised
+                if not is_decode_failure(exc):
+                    self.close()
+                    raise
+                log.warning("fastload: DALI failed on batch %d of epoch %d, redoing it on the CPU: %s",
+                            self.next_yield, self.epoch, (str(exc).strip().splitlines() or ["RuntimeError"])[-1][:300])
+                stats.redone_on_cpu += 1
+                try:
+                    images, labels, keys, skipped = self._on_cpu(self.next_yield)
+                except SampleError:
+                    self.close()
+                    raise
+                following = self.next_yield + 1
+                self.decoder.start(replace(self.feed, first_batch=following), len(self.plan.batches) - following)
+            else:
+                if error is not None:  # a sample that could not be read (on_error="raise", or no substitute left)
+                    self.close()
+                    raise error
+        batch = self._finish_batch(images, torch.tensor(labels, dtype=torch.int64), keys, skipped, self.next_yield)
+        stats.record_batch(len(keys))
+        return batch

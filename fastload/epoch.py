@@ -1,0 +1,161 @@
+"""One pass over a rank's batches, whatever the backend: where it starts (the loader's state), the
+batches it owes, downloads ahead for a remote dataset, accelerate's epoch hooks, and the finishing
+of each batch (device, Normalize/ToDtype, layout). Backends subclass :class:`Epoch`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from fastload.dataset import ShardedDataset
+from fastload.frameworks import AccelerateEpoch
+from fastload.layout import BatchLayout
+from fastload.options import LoaderOptions
+from fastload.orders import LoaderOrders
+from fastload.prefetch import ShardPrefetcher, shards_in_use_order
+from fastload.state import LoaderState, Position
+from fastload.stats import LoaderStats
+
+
+@dataclass(frozen=True)
+class EpochInputs:
+    """What an epoch reads from its loader, fixed when the iterator is made."""
+
+    dataset: ShardedDataset
+    options: LoaderOptions
+    image_shape: tuple[int, int, int]
+    device: torch.device | None  # device=, or the Accelerator's
+    batch_fn: Callable[[torch.Tensor], torch.Tensor] | None  # Normalize/ToDtype on whole batches
+    layout: BatchLayout
+    orders: LoaderOrders
+    state: LoaderState
+    stats: LoaderStats
+    accelerate: bool  # prepared by accelerate: report the epoch to its GradientState
+    before_start: Callable[[], None]  # the loader's checks as an epoch starts (a sampler's set_epoch, ranks agree)
+
+
+class Epoch:
+    """One pass over a rank's batches, in the epoch's order; subclasses produce the batches.
+
+    Nothing is read when the iterator is made: the first ``next()`` starts the epoch (``reset``),
+    taking the state's position, rank and world size then (torch's samplers are lazy alike). The
+    epoch is finished once its last batch is handed out, whether or not StopIteration is reached;
+    an iterator dropped or closed before that breaks it off (the next iteration starts it over).
+    """
+
+    def __init__(self, inputs: EpochInputs) -> None:
+        self.inputs = inputs
+        self.started = self.finished = False
+        self.next_yield = 0
+        self.prefetcher: ShardPrefetcher | None = None
+        self.accelerate: AccelerateEpoch | None = None
+
+    def reset(self, state: LoaderState) -> None:
+        """Start at ``state``'s upcoming position, which this epoch then advances batch by batch."""
+        self.loader_state = state
+        self.start = state.begin()
+        orders = self.inputs.orders
+        self.plan = orders.batches(self.start)
+        epoch_order = orders.order(self.start)
+        self.epoch, self.order, self.order_valid = self.start.epoch, epoch_order.order, epoch_order.valid
+        self.started = True
+        if self.inputs.accelerate:
+            self.accelerate = AccelerateEpoch(self, orders.remainder(self.start))
+
+    def state(self) -> Position:
+        """Where this epoch is: the global samples consumed once the batches handed out so far count."""
+        return replace(self.start, consumed=self.plan.consumed_after(self.next_yield))
+
+    def _start_prefetch(self) -> None:
+        """For a remote dataset, start downloading this rank's shards ahead of use."""
+        dataset = self.inputs.dataset
+        if dataset.url is not None and self.plan.batches:
+            batches = [self.order[positions] for positions in self.plan.batches]
+            shards, first_batch = shards_in_use_order(dataset, batches)
+            self.prefetcher = ShardPrefetcher(dataset, shards, first_batch, self._dispatched)
+
+    def _dispatched(self) -> int:
+        """Batches whose samples have been handed to the decoders so far."""
+        return self.next_yield
+
+    def _stop_prefetch(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.stop()
+            self.prefetcher = None
+
+    def valid(self, batch_no: int) -> np.ndarray:
+        """Which entries of batch ``batch_no`` are real samples (not padding)."""
+        valid = self.plan.valid(batch_no)
+        if self.order_valid is not None:
+            valid = valid & self.order_valid[self.plan.batches[batch_no]]
+        return valid
+
+    def __iter__(self) -> Epoch:
+        return self
+
+    def __next__(self) -> Any:
+        if not self.started:
+            if self.finished:  # closed before it started
+                raise StopIteration
+            self.inputs.before_start()
+            self.reset(self.inputs.state)
+        if self.next_yield >= len(self.plan.batches):
+            self._finish()
+            self._end_accelerate()
+            raise StopIteration
+        if self.next_yield == len(self.plan.batches) - 1 and self.accelerate is not None:
+            self.accelerate.last_batch()
+        batch = self._next_batch()
+        self.next_yield += 1
+        if self.next_yield == len(self.plan.batches):
+            self._finish()  # all handed out: the next iter() starts the next epoch
+        elif not self.finished:
+            self.loader_state.advance(self.state())
+        return batch
+
+    def _next_batch(self) -> Any:
+        raise NotImplementedError
+
+    def _finish_batch(self, images: torch.Tensor, labels: torch.Tensor, keys: list[str], skipped: list, batch_no: int) -> Any:
+        """Move to ``device``, apply Normalize/ToDtype there, count skips, shape the batch."""
+        inputs = self.inputs
+        if inputs.device is not None:
+            images = images.to(inputs.device, non_blocking=True)
+            labels = labels.to(inputs.device, non_blocking=True)
+        if inputs.batch_fn is not None:
+            images = inputs.batch_fn(images)
+        for where, reason in skipped:
+            inputs.stats.record_skip(where, reason)
+        return inputs.layout.shape(images, labels, keys, self.valid(batch_no))
+
+    def _end_accelerate(self) -> None:
+        if self.accelerate is not None:
+            self.accelerate.end()
+            self.accelerate = None
+
+    def _finish(self) -> None:
+        self._stop_prefetch()
+        if not self.finished:
+            self.finished = True
+            self.loader_state.finish()
+
+    def close(self) -> None:
+        """Abandon the epoch (a break, an exception, the iterator dropped): like torch, the next
+        iteration starts this epoch over; state_dict() still says where it stopped, so
+        load_state_dict resumes there."""
+        self._stop_prefetch()
+        self._end_accelerate()
+        if self.started and not self.finished:
+            self.loader_state.break_off()
+        self.finished = True
+
+    def __del__(self) -> None:
+        if not self.finished:
+            try:
+                self.close()
+            except Exception:  # noqa: BLE001 - at interpreter exit the loader may be half torn down
+                pass

@@ -1,0 +1,137 @@
+"""``fastload.DataLoader``'s arguments for a converted dataset, validated once, in one frozen dataclass
+(as :class:`fastload.converters.options.ConvertOptions` does for conversion)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, get_args
+
+import numpy as np
+import torch
+from torch.utils.data.distributed import DistributedSampler
+
+from fastload.dist import resolve_rank_world
+from fastload.errors import OnError, check_on_error
+from fastload.samplers import adopt_sampler
+from fastload.transforms import Transform, validate
+
+Backend = Literal["auto", "cpu", "dali"]
+BACKENDS: tuple[str, ...] = get_args(Backend)
+REMOTE_SHUFFLE_BUFFER = 4096  # the streaming order's buffer for a remote dataset without shuffle_buffer=
+TORCH_ONLY = ("batch_sampler", "collate_fn", "generator")  # torch's arguments the fast path refuses
+
+
+def fast_path_only(default: Any) -> Any:
+    """A field for an argument torch's DataLoader does not have (refused with a torch Dataset)."""
+    return field(default=default, metadata={"fast_path_only": True})
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """What a fast-path loader was asked for, checked once. Torch's arguments come first, then
+    fastload's own, then what ``sampler=`` and a ``Subset`` select (:meth:`from_arguments`).
+
+    To add an argument: a field here (with :func:`fast_path_only` when torch has none), its check
+    in ``__post_init__``, and the keyword in ``fastload.DataLoader.__init__``, passed on by name.
+    """
+
+    batch_size: int | None = 1
+    shuffle: bool = False
+    num_workers: int = 0
+    pin_memory: bool = False  # True only where CUDA is available (nothing to pin for otherwise)
+    drop_last: bool = False
+    timeout: float = 0
+    worker_init_fn: Callable[[int], None] | None = None
+    prefetch_factor: int | None = None  # torch's values: 2 with workers, None without
+    persistent_workers: bool = False  # workers always live as long as the loader
+    seed: int = 0
+    transform: Sequence[Transform] | None = fast_path_only(None)  # a tuple once validated
+    backend: Backend = fast_path_only("auto")
+    device: str | torch.device | None = fast_path_only(None)  # a torch.device once validated
+    on_error: OnError = fast_path_only("raise")
+    return_keys: bool = fast_path_only(False)
+    rank: int | None = fast_path_only(None)
+    world_size: int | None = fast_path_only(None)
+    evaluation: bool = fast_path_only(False)
+    shuffle_buffer: int | None = fast_path_only(None)
+    hw_decoder_load: float = fast_path_only(0.65)
+    take: tuple[int, ...] | None = None  # the sample indices a Subset / SubsetRandomSampler selects
+    drop_remainder: bool = False  # as DistributedSampler(drop_last=True)
+    distributed: DistributedSampler | None = None  # a sampler= whose set_epoch the loader follows
+    remote: bool = False  # the dataset is a URL: always the streaming order
+
+    def __post_init__(self) -> None:
+        if self.batch_size is None or self.batch_size < 1:
+            raise ValueError("a fastload dataset needs batch_size >= 1")
+        if self.num_workers < 0:
+            raise ValueError("num_workers must be >= 0")
+        if self.prefetch_factor is not None and self.num_workers == 0:
+            raise ValueError("prefetch_factor needs num_workers > 0 (as in torch)")
+        if self.evaluation and self.drop_last:
+            raise ValueError("evaluation=True yields every sample exactly once: it cannot drop_last")
+        if self.shuffle_buffer is not None and (not self.shuffle or self.shuffle_buffer < 1):
+            raise ValueError("shuffle_buffer= (streaming order) needs shuffle=True and a size >= 1")
+        if self.streaming and self.take is not None:
+            raise ValueError("a Subset (or SubsetRandomSampler) picks samples across shards: not with the streaming "
+                             "order (remote datasets, shuffle_buffer=), which reads whole shards")
+        if not 0 <= self.hw_decoder_load <= 1:
+            raise ValueError("hw_decoder_load is a share of images, between 0 and 1")
+        check_on_error(self.on_error)
+        object.__setattr__(self, "transform", validate(self.transform))
+        if self.rank is not None and self.world_size is not None:
+            resolve_rank_world(self.rank, self.world_size)  # refuse an impossible pair now
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        object.__setattr__(self, "pin_memory", self.pin_memory and torch.cuda.is_available())
+        prefetch = (2 if self.prefetch_factor is None else self.prefetch_factor) if self.num_workers else None
+        object.__setattr__(self, "prefetch_factor", prefetch)
+        object.__setattr__(self, "device", torch.device(self.device) if self.device is not None else None)
+
+    @classmethod
+    def from_arguments(
+        cls, dataset_size: int, subset: np.ndarray | None, remote: bool, *, sampler: Any, batch_sampler: Any,
+        collate_fn: Any, generator: Any, shuffle: bool | None, seed: int, rank: int | None, world_size: int | None,
+        **arguments: Any,
+    ) -> LoaderOptions:
+        """The options of ``fastload.DataLoader(dataset, **arguments)``: ``sampler=`` resolved into
+        shuffle, seed, rank, world size and a selection (after ``subset``, a Subset's indices)."""
+        for name, value in zip(TORCH_ONLY, (batch_sampler, collate_fn, generator)):
+            if value is not None:
+                raise ValueError(
+                    f"{name}= is not used with a fastload dataset: order comes from shuffle/seed/rank "
+                    f"(so it can resume exactly) and batches are assembled in shared memory"
+                )
+        if sampler is not None and shuffle:
+            raise ValueError("sampler option is mutually exclusive with shuffle (as in torch)")
+        choice = adopt_sampler(sampler, dataset_size)
+        if choice.take is not None:
+            subset = choice.take if subset is None else subset[choice.take]
+        if choice.seed is not None and seed not in (0, choice.seed):
+            raise ValueError(f"seed={seed} and the sampler's seed={choice.seed} differ: give one of them")
+        return cls(
+            shuffle=bool(shuffle if choice.shuffle is None else choice.shuffle),
+            seed=seed if choice.seed is None else choice.seed,
+            rank=choice.rank if rank is None else rank,  # rank=/world_size= win over a DistributedSampler's
+            world_size=choice.world_size if world_size is None else world_size,
+            take=None if subset is None else tuple(subset.tolist()),
+            drop_remainder=choice.drop_remainder,
+            distributed=choice.distributed,
+            remote=remote,
+            **arguments,
+        )
+
+    @property
+    def streaming(self) -> bool:
+        """Whether the streaming order is used: shuffle_buffer= given, or a remote dataset."""
+        return self.shuffle_buffer is not None or self.remote
+
+    @property
+    def buffer_size(self) -> int:
+        """The streaming order's shuffle buffer (1: in shard order, without shuffling)."""
+        return (self.shuffle_buffer or REMOTE_SHUFFLE_BUFFER) if self.shuffle else 1
+
+
+def fast_path_defaults() -> dict[str, Any]:
+    """fastload's own arguments and their defaults: a torch Dataset's loader accepts only these values."""
+    return {f.name: f.default for f in fields(LoaderOptions) if f.metadata.get("fast_path_only")}

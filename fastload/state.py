@@ -1,0 +1,117 @@
+"""The training position of a fast-path loader, owned by one :class:`LoaderState`, and the format
+of its ``state_dict()``: (seed, epoch, samples consumed), the dataset's identity, and for the
+streaming order the layout (world size, batch size) and the earlier layouts of the epoch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import Any
+
+STATE_VERSION = 1
+
+Layout = tuple[int, int, int]  # (world size, batch size, samples consumed) of an earlier layout this epoch
+
+
+@dataclass(frozen=True)
+class Position:
+    """``consumed`` global samples of ``epoch``'s order, after the earlier ``generations`` of the
+    epoch (resumes at another layout: the streaming order re-deals the unseen samples after each)."""
+
+    epoch: int
+    consumed: int = 0
+    generations: tuple[Layout, ...] = ()
+
+
+class Phase(Enum):
+    """Where a loader is between and during iterations."""
+
+    IDLE = "idle"  # the next iteration starts at the position
+    RUNNING = "running"  # an iteration is under way; the position follows its batches
+    BROKEN_OFF = "broken off"  # an iteration stopped mid-epoch: the position says where, the next one starts over
+
+
+class LoaderState:
+    """A loader's training position: epochs take it when they start, advance it with each batch
+    handed out, and finish or break it off; ``state_dict()`` reports it, ``load_state_dict()``
+    sets it. Only batches handed to the caller count, never prefetched ones."""
+
+    def __init__(self) -> None:
+        self.position = Position(0)
+        self.phase = Phase.IDLE
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being iterated, or the next iteration's."""
+        return self.position.epoch
+
+    def upcoming(self) -> Position:
+        """Where the next iteration starts: an epoch under way or broken off starts over (a broken-off
+        one also forgets its earlier layouts, as a fresh epoch at the current layout)."""
+        if self.phase is Phase.RUNNING:
+            return replace(self.position, consumed=0)
+        if self.phase is Phase.BROKEN_OFF:
+            return Position(self.position.epoch)
+        return self.position
+
+    def begin(self) -> Position:
+        """An iteration starts: it runs from the upcoming position."""
+        self.position, self.phase = self.upcoming(), Phase.RUNNING
+        return self.position
+
+    def advance(self, position: Position) -> None:
+        """The running iteration has handed out the batches up to ``position``."""
+        self.position = position
+
+    def finish(self) -> None:
+        """The running epoch's batches are all handed out: the next iteration starts the next epoch."""
+        self.position, self.phase = Position(self.position.epoch + 1), Phase.IDLE
+
+    def break_off(self) -> None:
+        """The running iteration stopped before its last batch (a break, an error, the iterator dropped)."""
+        self.phase = Phase.BROKEN_OFF
+
+    def set_epoch(self, epoch: int) -> None:
+        """The next iteration yields ``epoch`` from its start; the epoch it is already at keeps its
+        position (a loaded state's)."""
+        self.position, self.phase = self.upcoming(), Phase.IDLE
+        if epoch != self.position.epoch:
+            self.position = Position(epoch)
+
+    def state_dict(self, seed: int, identity: str, layout: tuple[int, int] | None) -> dict[str, Any]:
+        """The position as a checkpoint; ``layout`` (world size, batch size) only for the streaming order."""
+        position = self.position
+        state: dict[str, Any] = {"version": STATE_VERSION, "seed": seed, "epoch": position.epoch,
+                                 "samples_consumed": position.consumed, "dataset": identity}
+        if layout is not None:  # its positions depend on the layout: record it for a resume at another one
+            state.update(order="streaming", world_size=layout[0], batch_size=layout[1],
+                         resumed_from=[list(g) for g in position.generations])
+        return state
+
+    def restore(self, position: Position) -> None:
+        """The next iteration starts at ``position`` (a loaded checkpoint's, see :func:`read_state_dict`)."""
+        self.position, self.phase = position, Phase.IDLE
+
+
+def read_state_dict(state: dict[str, Any], seed: int, identity: str, layout: tuple[int, int] | None) -> Position:
+    """The position of a checkpoint made for the same seed, dataset and order (``layout`` as in
+    :meth:`LoaderState.state_dict`); at another layout the streaming order records the saved one
+    as a generation and deals the unseen samples anew."""
+    if state.get("version") != STATE_VERSION:
+        raise ValueError(f"loader state version {state.get('version')} is not {STATE_VERSION}")
+    if state["seed"] != seed:
+        raise ValueError(f"state was saved with seed={state['seed']}, this loader has seed={seed}")
+    if state.get("dataset", identity) != identity:
+        raise ValueError(f"state was saved for another dataset (identity {state['dataset']}, this loader reads {identity})")
+    order = "streaming" if layout is not None else "global"
+    if state.get("order", "global") != order:
+        raise ValueError(f"state was saved with the {state.get('order', 'global')} order, this loader uses the {order} order")
+    consumed = int(state["samples_consumed"])
+    generations: list[Layout] = []
+    if layout is not None:
+        generations = [(int(g[0]), int(g[1]), int(g[2])) for g in state.get("resumed_from", [])]
+        saved = (int(state.get("world_size", layout[0])), int(state.get("batch_size", layout[1])))
+        if consumed and saved != layout:
+            generations.append((*saved, consumed))
+            consumed = 0
+    return Position(int(state["epoch"]), consumed, tuple(generations))

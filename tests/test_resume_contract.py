@@ -1,0 +1,102 @@
+"""The resume contract, one harness run against every path an epoch can take (the CPU workers,
+the inline CPU path, DALI on the CPU, the streaming order, a remote dataset over loopback HTTP):
+take k batches, save ``state_dict()``, build a fresh loader, load the state, and the rest of the
+epoch equals an uninterrupted run, pixel for pixel, key for key. The data: conftest's ``clean``
+(30 JPEGs in 4 tar shards)."""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import fastload
+from fastload import transforms as T
+from tests.test_remote import DatasetServer
+
+Batch = tuple[torch.Tensor, torch.Tensor, list[str]]
+EPOCH = 2
+BATCH = 4
+
+
+def dali_installed() -> bool:
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def clone(batch: Any) -> Batch:
+    images, labels, keys = batch
+    return images.cpu().clone(), labels.cpu().clone(), list(keys)
+
+
+def assert_same_batches(got: list[Batch], expected: list[Batch]) -> None:
+    assert [keys for *_, keys in got] == [keys for *_, keys in expected]
+    for (images, labels, _), (want_images, want_labels, _) in zip(got, expected):
+        assert torch.equal(images, want_images) and torch.equal(labels, want_labels)
+
+
+def run_resume_contract(make_loader: Callable[[], fastload.DataLoader], taken: int) -> None:
+    """Take ``taken`` batches of epoch EPOCH, save, resume in a fresh loader: the rest matches an
+    uninterrupted run, and the resumed loader then moves on to the next epoch."""
+    with make_loader() as loader:
+        loader.set_epoch(EPOCH)
+        uninterrupted = [clone(b) for b in loader]
+    assert 0 <= taken < len(uninterrupted), "the harness resumes inside the epoch"
+    with make_loader() as loader:
+        loader.set_epoch(EPOCH)
+        before = [clone(b) for b in itertools.islice(iter(loader), taken)]
+        state = loader.state_dict()
+        assert state["epoch"] == EPOCH and state["samples_consumed"] == taken * BATCH * loader.world_size
+    with make_loader() as loader:
+        loader.load_state_dict(state)
+        assert len(loader.batch_sampler) == len(uninterrupted) - taken
+        after = [clone(b) for b in loader]
+        assert loader.state_dict()["epoch"] == EPOCH + 1 and loader.state_dict()["samples_consumed"] == 0
+    assert_same_batches(before + after, uninterrupted)
+
+
+@pytest.fixture()
+def served(clean: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    monkeypatch.setenv("FASTLOAD_RETRY_DELAY", "0.05")
+    root = tmp_path / "served"
+    shutil.copytree(clean, root)
+    server = DatasetServer(root)
+    yield server.url
+    server.shutdown()
+    server.server_close()
+
+
+LOCAL_PATHS = {
+    "cpu workers": {"backend": "cpu", "num_workers": 2},
+    "cpu inline": {"backend": "cpu", "num_workers": 0},
+    "cpu, rank 1 of 2": {"backend": "cpu", "num_workers": 1, "rank": 1, "world_size": 2},
+    "dali on the cpu": {"backend": "dali", "num_workers": 1},
+    "streaming order": {"backend": "cpu", "num_workers": 2, "shuffle_buffer": 5},
+}
+
+
+@pytest.mark.parametrize("taken", [0, 1, 3])
+@pytest.mark.parametrize("path", sorted(LOCAL_PATHS))
+def test_resume_equals_an_uninterrupted_run(clean: Path, path: str, taken: int) -> None:
+    if path.startswith("dali") and not dali_installed():
+        pytest.skip("needs NVIDIA DALI")
+    kwargs = dict(batch_size=BATCH, shuffle=True, seed=5, transform=T.train(16), return_keys=True, **LOCAL_PATHS[path])
+    run_resume_contract(lambda: fastload.DataLoader(clean, **kwargs), taken)
+
+
+@pytest.mark.parametrize("taken", [0, 3])
+def test_resume_of_a_remote_dataset_equals_an_uninterrupted_run(served: str, tmp_path: Path, taken: int) -> None:
+    def make_loader() -> fastload.DataLoader:
+        dataset = fastload.open(served, cache_dir=tmp_path / "cache")
+        return fastload.DataLoader(dataset, batch_size=BATCH, shuffle=True, seed=5, transform=T.train(16),
+                                   return_keys=True, num_workers=2)
+
+    run_resume_contract(make_loader, taken)
