@@ -15,13 +15,12 @@ import re
 import stat
 from dataclasses import MISSING, asdict, dataclass, field, fields as dataclass_fields
 from pathlib import Path
-from collections.abc import Iterable
 from typing import Literal
 
 import numpy as np
 
 from fastload.columns import PackedStrings, int_column
-from fastload.errors import DatasetIndexError, SampleError
+from fastload.errors import DatasetIndexError
 
 FORMAT_NAME = "fastload"
 FORMAT_VERSION = 2  # 2: HDF5 byte columns stored flat (a group of `bytes` + `offsets`)
@@ -32,30 +31,11 @@ DALI_INDEX_VERSION = "v1.2"
 
 Layout = Literal["wds", "hdf5"]
 LAYOUTS: tuple[str, ...] = ("wds", "hdf5")
-IMAGE_FIELDS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm")
 
 
 MAX_INT = 2**63 - 1  # counts, sizes and labels all fit an int64
 _PATH_PART = re.compile(r"[A-Za-z0-9_.+=,@-]+")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-
-
-def image_field(fields: Iterable[str]) -> str | None:
-    """Which of a sample's fields holds its image (the first image extension present), if any."""
-    present = set(fields)
-    return next((f for f in IMAGE_FIELDS if f in present), None)
-
-
-def parse_label(data: bytes, where: str) -> int:
-    """A ``cls`` field's label (decimal ASCII, as the writers store it); a SampleError naming
-    ``where`` when it is not an integer in the int64 range."""
-    try:
-        label = int(data)
-    except ValueError:
-        raise SampleError(where, "cls is not an integer label") from None
-    if not -MAX_INT - 1 <= label <= MAX_INT:
-        raise SampleError(where, "cls is outside the int64 range")
-    return label
 
 
 def check_relative_path(value: object, name: str) -> str:

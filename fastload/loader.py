@@ -13,7 +13,7 @@ import hashlib
 import logging
 import os
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -24,8 +24,10 @@ from fastload.dali_feed import DaliFeed
 from fastload.dataset import ShardedDataset
 from fastload.dist import check_ranks_agree, resolve_rank_world
 from fastload.errors import SampleError, check_on_error, rebuild_error
+from fastload.field_batch import as_tensor, copied, field_batch
 from fastload.frameworks import AccelerateEpoch, accelerate_device
 from fastload.prefetch import ShardPrefetcher, shards_in_use_order
+from fastload.sample_decode import resolve_spec
 from fastload.samplers import BatchRequest, LoaderBatchSampler, LoaderSampler, adopt_sampler, collate, unwrap_subset
 from fastload.sampling import EpochOrder, OrderSpec, RankBatches
 from fastload.stats import LoaderStats
@@ -37,7 +39,9 @@ from fastload.workers import (
     WorkerError,
     WorkerPool,
     fill_batch,
+    fill_fields,
     merge_parts,
+    spec_columns,
 )
 
 log = logging.getLogger("fastload")
@@ -136,6 +140,8 @@ class DataLoader(torch.utils.data.DataLoader):
         evaluation: bool = False,
         shuffle_buffer: int | None = None,
         hw_decoder_load: float = 0.65,
+        fields: Sequence[str] | Mapping[str, str] | None = None,
+        map: Callable[[dict, np.random.Generator], dict] | None = None,  # noqa: A002 - the public name
     ) -> None:
         if isinstance(dataset, (str, os.PathLike)):
             dataset = ShardedDataset(dataset)
@@ -195,6 +201,7 @@ class DataLoader(torch.utils.data.DataLoader):
         self.on_error = check_on_error(on_error)
         self.return_keys = return_keys
         self.transform = validate(transform)
+        self.sample_spec = resolve_spec(sharded, fields, map, self.transform)  # fields= and map=: what workers make of a sample
         self.device = torch.device(device) if device is not None else None
         self._rank_arg = rank if rank is not None else choice.rank
         self._world_arg = world_size if world_size is not None else choice.world_size
@@ -223,11 +230,15 @@ class DataLoader(torch.utils.data.DataLoader):
         self.batch_sampler = LoaderBatchSampler(weakref.proxy(self))
         self.collate_fn = collate
         self.backend, why = choose_backend(backend, sharded.decoded)
+        if self.backend.startswith("dali") and (not self.sample_spec.classic or map is not None):
+            raise ValueError("backend='dali' carries images and labels only for now: with fields= or map=, use backend='cpu'")
         if (self.backend, why) not in _logged:
             _logged.add((self.backend, why))
             log.warning("fastload: backend=%s (%s)", self.backend, why)
 
-    def _image_shape(self) -> tuple[int, int, int]:
+    def _image_shape(self) -> tuple[int, int, int] | None:
+        if self.sample_spec.primary is None:
+            return None  # nothing to decode: no transform needed
         ds = self.sharded
         size = output_size(self.transform)
         channels = 3
@@ -406,6 +417,8 @@ class DataLoader(torch.utils.data.DataLoader):
         return [order[positions] for positions in self._plan(self._epoch, 0 if from_start else self._resume_at).batches]
 
     def _batch_request(self) -> BatchRequest:
+        if not self.sample_spec.classic or self.sample_spec.map is not None:
+            raise NotImplementedError("loader.batch_sampler batches (a torch DataLoader of this loader's parts) carry images and labels only")
         return BatchRequest(self.transform, self.seed, self._epoch, self.on_error, self.image_shape,
                             self.sharded.has_labels, self.return_keys, self.evaluation)
 
@@ -445,9 +458,9 @@ class DataLoader(torch.utils.data.DataLoader):
         if self._buffers is None:
             in_flight = self.num_workers * (self.prefetch_factor or 0)
             slots = in_flight + LENDABLE_SLOTS if in_flight else 1
-            self._buffers = BatchBuffers(slots, self.batch_size, self.image_shape)  # type: ignore[arg-type]
+            self._buffers = BatchBuffers(slots, self.batch_size, spec_columns(self.sample_spec, self.image_shape))
         if self.num_workers and self._pool is None:
-            config = WorkerConfig(self.sharded, self.transform, self.seed, self.on_error, self._buffers, self.worker_init_fn)
+            config = WorkerConfig(self.sharded, self.transform, self.seed, self.on_error, self._buffers, self.worker_init_fn, self.sample_spec)
             self._pool = WorkerPool(config, self.num_workers)
         return self._buffers, self._pool
 
@@ -455,16 +468,24 @@ class DataLoader(torch.utils.data.DataLoader):
         """Hand a finished slot's images out (lent without a copy when workers fill the slots and
         nothing is pinned; else copied, into pinned memory when asked) and finish the batch."""
         n = result.count
-        labels = torch.from_numpy(buffers.labels(result.slot)[:n].copy())
         keep = self.num_workers * (self.prefetch_factor or 0)  # lending never thins the workers' queue
         lent = None if self.pin_memory or self._pool is None else buffers.lend(result.slot, n, keep=keep)
         if lent is not None:
-            images = torch.from_numpy(lent)
+            columns = {name: as_tensor(view) for name, view in lent.items()}
         else:
-            images = torch.empty((n, *self.image_shape), dtype=torch.uint8, pin_memory=self.pin_memory)
-            np.copyto(images.numpy(), buffers.images(result.slot)[:n])
+            columns = {c.name: copied(buffers.column(result.slot, c.name)[:n], self.pin_memory) for c in buffers.columns}
             buffers.give_back(result.slot)
-        return self._finish_batch(images, labels, result.keys, result.skipped, valid)
+        if not self.sample_spec.classic:
+            return self._finish_fields(columns, result, valid)
+        image, label = self.sample_spec.fields
+        return self._finish_batch(columns[image.key], columns[label.key], result.keys, result.skipped, valid)
+
+    def _finish_fields(self, columns: dict, result: BatchResult, valid: np.ndarray) -> tuple:
+        """A fields= batch: a tuple in the fields' order, then keys (return_keys) and valid (evaluation)."""
+        for where, reason in result.skipped:
+            self.stats.record_skip(where, reason)
+        batch = field_batch(self.sample_spec, columns, result.values, self.device, self._batch_fn)
+        return batch + ((result.keys,) if self.return_keys else ()) + ((torch.from_numpy(valid),) if self.evaluation else ())
 
     def _finish_batch(self, images: torch.Tensor, labels: torch.Tensor, keys: list[str], skipped: list, valid: np.ndarray) -> Any:
         """Move to ``device``, apply Normalize/ToDtype there, shape the batch. In evaluation mode a
@@ -660,9 +681,9 @@ class _EpochIterator(_Epoch):
         indices = self._indices(self.next_yield)
         result = BatchResult(run=self.run, batch_no=self.next_yield, slot=slot, count=len(indices))  # type: ignore[arg-type]
         try:
-            result.keys, result.skipped = fill_batch(
-                self.loader.sharded, indices, self.loader.transform, self.loader.seed, self.epoch,
-                self.loader.on_error, self.buffers.images(slot), self.buffers.labels(slot),  # type: ignore[arg-type]
+            result.keys, result.skipped, result.values = fill_fields(
+                self.loader.sharded, indices, self.loader.sample_spec, self.loader.transform, self.loader.seed, self.epoch,
+                self.loader.on_error, self.buffers.slot_columns(slot),  # type: ignore[arg-type]
             )
         except BaseException:
             self.buffers.give_back(slot)  # type: ignore[arg-type]

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from fastload.errors import FastloadError
 from fastload.formats import ShardReader, dataset_file, offsets_name, open_shard, open_shard_files
-from fastload.index import DatasetIndex, ShardInfo, file_sha256, image_field, read_index
+from fastload.fields import image_field
+from fastload.index import DatasetIndex, ShardInfo, file_sha256, read_index
 from fastload.remote import is_url
 
 
