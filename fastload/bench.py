@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fastload.dataset import ShardedDataset
-from fastload.index import image_field
+from fastload.fields import JPEG_FIELD, LABEL_FIELD, image_field
 
 LABEL_DIGITS = 8
 WARMUP_STEPS = 3
@@ -66,7 +66,7 @@ class PillowImages:
         import io
 
         _, fields, pixels = self.shards.raw(i)  # type: ignore[union-attr]
-        label = int(fields.get("cls", b"-1"))
+        label = int(fields.get(LABEL_FIELD, b"-1"))
         if pixels is not None:  # a dataset of decoded pixels
             return Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels), label
         field = image_field(fields)
@@ -188,7 +188,7 @@ def time_batches(make: Callable[[], Iterable], epochs: int, mean_bytes: float) -
 def ceiling_images(ds: ShardedDataset, limit: int = 600) -> list[bytes]:
     """Up to ``limit`` of the dataset's JPEGs, evenly spread: what the decode ceiling is measured on."""
     step = max(1, len(ds) // limit)
-    return [fields["jpg"] for fields in (ds.raw(i)[1] for i in range(0, len(ds), step)) if "jpg" in fields]
+    return [fields[JPEG_FIELD] for fields in (ds.raw(i)[1] for i in range(0, len(ds), step)) if JPEG_FIELD in fields]
 
 
 def decode_rate(images: list[bytes], threads: int = 1, passes: int = 3) -> float:
