@@ -84,7 +84,7 @@ def _load(path: Path) -> ArraySet:
 def npy_bytes(array: np.ndarray) -> bytes:
     """``array`` as the bytes of a .npy file (reproducible: a fixed header, never pickled)."""
     out = io.BytesIO()
-    np.lib.format.write_array(out, np.ascontiguousarray(array), allow_pickle=False)
+    np.lib.format.write_array(out, np.asarray(array), allow_pickle=False)  # a row of a 1-D array stays 0-d
     return out.getvalue()
 
 
