@@ -311,13 +311,14 @@ def classic_spec(decoded: bool, map: SampleMap | None = None) -> SampleSpec:
 
 
 def requested_spec(
-    fields: Sequence[str] | Mapping[str, str] | None, dataset_fields: Sequence[str], decoded: bool, map: SampleMap | None = None
+    fields: Sequence[str] | Mapping[str, str] | None, dataset_fields: Sequence[str], decoded: bool,
+    map: SampleMap | None = None, images: bool = False,
 ) -> SampleSpec:
     """The SampleSpec of a loader's ``fields=`` (a sequence of names, or a mapping name -> role)
-    and ``map=``. Without ``fields=``: the classic layout when the dataset has images, else every
-    field of the dataset in its index's order."""
+    and ``map=``. Without ``fields=``: the classic layout when the dataset has images (or
+    ``images``: the caller expects them), else every field of the dataset in its index's order."""
     if fields is None:
-        if decoded or has_images(dataset_fields):
+        if images or decoded or has_images(dataset_fields):
             return classic_spec(decoded, map)
         fields = list(dataset_fields)
     if isinstance(fields, str):

@@ -228,7 +228,9 @@ def resolve_spec(
 ) -> SampleSpec:
     """What a loader's workers make of each sample of ``ds``, from its ``fields=`` and ``map=``:
     :func:`fastload.fields.requested_spec`, with stacked arrays' layouts probed."""
-    spec = probe_arrays(ds, requested_spec(fields, ds.index.fields, ds.decoded, map))
-    if spec.primary is None and any(isinstance(t, (*GEOMETRIC, RandomHorizontalFlip)) for t in transform):
+    geometric = any(isinstance(t, (*GEOMETRIC, RandomHorizontalFlip)) for t in transform)
+    images = bool(ds.index.image_fields) or geometric  # a transform: images are expected, whatever the index lists
+    spec = probe_arrays(ds, requested_spec(fields, ds.index.fields, ds.decoded, map, images))
+    if spec.primary is None and geometric:
         raise ValueError(f"transform= crops and flips images; the fields asked for ({', '.join(f.name for f in spec.fields)}) hold none")
     return spec

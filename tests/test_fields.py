@@ -88,7 +88,9 @@ def test_text_only_tars_need_no_transform(tmp_path: Path) -> None:
     texts = [t for (batch,) in loader(root, batch_size=3, num_workers=1) for t in batch]  # every field, none an image
     assert texts == [f"line {i}" for i in range(7)]
     with pytest.raises(ValueError, match="hold none"):
-        loader(root, batch_size=3, transform=T.train(24))
+        loader(root, batch_size=3, transform=T.train(24), fields=["txt"])
+    with pytest.raises(SampleError, match="no image field among"):  # a transform expects images: the classic layout
+        next(iter(loader(root, batch_size=3, transform=T.train(24))))
 
 
 def quadrant_sample(i: int, rng: np.random.Generator) -> dict:
