@@ -12,6 +12,7 @@ Kept free of heavy imports (numpy, Pillow load lazily): the converters import it
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -251,7 +252,15 @@ class FieldSpec:
 
     def find(self, present: Mapping[str, Any] | Iterable[str]) -> str | None:
         """The stored name this field takes in a sample with ``present`` fields, or None."""
-        return next((name for name in self.name.split(";") if name in present), None)
+        for name in self.alternatives:
+            if name in present:
+                return name
+        return None
+
+    @functools.cached_property
+    def alternatives(self) -> tuple[str, ...]:
+        """The stored names it may take, in order of preference."""
+        return tuple(self.name.split(";"))
 
     @property
     def stacked(self) -> bool:
@@ -284,15 +293,10 @@ class SampleSpec:
         if any(f.role in DECLARED_ROLES for f in self.fields) and self.primary is None:
             raise ValueError("a mask or boxes field follows an image's crop: fields= must name an image field too")
 
-    @property
+    @functools.cached_property
     def primary(self) -> FieldSpec | None:
         """The first image field: its header plans the geometry of every geometric field."""
         return next((f for f in self.fields if f.role == "image"), None)
-
-    @property
-    def geometric(self) -> bool:
-        """Whether any field follows the crop plan."""
-        return any(f.role in GEOMETRIC_ROLES for f in self.fields)
 
     def layout_of(self, name: str) -> tuple[tuple[int, ...], str] | None:
         """(shape, dtype) of stacked array field ``name``; None: it is ragged (a list)."""

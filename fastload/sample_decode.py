@@ -22,14 +22,12 @@ from fastload.decode.header import MAX_PIXELS, image_size
 from fastload.errors import SampleError
 from fastload.fields import DECODED_FIELD, FieldSpec, SampleMap, SampleSpec, decode_field, requested_spec
 from fastload.transforms import GEOMETRIC, Plan, RandomHorizontalFlip, Transform, apply_plan, dct_min_size, map_boxes, nearest_into, plan, scaled_box
-from fastload.sampling import sample_rng
+from fastload.sampling import sample_generator, sample_rng
 
 try:
     from fastload.decode import _turbo
 except ImportError:  # built without libjpeg headers: the simplejpeg/Pillow path does the work
     _turbo = None
-
-MAP_STREAM = 0x3A9  # keeps map='s generator apart from the crop's random stream
 
 
 @dataclass
@@ -139,7 +137,7 @@ def fill_sample(
         else:
             values[field.key] = decode_field(field.role, data, where, name)
     if spec.map is not None:
-        values = _run_map(spec, rows, values, where, np.random.Generator(np.random.PCG64([seed, epoch, index, MAP_STREAM])))
+        values = _run_map(spec, rows, values, where, sample_generator(seed, epoch, index))
     return key, values
 
 
