@@ -248,6 +248,14 @@ def test_bad_field_bytes_are_sample_errors_naming_key_and_field(bad_tars: Path, 
         assert len(kept) == 10 and key not in kept  # replaced by the next readable sample: batches keep their size
 
 
+def test_verify_decode_parses_every_field_by_its_role(bad_tars: Path, clip_tars: Path) -> None:
+    assert run_cli("verify", str(clip_tars), "--decode").returncode == 0
+    proc = run_cli("verify", str(bad_tars), "--decode", check=False)
+    assert proc.returncode == 1
+    assert ":s002: field json: bad JSON" in proc.stderr and ":s005: field npy: a .npy of Python objects" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 2  # the wrong-size mask is a mask only once declared
+
+
 def test_dali_backend_refuses_fields_for_now(clip_tars: Path) -> None:
     pytest.importorskip("nvidia.dali")
     with pytest.raises(ValueError, match="images and labels only"):
