@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ("jpg+cls", "jpg+txt+json", "jpg+cls, no-op map")
 
 
-def identity(sample: dict, rng) -> dict:  # noqa: ANN001 - numpy's Generator; a picklable no-op map
+def identity(sample: dict, rng) -> dict:
     """The no-op map: the sample as it came."""
     return sample
 

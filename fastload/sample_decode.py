@@ -20,9 +20,27 @@ from fastload.dataset import ShardedDataset
 from fastload.decode.cpu import decode_image
 from fastload.decode.header import MAX_PIXELS, image_size
 from fastload.errors import SampleError
-from fastload.fields import DECODED_FIELD, FieldSpec, SampleMap, SampleSpec, decode_field, requested_spec
-from fastload.transforms import GEOMETRIC, Plan, RandomHorizontalFlip, Transform, apply_plan, dct_min_size, map_boxes, nearest_into, plan, scaled_box
+from fastload.fields import (
+    DECODED_FIELD,
+    FieldSpec,
+    SampleMap,
+    SampleSpec,
+    decode_field,
+    requested_spec,
+)
 from fastload.sampling import sample_generator, sample_rng
+from fastload.transforms import (
+    GEOMETRIC,
+    Plan,
+    RandomHorizontalFlip,
+    Transform,
+    apply_plan,
+    dct_min_size,
+    map_boxes,
+    nearest_into,
+    plan,
+    scaled_box,
+)
 
 try:
     from fastload.decode import _turbo
@@ -222,7 +240,7 @@ def probe_arrays(ds: ShardedDataset, spec: SampleSpec) -> SampleSpec:
 
 
 def resolve_spec(
-    ds: ShardedDataset, fields: Sequence[str] | Mapping[str, str] | None, map: SampleMap | None, transform: Sequence[Transform]  # noqa: A002
+    ds: ShardedDataset, fields: Sequence[str] | Mapping[str, str] | None, map: SampleMap | None, transform: Sequence[Transform]
 ) -> SampleSpec:
     """What a loader's workers make of each sample of ``ds``, from its ``fields=`` and ``map=``:
     :func:`fastload.fields.requested_spec`, with stacked arrays' layouts probed."""
