@@ -30,11 +30,13 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ("jpg+cls", "jpg+txt+json", "jpg+cls, no-op map")
 
 
-def identity(sample: dict, rng) -> dict:
+def identity(sample: dict, rng: np.random.Generator) -> dict:
     """The no-op map: the sample as it came."""
     return sample
 
