@@ -465,13 +465,14 @@ class DataLoader(torch.utils.data.DataLoader):
         return self._buffers, self._pool
 
     def _deliver(self, result: BatchResult, buffers: BatchBuffers, valid: np.ndarray) -> Any:
-        """Hand a finished slot's images out (lent without a copy when workers fill the slots and
+        """Hand a finished slot's columns out (lent without a copy when workers fill the slots and
         nothing is pinned; else copied, into pinned memory when asked) and finish the batch."""
         n = result.count
         keep = self.num_workers * (self.prefetch_factor or 0)  # lending never thins the workers' queue
         lent = None if self.pin_memory or self._pool is None else buffers.lend(result.slot, n, keep=keep)
         if lent is not None:
-            columns = {name: as_tensor(view) for name, view in lent.items()}
+            # per-sample scalars (labels) are copied: a caller keeping them must not keep the slot
+            columns = {name: as_tensor(view if view.ndim > 1 else view.copy()) for name, view in lent.items()}
         else:
             columns = {c.name: copied(buffers.column(result.slot, c.name)[:n], self.pin_memory) for c in buffers.columns}
             buffers.give_back(result.slot)
