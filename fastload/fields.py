@@ -53,6 +53,15 @@ def default_role(name: str) -> Role:
     return role  # type: ignore[return-value]
 
 
+def is_field_member(name: str) -> bool:
+    """Whether a tar member of this name is a sample's field, as webdataset groups them: it has a
+    key and an extension (``KEY.EXT``, the key up to the first dot of its last part) and is
+    neither hidden nor a ``__*__`` metadata file."""
+    base = name.rsplit("/", 1)[-1]
+    key, dot, ext = base.partition(".")
+    return bool(dot and key and ext) and not (base.startswith("__") and key.endswith("__"))
+
+
 def image_field(fields: Iterable[str]) -> str | None:
     """Which of a sample's fields holds its image (the first image extension present), if any."""
     present = set(fields)

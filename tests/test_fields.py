@@ -82,6 +82,39 @@ def test_index_refuses_to_replace_an_index_unless_forced(clip_tars: Path, tmp_pa
     assert read_index(copy).num_samples == 2
 
 
+@pytest.mark.parametrize("tar_format", ["gnu", "pax", "ustar"])
+def test_index_reads_the_headers_tarfile_writes(tmp_path: Path, tar_format: str) -> None:
+    import tarfile
+
+    root = tmp_path / tar_format
+    root.mkdir()
+    long_dir = "d" * 60 + "/" + "e" * 50  # a long name: GNU long-name member, pax path record, or ustar prefix
+    entries = [("dir/", None), (f"{long_dir}/k1.txt", b"one"), (f"{long_dir}/k1.cls", b"3"), (".hidden.txt", b"x"),
+               ("__meta__.json", b"{}"), ("noext", b"z"), ("k2.txt", "två".encode()), ("k2.seg.png", b"p" * 700)]
+    with tarfile.open(root / "a.tar", "w", format={"gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT, "ustar": tarfile.USTAR_FORMAT}[tar_format]) as tar:
+        for name, data in entries:
+            info = tarfile.TarInfo(name.rstrip("/"))
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        if tar_format == "pax":  # a non-ASCII name and a size given by a pax record
+            info = tarfile.TarInfo("k3.txt")
+            info.size, info.pax_headers = 4, {"size": "4", "comment": "ünïcode"}
+            tar.addfile(info, io.BytesIO(b"four"))
+    run_cli("index", str(root))
+    assert run_cli("verify", str(root)).returncode == 0  # its .idx agrees with tarfile's reading of every header
+    ds = fastload.open(root)
+    samples = {ds[i]["key"]: {k: v for k, v in ds[i].items() if k != "key"} for i in range(len(ds))}
+    expected = {f"{long_dir}/k1": {"txt": b"one", "label": 3}, "k2": {"txt": "två".encode(), "seg.png": b"p" * 700}}
+    if tar_format == "pax":
+        expected["k3"] = {"txt": b"four"}
+    assert samples == expected
+    assert read_index(root).class_counts == {"3": 1}
+
+
 def test_text_only_tars_need_no_transform(tmp_path: Path) -> None:
     root = write_tars(tmp_path / "text", [{"__key__": f"k{i:03d}", "txt": f"line {i}"} for i in range(7)], per_tar=3)
     run_cli("index", str(root))
