@@ -17,7 +17,8 @@ import simplejpeg
 import fastload
 from fastload import transforms as T
 from fastload.decode.header import MAX_PIXELS
-from fastload.workers import _turbo, plan_sample
+from fastload.decode.cpu import turbo as _turbo
+from fastload.workers import plan_sample
 
 
 def per_image_ms(work: Callable[[], None], count: int) -> float:

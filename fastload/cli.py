@@ -96,6 +96,24 @@ def _run_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_index(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("index", help="make a folder of existing WebDataset tars a dataset in place (.idx files, index.json)")
+    p.add_argument("dataset", help="a folder of .tar files (img2dataset's, any WebDataset writer's); they are not rewritten")
+    p.add_argument("--force", action="store_true", help="replace an existing index.json")
+    p.set_defaults(run=_run_index)
+
+
+def _run_index(args: argparse.Namespace) -> int:
+    from fastload.converters.index_tars import index_tars
+
+    index, seconds = index_tars(args.dataset, force=args.force)
+    print(
+        f"{args.dataset}: indexed {index.num_samples} samples in {len(index.shards)} tars, {index.total_bytes / 1e6:.1f} MB "
+        f"in {seconds:.1f}s ({index.total_bytes / 1e6 / max(seconds, 1e-9):.1f} MB/s); fields {', '.join(index.fields)}"
+    )
+    return 0
+
+
 def _add_inspect(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="summarise a converted dataset")
     p.add_argument("dataset", help="a converted dataset folder or its URL")
@@ -208,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``fastload`` command."""
     parser = argparse.ArgumentParser(prog="fastload", description="Fast data loading for PyTorch training.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_convert, _add_inspect, _add_verify, _add_bench, _add_demo):
+    for add in (_add_convert, _add_index, _add_inspect, _add_verify, _add_bench, _add_demo):
         add(sub)
     return parser
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import torch
 
 from fastload.epoch import Epoch, EpochInputs
 from fastload.errors import SampleError, rebuild_error
+from fastload.field_batch import as_tensor, copied
 from fastload.state import LoaderState
 from fastload.workers import (
     BatchBuffers,
@@ -17,8 +17,9 @@ from fastload.workers import (
     WorkerConfig,
     WorkerError,
     WorkerPool,
-    fill_batch,
+    fill_fields,
     merge_parts,
+    spec_columns,
 )
 
 LENDABLE_SLOTS = 2  # batch slots beyond the workers' queue, for batches the caller still holds
@@ -43,10 +44,10 @@ class CpuWorkers:
         if self.buffers is None:
             in_flight = options.num_workers * (options.prefetch_factor or 0)
             slots = in_flight + LENDABLE_SLOTS if in_flight else 1
-            self.buffers = BatchBuffers(slots, options.batch_size, inputs.image_shape)  # type: ignore[arg-type]
+            self.buffers = BatchBuffers(slots, options.batch_size, spec_columns(inputs.sample_spec, inputs.image_shape))  # type: ignore[arg-type]
         if options.num_workers and self.pool is None:
             config = WorkerConfig(inputs.dataset, options.transform, options.seed, options.on_error,  # type: ignore[arg-type]
-                                  self.buffers, options.worker_init_fn)
+                                  self.buffers, options.worker_init_fn, inputs.sample_spec)
             self.pool = WorkerPool(config, options.num_workers)
         return self.buffers, self.pool
 
@@ -126,9 +127,9 @@ class CpuEpoch(Epoch):
         result = BatchResult(run=self.run, batch_no=self.next_yield, slot=slot, count=len(indices))  # type: ignore[arg-type]
         options = self.inputs.options
         try:
-            result.keys, result.skipped = fill_batch(
-                self.inputs.dataset, indices, options.transform, options.seed, self.epoch,  # type: ignore[arg-type]
-                options.on_error, self.buffers.images(slot), self.buffers.labels(slot),  # type: ignore[arg-type]
+            result.keys, result.skipped, result.values = fill_fields(
+                self.inputs.dataset, indices, self.inputs.sample_spec, options.transform, options.seed,  # type: ignore[arg-type]
+                self.epoch, options.on_error, self.buffers.slot_columns(slot),  # type: ignore[arg-type]
             )
         except BaseException:
             self.buffers.give_back(slot)  # type: ignore[arg-type]
@@ -170,19 +171,22 @@ class CpuEpoch(Epoch):
         return batch
 
     def _deliver(self, result: BatchResult) -> Any:
-        """Hand a finished slot's images out (lent without a copy when workers fill the slots and
+        """Hand a finished slot's columns out (lent without a copy when workers fill the slots and
         nothing is pinned; else copied, into pinned memory when asked) and finish the batch."""
         options, buffers, n = self.inputs.options, self.buffers, result.count
-        labels = torch.from_numpy(buffers.labels(result.slot)[:n].copy())
         keep = options.num_workers * (options.prefetch_factor or 0)  # lending never thins the workers' queue
         lent = None if options.pin_memory or self.pool is None else buffers.lend(result.slot, n, keep=keep)
         if lent is not None:
-            images = torch.from_numpy(lent)
+            # per-sample scalars (labels) are copied: a caller keeping them must not keep the slot
+            columns = {name: as_tensor(view if view.ndim > 1 else view.copy()) for name, view in lent.items()}
         else:
-            images = torch.empty((n, *self.inputs.image_shape), dtype=torch.uint8, pin_memory=options.pin_memory)
-            np.copyto(images.numpy(), buffers.images(result.slot)[:n])
+            columns = {c.name: copied(buffers.column(result.slot, c.name)[:n], options.pin_memory) for c in buffers.columns}
             buffers.give_back(result.slot)
-        return self._finish_batch(images, labels, result.keys, result.skipped, self.next_yield)
+        spec = self.inputs.sample_spec
+        if not spec.classic:
+            return self._finish_fields(columns, result.values, result.keys, result.skipped, self.next_yield)
+        image, label = spec.fields
+        return self._finish_batch(columns[image.key], columns[label.key], result.keys, result.skipped, self.next_yield)  # type: ignore[arg-type]
 
     def close(self) -> None:
         """Abandon the epoch: batches in flight are not waited for; their slots come back as the

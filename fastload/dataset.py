@@ -9,9 +9,10 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fastload.errors import SampleError, ShardError
+from fastload.errors import ShardError
 from fastload.formats import ShardReader, offsets_name, open_shard, open_shard_files
-from fastload.index import INDEX_FILE, DatasetIndex, image_field, parse_label, read_index
+from fastload.fields import LABEL_FIELD, decode_field, image_field
+from fastload.index import INDEX_FILE, DatasetIndex, read_index
 from fastload.remote import is_url
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ class ShardedDataset:
     @property
     def has_labels(self) -> bool:
         """Whether samples carry a ``cls`` label."""
-        return "cls" in self.index.fields
+        return LABEL_FIELD in self.index.fields
 
     @property
     def decoded(self) -> bool:
@@ -161,18 +162,13 @@ class ShardedDataset:
         return reader.key(row), reader.read(row), pixels
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        from fastload.decode.cpu import decode_image
-
         key, fields, pixels = self.raw(i)
         out: dict[str, Any] = {"key": key}
-        if pixels is None:
-            field = image_field(fields)
-            if field is None:
-                raise SampleError(self.where(i), f"no image field among {sorted(fields)}")
-            pixels = decode_image(fields.pop(field), self.where(i))
-        out["image"] = pixels
-        if "cls" in fields:
-            out["label"] = parse_label(fields.pop("cls"), self.where(i))
+        field = image_field(fields)
+        if pixels is not None or field is not None:
+            out["image"] = pixels if pixels is not None else decode_field("image", fields.pop(field), self.where(i), field)  # type: ignore[arg-type]
+        if LABEL_FIELD in fields:
+            out["label"] = decode_field("label", fields.pop(LABEL_FIELD), self.where(i), LABEL_FIELD)
         out.update(fields)
         return out
 

@@ -12,6 +12,8 @@ import numpy as np
 import torch
 
 from fastload.dataset import ShardedDataset
+from fastload.field_batch import field_batch
+from fastload.fields import SampleSpec
 from fastload.frameworks import AccelerateEpoch
 from fastload.layout import BatchLayout
 from fastload.options import LoaderOptions
@@ -27,7 +29,8 @@ class EpochInputs:
 
     dataset: ShardedDataset
     options: LoaderOptions
-    image_shape: tuple[int, int, int]
+    sample_spec: SampleSpec  # the fields made of each sample (fields=, map=)
+    image_shape: tuple[int, int, int] | None  # None: the samples hold no image
     device: torch.device | None  # device=, or the Accelerator's
     batch_fn: Callable[[torch.Tensor], torch.Tensor] | None  # Normalize/ToDtype on whole batches
     layout: BatchLayout
@@ -131,6 +134,16 @@ class Epoch:
         for where, reason in skipped:
             inputs.stats.record_skip(where, reason)
         return inputs.layout.shape(images, labels, keys, self.valid(batch_no))
+
+    def _finish_fields(self, columns: dict, values: dict[str, list], keys: list[str], skipped: list, batch_no: int) -> tuple:
+        """A ``fields=`` batch: a tuple in the fields' order, then keys (return_keys) and valid (evaluation)."""
+        inputs = self.inputs
+        for where, reason in skipped:
+            inputs.stats.record_skip(where, reason)
+        batch = field_batch(inputs.sample_spec, columns, values, inputs.device, inputs.batch_fn)
+        options = inputs.options
+        return (batch + ((keys,) if options.return_keys else ())
+                + ((torch.from_numpy(self.valid(batch_no)),) if options.evaluation else ()))
 
     def _end_accelerate(self) -> None:
         if self.accelerate is not None:

@@ -12,10 +12,9 @@ import json
 import os
 from dataclasses import MISSING, asdict, dataclass, field, fields as dataclass_fields
 from pathlib import Path
-from collections.abc import Iterable
 from typing import Literal
 
-from fastload.errors import DatasetIndexError, SampleError
+from fastload.errors import DatasetIndexError
 from fastload.files import atomic_write_bytes, check_relative_path, is_sha256, read_file
 
 FORMAT_NAME = "fastload"
@@ -26,28 +25,9 @@ SKIPPED_REPORT = "skipped.jsonl"
 
 Layout = Literal["wds", "hdf5"]
 LAYOUTS: tuple[str, ...] = ("wds", "hdf5")
-IMAGE_FIELDS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm")
 
 
 MAX_INT = 2**63 - 1  # counts, sizes and labels all fit an int64
-
-
-def image_field(fields: Iterable[str]) -> str | None:
-    """Which of a sample's fields holds its image (the first image extension present), if any."""
-    present = set(fields)
-    return next((f for f in IMAGE_FIELDS if f in present), None)
-
-
-def parse_label(data: bytes, where: str) -> int:
-    """A ``cls`` field's label (decimal ASCII, as the writers store it); a SampleError naming
-    ``where`` when it is not an integer in the int64 range."""
-    try:
-        label = int(data)
-    except ValueError:
-        raise SampleError(where, "cls is not an integer label") from None
-    if not -MAX_INT - 1 <= label <= MAX_INT:
-        raise SampleError(where, "cls is outside the int64 range")
-    return label
 
 
 def _check_sha256(value: object, name: str, optional: bool = False) -> None:

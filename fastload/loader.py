@@ -17,7 +17,7 @@ import hashlib
 import logging
 import os
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -33,6 +33,7 @@ from fastload.frameworks import accelerate_device
 from fastload.layout import BatchLayout
 from fastload.options import LoaderOptions
 from fastload.orders import LoaderOrders
+from fastload.sample_decode import resolve_spec
 from fastload.samplers import (
     BatchIndices,
     BatchRequest,
@@ -131,6 +132,8 @@ class DataLoader(torch.utils.data.DataLoader):
         evaluation: bool = False,
         shuffle_buffer: int | None = None,
         hw_decoder_load: float = 0.65,
+        fields: Sequence[str] | Mapping[str, str] | None = None,
+        map: Callable[[dict, np.random.Generator], dict] | None = None,  # noqa: A002 - the public name
     ) -> None:
         if isinstance(dataset, (str, os.PathLike)):
             dataset = ShardedDataset(dataset)
@@ -142,7 +145,7 @@ class DataLoader(torch.utils.data.DataLoader):
             batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory, drop_last=drop_last, timeout=timeout,
             worker_init_fn=worker_init_fn, prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
             transform=transform, backend=backend, device=device, on_error=on_error, return_keys=return_keys,
-            evaluation=evaluation, shuffle_buffer=shuffle_buffer, hw_decoder_load=hw_decoder_load,
+            evaluation=evaluation, shuffle_buffer=shuffle_buffer, hw_decoder_load=hw_decoder_load, fields=fields, map=map,
         )
         self.dataset = dataset
         self.sharded: ShardedDataset = sharded
@@ -156,8 +159,12 @@ class DataLoader(torch.utils.data.DataLoader):
         self.batch_sampler = LoaderBatchSampler(weakref.proxy(self))
         self.collate_fn = collate
         self.shuffle, self.seed, self.device = options.shuffle, options.seed, options.device
+        # fields= and map=: what the workers make of a sample
+        self.sample_spec = resolve_spec(sharded, options.fields, options.map, options.transform)  # type: ignore[arg-type]
         self.image_shape = self._image_shape()
         self.backend, why = choose_backend(options.backend, sharded.decoded)
+        if self.backend.startswith("dali") and (not self.sample_spec.classic or self.sample_spec.map is not None):
+            raise ValueError("backend='dali' carries images and labels only for now: with fields= or map=, use backend='cpu'")
         if (self.backend, why) not in _logged:
             _logged.add((self.backend, why))
             log.warning("fastload: backend=%s (%s)", self.backend, why)
@@ -174,7 +181,9 @@ class DataLoader(torch.utils.data.DataLoader):
         self._agreed = False
         self._accelerate = False
 
-    def _image_shape(self) -> tuple[int, int, int]:
+    def _image_shape(self) -> tuple[int, int, int] | None:
+        if self.sample_spec.primary is None:
+            return None  # nothing to decode: no transform needed
         ds = self.sharded
         size = output_size(self.options.transform)  # type: ignore[arg-type]
         channels = 3
@@ -224,7 +233,7 @@ class DataLoader(torch.utils.data.DataLoader):
         if previous is not None:
             previous.close()
         inputs = EpochInputs(
-            self.sharded, self.options, self.image_shape, self.device, self._batch_fn, self._batch_layout,
+            self.sharded, self.options, self.sample_spec, self.image_shape, self.device, self._batch_fn, self._batch_layout,
             self.orders, self.state, self.stats, self._accelerate, self._before_epoch,
         )
         iterator = self._engine.epoch(inputs)
@@ -237,6 +246,8 @@ class DataLoader(torch.utils.data.DataLoader):
         position = self.state.upcoming()
         if from_start:
             position = replace(position, consumed=0)
+        if not self.sample_spec.classic or self.sample_spec.map is not None:
+            raise NotImplementedError("loader.batch_sampler batches (a torch DataLoader of this loader's parts) carry images and labels only")
         options = self.options
         request = BatchRequest(options.transform, options.seed, position.epoch, options.on_error,  # type: ignore[arg-type]
                                self.image_shape, self._batch_layout)

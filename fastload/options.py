@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields as dataclass_fields
 from typing import Any, Literal, get_args
 
 import numpy as np
@@ -56,6 +56,8 @@ class LoaderOptions:
     evaluation: bool = fast_path_only(False)
     shuffle_buffer: int | None = fast_path_only(None)
     hw_decoder_load: float = fast_path_only(0.65)
+    fields: Sequence[str] | Mapping[str, str] | None = fast_path_only(None)  # which fields, in what order (fastload.fields)
+    map: Callable[[dict, np.random.Generator], dict] | None = fast_path_only(None)  # user code per decoded sample
     take: tuple[int, ...] | None = None  # the sample indices a Subset / SubsetRandomSampler selects
     drop_remainder: bool = False  # as DistributedSampler(drop_last=True)
     distributed: DistributedSampler | None = None  # a sampler= whose set_epoch the loader follows
@@ -79,6 +81,8 @@ class LoaderOptions:
             raise ValueError("hw_decoder_load is a share of images, between 0 and 1")
         check_on_error(self.on_error)
         object.__setattr__(self, "transform", validate(self.transform))
+        if self.map is not None and not callable(self.map):
+            raise TypeError(f"map= must be a callable (sample: dict, rng: numpy.random.Generator) -> dict, got {self.map!r}")
         if self.rank is not None and self.world_size is not None:
             resolve_rank_world(self.rank, self.world_size)  # refuse an impossible pair now
         if self.backend not in BACKENDS:
@@ -134,4 +138,4 @@ class LoaderOptions:
 
 def fast_path_defaults() -> dict[str, Any]:
     """fastload's own arguments and their defaults: a torch Dataset's loader accepts only these values."""
-    return {f.name: f.default for f in fields(LoaderOptions) if f.metadata.get("fast_path_only")}
+    return {f.name: f.default for f in dataclass_fields(LoaderOptions) if f.metadata.get("fast_path_only")}

@@ -200,6 +200,24 @@ def sample_rng(seed: int, epoch: int, index: int) -> SampleRandom:
     return SampleRandom(seed, epoch, index)
 
 
+_MAP_GENERATOR: list[np.random.Generator] = []  # this process's one Generator for map=, re-seeded per sample
+_PCG_INCREMENT = 0xDA3E39CB94B95BDB_5851F42D4C957F2D  # odd: PCG64's stream constant
+
+
+def sample_generator(seed: int, epoch: int, index: int) -> np.random.Generator:
+    """A numpy Generator for one sample's user augmentation (``map=``): its stream depends only on
+    (seed, epoch, index), apart from the crop's. One per process, re-seeded for each sample
+    (~2 us, where seeding a new PCG64 cost ~25 us: 4% of a decode); valid until the next call."""
+    if not _MAP_GENERATOR:
+        _MAP_GENERATOR.append(np.random.Generator(np.random.PCG64(0)))
+    generator = _MAP_GENERATOR[0]
+    key = SampleRandom(seed, epoch, index)._state
+    state = (_mix64(key ^ 0x3A9) << 64) | _mix64(key ^ 0xA93)
+    generator.bit_generator.state = {"bit_generator": "PCG64", "state": {"state": state, "inc": _PCG_INCREMENT},
+                                     "has_uint32": 0, "uinteger": 0}
+    return generator
+
+
 @dataclass(frozen=True)
 class RankBatches:
     """The batches of one rank for the rest of an epoch: positions into the epoch's order."""

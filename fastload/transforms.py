@@ -276,6 +276,33 @@ def apply_plan(pixels: np.ndarray, plan_: Plan, source_height: int, source_width
     return out[:, :, None] if out.ndim == 2 else out
 
 
+def nearest_into(values: np.ndarray, plan_: Plan, out: np.ndarray) -> None:
+    """Crop, resize and flip an HxW array (a mask's class ids) of the plan's source size into
+    ``out`` by nearest neighbour: each output pixel takes the value under its centre, so no value
+    is ever interpolated. Aligned with :func:`apply_plan`'s image, which samples the same centres."""
+    x0, y0, x1, y1 = plan_.box
+    out_h, out_w = plan_.size
+    cols = np.clip(np.floor(x0 + (np.arange(out_w) + 0.5) * ((x1 - x0) / out_w)).astype(np.intp), 0, values.shape[1] - 1)
+    rows = np.clip(np.floor(y0 + (np.arange(out_h) + 0.5) * ((y1 - y0) / out_h)).astype(np.intp), 0, values.shape[0] - 1)
+    if plan_.flip:
+        cols = cols[::-1]
+    np.copyto(out, values[rows[:, None], cols[None, :]])
+
+
+def map_boxes(boxes: np.ndarray, plan_: Plan) -> np.ndarray:
+    """Boxes (K x 4 float32, x0 y0 x1 y1 in source pixels) through the plan's crop, resize and
+    flip: in output pixels, clipped to the output, boxes left empty dropped."""
+    x0, y0, x1, y1 = plan_.box
+    out_h, out_w = plan_.size
+    scale = np.array([out_w / (x1 - x0), out_h / (y1 - y0)] * 2, dtype=np.float64)
+    mapped = (boxes.astype(np.float64) - np.array([x0, y0, x0, y0])) * scale
+    mapped = np.clip(mapped, 0, [out_w, out_h, out_w, out_h])
+    if plan_.flip:
+        mapped[:, [0, 2]] = out_w - mapped[:, [2, 0]]
+    kept = (mapped[:, 2] > mapped[:, 0]) & (mapped[:, 3] > mapped[:, 1])
+    return mapped[kept].astype(np.float32)
+
+
 def batch_transform(specs: Sequence[Transform]):  # type: ignore[no-untyped-def]
     """A function applying the batch-level specs (Normalize, ToDtype) to a uint8 NCHW tensor."""
     import torch

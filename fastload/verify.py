@@ -11,8 +11,9 @@ from pathlib import Path
 
 from fastload.errors import FastloadError
 from fastload.formats import ShardReader, dataset_file, offsets_name, open_shard, open_shard_files
+from fastload.fields import decode_field, default_role, image_field
 from fastload.files import file_sha256
-from fastload.index import DatasetIndex, ShardInfo, image_field, read_index
+from fastload.index import DatasetIndex, ShardInfo, read_index
 from fastload.remote import is_url
 
 
@@ -51,18 +52,21 @@ def _check_shard(root: Path, index: DatasetIndex, shard: ShardInfo, decode: bool
     except (FastloadError, OSError) as exc:
         report.problems.append(f"{shard.path}: {exc}")
         return
-    _check_contents(lambda: open_shard(root, index, shard), shard, decode, report)
+    _check_contents(lambda: open_shard(root, index, shard), shard, decode, report, bool(index.image_fields))
 
 
-def _check_contents(open_reader: Callable[[], ShardReader], shard: ShardInfo, decode: bool, report: VerifyReport) -> None:
+def _check_contents(
+    open_reader: Callable[[], ShardReader], shard: ShardInfo, decode: bool, report: VerifyReport, images: bool
+) -> None:
     """The shard's structure against the index (sample count; a tar's member headers against its
-    .idx; HDF5 columns against the row count) and, with ``decode``, every image."""
+    .idx; HDF5 columns against the row count) and, with ``decode``, every field (``images``: every
+    sample must have an image)."""
     try:
         reader = open_reader()
         try:
             reader.check()
             if decode:
-                _decode_all(reader, shard, report)
+                _decode_all(reader, shard, report, images)
         finally:
             reader.close()
     except (FastloadError, OSError) as exc:
@@ -78,22 +82,19 @@ def _offsets_match(path: Path, sha256: str) -> bool:
         return False
 
 
-def _decode_all(reader, shard: ShardInfo, report: VerifyReport) -> None:  # type: ignore[no-untyped-def]
-    from fastload.decode.cpu import decode_image
-
-    if getattr(reader, "decoded", False):
-        return  # decoded pixels need no decoding; the checksum covers them
+def _decode_all(reader, shard: ShardInfo, report: VerifyReport, images: bool) -> None:  # type: ignore[no-untyped-def]
+    """Decode every field by its default role (images whole and strictly; labels, text, JSON and
+    .npy arrays parsed); decoded pixels need no decoding, the checksum covers them."""
     for i in range(len(reader)):
         fields = reader.read(i)
-        ext = image_field(fields)
         where = f"{shard.path}:{reader.key(i)}"
-        if ext is None:
+        if images and image_field(fields) is None and not getattr(reader, "decoded", False):
             report.problems.append(f"{where}: no image field among {sorted(fields)}")
-            continue
-        try:
-            decode_image(fields[ext], where)
-        except FastloadError as exc:
-            report.problems.append(str(exc))
+        for name, data in fields.items():
+            try:
+                decode_field(default_role(name), data, where, name)
+            except FastloadError as exc:
+                report.problems.append(str(exc))
 
 
 def verify_dataset(root: str | Path, decode: bool = False) -> VerifyReport:
@@ -124,7 +125,7 @@ def _verify_remote(url: str, decode: bool) -> VerifyReport:
             except (FastloadError, OSError) as exc:  # a failed download, a full disk
                 report.problems.append(f"{shard.path}: {exc}")
                 continue
-            _check_contents(lambda: open_shard_files(ds.index, shard, data, offsets), shard, decode, report)  # noqa: B023
+            _check_contents(lambda: open_shard_files(ds.index, shard, data, offsets), shard, decode, report, bool(ds.index.image_fields))  # noqa: B023
             for path in (data, offsets):
                 if path is not None:
                     path.unlink()

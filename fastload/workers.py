@@ -2,9 +2,10 @@
 
 The batch buffers are one anonymous shared mapping made before the workers fork: nothing is
 named in /dev/shm, so nothing can leak, whatever kills the process tree. A worker gets a part of
-a batch (batch number, slot, first row, sample indices), writes those rows' pixels and labels in
-place, and answers with only the keys and skip records. Workers live as long as the loader,
-across epochs.
+a batch (batch number, slot, first row, sample indices), writes those rows of every stacked field
+(pixels, masks, labels, fixed-shape arrays) in place, and answers with the keys, skip records and
+the fields that travel as lists (text, json, boxes, ragged arrays: parsed values, never shard
+bytes). Workers live as long as the loader, across epochs.
 """
 
 from __future__ import annotations
@@ -24,17 +25,11 @@ from typing import TypeVar
 import numpy as np
 
 from fastload.dataset import ShardedDataset
-from fastload.decode.cpu import decode_image
-from fastload.decode.header import MAX_PIXELS, image_size
 from fastload.errors import FastloadError, SampleError
-from fastload.index import image_field, parse_label
+from fastload.fields import LABEL_FIELD, SampleSpec, classic_spec, image_field, parse_label
+from fastload.sample_decode import PlannedSample, fill_sample, plan_image
 from fastload.sampling import sample_rng
-from fastload.transforms import Plan, Transform, apply_plan, dct_min_size, plan, scaled_box
-
-try:
-    from fastload.decode import _turbo
-except ImportError:  # built without libjpeg headers: the simplejpeg/Pillow path does the work
-    _turbo = None
+from fastload.transforms import Transform
 
 POLL_S = 0.2  # how often a waiting side checks that the other is still alive
 Attempted = TypeVar("Attempted")
@@ -45,35 +40,16 @@ class WorkerError(FastloadError):
     """A worker failed: it raised (traceback included) or died (signal or exit code named)."""
 
 
-@dataclass
-class PlannedSample:
-    """One sample read and planned: encoded bytes (or decoded pixels), its Plan, label and key."""
-
-    key: str
-    where: str
-    label: int
-    plan: Plan
-    height: int
-    width: int
-    data: bytes | None = None
-    pixels: np.ndarray | None = None
-
-
 def plan_sample(ds: ShardedDataset, index: int, specs: Sequence[Transform], seed: int, epoch: int) -> PlannedSample:
     """Read sample ``index`` and plan its transforms from the image header (nothing decoded yet)."""
     key, fields, pixels = ds.raw(index)
-    rng = sample_rng(seed, epoch, index)
     where = f"{ds.index.shards[ds.locate(index)[0]].path}:{key}"
-    label = parse_label(fields["cls"], where) if "cls" in fields else -1
-    if pixels is not None:
-        height, width = pixels.shape[:2]
-        return PlannedSample(key, where, label, plan(specs, height, width, rng), height, width, pixels=pixels)
-    ext = image_field(fields)
-    if ext is None:
-        raise SampleError(where, f"no image field among {sorted(fields)}")
-    data = fields[ext]
-    width, height = image_size(data, where)  # a bomb or an empty image is a SampleError here
-    return PlannedSample(key, where, label, plan(specs, height, width, rng), height, width, data=data)
+    label = parse_label(fields[LABEL_FIELD], where) if LABEL_FIELD in fields else -1
+    if pixels is None:
+        ext = image_field(fields)
+        if ext is None:
+            raise SampleError(where, f"no image field among {sorted(fields)}")
+    return plan_image(key, where, label, pixels if pixels is not None else fields[ext], specs, sample_rng(seed, epoch, index))
 
 
 def with_substitutes(
@@ -99,48 +75,6 @@ def plan_with_substitutes(
     return with_substitutes(ds, index, on_error, skipped, lambda i: plan_sample(ds, i, specs, seed, epoch))
 
 
-def transform_into(ds: ShardedDataset, index: int, specs: Sequence[Transform], seed: int, epoch: int, out: np.ndarray) -> tuple[int, str]:
-    """Read, decode and transform sample ``index`` into ``out`` (C, H, W uint8); return (label or -1, key).
-
-    JPEGs go through the libjpeg-turbo extension when it is built: only the crop's region is
-    decoded, at the smallest sufficient DCT scale, and resampled straight into ``out``; other
-    RGB pixels (PNG, decoded datasets) are resampled by the same extension, the rest by Pillow.
-    """
-    sample = plan_sample(ds, index, specs, seed, epoch)
-    _check_size(sample.plan.size, out, sample.where)
-    pixels = sample.pixels
-    if sample.data is not None:
-        data = sample.data
-        if _turbo is not None and data[:3] == b"\xff\xd8\xff" and out.shape[0] == 3:
-            try:
-                _turbo.decode_crop_into(data, sample.plan.box, out, out.shape[1], out.shape[2], sample.plan.flip, MAX_PIXELS)
-                return sample.label, sample.key
-            except NotImplementedError:
-                pass  # CMYK: the generic path below converts it
-            except ValueError as exc:
-                raise SampleError(sample.where, f"corrupt JPEG: {exc}") from None
-            except MemoryError as exc:  # over the pixel limit by libjpeg's own reading of the header
-                raise SampleError(sample.where, str(exc)) from None
-        min_h, min_w = dct_min_size(sample.plan, sample.height, sample.width)
-        pixels = decode_image(data, sample.where, min_h, min_w)
-    if _turbo is not None and pixels.shape[2] == 3 == out.shape[0]:  # type: ignore[union-attr]
-        height, width = pixels.shape[:2]  # type: ignore[union-attr]
-        box = scaled_box(sample.plan, pixels, sample.height, sample.width)  # type: ignore[arg-type]
-        pixels = np.ascontiguousarray(pixels)
-        _turbo.resample_into(pixels, height, width, box, out, out.shape[1], out.shape[2], sample.plan.flip)
-        return sample.label, sample.key
-    result = apply_plan(pixels, sample.plan, sample.height, sample.width)  # type: ignore[arg-type]
-    if result.shape[2] != out.shape[0]:
-        raise SampleError(sample.where, f"has {result.shape[2]} channels, the batch holds {out.shape[0]}")
-    np.copyto(out, result.transpose(2, 0, 1))
-    return sample.label, sample.key
-
-
-def _check_size(size: tuple[int, int], out: np.ndarray, where: str) -> None:
-    if size != out.shape[1:]:
-        raise SampleError(where, f"transforms give {size[0]}x{size[1]}, the batch holds {out.shape[1]}x{out.shape[2]}")
-
-
 @dataclass
 class BatchResult:
     """A worker's answer for rows ``start`` to ``start + count`` of a batch: where they are, their
@@ -153,9 +87,37 @@ class BatchResult:
     start: int = 0
     keys: list[str] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (where, reason)
+    values: dict[str, list] = field(default_factory=dict)  # fields batched as lists (text, json, boxes, ...), by name
     error: str | None = None  # a worker traceback
     bad_sample: tuple[str, str] | None = None  # (where, reason) of the SampleError that stopped it
     failure: tuple[str, str] | None = None  # (class name, message) of another fastload error that stopped it
+
+
+def fill_fields(
+    ds: ShardedDataset,
+    indices: np.ndarray,
+    spec: SampleSpec,
+    specs: Sequence[Transform],
+    seed: int,
+    epoch: int,
+    on_error: str,
+    columns: dict[str, np.ndarray],
+) -> tuple[list[str], list[tuple[str, str]], dict[str, list]]:
+    """Write the batch's stacked fields into ``columns`` (field key -> its rows); return keys,
+    skips and the other fields' values as lists. With ``on_error="skip"`` a bad sample is replaced
+    by the next readable one (:func:`with_substitutes`)."""
+    keys: list[str] = []
+    skipped: list[tuple[str, str]] = []
+    values: dict[str, list] = {f.key: [] for f in spec.fields if f.key not in columns}
+    for j, index in enumerate(indices.tolist()):
+        rows = {name: column[j, ...] for name, column in columns.items()}  # [j, ...]: a view even of a scalar row
+        key, sample_values = with_substitutes(
+            ds, index, on_error, skipped, lambda i: fill_sample(ds, i, spec, specs, seed, epoch, rows)  # noqa: B023 - called at once
+        )
+        keys.append(key)
+        for name, value in sample_values.items():
+            values[name].append(value)
+    return keys, skipped, values
 
 
 def fill_batch(
@@ -168,42 +130,70 @@ def fill_batch(
     images: np.ndarray,
     labels: np.ndarray,
 ) -> tuple[list[str], list[tuple[str, str]]]:
-    """Write the batch's samples into ``images`` (N,C,H,W) and ``labels``; return keys and skips.
-
-    With ``on_error="skip"`` a bad sample is replaced by the next readable one (:func:`with_substitutes`).
-    """
-    keys: list[str] = []
-    skipped: list[tuple[str, str]] = []
-    for j, index in enumerate(indices.tolist()):
-        labels[j], key = with_substitutes(
-            ds, index, on_error, skipped, lambda i: transform_into(ds, i, specs, seed, epoch, images[j])  # noqa: B023 - called at once
-        )
-        keys.append(key)
+    """A classification batch: the samples' images into ``images`` (N,C,H,W), labels (-1 where
+    none) into ``labels``; return keys and skips (:func:`fill_fields` of the classic spec)."""
+    spec = classic_spec(ds.decoded)
+    image, label = spec.fields
+    keys, skipped, _ = fill_fields(ds, indices, spec, specs, seed, epoch, on_error, {image.key: images, label.key: labels})
     return keys, skipped
 
 
-class BatchBuffers:
-    """``slots`` batch buffers (uint8 images and int64 labels) in one anonymous shared mapping,
-    and which of them are free, being filled, or lent to the caller.
+@dataclass(frozen=True)
+class Column:
+    """A stacked field's place in every batch slot: its name and one sample's shape and dtype."""
 
-    A finished batch's images are *lent*: handed out as a view of the slot, without a copy (a
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def spec_columns(spec: SampleSpec, image_shape: tuple[int, int, int] | None) -> tuple[Column, ...]:
+    """The slot columns of a SampleSpec: images (C, H, W) and masks (H, W) uint8 of the transforms'
+    output size ``image_shape``, labels int64, arrays of their probed shape; in field order."""
+    columns = []
+    for f in spec.fields:
+        if not spec.is_stacked(f):
+            continue
+        if f.role in ("image", "mask"):
+            if image_shape is None:
+                raise ValueError(f"field {f.name}: images vary in size; give a transform with a fixed output size")
+            columns.append(Column(f.key, image_shape if f.role == "image" else image_shape[1:], "uint8"))
+        elif f.role == "label":
+            columns.append(Column(f.key, (), "int64"))
+        else:
+            shape, dtype = spec.layout_of(f.name)  # type: ignore[misc]
+            columns.append(Column(f.key, shape, dtype))
+    return tuple(columns)
+
+
+class BatchBuffers:
+    """``slots`` batch buffers in one anonymous shared mapping, each holding ``batch_size`` rows of
+    every column (a stacked field: uint8 images, int64 labels, masks, arrays), and which slots are
+    free, being filled, or lent to the caller.
+
+    A finished batch's columns are *lent*: handed out as views of the slot, without a copy (a
     fresh 38 MB tensor per 256x224x224 batch cost ~40 ms of page faults, a tenth of the CPU), and
-    the slot is free again when the last reference to that view dies. The caller may keep lent
+    the slot is free again when the last reference to those views dies. The caller may keep lent
     batches as long as it likes; to keep the workers busy, batches beyond ``slots - keep`` lent at
     once are copied instead.
     """
 
-    def __init__(self, slots: int, batch_size: int, image_shape: tuple[int, int, int]) -> None:
-        self.slots, self.batch_size, self.image_shape = slots, batch_size, image_shape
-        self._image_bytes = batch_size * int(np.prod(image_shape))
-        self._slot_bytes = self._image_bytes + batch_size * 8
-        self._slot_bytes += -self._slot_bytes % 64
+    def __init__(self, slots: int, batch_size: int, columns: Sequence[Column]) -> None:
+        self.slots, self.batch_size, self.columns = slots, batch_size, tuple(columns)
+        self._at: dict[str, tuple[int, Column]] = {}  # column name -> (byte offset in a slot, column)
+        offset = 0
+        for column in self.columns:
+            self._at[column.name] = (offset, column)
+            offset += batch_size * int(np.prod(column.shape, dtype=np.int64)) * np.dtype(column.dtype).itemsize
+            offset += -offset % 64
+        self._slot_bytes = max(offset, 64)
         try:
             self.memory = mmap.mmap(-1, slots * self._slot_bytes)  # MAP_SHARED | MAP_ANONYMOUS
         except (OSError, MemoryError) as exc:
+            shapes = ", ".join(f"{c.name} {'x'.join(map(str, c.shape)) or 'scalar'} {c.dtype}" for c in self.columns)
             raise MemoryError(
                 f"cannot allocate the loader's batch slots: {slots} slots of {self._slot_bytes:,} bytes "
-                f"(batch_size={batch_size}, images {'x'.join(map(str, image_shape))}) = {slots * self._slot_bytes:,} bytes "
+                f"(batch_size={batch_size}, {shapes}) = {slots * self._slot_bytes:,} bytes "
                 f"of shared memory ({exc.strerror or type(exc).__name__}); lower batch_size, num_workers or prefetch_factor"
             ) from None
         self._free = list(range(slots))
@@ -247,30 +237,34 @@ class BatchBuffers:
         """At an epoch's start: every slot neither lent nor still being written is free."""
         self._free = [slot for slot in range(self.slots) if slot not in self._lent and slot not in self.filling]
 
-    def lend(self, slot: int, count: int, keep: int) -> np.ndarray | None:
-        """The first ``count`` images of ``slot`` as a view that frees the slot when it dies, or
-        None (the caller copies and gives the slot back) when lending would leave fewer than
-        ``keep`` slots to fill."""
+    def lend(self, slot: int, count: int, keep: int) -> dict[str, np.ndarray] | None:
+        """The first ``count`` rows of every column of ``slot`` as views that free the slot when
+        the last of them dies, or None (the caller copies and gives the slot back) when lending
+        would leave fewer than ``keep`` slots to fill."""
         if len(self._lent) + 1 > self.slots - keep:
             return None
-        view = self.images(slot)[:count]
+        whole = np.frombuffer(self.memory, np.uint8, self._slot_bytes, slot * self._slot_bytes)
         self._lent.add(slot)
-        weakref.finalize(view, self._returned, slot)
-        return view
+        weakref.finalize(whole, self._returned, slot)  # every column view keeps ``whole`` alive
+        return {column.name: self._view(whole, column)[:count] for column in self.columns}
 
     def _returned(self, slot: int) -> None:
         self._lent.discard(slot)
         self._free.append(slot)
 
-    def images(self, slot: int) -> np.ndarray:
-        """The (batch_size, C, H, W) uint8 view of a slot."""
-        return np.frombuffer(self.memory, np.uint8, self._image_bytes, slot * self._slot_bytes).reshape(
-            (self.batch_size, *self.image_shape)
-        )
+    def _view(self, whole: np.ndarray, column: Column) -> np.ndarray:
+        offset, _ = self._at[column.name]
+        size = self.batch_size * int(np.prod(column.shape, dtype=np.int64)) * np.dtype(column.dtype).itemsize
+        return whole[offset : offset + size].view(column.dtype).reshape((self.batch_size, *column.shape))
 
-    def labels(self, slot: int) -> np.ndarray:
-        """The (batch_size,) int64 label view of a slot."""
-        return np.frombuffer(self.memory, np.int64, self.batch_size, slot * self._slot_bytes + self._image_bytes)
+    def column(self, slot: int, name: str) -> np.ndarray:
+        """The (batch_size, *shape) view of column ``name`` in ``slot``."""
+        return self._view(np.frombuffer(self.memory, np.uint8, self._slot_bytes, slot * self._slot_bytes), self._at[name][1])
+
+    def slot_columns(self, slot: int, rows: slice = slice(None)) -> dict[str, np.ndarray]:
+        """Every column of ``slot`` (those ``rows`` of it), by name."""
+        whole = np.frombuffer(self.memory, np.uint8, self._slot_bytes, slot * self._slot_bytes)
+        return {column.name: self._view(whole, column)[rows] for column in self.columns}
 
     def close(self) -> None:
         """Unmap (only once no view of it is alive)."""
@@ -290,6 +284,7 @@ class WorkerConfig:
     on_error: str
     buffers: BatchBuffers
     worker_init_fn: Callable[[int], None] | None
+    sample: SampleSpec  # the fields to make of each sample
 
 
 def _worker_main(worker_id: int, config: WorkerConfig, tasks: multiprocessing.Queue, results: multiprocessing.Queue, parent: int) -> None:
@@ -317,10 +312,9 @@ def _worker_main(worker_id: int, config: WorkerConfig, tasks: multiprocessing.Qu
         run, batch_no, slot, epoch, start, indices = task
         result = BatchResult(run=run, batch_no=batch_no, slot=slot, count=len(indices), start=start)
         try:
-            rows = slice(start, start + len(indices))
-            result.keys, result.skipped = fill_batch(
-                config.dataset, indices, config.specs, config.seed, epoch, config.on_error,
-                config.buffers.images(slot)[rows], config.buffers.labels(slot)[rows],
+            columns = config.buffers.slot_columns(slot, slice(start, start + len(indices)))
+            result.keys, result.skipped, result.values = fill_fields(
+                config.dataset, indices, config.sample, config.specs, config.seed, epoch, config.on_error, columns
             )
         except SampleError as exc:
             result.bad_sample = (exc.where, exc.reason)
@@ -434,4 +428,6 @@ def merge_parts(parts: list[BatchResult]) -> BatchResult:
     for part in parts:
         merged.keys += part.keys
         merged.skipped += part.skipped
+        for name, values in part.values.items():
+            merged.values.setdefault(name, []).extend(values)
     return merged

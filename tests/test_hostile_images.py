@@ -139,7 +139,7 @@ def test_decode_image_takes_the_converters_limit() -> None:
 def test_crop_decoder_checks_the_limit_against_libjpegs_own_reading() -> None:
     """Whatever fastload's header parser made of a file, the crop decoder refuses to allocate
     for an image over the limit as libjpeg reads it."""
-    from fastload.workers import _turbo
+    from fastload.decode.cpu import turbo as _turbo
 
     if _turbo is None:
         pytest.skip("the libjpeg-turbo extension is not built")

@@ -123,7 +123,7 @@ except MemoryError as exc:
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert "cannot allocate the loader's batch slots: 6 slots of 3,221,258,240 bytes" in out.stdout, out.stdout + out.stderr
-    assert "batch_size=4096, images 3x512x512" in out.stdout and "lower batch_size" in out.stdout
+    assert "batch_size=4096, image 3x512x512 uint8" in out.stdout and "lower batch_size" in out.stdout
 
 
 def shm_entries() -> set[str]:

@@ -22,7 +22,7 @@ from fastload.converters import ConvertOptions, WriterOptions, convert
 from fastload import transforms as T
 from fastload.sampling import sample_rng
 from fastload.transforms import Plan, apply_plan, plan, random_resized_crop_params
-from fastload.workers import _turbo
+from fastload.decode.cpu import turbo as _turbo
 from tests.conftest import jpeg_bytes, small_photo
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fastload.dataset import ShardedDataset
-from fastload.index import image_field
+from fastload.fields import LABEL_FIELD, image_field
 
 BACKENDS = ("fastload-cpu", "fastload-dali", "torch", "webdataset", "dali-cpu", "dali-gpu")
 LABEL_DIGITS = 8
@@ -59,7 +59,7 @@ class PillowImages:
         import io
 
         _, fields, pixels = self.shards.raw(i)  # type: ignore[union-attr]
-        label = int(fields.get("cls", b"-1"))
+        label = int(fields.get(LABEL_FIELD, b"-1"))
         if pixels is not None:  # a dataset of decoded pixels
             return Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels), label
         field = image_field(fields)

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from fastload.dataset import ShardedDataset
+from fastload.fields import JPEG_FIELD
 
 
 def _tree_rss() -> float:
@@ -90,7 +91,7 @@ def time_batches(make: Callable[[], Iterable], epochs: int, mean_bytes: float) -
 def ceiling_images(ds: ShardedDataset, limit: int = 600) -> list[bytes]:
     """Up to ``limit`` of the dataset's JPEGs, evenly spread: what the decode ceiling is measured on."""
     step = max(1, len(ds) // limit)
-    return [fields["jpg"] for fields in (ds.raw(i)[1] for i in range(0, len(ds), step)) if "jpg" in fields]
+    return [fields[JPEG_FIELD] for fields in (ds.raw(i)[1] for i in range(0, len(ds), step)) if JPEG_FIELD in fields]
 
 
 def decode_rate(images: list[bytes], threads: int = 1, passes: int = 3) -> float:

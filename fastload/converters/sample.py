@@ -26,11 +26,12 @@ class SourceItem:
 
 @dataclass
 class Sample:
-    """One loaded sample: an encoded image (bytes) or decoded pixels (HWC uint8), a label, extras."""
+    """One loaded sample: an encoded image (bytes), decoded pixels (HWC uint8) or no image, a label,
+    extra fields by extension (text, json, .npy arrays, ...)."""
 
     key: str
     where: str
-    image: bytes | np.ndarray
+    image: bytes | np.ndarray | None
     label: int | None = None
     extra: dict[str, bytes] = field(default_factory=dict)
 

@@ -17,6 +17,7 @@ from fastload.converters.sample import Sample, SourceItem
 from fastload.converters.sources import Source
 from fastload.converters.writers import PreparedSample, open_writer
 from fastload.errors import SampleError
+from fastload.fields import JPEG_FIELD, LABEL_FIELD
 from fastload.index import ShardInfo
 
 if TYPE_CHECKING:
@@ -52,6 +53,10 @@ def prepare_sample(sample: Sample, options: ConvertOptions, decoded_shape: tuple
     """Validate and convert one loaded sample to what the writer stores; raises SampleError."""
     image = sample.image
     decoded = options.writer_options.hdf5_decoded
+    if image is None:  # arrays, text, ...: nothing to clean
+        if decoded:
+            raise SampleError(sample.where, "has no image to store as decoded pixels (--hdf5-decoded)")
+        return PreparedSample(key=sample.key, image_field=None, image=None, label=sample.label, extra=sample.extra)
     if not isinstance(image, bytes):  # pixels from an array source
         field_name = "pixels" if decoded else "png"
         stored: bytes | np.ndarray = image if decoded else encode_png(image)
@@ -59,7 +64,7 @@ def prepare_sample(sample: Sample, options: ConvertOptions, decoded_shape: tuple
         field_name = check_image(image, sample.where, options.max_pixels)
         if options.reencode_quality is not None or options.max_size is not None:
             image = reencode_jpeg(image, sample.where, options.reencode_quality or 95, options.max_size, options.max_pixels)
-            field_name = "jpg"
+            field_name = JPEG_FIELD
         if decoded:
             from fastload.decode.cpu import decode_image  # numpy, simplejpeg: only when decoding
 
@@ -115,10 +120,11 @@ def _write_shard(task: ShardTask) -> ShardResult:
             writer.add(prepared)
             if prepared.label is not None:
                 labels[prepared.label] += 1
-                fields.add("cls")
+                fields.add(LABEL_FIELD)
             fields.update(prepared.extra)
-            fields.add(prepared.image_field)
-            image_fields.add(prepared.image_field)
+            if prepared.image_field is not None:
+                fields.add(prepared.image_field)
+                image_fields.add(prepared.image_field)
         if len(task.plan.items) == len(result.skipped):
             writer.abort()
         else:
@@ -156,15 +162,23 @@ class HashTask:
 
 
 def hash_items(task: HashTask) -> list[str | None]:
-    """sha256 of each item's image content (None where the item cannot be read)."""
+    """sha256 of each item's image content, or of its fields when it has no image (None where the
+    item cannot be read)."""
     digests: list[str | None] = []
     for item in task.items:
         try:
-            image = task.source.load(item).image
+            sample = task.source.load(item)
         except SampleError:
             digests.append(None)
             continue
         sha = hashlib.sha256()
+        image = sample.image
+        if image is None:
+            for ext, value in sorted(sample.extra.items()):
+                sha.update(f"{ext} {len(value)} ".encode())
+                sha.update(value)
+            digests.append(sha.hexdigest())
+            continue
         if not isinstance(image, bytes):  # pixels: the shape counts too
             sha.update(repr(image.shape).encode())
             image = image.tobytes()

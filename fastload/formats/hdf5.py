@@ -1,5 +1,5 @@
 """HDF5 shards read by row: encoded images (``image``) or fixed-size pixels (``pixels``), labels
-(``cls``), keys, and extra fields (``extra/EXT``).
+(the label field's column, ``cls``), keys, and extra fields (``extra/EXT``).
 
 Byte columns written by this version are flat (a group of contiguous ``bytes`` + ``offsets``):
 a value is one ``pread`` at the dataset's file offset. Older shards' variable-length columns are
@@ -15,6 +15,7 @@ import numpy as np
 
 from fastload.columns import PackedStrings, int_column
 from fastload.errors import ShardError
+from fastload.fields import LABEL_FIELD, format_label
 from fastload.files import open_regular
 
 # Decompressed chunks kept per process over its open files (h5py's default is 1 MB a file, a
@@ -140,14 +141,15 @@ class Hdf5ShardReader:
 
         rows, where = self.rows, f"{self.path}: column"
         decode = lambda values: [v.decode() if isinstance(v, bytes) else v for v in values]  # noqa: E731
-        present = {name: f[name] for name in ("key", "cls", "image_format", "pixels") if name in f}
+        present = {name: f[name] for name in ("key", LABEL_FIELD, "image_format", "pixels") if name in f}
         for name, dataset in present.items():
             if not isinstance(dataset, h5py.Dataset) or dataset.shape[:1] != (rows,):
                 raise ShardError(f"{where} {name}: not {rows} rows, as the index says")
         if "key" not in present:
             raise ShardError(f"{where} key: missing")
-        if "cls" in present and (present["cls"].dtype.kind not in "iu" or present["cls"].ndim != 1):
-            raise ShardError(f"{where} cls: not integer labels")
+        labels = present.get(LABEL_FIELD)
+        if labels is not None and (labels.dtype.kind not in "iu" or labels.ndim != 1):
+            raise ShardError(f"{where} {LABEL_FIELD}: not integer labels")
         if "image" in f and "image_format" not in present:
             raise ShardError(f"{where} image_format: missing beside image")
         pixels = present.get("pixels")
@@ -156,7 +158,7 @@ class Hdf5ShardReader:
         extra = f["extra"] if "extra" in f else {}
         return {
             "key": PackedStrings(decode(present["key"][:])),
-            "cls": present["cls"][:] if "cls" in present else None,
+            "labels": labels[:] if labels is not None else None,
             "image_format": list(map(sys.intern, decode(present["image_format"][:]))) if "image_format" in present else None,  # a few shared strings
             "image": ByteColumn(f["image"], self._fd, rows, f"{where} image") if "image" in f else None,  # type: ignore[arg-type]
             "pixels": pixels,
@@ -193,10 +195,10 @@ class Hdf5ShardReader:
         columns = self._columns()
         out: dict[str, bytes] = {}
         try:
-            if columns["image"] is not None:
+            if columns["image"] is not None and columns["image_format"][i]:  # "": this sample has no image
                 out[columns["image_format"][i]] = columns["image"][i]
-            if columns["cls"] is not None:
-                out["cls"] = str(int(columns["cls"][i])).encode()
+            if columns["labels"] is not None:
+                out[LABEL_FIELD] = format_label(int(columns["labels"][i]))
             for ext, column in columns["extra"].items():
                 out[ext] = column[i]
         except OSError as exc:

@@ -8,6 +8,7 @@ import tarfile
 from pathlib import Path
 
 from fastload.errors import DatasetIndexError, SampleError, ShardError
+from fastload.fields import is_field_member
 from fastload.files import open_regular, read_file
 from fastload.formats.idx import parse_dali_index
 
@@ -88,15 +89,15 @@ class TarShardReader:
         return out
 
     def check(self) -> None:
-        """Walk the tar's member headers and check them against the ``.idx``: the same members
-        in the same order, at the same data offsets with the same sizes, all inside the file."""
+        """Walk the tar's member headers and check them against the ``.idx``: the same field members
+        (others, such as a foreign tar's hidden or ``__*__`` files, are no sample's) in the same order, at the same data offsets with the same sizes, all inside the file."""
         listed = self._samples.members()
         found: list[tuple[str, int, int]] = []
         size = 0
         try:
             with os.fdopen(open_regular(self.path), "rb") as f, tarfile.open(fileobj=f, mode="r:") as tar:
                 size = os.fstat(f.fileno()).st_size
-                found = [(m.name, m.offset_data, m.size) for m in tar if m.isreg()]
+                found = [(m.name, m.offset_data, m.size) for m in tar if m.isreg() and is_field_member(m.name)]
         except (tarfile.TarError, OSError, EOFError, ValueError) as exc:  # EOF, bad headers, undecodable names
             if listed:
                 raise ShardError(f"{self.path}: not a readable tar ({type(exc).__name__}) though its .idx lists {len(listed)} members") from None

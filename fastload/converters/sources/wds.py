@@ -10,8 +10,9 @@ from pathlib import Path, PurePosixPath
 from fastload.converters.sample import Sample, SourceItem, file_stamp
 from fastload.converters.sources import SourceOptions
 from fastload.errors import DatasetIndexError, SampleError
+from fastload.fields import LABEL_FIELD, image_field, parse_label
 from fastload.formats.idx import split_member_name
-from fastload.index import image_field, read_index
+from fastload.index import read_index
 
 
 def unsafe_member_reason(name: str) -> str | None:
@@ -52,7 +53,7 @@ def scan_tar(path: Path) -> list[tuple[str, dict[str, tuple[int, int]], str | No
 
 @dataclass(frozen=True)
 class WdsSource:
-    """Samples of tar shards in shard order; ``cls`` gives the label, the image field the image."""
+    """Samples of tar shards in shard order; ``cls`` gives the label, the image field (if any) the image."""
 
     shards: tuple[Path, ...]
     classes: tuple[str, ...] | None
@@ -83,16 +84,8 @@ class WdsSource:
         except OSError as exc:
             raise SampleError(item.where, f"unreadable: {exc.strerror or exc}") from None
         field = image_field(values)
-        if field is None:
-            raise SampleError(item.where, f"no image field among {sorted(values)}")
-        image = values.pop(field)
-        label = None
-        if "cls" in values:
-            text = values.pop("cls").decode(errors="replace").strip()
-            try:
-                label = int(text)
-            except ValueError:
-                raise SampleError(item.where, "cls field is not an integer") from None
+        image = values.pop(field) if field is not None else None
+        label = parse_label(values.pop(LABEL_FIELD), item.where) if LABEL_FIELD in values else None
         return Sample(key=item.key, where=item.where, image=image, label=label, extra=values)
 
 

@@ -23,11 +23,12 @@ SHARD_SUFFIX: dict[str, str] = {"wds": ".tar", "hdf5": ".h5"}
 @dataclass
 class PreparedSample:
     """A cleaned sample ready to write: the image under its field name (``jpg``, ``png``, or
-    ``pixels`` for decoded HWC uint8), an optional label, extra fields by extension."""
+    ``pixels`` for decoded HWC uint8) or none (``image_field`` None), an optional label, extra
+    fields by extension."""
 
     key: str
-    image_field: str
-    image: bytes | np.ndarray
+    image_field: str | None
+    image: bytes | np.ndarray | None
     label: int | None = None
     extra: dict[str, bytes] = field(default_factory=dict)
 

@@ -1,5 +1,5 @@
-"""HDF5 shards: encoded images (or fixed-size decoded pixels), int64 labels, string keys, and the
-schema in attributes.
+"""HDF5 shards: encoded images (or fixed-size decoded pixels, or none), int64 labels, string keys,
+extra fields (text, json, .npy arrays, ...) and the schema in attributes.
 
 Byte strings (encoded images, extra fields) are stored flat: a group holding ``bytes``, every
 value concatenated in one contiguous uint8 dataset, and ``offsets`` (int64, n + 1), value i being
@@ -15,6 +15,7 @@ import h5py
 import numpy as np
 
 from fastload.converters.writers import PreparedSample, WriterOptions, publish, temp_path
+from fastload.fields import LABEL_FIELD
 from fastload.files import file_sha256
 from fastload.index import FORMAT_NAME, FORMAT_VERSION, ShardInfo
 
@@ -52,17 +53,17 @@ class Hdf5ShardWriter:
         f.create_dataset("key", data=np.array([s.key for s in self._samples], dtype=object), dtype=h5py.string_dtype())
         labels = [s.label for s in self._samples]
         if any(label is not None for label in labels):
-            f.create_dataset("cls", data=np.array([-1 if v is None else v for v in labels], dtype=np.int64))
+            f.create_dataset(LABEL_FIELD, data=np.array([-1 if v is None else v for v in labels], dtype=np.int64))
         if self.options.hdf5_decoded:
             pixels = np.stack([s.image for s in self._samples]) if n else np.zeros((0, 0, 0, 0), np.uint8)
             compression = self.options.hdf5_compression
             # compressed: chunks of 64 rows; else contiguous, so a row is one pread at a known offset
             chunks = (min(max(n, 1), 64),) + pixels.shape[1:] if n and compression else None
             f.create_dataset(DECODED_DATASET, data=pixels, chunks=chunks, compression=compression)
-        else:
-            write_byte_column(f, ENCODED_DATASET, [s.image for s in self._samples])  # type: ignore[misc]
+        elif any(s.image is not None for s in self._samples):  # a sample without one: empty bytes, format ""
+            write_byte_column(f, ENCODED_DATASET, [s.image or b"" for s in self._samples])  # type: ignore[misc]
             f.create_dataset(
-                "image_format", data=np.array([s.image_field for s in self._samples], dtype=object),
+                "image_format", data=np.array([s.image_field or "" for s in self._samples], dtype=object),
                 dtype=h5py.string_dtype(),
             )
         for ext in sorted({ext for s in self._samples for ext in s.extra}):

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from fastload.converters.writers import PreparedSample, WriterOptions, publish, temp_path
+from fastload.fields import LABEL_FIELD, format_label
 from fastload.formats.idx import Member, format_dali_index
 from fastload.index import ShardInfo
 
@@ -69,12 +70,13 @@ class WdsShardWriter:
 
     def add(self, sample: PreparedSample) -> None:
         """Write the sample's members, sorted by extension, and remember their offsets."""
-        if not isinstance(sample.image, bytes):
+        if sample.image is not None and not isinstance(sample.image, bytes):
             raise TypeError(f"{sample.key}: tar shards store encoded images, got {type(sample.image).__name__}")
         fields = dict(sample.extra)
-        fields[sample.image_field] = sample.image
+        if sample.image_field is not None:
+            fields[sample.image_field] = sample.image  # type: ignore[assignment]
         if sample.label is not None:
-            fields["cls"] = str(sample.label).encode()
+            fields[LABEL_FIELD] = format_label(sample.label)
         members, parts, pos = [], [], self._pos
         for ext in sorted(fields):
             name, data = f"{sample.key}.{ext}", fields[ext]

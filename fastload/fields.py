@@ -1,0 +1,341 @@
+"""Sample fields, their roles and codecs: the one place that knows what ``jpg``, ``cls`` or
+``npy`` mean (mosaic streaming's ``encodings.py`` idea: a codec per role, a role -> codec registry).
+
+A sample is a key and named fields by extension, as in WebDataset. Each field has a **role**,
+defaulted from its extension (the whole name, else its last dotted part: ``seg.png`` is an image
+unless declared otherwise); ``mask`` and ``boxes`` are only ever declared. The loader asks this
+module which fields to return and how; the workers ask it how to decode each one. Bad bytes are
+a :class:`SampleError` naming the sample and the field, never the bytes.
+
+Kept free of heavy imports (numpy, Pillow load lazily): the converters import it too.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from fastload.errors import SampleError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+Role = Literal["image", "mask", "boxes", "label", "text", "json", "array", "bytes"]
+ROLES: tuple[str, ...] = ("image", "mask", "boxes", "label", "text", "json", "array", "bytes")
+GEOMETRIC_ROLES: tuple[str, ...] = ("image", "mask", "boxes")  # follow the primary image's crop, resize and flip
+DECLARED_ROLES: tuple[str, ...] = ("mask", "boxes")  # never defaulted from an extension
+
+IMAGE_FIELDS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm")
+LABEL_FIELD = "cls"
+JPEG_FIELD = "jpg"  # where a re-encoded image is stored
+DECODED_FIELD = "pixels"  # HDF5 shards of decoded pixels: the image, already decoded
+ARRAY_FIELD = "npy"
+_DEFAULT_ROLES: dict[str, str] = {
+    **{ext: "image" for ext in IMAGE_FIELDS},
+    DECODED_FIELD: "image",
+    LABEL_FIELD: "label",
+    "txt": "text",
+    "text": "text",
+    "json": "json",
+    ARRAY_FIELD: "array",
+}
+MAX_INT = 2**63 - 1  # labels fit an int64
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def default_role(name: str) -> Role:
+    """The role a field has unless declared: from its whole name, else its last dotted part."""
+    role = _DEFAULT_ROLES.get(name) or _DEFAULT_ROLES.get(name.rsplit(".", 1)[-1], "bytes")
+    return role  # type: ignore[return-value]
+
+
+def is_field_member(name: str) -> bool:
+    """Whether a tar member of this name is a sample's field, as webdataset groups them: it has a
+    key and an extension (``KEY.EXT``, the key up to the first dot of its last part) and is
+    neither hidden nor a ``__*__`` metadata file."""
+    base = name.rsplit("/", 1)[-1]
+    key, dot, ext = base.partition(".")
+    return bool(dot and key and ext) and not (base.startswith("__") and key.endswith("__"))
+
+
+def image_field(fields: Iterable[str]) -> str | None:
+    """Which of a sample's fields holds its image (the first image extension present), if any."""
+    present = set(fields)
+    return next((f for f in IMAGE_FIELDS if f in present), None)
+
+
+def has_images(fields: Iterable[str]) -> bool:
+    """Whether any of these field names is an image by default."""
+    return any(default_role(name) == "image" for name in fields)
+
+
+def parse_label(data: bytes, where: str) -> int:
+    """A ``cls`` field's label (decimal ASCII, as the writers store it); a SampleError naming
+    ``where`` when it is not an integer in the int64 range."""
+    try:
+        label = int(data)
+    except ValueError:
+        raise SampleError(where, "cls is not an integer label") from None
+    if not -MAX_INT - 1 <= label <= MAX_INT:
+        raise SampleError(where, "cls is outside the int64 range")
+    return label
+
+
+def format_label(label: int) -> bytes:
+    """How a label is stored as a ``cls`` field (decimal ASCII)."""
+    return str(label).encode()
+
+
+# --- codecs ------------------------------------------------------------------------------------
+
+
+class Codec(Protocol):
+    """Turns one field's stored bytes into its value; a SampleError naming ``where`` and ``field``."""
+
+    def decode(self, data: bytes, where: str, field: str) -> Any: ...
+
+
+class LabelCodec:
+    """``cls``: a decimal integer label."""
+
+    def decode(self, data: bytes, where: str, field: str) -> int:
+        """The int label."""
+        return parse_label(data, where)
+
+
+class TextCodec:
+    """``txt``: UTF-8 text, as a str."""
+
+    def decode(self, data: bytes, where: str, field: str) -> str:
+        """The text."""
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise SampleError(where, f"field {field}: not UTF-8 text (at byte {exc.start})") from None
+
+
+class JsonCodec:
+    """``json``: parsed with the json module only (never anything that can run code)."""
+
+    def decode(self, data: bytes, where: str, field: str) -> Any:
+        """The parsed value."""
+        try:
+            return json.loads(data)
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError names the line and column, not the text
+            raise SampleError(where, f"field {field}: bad JSON ({type(exc).__name__}: {str(exc)[:80]})") from None
+
+
+class ArrayCodec:
+    """``npy``: one NumPy array of any dtype but object (``allow_pickle=False``), read from its
+    header so a header claiming more data than the field holds is refused before allocating."""
+
+    def decode(self, data: bytes, where: str, field: str) -> np.ndarray:
+        """The array (read-only: a view of the field's bytes)."""
+        import numpy as np
+
+        stream = io.BytesIO(data)
+        try:
+            version = np.lib.format.read_magic(stream)
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read_header(stream)
+        except (ValueError, OSError, EOFError, SyntaxError, TypeError) as exc:
+            raise SampleError(where, f"field {field}: not a .npy array ({type(exc).__name__})") from None
+        if dtype.hasobject:
+            raise SampleError(where, f"field {field}: a .npy of Python objects (needs pickle, which fastload never runs)")
+        count = 1
+        for side in shape:
+            count *= side
+        offset = stream.tell()
+        if count * dtype.itemsize != len(data) - offset:
+            raise SampleError(where, f"field {field}: its .npy header promises {count * dtype.itemsize} bytes, it holds {len(data) - offset}")
+        array = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
+        return array.reshape(shape[::-1]).T if fortran else array.reshape(shape)
+
+
+class BoxesCodec:
+    """Declared ``boxes``: K x 4 float boxes (x0, y0, x1, y1 in source pixels) from a ``.npy`` or a
+    JSON list of 4-lists; float32, K may be 0."""
+
+    def decode(self, data: bytes, where: str, field: str) -> np.ndarray:
+        """The (K, 4) float32 boxes."""
+        import numpy as np
+
+        value = ArrayCodec().decode(data, where, field) if data.startswith(_NPY_MAGIC) else JsonCodec().decode(data, where, field)
+        try:
+            boxes = np.asarray(value, dtype=np.float32)
+        except (TypeError, ValueError):
+            raise SampleError(where, f"field {field}: boxes are not numbers") from None
+        if boxes.size == 0:
+            return np.zeros((0, 4), np.float32)
+        if boxes.ndim != 2 or boxes.shape[1] != 4:
+            raise SampleError(where, f"field {field}: boxes must be K x 4 (x0, y0, x1, y1), got shape {list(boxes.shape)}")
+        if not np.isfinite(boxes).all():
+            raise SampleError(where, f"field {field}: boxes hold NaN or infinity")
+        return boxes
+
+
+class ImageCodec:
+    """An encoded image (jpg, png, webp, ...): HWC uint8 RGB, decoded whole (the workers decode
+    only the crop instead: :mod:`fastload.field_decode`)."""
+
+    def decode(self, data: bytes, where: str, field: str) -> np.ndarray:
+        """The HWC uint8 pixels."""
+        from fastload.decode.cpu import decode_image
+
+        return decode_image(data, where)
+
+
+class MaskCodec:
+    """Declared ``mask``: an encoded single-channel image (PNG ``L``/``P``/``1``) whose values are
+    class ids: kept as they are (a palette image's indices, not its colours), HxW uint8."""
+
+    def decode(self, data: bytes, where: str, field: str) -> np.ndarray:
+        """The HxW uint8 class ids."""
+        import numpy as np
+        from PIL import Image
+
+        from fastload.decode.header import image_size
+
+        image_size(data, where)  # the one pixel limit, from the header, before anything is decoded
+        try:
+            with Image.open(io.BytesIO(data)) as im:
+                if im.mode not in ("L", "P", "1"):
+                    raise SampleError(where, f"field {field}: a mask must be a single-channel 8-bit image (L or P), this one is {im.mode}")
+                return np.asarray(im, dtype=np.uint8)
+        except SampleError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - Pillow raises many types for bad data
+            raise SampleError(where, f"field {field}: cannot decode mask: {type(exc).__name__}") from None
+
+
+class BytesCodec:
+    """Anything else: the stored bytes, untouched."""
+
+    def decode(self, data: bytes, where: str, field: str) -> bytes:
+        """The bytes."""
+        return data
+
+
+CODECS: dict[str, Codec] = {
+    "image": ImageCodec(),
+    "mask": MaskCodec(),
+    "boxes": BoxesCodec(),
+    "label": LabelCodec(),
+    "text": TextCodec(),
+    "json": JsonCodec(),
+    "array": ArrayCodec(),
+    "bytes": BytesCodec(),
+}
+
+
+def decode_field(role: str, data: bytes, where: str, field: str) -> Any:
+    """``data`` of field ``field`` decoded by its role's codec."""
+    return CODECS[role].decode(data, where, field)
+
+
+# --- which fields a loader returns ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One requested field: its name (``jpg``, ``seg.png``; ``jpg;png`` takes the first present,
+    as webdataset's ``to_tuple``), its role, whether a sample may lack it (then a label is -1)."""
+
+    name: str
+    role: str
+    optional: bool = False
+    key: str = ""  # its name in the dict ``map=`` sees (default: ``name``)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", self.key or self.name)
+        if not isinstance(self.name, str) or not self.name or any(not part for part in self.name.split(";")):
+            raise ValueError(f"a field name must be a non-empty string such as 'jpg' or 'jpg;png', got {self.name!r}")
+        if self.role not in ROLES:
+            raise ValueError(f"field {self.name}: role must be one of {ROLES}, got {self.role!r}")
+        if self.optional and self.role != "label":
+            raise ValueError(f"field {self.name}: only a label may be optional")
+
+    def find(self, present: Mapping[str, Any] | Iterable[str]) -> str | None:
+        """The stored name this field takes in a sample with ``present`` fields, or None."""
+        for name in self.alternatives:
+            if name in present:
+                return name
+        return None
+
+    @functools.cached_property
+    def alternatives(self) -> tuple[str, ...]:
+        """The stored names it may take, in order of preference."""
+        return tuple(self.name.split(";"))
+
+    @property
+    def stacked(self) -> bool:
+        """Whether values are batched in shared memory (fixed shape), else as a list."""
+        return self.role in ("image", "mask", "label", "array")
+
+
+SampleMap = Callable[[dict, "np.random.Generator"], dict]
+
+
+@dataclass(frozen=True)
+class SampleSpec:
+    """What the workers make of each sample, decided once by the loader: the requested fields in
+    output order, the user's ``map`` and, for stacked arrays, their shape and dtype (from the
+    dataset's first samples). ``classic``: today's batch layout, ``(images, labels)``."""
+
+    fields: tuple[FieldSpec, ...]
+    map: SampleMap | None = None
+    classic: bool = False
+    array_layouts: tuple[tuple[str, tuple[int, ...], str], ...] = ()  # (field name, shape, dtype) of stacked arrays
+
+    def __post_init__(self) -> None:
+        names = [f.name for f in self.fields]
+        if not names:
+            raise ValueError("fields= names no field")
+        if len(set(names)) != len(names):
+            raise ValueError(f"fields= names a field twice: {names}")
+        if self.map is not None and not callable(self.map):
+            raise TypeError(f"map= must be a callable (sample dict, numpy Generator) -> sample dict, got {type(self.map).__name__}")
+        if any(f.role in DECLARED_ROLES for f in self.fields) and self.primary is None:
+            raise ValueError("a mask or boxes field follows an image's crop: fields= must name an image field too")
+
+    @functools.cached_property
+    def primary(self) -> FieldSpec | None:
+        """The first image field: its header plans the geometry of every geometric field."""
+        return next((f for f in self.fields if f.role == "image"), None)
+
+    def layout_of(self, name: str) -> tuple[tuple[int, ...], str] | None:
+        """(shape, dtype) of stacked array field ``name``; None: it is ragged (a list)."""
+        return next(((shape, dtype) for field, shape, dtype in self.array_layouts if field == name), None)
+
+    def is_stacked(self, field: FieldSpec) -> bool:
+        """Whether ``field``'s values go into the batch slots (arrays: when their shape is fixed)."""
+        return field.stacked and (field.role != "array" or self.layout_of(field.name) is not None)
+
+
+def classic_spec(decoded: bool, map: SampleMap | None = None) -> SampleSpec:
+    """Today's classification sample: the image (whatever its extension) and an optional label,
+    seen by ``map`` as ``image`` and ``label``."""
+    image = FieldSpec(DECODED_FIELD if decoded else ";".join(IMAGE_FIELDS), "image", key="image")
+    return SampleSpec(fields=(image, FieldSpec(LABEL_FIELD, "label", optional=True, key="label")), map=map, classic=True)
+
+
+def requested_spec(
+    fields: Sequence[str] | Mapping[str, str] | None, dataset_fields: Sequence[str], decoded: bool,
+    map: SampleMap | None = None, images: bool = False,
+) -> SampleSpec:
+    """The SampleSpec of a loader's ``fields=`` (a sequence of names, or a mapping name -> role)
+    and ``map=``. Without ``fields=``: the classic layout when the dataset has images (or
+    ``images``: the caller expects them), else every field of the dataset in its index's order."""
+    if fields is None:
+        if images or decoded or has_images(dataset_fields):
+            return classic_spec(decoded, map)
+        fields = list(dataset_fields)
+    if isinstance(fields, str):
+        raise TypeError(f"fields= takes a list of field names or a mapping name -> role, got the string {fields!r}")
+    roles = dict(fields) if isinstance(fields, Mapping) else {name: None for name in fields}
+    specs = tuple(FieldSpec(name, role or default_role(name.split(";")[0])) for name, role in roles.items())
+    return SampleSpec(specs, map=map)
