@@ -215,6 +215,23 @@ def test_shard_size_by_bytes(image_folder: Path, tmp_path: Path) -> None:
     assert index.num_samples == 30
 
 
+def test_shards_by_bytes_fill_up_to_the_budget_and_no_further() -> None:
+    """Planning by bytes: each item costs its size hint plus two tar members' overhead; a shard
+    takes items while the sum stays within the budget (a tie fits), and an item larger than the
+    budget gets a shard of its own."""
+    from fastload.converters.plan import TAR_OVERHEAD_PER_MEMBER, assign_shards
+    from fastload.converters.sample import SourceItem
+
+    cost = 1000 + 2 * TAR_OVERHEAD_PER_MEMBER
+    items = [SourceItem(key=f"k{i}", where="", size_hint=1000) for i in range(7)]
+    assert [len(p.items) for p in assign_shards(items, "wds", 3 * cost, None)] == [3, 3, 1]
+    assert [len(p.items) for p in assign_shards(items, "wds", 3 * cost - 1, None)] == [2, 2, 2, 1]
+    assert [len(p.items) for p in assign_shards(items, "wds", cost // 2, None)] == [1] * 7
+    plans = assign_shards(items, "hdf5", None, 3)
+    assert [p.name for p in plans] == ["shard-00000.h5", "shard-00001.h5", "shard-00002.h5"]
+    assert [i.key for p in plans for i in p.items] == [i.key for i in items] and [p.number for p in plans] == [0, 1, 2]
+
+
 def test_shuffle_and_limit_are_deterministic(image_folder: Path, tmp_path: Path) -> None:
     def keys(seed: int, name: str) -> list[str]:
         convert(str(image_folder), str(tmp_path / name), ConvertOptions(source="imagefolder", shuffle=True, seed=seed, limit=10))

@@ -45,6 +45,15 @@ def test_truncated_and_missing_shards_are_caught(converted: Path) -> None:
     assert "BAD shard-00002.tar: missing" in result.stderr
 
 
+def test_a_changed_offset_index_is_caught_by_its_checksum(converted: Path) -> None:
+    """A .idx that still parses and matches its tar (a trailing space) but is not the one indexed."""
+    idx = converted / "shard-00001.idx"
+    idx.write_bytes(idx.read_bytes() + b" ")
+    result = run_cli("verify", str(converted), check=False)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == ["BAD shard-00001.idx: missing or sha256 mismatch (the shard's offset index is corrupted)"]
+
+
 def test_hdf5_flipped_byte_is_caught(image_folder: Path, tmp_path: Path) -> None:
     out = tmp_path / "h5"
     run_cli("convert", str(image_folder), str(out), "--from", "imagefolder", "--to", "hdf5", "--quiet")
