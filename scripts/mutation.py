@@ -189,7 +189,8 @@ def run_tests(root: Path, pytest_args: list[str], timeout: float) -> tuple[str, 
         os.chdir(root)
         sys.path.insert(0, str(root))
         os.environ["PYTHONPATH"] = str(root)
-        os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
+        os.environ["PYTHONDONTWRITEBYTECODE"] = "1"  # for the tests' subprocesses
+        sys.dont_write_bytecode = True  # a mutant as long as the last, written in the same second, would pass a stale .pyc's check
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
@@ -197,20 +198,21 @@ def run_tests(root: Path, pytest_args: list[str], timeout: float) -> tuple[str, 
 
         os._exit(int(pytest.main(["-x", "-q", "-p", "no:cacheprovider", *pytest_args])))
     deadline = start + timeout
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.killpg(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            return "timeout", time.monotonic() - start
-        time.sleep(0.05)
-    code = os.waitstatus_to_exitcode(status)
     try:
-        os.killpg(pid, signal.SIGKILL)  # anything the tests left running
-    except ProcessLookupError:
-        pass
+        while not (finished := os.waitpid(pid, os.WNOHANG))[0]:
+            if time.monotonic() > deadline:
+                return "timeout", time.monotonic() - start
+            time.sleep(0.05)
+    finally:  # a timeout, Ctrl-C or SIGTERM: end the child's group (and anything the tests left running)
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:  # already reaped above
+            pass
+    code = os.waitstatus_to_exitcode(finished[1])
     return ("survived" if code == 0 else "killed"), time.monotonic() - start
 
 
@@ -247,6 +249,8 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="append the outcomes as one JSON line to this file")
     args = parser.parse_args(sys.argv[1:split])
     import numpy, pytest, torch  # noqa: F401,E401  imported once here; each forked mutant run reuses them
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the scratch copy is removed and the child ended
 
     with tempfile.TemporaryDirectory(prefix="fastload-mutation-") as work:
         outcomes = mutate_module(args.target, sys.argv[split + 1 :], Path(work))

@@ -23,7 +23,7 @@ mutate() {  # NAME TARGET PYTEST_ARGS...
 run_module() {
   case "$1" in
     sampling) mutate sampling fastload/sampling.py tests/test_sampling.py tests/test_loader_fast.py \
-                -k "sample_streams or flip or train_crop or every_sample or state_dict or streaming or same_seed or epochs_differ" ;;
+                -k "test_sampling or sample_streams or flip or train_crop or every_sample or state_dict or streaming or same_seed or epochs_differ" ;;
     transforms) mutate transforms fastload/transforms.py tests/test_loader_fast.py \
                 -k "train_crop or offsets or flip or follows or val_preset or center_crop or crop_decoder or normalize or to_dtype or transform_spec or varying" ;;
     index) mutate index fastload/index.py tests/test_untrusted_index.py tests/test_shard_columns.py ;;
