@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fastload.sampling import buffer_shuffle, deal, rank_batches, shard_groups, streaming_order, unseen_groups
+from fastload.sampling import buffer_shuffle, deal, rank_batches, shard_groups, shards_of, streaming_order, unseen_groups
 
 SIZES = [50, 50, 50, 30, 41, 7]
 STARTS = np.concatenate([[0], np.cumsum(SIZES)])
@@ -52,6 +52,7 @@ def test_ranks_read_disjoint_whole_shards_in_equal_batches(drop_last: bool) -> N
     assert len(set(real.tolist())) == len(real)  # nothing real twice
     if drop_last:
         assert all(valid.all() for _, valid in lanes)
+        assert len(order) % (world * batch) == 0  # full batches only
     else:
         assert sorted(real.tolist()) == list(range(sum(SIZES)))
         for samples, valid in lanes:  # padding repeats the lane's own samples
@@ -110,3 +111,41 @@ def test_buffer_shuffle_equals_the_step_by_step_buffer(length: int, buffer_size:
         fast = buffer_shuffle(stream, buffer_size, np.random.default_rng(seed))
         reference = sequential_buffer_shuffle(stream, buffer_size, np.random.default_rng(seed)) if buffer_size > 1 else stream
         assert fast.tolist() == reference.tolist()
+
+
+def test_sample_streams_are_splitmix64() -> None:
+    """The per-sample generator is SplitMix64 (Steele, Lea and Flood 2014): from state 0 it gives the
+    published sequence, which statistical tests alone cannot tell from a weakened mix."""
+    from fastload.sampling import SampleRandom
+
+    stream = SampleRandom(0, 0, 0)
+    stream._state = 0
+    published = [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F]
+    assert [stream.random() for _ in published] == [(v >> 11) * 2.0**-53 for v in published]
+
+
+def test_a_buffer_of_one_streams_each_lane_in_shard_order() -> None:
+    groups = shard_groups(SIZES, 0, 0, False)
+    order = streaming_order(groups, 1, 1, buffer_size=1, drop_last=False, seed=0, epoch=0)
+    assert order.order.tolist() == list(range(sum(SIZES))) and order.valid.all()
+    with pytest.raises(ValueError, match="buffer_size must be >= 1"):
+        streaming_order(groups, 1, 1, buffer_size=0, drop_last=False, seed=0, epoch=0)
+
+
+def test_a_rank_without_shards_repeats_others_as_padding_only() -> None:
+    """Two one-sample shards for three ranks: the third lane holds no sample of its own."""
+    order = streaming_order([np.arange(1), np.arange(1, 2)], 3, 1, 4, False, 0, 0)
+    assert sorted(order.order[order.valid].tolist()) == [0, 1] and order.valid.tolist() == [True, True, False]
+
+
+def test_shards_of_maps_each_index_to_its_shard() -> None:
+    assert shards_of([0, 50, 100, 150], np.array([0, 49, 50, 99, 100, 149])).tolist() == [0, 0, 1, 1, 2, 2]
+
+
+def test_rank_batches_of_one_sample_and_the_position_after_the_last() -> None:
+    plan = rank_batches(10, 0, 1, rank=1, world_size=3, drop_last=False)
+    assert [b.tolist() for b in plan.batches] == [[1], [4], [7], [1]]  # padding: a position from the order's start
+    assert plan.valid(3).tolist() == [False]
+    assert [plan.consumed_after(k) for k in range(5)] == [0, 3, 6, 9, 10]
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        rank_batches(10, 0, 0, 0, 1, False)
