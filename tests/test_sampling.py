@@ -149,3 +149,5 @@ def test_rank_batches_of_one_sample_and_the_position_after_the_last() -> None:
     assert [plan.consumed_after(k) for k in range(5)] == [0, 3, 6, 9, 10]
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
         rank_batches(10, 0, 0, 0, 1, False)
+    with pytest.raises(ValueError, match="rank 3 is outside world size 3"):
+        rank_batches(10, 0, 1, 3, 3, False)
