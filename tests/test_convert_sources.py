@@ -87,8 +87,19 @@ def test_cifar_pixels_are_lossless(cifar10_dir: Path, tmp_path: Path, layout: st
 
 
 def test_cifar_test_split(cifar10_dir: Path, tmp_path: Path) -> None:
+    """--split test reads test_batch: its file names, pixels and labels (checked against the fixture's
+    own pickle, read here with the standard unpickler since the test wrote it)."""
+    import pickle
+
     options = ConvertOptions(source="cifar", source_options=SourceOptions(split="test"))
     assert convert(str(cifar10_dir), str(tmp_path), options).index.num_samples == 4
+    with open(cifar10_dir / "test_batch", "rb") as f:
+        batch = pickle.load(f)
+    pixels = batch[b"data"].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+    samples = read_back(tmp_path)
+    assert [key for key, _ in samples] == [f"test_batch_img{i}" for i in range(4)]
+    assert np.array_equal(np.stack([pixels_of(f["png"]) for _, f in samples]), pixels)
+    assert [int(f["cls"]) for _, f in samples] == batch[b"labels"]
 
 
 def test_cifar_refuses_code_in_pickles(tmp_path: Path) -> None:
@@ -150,8 +161,17 @@ def test_npy_folder_is_memory_mapped(tmp_path: Path) -> None:
     images = np.random.default_rng(3).integers(0, 256, (6, 8, 8), dtype=np.uint8)
     np.save(folder / "images.npy", images)
     np.save(folder / "labels.npy", np.arange(6))
+    source = open_source("npz", str(folder))
+    mapped = {line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines() if len(line.split()) == 6}
+    assert str(folder / "images.npy") in mapped, "images.npy is not memory-mapped"
+    assert np.array_equal(source.load(source.items()[4]).image, images[4][:, :, None])
     index = convert(str(folder), str(tmp_path / "out"), ConvertOptions(source="npz", layout="hdf5", writer_options=WriterOptions(hdf5_decoded=True))).index
     assert index.decoded_shape == (8, 8, 1)
+    import h5py
+
+    with h5py.File(tmp_path / "out" / index.shards[0].path) as f:
+        assert np.array_equal(f["pixels"][:, :, :, 0], images)
+        assert np.array_equal(f["cls"][:], np.arange(6))
 
 
 @pytest.mark.parametrize("layout", ["wds", "hdf5"])
@@ -195,6 +215,23 @@ def test_shard_size_by_bytes(image_folder: Path, tmp_path: Path) -> None:
     assert index.num_samples == 30
 
 
+def test_shards_by_bytes_fill_up_to_the_budget_and_no_further() -> None:
+    """Planning by bytes: each item costs its size hint plus two tar members' overhead; a shard
+    takes items while the sum stays within the budget (a tie fits), and an item larger than the
+    budget gets a shard of its own."""
+    from fastload.converters.plan import TAR_OVERHEAD_PER_MEMBER, assign_shards
+    from fastload.converters.sample import SourceItem
+
+    cost = 1000 + 2 * TAR_OVERHEAD_PER_MEMBER
+    items = [SourceItem(key=f"k{i}", where="", size_hint=1000) for i in range(7)]
+    assert [len(p.items) for p in assign_shards(items, "wds", 3 * cost, None)] == [3, 3, 1]
+    assert [len(p.items) for p in assign_shards(items, "wds", 3 * cost - 1, None)] == [2, 2, 2, 1]
+    assert [len(p.items) for p in assign_shards(items, "wds", cost // 2, None)] == [1] * 7
+    plans = assign_shards(items, "hdf5", None, 3)
+    assert [p.name for p in plans] == ["shard-00000.h5", "shard-00001.h5", "shard-00002.h5"]
+    assert [i.key for p in plans for i in p.items] == [i.key for i in items] and [p.number for p in plans] == [0, 1, 2]
+
+
 def test_shuffle_and_limit_are_deterministic(image_folder: Path, tmp_path: Path) -> None:
     def keys(seed: int, name: str) -> list[str]:
         convert(str(image_folder), str(tmp_path / name), ConvertOptions(source="imagefolder", shuffle=True, seed=seed, limit=10))
@@ -207,25 +244,40 @@ def test_shuffle_and_limit_are_deterministic(image_folder: Path, tmp_path: Path)
 
 
 def test_dedupe_drops_exact_duplicates(image_folder: Path, tmp_path: Path) -> None:
+    """The first occurrence (in source order) is kept with its own label; the later copy, filed
+    under another class, is dropped and reported as a duplicate of it."""
     import shutil
 
     src = tmp_path / "src"
     shutil.copytree(image_folder, src)
-    original = sorted(src.rglob("*.jpg"))
-    (src / "circles" / "zz_copy_a.jpg").write_bytes(original[0].read_bytes())
-    (src / "waves" / "zz_copy_b.jpg").write_bytes(original[5].read_bytes())
+    (src / "stripes" / "zz_copy_a.jpg").write_bytes((src / "circles" / "img_000.jpg").read_bytes())
+    (src / "waves" / "zz_copy_b.jpg").write_bytes((src / "squares" / "img_002.jpg").read_bytes())
     index = convert(str(src), str(tmp_path / "out"), ConvertOptions(source="imagefolder", dedupe=True)).index
     assert index.num_samples == 30 and index.duplicates == 2
+    kept = dict(read_back(tmp_path / "out"))
+    expected = {p.relative_to(image_folder).with_suffix("").as_posix(): p for p in image_folder.rglob("*.jpg")}
+    assert set(kept) == set(expected)
+    for key, path in expected.items():
+        assert kept[key]["jpg"] == path.read_bytes()
+        assert index.classes[int(kept[key]["cls"])] == path.parent.name
     report = [json.loads(line) for line in (tmp_path / "out" / "duplicates.jsonl").read_text().splitlines()]
-    assert {r["key"] for r in report} == {"circles/zz_copy_a", "waves/zz_copy_b"}
+    assert [(r["key"], r["duplicate_of"]) for r in report] == [
+        ("stripes/zz_copy_a", "circles/img_000"), ("waves/zz_copy_b", "squares/img_002")]
+    assert report[0]["where"].endswith("stripes/zz_copy_a.jpg")
 
 
 def test_reencode_and_max_size(image_folder: Path, tmp_path: Path) -> None:
+    """--max-size shrinks the longer side to the limit and keeps the aspect ratio (to the pixel)."""
     options = ConvertOptions(source="imagefolder", reencode_quality=75, max_size=32)
     convert(str(image_folder), str(tmp_path), options)
-    for _, fields in read_back(tmp_path):
+    samples = read_back(tmp_path)
+    assert len(samples) == 30
+    for key, fields in samples:
         image = Image.open(io.BytesIO(fields["jpg"]))
-        assert image.format == "JPEG" and max(image.size) <= 32
+        width, height = Image.open(image_folder / f"{key}.jpg").size
+        scale = 32 / max(width, height)
+        assert image.format == "JPEG" and max(image.size) == 32
+        assert image.size == (round(width * scale), round(height * scale)), key
 
 
 def test_rerun_of_finished_conversion_is_a_no_op_and_other_options_conflict(image_folder: Path, tmp_path: Path) -> None:

@@ -171,7 +171,10 @@ def test_ctrl_c_leaves_no_process_behind(clean: Path, tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(CTRL_C_SCRIPT)
     shm_before = shm_entries()
-    proc = subprocess.Popen([sys.executable, str(script), str(clean)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # SIG_DFL in the child: a suite started with SIGINT ignored (nohup ... &) would pass the
+    # ignoring on, and Python leaves an ignored SIGINT ignored instead of raising KeyboardInterrupt.
+    proc = subprocess.Popen([sys.executable, str(script), str(clean)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout.readline().strip() == "ready"
     time.sleep(1.0)
     tree = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]

@@ -324,6 +324,38 @@ def test_train_crop_follows_torchvision_semantics() -> None:
     assert random_resized_crop_params(1000, 10, (0.9, 1.0), (3 / 4, 4 / 3), sample_rng(0, 0, 0)) == (493, 0, 13, 10)
 
 
+def test_train_crop_offsets_cover_every_position() -> None:
+    """Offsets are uniform over every valid position, edges included: given the crop sizes drawn,
+    the count of crops touching each edge is a sum of known probabilities 1 / (room + 1), and the
+    observed count must lie within 5 standard deviations of it (torchvision's port alike)."""
+    height, width = 300, 400
+
+    def edge_counts(crops: list[tuple[int, int, int, int]]) -> tuple[dict[str, int], dict[str, float], dict[str, float]]:
+        tops, lefts, hs, ws = (np.array(v) for v in zip(*crops))
+        p_rows, p_cols = 1 / (height - hs + 1), 1 / (width - ws + 1)
+        observed = {"top": int((tops == 0).sum()), "bottom": int((tops + hs == height).sum()),
+                    "left": int((lefts == 0).sum()), "right": int((lefts + ws == width).sum())}
+        probabilities = {"top": p_rows, "bottom": p_rows, "left": p_cols, "right": p_cols}
+        expected = {k: float(p.sum()) for k, p in probabilities.items()}
+        sigma = {k: float(np.sqrt((p * (1 - p)).sum())) for k, p in probabilities.items()}
+        return observed, expected, sigma
+
+    ours = [random_resized_crop_params(height, width, (0.08, 1.0), (3 / 4, 4 / 3), sample_rng(0, 0, i)) for i in range(20000)]
+    reference = [torchvision_get_params(height, width, torch.Generator().manual_seed(i)) for i in range(4000)]
+    for crops in (ours, reference):
+        observed, expected, sigma = edge_counts(crops)
+        for edge in observed:
+            assert expected[edge] > 20 * len(crops) / 20000  # enough crops near each edge to tell
+            assert abs(observed[edge] - expected[edge]) < 5 * sigma[edge], (edge, observed, expected)
+    # and uniform in between: the relative position top / room in ten bins (chi-square, 99.9%: 27.9)
+    tops, lefts, hs, ws = (np.array(v) for v in zip(*ours))
+    for offset, room in ((tops, height - hs), (lefts, width - ws)):
+        roomy = room >= 50
+        bins = np.minimum((offset[roomy] / (room[roomy] + 1) * 10).astype(int), 9)
+        counts = np.bincount(bins, minlength=10)
+        assert ((counts - counts.mean()) ** 2 / counts.mean()).sum() < 27.9
+
+
 def test_sample_streams_are_uniform_and_unrelated() -> None:
     """Per-sample streams: uniform within a stream and across neighbouring samples, epochs and
     seeds, and no two neighbours alike (chi-square over 16 bins, 99.9% level: 37.7)."""
@@ -344,11 +376,37 @@ def test_sample_streams_are_uniform_and_unrelated() -> None:
 
 
 def test_flip_probability_and_per_sample_determinism() -> None:
+    """Each sample flips with probability p, independently of its neighbours, of its other epochs
+    and seeds, and of its crop; p = 0 and p = 1 are never / always."""
     specs = T.train(8)
-    flips = [plan(specs, 50, 60, sample_rng(0, 0, i)).flip for i in range(4000)]
-    assert 0.47 < np.mean(flips) < 0.53
-    assert plan(specs, 50, 60, sample_rng(5, 1, 42)) == plan(specs, 50, 60, sample_rng(5, 1, 42))
-    assert plan(specs, 50, 60, sample_rng(5, 1, 42)) != plan(specs, 50, 60, sample_rng(5, 2, 42))
+    plans = [plan(specs, 50, 60, sample_rng(5, 1, i)) for i in range(4000)]
+    flips = np.array([p.flip for p in plans])
+    assert 0.47 < flips.mean() < 0.53
+    other_epoch = np.array([plan(specs, 50, 60, sample_rng(5, 2, i)).flip for i in range(4000)])
+    other_seed = np.array([plan(specs, 50, 60, sample_rng(6, 1, i)).flip for i in range(4000)])
+    for other in (other_epoch, other_seed, np.roll(flips, 1)):
+        assert 0.46 < (flips == other).mean() < 0.54  # agreeing by chance only
+    lefts = np.array([p.box[0] for p in plans])
+    assert abs(np.corrcoef(flips, lefts)[0, 1]) < 0.05
+    never = (T.RandomResizedCrop(8), T.RandomHorizontalFlip(0.0))
+    always = (T.RandomResizedCrop(8), T.RandomHorizontalFlip(1.0))
+    assert not any(plan(never, 50, 60, sample_rng(0, 0, i)).flip for i in range(500))
+    assert all(plan(always, 50, 60, sample_rng(0, 0, i)).flip for i in range(500))
+
+
+def test_augmentation_follows_the_sample_not_its_position(wds: Path) -> None:
+    """A sample's crop and flip depend on (seed, epoch, its index) only: shuffled or not, in
+    whatever batch and worker, each key comes out with the same pixels for the same seed and epoch."""
+    def images(shuffle: bool, num_workers: int, seed: int = 7, epoch: int = 0) -> dict[str, torch.Tensor]:
+        with fastload.DataLoader(wds, batch_size=4, shuffle=shuffle, num_workers=num_workers, transform=T.train(24), seed=seed, return_keys=True) as loader:
+            loader.set_epoch(epoch)
+            return {k: x[j].clone() for x, _, keys in loader for j, k in enumerate(keys)}
+
+    in_order, shuffled = images(False, 0), images(True, 2)
+    assert set(in_order) == set(shuffled) and len(in_order) == 30
+    assert all(torch.equal(in_order[k], shuffled[k]) for k in in_order)
+    for other in (images(False, 0, seed=8), images(False, 0, epoch=1)):  # a new draw for (almost) every sample
+        assert sum(not torch.equal(in_order[k], other[k]) for k in in_order) >= 25
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])

@@ -109,6 +109,22 @@ def test_a_path_leaving_the_dataset_is_refused_when_the_index_is_read(ds_root: P
         assert bad not in str(info.value).replace(str(ds_root), "")
 
 
+@pytest.mark.parametrize("field", ["path", "offsets"])
+def test_a_climbing_path_to_a_valid_twin_is_refused_by_the_loader_and_verify(ds_root: Path, tmp_path: Path, field: str) -> None:
+    """An index whose shard 2 climbs out (``../twin/...``) to a byte-identical, checksum-valid copy
+    of the dataset: neither the loader nor ``fastload verify`` may read it; both name the field."""
+    shutil.copytree(ds_root, tmp_path / "twin")
+    name = {"path": "shard-00002.tar", "offsets": "shard-00002.idx"}[field]
+    edit_index(ds_root, set_shard(2, **{field: f"../twin/{name}"}))
+    message = f"shards[2].{field}: must be a relative path inside the dataset"
+    with pytest.raises(DatasetIndexError, match=re.escape(message)):
+        load(ds_root)
+    with pytest.raises(DatasetIndexError, match=re.escape(message)):
+        fastload.verify_dataset(ds_root)
+    result = run_cli("verify", str(ds_root), check=False)
+    assert result.returncode == 2 and message in result.stderr and "BAD" not in result.stderr
+
+
 def test_paths_inside_the_dataset_read_as_before(ds_root: Path) -> None:
     (ds_root / "sub").mkdir()
     (ds_root / "shard-00001.idx").rename(ds_root / "sub" / "one.idx")

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from fastload import verify_dataset
+from fastload.files import file_sha256
 from tests.conftest import run_cli
 
 
@@ -45,15 +47,45 @@ def test_truncated_and_missing_shards_are_caught(converted: Path) -> None:
     assert "BAD shard-00002.tar: missing" in result.stderr
 
 
+@pytest.mark.parametrize("change", ["trailing space", "missing"])
+def test_a_changed_offset_index_is_caught_by_its_checksum(converted: Path, change: str) -> None:
+    """A .idx that still parses and matches its tar (a trailing space) but is not the one indexed,
+    or none at all."""
+    idx = converted / "shard-00001.idx"
+    if change == "missing":
+        idx.unlink()
+    else:
+        idx.write_bytes(idx.read_bytes() + b" ")
+    result = run_cli("verify", str(converted), check=False)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == ["BAD shard-00001.idx: missing or sha256 mismatch (the shard's offset index is corrupted)"]
+
+
+def test_decode_names_each_sample_whose_image_does_not_decode(corrupt: tuple[Path, set[str]]) -> None:
+    """Checksums cannot see a shard corrupted before it was indexed; --decode does, per key."""
+    root, bad_keys = corrupt
+    assert not verify_dataset(root).ok  # the checksum of shard 1 no longer matches
+    index_path = root / "index.json"
+    data = json.loads(index_path.read_text())
+    data["shards"][1]["sha256"] = file_sha256(root / data["shards"][1]["path"])  # as if written so
+    index_path.write_text(json.dumps(data))
+    assert verify_dataset(root).ok
+    problems = verify_dataset(root, decode=True).problems
+    assert len(problems) == 2 and {p.split(":")[1] for p in problems} == bad_keys
+
+
 def test_hdf5_flipped_byte_is_caught(image_folder: Path, tmp_path: Path) -> None:
     out = tmp_path / "h5"
     run_cli("convert", str(image_folder), str(out), "--from", "imagefolder", "--to", "hdf5", "--quiet")
     assert "OK" in run_cli("verify", str(out), "--decode").stdout
     shard = out / "shard-00000.h5"
     data = bytearray(shard.read_bytes())
-    data[len(data) // 2] ^= 0x10
+    data[len(data) // 2] ^= 0x10  # inside the image bytes: HDF5's structure is intact
     shard.write_bytes(bytes(data))
-    assert run_cli("verify", str(out), check=False).returncode == 1
+    result = run_cli("verify", str(out), check=False)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == ["BAD shard-00000.h5: sha256 mismatch (corrupted)"]
+    assert "FAILED (1 problems)" in result.stdout
 
 
 def test_cli_convert_inspect_and_errors(image_folder: Path, tmp_path: Path) -> None:
