@@ -25,7 +25,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 SETTLE_S = 2.0  # after deleting a previous output (the disk is mounted with online discard)
 
 

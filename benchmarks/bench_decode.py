@@ -16,8 +16,8 @@ import simplejpeg
 
 import fastload
 from fastload import transforms as T
-from fastload.decode.header import MAX_PIXELS
 from fastload.decode.cpu import turbo as _turbo
+from fastload.decode.header import MAX_PIXELS
 from fastload.workers import plan_sample
 
 

@@ -15,6 +15,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -22,8 +23,8 @@ import torch
 from PIL import Image
 
 import fastload
-from fastload.converters import ConvertOptions, WriterOptions, convert
 from fastload import transforms as T
+from fastload.converters import ConvertOptions, WriterOptions, convert
 from fastload.sampling import sample_rng
 from fastload.transforms import apply_plan, plan
 
@@ -33,7 +34,8 @@ class H5Rows(torch.utils.data.Dataset):
     same crop and flip as fastload's, done with Pillow."""
 
     def __init__(self, path: Path, specs: tuple = ()) -> None:
-        self.path, self.file, self.specs = path, None, specs
+        self.path, self.specs = path, specs
+        self.file: Any = None  # an h5py.File, opened in the worker that reads
         with h5py.File(path, "r") as f:
             self.length = len(f["cls"])
 
@@ -58,7 +60,7 @@ def small_photos(folder: Path, out: Path, size: int) -> Path:
     return out
 
 
-def images_per_s(loader) -> float:  # type: ignore[no-untyped-def]
+def images_per_s(loader) -> float:
     start, n = time.perf_counter(), 0
     for images, _ in loader:
         n += len(images)

@@ -37,7 +37,7 @@ def main() -> None:
     args = parser.parse_args()
     split = [list(range(w, args.batches, args.workers)) for w in range(args.workers)]
     run_batches(args.shards, [0], args.batch_size)  # warm the page cache
-    for rounds in range(2):
+    for _ in range(2):
         start = time.perf_counter()
         with ThreadPoolExecutor(args.workers) as pool:
             done = sum(pool.map(lambda part: run_batches(args.shards, part, args.batch_size), split))

@@ -66,7 +66,7 @@ def make_photos(out: Path, count: int, wallpapers: Path, seed: int = 0) -> list[
         raise SystemExit(f"no wallpaper JPEGs under {wallpapers}")
     names = list(sources)
     per_source = -(-count // len(names))
-    written = []
+    written: list[Path] = []
     for name in names:
         with Image.open(sources[name]) as im:
             full = im.convert("RGB")

@@ -9,8 +9,8 @@ import sys
 import time
 
 import fastload
-from fastload.converters import ConvertOptions, convert
 from fastload import transforms as T
+from fastload.converters import ConvertOptions, convert
 
 
 def main(image_folder: str, out: str) -> None:
@@ -20,7 +20,7 @@ def main(image_folder: str, out: str) -> None:
     # every epoch: decode only what each crop needs, in worker processes, batches in shared memory
     loader = fastload.DataLoader(out, batch_size=64, shuffle=True, num_workers=2, transform=T.train(224, normalize=True))
     start, images = time.perf_counter(), 0
-    for batch, labels in loader:
+    for batch, labels in loader:  # noqa: B007 - the last batch's labels are printed below
         images += len(batch)  # a training step goes here
     print(f"{images} images of {loader.dataset.classes} in {time.perf_counter() - start:.1f}s: "
           f"batches of {tuple(batch.shape)} {batch.dtype}, labels {labels[:8].tolist()}...")

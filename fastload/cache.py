@@ -16,10 +16,10 @@ import hashlib
 import os
 import stat
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Iterator
 
 from fastload import remote
 from fastload.errors import DatasetIndexError

@@ -172,7 +172,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="loaders side by side on the same data; data-stall analysis")
     p.add_argument("dataset", help="a converted dataset")
     p.add_argument("--source", type=Path, help="the raw image folder it came from (for the torch baseline)")
-    p.add_argument("--backends", default="fastload-cpu,torch", help=f"comma-separated, from {','.join(BACKENDS)}")  # noqa: E501
+    p.add_argument("--backends", default="fastload-cpu,torch", help=f"comma-separated, from {','.join(BACKENDS)}")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--workers", default="2", help="comma-separated worker counts, e.g. 0,1,2,4")
     p.add_argument("--transform", choices=TRANSFORMS, default="train")

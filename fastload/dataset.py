@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastload.errors import ShardError
-from fastload.formats import ShardReader, offsets_name, open_shard, open_shard_files
 from fastload.fields import LABEL_FIELD, decode_field, image_field
+from fastload.formats import ShardReader, offsets_name, open_shard, open_shard_files
 from fastload.index import INDEX_FILE, DatasetIndex, read_index
 from fastload.remote import is_url
 
@@ -204,7 +204,7 @@ def read_remote_index(url: str, storage_options: dict | None = None) -> DatasetI
     return DatasetIndex.from_json(text, where=where)
 
 
-def open(  # noqa: A001 - the public name is fastload.open
+def open(  # the public name is fastload.open
     path: str | os.PathLike[str],
     cache_dir: str | os.PathLike[str] | None = None,
     cache_size: int | str | None = None,

@@ -4,6 +4,11 @@ index) with the other ranks; and checking that the ranks of a process group agre
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -21,7 +26,7 @@ def resolve_rank_world(rank: int | None = None, world_size: int | None = None) -
     return rank, world_size
 
 
-def _process_group():  # type: ignore[no-untyped-def]
+def _process_group():
     """torch.distributed when a process group is initialized, else None (torch not imported: none)."""
     dist = sys.modules.get("torch.distributed")
     if dist is None or not (dist.is_available() and dist.is_initialized()):
@@ -60,7 +65,7 @@ def local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
-def _collective_device(dist) -> object:  # type: ignore[no-untyped-def]
+def _collective_device(dist) -> torch.device:
     import torch
 
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
@@ -99,7 +104,7 @@ def broadcast_bytes(read: Callable[[], bytes], what: str) -> bytes:
     if dist.get_rank() == 0:
         try:
             data = read()
-        except Exception as exc:  # noqa: BLE001 - re-raised below, after telling the other ranks
+        except Exception as exc:  # re-raised below, after telling the other ranks
             error = exc
     length = torch.tensor([-1 if error else len(data)], dtype=torch.int64, device=device)
     dist.broadcast(length, src=0)

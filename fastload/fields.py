@@ -208,7 +208,7 @@ class MaskCodec:
                 return np.asarray(im, dtype=np.uint8)
         except SampleError:
             raise
-        except Exception as exc:  # noqa: BLE001 - Pillow raises many types for bad data
+        except Exception as exc:  # Pillow raises many types for bad data
             raise SampleError(where, f"field {field}: cannot decode mask: {type(exc).__name__}") from None
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import MISSING, asdict, dataclass, field, fields as dataclass_fields
+from dataclasses import MISSING, asdict, dataclass, field
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Literal
 
@@ -144,7 +145,7 @@ class DatasetIndex:
         return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
     @classmethod
-    def from_json(cls, text: str | bytes, where: str = INDEX_FILE) -> "DatasetIndex":
+    def from_json(cls, text: str | bytes, where: str = INDEX_FILE) -> DatasetIndex:
         """Parse and validate index.json; ``where`` names the file in errors, which name the field
         that is wrong but never repeat what the file holds."""
         try:

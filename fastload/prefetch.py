@@ -45,7 +45,7 @@ class ShardPrefetcher:
                 return
             try:
                 self.dataset.fetch(shard)
-            except BaseException as exc:  # noqa: BLE001 - handed to the main thread by check()
+            except BaseException as exc:  # handed to the main thread by check()
                 self.error = exc
                 return
 

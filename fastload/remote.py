@@ -109,7 +109,7 @@ def filesystem(url: str, storage_options: dict | None = None) -> tuple[Any, str]
     return fs, fs._strip_protocol(url) if protocol not in ("http", "https") else url
 
 
-def _http_timeout():  # type: ignore[no-untyped-def]
+def _http_timeout():
     import aiohttp
 
     seconds = RetryPolicy.from_env().io_timeout
@@ -124,7 +124,7 @@ def retrying(what: str, url: str, fn: Callable[[], T], policy: RetryPolicy | Non
             return fn()
         except FileNotFoundError:
             raise RemoteError(f"{redact(url)}: not found (while trying to {what})") from None
-        except Exception as exc:  # noqa: BLE001 - classified below
+        except Exception as exc:  # classified below
             if not is_transient(exc) or attempt == policy.attempts:
                 tries = f" after {attempt} attempts" if attempt > 1 else ""
                 raise RemoteError(f"{redact(url)}: cannot {what}{tries}: {type(exc).__name__}: {exc}") from exc

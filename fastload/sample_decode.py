@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -123,7 +123,8 @@ def fill_sample(
     planned = None
     primary = spec.primary
     if primary is not None:
-        planned = plan_image(key, where, -1, present[names[primary.name]], specs, sample_rng(seed, epoch, index))
+        image = present[cast(str, names[primary.name])]  # the primary image is never optional: found or raised
+        planned = plan_image(key, where, -1, image, specs, sample_rng(seed, epoch, index))
     for field in spec.fields:
         name = names[field.name]
         if name is None:  # an optional label the sample lacks

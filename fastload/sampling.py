@@ -306,10 +306,10 @@ class OrderSpec:
         groups = shard_groups(list(self.shard_sizes), self.seed, epoch, self.shuffle)
         layouts = [*self.generations, (self.world_size, self.batch_size, 0)]
         for generation, (world, batch, consumed) in enumerate(layouts):
-            order = streaming_order(groups, world, batch, self.shuffle_buffer, self.drop_last, self.seed, epoch, generation)
+            streamed = streaming_order(groups, world, batch, self.shuffle_buffer, self.drop_last, self.seed, epoch, generation)
             if generation < len(self.generations):
-                groups = unseen_groups(order, consumed, lambda indices: shards_of(starts, indices))
-        return order
+                groups = unseen_groups(streamed, consumed, lambda indices: shards_of(starts, indices))
+        return streamed
 
     def batches(self, order_length: int, start: int) -> RankBatches:
         """This rank's batches of an order of ``order_length`` positions, from position ``start``."""

@@ -115,12 +115,12 @@ class TorchMode(torch.utils.data.DataLoader):
     def __len__(self) -> int:
         return torch.utils.data.DataLoader.__len__(self)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # torch annotates its own iterator class
         self._seed_order()
         skip, epoch = self._skip, self._epoch
         total = self._full_length()
         try:
-            batches = torch.utils.data.DataLoader.__iter__(self)  # draws from _index_sampler, past `skip` batches
+            batches: Iterator[Any] = torch.utils.data.DataLoader.__iter__(self)  # draws from _index_sampler, past `skip` batches
         finally:
             self._skip = 0
         if skip and not self._map_style:
@@ -163,9 +163,9 @@ class TorchMode(torch.utils.data.DataLoader):
         self._iterator = None
 
     @property
-    def rank(self) -> int:  # type: ignore[override]
+    def rank(self) -> int:
         return getattr(self.sampler, "rank", 0)
 
     @property
-    def world_size(self) -> int:  # type: ignore[override]
+    def world_size(self) -> int:
         return getattr(self.sampler, "num_replicas", 1)

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastload.errors import FastloadError
-from fastload.formats import ShardReader, dataset_file, offsets_name, open_shard, open_shard_files
 from fastload.fields import decode_field, default_role, image_field
 from fastload.files import file_sha256
+from fastload.formats import ShardReader, dataset_file, offsets_name, open_shard, open_shard_files
 from fastload.index import DatasetIndex, ShardInfo, read_index
 from fastload.remote import is_url
 
@@ -82,7 +82,7 @@ def _offsets_match(path: Path, sha256: str) -> bool:
         return False
 
 
-def _decode_all(reader, shard: ShardInfo, report: VerifyReport, images: bool) -> None:  # type: ignore[no-untyped-def]
+def _decode_all(reader, shard: ShardInfo, report: VerifyReport, images: bool) -> None:
     """Decode every field by its default role (images whole and strictly; labels, text, JSON and
     .npy arrays parsed); decoded pixels need no decoding, the checksum covers them."""
     for i in range(len(reader)):

@@ -49,7 +49,10 @@ def plan_sample(ds: ShardedDataset, index: int, specs: Sequence[Transform], seed
         ext = image_field(fields)
         if ext is None:
             raise SampleError(where, f"no image field among {sorted(fields)}")
-    return plan_image(key, where, label, pixels if pixels is not None else fields[ext], specs, sample_rng(seed, epoch, index))
+        pixels_or_bytes: np.ndarray | bytes = fields[ext]
+    else:
+        pixels_or_bytes = pixels
+    return plan_image(key, where, label, pixels_or_bytes, specs, sample_rng(seed, epoch, index))
 
 
 def with_substitutes(
@@ -194,7 +197,7 @@ class BatchBuffers:
             raise MemoryError(
                 f"cannot allocate the loader's batch slots: {slots} slots of {self._slot_bytes:,} bytes "
                 f"(batch_size={batch_size}, {shapes}) = {slots * self._slot_bytes:,} bytes "
-                f"of shared memory ({exc.strerror or type(exc).__name__}); lower batch_size, num_workers or prefetch_factor"
+                f"of shared memory ({getattr(exc, 'strerror', None) or type(exc).__name__}); lower batch_size, num_workers or prefetch_factor"
             ) from None
         self._free = list(range(slots))
         self._lent: set[int] = set()
@@ -296,7 +299,7 @@ def _worker_main(worker_id: int, config: WorkerConfig, tasks: multiprocessing.Qu
     if config.worker_init_fn is not None:
         try:
             config.worker_init_fn(worker_id)
-        except BaseException:  # noqa: BLE001 - reported to the training process, which raises it
+        except BaseException:  # reported to the training process, which raises it
             error = f"worker_init_fn raised in worker {worker_id} (pid {os.getpid()}):\n{traceback.format_exc()}"
             results.put(BatchResult(run=0, batch_no=INIT_FAILED, slot=-1, count=0, error=error))
             return
@@ -370,13 +373,13 @@ class WorkerPool:
             if timeout and waited >= timeout:
                 raise TimeoutError(f"no batch from the workers within {timeout} s (timeout=)")
 
-    def _death(self, process: multiprocessing.Process) -> str:
+    def _death(self, process: multiprocessing.process.BaseProcess) -> str:
         """What to say of a dead worker: worker_init_fn's traceback when that is what ended it."""
         try:
             while True:
                 result = self._results.get(timeout=POLL_S)
                 if result.batch_no == INIT_FAILED:
-                    return result.error  # type: ignore[return-value]
+                    return result.error
         except queue.Empty:
             pass
         return f"{process.name} (pid {process.pid}) died: {_describe_exit(process.exitcode)}"  # type: ignore[arg-type]

@@ -248,7 +248,7 @@ def main() -> int:
     parser.add_argument("target", help="fastload/MODULE.py or fastload/MODULE.py:function")
     parser.add_argument("--json", type=Path, help="append the outcomes as one JSON line to this file")
     args = parser.parse_args(sys.argv[1:split])
-    import numpy, pytest, torch  # noqa: F401,E401  imported once here; each forked mutant run reuses them
+    import numpy  # noqa: F401  imported once here; each forked mutant run reuses them
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the scratch copy is removed and the child ended
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from fastload.dataset import ShardedDataset
 from fastload.fields import LABEL_FIELD, image_field
+from fastload.formats import offsets_name
 
 BACKENDS = ("fastload-cpu", "fastload-dali", "torch", "webdataset", "dali-cpu", "dali-gpu")
 LABEL_DIGITS = 8
@@ -26,7 +27,8 @@ def make_loader(name: str, ds: ShardedDataset, source: Path | None, specs: tuple
         return lambda: DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers, transform=specs, backend=backend)
     if name == "torch":
         dataset = PillowImages(specs, folder=source) if source else PillowImages(specs, shards=ds)
-        return lambda: torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers)
+        # a map-style dataset by duck typing: torch (imported lazily here) annotates Dataset
+        return lambda: torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers)  # type: ignore[arg-type]
     if name == "webdataset":
         return _webdataset_loader(ds, specs, batch_size, workers)
     if name in ("dali-cpu", "dali-gpu"):
@@ -63,6 +65,8 @@ class PillowImages:
         if pixels is not None:  # a dataset of decoded pixels
             return Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels), label
         field = image_field(fields)
+        if field is None:
+            raise ValueError(f"sample {i} has no image field")
         return Image.open(io.BytesIO(fields[field])), label
 
     def __getitem__(self, i: int) -> tuple[Any, int]:
@@ -90,6 +94,13 @@ def pillow_transform(image: Any, specs: tuple, rng: Any) -> Any:
     return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1)
 
 
+def _local_tars(ds: ShardedDataset, reader: str) -> Path:
+    """The folder of ``ds``'s tar shards; other readers' pipelines need local tars."""
+    if ds.index.layout != "wds" or ds.root is None:
+        raise ValueError(f"{reader} reads local tar shards")
+    return ds.root
+
+
 def _webdataset_loader(ds: ShardedDataset, specs: tuple, batch_size: int, workers: int) -> Callable[[], Iterable]:
     """The webdataset library's own pipeline over the same tars: shard shuffle, sample shuffle,
     Pillow decode, the same crop and flip, batching in the workers."""
@@ -100,9 +111,8 @@ def _webdataset_loader(ds: ShardedDataset, specs: tuple, batch_size: int, worker
     except ImportError:
         raise ImportError("--backends webdataset needs the webdataset library: pip install 'fastload[bench]'") from None
 
-    if ds.index.layout != "wds":
-        raise ValueError("the webdataset loader reads tar shards")
-    urls = [str(ds.root / s.path) for s in ds.index.shards]
+    root = _local_tars(ds, "the webdataset loader")
+    urls = [str(root / s.path) for s in ds.index.shards]
 
     def transform(sample: tuple) -> tuple:
         image, label = sample
@@ -129,17 +139,16 @@ def _dali_loader(ds: ShardedDataset, specs: tuple, batch_size: int, workers: int
 
     dali = import_dali()
     fn, types = dali.fn, dali.types
-    if ds.index.layout != "wds":
-        raise ValueError("DALI's webdataset reader reads tar shards")
+    root = _local_tars(ds, "DALI's webdataset reader")
     if gpu and not torch.cuda.is_available():
         raise RuntimeError("dali-gpu needs a CUDA GPU")
-    paths = [str(ds.root / s.path) for s in ds.index.shards]
-    indexes = [str(ds.root / s.offsets) for s in ds.index.shards]
+    paths = [str(root / s.path) for s in ds.index.shards]
+    indexes = [str(root / offsets_name(s)) for s in ds.index.shards]
     size = T.output_size(specs) or (224, 224)
     train = any(isinstance(s, T.RandomResizedCrop) for s in specs)
 
     @dali.pipeline_def(batch_size=batch_size, num_threads=max(1, workers), device_id=0 if gpu else None)
-    def pipeline():  # type: ignore[no-untyped-def]
+    def pipeline():
         jpegs, labels = fn.readers.webdataset(
             paths=paths, index_paths=indexes, ext=["jpg", "cls"], random_shuffle=True, initial_fill=1024, name="reader"
         )
@@ -169,7 +178,7 @@ class _DaliEpochs:
     def __init__(self, iterator: Any) -> None:
         self.iterator = iterator
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self):
         return ((b[0]["images"], ascii_labels(b[0]["labels"])) for b in self.iterator)
 
 

@@ -20,15 +20,25 @@ import sys
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
+from fastload import remote
 from fastload.converters.engines import Engine, open_engine
 from fastload.converters.lock import locked_output
 from fastload.converters.options import ConvertOptions
 from fastload.converters.plan import ShardPlan, assign_shards, order_items
 from fastload.converters.sample import SourceItem
-from fastload.converters.shard import HashTask, ShardResult, ShardTask, hash_items, naming, prepare_sample, sources_digest, write_shard
+from fastload.converters.shard import (
+    HashTask,
+    ShardResult,
+    ShardTask,
+    hash_items,
+    naming,
+    prepare_sample,
+    sources_digest,
+    write_shard,
+)
 from fastload.converters.sources import Source, open_source
-from fastload import remote
 from fastload.errors import SampleError
 from fastload.files import atomic_write_bytes, fsync_dir
 from fastload.index import INDEX_FILE, SKIPPED_REPORT, DatasetIndex, ShardInfo, read_index, write_index
@@ -189,7 +199,7 @@ def _assemble_index(
 class _NoProgress:
     """Stands in for the progress bar off a terminal (importing tqdm alone costs ~70 ms)."""
 
-    format_dict = {"elapsed": 1.0}
+    format_dict: ClassVar[dict[str, float]] = {"elapsed": 1.0}
 
     def update(self, n: int) -> None:
         """Nothing to show."""
@@ -204,7 +214,7 @@ class _NoProgress:
         return None
 
 
-def _progress(total: int, quiet: bool):  # type: ignore[no-untyped-def]
+def _progress(total: int, quiet: bool):
     """A tqdm bar (images/s, MB/s, ETA) on a terminal; nothing otherwise."""
     if quiet or not sys.stderr.isatty():
         return _NoProgress()
@@ -235,7 +245,7 @@ def _convert(
     src: str, out: Path, url: str | None, options: ConvertOptions, engine: str, quiet: bool, address: str | None
 ) -> ConvertReport:
     partial = out / PARTIAL_DIR
-    fingerprint = {"options": options.fingerprint()}
+    fingerprint: dict[str, Any] = {"options": options.fingerprint()}
     existing = _existing_index(out, url) if not partial.exists() else None
     if existing is not None:
         wanted = options.fingerprint()

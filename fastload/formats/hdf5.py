@@ -35,7 +35,7 @@ class ByteColumn:
     stored contiguously, else an h5py slice) or a variable-length uint8 dataset (older shards).
     Its shape is checked against ``rows`` once, here: ``where`` names the column in the error."""
 
-    def __init__(self, node, fd: int, rows: int, where: str) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, node, fd: int, rows: int, where: str) -> None:
         import h5py
 
         self._vlen = None if isinstance(node, h5py.Group) else node
@@ -66,7 +66,7 @@ class ByteColumn:
         return data
 
 
-def _contiguous_rows(dataset) -> tuple[int, tuple[int, ...], int] | None:  # type: ignore[no-untyped-def]
+def _contiguous_rows(dataset) -> tuple[int, tuple[int, ...], int] | None:
     """(file offset, row shape, row bytes) of a contiguous uint8 dataset, else None."""
     offset = dataset.id.get_offset()  # None when chunked, compressed or empty
     if offset is None or dataset.dtype != np.uint8:
@@ -96,7 +96,7 @@ class Hdf5ShardReader:
         state["_file"], state["_fd"], state["_pid"], state["_cached"] = None, None, -1, None
         return state
 
-    def _h5(self):  # type: ignore[no-untyped-def]
+    def _h5(self):
         if self._file is None or self._pid != os.getpid():
             import h5py
 
@@ -134,7 +134,7 @@ class Hdf5ShardReader:
             self._cached_pid = os.getpid()
         return self._cached
 
-    def _read_columns(self, f) -> dict:  # type: ignore[no-untyped-def]
+    def _read_columns(self, f) -> dict:
         """Read and check the columns: each as many rows as the index says, labels integers,
         pixels of the index's shape (a ShardError naming the column otherwise)."""
         import h5py
@@ -155,7 +155,7 @@ class Hdf5ShardReader:
         pixels = present.get("pixels")
         if self.pixel_shape is not None and (pixels is None or pixels.dtype != np.uint8 or pixels.shape[1:] != self.pixel_shape):
             raise ShardError(f"{where} pixels: not {rows} rows of uint8 pixels of shape {list(self.pixel_shape)}, as the index says")
-        extra = f["extra"] if "extra" in f else {}
+        extra = f.get("extra", {})
         return {
             "key": PackedStrings(decode(present["key"][:])),
             "labels": labels[:] if labels is not None else None,
@@ -210,5 +210,5 @@ class Hdf5ShardReader:
         self._cached = None
         if self._file is not None and self._pid == os.getpid():
             self._file.close()
-            os.close(self._fd)  # type: ignore[arg-type]
+            os.close(self._fd)
         self._file, self._fd = None, None

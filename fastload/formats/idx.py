@@ -65,7 +65,8 @@ class TarMembers:
     def members(self) -> list[tuple[str, int, int]]:
         """Every member as (name, data offset, size), in .idx order."""
         exts, ext_ids = self._exts, self._ext_ids
-        owners = np.repeat(np.arange(len(self)), np.diff(np.frombuffer(self._first, np.int64))).tolist()
+        counts: np.ndarray = np.diff(np.frombuffer(self._first, dtype=np.int64))
+        owners = np.repeat(np.arange(len(self)), counts).tolist()
         return [
             (self.key(owner) + (f".{exts[ext_ids[m]]}" if exts[ext_ids[m]] else ""), self._offsets[m], self._sizes[m])
             for m, owner in enumerate(owners)

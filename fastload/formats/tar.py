@@ -12,7 +12,6 @@ from fastload.fields import is_field_member
 from fastload.files import open_regular, read_file
 from fastload.formats.idx import parse_dali_index
 
-
 MAX_GAP = 4096  # read a sample's fields in one pread when they are at most this far apart in all
 
 

@@ -12,7 +12,7 @@ R = TypeVar("R")
 TASK_RETRIES = 3  # a task whose worker or node is lost, or that hits an OSError, runs again
 
 
-def import_ray():  # type: ignore[no-untyped-def]
+def import_ray():
     """The ray module, or an error naming the extra that installs it."""
     try:
         import ray

@@ -75,9 +75,9 @@ def _load(path: Path) -> ArraySet:
             raise ValueError(f"{path}: array {name} is a scalar, not one row per sample")
     found = ArraySet(images, labels, {f"{name}.{ARRAY_FIELD}": array for name, array in arrays.items()})
     rows = len(found)
-    for name, array in (("images", images), ("labels", labels), *found.arrays.items()):
-        if array is not None and len(array) != rows:
-            raise ValueError(f"{path}: {name} has {len(array)} rows, the other arrays {rows}")
+    for name, column in (("images", images), ("labels", labels), *found.arrays.items()):
+        if column is not None and len(column) != rows:
+            raise ValueError(f"{path}: {name} has {len(column)} rows, the other arrays {rows}")
     return found
 
 

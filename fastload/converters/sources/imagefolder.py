@@ -65,7 +65,7 @@ class ImageFolderSource:
 
     def load(self, item: SourceItem) -> Sample:
         """Read the file's bytes as they are."""
-        rel, label, link = item.ref
+        _, label, link = item.ref
         if link and not self.follow_symlinks:
             target = Path(os.path.realpath(item.where))
             if not target.is_relative_to(self.root):

@@ -13,7 +13,7 @@ from fastload.converters.sample import Sample, SourceItem, file_stamp
 from fastload.converters.sources import SourceOptions
 
 _PREFIX = {"train": "train", "test": "t10k"}
-_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+_IDX_DTYPES: dict[int, str] = {0x08: "u1", 0x09: "i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
 
 def read_idx(path: Path) -> np.ndarray:

@@ -12,7 +12,7 @@ from fastload.converters.sources import SourceOptions
 from fastload.errors import SampleError
 
 
-def import_pyarrow_parquet():  # type: ignore[no-untyped-def]
+def import_pyarrow_parquet():
     """pyarrow.parquet, or an error naming the extra that installs it."""
     try:
         import pyarrow.parquet as pq

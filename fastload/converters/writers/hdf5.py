@@ -55,10 +55,10 @@ class Hdf5ShardWriter:
         if any(label is not None for label in labels):
             f.create_dataset(LABEL_FIELD, data=np.array([-1 if v is None else v for v in labels], dtype=np.int64))
         if self.options.hdf5_decoded:
-            pixels = np.stack([s.image for s in self._samples]) if n else np.zeros((0, 0, 0, 0), np.uint8)
+            pixels = np.stack([np.asarray(s.image) for s in self._samples]) if n else np.zeros((0, 0, 0, 0), np.uint8)
             compression = self.options.hdf5_compression
             # compressed: chunks of 64 rows; else contiguous, so a row is one pread at a known offset
-            chunks = (min(max(n, 1), 64),) + pixels.shape[1:] if n and compression else None
+            chunks = (min(max(n, 1), 64), *pixels.shape[1:]) if n and compression else None
             f.create_dataset(DECODED_DATASET, data=pixels, chunks=chunks, compression=compression)
         elif any(s.image is not None for s in self._samples):  # a sample without one: empty bytes, format ""
             write_byte_column(f, ENCODED_DATASET, [s.image or b"" for s in self._samples])  # type: ignore[misc]

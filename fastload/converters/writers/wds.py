@@ -58,7 +58,7 @@ class WdsShardWriter:
         self.path = path
         self.idx_path = path.with_suffix(".idx")
         self._tmp = temp_path(path)
-        self._file: BinaryIO = open(self._tmp, "wb", buffering=1 << 20)
+        self._file: BinaryIO = open(self._tmp, "wb", buffering=1 << 20)  # noqa: SIM115 - open across add() calls, closed by finish()/abort()
         self._sha = hashlib.sha256()
         self._pos = 0
         self._samples: list[list[Member]] = []
