@@ -36,18 +36,18 @@ class ShardedDataset:
         cache_size: int | str | None = None,
         storage_options: dict | None = None,
     ) -> None:
-        self.url = str(root).rstrip("/") if is_url(root) else None
-        self.root = Path(root) if self.url is None else None
-        if self.url is None:
+        url = str(root).rstrip("/") if is_url(root) else None
+        self.url, self.root = url, (Path(root) if url is None else None)
+        if url is None:
             if cache_dir is not None or cache_size is not None or storage_options is not None:
                 raise ValueError("cache_dir, cache_size and storage_options apply to remote datasets (URLs)")
-            self.index: DatasetIndex = read_index(self.root)  # type: ignore[arg-type]
+            self.index: DatasetIndex = read_index(Path(root))
             self.cache = None
         else:
             from fastload.cache import ShardCache
             from fastload.sizes import parse_size
 
-            self.index = read_remote_index(self.url, storage_options)
+            self.index = read_remote_index(url, storage_options)
             limit = parse_size(cache_size) if isinstance(cache_size, str) else cache_size
             self.cache = ShardCache(cache_dir, limit, storage_options)
             largest = max((shard.bytes for shard in self.index.shards), default=0)
@@ -107,8 +107,8 @@ class ShardedDataset:
         if reader is not None:
             self._readers.move_to_end(shard)
             return reader
-        if self.cache is None:
-            reader = open_shard(self.root, self.index, self.index.shards[shard])  # type: ignore[arg-type]
+        if self.root is not None:
+            reader = open_shard(self.root, self.index, self.index.shards[shard])
         else:
             reader = self._open_cached(shard)
             while len(self._readers) >= MAX_OPEN_REMOTE_SHARDS:
@@ -165,8 +165,10 @@ class ShardedDataset:
         key, fields, pixels = self.raw(i)
         out: dict[str, Any] = {"key": key}
         field = image_field(fields)
-        if pixels is not None or field is not None:
-            out["image"] = pixels if pixels is not None else decode_field("image", fields.pop(field), self.where(i), field)  # type: ignore[arg-type]
+        if pixels is not None:
+            out["image"] = pixels
+        elif field is not None:
+            out["image"] = decode_field("image", fields.pop(field), self.where(i), field)
         if LABEL_FIELD in fields:
             out["label"] = decode_field("label", fields.pop(LABEL_FIELD), self.where(i), LABEL_FIELD)
         out.update(fields)

@@ -76,8 +76,9 @@ def decode_planned(sample: PlannedSample, out: np.ndarray) -> None:
     RGB pixels (PNG, decoded datasets) are resampled by the same extension, the rest by Pillow.
     """
     check_size(sample.plan.size, out.shape[1:], sample.where)
-    pixels = sample.pixels
-    if sample.data is not None:
+    if sample.data is None:
+        pixels = cast(np.ndarray, sample.pixels)  # a PlannedSample holds either bytes or pixels
+    else:
         data = sample.data
         if turbo is not None and data[:3] == b"\xff\xd8\xff" and out.shape[0] == 3:
             try:
@@ -91,16 +92,23 @@ def decode_planned(sample: PlannedSample, out: np.ndarray) -> None:
                 raise SampleError(sample.where, str(exc)) from None
         min_h, min_w = dct_min_size(sample.plan, sample.height, sample.width)
         pixels = decode_image(data, sample.where, min_h, min_w)
-    if turbo is not None and pixels.shape[2] == 3 == out.shape[0]:  # type: ignore[union-attr]
-        height, width = pixels.shape[:2]  # type: ignore[union-attr]
-        box = scaled_box(sample.plan, pixels, sample.height, sample.width)  # type: ignore[arg-type]
+    if turbo is not None and pixels.shape[2] == 3 == out.shape[0]:
+        height, width = pixels.shape[:2]
+        box = scaled_box(sample.plan, pixels, sample.height, sample.width)
         pixels = np.ascontiguousarray(pixels)
         turbo.resample_into(pixels, height, width, box, out, out.shape[1], out.shape[2], sample.plan.flip)
         return
-    result = apply_plan(pixels, sample.plan, sample.height, sample.width)  # type: ignore[arg-type]
+    result = apply_plan(pixels, sample.plan, sample.height, sample.width)
     if result.shape[2] != out.shape[0]:
         raise SampleError(sample.where, f"has {result.shape[2]} channels, the batch holds {out.shape[0]}")
     np.copyto(out, result.transpose(2, 0, 1))
+
+
+def _geometry(planned: PlannedSample | None, where: str, name: str) -> PlannedSample:
+    """The primary image's plan, which masks, boxes and further images follow."""
+    if planned is None:
+        raise SampleError(where, f"field {name} follows an image's crop, and the sample has no image")
+    return planned
 
 
 def check_size(size: tuple[int, ...], holds: tuple[int, ...], where: str) -> None:
@@ -132,18 +140,20 @@ def fill_sample(
             continue
         data = present[name]
         if field.role == "image":
+            geometry = _geometry(planned, where, name)
             if field is primary:
-                decode_planned(planned, rows[field.key])  # type: ignore[arg-type]
+                decode_planned(geometry, rows[field.key])
             else:  # a second image: the primary's plan, so it must be of the same size
-                _check_same_size(image_size(data, where)[::-1], planned, where, field.name)  # type: ignore[arg-type]
-                decode_planned(PlannedSample(key, where, -1, planned.plan, planned.height, planned.width, data=data), rows[field.key])  # type: ignore[union-attr]
+                _check_same_size(image_size(data, where)[::-1], geometry, where, field.name)
+                decode_planned(PlannedSample(key, where, -1, geometry.plan, geometry.height, geometry.width, data=data), rows[field.key])
         elif field.role == "mask":
+            geometry = _geometry(planned, where, name)
             mask = decode_field("mask", data, where, name)
-            _check_same_size(mask.shape, planned, where, name)  # type: ignore[arg-type]
-            check_size(planned.plan.size, rows[field.key].shape, where)  # type: ignore[union-attr]
-            nearest_into(mask, planned.plan, rows[field.key])  # type: ignore[union-attr]
+            _check_same_size(mask.shape, geometry, where, name)
+            check_size(geometry.plan.size, rows[field.key].shape, where)
+            nearest_into(mask, geometry.plan, rows[field.key])
         elif field.role == "boxes":
-            values[field.key] = map_boxes(decode_field("boxes", data, where, name), planned.plan)  # type: ignore[union-attr]
+            values[field.key] = map_boxes(decode_field("boxes", data, where, name), _geometry(planned, where, name).plan)
         elif field.role == "array" and field.key in rows:
             _copy_array(decode_field("array", data, where, name), rows[field.key], where, name)
         elif field.role == "label":
