@@ -10,17 +10,9 @@ import numpy as np
 from fastload.epoch import Epoch, EpochInputs
 from fastload.errors import SampleError, rebuild_error
 from fastload.field_batch import as_tensor, copied
+from fastload.slots import BatchBuffers, spec_columns
 from fastload.state import LoaderState
-from fastload.workers import (
-    BatchBuffers,
-    BatchResult,
-    WorkerConfig,
-    WorkerError,
-    WorkerPool,
-    fill_fields,
-    merge_parts,
-    spec_columns,
-)
+from fastload.workers import BatchResult, WorkerConfig, WorkerError, WorkerPool, fill_fields, merge_parts
 
 LENDABLE_SLOTS = 2  # batch slots beyond the workers' queue, for batches the caller still holds
 MIN_PART = 16  # the fewest samples a worker is given of a batch
