@@ -14,6 +14,7 @@ from torch.utils.data.distributed import DistributedSampler
 from fastload.dist import resolve_rank_world
 from fastload.errors import OnError, check_on_error
 from fastload.samplers import adopt_sampler
+from fastload.torchvision_specs import TorchvisionSteps, is_torchvision_pipeline, translate
 from fastload.transforms import Transform, validate
 
 Backend = Literal["auto", "cpu", "dali"]
@@ -46,7 +47,7 @@ class LoaderOptions:
     prefetch_factor: int | None = None  # torch's values: 2 with workers, None without
     persistent_workers: bool = False  # workers always live as long as the loader
     seed: int = 0
-    transform: Sequence[Transform] | None = fast_path_only(None)  # a tuple once validated
+    transform: Sequence[Transform] | Any = fast_path_only(None)  # specs, or a torchvision pipeline; a tuple of specs once validated
     backend: Backend = fast_path_only("auto")
     device: str | torch.device | None = fast_path_only(None)  # a torch.device once validated
     on_error: OnError = fast_path_only("raise")
@@ -62,6 +63,7 @@ class LoaderOptions:
     drop_remainder: bool = False  # as DistributedSampler(drop_last=True)
     distributed: DistributedSampler | None = None  # a sampler= whose set_epoch the loader follows
     remote: bool = False  # the dataset is a URL: always the streaming order
+    torchvision_steps: TorchvisionSteps | None = None  # what of a torchvision transform= torchvision still runs (set here)
 
     def __post_init__(self) -> None:
         if self.batch_size is None or self.batch_size < 1:
@@ -80,6 +82,10 @@ class LoaderOptions:
         if not 0 <= self.hw_decoder_load <= 1:
             raise ValueError("hw_decoder_load is a share of images, between 0 and 1")
         check_on_error(self.on_error)
+        if is_torchvision_pipeline(self.transform):
+            translation = translate(self.transform)  # logs the steps left to torchvision
+            object.__setattr__(self, "transform", translation.specs)
+            object.__setattr__(self, "torchvision_steps", translation.rest)
         object.__setattr__(self, "transform", validate(self.transform))
         if self.map is not None and not callable(self.map):
             raise TypeError(f"map= must be a callable (sample: dict, rng: numpy.random.Generator) -> dict, got {self.map!r}")
