@@ -40,7 +40,7 @@ from fastload.samplers import (
     BatchRequest,
     LoaderBatchSampler,
     LoaderSampler,
-    collate,
+    LoaderCollate,
     unwrap_subset,
 )
 from fastload.state import LoaderState, read_state_dict
@@ -148,6 +148,7 @@ class DataLoader(torch.utils.data.DataLoader):
         hw_decoder_load: float = 0.65,
         fields: Sequence[str] | Mapping[str, str] | None = None,
         map: Callable[[dict, np.random.Generator], dict] | None = None,  # noqa: A002 - the public name
+        batch_map: Callable[[Any, torch.Generator], Any] | None = None,
     ) -> None:
         if isinstance(dataset, (str, os.PathLike)):
             dataset = ShardedDataset(dataset)
@@ -155,11 +156,12 @@ class DataLoader(torch.utils.data.DataLoader):
         assert sharded is not None  # __new__ sent every other dataset to torch_mode
         self.options = options = LoaderOptions.from_arguments(
             len(dataset), subset, sharded.url is not None, sampler=sampler, batch_sampler=batch_sampler,
-            collate_fn=collate_fn, generator=generator, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
+            generator=generator, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
             batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory, drop_last=drop_last, timeout=timeout,
-            worker_init_fn=worker_init_fn, prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+            worker_init_fn=worker_init_fn, collate_fn=collate_fn, prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
             transform=transform, backend=backend, device=device, on_error=on_error, return_keys=return_keys,
             evaluation=evaluation, shuffle_buffer=shuffle_buffer, hw_decoder_load=hw_decoder_load, fields=fields, map=map,
+            batch_map=batch_map,
         )
         self.dataset = dataset
         self.sharded: ShardedDataset = sharded
@@ -171,7 +173,7 @@ class DataLoader(torch.utils.data.DataLoader):
         self.generator, self.in_order = None, True
         self.sampler = options.distributed if options.distributed is not None else LoaderSampler(weakref.proxy(self))
         self.batch_sampler = LoaderBatchSampler(weakref.proxy(self))
-        self.collate_fn = collate
+        self.collate_fn = LoaderCollate(options.collate_fn)  # also what a torch DataLoader of this loader's parts uses
         self.shuffle, self.seed, self.device = options.shuffle, options.seed, options.device
         # fields= and map=: what the workers make of a sample (a torchvision transform's rest first)
         self.sample_spec = with_torchvision_steps(

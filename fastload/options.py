@@ -20,7 +20,7 @@ from fastload.transforms import Transform, validate
 Backend = Literal["auto", "cpu", "dali"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
 REMOTE_SHUFFLE_BUFFER = 4096  # the streaming order's buffer for a remote dataset without shuffle_buffer=
-TORCH_ONLY = ("batch_sampler", "collate_fn", "generator")  # torch's arguments the fast path refuses
+TORCH_ONLY = ("batch_sampler", "generator")  # torch's arguments the fast path refuses
 
 
 def fast_path_only(default: Any) -> Any:
@@ -44,6 +44,7 @@ class LoaderOptions:
     drop_last: bool = False
     timeout: float = 0
     worker_init_fn: Callable[[int], None] | None = None
+    collate_fn: Callable[[list], Any] | None = None  # None: batches stacked in shared memory; else applied to their samples
     prefetch_factor: int | None = None  # torch's values: 2 with workers, None without
     persistent_workers: bool = False  # workers always live as long as the loader
     seed: int = 0
@@ -59,6 +60,7 @@ class LoaderOptions:
     hw_decoder_load: float = fast_path_only(0.65)
     fields: Sequence[str] | Mapping[str, str] | None = fast_path_only(None)  # which fields, in what order (fastload.fields)
     map: Callable[[dict, np.random.Generator], dict] | None = fast_path_only(None)  # user code per decoded sample
+    batch_map: Callable[[Any, torch.Generator], Any] | None = fast_path_only(None)  # user code per batch, on device
     take: tuple[int, ...] | None = None  # the sample indices a Subset / SubsetRandomSampler selects
     drop_remainder: bool = False  # as DistributedSampler(drop_last=True)
     distributed: DistributedSampler | None = None  # a sampler= whose set_epoch the loader follows
@@ -87,6 +89,10 @@ class LoaderOptions:
             object.__setattr__(self, "transform", translation.specs)
             object.__setattr__(self, "torchvision_steps", translation.rest)
         object.__setattr__(self, "transform", validate(self.transform))
+        if self.collate_fn is not None and not callable(self.collate_fn):
+            raise TypeError(f"collate_fn= must be a callable (list of samples) -> batch, got {self.collate_fn!r}")
+        if self.batch_map is not None and not callable(self.batch_map):
+            raise TypeError(f"batch_map= must be a callable (batch, torch.Generator) -> batch, got {self.batch_map!r}")
         if self.map is not None and not callable(self.map):
             raise TypeError(f"map= must be a callable (sample: dict, rng: numpy.random.Generator) -> dict, got {self.map!r}")
         if self.rank is not None and self.world_size is not None:
@@ -101,16 +107,16 @@ class LoaderOptions:
     @classmethod
     def from_arguments(
         cls, dataset_size: int, subset: np.ndarray | None, remote: bool, *, sampler: Any, batch_sampler: Any,
-        collate_fn: Any, generator: Any, shuffle: bool | None, seed: int, rank: int | None, world_size: int | None,
+        generator: Any, shuffle: bool | None, seed: int, rank: int | None, world_size: int | None,
         **arguments: Any,
     ) -> LoaderOptions:
         """The options of ``fastload.DataLoader(dataset, **arguments)``: ``sampler=`` resolved into
         shuffle, seed, rank, world size and a selection (after ``subset``, a Subset's indices)."""
-        for name, value in zip(TORCH_ONLY, (batch_sampler, collate_fn, generator)):
+        for name, value in zip(TORCH_ONLY, (batch_sampler, generator)):
             if value is not None:
                 raise ValueError(
                     f"{name}= is not used with a fastload dataset: order comes from shuffle/seed/rank "
-                    f"(so it can resume exactly) and batches are assembled in shared memory"
+                    f"(so it can resume exactly)"
                 )
         if sampler is not None and shuffle:
             raise ValueError("sampler option is mutually exclusive with shuffle (as in torch)")
