@@ -24,7 +24,6 @@ from fastload.sampling import SampleRandom
 from fastload.state import LoaderState, Position
 from fastload.stats import LoaderStats
 
-
 RANK_STRIDE = 0x9E3779B97F4A7C15  # spreads the ranks' batch_map seeds apart
 
 

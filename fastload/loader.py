@@ -39,8 +39,8 @@ from fastload.samplers import (
     BatchIndices,
     BatchRequest,
     LoaderBatchSampler,
-    LoaderSampler,
     LoaderCollate,
+    LoaderSampler,
     unwrap_subset,
 )
 from fastload.state import LoaderState, read_state_dict

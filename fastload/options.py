@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields as dataclass_fields
+from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from typing import Any, Literal, get_args
 
 import numpy as np
@@ -112,7 +113,7 @@ class LoaderOptions:
     ) -> LoaderOptions:
         """The options of ``fastload.DataLoader(dataset, **arguments)``: ``sampler=`` resolved into
         shuffle, seed, rank, world size and a selection (after ``subset``, a Subset's indices)."""
-        for name, value in zip(TORCH_ONLY, (batch_sampler, generator)):
+        for name, value in zip(TORCH_ONLY, (batch_sampler, generator), strict=True):
             if value is not None:
                 raise ValueError(
                     f"{name}= is not used with a fastload dataset: order comes from shuffle/seed/rank "
