@@ -1,6 +1,7 @@
 """One pass over a rank's batches, whatever the backend: where it starts (the loader's state), the
 batches it owes, downloads ahead for a remote dataset, accelerate's epoch hooks, and the finishing
-of each batch (device, Normalize/ToDtype, layout). Backends subclass :class:`Epoch`."""
+of each batch (device, Normalize/ToDtype, layout, then ``collate_fn=`` on its samples and
+``batch_map=`` on the whole batch). Backends subclass :class:`Epoch`."""
 
 from __future__ import annotations
 
@@ -15,12 +16,15 @@ from fastload.dataset import ShardedDataset
 from fastload.field_batch import field_batch
 from fastload.fields import SampleSpec
 from fastload.frameworks import AccelerateEpoch
-from fastload.layout import BatchLayout
+from fastload.layout import BatchLayout, samples_of
 from fastload.options import LoaderOptions
 from fastload.orders import LoaderOrders
 from fastload.prefetch import ShardPrefetcher, shards_in_use_order
+from fastload.sampling import SampleRandom
 from fastload.state import LoaderState, Position
 from fastload.stats import LoaderStats
+
+RANK_STRIDE = 0x9E3779B97F4A7C15  # spreads the ranks' batch_map seeds apart
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,11 @@ class Epoch:
         if self.next_yield == len(self.plan.batches) - 1 and self.accelerate is not None:
             self.accelerate.last_batch()
         batch = self._next_batch()
+        options = self.inputs.options
+        if options.collate_fn is not None:
+            batch = options.collate_fn(samples_of(batch))
+        if options.batch_map is not None:
+            batch = options.batch_map(batch, self._batch_generator())
         self.next_yield += 1
         if self.next_yield == len(self.plan.batches):
             self._finish()  # all handed out: the next iter() starts the next epoch
@@ -122,6 +131,16 @@ class Epoch:
 
     def _next_batch(self) -> Any:
         raise NotImplementedError
+
+    def _batch_generator(self) -> torch.Generator:
+        """``batch_map``'s generator for the batch about to be handed out, on the batch's device:
+        seeded from (seed, epoch, global step, rank) only, so a resumed epoch replays it exactly."""
+        step = (self.plan.start + self.next_yield * self.plan.step) // self.plan.step
+        rank = self.inputs.orders.ranks()[0]
+        value = SampleRandom(self.inputs.options.seed, self.epoch, step).integers(0, 2**62) + rank * RANK_STRIDE
+        generator = torch.Generator(device=self.inputs.device or "cpu")
+        generator.manual_seed(value % 2**63)
+        return generator
 
     def _finish_batch(self, images: torch.Tensor, labels: torch.Tensor, keys: list[str], skipped: list, batch_no: int) -> Any:
         """Move to ``device``, apply Normalize/ToDtype there, count skips, shape the batch."""

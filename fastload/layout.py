@@ -1,5 +1,6 @@
 """How the loader hands a batch out: ``(images, labels[, keys][, valid])`` for a labelled dataset,
-else a dict with ``image`` (and ``key``, ``valid``)."""
+else a dict with ``image`` (and ``key``, ``valid``); and the samples a batch is made of, as a
+``collate_fn=`` receives them."""
 
 from __future__ import annotations
 
@@ -29,3 +30,19 @@ class BatchLayout:
         if self.evaluation:
             batch["valid"] = torch.from_numpy(valid)
         return batch
+
+
+def samples_of(batch: tuple | dict) -> list[tuple | dict]:
+    """The samples of a batch in the loader's layout, each of the batch's structure (a tuple, or a
+    dict for an unlabelled dataset) holding its row of every part: a tensor row (a view), a list
+    entry; 0-d rows (labels, ``valid``) as Python scalars, as a torch Dataset usually returns them.
+    ``torch.utils.data.default_collate(samples_of(batch))`` gives back the stacked parts."""
+    names, parts = (list(batch), list(batch.values())) if isinstance(batch, dict) else (None, list(batch))
+    rows = list(zip(*(_rows(part) for part in parts), strict=True))
+    return [dict(zip(names, row, strict=True)) for row in rows] if names is not None else rows
+
+
+def _rows(part: Any) -> list:
+    if isinstance(part, torch.Tensor) and part.ndim == 1:
+        return part.tolist()
+    return list(part.unbind(0)) if isinstance(part, torch.Tensor) else list(part)

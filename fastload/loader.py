@@ -29,6 +29,7 @@ from fastload.dali_epoch import DaliPipeline
 from fastload.dataset import ShardedDataset
 from fastload.dist import check_ranks_agree
 from fastload.epoch import Epoch, EpochInputs
+from fastload.fields import SampleSpec
 from fastload.frameworks import accelerate_device
 from fastload.layout import BatchLayout
 from fastload.options import LoaderOptions
@@ -38,13 +39,14 @@ from fastload.samplers import (
     BatchIndices,
     BatchRequest,
     LoaderBatchSampler,
+    LoaderCollate,
     LoaderSampler,
-    collate,
     unwrap_subset,
 )
 from fastload.state import LoaderState, read_state_dict
 from fastload.stats import LoaderStats
 from fastload.torch_mode import TorchMode
+from fastload.torchvision_specs import TorchvisionSteps, steps_as_map
 from fastload.transforms import Transform, batch_transform, output_size
 
 log = logging.getLogger("fastload")
@@ -74,6 +76,17 @@ def choose_backend(requested: str, decoded_pixels: bool) -> tuple[str, str]:
     return "cpu", "no CUDA GPU; on the CPU fastload's workers beat DALI's CPU pipeline"
 
 
+def with_torchvision_steps(spec: SampleSpec, steps: TorchvisionSteps | None) -> SampleSpec:
+    """``spec`` with a torchvision transform's untranslated steps as its map, on the primary image and
+    its masks, before the user's own ``map=`` (which then sees their result)."""
+    if steps is None:
+        return spec
+    if spec.primary is None:
+        raise ValueError("transform= holds torchvision steps for images; the fields asked for hold none")
+    masks = [f.key for f in spec.fields if f.role == "mask"]
+    return replace(spec, map=steps_as_map(steps, spec.primary.key, masks, then=spec.map))
+
+
 def is_fastload_dataset(dataset: Any) -> bool:
     """Whether ``dataset`` takes the fast path: a converted dataset, its path, or a Subset of one."""
     return isinstance(dataset, (str, os.PathLike)) or unwrap_subset(dataset)[0] is not None
@@ -89,7 +102,8 @@ class DataLoader(torch.utils.data.DataLoader):
     takes effect), a Random/Sequential/SubsetRandomSampler; ``dataset`` may be a ``Subset`` of a
     fastload dataset. Rank and world size are resolved when iteration starts.
 
-    fastload's own: ``transform`` (specs from fastload.transforms), ``backend``, ``device``,
+    fastload's own: ``transform`` (specs from fastload.transforms, or a torchvision Compose, translated by
+    fastload.torchvision_specs), ``backend``, ``device``,
     ``seed``, ``on_error`` ("raise" | "skip"), ``return_keys``, ``rank``/``world_size``,
     ``evaluation`` (every sample once across ranks, padding marked by a ``valid`` tensor),
     ``shuffle_buffer`` (streaming order: each rank reads its own shuffled shards in sequence
@@ -121,7 +135,7 @@ class DataLoader(torch.utils.data.DataLoader):
         prefetch_factor: int | None = None,
         persistent_workers: bool = False,
         *,
-        transform: Sequence[Transform] | None = None,
+        transform: Sequence[Transform] | Any = None,
         backend: str = "auto",
         device: str | torch.device | None = None,
         seed: int = 0,
@@ -134,6 +148,7 @@ class DataLoader(torch.utils.data.DataLoader):
         hw_decoder_load: float = 0.65,
         fields: Sequence[str] | Mapping[str, str] | None = None,
         map: Callable[[dict, np.random.Generator], dict] | None = None,  # noqa: A002 - the public name
+        batch_map: Callable[[Any, torch.Generator], Any] | None = None,
     ) -> None:
         if isinstance(dataset, (str, os.PathLike)):
             dataset = ShardedDataset(dataset)
@@ -141,11 +156,12 @@ class DataLoader(torch.utils.data.DataLoader):
         assert sharded is not None  # __new__ sent every other dataset to torch_mode
         self.options = options = LoaderOptions.from_arguments(
             len(dataset), subset, sharded.url is not None, sampler=sampler, batch_sampler=batch_sampler,
-            collate_fn=collate_fn, generator=generator, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
+            generator=generator, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
             batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory, drop_last=drop_last, timeout=timeout,
-            worker_init_fn=worker_init_fn, prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+            worker_init_fn=worker_init_fn, collate_fn=collate_fn, prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
             transform=transform, backend=backend, device=device, on_error=on_error, return_keys=return_keys,
             evaluation=evaluation, shuffle_buffer=shuffle_buffer, hw_decoder_load=hw_decoder_load, fields=fields, map=map,
+            batch_map=batch_map,
         )
         self.dataset = dataset
         self.sharded: ShardedDataset = sharded
@@ -157,12 +173,17 @@ class DataLoader(torch.utils.data.DataLoader):
         self.generator, self.in_order = None, True
         self.sampler = options.distributed if options.distributed is not None else LoaderSampler(weakref.proxy(self))
         self.batch_sampler = LoaderBatchSampler(weakref.proxy(self))
-        self.collate_fn = collate
+        self.collate_fn = LoaderCollate(options.collate_fn)  # also what a torch DataLoader of this loader's parts uses
         self.shuffle, self.seed, self.device = options.shuffle, options.seed, options.device
-        # fields= and map=: what the workers make of a sample
-        self.sample_spec = resolve_spec(sharded, options.fields, options.map, options.transform)  # type: ignore[arg-type]
+        # fields= and map=: what the workers make of a sample (a torchvision transform's rest first)
+        self.sample_spec = with_torchvision_steps(
+            resolve_spec(sharded, options.fields, options.map, options.transform), options.torchvision_steps)  # type: ignore[arg-type]
         self.image_shape = self._image_shape()
         self.backend, why = choose_backend(options.backend, sharded.decoded)
+        if self.backend.startswith("dali") and options.torchvision_steps is not None:
+            names = ", ".join(type(step).__name__ for step in options.torchvision_steps.steps)
+            raise ValueError(f"transform=: {names} run by torchvision in the CPU workers, which backend='dali' has not: "
+                             "use backend='cpu', or keep to the steps fastload translates")
         if self.backend.startswith("dali") and (not self.sample_spec.classic or self.sample_spec.map is not None):
             raise ValueError("backend='dali' carries images and labels only for now: with fields= or map=, use backend='cpu'")
         if (self.backend, why) not in _logged:

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields as dataclass_fields
+from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from typing import Any, Literal, get_args
 
 import numpy as np
@@ -14,12 +15,13 @@ from torch.utils.data.distributed import DistributedSampler
 from fastload.dist import resolve_rank_world
 from fastload.errors import OnError, check_on_error
 from fastload.samplers import adopt_sampler
+from fastload.torchvision_specs import TorchvisionSteps, is_torchvision_pipeline, translate
 from fastload.transforms import Transform, validate
 
 Backend = Literal["auto", "cpu", "dali"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
 REMOTE_SHUFFLE_BUFFER = 4096  # the streaming order's buffer for a remote dataset without shuffle_buffer=
-TORCH_ONLY = ("batch_sampler", "collate_fn", "generator")  # torch's arguments the fast path refuses
+TORCH_ONLY = ("batch_sampler", "generator")  # torch's arguments the fast path refuses
 
 
 def fast_path_only(default: Any) -> Any:
@@ -43,10 +45,11 @@ class LoaderOptions:
     drop_last: bool = False
     timeout: float = 0
     worker_init_fn: Callable[[int], None] | None = None
+    collate_fn: Callable[[list], Any] | None = None  # None: batches stacked in shared memory; else applied to their samples
     prefetch_factor: int | None = None  # torch's values: 2 with workers, None without
     persistent_workers: bool = False  # workers always live as long as the loader
     seed: int = 0
-    transform: Sequence[Transform] | None = fast_path_only(None)  # a tuple once validated
+    transform: Sequence[Transform] | Any = fast_path_only(None)  # specs, or a torchvision pipeline; a tuple of specs once validated
     backend: Backend = fast_path_only("auto")
     device: str | torch.device | None = fast_path_only(None)  # a torch.device once validated
     on_error: OnError = fast_path_only("raise")
@@ -58,10 +61,12 @@ class LoaderOptions:
     hw_decoder_load: float = fast_path_only(0.65)
     fields: Sequence[str] | Mapping[str, str] | None = fast_path_only(None)  # which fields, in what order (fastload.fields)
     map: Callable[[dict, np.random.Generator], dict] | None = fast_path_only(None)  # user code per decoded sample
+    batch_map: Callable[[Any, torch.Generator], Any] | None = fast_path_only(None)  # user code per batch, on device
     take: tuple[int, ...] | None = None  # the sample indices a Subset / SubsetRandomSampler selects
     drop_remainder: bool = False  # as DistributedSampler(drop_last=True)
     distributed: DistributedSampler | None = None  # a sampler= whose set_epoch the loader follows
     remote: bool = False  # the dataset is a URL: always the streaming order
+    torchvision_steps: TorchvisionSteps | None = None  # what of a torchvision transform= torchvision still runs (set here)
 
     def __post_init__(self) -> None:
         if self.batch_size is None or self.batch_size < 1:
@@ -80,7 +85,15 @@ class LoaderOptions:
         if not 0 <= self.hw_decoder_load <= 1:
             raise ValueError("hw_decoder_load is a share of images, between 0 and 1")
         check_on_error(self.on_error)
+        if is_torchvision_pipeline(self.transform):
+            translation = translate(self.transform)  # logs the steps left to torchvision
+            object.__setattr__(self, "transform", translation.specs)
+            object.__setattr__(self, "torchvision_steps", translation.rest)
         object.__setattr__(self, "transform", validate(self.transform))
+        if self.collate_fn is not None and not callable(self.collate_fn):
+            raise TypeError(f"collate_fn= must be a callable (list of samples) -> batch, got {self.collate_fn!r}")
+        if self.batch_map is not None and not callable(self.batch_map):
+            raise TypeError(f"batch_map= must be a callable (batch, torch.Generator) -> batch, got {self.batch_map!r}")
         if self.map is not None and not callable(self.map):
             raise TypeError(f"map= must be a callable (sample: dict, rng: numpy.random.Generator) -> dict, got {self.map!r}")
         if self.rank is not None and self.world_size is not None:
@@ -95,16 +108,16 @@ class LoaderOptions:
     @classmethod
     def from_arguments(
         cls, dataset_size: int, subset: np.ndarray | None, remote: bool, *, sampler: Any, batch_sampler: Any,
-        collate_fn: Any, generator: Any, shuffle: bool | None, seed: int, rank: int | None, world_size: int | None,
+        generator: Any, shuffle: bool | None, seed: int, rank: int | None, world_size: int | None,
         **arguments: Any,
     ) -> LoaderOptions:
         """The options of ``fastload.DataLoader(dataset, **arguments)``: ``sampler=`` resolved into
         shuffle, seed, rank, world size and a selection (after ``subset``, a Subset's indices)."""
-        for name, value in zip(TORCH_ONLY, (batch_sampler, collate_fn, generator)):
+        for name, value in zip(TORCH_ONLY, (batch_sampler, generator), strict=True):
             if value is not None:
                 raise ValueError(
                     f"{name}= is not used with a fastload dataset: order comes from shuffle/seed/rank "
-                    f"(so it can resume exactly) and batches are assembled in shared memory"
+                    f"(so it can resume exactly)"
                 )
         if sampler is not None and shuffle:
             raise ValueError("sampler option is mutually exclusive with shuffle (as in torch)")

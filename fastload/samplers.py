@@ -12,7 +12,7 @@ loader's parts (Accelerate's ``skip_first_batches``) yields the same pixels.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -22,7 +22,7 @@ from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler, Sub
 from torch.utils.data.distributed import DistributedSampler
 
 from fastload.dataset import ShardedDataset
-from fastload.layout import BatchLayout
+from fastload.layout import BatchLayout, samples_of
 from fastload.state import LoaderState
 
 if TYPE_CHECKING:
@@ -207,18 +207,25 @@ class PlannedBatch:
     request: BatchRequest
 
 
-def collate(batch: Any) -> Any:
+@dataclass(frozen=True)
+class LoaderCollate:
     """``loader.collate_fn``: a :class:`PlannedBatch` in the loader's batch layout (Normalize/ToDtype
-    applied here, on the CPU); anything else as torch's default_collate."""
-    if not isinstance(batch, PlannedBatch):
-        return torch.utils.data.default_collate(batch)
-    from fastload.transforms import batch_transform
+    applied here, on the CPU), then through the loader's ``collate_fn=`` as its samples; a list of
+    samples through ``collate_fn=``, else torch's default_collate."""
 
-    images = batch.images
-    batch_fn = batch_transform(batch.request.specs)
-    if batch_fn is not None:
-        images = batch_fn(images)
-    return batch.request.layout.shape(images, batch.labels, batch.keys, batch.valid)
+    user: Callable[[list], Any] | None = None  # the loader's collate_fn=
+
+    def __call__(self, batch: Any) -> Any:
+        if not isinstance(batch, PlannedBatch):
+            return (self.user or torch.utils.data.default_collate)(batch)
+        from fastload.transforms import batch_transform
+
+        images = batch.images
+        batch_fn = batch_transform(batch.request.specs)
+        if batch_fn is not None:
+            images = batch_fn(images)
+        shaped = batch.request.layout.shape(images, batch.labels, batch.keys, batch.valid)
+        return shaped if self.user is None else self.user(samples_of(shaped))
 
 
 class LoaderBatchSampler(BatchSampler):

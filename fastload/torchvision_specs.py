@@ -8,24 +8,30 @@ step — and every step after the first one that could not be translated — run
 torchvision itself, in the worker processes as a ``map`` step on the sample's tensors
 (``TorchvisionSteps``); the log says which. torchvision is never imported here: steps are
 recognised by their class and module, and only ``TorchvisionSteps`` (in the workers) imports it.
+timm's ``create_transform`` pipelines are torchvision Composes: their RandomResizedCropAndInterpolation
+(bilinear or bicubic) and MaybeToTensor translate like torchvision's RandomResizedCrop and ToTensor.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from fastload import transforms as T
+from fastload.fields import SampleMap
 
 log = logging.getLogger("fastload")
 
 GEOMETRIC_NAMES = ("RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip")
-TO_TENSOR_NAMES = ("ToTensor", "ToImage", "PILToTensor", "ToPureTensor")
+TO_TENSOR_NAMES = ("ToTensor", "MaybeToTensor", "ToImage", "PILToTensor", "ToPureTensor")
 IMAGE_NO_OPS = ("ToImage", "PILToTensor", "ToPureTensor")  # uint8 CHW in, uint8 CHW out
+STEP_MODULES = ("torchvision.transforms", "timm.data")  # where the steps translate() knows come from
+TIMM_NAMES = {"RandomResizedCropAndInterpolation": "RandomResizedCrop", "MaybeToTensor": "ToTensor"}  # timm's, as torchvision's
 # torchvision's interpolation modes that fastload's antialiased bilinear resample stands in for.
 RESAMPLED_MODES = ("bilinear", "bicubic")
 
@@ -51,7 +57,7 @@ def translate(transform: object) -> Translation:
     v2 = ".v2" in type(transform).__module__ or any(".v2" in type(s).__module__ for s in steps)
     head: list[T.Transform] = []
     while steps:
-        if type(steps[0]).__name__ in IMAGE_NO_OPS:  # fastload's images already are uint8 tensors
+        if _step_name(steps[0]) in IMAGE_NO_OPS:  # fastload's images already are uint8 tensors
             steps.pop(0)
         elif (spec := _geometric_spec(steps[0])) is not None:
             head.append(spec)
@@ -68,9 +74,17 @@ def translate(transform: object) -> Translation:
     return Translation(specs, rest)
 
 
+def _step_name(step: object) -> str:
+    """The torchvision name of a step translate() knows (timm's under torchvision's), else ''."""
+    kind = type(step)
+    if not kind.__module__.startswith(STEP_MODULES):
+        return ""
+    return TIMM_NAMES.get(kind.__name__, kind.__name__) if kind.__module__.startswith("timm.") else kind.__name__
+
+
 def _geometric_spec(step: object) -> T.Transform | None:
-    name = type(step).__name__
-    if name not in GEOMETRIC_NAMES or not is_torchvision_pipeline(step):
+    name = _step_name(step)
+    if name not in GEOMETRIC_NAMES:
         return None
     if name == "RandomHorizontalFlip":
         return T.RandomHorizontalFlip(float(step.p))  # type: ignore[attr-defined]
@@ -93,11 +107,11 @@ def _geometric_spec(step: object) -> T.Transform | None:
 def _value_specs(steps: list[Any]) -> tuple[tuple[T.Transform, ...], list[Any]]:
     """Split off the trailing to-tensor / dtype / normalize steps as one batch-level spec."""
     cut = len(steps)
-    while cut and type(steps[cut - 1]).__name__ in (*TO_TENSOR_NAMES, "ToDtype", "ConvertImageDtype", "Normalize"):
+    while cut and _step_name(steps[cut - 1]) in (*TO_TENSOR_NAMES, "ToDtype", "ConvertImageDtype", "Normalize"):
         cut -= 1
     spec: T.ToDtype | T.Normalize | None = None
     for step in steps[cut:]:
-        name = type(step).__name__
+        name = _step_name(step)
         if name == "ToTensor":
             spec = T.ToDtype("float32", True)
         elif name in ("ToDtype", "ConvertImageDtype"):
@@ -109,7 +123,7 @@ def _value_specs(steps: list[Any]) -> tuple[tuple[T.Transform, ...], list[Any]]:
             if not isinstance(spec, T.ToDtype) or spec.dtype == "uint8":
                 raise TypeError("Normalize needs float images: put ToTensor or ToDtype(torch.float32, scale=True) before it")
             per = 1.0 if spec.scale else 255.0  # unscaled floats are 0..255: the same as 0..1 with mean, std / 255
-            spec = T.Normalize(tuple(m / per for m in step.mean), tuple(s / per for s in step.std), spec.dtype)
+            spec = T.Normalize(tuple(float(m) / per for m in step.mean), tuple(float(s) / per for s in step.std), spec.dtype)
     return ((spec,) if spec else ()), steps[:cut]
 
 
@@ -122,41 +136,48 @@ def _dtype_name(dtype: object) -> str | None:
 class TorchvisionSteps:
     """torchvision steps run on one decoded sample in a worker, as a ``map`` (picklable).
 
-    The image (HWC uint8) goes in as a CHW uint8 tensor (a ``tv_tensors.Image`` for v2, with masks as
-    ``tv_tensors.Mask`` so geometric v2 steps move them too) and comes back as HWC uint8. torch's
-    random generator is seeded from the sample's generator, so the steps replay exactly on resume.
+    The sample is the loader's: the image a CHW uint8 array, masks HW uint8. The image goes in as a
+    CHW uint8 tensor (a ``tv_tensors.Image`` for v2, with masks as 1xHxW ``tv_tensors.Mask`` so
+    geometric v2 steps move them too) and comes back as CHW uint8 of the same size. torch's random
+    generator is seeded from the sample's generator, so the steps replay exactly on resume.
     """
 
     steps: tuple[Any, ...]
     v2: bool
+    made_in: int = field(default_factory=os.getpid, compare=False)  # the training process's pid
 
     def __call__(self, sample: dict[str, Any], rng: np.random.Generator, image: str, masks: Sequence[str] = ()) -> dict[str, Any]:
         import torch
 
-        torch.manual_seed(int(rng.integers(2**63)))
-        tensors = {name: torch.from_numpy(np.ascontiguousarray(sample[name])).permute(2, 0, 1) for name in (image, *masks)}
-        if self.v2:
-            from torchvision import tv_tensors
+        if os.getpid() != self.made_in and torch.get_num_threads() != 1:
+            torch.set_num_threads(1)  # in a worker, as torch's own workers do: the workers already fill the cores
+        tensors = {image: torch.from_numpy(sample[image])}
+        tensors.update((name, torch.from_numpy(sample[name])[None]) for name in masks)
+        with torch.random.fork_rng(devices=[]):  # inline (num_workers=0), the training process's generator is left alone
+            torch.manual_seed(int(rng.integers(2**63)))
+            if self.v2:
+                from torchvision import tv_tensors
 
-            wrapped = {name: (tv_tensors.Image(t) if name == image else tv_tensors.Mask(t)) for name, t in tensors.items()}
-            for step in self.steps:
-                wrapped = step(wrapped)
-            tensors = {name: t.as_subclass(torch.Tensor) for name, t in wrapped.items()}
-        else:
-            for step in self.steps:
-                tensors[image] = step(tensors[image])
+                wrapped = {name: (tv_tensors.Image(t) if name == image else tv_tensors.Mask(t)) for name, t in tensors.items()}
+                for step in self.steps:
+                    wrapped = step(wrapped)
+                tensors = {name: t.as_subclass(torch.Tensor) for name, t in wrapped.items()}
+            else:
+                for step in self.steps:
+                    tensors[image] = step(tensors[image])
         out = dict(sample)
         for name, t in tensors.items():
             if t.dtype != torch.uint8:
                 raise TypeError(f"torchvision steps in map= must keep field {name!r} uint8 (got {t.dtype}); "
                                 "put ToDtype/Normalize at the end of the Compose")
-            out[name] = np.ascontiguousarray(t.permute(1, 2, 0).numpy())
+            out[name] = (t if name == image else t[0]).numpy()
         return out
 
 
-def steps_as_map(rest: TorchvisionSteps, image: str, masks: Sequence[str] = ()) -> Callable[[dict[str, Any], np.random.Generator], dict[str, Any]]:
-    """``rest`` bound to the sample's field names, in the ``map=(sample, rng) -> sample`` form."""
-    return _BoundSteps(rest, image, tuple(masks))
+def steps_as_map(rest: TorchvisionSteps, image: str, masks: Sequence[str] = (), then: SampleMap | None = None) -> SampleMap:
+    """``rest`` bound to the sample's field names, in the ``map=(sample, rng) -> sample`` form;
+    ``then`` (the user's own ``map=``) runs after it on its result, with the same generator."""
+    return _BoundSteps(rest, image, tuple(masks), then)
 
 
 @dataclass(frozen=True)
@@ -164,6 +185,8 @@ class _BoundSteps:
     rest: TorchvisionSteps
     image: str
     masks: tuple[str, ...]
+    then: SampleMap | None = None
 
     def __call__(self, sample: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
-        return self.rest(sample, rng, self.image, self.masks)
+        out = self.rest(sample, rng, self.image, self.masks)
+        return out if self.then is None else self.then(out, rng)

@@ -67,9 +67,10 @@ def test_untranslatable_value_steps_are_refused_with_the_fix() -> None:
 
 
 def _sample(seed: int = 0) -> dict:
+    """A sample as the loader's map sees it: the image CHW uint8, the mask HW uint8."""
     rng = np.random.default_rng(seed)
-    image = rng.integers(0, 256, (40, 60, 3), dtype=np.uint8)
-    mask = np.zeros((40, 60, 1), dtype=np.uint8)
+    image = rng.integers(0, 256, (3, 40, 60), dtype=np.uint8)
+    mask = np.zeros((40, 60), dtype=np.uint8)
     mask[:, :20] = 7  # the left third is class 7
     return {"jpg": image, "seg.png": mask, "cls": 3}
 
@@ -80,20 +81,24 @@ def test_torchvision_steps_move_masks_with_geometry_and_replay_from_the_sample_g
     fn = pickle.loads(pickle.dumps(steps_as_map(rest, "jpg", ["seg.png"])))  # it travels to the workers
     sample = _sample()
     out = fn(sample, np.random.default_rng(5))
-    assert out["cls"] == 3 and out["jpg"].shape == (40, 60, 3) and out["jpg"].dtype == np.uint8
+    assert out["cls"] == 3 and out["jpg"].shape == (3, 40, 60) and out["jpg"].dtype == np.uint8
+    assert out["seg.png"].shape == (40, 60)
     assert (out["seg.png"][:, -20:] == 7).all() and (out["seg.png"][:, :-20] == 0).all()  # flipped, values kept
-    assert not np.array_equal(out["jpg"], sample["jpg"][:, ::-1])  # jittered, not only flipped
+    assert not np.array_equal(out["jpg"], sample["jpg"][:, :, ::-1])  # jittered, not only flipped
     again = fn(_sample(), np.random.default_rng(5))
     assert np.array_equal(again["jpg"], out["jpg"])
     other = fn(_sample(), np.random.default_rng(6))
     assert not np.array_equal(other["jpg"], out["jpg"])
+    before = torch.random.get_rng_state()
+    fn(_sample(), np.random.default_rng(7))
+    assert torch.equal(torch.random.get_rng_state(), before)  # inline, the caller's torch generator is left alone
 
 
 def test_v1_steps_see_the_image_only() -> None:
     rest = TorchvisionSteps((v1.RandomHorizontalFlip(p=1.0),), v2=False)
     sample = _sample()
     out = rest(sample, np.random.default_rng(0), "jpg", ())
-    assert np.array_equal(out["jpg"], sample["jpg"][:, ::-1]) and out["seg.png"] is sample["seg.png"]
+    assert np.array_equal(out["jpg"], sample["jpg"][:, :, ::-1]) and out["seg.png"] is sample["seg.png"]
 
 
 def test_steps_that_change_the_dtype_are_named() -> None:
