@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -38,6 +39,7 @@ MAX_LABEL_BYTES = 32  # a cls member is read (to count classes) only when it is 
 
 BLOCK = 512
 ZERO_BLOCK = bytes(BLOCK)
+_WHITESPACE = re.compile(r"\s")  # what str.isspace calls whitespace: the .idx format splits on it
 _REGULAR = (b"0", b"\0", b"7")  # regular file, old-style regular file, contiguous file
 
 
@@ -77,17 +79,18 @@ def _members(view: memoryview, path: Path) -> Iterator[tuple[int, str, int, int]
     """Yield (member number, name, data offset, size) of every regular file, parsing the headers
     (ustar, pax ``x`` records, GNU long names) in order; ValueError for a header that is not one."""
     pos, number, pending = 0, 0, {}
-    end = len(view)
+    end, where = len(view), str(path)
     while pos + BLOCK <= end:
         header = view[pos : pos + BLOCK].tobytes()
         if header == ZERO_BLOCK:
             return  # end of archive
-        if _number(header[148:156], str(path)) != sum(header) - sum(header[148:156]) + 8 * 32:
+        stored = header[148:156]
+        if _number(stored, where) != sum(header) - sum(stored) + 8 * 32:
             raise ValueError(f"{path}: not a readable tar (bad header checksum at byte {pos})")
-        size = _number(header[124:136], str(path))
+        size = _number(header[124:136], where)
         kind = header[156:157]
         data = pos + BLOCK
-        if kind not in (b"x", b"L", b"g", b"K"):
+        if pending and kind not in (b"x", b"L", b"g", b"K"):
             size = int(pending.get("size", size))
         if data + size > end:
             raise ValueError(f"{path}: not a readable tar (member {number} runs past the end of the file)")
@@ -102,10 +105,11 @@ def _members(view: memoryview, path: Path) -> Iterator[tuple[int, str, int, int]
             name = header[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
             if header[257:262] == b"ustar" and header[345:346] != b"\0":
                 name = header[345:500].split(b"\0", 1)[0].decode("utf-8", "surrogateescape") + "/" + name
-            name = pending.get("path", name)
+            if pending:
+                name = pending.get("path", name)
+                pending = {}
             if kind in _REGULAR:
                 yield number, name, data, size
-            pending = {}
             number += 1
         pos = data + -(-size // BLOCK) * BLOCK
 
@@ -144,7 +148,7 @@ def _add_member(out: IndexedTar, keys: list[str], view: memoryview, number: int,
     if not is_field_member(name):
         return  # no extension, hidden, or webdataset's metadata members
     key, ext = split_member_name(name)
-    if any(c.isspace() for c in name):
+    if _WHITESPACE.search(name):
         raise ValueError(f"{path}: member {number}'s name holds whitespace, which the .idx format cannot hold")
     try:
         name.encode()
@@ -154,8 +158,9 @@ def _add_member(out: IndexedTar, keys: list[str], view: memoryview, number: int,
         keys.append(key)
         out.samples.append([])
     members = out.samples[-1]
-    if any(existing == ext for existing, *_ in members):
-        raise ValueError(f"{path}: member {number} repeats field {ext} of the sample before it (one key, two .{ext} members)")
+    for existing, *_ in members:
+        if existing == ext:
+            raise ValueError(f"{path}: member {number} repeats field {ext} of the sample before it (one key, two .{ext} members)")
     members.append((ext, offset, size, name))
     out.fields.add(ext)
     if ext == LABEL_FIELD and size <= MAX_LABEL_BYTES:
