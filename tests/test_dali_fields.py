@@ -55,7 +55,7 @@ def by_key(batches: list[tuple], names: list[str]) -> dict[str, dict[str, object
     for batch in batches:
         *values, keys = batch
         for j, key in enumerate(keys):
-            out[key] = {name: (v[j].cpu().numpy() if isinstance(v[j], torch.Tensor) else v[j]) for name, v in zip(names, values)}
+            out[key] = {name: (v[j].cpu().numpy() if isinstance(v[j], torch.Tensor) else v[j]) for name, v in zip(names, values, strict=True)}
     return out
 
 
@@ -107,7 +107,7 @@ def test_dali_masks_stay_aligned_with_the_image(rich_tars: Path) -> None:
             for images, masks in loader:
                 assert masks.dtype == torch.uint8 and masks.shape == (len(images), 32, 32)
                 assert set(torch.unique(masks).tolist()) <= {0, 1, 2, 3}  # nearest neighbour: class ids only
-                for image, mask in zip(images.numpy(), masks.numpy()):
+                for image, mask in zip(images.numpy(), masks.numpy(), strict=True):
                     inner = away_from_boundaries(mask, 2)
                     assert np.abs(image.transpose(1, 2, 0)[inner].astype(int) - QUADRANT_COLOURS[mask[inner]]).max() < 60
                     checked += int(inner.sum())
@@ -122,12 +122,11 @@ def test_dali_field_errors_name_the_key_and_field_or_are_skipped(tmp_path: Path)
     root = write_tars(tmp_path / "bad", samples, per_tar=5)
     run_cli("index", str(root))
     kwargs = dict(batch_size=3, backend="dali", transform=T.val(24), fields=["jpg", "json"], num_workers=2)
-    with fastload.DataLoader(root, **kwargs) as loader:
-        with pytest.raises(SampleError) as caught:
-            list(loader)
+    with fastload.DataLoader(root, **kwargs) as loader, pytest.raises(SampleError) as caught:
+        list(loader)
     assert caught.value.where.endswith(":s004") and "field json: bad JSON" in caught.value.reason
     with fastload.DataLoader(root, on_error="skip", return_keys=True, **kwargs) as loader:
-        got = [(key, meta) for _, metas, keys in loader for meta, key in zip(metas, keys)]
+        got = [(key, meta) for _, metas, keys in loader for meta, key in zip(metas, keys, strict=True)]
         assert len(loader.stats.skipped) == 1
     assert [k for k, _ in got] == [f"s{i:03d}" for i in (0, 1, 2, 3, 5, 5, 6, 7, 8)]  # replaced by the next readable one
     assert all(meta == {"i": int(key[1:])} for key, meta in got)

@@ -16,6 +16,7 @@ metadata members are left out.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import mmap
 import os
@@ -78,7 +79,7 @@ def _pax_records(data: bytes) -> dict[str, str]:
 def _members(view: memoryview, path: Path) -> Iterator[tuple[int, str, int, int]]:
     """Yield (member number, name, data offset, size) of every regular file, parsing the headers
     (ustar, pax ``x`` records, GNU long names) in order; ValueError for a header that is not one."""
-    pos, number, pending = 0, 0, {}
+    pos, number, pending = 0, 0, {}  # type: int, int, dict[str, str]
     end, where = len(view), str(path)
     while pos + BLOCK <= end:
         header = view[pos : pos + BLOCK].tobytes()
@@ -136,7 +137,7 @@ def tar_members(path: Path) -> IndexedTar:
     headers alone. A ValueError names the tar (and the member by number) when it cannot be indexed."""
 
     def read(view: memoryview) -> IndexedTar:
-        out, keys = IndexedTar(), []
+        out, keys = IndexedTar(), []  # type: IndexedTar, list[str]
         for number, name, offset, length in _members(view, path):
             _add_member(out, keys, view, number, name, offset, length, path)
         return out
@@ -164,10 +165,8 @@ def _add_member(out: IndexedTar, keys: list[str], view: memoryview, number: int,
     members.append((ext, offset, size, name))
     out.fields.add(ext)
     if ext == LABEL_FIELD and size <= MAX_LABEL_BYTES:
-        try:
+        with contextlib.suppress(SampleError):  # not an integer: the loader reports that sample when it reads it
             out.labels[parse_label(bytes(view[offset : offset + size]), f"{path}:{key}")] += 1
-        except SampleError:
-            pass  # not an integer: the loader reports that sample when it reads it
 
 
 def index_tars(root: str | Path, force: bool = False) -> tuple[DatasetIndex, float]:
@@ -187,7 +186,7 @@ def index_tars(root: str | Path, force: bool = False) -> tuple[DatasetIndex, flo
             check_relative_path(tar.name, "shard")
         except DatasetIndexError:
             raise ValueError(f"{tar}: its name must be letters, digits and ._+=,@- only (rename it to index it)") from None
-    shards, fields, labels = [], set(), Counter()
+    shards, fields, labels = [], set(), Counter()  # type: list[ShardInfo], set[str], Counter[int]
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
         hashed: list[Future[tuple[int, str]]] = []
         parsed: list[Future[IndexedTar]] = []
@@ -195,7 +194,7 @@ def index_tars(root: str | Path, force: bool = False) -> tuple[DatasetIndex, flo
             hashed.append(pool.submit(tar_sha256, tar))
             parsed.append(pool.submit(tar_members, tar))
         written = []
-        for tar, members, digest in zip(tars, parsed, hashed):
+        for tar, members, digest in zip(tars, parsed, hashed, strict=True):
             scanned = members.result()
             idx, idx_bytes = tar.with_suffix(".idx"), format_dali_index(scanned.samples)
             written.append(pool.submit(_write_file, idx, idx_bytes))

@@ -83,7 +83,7 @@ def read_carried(
     roles = {f.key: f.role for f in spec.fields}
     columns: dict[str, np.ndarray] = {}
     values: dict[str, list] = {}
-    for name, tensors in zip(carried_fields(spec), outputs):
+    for name, tensors in zip(carried_fields(spec), outputs, strict=True):
         if name in layouts:
             dense = np.array(tensors.as_tensor())  # (N, row bytes), copied out of DALI's memory
             columns[name] = dense.view(np.dtype(layouts[name].dtype)).reshape(len(dense), *layouts[name].shape)
