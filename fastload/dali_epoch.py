@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from fastload.dali.feed import DaliFeed
-from fastload.dali.protocol import read_carried
+from fastload.dali.protocol import carried_stacked, read_carried
 from fastload.epoch import Epoch, EpochInputs
 from fastload.errors import SampleError
 from fastload.field_batch import as_tensor
@@ -93,9 +93,8 @@ class DaliEpoch(Epoch):
         self.decoder = self.pipeline.ensure(inputs)
         self._start_prefetch()
         self.columns = spec_columns(inputs.sample_spec, inputs.image_shape)
-        primary = inputs.sample_spec.primary.key  # type: ignore[union-attr]
         self.feed = DaliFeed(
-            inputs.dataset, inputs.sample_spec, tuple(c for c in self.columns if c.name != primary),
+            inputs.dataset, inputs.sample_spec, carried_stacked(inputs.sample_spec, inputs.image_shape),
             options.transform, options.seed, options.on_error,  # type: ignore[arg-type]
             inputs.orders.spec(self.start.generations), self.epoch, self.plan.start,
         )

@@ -20,7 +20,7 @@ import numpy as np
 
 from fastload.errors import SampleError
 from fastload.fields import SampleSpec, decode_field
-from fastload.workers import Column
+from fastload.workers import Column, spec_columns
 
 
 class FeedColumns(NamedTuple):
@@ -46,6 +46,11 @@ class DecodedColumns(NamedTuple):
 def carried_fields(spec: SampleSpec) -> tuple[str, ...]:
     """The keys of the fields that travel beside the primary image, in the fields' order."""
     return tuple(f.key for f in spec.fields if f is not spec.primary)
+
+
+def carried_stacked(spec: SampleSpec, image_shape: tuple[int, int, int] | None) -> tuple[Column, ...]:
+    """The slot columns of the carried fields batched as fixed-shape rows (labels, masks, ...)."""
+    return tuple(c for c in spec_columns(spec, image_shape) if spec.primary is None or c.name != spec.primary.key)
 
 
 def empty_feed_columns(carried: Sequence[str]) -> tuple[FeedColumns, dict[str, list[np.ndarray]]]:
