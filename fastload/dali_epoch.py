@@ -1,5 +1,6 @@
 """The DALI backend's epoch: fastload reads and plans each batch in DALI's worker processes (the
-feed), DALI decodes the crop regions on the GPU (or its CPU), in the same order as the CPU path."""
+feed), DALI decodes the crop regions on the GPU (or its CPU), in the same order as the CPU path;
+the other fields (labels, text, json, arrays, boxes, masks) are made in the feed and travel beside."""
 
 from __future__ import annotations
 
@@ -11,12 +12,25 @@ import numpy as np
 import torch
 
 from fastload.dali.feed import DaliFeed
+from fastload.dali.protocol import carried_stacked, read_carried
 from fastload.epoch import Epoch, EpochInputs
 from fastload.errors import SampleError
+from fastload.field_batch import as_tensor
+from fastload.fields import SampleSpec
+from fastload.slots import spec_columns
 from fastload.state import LoaderState
-from fastload.workers import fill_batch
+from fastload.workers import fill_fields
 
 log = logging.getLogger("fastload")
+
+
+def dali_refusal(spec: SampleSpec) -> str | None:
+    """Why ``backend='dali'`` cannot make these samples, or None when it can."""
+    if spec.map is not None:  # map= sees each decoded sample in the workers, and DALI decodes the image after them
+        return "backend='dali' decodes the image after fastload's workers are done with a sample, so map= cannot see it: use backend='cpu'"
+    if spec.primary is None:
+        return "backend='dali' decodes images, and the fields asked for hold none: use backend='cpu'"
+    return None
 
 
 def is_decode_failure(exc: BaseException) -> bool:
@@ -79,29 +93,30 @@ class DaliEpoch(Epoch):
         inputs, options = self.inputs, self.inputs.options
         self.decoder = self.pipeline.ensure(inputs)
         self._start_prefetch()
+        self.columns = spec_columns(inputs.sample_spec, inputs.image_shape)
         self.feed = DaliFeed(
-            inputs.dataset, options.transform, options.seed, options.on_error,  # type: ignore[arg-type]
+            inputs.dataset, inputs.sample_spec, carried_stacked(inputs.sample_spec, inputs.image_shape),
+            options.transform, options.seed, options.on_error,  # type: ignore[arg-type]
             inputs.orders.spec(self.start.generations), self.epoch, self.plan.start,
         )
         self.decoder.start(self.feed, len(self.plan.batches))
 
-    def _on_cpu(self, batch_no: int) -> tuple[torch.Tensor, list[int], list[str], list[tuple[str, str]]]:
+    def _on_cpu(self, batch_no: int) -> tuple[dict[str, np.ndarray], dict[str, list], list[str], list[tuple[str, str]]]:
         inputs, options = self.inputs, self.inputs.options
         indices = self.order[self.plan.batches[batch_no]]
-        images = np.empty((len(indices), *inputs.image_shape), dtype=np.uint8)
-        labels = np.empty(len(indices), dtype=np.int64)
-        keys, skipped = fill_batch(inputs.dataset, indices, options.transform, options.seed, self.epoch,  # type: ignore[arg-type]
-                                   options.on_error, images, labels)
-        return torch.from_numpy(images), labels.tolist(), keys, skipped
+        columns = {c.name: np.empty((len(indices), *c.shape), dtype=c.dtype) for c in self.columns}
+        keys, skipped, values = fill_fields(inputs.dataset, indices, inputs.sample_spec, options.transform, options.seed,  # type: ignore[arg-type]
+                                            self.epoch, options.on_error, columns)
+        return columns, values, keys, skipped
 
     def _next_batch(self) -> Any:
-        stats = self.inputs.stats
+        stats, spec = self.inputs.stats, self.inputs.sample_spec
         if self.prefetcher is not None:
             self.prefetcher.check()
         with stats.waiting():
             try:
-                images, labels, keys, skipped, error = self.decoder.next_batch()
-            except Exception as exc:  # noqa: BLE001 - data DALI cannot decode goes to the CPU path; anything else is raised
+                images, keys, skipped, error, carried = self.decoder.next_batch()
+            except Exception as exc:
                 if not is_decode_failure(exc):
                     self.close()
                     raise
@@ -109,7 +124,7 @@ class DaliEpoch(Epoch):
                             self.next_yield, self.epoch, (str(exc).strip().splitlines() or ["RuntimeError"])[-1][:300])
                 stats.redone_on_cpu += 1
                 try:
-                    images, labels, keys, skipped = self._on_cpu(self.next_yield)
+                    columns, values, keys, skipped = self._on_cpu(self.next_yield)
                 except SampleError:
                     self.close()
                     raise
@@ -119,6 +134,13 @@ class DaliEpoch(Epoch):
                 if error is not None:  # a sample that could not be read (on_error="raise", or no substitute left)
                     self.close()
                     raise error
-        batch = self._finish_batch(images, torch.tensor(labels, dtype=torch.int64), keys, skipped, self.next_yield)
+                columns, values = read_carried(carried, spec, self.feed.stacked, keys)
+                columns[spec.primary.key] = images  # type: ignore[union-attr]
+        tensors = {name: column if isinstance(column, torch.Tensor) else as_tensor(column) for name, column in columns.items()}
+        if spec.classic:
+            image, label = spec.fields
+            batch = self._finish_batch(tensors[image.key], tensors[label.key], keys, skipped, self.next_yield)  # type: ignore[arg-type]
+        else:
+            batch = self._finish_fields(tensors, values, keys, skipped, self.next_yield)
         stats.record_batch(len(keys))
         return batch

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from fastload.cpu_epoch import CpuWorkers
-from fastload.dali_epoch import DaliPipeline
+from fastload.dali_epoch import DaliPipeline, dali_refusal
 from fastload.dataset import ShardedDataset
 from fastload.dist import check_ranks_agree
 from fastload.epoch import Epoch, EpochInputs
@@ -184,8 +184,8 @@ class DataLoader(torch.utils.data.DataLoader):
             names = ", ".join(type(step).__name__ for step in options.torchvision_steps.steps)
             raise ValueError(f"transform=: {names} run by torchvision in the CPU workers, which backend='dali' has not: "
                              "use backend='cpu', or keep to the steps fastload translates")
-        if self.backend.startswith("dali") and (not self.sample_spec.classic or self.sample_spec.map is not None):
-            raise ValueError("backend='dali' carries images and labels only for now: with fields= or map=, use backend='cpu'")
+        if self.backend.startswith("dali") and (refusal := dali_refusal(self.sample_spec)) is not None:
+            raise ValueError(refusal)
         if (self.backend, why) not in _logged:
             _logged.add((self.backend, why))
             log.warning("fastload: backend=%s (%s)", self.backend, why)

@@ -123,6 +123,21 @@ def fill_sample(
 ) -> tuple[str, dict[str, Any]]:
     """Read sample ``index``, write its stacked fields into ``rows`` (field key -> this sample's
     row of the batch slot) and return (sample key, the other fields' values by field key)."""
+    key, planned, values = fill_beside_primary(ds, index, spec, specs, seed, epoch, rows)
+    if planned is not None and spec.primary is not None:
+        decode_planned(planned, rows[spec.primary.key])
+    if spec.map is not None:
+        values = _run_map(spec, rows, values, ds.where(index), sample_generator(seed, epoch, index))
+    return key, values
+
+
+def fill_beside_primary(
+    ds: ShardedDataset, index: int, spec: SampleSpec, specs: Sequence[Transform], seed: int, epoch: int,
+    rows: dict[str, np.ndarray],
+) -> tuple[str, PlannedSample | None, dict[str, Any]]:
+    """Read sample ``index``, plan its primary image (not decoded: DALI's feed hands it on as it
+    is), write every other stacked field into ``rows`` and return (sample key, the primary's
+    plan or None, the other fields' values by field key). No ``map``: it sees the decoded image."""
     key, stored, pixels = ds.raw(index)
     where = f"{ds.index.shards[ds.locate(index)[0]].path}:{key}"
     present: dict[str, Any] = stored if pixels is None else {**stored, DECODED_FIELD: pixels}
@@ -139,13 +154,12 @@ def fill_sample(
             rows[field.key][...] = -1
             continue
         data = present[name]
-        if field.role == "image":
+        if field is primary:
+            continue
+        if field.role == "image":  # a second image: the primary's plan, so it must be of the same size
             geometry = _geometry(planned, where, name)
-            if field is primary:
-                decode_planned(geometry, rows[field.key])
-            else:  # a second image: the primary's plan, so it must be of the same size
-                _check_same_size(image_size(data, where)[::-1], geometry, where, field.name)
-                decode_planned(PlannedSample(key, where, -1, geometry.plan, geometry.height, geometry.width, data=data), rows[field.key])
+            _check_same_size(image_size(data, where)[::-1], geometry, where, field.name)
+            decode_planned(PlannedSample(key, where, -1, geometry.plan, geometry.height, geometry.width, data=data), rows[field.key])
         elif field.role == "mask":
             geometry = _geometry(planned, where, name)
             mask = decode_field("mask", data, where, name)
@@ -160,9 +174,7 @@ def fill_sample(
             rows[field.key][...] = decode_field("label", data, where, name)
         else:
             values[field.key] = decode_field(field.role, data, where, name)
-    if spec.map is not None:
-        values = _run_map(spec, rows, values, where, sample_generator(seed, epoch, index))
-    return key, values
+    return key, planned, values
 
 
 def _stored_name(field: FieldSpec, present: dict[str, Any], where: str) -> str | None:

@@ -70,13 +70,6 @@ def with_substitutes(
     raise SampleError(ds.where(index), f"it and the {MAX_SUBSTITUTES} samples after it are all unreadable")
 
 
-def plan_with_substitutes(
-    ds: ShardedDataset, index: int, specs: Sequence[Transform], seed: int, epoch: int, on_error: str, skipped: list[tuple[str, str]]
-) -> PlannedSample:
-    """:func:`plan_sample` of ``index`` or, with ``on_error="skip"``, of its substitute."""
-    return with_substitutes(ds, index, on_error, skipped, lambda i: plan_sample(ds, i, specs, seed, epoch))
-
-
 @dataclass
 class BatchResult:
     """A worker's answer for rows ``start`` to ``start + count`` of a batch: where they are, their

@@ -175,7 +175,7 @@ def test_a_bug_in_the_feed_is_raised_not_redone_on_the_cpu(wds: Path, monkeypatc
     def broken(*args: object) -> None:
         raise AttributeError("a bug in the feed")
 
-    monkeypatch.setattr(fastload.dali.feed, "plan_with_substitutes", broken)
+    monkeypatch.setattr(fastload.dali.feed, "fill_beside_primary", broken)
     with fastload.DataLoader(wds, batch_size=4, backend="dali", transform=T.val(16)) as loader:
         with pytest.raises(AttributeError, match="a bug in the feed"):
             next(iter(loader))
@@ -190,7 +190,7 @@ def test_dali_workers_leave_the_inherited_heap_shared(wds: Path, tmp_path: Path,
     import fastload.dali.feed
 
     heap = [[i] for i in range(500_000)]  # ~50 MB of collectable objects in the training process
-    plan = fastload.dali.feed.plan_with_substitutes
+    plan = fastload.dali.feed.fill_beside_primary
 
     def measured(*args: object) -> object:
         record = tmp_path / str(os.getpid())
@@ -198,7 +198,7 @@ def test_dali_workers_leave_the_inherited_heap_shared(wds: Path, tmp_path: Path,
             record.write_text(f"{collection_page_faults()} {gc.get_freeze_count()}")
         return plan(*args)
 
-    monkeypatch.setattr(fastload.dali.feed, "plan_with_substitutes", measured)
+    monkeypatch.setattr(fastload.dali.feed, "fill_beside_primary", measured)
     with fastload.DataLoader(wds, batch_size=4, backend="dali", transform=T.val(16), num_workers=workers) as loader:
         assert sum(1 for _ in loader) == 8
     records = {int(p.name): tuple(map(int, p.read_text().split())) for p in tmp_path.iterdir()}

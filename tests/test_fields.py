@@ -289,12 +289,6 @@ def test_verify_decode_parses_every_field_by_its_role(bad_tars: Path, clip_tars:
     assert len(proc.stderr.strip().splitlines()) == 2  # the wrong-size mask is a mask only once declared
 
 
-def test_dali_backend_refuses_fields_for_now(clip_tars: Path) -> None:
-    pytest.importorskip("nvidia.dali")
-    with pytest.raises(ValueError, match="images and labels only"):
-        fastload.DataLoader(str(clip_tars), batch_size=4, transform=T.val(24), backend="dali", fields=["jpg", "txt"])
-
-
 def jitter(sample: dict, rng: np.random.Generator) -> dict:
     """A user augmentation: random brightness on the image, a random tag on the text."""
     sample["jpg"] = np.clip(sample["jpg"].astype(np.int16) + int(rng.integers(-40, 40)), 0, 255).astype(np.uint8)

@@ -1,6 +1,7 @@
-"""The DALI backend's input: each batch read and planned (encoded bytes, crop boxes, flips,
-labels, keys) by a picklable callable, which DALI's parallel external source runs in its own
-worker processes so the training process's main thread only collects decoded batches."""
+"""The DALI backend's input: each batch read and planned (encoded bytes, crop boxes, flips, keys)
+and its other fields made (labels, text, json, arrays; boxes mapped and masks cropped by the
+same plan) by a picklable callable, which DALI's parallel external source runs in its own worker
+processes so the training process's main thread only collects decoded batches."""
 
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ from typing import Any
 
 import numpy as np
 
-from fastload.dali.protocol import empty_feed_columns, encode_note
+from fastload.dali.protocol import carried_fields, empty_feed_columns, encode_note, row_bytes, stored_form
 from fastload.dataset import ShardedDataset
 from fastload.errors import SampleError
+from fastload.fields import SampleSpec
+from fastload.sample_decode import fill_beside_primary
 from fastload.sampling import EpochOrder, OrderSpec, RankBatches
+from fastload.slots import Column
 from fastload.transforms import Transform
-from fastload.workers import plan_with_substitutes
+from fastload.workers import with_substitutes
 
 PLACEHOLDER_SIDE = 8
 
@@ -27,9 +31,12 @@ PLACEHOLDER_SIDE = 8
 class DaliFeed:
     """Batch ``info.iteration`` of DALI epoch ``info.epoch_idx``. DALI's epoch 0 is ``first_epoch``
     from order position ``start``, skipping its first ``first_batch`` batches (already delivered);
-    each later DALI epoch (after a reset) is the next epoch from its beginning."""
+    each later DALI epoch (after a reset) is the next epoch from its beginning. ``spec``'s fields
+    other than the primary image are carried beside it, the ``stacked`` ones as slot rows."""
 
     dataset: ShardedDataset
+    spec: SampleSpec
+    stacked: tuple[Column, ...]  # the carried fields batched as fixed-shape rows (labels, masks, ...)
     specs: tuple[Transform, ...]
     seed: int
     on_error: str
@@ -53,35 +60,45 @@ class DaliFeed:
         return replace(self, first_epoch=self.first_epoch + epochs_fed, start=0, first_batch=0, _plans={})
 
     def __call__(self, info: Any) -> tuple[list[np.ndarray], ...]:
-        """The columns (:class:`~fastload.dali.protocol.FeedColumns`) of DALI's batch ``info``."""
+        """The columns (:class:`~fastload.dali.protocol.FeedColumns`, then the carried fields') of
+        DALI's batch ``info``."""
         _freeze_inherited(self.home_pid)
         epoch, order, batches, first = self.plan(info.epoch_idx)
         batch_no = first + info.iteration
         if batch_no >= len(batches.batches):
             raise StopIteration
-        columns = empty_feed_columns()
-        for index in order.order[batches.batches[batch_no]].tolist():
+        indices = order.order[batches.batches[batch_no]].tolist()
+        columns, carried = empty_feed_columns(carried_fields(self.spec))
+        stacked = {c.name: np.zeros((len(indices), *c.shape), c.dtype) for c in self.stacked}
+        roles = {f.key: f.role for f in self.spec.fields}
+        for j, index in enumerate(indices):
+            rows = {name: column[j, ...] for name, column in stacked.items()}  # [j, ...]: a view even of a scalar row
             skipped: list[tuple[str, str]] = []
             try:
-                sample = plan_with_substitutes(self.dataset, index, self.specs, self.seed, epoch, self.on_error, skipped)
+                key, planned, values = with_substitutes(self.dataset, index, self.on_error, skipped, lambda i: fill_beside_primary(
+                    self.dataset, i, self.spec, self.specs, self.seed, epoch, rows))  # noqa: B023 - called at once
             except SampleError as exc:  # DALI's workers cannot raise it intact: it travels as a note
                 columns.jpegs.append(placeholder_jpeg())
                 columns.anchors.append(np.zeros(2, dtype=np.float32))
                 columns.shapes.append(np.full(2, PLACEHOLDER_SIDE, dtype=np.float32))
                 columns.mirror.append(np.array(0, dtype=np.int32))
-                columns.labels.append(np.array([-1], dtype=np.int64))
                 columns.keys.append(np.zeros(0, dtype=np.uint8))
                 columns.notes.append(encode_note(error=exc))
+                for name in carried.keys() - stacked.keys():
+                    carried[name].append(np.zeros(0, dtype=np.uint8))
                 continue
-            x0, y0, x1, y1 = sample.plan.box
-            columns.jpegs.append(np.frombuffer(sample.data, dtype=np.uint8))  # type: ignore[arg-type]
+            x0, y0, x1, y1 = planned.plan.box  # type: ignore[union-attr]
+            columns.jpegs.append(np.frombuffer(planned.data, dtype=np.uint8))  # type: ignore[union-attr, arg-type]
             columns.anchors.append(np.array([x0, y0], dtype=np.float32))
             columns.shapes.append(np.array([x1 - x0, y1 - y0], dtype=np.float32))
-            columns.mirror.append(np.array(int(sample.plan.flip), dtype=np.int32))
-            columns.labels.append(np.array([sample.label], dtype=np.int64))
-            columns.keys.append(np.frombuffer(sample.key.encode(), dtype=np.uint8))
+            columns.mirror.append(np.array(int(planned.plan.flip), dtype=np.int32))  # type: ignore[union-attr]
+            columns.keys.append(np.frombuffer(key.encode(), dtype=np.uint8))
             columns.notes.append(encode_note(skipped))
-        return tuple(columns)  # a plain tuple: DALI's worker processes rebuild tuples and lists by type(x)(...)
+            for name, value in values.items():
+                carried[name].append(stored_form(roles[name], value))
+        for name, column in stacked.items():
+            carried[name] = [row_bytes(row) for row in column]
+        return (*columns, *carried.values())  # a plain tuple: DALI's worker processes rebuild tuples and lists by type(x)(...)
 
 
 _frozen_in = -1

@@ -9,7 +9,7 @@ def import_dali():  # type: ignore[no-untyped-def]
     """The ``nvidia.dali`` module, or an error naming the extra that installs it."""
     try:
         import nvidia.dali as dali
-        import nvidia.dali.fn  # noqa: F401 - make dali.fn and dali.types available
+        import nvidia.dali.fn
         import nvidia.dali.types  # noqa: F401
     except ImportError:
         raise ImportError("NVIDIA DALI is not installed: pip install 'fastload[dali]'") from None

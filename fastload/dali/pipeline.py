@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fastload.dali.library import cuda_initialized, images_as_torch, import_dali
-from fastload.dali.protocol import DecodedColumns, FeedColumns, read_notes
+from fastload.dali.protocol import DecodedColumns, FeedColumns, carried_fields, read_notes
 
 if TYPE_CHECKING:
     from fastload.dali.feed import DaliFeed
@@ -56,15 +56,17 @@ class DaliBatchDecoder:
         parallel = self.workers > 0
         start_method = "spawn" if cuda_initialized() else "fork"
         pool = {"py_num_workers": self.workers, "py_start_method": start_method} if parallel else {}
+        carried = carried_fields(feed.spec)  # passed through untouched, after the decoded columns
 
         @dali.pipeline_def(
             batch_size=self.batch_size, num_threads=self.num_threads, device_id=self.device_id, prefetch_queue_depth=2, **pool
         )
         def pipeline():  # type: ignore[no-untyped-def]
             source = {"parallel": True, "prefetch_queue_depth": max(2, self.workers)} if parallel else {}
-            fed = FeedColumns(*fn.external_source(
-                source=feed, num_outputs=len(FeedColumns._fields), batch=True, batch_info=True, **source
-            ))
+            outputs = fn.external_source(
+                source=feed, num_outputs=len(FeedColumns._fields) + len(carried), batch=True, batch_info=True, **source
+            )
+            fed = FeedColumns(*outputs[: len(FeedColumns._fields)])
             decode_args = {"hw_decoder_load": self.hw_decoder_load} if gpu else {}
             images = fn.decoders.image_slice(
                 fed.jpegs, fed.anchors, fed.shapes, device="mixed" if gpu else "cpu", output_type=types.RGB, axis_names="WH",
@@ -72,7 +74,7 @@ class DaliBatchDecoder:
             )
             images = fn.resize(images, resize_x=width, resize_y=height, antialias=True, interp_type=types.INTERP_LINEAR)
             images = fn.crop_mirror_normalize(images, mirror=fed.mirror, dtype=types.UINT8, output_layout="CHW")
-            return tuple(DecodedColumns(images=images, labels=fed.labels, keys=fed.keys, notes=fed.notes))
+            return (*DecodedColumns(images=images, keys=fed.keys, notes=fed.notes), *outputs[len(FeedColumns._fields) :])
 
         self.pipe = pipeline()
         try:
@@ -87,15 +89,16 @@ class DaliBatchDecoder:
             raise
         self.feed, self.epochs = feed, 1
 
-    def next_batch(self) -> tuple[Any, list[int], list[str], list[tuple[str, str]], Any]:
-        """The next decoded batch: (images, labels, keys, skip records, the SampleError of a
-        sample that could not be read, or None)."""
-        out = DecodedColumns(*self.pipe.run())
+    def next_batch(self) -> tuple[Any, list[str], list[tuple[str, str]], Any, tuple[Any, ...]]:
+        """The next decoded batch: (images, keys, skip records, the SampleError of a sample that
+        could not be read or None, the carried fields' tensor lists in the fields' order)."""
+        outputs = self.pipe.run()
+        out = DecodedColumns(*outputs[: len(DecodedColumns._fields)])
         self.taken += 1
-        labels = [int(out.labels.at(i)[0]) for i in range(len(out.labels))]
         keys = [out.keys.at(i).tobytes().decode() for i in range(len(out.keys))]
         skipped, error = read_notes([out.notes.at(i).tobytes() for i in range(len(out.notes))])
-        return images_as_torch(out.images.as_tensor(), self.device_id), labels, keys, skipped, error
+        images = images_as_torch(out.images.as_tensor(), self.device_id)
+        return images, keys, skipped, error, tuple(outputs[len(DecodedColumns._fields) :])
 
     def close(self) -> None:
         """Release the pipeline (its device memory and worker processes)."""
