@@ -34,8 +34,10 @@ import sys
 import tarfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = {"mask": ("mask fastload", "mask torch"), "jitter": ("jitter fastload", "jitter torch"),
@@ -76,7 +78,7 @@ def build(photos: Path, workdir: Path, count: int) -> tuple[Path, Path, Path]:
     return converted, tars, files
 
 
-class TorchPairs:
+class TorchPairs(torch.utils.data.Dataset):
     """torch's way: a Dataset decoding each file with Pillow, transformed by torchvision v2."""
 
     def __init__(self, files: list[Path], masks: bool) -> None:
@@ -104,13 +106,12 @@ class TorchPairs:
 
 def loader_for(config: str, converted: Path, tars: Path, files: Path, photos: Path, workers: int) -> object:
     """The loader a configuration measures."""
-    import torch
     from torchvision.transforms import v2
 
     import fastload
     from fastload import transforms as T
 
-    common = dict(batch_size=BATCH, shuffle=True, num_workers=workers)
+    common: dict[str, Any] = dict(batch_size=BATCH, shuffle=True, num_workers=workers)
     if config == "mask fastload":
         return fastload.DataLoader(str(tars), transform=T.train(224), fields={"jpg": "image", "seg.png": "mask"}, backend="cpu", **common)
     if config == "jitter fastload":
@@ -127,7 +128,8 @@ def loader_for(config: str, converted: Path, tars: Path, files: Path, photos: Pa
 
 def run_one(config: str, paths: list[str], workers: int, epochs: int) -> float:
     """Images/s of one loader over ``epochs`` epochs from a fresh start (in this process)."""
-    loader = loader_for(config, *map(Path, paths), workers)
+    converted, tars, files, photos = map(Path, paths)
+    loader = loader_for(config, converted, tars, files, photos, workers)
     start, images = time.perf_counter(), 0
     for _ in range(epochs):
         for batch in loader:  # type: ignore[attr-defined]

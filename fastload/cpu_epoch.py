@@ -120,7 +120,7 @@ class CpuEpoch(Epoch):
         options = self.inputs.options
         try:
             result.keys, result.skipped, result.values = fill_fields(
-                self.inputs.dataset, indices, self.inputs.sample_spec, options.transform, options.seed,  # type: ignore[arg-type]
+                self.inputs.dataset, indices, self.inputs.sample_spec, options.transform, options.seed,
                 self.epoch, options.on_error, self.buffers.slot_columns(slot),  # type: ignore[arg-type]
             )
         except BaseException:

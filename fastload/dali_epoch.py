@@ -59,6 +59,8 @@ class DaliPipeline:
         if self.decoder is None:
             options = inputs.options
             device_id = torch.cuda.current_device() if self.gpu else None
+            if inputs.image_shape is None:  # dali_refusal() refused such a loader already
+                raise ValueError("backend='dali' decodes an image field; these samples hold none")
             self.decoder = DaliBatchDecoder(
                 options.batch_size, inputs.image_shape[1:], max(1, options.num_workers), device_id,  # type: ignore[arg-type]
                 options.hw_decoder_load, workers=options.num_workers,
@@ -105,7 +107,7 @@ class DaliEpoch(Epoch):
         inputs, options = self.inputs, self.inputs.options
         indices = self.order[self.plan.batches[batch_no]]
         columns = {c.name: np.empty((len(indices), *c.shape), dtype=c.dtype) for c in self.columns}
-        keys, skipped, values = fill_fields(inputs.dataset, indices, inputs.sample_spec, options.transform, options.seed,  # type: ignore[arg-type]
+        keys, skipped, values = fill_fields(inputs.dataset, indices, inputs.sample_spec, options.transform, options.seed,
                                             self.epoch, options.on_error, columns)
         return columns, values, keys, skipped
 

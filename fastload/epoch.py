@@ -189,5 +189,5 @@ class Epoch:
         if not self.finished:
             try:
                 self.close()
-            except Exception:  # noqa: BLE001 - at interpreter exit the loader may be half torn down
+            except Exception:
                 pass

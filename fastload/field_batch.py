@@ -46,7 +46,7 @@ def field_batch(
             value = columns[field.key]
             if device is not None and isinstance(value, torch.Tensor):
                 value = value.to(device, non_blocking=True)
-            if field.role == "image" and image_fn is not None:
+            if field.role == "image" and image_fn is not None and isinstance(value, torch.Tensor):
                 value = image_fn(value)
             out.append(value)
         elif field.role in ("boxes", "array"):

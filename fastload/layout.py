@@ -39,7 +39,9 @@ def samples_of(batch: tuple | dict) -> list[tuple | dict]:
     ``torch.utils.data.default_collate(samples_of(batch))`` gives back the stacked parts."""
     names, parts = (list(batch), list(batch.values())) if isinstance(batch, dict) else (None, list(batch))
     rows = list(zip(*(_rows(part) for part in parts), strict=True))
-    return [dict(zip(names, row, strict=True)) for row in rows] if names is not None else rows
+    if names is None:
+        return list(rows)
+    return [dict(zip(names, row, strict=True)) for row in rows]
 
 
 def _rows(part: Any) -> list:

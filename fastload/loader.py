@@ -17,9 +17,9 @@ import hashlib
 import logging
 import os
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -147,7 +147,7 @@ class DataLoader(torch.utils.data.DataLoader):
         shuffle_buffer: int | None = None,
         hw_decoder_load: float = 0.65,
         fields: Sequence[str] | Mapping[str, str] | None = None,
-        map: Callable[[dict, np.random.Generator], dict] | None = None,  # noqa: A002 - the public name
+        map: Callable[[dict, np.random.Generator], dict] | None = None,
         batch_map: Callable[[Any, torch.Generator], Any] | None = None,
     ) -> None:
         if isinstance(dataset, (str, os.PathLike)):
@@ -174,10 +174,11 @@ class DataLoader(torch.utils.data.DataLoader):
         self.sampler = options.distributed if options.distributed is not None else LoaderSampler(weakref.proxy(self))
         self.batch_sampler = LoaderBatchSampler(weakref.proxy(self))
         self.collate_fn = LoaderCollate(options.collate_fn)  # also what a torch DataLoader of this loader's parts uses
-        self.shuffle, self.seed, self.device = options.shuffle, options.seed, options.device
+        self.shuffle, self.seed = options.shuffle, options.seed
+        self.device = cast(torch.device | None, options.device)  # a torch.device once validated
         # fields= and map=: what the workers make of a sample (a torchvision transform's rest first)
         self.sample_spec = with_torchvision_steps(
-            resolve_spec(sharded, options.fields, options.map, options.transform), options.torchvision_steps)  # type: ignore[arg-type]
+            resolve_spec(sharded, options.fields, options.map, options.transform), options.torchvision_steps)
         self.image_shape = self._image_shape()
         self.backend, why = choose_backend(options.backend, sharded.decoded)
         if self.backend.startswith("dali") and options.torchvision_steps is not None:
@@ -206,7 +207,7 @@ class DataLoader(torch.utils.data.DataLoader):
         if self.sample_spec.primary is None:
             return None  # nothing to decode: no transform needed
         ds = self.sharded
-        size = output_size(self.options.transform)  # type: ignore[arg-type]
+        size = output_size(self.options.transform)
         channels = 3
         if ds.decoded:
             height, width, channels = ds.index.decoded_shape  # type: ignore[misc]
@@ -249,7 +250,7 @@ class DataLoader(torch.utils.data.DataLoader):
     def __len__(self) -> int:
         return len(self.orders.batches(replace(self.state.upcoming(), consumed=0)).batches)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # torch annotates its own iterator class
         previous = self._active() if self._active is not None else None
         if previous is not None:
             previous.close()
@@ -271,7 +272,7 @@ class DataLoader(torch.utils.data.DataLoader):
             raise NotImplementedError("loader.batch_sampler batches (a torch DataLoader of this loader's parts) carry images and labels only")
         options = self.options
         request = BatchRequest(options.transform, options.seed, position.epoch, options.on_error,  # type: ignore[arg-type]
-                               self.image_shape, self._batch_layout)
+                               cast(tuple[int, int, int], self.image_shape), self._batch_layout)  # classic: an image
         plan, order = self.orders.batches(position), self.orders.order(position)
         batches = []
         for batch_no, positions in enumerate(plan.batches):
@@ -316,9 +317,9 @@ class DataLoader(torch.utils.data.DataLoader):
         if not self._agreed:
             options = self.options
             check_ranks_agree(
-                {"seed": options.seed, "batch_size": options.batch_size, "world_size": self.world_size,
+                {"seed": options.seed, "batch_size": cast(int, options.batch_size), "world_size": self.world_size,
                  "shuffle": options.shuffle, "drop_last": options.drop_last, "streaming order": options.streaming,
-                 "dataset (its identity digest)": int(self.identity[:15], 16), "number of samples": len(self.dataset)},
+                 "dataset (its identity digest)": int(self.identity[:15], 16), "number of samples": len(cast(Sized, self.dataset))},
                 "fastload.DataLoader",
             )
             self._agreed = True

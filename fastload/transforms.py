@@ -186,17 +186,17 @@ def random_resized_crop_params(
     for _ in range(10):
         target_area = area * rng.uniform(scale[0], scale[1])
         aspect = math.exp(rng.uniform(log_ratio[0], log_ratio[1]))
-        w = int(round(math.sqrt(target_area * aspect)))
-        h = int(round(math.sqrt(target_area / aspect)))
+        w = round(math.sqrt(target_area * aspect))
+        h = round(math.sqrt(target_area / aspect))
         if 0 < w <= width and 0 < h <= height:
             top = int(rng.integers(0, height - h + 1))
             left = int(rng.integers(0, width - w + 1))
             return top, left, h, w
     in_ratio = width / height
     if in_ratio < min(ratio):
-        w, h = width, int(round(width / min(ratio)))
+        w, h = width, round(width / min(ratio))
     elif in_ratio > max(ratio):
-        h, w = height, int(round(height * max(ratio)))
+        h, w = height, round(height * max(ratio))
     else:
         w, h = width, height
     return (height - h) // 2, (width - w) // 2, h, w
@@ -228,13 +228,12 @@ def plan(specs: Sequence[Transform], height: int, width: int, rng: RandomSource)
             crop_h, crop_w = spec.size  # type: ignore[misc]
             if crop_h > cur_h or crop_w > cur_w:
                 raise ValueError(f"CenterCrop{spec.size} is larger than its {cur_h}x{cur_w} input")
-            top, left = int(round((cur_h - crop_h) / 2.0)), int(round((cur_w - crop_w) / 2.0))
+            top, left = round((cur_h - crop_h) / 2.0), round((cur_w - crop_w) / 2.0)
             sx, sy = (x1 - x0) / cur_w, (y1 - y0) / cur_h
             x0, y0, x1, y1 = x0 + left * sx, y0 + top * sy, x0 + (left + crop_w) * sx, y0 + (top + crop_h) * sy
             cur_h, cur_w = crop_h, crop_w
-        elif isinstance(spec, RandomHorizontalFlip):
-            if rng.random() < spec.p:
-                flip = not flip
+        elif isinstance(spec, RandomHorizontalFlip) and rng.random() < spec.p:
+            flip = not flip
     return Plan(box=(x0, y0, x1, y1), size=(cur_h, cur_w), flip=flip)
 
 
@@ -303,7 +302,7 @@ def map_boxes(boxes: np.ndarray, plan_: Plan) -> np.ndarray:
     return mapped[kept].astype(np.float32)
 
 
-def batch_transform(specs: Sequence[Transform]):  # type: ignore[no-untyped-def]
+def batch_transform(specs: Sequence[Transform]):
     """A function applying the batch-level specs (Normalize, ToDtype) to a uint8 NCHW tensor."""
     import torch
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def import_dali():  # type: ignore[no-untyped-def]
+def import_dali():
     """The ``nvidia.dali`` module, or an error naming the extra that installs it."""
     try:
         import nvidia.dali as dali

@@ -61,7 +61,7 @@ class DaliBatchDecoder:
         @dali.pipeline_def(
             batch_size=self.batch_size, num_threads=self.num_threads, device_id=self.device_id, prefetch_queue_depth=2, **pool
         )
-        def pipeline():  # type: ignore[no-untyped-def]
+        def pipeline():
             source = {"parallel": True, "prefetch_queue_depth": max(2, self.workers)} if parallel else {}
             outputs = fn.external_source(
                 source=feed, num_outputs=len(FeedColumns._fields) + len(carried), batch=True, batch_info=True, **source
