@@ -12,7 +12,7 @@ stamp="$VENV/.fastload-installed"
 want="$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/test_torchvision.sh" | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q "torch==2.14.1" "torchvision==0.29.1"
+  "$VENV/bin/python" -m pip install -q "torch==2.14.1" "torchvision==0.29.1" "timm==1.0.31"  # timm: its create_transform is translated too
   "$VENV/bin/python" -m pip install -q numpy h5py Pillow simplejpeg tqdm "pytest>=7.4" "pytest-timeout>=2.2"
   "$VENV/bin/python" -m pip install -q --no-deps -e "$ROOT"
   echo "$want" > "$stamp"
