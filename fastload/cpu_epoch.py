@@ -36,9 +36,9 @@ class CpuWorkers:
         if self.buffers is None:
             in_flight = options.num_workers * (options.prefetch_factor or 0)
             slots = in_flight + LENDABLE_SLOTS if in_flight else 1
-            self.buffers = BatchBuffers(slots, options.batch_size, spec_columns(inputs.sample_spec, inputs.image_shape))  # type: ignore[arg-type]
+            self.buffers = BatchBuffers(slots, options.batch_size, spec_columns(inputs.sample_spec, inputs.image_shape))
         if options.num_workers and self.pool is None:
-            config = WorkerConfig(inputs.dataset, options.transform, options.seed, options.on_error,  # type: ignore[arg-type]
+            config = WorkerConfig(inputs.dataset, options.transform, options.seed, options.on_error,
                                   self.buffers, options.worker_init_fn, inputs.sample_spec)
             self.pool = WorkerPool(config, options.num_workers)
         return self.buffers, self.pool

@@ -62,7 +62,7 @@ class DaliPipeline:
             if inputs.image_shape is None:  # dali_refusal() refused such a loader already
                 raise ValueError("backend='dali' decodes an image field; these samples hold none")
             self.decoder = DaliBatchDecoder(
-                options.batch_size, inputs.image_shape[1:], max(1, options.num_workers), device_id,  # type: ignore[arg-type]
+                options.batch_size, inputs.image_shape[1:], max(1, options.num_workers), device_id,
                 options.hw_decoder_load, workers=options.num_workers,
             )
         return self.decoder
@@ -98,7 +98,7 @@ class DaliEpoch(Epoch):
         self.columns = spec_columns(inputs.sample_spec, inputs.image_shape)
         self.feed = DaliFeed(
             inputs.dataset, inputs.sample_spec, carried_stacked(inputs.sample_spec, inputs.image_shape),
-            options.transform, options.seed, options.on_error,  # type: ignore[arg-type]
+            options.transform, options.seed, options.on_error,
             inputs.orders.spec(self.start.generations), self.epoch, self.plan.start,
         )
         self.decoder.start(self.feed, len(self.plan.batches))
