@@ -209,8 +209,8 @@ class DataLoader(torch.utils.data.DataLoader):
         ds = self.sharded
         size = output_size(self.options.transform)
         channels = 3
-        if ds.decoded:
-            height, width, channels = ds.index.decoded_shape  # type: ignore[misc]
+        if ds.index.decoded_shape is not None:  # ds.decoded
+            height, width, channels = ds.index.decoded_shape
             size = size or (height, width)
         if size is None:
             raise ValueError(
