@@ -3,7 +3,7 @@ shared batch slots, handed out in order (lent without a copy where nothing is pi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -36,9 +36,9 @@ class CpuWorkers:
         if self.buffers is None:
             in_flight = options.num_workers * (options.prefetch_factor or 0)
             slots = in_flight + LENDABLE_SLOTS if in_flight else 1
-            self.buffers = BatchBuffers(slots, options.batch_size, spec_columns(inputs.sample_spec, inputs.image_shape))  # type: ignore[arg-type]
+            self.buffers = BatchBuffers(slots, options.batch_size, spec_columns(inputs.sample_spec, inputs.image_shape))
         if options.num_workers and self.pool is None:
-            config = WorkerConfig(inputs.dataset, options.transform, options.seed, options.on_error,  # type: ignore[arg-type]
+            config = WorkerConfig(inputs.dataset, options.transform, options.seed, options.on_error,
                                   self.buffers, options.worker_init_fn, inputs.sample_spec)
             self.pool = WorkerPool(config, options.num_workers)
         return self.buffers, self.pool
@@ -89,7 +89,7 @@ class CpuEpoch(Epoch):
     def _indices(self, batch_no: int) -> np.ndarray:
         return self.order[self.plan.batches[batch_no]]
 
-    def _submit_more(self) -> None:
+    def _submit_more(self, pool: WorkerPool) -> None:
         """Give every free slot the next batch, split into one part per worker (at least
         MIN_PART samples each): all workers work on the oldest batch, so a batch, the first
         one included, is ready in 1/workers of the time, and an epoch's last batches don't
@@ -101,7 +101,7 @@ class CpuEpoch(Epoch):
             bounds = np.linspace(0, len(indices), count + 1).astype(int)
             self.buffers.filling[slot] = count
             for start, end in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-                self.pool.submit(self.run, self.next_submit, slot, self.epoch, start, indices[start:end])  # type: ignore[union-attr]
+                pool.submit(self.run, self.next_submit, slot, self.epoch, start, indices[start:end])
             self.expected_parts[self.next_submit] = count
             self.next_submit += 1
 
@@ -114,26 +114,26 @@ class CpuEpoch(Epoch):
             del self.expected_parts[got.batch_no]
 
     def _run_inline(self) -> BatchResult:
-        slot = self.buffers.take()  # never None: the inline path copies every batch out
+        slot = cast(int, self.buffers.take())  # never None: the inline path copies every batch out
         indices = self._indices(self.next_yield)
-        result = BatchResult(run=self.run, batch_no=self.next_yield, slot=slot, count=len(indices))  # type: ignore[arg-type]
+        result = BatchResult(run=self.run, batch_no=self.next_yield, slot=slot, count=len(indices))
         options = self.inputs.options
         try:
             result.keys, result.skipped, result.values = fill_fields(
                 self.inputs.dataset, indices, self.inputs.sample_spec, options.transform, options.seed,
-                self.epoch, options.on_error, self.buffers.slot_columns(slot),  # type: ignore[arg-type]
+                self.epoch, options.on_error, self.buffers.slot_columns(slot),
             )
         except BaseException:
-            self.buffers.give_back(slot)  # type: ignore[arg-type]
+            self.buffers.give_back(slot)
             raise
         return result
 
-    def _await_ready(self) -> BatchResult:
+    def _await_ready(self, pool: WorkerPool) -> BatchResult:
         """Wait for the next batch in order; answers for an abandoned iteration free their slots."""
-        self._submit_more()
+        self._submit_more(pool)
         while self.next_yield not in self.ready:
             try:
-                got = self.pool.get(self.inputs.options.timeout)  # type: ignore[union-attr]
+                got = pool.get(self.inputs.options.timeout)
             except (WorkerError, TimeoutError):
                 self.workers.discard_pool()  # the next iteration starts fresh workers at once
                 self.close()
@@ -157,7 +157,7 @@ class CpuEpoch(Epoch):
         if self.prefetcher is not None:
             self.prefetcher.check()
         with stats.waiting():
-            result = self._run_inline() if self.pool is None else self._await_ready()
+            result = self._run_inline() if self.pool is None else self._await_ready(self.pool)
         batch = self._deliver(result)
         stats.record_batch(result.count)
         return batch
@@ -177,8 +177,7 @@ class CpuEpoch(Epoch):
         spec = self.inputs.sample_spec
         if not spec.classic:
             return self._finish_fields(columns, result.values, result.keys, result.skipped, self.next_yield)
-        image, label = spec.fields
-        return self._finish_batch(columns[image.key], columns[label.key], result.keys, result.skipped, self.next_yield)  # type: ignore[arg-type]
+        return self._finish_batch(columns, result.keys, result.skipped, self.next_yield)
 
     def close(self) -> None:
         """Abandon the epoch: batches in flight are not waited for; their slots come back as the

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -16,7 +16,7 @@ from fastload.dali.protocol import carried_stacked, read_carried
 from fastload.epoch import Epoch, EpochInputs
 from fastload.errors import SampleError
 from fastload.field_batch import as_tensor
-from fastload.fields import SampleSpec
+from fastload.fields import FieldSpec, SampleSpec
 from fastload.slots import spec_columns
 from fastload.state import LoaderState
 from fastload.workers import fill_fields
@@ -62,7 +62,7 @@ class DaliPipeline:
             if inputs.image_shape is None:  # dali_refusal() refused such a loader already
                 raise ValueError("backend='dali' decodes an image field; these samples hold none")
             self.decoder = DaliBatchDecoder(
-                options.batch_size, inputs.image_shape[1:], max(1, options.num_workers), device_id,  # type: ignore[arg-type]
+                options.batch_size, inputs.image_shape[1:], max(1, options.num_workers), device_id,
                 options.hw_decoder_load, workers=options.num_workers,
             )
         return self.decoder
@@ -98,7 +98,7 @@ class DaliEpoch(Epoch):
         self.columns = spec_columns(inputs.sample_spec, inputs.image_shape)
         self.feed = DaliFeed(
             inputs.dataset, inputs.sample_spec, carried_stacked(inputs.sample_spec, inputs.image_shape),
-            options.transform, options.seed, options.on_error,  # type: ignore[arg-type]
+            options.transform, options.seed, options.on_error,
             inputs.orders.spec(self.start.generations), self.epoch, self.plan.start,
         )
         self.decoder.start(self.feed, len(self.plan.batches))
@@ -137,11 +137,11 @@ class DaliEpoch(Epoch):
                     self.close()
                     raise error
                 columns, values = read_carried(carried, spec, self.feed.stacked, keys)
-                columns[spec.primary.key] = images  # type: ignore[union-attr]
+                image = cast(FieldSpec, spec.primary)  # there is one: ensure() refused samples without an image
+                columns[image.key] = images
         tensors = {name: column if isinstance(column, torch.Tensor) else as_tensor(column) for name, column in columns.items()}
         if spec.classic:
-            image, label = spec.fields
-            batch = self._finish_batch(tensors[image.key], tensors[label.key], keys, skipped, self.next_yield)  # type: ignore[arg-type]
+            batch = self._finish_batch(tensors, keys, skipped, self.next_yield)
         else:
             batch = self._finish_fields(tensors, values, keys, skipped, self.next_yield)
         stats.record_batch(len(keys))

@@ -7,11 +7,11 @@ import itertools
 import os
 from collections import OrderedDict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from fastload.errors import ShardError
 from fastload.fields import LABEL_FIELD, decode_field, image_field
-from fastload.formats import ShardReader, offsets_name, open_shard, open_shard_files
+from fastload.formats import PixelReader, ShardReader, offsets_name, open_shard, open_shard_files
 from fastload.index import INDEX_FILE, DatasetIndex, read_index
 from fastload.remote import is_url
 
@@ -158,7 +158,7 @@ class ShardedDataset:
         """(key, encoded fields, decoded pixels or None) of sample ``i``, without decoding."""
         shard, row = self.locate(i)
         reader = self.reader(shard)
-        pixels = reader.pixels(row) if self.decoded else None  # type: ignore[attr-defined]
+        pixels = cast(PixelReader, reader).pixels(row) if self.decoded else None  # only HDF5 shards hold decoded pixels
         return reader.key(row), reader.read(row), pixels
 
     def __getitem__(self, i: int) -> dict[str, Any]:

@@ -5,9 +5,9 @@ of each batch (device, Normalize/ToDtype, layout, then ``collate_fn=`` on its sa
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -142,9 +142,13 @@ class Epoch:
         generator.manual_seed(value % 2**63)
         return generator
 
-    def _finish_batch(self, images: torch.Tensor, labels: torch.Tensor, keys: list[str], skipped: list, batch_no: int) -> Any:
-        """Move to ``device``, apply Normalize/ToDtype there, count skips, shape the batch."""
+    def _finish_batch(self, columns: Mapping[str, torch.Tensor | np.ndarray], keys: list[str], skipped: list, batch_no: int) -> Any:
+        """A classic (images, labels) batch: move to ``device``, apply Normalize/ToDtype there, count
+        skips, shape the batch."""
         inputs = self.inputs
+        image, label = inputs.sample_spec.fields
+        # uint8 images and int64 labels: as_tensor/copied always made tensors of them
+        images, labels = cast(torch.Tensor, columns[image.key]), cast(torch.Tensor, columns[label.key])
         if inputs.device is not None:
             images = images.to(inputs.device, non_blocking=True)
             labels = labels.to(inputs.device, non_blocking=True)

@@ -34,7 +34,7 @@ LABEL_FIELD = "cls"
 JPEG_FIELD = "jpg"  # where a re-encoded image is stored
 DECODED_FIELD = "pixels"  # HDF5 shards of decoded pixels: the image, already decoded
 ARRAY_FIELD = "npy"
-_DEFAULT_ROLES: dict[str, str] = {
+_DEFAULT_ROLES: dict[str, Role] = {
     **{ext: "image" for ext in IMAGE_FIELDS},
     DECODED_FIELD: "image",
     LABEL_FIELD: "label",
@@ -49,8 +49,7 @@ _NPY_MAGIC = b"\x93NUMPY"
 
 def default_role(name: str) -> Role:
     """The role a field has unless declared: from its whole name, else its last dotted part."""
-    role = _DEFAULT_ROLES.get(name) or _DEFAULT_ROLES.get(name.rsplit(".", 1)[-1], "bytes")
-    return role  # type: ignore[return-value]
+    return _DEFAULT_ROLES.get(name) or _DEFAULT_ROLES.get(name.rsplit(".", 1)[-1], "bytes")
 
 
 def is_field_member(name: str) -> bool:

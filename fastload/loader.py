@@ -175,7 +175,7 @@ class DataLoader(torch.utils.data.DataLoader):
         self.batch_sampler = LoaderBatchSampler(weakref.proxy(self))
         self.collate_fn = LoaderCollate(options.collate_fn)  # also what a torch DataLoader of this loader's parts uses
         self.shuffle, self.seed = options.shuffle, options.seed
-        self.device = cast(torch.device | None, options.device)  # a torch.device once validated
+        self.device = options.device
         # fields= and map=: what the workers make of a sample (a torchvision transform's rest first)
         self.sample_spec = with_torchvision_steps(
             resolve_spec(sharded, options.fields, options.map, options.transform), options.torchvision_steps)
@@ -209,8 +209,8 @@ class DataLoader(torch.utils.data.DataLoader):
         ds = self.sharded
         size = output_size(self.options.transform)
         channels = 3
-        if ds.decoded:
-            height, width, channels = ds.index.decoded_shape  # type: ignore[misc]
+        if ds.index.decoded_shape is not None:  # ds.decoded
+            height, width, channels = ds.index.decoded_shape
             size = size or (height, width)
         if size is None:
             raise ValueError(
@@ -271,7 +271,7 @@ class DataLoader(torch.utils.data.DataLoader):
         if not self.sample_spec.classic or self.sample_spec.map is not None:
             raise NotImplementedError("loader.batch_sampler batches (a torch DataLoader of this loader's parts) carry images and labels only")
         options = self.options
-        request = BatchRequest(options.transform, options.seed, position.epoch, options.on_error,  # type: ignore[arg-type]
+        request = BatchRequest(options.transform, options.seed, position.epoch, options.on_error,
                                cast(tuple[int, int, int], self.image_shape), self._batch_layout)  # classic: an image
         plan, order = self.orders.batches(position), self.orders.order(position)
         batches = []
@@ -317,7 +317,7 @@ class DataLoader(torch.utils.data.DataLoader):
         if not self._agreed:
             options = self.options
             check_ranks_agree(
-                {"seed": options.seed, "batch_size": cast(int, options.batch_size), "world_size": self.world_size,
+                {"seed": options.seed, "batch_size": options.batch_size, "world_size": self.world_size,
                  "shuffle": options.shuffle, "drop_last": options.drop_last, "streaming order": options.streaming,
                  "dataset (its identity digest)": int(self.identity[:15], 16), "number of samples": len(cast(Sized, self.dataset))},
                 "fastload.DataLoader",
@@ -326,7 +326,7 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def _streaming_layout(self) -> tuple[int, int] | None:
         """(world size, batch size) where the positions depend on them (the streaming order)."""
-        return (self.world_size, self.options.batch_size) if self.options.streaming else None  # type: ignore[return-value]
+        return (self.world_size, self.options.batch_size) if self.options.streaming else None
 
     def state_dict(self) -> dict[str, Any]:
         """Where training is: only batches handed to the caller count, not prefetched ones."""

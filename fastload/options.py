@@ -38,7 +38,7 @@ class LoaderOptions:
     in ``__post_init__``, and the keyword in ``fastload.DataLoader.__init__``, passed on by name.
     """
 
-    batch_size: int | None = 1
+    batch_size: int = 1  # None (torch's unbatched loading) is refused here
     shuffle: bool = False
     num_workers: int = 0
     pin_memory: bool = False  # True only where CUDA is available (nothing to pin for otherwise)
@@ -49,9 +49,10 @@ class LoaderOptions:
     prefetch_factor: int | None = None  # torch's values: 2 with workers, None without
     persistent_workers: bool = False  # workers always live as long as the loader
     seed: int = 0
-    transform: Sequence[Transform] | Any = fast_path_only(None)  # specs, or a torchvision pipeline; a tuple of specs once validated
+    # given: None, a sequence of specs or a torchvision pipeline; stored: the validated tuple of specs
+    transform: tuple[Transform, ...] = fast_path_only(None)
     backend: Backend = fast_path_only("auto")
-    device: str | torch.device | None = fast_path_only(None)  # a torch.device once validated
+    device: torch.device | None = fast_path_only(None)  # a str is accepted too; stored as a torch.device
     on_error: OnError = fast_path_only("raise")
     return_keys: bool = fast_path_only(False)
     rank: int | None = fast_path_only(None)

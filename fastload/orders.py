@@ -28,7 +28,7 @@ class LoaderOrders:
         options = self.options
         rank, world = self.ranks()
         return OrderSpec(
-            self.shard_sizes, options.seed, options.shuffle, options.batch_size, rank, world,  # type: ignore[arg-type]
+            self.shard_sizes, options.seed, options.shuffle, options.batch_size, rank, world,
             options.drop_last, options.streaming, options.buffer_size, generations, options.take, options.drop_remainder,
         )
 

@@ -127,7 +127,7 @@ def fill_sample(
     if planned is not None and spec.primary is not None:
         decode_planned(planned, rows[spec.primary.key])
     if spec.map is not None:
-        values = _run_map(spec, rows, values, ds.where(index), sample_generator(seed, epoch, index))
+        values = _run_map(spec.map, spec, rows, values, ds.where(index), sample_generator(seed, epoch, index))
     return key, values
 
 
@@ -202,13 +202,13 @@ def _copy_array(array: np.ndarray, row: np.ndarray, where: str, name: str) -> No
     np.copyto(row, array)
 
 
-def _run_map(spec: SampleSpec, rows: dict[str, np.ndarray], values: dict[str, Any], where: str, rng: np.random.Generator) -> dict[str, Any]:
+def _run_map(sample_map: SampleMap, spec: SampleSpec, rows: dict[str, np.ndarray], values: dict[str, Any], where: str, rng: np.random.Generator) -> dict[str, Any]:
     """Apply the user's map to the decoded sample (stacked fields as their writable batch rows);
     what it returns for a stacked field is copied into the row. Any exception is a SampleError
     naming the sample, its traceback text carried in the chained cause."""
     sample = {field.key: rows[field.key] if field.key in rows else values[field.key] for field in spec.fields}
     try:
-        result = spec.map(sample, rng)  # type: ignore[misc]
+        result = sample_map(sample, rng)
     except Exception as exc:  # the user's traceback travels as the cause (a worker sends its text along)
         raise SampleError(where, f"map= raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(result, dict) or set(result) != set(sample):

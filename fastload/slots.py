@@ -8,6 +8,7 @@ import mmap
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -37,7 +38,7 @@ def spec_columns(spec: SampleSpec, image_shape: tuple[int, int, int] | None) -> 
         elif f.role == "label":
             columns.append(Column(f.key, (), "int64"))
         else:
-            shape, dtype = spec.layout_of(f.name)  # type: ignore[misc]
+            shape, dtype = cast(tuple[tuple[int, ...], str], spec.layout_of(f.name))  # is_stacked: it has a layout
             columns.append(Column(f.key, shape, dtype))
     return tuple(columns)
 

@@ -82,23 +82,23 @@ def _step_name(step: object) -> str:
     return TIMM_NAMES.get(kind.__name__, kind.__name__) if kind.__module__.startswith("timm.") else kind.__name__
 
 
-def _geometric_spec(step: object) -> T.Transform | None:
+def _geometric_spec(step: Any) -> T.Transform | None:  # Any: a torchvision/timm step, known by its class name
     name = _step_name(step)
     if name not in GEOMETRIC_NAMES:
         return None
     if name == "RandomHorizontalFlip":
-        return T.RandomHorizontalFlip(float(step.p))  # type: ignore[attr-defined]
+        return T.RandomHorizontalFlip(float(step.p))
     if name == "CenterCrop":
-        return T.CenterCrop(tuple(step.size))  # type: ignore[attr-defined]
+        return T.CenterCrop(tuple(step.size))
     interpolation = getattr(step, "interpolation", "bilinear")
     mode = str(getattr(interpolation, "value", interpolation))  # an InterpolationMode, or its string
     if mode not in RESAMPLED_MODES or getattr(step, "antialias", True) is False:
         return None
     if name == "RandomResizedCrop":
-        return T.RandomResizedCrop(tuple(step.size), tuple(step.scale), tuple(step.ratio))  # type: ignore[attr-defined]
+        return T.RandomResizedCrop(tuple(step.size), tuple(step.scale), tuple(step.ratio))
     if getattr(step, "max_size", None) is not None:
         return None
-    size = step.size  # type: ignore[attr-defined]
+    size = step.size
     if not isinstance(size, int):
         size = int(size[0]) if len(size) == 1 else (int(size[0]), int(size[1]))
     return T.Resize(size)

@@ -34,16 +34,23 @@ def _pair(size: int | Sequence[int]) -> tuple[int, int]:
     return (int(size[0]), int(size[1]))
 
 
-@dataclass(frozen=True)
+CROP_SCALE = (0.08, 1.0)  # RandomResizedCrop's defaults, as torchvision's
+CROP_RATIO = (3 / 4, 4 / 3)
+
+
+@dataclass(frozen=True, init=False)
 class RandomResizedCrop:
     """Crop a random area (``scale`` of the image) and aspect (``ratio``), resize to ``size``."""
 
-    size: int | tuple[int, int]
-    scale: tuple[float, float] = (0.08, 1.0)
-    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    size: tuple[int, int]  # given as an int or (height, width)
+    scale: tuple[float, float] = CROP_SCALE
+    ratio: tuple[float, float] = CROP_RATIO
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "size", _pair(self.size))
+    def __init__(self, size: int | tuple[int, int], scale: tuple[float, float] = CROP_SCALE,
+                 ratio: tuple[float, float] = CROP_RATIO) -> None:
+        object.__setattr__(self, "size", _pair(size))
+        object.__setattr__(self, "scale", scale)
+        object.__setattr__(self, "ratio", ratio)
         if not (0 < self.scale[0] <= self.scale[1] <= 1):
             raise ValueError(f"scale must satisfy 0 < min <= max <= 1, got {self.scale}")
         if not (0 < self.ratio[0] <= self.ratio[1]):
@@ -61,14 +68,14 @@ class Resize:
             object.__setattr__(self, "size", _pair(self.size))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class CenterCrop:
     """Crop the centre ``size`` (int or (height, width))."""
 
-    size: int | tuple[int, int]
+    size: tuple[int, int]  # given as an int or (height, width)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "size", _pair(self.size))
+    def __init__(self, size: int | tuple[int, int]) -> None:
+        object.__setattr__(self, "size", _pair(size))
 
 
 @dataclass(frozen=True)
@@ -148,7 +155,7 @@ def output_size(specs: Sequence[Transform]) -> tuple[int, int] | None:
     size: tuple[int, int] | None = None
     for spec in specs:
         if isinstance(spec, (RandomResizedCrop, CenterCrop)):
-            size = spec.size  # type: ignore[assignment]
+            size = spec.size
         elif isinstance(spec, Resize):
             size = spec.size if isinstance(spec.size, tuple) else None
     return size
@@ -221,11 +228,11 @@ def plan(specs: Sequence[Transform], height: int, width: int, rng: RandomSource)
             top, left, h, w = random_resized_crop_params(cur_h, cur_w, spec.scale, spec.ratio, rng)
             sx, sy = (x1 - x0) / cur_w, (y1 - y0) / cur_h
             x0, y0, x1, y1 = x0 + left * sx, y0 + top * sy, x0 + (left + w) * sx, y0 + (top + h) * sy
-            cur_h, cur_w = spec.size  # type: ignore[misc]
+            cur_h, cur_w = spec.size
         elif isinstance(spec, Resize):
             cur_h, cur_w = resize_size(spec.size, cur_h, cur_w)
         elif isinstance(spec, CenterCrop):
-            crop_h, crop_w = spec.size  # type: ignore[misc]
+            crop_h, crop_w = spec.size
             if crop_h > cur_h or crop_w > cur_w:
                 raise ValueError(f"CenterCrop{spec.size} is larger than its {cur_h}x{cur_w} input")
             top, left = round((cur_h - crop_h) / 2.0), round((cur_w - crop_w) / 2.0)

@@ -18,7 +18,7 @@ import traceback
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import numpy as np
 
@@ -238,7 +238,7 @@ class WorkerPool:
                     return result.error
         except queue.Empty:
             pass
-        return f"{process.name} (pid {process.pid}) died: {_describe_exit(process.exitcode)}"  # type: ignore[arg-type]
+        return f"{process.name} (pid {process.pid}) died: {_describe_exit(cast(int, process.exitcode))}"  # dead: it has an exit code
 
     def close(self) -> None:
         """Stop the workers: ask politely, then terminate, then kill."""

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from fastload.errors import ShardError
 from fastload.index import DatasetIndex, ShardInfo
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class ShardReader(Protocol):
@@ -30,6 +33,13 @@ class ShardReader(Protocol):
 
     def close(self) -> None:
         """Release file handles."""
+
+
+class PixelReader(ShardReader, Protocol):
+    """A reader of a shard holding decoded pixels (HDF5's ``pixels`` column)."""
+
+    def pixels(self, i: int) -> np.ndarray:
+        """Decoded HWC uint8 pixels of sample ``i``."""
 
 
 def offsets_name(shard: ShardInfo) -> str:
