@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +105,7 @@ class TorchPairs(torch.utils.data.Dataset):
         return self.transform(tv_tensors.Image(F.pil_to_tensor(image)), mask)
 
 
-def loader_for(config: str, converted: Path, tars: Path, files: Path, photos: Path, workers: int) -> object:
+def loader_for(config: str, converted: Path, tars: Path, files: Path, photos: Path, workers: int) -> Iterable[Any]:
     """The loader a configuration measures."""
     from torchvision.transforms import v2
 
@@ -132,7 +133,7 @@ def run_one(config: str, paths: list[str], workers: int, epochs: int) -> float:
     loader = loader_for(config, converted, tars, files, photos, workers)
     start, images = time.perf_counter(), 0
     for _ in range(epochs):
-        for batch in loader:  # type: ignore[attr-defined]
+        for batch in loader:
             images += len(batch[0])
     return images / (time.perf_counter() - start)
 

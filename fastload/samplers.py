@@ -12,9 +12,9 @@ loader's parts (Accelerate's ``skip_first_batches``) yields the same pixels.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence, Sized
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -71,8 +71,9 @@ def adopt_sampler(sampler: Any, size: int) -> SamplerChoice:
         return SamplerChoice()
     name = type(sampler).__name__
     if isinstance(sampler, DistributedSampler):
-        if len(sampler.dataset) != size:  # type: ignore[arg-type]
-            raise ValueError(f"the DistributedSampler covers {len(sampler.dataset)} samples, the dataset has {size}")  # type: ignore[arg-type]
+        covered = len(cast(Sized, sampler.dataset))  # torch annotates Dataset without __len__
+        if covered != size:
+            raise ValueError(f"the DistributedSampler covers {covered} samples, the dataset has {size}")
         return SamplerChoice(sampler.shuffle, sampler.rank, sampler.num_replicas, sampler.seed, sampler.drop_last, None, sampler)
     if isinstance(sampler, SequentialSampler) and len(sampler) == size:
         return SamplerChoice(shuffle=False)
@@ -123,6 +124,8 @@ class LoaderSampler(DistributedSampler):
         """The loader's set_epoch: the next iteration yields that epoch's order."""
         self._loader.set_epoch(epoch)
 
+    # Read-only views of what torch's DistributedSampler keeps as attributes: the loader's own values
+    # (type: ignore[override] below: torch annotates them as plain, writable attributes).
     @property
     def epoch(self) -> int:  # type: ignore[override]
         return self._loader.state.epoch
@@ -241,6 +244,7 @@ class LoaderBatchSampler(BatchSampler):
     def __len__(self) -> int:
         return len(self._loader.upcoming_batches(from_start=False))
 
+    # Read-only views of BatchSampler's attributes (type: ignore[override]: torch annotates them as writable).
     @property
     def sampler(self) -> Any:  # type: ignore[override]
         return self._loader.sampler

@@ -99,8 +99,9 @@ class TorchMode(torch.utils.data.DataLoader):
     def _seed_order(self) -> None:
         """The epoch's order from (seed, epoch): torch's samplers get it through their hooks."""
         for sampler in (self.sampler, getattr(self.batch_sampler, "sampler", None)):
-            if callable(getattr(sampler, "set_epoch", None)):
-                sampler.set_epoch(self._epoch)  # type: ignore[union-attr]
+            set_epoch = getattr(sampler, "set_epoch", None)
+            if callable(set_epoch):
+                set_epoch(self._epoch)
         if self._seeds_shuffle and isinstance(self.sampler, RandomSampler):
             seed = int(epoch_order(1 << 20, self.seed, self._epoch, True)[0])  # any value that is a pure function of both
             self.sampler.generator = torch.Generator().manual_seed(seed)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from fastload.dataset import ShardedDataset
 from fastload.fields import LABEL_FIELD, image_field
@@ -50,7 +50,7 @@ class PillowImages:
             self.items = [(str(p), label) for label, c in enumerate(classes) for p in sorted((folder / c).iterdir())]
 
     def __len__(self) -> int:
-        return len(self.items) if self.items else len(self.shards)  # type: ignore[arg-type]
+        return len(self.items) if self.items else len(cast(ShardedDataset, self.shards))  # one of the two is given
 
     def _open(self, i: int) -> tuple[Any, int]:
         from PIL import Image
@@ -60,7 +60,7 @@ class PillowImages:
             return Image.open(path), label
         import io
 
-        _, fields, pixels = self.shards.raw(i)  # type: ignore[union-attr]
+        _, fields, pixels = cast(ShardedDataset, self.shards).raw(i)
         label = int(fields.get(LABEL_FIELD, b"-1"))
         if pixels is not None:  # a dataset of decoded pixels
             return Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels), label

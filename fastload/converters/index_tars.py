@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from fastload.errors import DatasetIndexError, SampleError
 from fastload.fields import IMAGE_FIELDS, LABEL_FIELD, is_field_member, parse_label
@@ -115,7 +116,10 @@ def _members(view: memoryview, path: Path) -> Iterator[tuple[int, str, int, int]
         pos = data + -(-size // BLOCK) * BLOCK
 
 
-def _mapped(path: Path, read: Callable[[memoryview], object]) -> object:
+Read = TypeVar("Read")
+
+
+def _mapped(path: Path, read: Callable[[memoryview], Read]) -> Read:
     """``read`` of ``path``'s bytes, memory-mapped; an OSError naming the file if it cannot be read."""
     try:
         with open(open_regular(path), "rb", closefd=True) as f:
@@ -129,7 +133,7 @@ def _mapped(path: Path, read: Callable[[memoryview], object]) -> object:
 
 def tar_sha256(path: Path) -> tuple[int, str]:
     """(size, sha256) of a tar, hashed in one call (hashlib releases the GIL while it hashes)."""
-    return _mapped(path, lambda view: (len(view), hashlib.sha256(view).hexdigest()))  # type: ignore[return-value]
+    return _mapped(path, lambda view: (len(view), hashlib.sha256(view).hexdigest()))
 
 
 def tar_members(path: Path) -> IndexedTar:
@@ -142,7 +146,7 @@ def tar_members(path: Path) -> IndexedTar:
             _add_member(out, keys, view, number, name, offset, length, path)
         return out
 
-    return _mapped(path, read)  # type: ignore[return-value]
+    return _mapped(path, read)
 
 
 def _add_member(out: IndexedTar, keys: list[str], view: memoryview, number: int, name: str, offset: int, size: int, path: Path) -> None:

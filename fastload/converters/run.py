@@ -94,7 +94,9 @@ def _decoded_shape(source: Source, items: list[SourceItem], options: ConvertOpti
             prepared = prepare_sample(source.load(item), options, None)
         except SampleError:
             continue
-        return tuple(prepared.image.shape)  # type: ignore[union-attr]
+        image = prepared.image
+        if image is not None and not isinstance(image, bytes):  # decoded: an array
+            return tuple(image.shape)
     raise ValueError("no readable sample to take the decoded image shape from")
 
 

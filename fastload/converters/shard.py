@@ -71,10 +71,8 @@ def prepare_sample(sample: Sample, options: ConvertOptions, decoded_shape: tuple
             field_name, stored = "pixels", decode_image(image, sample.where, max_pixels=options.max_pixels)
         else:
             stored = image
-    if decoded and decoded_shape is not None and stored.shape != decoded_shape:  # type: ignore[union-attr]
-        raise SampleError(
-            sample.where, f"image shape {stored.shape} differs from the dataset's fixed shape {decoded_shape}"  # type: ignore[union-attr]
-        )
+    if decoded and decoded_shape is not None and not isinstance(stored, bytes) and stored.shape != decoded_shape:
+        raise SampleError(sample.where, f"image shape {stored.shape} differs from the dataset's fixed shape {decoded_shape}")
     return PreparedSample(key=sample.key, image_field=field_name, image=stored, label=sample.label, extra=sample.extra)
 
 

@@ -10,7 +10,7 @@ import gc
 import io
 import os
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -18,7 +18,7 @@ from fastload.dali.protocol import carried_fields, empty_feed_columns, encode_no
 from fastload.dataset import ShardedDataset
 from fastload.errors import SampleError
 from fastload.fields import SampleSpec
-from fastload.sample_decode import fill_beside_primary
+from fastload.sample_decode import PlannedSample, fill_beside_primary
 from fastload.sampling import EpochOrder, OrderSpec, RankBatches
 from fastload.slots import Column
 from fastload.transforms import Transform
@@ -87,11 +87,12 @@ class DaliFeed:
                 for name in carried.keys() - stacked.keys():
                     carried[name].append(np.zeros(0, dtype=np.uint8))
                 continue
-            x0, y0, x1, y1 = planned.plan.box  # type: ignore[union-attr]
-            columns.jpegs.append(np.frombuffer(planned.data, dtype=np.uint8))  # type: ignore[union-attr, arg-type]
+            sample = cast(PlannedSample, planned)  # dali_refusal(): every sample has an encoded primary image
+            x0, y0, x1, y1 = sample.plan.box
+            columns.jpegs.append(np.frombuffer(cast(bytes, sample.data), dtype=np.uint8))
             columns.anchors.append(np.array([x0, y0], dtype=np.float32))
             columns.shapes.append(np.array([x1 - x0, y1 - y0], dtype=np.float32))
-            columns.mirror.append(np.array(int(planned.plan.flip), dtype=np.int32))  # type: ignore[union-attr]
+            columns.mirror.append(np.array(int(sample.plan.flip), dtype=np.int32))
             columns.keys.append(np.frombuffer(key.encode(), dtype=np.uint8))
             columns.notes.append(encode_note(skipped))
             for name, value in values.items():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -140,6 +141,7 @@ class Hdf5ShardReader:
         import h5py
 
         rows, where = self.rows, f"{self.path}: column"
+        fd = cast(int, self._fd)  # opened beside the h5py file by _h5()
         decode = lambda values: [v.decode() if isinstance(v, bytes) else v for v in values]  # noqa: E731
         present = {name: f[name] for name in ("key", LABEL_FIELD, "image_format", "pixels") if name in f}
         for name, dataset in present.items():
@@ -160,10 +162,10 @@ class Hdf5ShardReader:
             "key": PackedStrings(decode(present["key"][:])),
             "labels": labels[:] if labels is not None else None,
             "image_format": list(map(sys.intern, decode(present["image_format"][:]))) if "image_format" in present else None,  # a few shared strings
-            "image": ByteColumn(f["image"], self._fd, rows, f"{where} image") if "image" in f else None,  # type: ignore[arg-type]
+            "image": ByteColumn(f["image"], fd, rows, f"{where} image") if "image" in f else None,
             "pixels": pixels,
             "pixels_at": _contiguous_rows(pixels) if pixels is not None else None,
-            "extra": {ext: ByteColumn(node, self._fd, rows, f"{where} extra/{ext}") for ext, node in extra.items()},  # type: ignore[arg-type]
+            "extra": {ext: ByteColumn(node, fd, rows, f"{where} extra/{ext}") for ext, node in extra.items()},
         }
 
     def key(self, i: int) -> str:
@@ -185,7 +187,7 @@ class Hdf5ShardReader:
             except OSError:
                 raise ShardError(f"{self.path}: cannot read row {i} (a damaged chunk?)") from None
         file_offset, row_shape, size = columns["pixels_at"]
-        data = os.pread(self._fd, size, file_offset + i * size)  # type: ignore[arg-type]
+        data = os.pread(cast(int, self._fd), size, file_offset + i * size)  # open: _columns() opened it
         if len(data) != size:
             raise ShardError(f"{self.path}: cannot read row {i} (short read; shard truncated?)")
         return np.frombuffer(data, dtype=np.uint8).reshape(row_shape)

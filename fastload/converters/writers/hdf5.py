@@ -61,7 +61,7 @@ class Hdf5ShardWriter:
             chunks = (min(max(n, 1), 64), *pixels.shape[1:]) if n and compression else None
             f.create_dataset(DECODED_DATASET, data=pixels, chunks=chunks, compression=compression)
         elif any(s.image is not None for s in self._samples):  # a sample without one: empty bytes, format ""
-            write_byte_column(f, ENCODED_DATASET, [s.image or b"" for s in self._samples])  # type: ignore[misc]
+            write_byte_column(f, ENCODED_DATASET, [s.image if isinstance(s.image, bytes) else b"" for s in self._samples])
             f.create_dataset(
                 "image_format", data=np.array([s.image_field or "" for s in self._samples], dtype=object),
                 dtype=h5py.string_dtype(),

@@ -73,8 +73,8 @@ class WdsShardWriter:
         if sample.image is not None and not isinstance(sample.image, bytes):
             raise TypeError(f"{sample.key}: tar shards store encoded images, got {type(sample.image).__name__}")
         fields = dict(sample.extra)
-        if sample.image_field is not None:
-            fields[sample.image_field] = sample.image  # type: ignore[assignment]
+        if sample.image_field is not None and isinstance(sample.image, bytes):
+            fields[sample.image_field] = sample.image
         if sample.label is not None:
             fields[LABEL_FIELD] = format_label(sample.label)
         members, parts, pos = [], [], self._pos
