@@ -24,8 +24,8 @@ run_module() {
   case "$1" in
     sampling) mutate sampling fastload/sampling.py tests/test_sampling.py tests/test_loader_fast.py \
                 -k "test_sampling or sample_streams or flip or train_crop or every_sample or state_dict or streaming or same_seed or epochs_differ" ;;
-    transforms) mutate transforms fastload/transforms.py tests/test_loader_fast.py \
-                -k "train_crop or offsets or flip or follows or val_preset or center_crop or crop_decoder or normalize or to_dtype or transform_spec or varying" ;;
+    transforms) mutate transforms fastload/transforms.py tests/test_transform_plans.py tests/test_loader_fast.py tests/test_fields.py \
+                -k "plans or train_crop or offsets or flip or follows or val_preset or center_crop or crop_decoder or normalize or to_dtype or transform_spec or varying or mask_stays or boxes_enclose" ;;
     index) mutate index fastload/index.py tests/test_index_bounds.py tests/test_untrusted_index.py tests/test_shard_columns.py ;;
     idx) mutate idx fastload/formats/idx.py tests/test_index_bounds.py tests/test_shard_columns.py tests/test_untrusted_index.py \
                 -k "idx or bounds or key or field_names or members or damaged or compact" ;;

@@ -16,7 +16,7 @@ import pytest
 import fastload
 from fastload.errors import DatasetIndexError
 from fastload.formats.idx import format_dali_index, parse_dali_index
-from fastload.index import INDEX_FILE, read_index
+from fastload.index import INDEX_FILE, DatasetIndex, read_index
 
 INT64_MAX = 2**63 - 1
 
@@ -126,3 +126,25 @@ def test_up_to_65535_field_names_fit_and_one_more_is_refused() -> None:
     samples.append([(f"f{limit}", 0, 1, f"k{limit}.f{limit}")])
     with pytest.raises(DatasetIndexError, match=re.escape(f"s.idx: more than {limit} different field names")):
         parse_dali_index(format_dali_index(samples).decode(), "s.idx")
+
+
+def test_optional_fields_left_out_read_as_their_defaults(ds_root: Path) -> None:
+    """An index written before a field existed (or by another writer) leaves it out."""
+    data = json.loads((ds_root / INDEX_FILE).read_text())
+    for name in ("classes", "class_counts", "image_fields", "decoded_shape", "skipped", "duplicates", "source", "conversion", "num_samples"):
+        data.pop(name, None)
+    for shard in data["shards"]:
+        shard.pop("offsets_sha256")
+    (ds_root / INDEX_FILE).write_text(json.dumps(data))
+    index = read_index(ds_root)
+    assert (index.classes, index.class_counts, index.image_fields, index.decoded_shape) == (None, {}, (), None)
+    assert (index.skipped, index.duplicates, index.source, index.conversion) == ({}, 0, "", {})
+    assert index.num_samples == 30 and all(s.offsets_sha256 is None for s in index.shards)
+
+
+def test_an_index_built_in_code_checks_its_shards_too(ds_root: Path) -> None:
+    shards = read_index(ds_root).shards
+    assert DatasetIndex(layout="wds", shards=shards, fields=("jpg", "cls")).num_samples == 30
+    for bad in (list(shards), (*shards, {"path": "x.tar"})):
+        with pytest.raises(DatasetIndexError, match="shards: must be a list of shards"):
+            DatasetIndex(layout="wds", shards=bad, fields=("jpg", "cls"))  # type: ignore[arg-type]
