@@ -148,3 +148,20 @@ def test_an_index_built_in_code_checks_its_shards_too(ds_root: Path) -> None:
     for bad in (list(shards), (*shards, {"path": "x.tar"})):
         with pytest.raises(DatasetIndexError, match="shards: must be a list of shards"):
             DatasetIndex(layout="wds", shards=bad, fields=("jpg", "cls"))  # type: ignore[arg-type]
+
+
+def test_a_decoded_side_of_one_pixel_is_read_and_zero_is_refused(ds_root: Path) -> None:
+    rewrite_index(ds_root, layout="hdf5", decoded_shape=[1, 1, 1])
+    assert read_index(ds_root).decoded_shape == (1, 1, 1)
+    rewrite_index(ds_root, decoded_shape=[1, 0, 1])
+    with pytest.raises(DatasetIndexError, match=re.escape("decoded_shape: must be an integer from 1 to 2**63 - 1")):
+        read_index(ds_root)
+
+
+def test_the_index_is_written_with_sorted_keys(clean: Path) -> None:
+    """Reruns are byte-identical: every object's keys in sorted order, whatever the field order."""
+    text = (clean / INDEX_FILE).read_text()
+    assert text == read_index(clean).to_json()
+    pairs: list[list[str]] = []
+    json.loads(text, object_pairs_hook=lambda items: pairs.append([k for k, _ in items]) or dict(items))
+    assert len(pairs) > 5 and all(keys == sorted(keys) for keys in pairs)
