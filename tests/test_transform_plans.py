@@ -88,6 +88,38 @@ def test_a_crop_after_resize_and_centre_crop_is_a_box_in_source_pixels() -> None
         assert got.box == (60 + 2 * left, 10 + 2 * top, 60 + 2 * (left + w), 10 + 2 * (top + h)) and got.size == (20, 20)
     assert plan([T.Resize(50), T.CenterCrop(40)], 100, 200, np.random.default_rng(0)).box == (60, 10, 140, 90)
     assert plan([T.Resize(50), T.CenterCrop((50, 100))], 100, 200, np.random.default_rng(0)).box == (0, 0, 200, 100)
+    assert plan([T.CenterCrop(40), T.CenterCrop(20)], 100, 200, np.random.default_rng(0)).box == (90, 40, 110, 60)
+
+
+def test_resize_scales_the_long_side_of_portrait_and_landscape_images() -> None:
+    assert plan([T.Resize(10)], 45, 20, np.random.default_rng(0)).size == (22, 10)
+    assert plan([T.Resize(10)], 20, 45, np.random.default_rng(0)).size == (10, 22)
+    assert plan([T.Resize(10)], 30, 30, np.random.default_rng(0)).size == (10, 10)
+    assert plan([T.Resize((12, 7))], 45, 20, np.random.default_rng(0)).size == (12, 7)
+
+
+def test_crops_of_tiny_images_are_never_empty_and_reach_one_pixel() -> None:
+    sizes = {random_resized_crop_params(2, 3, (0.08, 1.0), (3 / 4, 4 / 3), np.random.default_rng(i))[2:] for i in range(3000)}
+    assert min(h for h, _ in sizes) == 1 and min(w for _, w in sizes) == 1
+    assert all(1 <= h <= 2 and 1 <= w <= 3 for h, w in sizes)
+
+
+def test_specs_and_plans_are_immutable_values() -> None:
+    """Specs travel to worker processes and key the loader's cached orders: equal ones hash alike."""
+    specs = (*T.train(32, normalize=True), T.Resize(40), T.CenterCrop(32), T.ToDtype("float16"))
+    again = (*T.train(32, normalize=True), T.Resize(40), T.CenterCrop(32), T.ToDtype("float16"))
+    assert specs == again and hash(specs) == hash(again)
+    planned = plan(T.train(8), 50, 60, np.random.default_rng(1))
+    assert hash(planned) == hash(plan(T.train(8), 50, 60, np.random.default_rng(1)))
+    for value, name in [*((spec, next(iter(vars(spec)))) for spec in specs), (planned, "flip")]:
+        with pytest.raises(AttributeError):
+            setattr(value, name, None)
+
+
+def test_the_presets_default_to_imagenet_at_224() -> None:
+    assert T.train() == (T.RandomResizedCrop(224), T.RandomHorizontalFlip(0.5))
+    assert T.val() == (T.Resize(256), T.CenterCrop(224))
+    assert T.val(224, normalize=True)[-1] == T.Normalize() and T.train(normalize=True)[-1] == T.Normalize()
 
 
 def test_a_centre_crop_larger_than_its_input_on_either_side_is_refused() -> None:
@@ -121,7 +153,10 @@ def test_the_dct_scale_asked_for_keeps_the_output_resolution() -> None:
     assert dct_min_size(Plan((0.0, 0.0, 800.0, 600.0), (75, 100), False), 600, 800) == (75, 100)
     assert dct_min_size(Plan((0.0, 0.0, 800.0, 600.0), (76, 100), False), 600, 800) == (76, 102)
     assert dct_min_size(Plan((100.0, 0.0, 300.0, 600.0), (300, 50), False), 600, 800) == (300, 400)
+    assert dct_min_size(Plan((100.0, 200.0, 300.0, 400.0), (50, 100), False), 600, 800) == (300, 400)  # the width decides
+    assert dct_min_size(Plan((100.0, 200.0, 300.0, 400.0), (100, 50), False), 600, 800) == (300, 400)  # the height decides
     assert dct_min_size(Plan((0.0, 0.0, 80.0, 60.0), (120, 160), False), 600, 800) == (0, 0)
+    assert dct_min_size(Plan((0.0, 0.0, 800.0, 600.0), (900, 1200), False), 600, 800) == (0, 0)
 
 
 def test_a_mask_takes_the_value_under_each_output_pixel_centre() -> None:
