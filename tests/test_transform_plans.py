@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fastload import transforms as T
-from fastload.transforms import Plan, dct_min_size, map_boxes, nearest_into, output_size, plan, random_resized_crop_params
+from fastload.transforms import Plan, apply_plan, dct_min_size, map_boxes, nearest_into, output_size, plan, random_resized_crop_params, scaled_box
 
 
 class CountingDraws:
@@ -190,3 +190,42 @@ def test_batch_dtypes_scale_only_uint8_to_floats() -> None:
     assert torch.equal(scaled_twice, torch.tensor([[0.0, 0.2, 1.0]], dtype=torch.float16))
     normalized = T.batch_transform([T.Normalize(mean=(0.2,), std=(0.5,), dtype="float32")])(batch.view(1, 1, 1, 3))
     assert torch.allclose(normalized, ((batch.float() / 255 - 0.2) / 0.5).view(1, 1, 1, 3))
+
+
+def gradient(height: int, width: int) -> np.ndarray:
+    """A smooth RGB image: resampling it at another scale changes values by a level or two."""
+    rows, cols = np.mgrid[0:height, 0:width]
+    return np.stack([rows * 255 // height, cols * 255 // width, (rows + cols) * 255 // (height + width)], axis=-1).astype(np.uint8)
+
+
+def test_a_plan_applied_to_a_dct_scaled_decode_crops_the_same_region() -> None:
+    pixels, half = gradient(600, 800), gradient(300, 400)
+    crop = Plan((100.0, 200.0, 300.0, 400.0), (50, 50), False)
+    assert scaled_box(crop, half, 600, 800) == (50.0, 100.0, 150.0, 200.0)
+    from_full, from_half = apply_plan(pixels, crop, 600, 800), apply_plan(half, crop, 600, 800)
+    assert from_full.shape == from_half.shape == (50, 50, 3)
+    assert np.abs(from_full.astype(int) - from_half.astype(int)).max() <= 3
+
+
+def test_a_whole_image_plan_resizes_or_returns_the_pixels_as_they_are() -> None:
+    pixels = gradient(60, 80)
+    whole = (0.0, 0.0, 80.0, 60.0)
+    smaller = apply_plan(pixels, Plan(whole, (30, 40), False), 60, 80)
+    assert smaller.shape == (30, 40, 3) and np.abs(smaller.astype(int) - pixels[::2, ::2].astype(int)).max() <= 4
+    same = apply_plan(pixels, Plan(whole, (60, 80), False), 60, 80)
+    assert same is pixels  # nothing to resample: no copy
+    mirrored = apply_plan(pixels, Plan(whole, (60, 80), True), 60, 80)
+    assert np.shares_memory(mirrored, pixels) and np.array_equal(mirrored, pixels[:, ::-1])
+    gray = pixels[:, :, :1]
+    assert apply_plan(gray, Plan(whole, (30, 40), True), 60, 80).shape == (30, 40, 1)
+
+
+def test_a_crop_resized_back_to_the_image_size_is_a_zoom() -> None:
+    pixels = gradient(60, 80)
+    zoom = apply_plan(pixels, Plan((20.0, 15.0, 60.0, 45.0), (60, 80), False), 60, 80)
+    assert zoom.shape == pixels.shape
+    from PIL import Image
+
+    expected = np.asarray(Image.fromarray(pixels[15:45, 20:60]).resize((80, 60), Image.Resampling.BILINEAR))
+    assert np.abs(zoom.astype(int) - expected.astype(int)).max() <= 2
+    assert np.abs(zoom.astype(int) - pixels.astype(int)).max() > 30
