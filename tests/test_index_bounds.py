@@ -15,7 +15,7 @@ import pytest
 
 import fastload
 from fastload.errors import DatasetIndexError
-from fastload.formats.idx import format_dali_index, parse_dali_index
+from fastload.formats.idx import format_dali_index, parse_dali_index, split_member_name
 from fastload.index import INDEX_FILE, DatasetIndex, read_index
 
 INT64_MAX = 2**63 - 1
@@ -113,9 +113,14 @@ def test_member_bounds_are_checked_at_both_ends_of_the_shard() -> None:
     ],
 )
 def test_a_key_ends_at_the_first_dot_of_the_last_path_part(name: str, key: str, ext: str) -> None:
+    assert split_member_name(name) == (key, ext)  # as `fastload index` and the WebDataset source split them
     members = parse_dali_index(format_dali_index([[(ext, 512, 1, name)]]).decode(), "s.idx")
     assert members.key(0) == key
     assert members.members() == [(name, 512, 1)]
+
+
+def test_a_member_name_without_a_dot_is_all_key() -> None:
+    assert split_member_name("d.x/noext") == ("d.x/noext", "")
 
 
 def test_up_to_65535_field_names_fit_and_one_more_is_refused() -> None:
