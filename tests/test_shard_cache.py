@@ -95,6 +95,16 @@ def test_the_least_recently_used_entries_go_first_and_an_exact_fit_evicts_nothin
     assert cached(cache, server) == {"d"} and cache.size() == 1000
 
 
+def test_an_entry_whose_stamp_was_lost_is_still_evicted(server: DatasetServer, tmp_path: Path) -> None:
+    """A process killed between a download's rename and its stamp leaves an unstamped entry."""
+    cache = ShardCache(tmp_path / "cache", max_bytes=1000)
+    entry = cache.path(remote(server, "a"))
+    for beside in [p for p in entry.parent.iterdir() if p.name.startswith(entry.name) and p != entry]:
+        beside.unlink()
+    cache.path(remote(server, "b"))
+    assert cached(cache, server) == {"b"}
+
+
 def test_a_download_in_progress_counts_against_the_limit(server: DatasetServer, tmp_path: Path) -> None:
     """While b downloads (slowly) its size is reserved, so fetching c evicts a to stay under 2000."""
     cache = ShardCache(tmp_path / "cache", max_bytes=2000)
@@ -128,6 +138,11 @@ def test_entries_are_named_by_content_or_else_by_url(server: DatasetServer, tmp_
     assert cache.entry(twin) == cache.entry(a)
     unchecked = remote(server, "a", checksum=False)
     assert cache.entry(unchecked) == cache.root / f"url-{hashlib.sha256(unchecked.url.encode()).hexdigest()}.tar"
+
+
+def test_a_missing_cache_folder_is_created_with_its_parents(server: DatasetServer, tmp_path: Path) -> None:
+    cache = ShardCache(tmp_path / "not" / "yet" / "there", max_bytes=10**6)
+    assert cache.path(remote(server, "a")).parent == tmp_path / "not" / "yet" / "there"
 
 
 def test_the_limit_must_be_positive(tmp_path: Path) -> None:
