@@ -191,3 +191,17 @@ def test_a_streaming_resume_at_another_world_size_reads_the_unseen_samples_once(
     assert sorted(seen + rest) == list(range(30))
     assert after.order.tolist() != before.order.tolist()
     assert order_spec(streaming=True, shuffle_buffer=4, world_size=2, rank=1).batches(len(before), 6).batches[0].tolist() == [9, 10, 11]
+
+
+@pytest.mark.parametrize("consumed", [3, 9, 15])
+def test_after_a_streaming_resume_at_more_ranks_each_shard_is_read_by_one_rank(consumed: int) -> None:
+    """The unseen samples are re-dealt as whole shards: no shard is split between the two ranks
+    (a shard's first sample counted with its neighbour would be)."""
+    sizes = (8, 8, 8, 6)
+    starts = np.cumsum([0, *sizes])
+    resumed = order_spec(streaming=True, shuffle_buffer=4, world_size=2, generations=((1, 3, consumed),)).order(1)
+    shards_read = []
+    for rank in range(2):
+        samples, valid = lane(resumed, 2, 3, rank)
+        shards_read.append(set(shards_of(starts, samples[valid]).tolist()))
+    assert shards_read[0] and shards_read[1] and not shards_read[0] & shards_read[1]
