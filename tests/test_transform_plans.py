@@ -61,6 +61,11 @@ def test_spec_bounds_are_checked_on_both_sides(make, valid: bool) -> None:  # ty
             make()
 
 
+def test_normalize_names_the_dtypes_it_makes() -> None:
+    with pytest.raises(ValueError, match=r"one of \('float32', 'float16', 'bfloat16'\), got 'uint8'"):
+        T.Normalize(dtype="uint8")
+
+
 def test_a_chain_has_a_fixed_output_size_only_when_its_last_geometry_fixes_one() -> None:
     assert output_size(T.train(32)) == (32, 32)
     assert output_size(T.val(16, normalize=True)) == (16, 16)
@@ -102,6 +107,9 @@ def test_crops_of_tiny_images_are_never_empty_and_reach_one_pixel() -> None:
     sizes = {random_resized_crop_params(2, 3, (0.08, 1.0), (3 / 4, 4 / 3), np.random.default_rng(i))[2:] for i in range(3000)}
     assert min(h for h, _ in sizes) == 1 and min(w for _, w in sizes) == 1
     assert all(1 <= h <= 2 and 1 <= w <= 3 for h, w in sizes)
+    for height, width in ((1, 2), (2, 1), (1, 1)):  # a small area draws a side that rounds to 0: never taken
+        crops = [random_resized_crop_params(height, width, (0.08, 1.0), (3 / 4, 4 / 3), np.random.default_rng(i)) for i in range(500)]
+        assert all(h >= 1 and w >= 1 and top + h <= height and left + w <= width for top, left, h, w in crops)
 
 
 def test_specs_and_plans_are_immutable_values() -> None:
