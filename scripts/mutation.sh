@@ -3,7 +3,7 @@
 # tests (scripts/mutation.py plants one mutant at a time in a scratch copy and lists the
 # survivors; tests/MUTATION.md says why the remaining ones are equivalent). One module at a time,
 # at the lowest priority. Outcomes go to .mutation/NAME.jsonl and .mutation/NAME.log.
-#   bash scripts/mutation.sh                     # every module below (~1 h on a 2-core machine)
+#   bash scripts/mutation.sh                     # every module below (~1.5 h on a 2-core machine)
 #   bash scripts/mutation.sh sampling dedupe     # some of them
 # MUTATION_PYTHON=/path/to/python uses that interpreter instead of the project's .venv.
 set -euo pipefail
