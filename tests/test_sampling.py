@@ -6,7 +6,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fastload.sampling import OrderSpec, buffer_shuffle, deal, epoch_order, rank_batches, shard_groups, shards_of, streaming_order, unseen_groups
+from fastload.sampling import (
+    OrderSpec,
+    buffer_shuffle,
+    deal,
+    epoch_order,
+    rank_batches,
+    shard_groups,
+    shards_of,
+    streaming_order,
+    unseen_groups,
+)
 
 SIZES = [50, 50, 50, 30, 41, 7]
 STARTS = np.concatenate([[0], np.cumsum(SIZES)])

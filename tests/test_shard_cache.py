@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from fastload.cache import RemoteFile, ShardCache, default_cache_bytes, default_cache_dir
-
 from tests.test_remote import DatasetServer
 
 pytestmark = pytest.mark.timeout(60)

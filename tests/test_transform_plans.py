@@ -10,7 +10,17 @@ import pytest
 import torch
 
 from fastload import transforms as T
-from fastload.transforms import Plan, apply_plan, dct_min_size, map_boxes, nearest_into, output_size, plan, random_resized_crop_params, scaled_box
+from fastload.transforms import (
+    Plan,
+    apply_plan,
+    dct_min_size,
+    map_boxes,
+    nearest_into,
+    output_size,
+    plan,
+    random_resized_crop_params,
+    scaled_box,
+)
 
 
 class CountingDraws:
