@@ -3,7 +3,7 @@
 # tests (scripts/mutation.py plants one mutant at a time in a scratch copy and lists the
 # survivors; tests/MUTATION.md says why the remaining ones are equivalent). One module at a time,
 # at the lowest priority. Outcomes go to .mutation/NAME.jsonl and .mutation/NAME.log.
-#   bash scripts/mutation.sh                     # every module below (~1 h on a 2-core machine)
+#   bash scripts/mutation.sh                     # every module below (~1.5 h on a 2-core machine)
 #   bash scripts/mutation.sh sampling dedupe     # some of them
 # MUTATION_PYTHON=/path/to/python uses that interpreter instead of the project's .venv.
 set -euo pipefail
@@ -24,21 +24,26 @@ run_module() {
   case "$1" in
     sampling) mutate sampling fastload/sampling.py tests/test_sampling.py tests/test_loader_fast.py \
                 -k "test_sampling or sample_streams or flip or train_crop or every_sample or state_dict or streaming or same_seed or epochs_differ" ;;
-    transforms) mutate transforms fastload/transforms.py tests/test_loader_fast.py \
-                -k "train_crop or offsets or flip or follows or val_preset or center_crop or crop_decoder or normalize or to_dtype or transform_spec or varying" ;;
-    index) mutate index fastload/index.py tests/test_untrusted_index.py tests/test_shard_columns.py ;;
-    cache) mutate cache fastload/cache.py tests/test_untrusted_index.py tests/test_remote.py ;;
+    orderspec) mutate orderspec fastload/sampling.py:order tests/test_sampling.py ;;  # OrderSpec.order, part of sampling's run too
+    transforms) mutate transforms fastload/transforms.py tests/test_transform_plans.py tests/test_loader_fast.py tests/test_fields.py \
+                -k "plans or train_crop or offsets or flip or follows or val_preset or center_crop or crop_decoder or normalize or to_dtype or transform_spec or varying or mask_stays or boxes_enclose" ;;
+    index) mutate index fastload/index.py tests/test_index_bounds.py tests/test_untrusted_index.py tests/test_shard_columns.py ;;
+    idx) mutate idx fastload/formats/idx.py tests/test_index_bounds.py tests/test_shard_columns.py tests/test_untrusted_index.py \
+                -k "idx or bounds or key or field_names or members or damaged or compact" ;;
+    files) mutate files fastload/files.py tests/test_index_bounds.py tests/test_untrusted_index.py ;;
+    cache) mutate cache fastload/cache.py tests/test_shard_cache.py tests/test_untrusted_index.py tests/test_remote.py \
+                -k "cache or digest or http_dataset or corrupted" ;;
     verify) mutate verify fastload/verify.py tests/test_verify_cli.py tests/test_untrusted_index.py -k "verify or climbing" ;;
     plan) mutate plan fastload/converters/plan.py tests/test_convert_sources.py ;;
     dedupe) mutate dedupe fastload/converters/run.py:find_duplicates tests/test_convert_sources.py -k dedupe ;;
     dedupe-hash) mutate dedupe-hash fastload/converters/shard.py:hash_items tests/test_convert_sources.py -k dedupe ;;
-    *) echo "unknown module '$1' (sampling transforms index cache verify plan dedupe dedupe-hash)" >&2; return 2 ;;
+    *) echo "unknown module '$1' (sampling orderspec transforms index idx files cache verify plan dedupe dedupe-hash)" >&2; return 2 ;;
   esac
 }
 
 mkdir -p .mutation
 modules=("$@")
-[ ${#modules[@]} -gt 0 ] || modules=(sampling transforms index cache verify plan dedupe dedupe-hash)
+[ ${#modules[@]} -gt 0 ] || modules=(sampling transforms index idx files cache verify plan dedupe dedupe-hash)
 for name in "${modules[@]}"; do
   rm -f ".mutation/$name.jsonl"
   run_module "$name"

@@ -6,7 +6,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fastload.sampling import buffer_shuffle, deal, rank_batches, shard_groups, shards_of, streaming_order, unseen_groups
+from fastload.sampling import (
+    OrderSpec,
+    buffer_shuffle,
+    deal,
+    epoch_order,
+    rank_batches,
+    shard_groups,
+    shards_of,
+    streaming_order,
+    unseen_groups,
+)
 
 SIZES = [50, 50, 50, 30, 41, 7]
 STARTS = np.concatenate([[0], np.cumsum(SIZES)])
@@ -151,3 +161,57 @@ def test_rank_batches_of_one_sample_and_the_position_after_the_last() -> None:
         rank_batches(10, 0, 0, 0, 1, False)
     with pytest.raises(ValueError, match="rank 3 is outside world size 3"):
         rank_batches(10, 0, 1, 3, 3, False)
+
+
+def order_spec(**changes: object) -> OrderSpec:
+    """The orders of a 30-sample dataset in shards of 8, 8, 8 and 6, one rank, batches of 3."""
+    values: dict = dict(shard_sizes=(8, 8, 8, 6), seed=3, shuffle=True, batch_size=3, rank=0, world_size=1, drop_last=False)
+    return OrderSpec(**{**values, **changes})
+
+
+def test_a_subsets_order_permutes_its_own_indices() -> None:
+    take = (29, 3, 17, 5, 11, 0, 24)
+    assert order_spec(shuffle=False, take=take).order(0).order.tolist() == list(take)
+    shuffled = order_spec(take=take).order(4).order
+    assert shuffled.tolist() == np.asarray(take)[epoch_order(len(take), 3, 4, True)].tolist()
+    assert sorted(shuffled.tolist()) == sorted(take) and shuffled.tolist() != list(take)
+    assert order_spec().order(4).order.tolist() == epoch_order(30, 3, 4, True).tolist()
+
+
+def test_drop_remainder_cuts_the_order_to_a_multiple_of_the_world_size() -> None:
+    """As DistributedSampler(drop_last=True): 30 samples on 4 ranks use 28, the first 28 of the
+    order; a Subset of 7 on 4 ranks uses 4."""
+    full = order_spec(world_size=4).order(1).order
+    assert len(full) == 30
+    assert order_spec(world_size=4, drop_remainder=True).order(1).order.tolist() == full[:28].tolist()
+    assert order_spec(world_size=5, drop_remainder=True).order(1).order.tolist() == order_spec(world_size=5).order(1).order.tolist()
+    take = (29, 3, 17, 5, 11, 0, 24)
+    cut = order_spec(world_size=4, drop_remainder=True, take=take).order(1).order
+    assert cut.tolist() == order_spec(world_size=4, take=take).order(1).order[:4].tolist()
+
+
+@pytest.mark.parametrize("consumed", [0, 6, 12, 18])
+def test_a_streaming_resume_at_another_world_size_reads_the_unseen_samples_once(consumed: int) -> None:
+    """Two ranks stream ``consumed`` positions of the epoch; one rank resumes: the samples it reads
+    are exactly those not read before, each once, shard by shard."""
+    before = order_spec(streaming=True, shuffle_buffer=4, world_size=2).order(2)
+    seen = before.order[:consumed][before.valid[:consumed]].tolist()
+    after = order_spec(streaming=True, shuffle_buffer=4, generations=((2, 3, consumed),)).order(2)
+    rest = after.order[after.valid].tolist()
+    assert sorted(seen + rest) == list(range(30))
+    assert after.order.tolist() != before.order.tolist()
+    assert order_spec(streaming=True, shuffle_buffer=4, world_size=2, rank=1).batches(len(before), 6).batches[0].tolist() == [9, 10, 11]
+
+
+@pytest.mark.parametrize("consumed", [3, 9, 15])
+def test_after_a_streaming_resume_at_more_ranks_each_shard_is_read_by_one_rank(consumed: int) -> None:
+    """The unseen samples are re-dealt as whole shards: no shard is split between the two ranks
+    (a shard's first sample counted with its neighbour would be)."""
+    sizes = (8, 8, 8, 6)
+    starts = np.cumsum([0, *sizes])
+    resumed = order_spec(streaming=True, shuffle_buffer=4, world_size=2, generations=((1, 3, consumed),)).order(1)
+    shards_read = []
+    for rank in range(2):
+        samples, valid = lane(resumed, 2, 3, rank)
+        shards_read.append(set(shards_of(starts, samples[valid]).tolist()))
+    assert shards_read[0] and shards_read[1] and not shards_read[0] & shards_read[1]
