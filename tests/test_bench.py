@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fastload.converters import ConvertOptions, convert
 from fastload.bench import time_batches
+from fastload.converters import ConvertOptions, convert
 from fastload.demo import make_demo_images
 from tests.conftest import run_cli
 
@@ -47,7 +47,7 @@ def test_bench_all_cpu_loaders_json_and_stall(bench_data: tuple[Path, Path], tmp
         assert row["images_per_s"] > 0 and row["cpu_s_per_1k"] > 0 and row["peak_rss_mb"] > 0
     single = report["ceiling"]["single_thread_images_per_s"]
     assert single > 0 and report["machine"]["cpus"] >= 1
-    for (loader, workers), row in rows.items():  # each against torch at its own worker count
+    for (_loader, workers), row in rows.items():  # each against torch at its own worker count
         assert row["ratio_to_torch"] == pytest.approx(row["images_per_s"] / rows[("torch", workers)]["images_per_s"])
         assert row["ratio_to_ceiling"] == pytest.approx(row["images_per_s"] / (single * max(workers, 1)))
     stall = report["data_stall"]

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import fastload
-from fastload.converters import ConvertOptions, WriterOptions, convert
 from fastload import transforms as T
+from fastload.converters import ConvertOptions, WriterOptions, convert
 from fastload.errors import SampleError
 from tests.conftest import cli_env, collection_page_faults
 
@@ -55,7 +55,7 @@ def test_dali_cpu_matches_the_cpu_path_image_by_image(demo_wds: Path, preset: tu
     assert len(cpu) == 12
     assert [k for *_, k in dali] == [k for *_, k in cpu]  # same order
     diffs = []
-    for (a, la, key), (b, lb, _) in zip(cpu, dali):
+    for (a, la, _key), (b, lb, _) in zip(cpu, dali):
         assert a.shape == b.shape and a.dtype == b.dtype == torch.uint8 and torch.equal(la, lb)
         diffs.append((a.float() - b.float()).abs().mean().item())
     # same crop and flip; two decoders and resamplers differ by about a level
@@ -153,9 +153,8 @@ def test_dali_epochs_after_a_full_epoch_and_after_a_break_equal_the_cpu_path(dem
 def test_corrupt_sample_raises_or_is_skipped(corrupt: tuple[Path, set[str]], workers: int) -> None:
     path, bad = corrupt
     kwargs = dict(batch_size=4, backend="dali", transform=T.val(16), num_workers=workers)
-    with fastload.DataLoader(path, **kwargs) as loader:
-        with pytest.raises(SampleError) as info:
-            list(loader)
+    with fastload.DataLoader(path, **kwargs) as loader, pytest.raises(SampleError) as info:
+        list(loader)
     assert info.value.where.split(":", 1)[1] in bad
     with fastload.DataLoader(path, on_error="skip", return_keys=True, **kwargs) as loader:
         batches = list(loader)
@@ -274,7 +273,7 @@ def test_mixed_decoding_gives_cuda_tensors_like_the_cpu_path(wds: Path) -> None:
     kwargs = dict(batch_size=8, shuffle=True, seed=3, transform=T.val(32))
     with fastload.DataLoader(wds, backend="dali", return_keys=True, **kwargs) as loader:
         assert loader.backend == "dali-gpu"
-        images, labels, keys = next(iter(loader))
+        images, _labels, keys = next(iter(loader))
         assert images.is_cuda and images.dtype == torch.uint8
     cpu = epoch(wds, "cpu", **kwargs)[:8]
     assert keys == [k for *_, k in cpu]

@@ -4,7 +4,6 @@ and the loader behaviours they rely on (epochs, rank discovery, samplers, Subset
 
 from __future__ import annotations
 
-import gc
 import itertools
 import json
 import os
@@ -15,16 +14,15 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pytest
 import torch
 from torch.utils.data import RandomSampler, Subset, SubsetRandomSampler, TensorDataset, WeightedRandomSampler
 from torch.utils.data.distributed import DistributedSampler
 
 import fastload
+from fastload import transforms as T
 from fastload.converters.options import ConvertOptions
 from fastload.converters.run import convert
-from fastload import transforms as T
 
 HERE = Path(__file__).parent / "frameworks"
 N = 43  # odd: every layout has a remainder
@@ -228,7 +226,7 @@ def test_lightning_ddp_shards_reshuffles_and_resumes(data43: Path, tmp_path: Pat
         for row in read_jsonl(whole / f"rank{rank}.jsonl"):
             by_epoch.setdefault((rank, row["epoch"]), []).append(row["keys"])
     for epoch in (0, 1):
-        a, b = sum(by_epoch[(0, epoch)], []), sum(by_epoch[(1, epoch)], [])
+        a, b = ([k for keys in by_epoch[(rank, epoch)] for k in keys] for rank in (0, 1))
         assert len(a) == len(b) == 22  # 5 batches of 4 and one of 2 per rank (one padding entry)
         assert len(set(a) | set(b)) == N  # disjoint up to the padding, complete
     assert by_epoch[(0, 0)] != by_epoch[(0, 1)]  # a new order every epoch

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import fastload
-from fastload.converters import ConvertOptions, convert
 from fastload import transforms as T
+from fastload.converters import ConvertOptions, convert
 
 pytestmark = pytest.mark.gpu
 

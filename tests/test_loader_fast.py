@@ -4,8 +4,8 @@ count, exact resume, transforms against reference implementations, both shard la
 from __future__ import annotations
 
 import io
-import json
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -18,11 +18,11 @@ import torch
 from PIL import Image
 
 import fastload
-from fastload.converters import ConvertOptions, WriterOptions, convert
 from fastload import transforms as T
+from fastload.converters import ConvertOptions, WriterOptions, convert
+from fastload.decode.cpu import turbo as _turbo
 from fastload.sampling import sample_rng
 from fastload.transforms import Plan, apply_plan, plan, random_resized_crop_params
-from fastload.decode.cpu import turbo as _turbo
 from tests.conftest import jpeg_bytes, small_photo
 
 
@@ -103,7 +103,7 @@ def test_same_seed_same_batches_whatever_the_worker_count(wds: Path, monkeypatch
 def test_epochs_differ_and_set_epoch_replays(wds: Path) -> None:
     with fastload.DataLoader(wds, batch_size=30, shuffle=True, transform=T.train(24), return_keys=True) as loader:
         (x0, _, k0), = list(loader)
-        (x1, _, k1), = list(loader)  # the epoch advances by itself
+        (_x1, _, k1), = list(loader)  # the epoch advances by itself
         assert k0 != k1
         loader.set_epoch(0)
         (again, _, k_again), = list(loader)
@@ -207,7 +207,7 @@ def reference_val(data: bytes, size: int) -> np.ndarray:
     w, h = image.size
     new = (short, int(short * h / w)) if w <= h else (int(short * w / h), short)
     image = image.resize(new, Image.Resampling.BILINEAR)
-    left, top = int(round((new[0] - size) / 2.0)), int(round((new[1] - size) / 2.0))
+    left, top = round((new[0] - size) / 2.0), round((new[1] - size) / 2.0)
     return np.asarray(image.crop((left, top, left + size, top + size))).transpose(2, 0, 1)
 
 
@@ -232,7 +232,7 @@ def test_center_crop_without_scaling_is_exact(image_folder: Path, wds: Path) -> 
         images, _, keys = next(iter(loader))
     for image, key in zip(images, keys):
         full = np.asarray(Image.open(image_folder / f"{key}.jpg").convert("RGB"))
-        top, left = int(round((full.shape[0] - 24) / 2.0)), int(round((full.shape[1] - 24) / 2.0))
+        top, left = round((full.shape[0] - 24) / 2.0), round((full.shape[1] - 24) / 2.0)
         expected = full[top : top + 24, left : left + 24].transpose(2, 0, 1)
         assert np.abs(image.numpy().astype(int) - expected.astype(int)).max() <= 1, key
 
@@ -297,8 +297,8 @@ def torchvision_get_params(height: int, width: int, g: torch.Generator) -> tuple
     for _ in range(10):
         target_area = area * torch.empty(1).uniform_(0.08, 1.0, generator=g).item()
         aspect_ratio = math.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1], generator=g).item())
-        w = int(round(math.sqrt(target_area * aspect_ratio)))
-        h = int(round(math.sqrt(target_area / aspect_ratio)))
+        w = round(math.sqrt(target_area * aspect_ratio))
+        h = round(math.sqrt(target_area / aspect_ratio))
         if 0 < w <= width and 0 < h <= height:
             i = torch.randint(0, height - h + 1, size=(1,), generator=g).item()
             j = torch.randint(0, width - w + 1, size=(1,), generator=g).item()
@@ -310,11 +310,11 @@ def test_train_crop_follows_torchvision_semantics() -> None:
     areas, ratios = [], []
     for i in range(2000):  # each sample's own stream, as the loader draws them
         top, left, h, w = random_resized_crop_params(300, 400, (0.08, 1.0), (3 / 4, 4 / 3), sample_rng(0, 0, i))
-        assert 0 <= top and top + h <= 300 and 0 <= left and left + w <= 400
+        assert top >= 0 and top + h <= 300 and left >= 0 and left + w <= 400
         areas.append(h * w / 120000)
         ratios.append(w / h)
-    assert 0.075 <= min(areas) and max(areas) <= 1.0
-    assert 0.73 <= min(ratios) and max(ratios) <= 1.36  # 3/4..4/3, give or take the rounding to pixels
+    assert min(areas) >= 0.075 and max(areas) <= 1.0
+    assert min(ratios) >= 0.73 and max(ratios) <= 1.36  # 3/4..4/3, give or take the rounding to pixels
     reference = [torchvision_get_params(300, 400, torch.Generator().manual_seed(i)) for i in range(2000)]
     ref_areas = [h * w / 120000 for _, _, h, w in reference]
     ref_ratios = [w / h for _, _, h, w in reference]
@@ -369,7 +369,7 @@ def test_sample_streams_are_uniform_and_unrelated() -> None:
     by_epoch = np.array([sample_rng(0, e, 5).random() for e in range(16000)])
     by_seed = np.array([sample_rng(s, 0, 5).random() for s in range(16000)])
     for values in (firsts, within, by_epoch, by_seed):
-        assert chi2(values) < 37.7 and 0 <= values.min() and values.max() < 1
+        assert chi2(values) < 37.7 and values.min() >= 0 and values.max() < 1
     assert abs(np.corrcoef(firsts[:-1], firsts[1:])[0, 1]) < 0.05
     assert len(set(firsts.tolist())) == len(firsts)
     assert all(0 <= sample_rng(0, 0, i).integers(3, 10) - 3 < 7 for i in range(1000))

@@ -22,11 +22,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import fastload
-from fastload.converters import ConvertOptions, convert
 from fastload import transforms as T
 from fastload.cache import RemoteFile
+from fastload.converters import ConvertOptions, convert
 from fastload.errors import RemoteError
-
 from tests.conftest import jpeg_bytes, run_cli, small_photo, tree_bytes
 
 pytestmark = pytest.mark.timeout(240)
@@ -35,7 +34,7 @@ pytestmark = pytest.mark.timeout(240)
 class FaultyHandler(SimpleHTTPRequestHandler):
     """Serves files; the server's ``faults[path]`` lists what to do to the next requests."""
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:
         path = self.path.split("?")[0].lstrip("/")
         server: DatasetServer = self.server  # type: ignore[assignment]
         with server.lock:

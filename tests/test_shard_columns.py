@@ -4,9 +4,9 @@ offsets) small enough for every worker to hold."""
 
 from __future__ import annotations
 
+import gc
 import re
 import shutil
-import gc
 import tracemalloc
 from pathlib import Path
 
@@ -58,7 +58,7 @@ def test_a_damaged_shard_index_names_the_file_when_read(clean: Path, tmp_path: P
     shutil.copytree(clean, root)
     idx = root / read_index(root).shards[0].offsets
     lines = idx.read_text().splitlines()
-    idx.write_text("\n".join(lines[:2] + ["jpg 10 20"] + lines[3:]) + "\n")
+    idx.write_text("\n".join([*lines[:2], "jpg 10 20", *lines[3:]]) + "\n")
     ds = fastload.open(root)
     with pytest.raises(ShardError, match=re.escape(f"{idx}:3: malformed sample line")):
         ds[0]

@@ -52,7 +52,7 @@ def test_trains_is_killed_and_resumes(small_dataset: Path, tmp_path: Path) -> No
                 break
         time.sleep(0.05)
     assert proc.poll() is None, "training ended before it could be killed"
-    tree = [proc] + psutil.Process(proc.pid).children(recursive=True)  # torchrun and its ranks: a dying machine
+    tree = [proc, *psutil.Process(proc.pid).children(recursive=True)]  # torchrun and its ranks: a dying machine
     for p in tree:
         os.kill(p.pid, signal.SIGKILL)
     proc.wait()

@@ -21,14 +21,13 @@ import numpy as np
 import pytest
 
 import fastload
-from fastload.converters import ConvertOptions, WriterOptions, convert
 from fastload import transforms as T
 from fastload.cache import RemoteFile
 from fastload.cli import main as cli_main
-from fastload.errors import DatasetIndexError, FastloadError, SampleError, ShardError
+from fastload.converters import ConvertOptions, WriterOptions, convert
+from fastload.errors import DatasetIndexError, SampleError, ShardError
 from fastload.formats.idx import format_dali_index, parse_dali_index
 from fastload.index import INDEX_FILE, read_index
-
 from tests.conftest import run_cli
 from tests.test_fuzz_readers import exercise
 from tests.test_remote import DatasetServer
@@ -217,7 +216,7 @@ def test_a_url_dataset_never_reads_outside_its_prefix(served_in_subfolder: tuple
 @pytest.mark.parametrize("field", ["sha256", "offsets_sha256"])
 @pytest.mark.parametrize("bad", ["../../planted", "/tmp/planted", "A" * 64, "a" * 63, "g" * 64, 1234, True])
 def test_a_digest_that_is_not_hex_is_refused_before_any_cache_file(served_in_subfolder: tuple[DatasetServer, str], tmp_path: Path, field: str, bad: object) -> None:
-    server, url = served_in_subfolder
+    _server, url = served_in_subfolder
     edit_index(tmp_path / "site" / "data", set_shard(1, **{field: bad}))
     before = {p for p in tmp_path.rglob("*")}
     with pytest.raises(DatasetIndexError, match=re.escape(f"shards[1].{field}: must be a sha256 digest (64 lowercase hex digits)")):

@@ -20,7 +20,7 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 model, optimizer, train, val = accelerator.prepare(model, optimizer, train, val)
 report: dict = {"prepared_is_fastload": isinstance(train, fastload.DataLoader), "syncs": [], "batches": len(train)}
 
-for step, (images, labels, keys) in enumerate(train):
+for _step, (images, labels, _keys) in enumerate(train):
     with accelerator.accumulate(model):
         loss = torch.nn.functional.cross_entropy(model(images.float().flatten(1)), labels % 4)
         accelerator.backward(loss)
@@ -29,7 +29,7 @@ for step, (images, labels, keys) in enumerate(train):
         optimizer.zero_grad()
 
 seen = 0
-for images, labels in val:
+for _, labels in val:
     seen += len(accelerator.gather_for_metrics(labels))
 report["val_seen"] = seen
 

@@ -8,7 +8,6 @@ import os
 import sys
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 from torch.utils.data import Subset
 from torch.utils.data.distributed import DistributedSampler
