@@ -44,6 +44,29 @@ def png_bytes(image: Image.Image) -> bytes:
     return buf.getvalue()
 
 
+def alive(pids: list[int]) -> list[int]:
+    """Those of ``pids`` still running (not zombies)."""
+    import psutil
+
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def photo_folder(root: Path, count: int) -> Path:
+    """ROOT/cK/NNNN.jpg: ``count`` small 64x80 JPEGs in 3 class folders."""
+    for i in range(count):
+        path = root / f"c{i % 3}" / f"{i:04d}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(jpeg_bytes(small_photo(i, i % 3, (64, 80))))
+    return root
+
+
 def small_photo(seed: int, label: int = 0, size: tuple[int, int] = (48, 64)) -> Image.Image:
     """A small smooth synthetic image (height, width)."""
     return synthetic_image(np.random.default_rng(seed), label, size[0], size[1])

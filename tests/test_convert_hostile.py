@@ -23,7 +23,7 @@ from PIL import Image
 
 from fastload.converters import ConvertOptions, convert
 from fastload.converters.lock import LOCK_FILE
-from tests.conftest import cli_env, jpeg_bytes, run_cli, small_photo, tree_bytes
+from tests.conftest import alive, cli_env, jpeg_bytes, photo_folder, run_cli, small_photo, tree_bytes
 
 EXE = str(Path(sys.executable).with_name("fastload"))
 
@@ -31,12 +31,7 @@ EXE = str(Path(sys.executable).with_name("fastload"))
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """120 small JPEGs in 3 class folders."""
-    root = tmp_path_factory.mktemp("photos")
-    for i in range(120):
-        path = root / f"c{i % 3}" / f"{i:04d}.jpg"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(jpeg_bytes(small_photo(i, i % 3, (64, 80))))
-    return root
+    return photo_folder(tmp_path_factory.mktemp("photos"), 120)
 
 
 def convert_args(src: Path, out: Path, workers: int = 2, per_shard: int = 2) -> list[str]:
@@ -54,17 +49,6 @@ def wait_for_results(proc: subprocess.Popen, out: Path, count: int, timeout: flo
         if len(list((out / ".fastload-partial").glob("shard-*.json"))) >= count:
             return
         time.sleep(0.005)
-
-
-def alive(pids: list[int]) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 def test_sigkill_of_convert_takes_its_workers_along(photos: Path, tmp_path: Path) -> None:

@@ -13,18 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli_env, jpeg_bytes, run_cli, small_photo, tree_bytes
+from tests.conftest import cli_env, photo_folder, run_cli, tree_bytes
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def many_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("many")
-    for i in range(240):
-        path = root / f"c{i % 3}" / f"{i:04d}.jpg"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(jpeg_bytes(small_photo(i, i % 3, (64, 80))))
+    root = photo_folder(tmp_path_factory.mktemp("many"), 240)
     (root / "c0" / "0000.jpg").write_bytes(b"")  # one bad file, skipped and reported
     return root
 

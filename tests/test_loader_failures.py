@@ -22,19 +22,7 @@ import fastload
 from fastload import transforms as T
 from fastload.errors import SampleError
 from fastload.workers import WorkerError
-from tests.conftest import collection_page_faults
-
-
-def alive(pids: list[int]) -> list[int]:
-    """Those of ``pids`` still running (not zombies)."""
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
+from tests.conftest import alive, collection_page_faults
 
 
 def worker_pids(loader: fastload.DataLoader) -> list[int]:
