@@ -174,10 +174,7 @@ class CpuEpoch(Epoch):
         else:
             columns = {c.name: copied(buffers.column(result.slot, c.name)[:n], options.pin_memory) for c in buffers.columns}
             buffers.give_back(result.slot)
-        spec = self.inputs.sample_spec
-        if not spec.classic:
-            return self._finish_fields(columns, result.values, result.keys, result.skipped, self.next_yield)
-        return self._finish_batch(columns, result.keys, result.skipped, self.next_yield)
+        return self._finish_batch(columns, result.values, result.keys, result.skipped, self.next_yield)
 
     def close(self) -> None:
         """Abandon the epoch: batches in flight are not waited for; their slots come back as the

@@ -140,9 +140,6 @@ class DaliEpoch(Epoch):
                 image = cast(FieldSpec, spec.primary)  # there is one: ensure() refused samples without an image
                 columns[image.key] = images
         tensors = {name: column if isinstance(column, torch.Tensor) else as_tensor(column) for name, column in columns.items()}
-        if spec.classic:
-            batch = self._finish_batch(tensors, keys, skipped, self.next_yield)
-        else:
-            batch = self._finish_fields(tensors, values, keys, skipped, self.next_yield)
+        batch = self._finish_batch(tensors, values, keys, skipped, self.next_yield)
         stats.record_batch(len(keys))
         return batch

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -142,31 +142,18 @@ class Epoch:
         generator.manual_seed(value % 2**63)
         return generator
 
-    def _finish_batch(self, columns: Mapping[str, torch.Tensor | np.ndarray], keys: list[str], skipped: list, batch_no: int) -> Any:
-        """A classic (images, labels) batch: move to ``device``, apply Normalize/ToDtype there, count
-        skips, shape the batch."""
-        inputs = self.inputs
-        image, label = inputs.sample_spec.fields
-        # uint8 images and int64 labels: as_tensor/copied always made tensors of them
-        images, labels = cast(torch.Tensor, columns[image.key]), cast(torch.Tensor, columns[label.key])
-        if inputs.device is not None:
-            images = images.to(inputs.device, non_blocking=True)
-            labels = labels.to(inputs.device, non_blocking=True)
-        if inputs.batch_fn is not None:
-            images = inputs.batch_fn(images)
-        for where, reason in skipped:
-            inputs.stats.record_skip(where, reason)
-        return inputs.layout.shape(images, labels, keys, self.valid(batch_no))
-
-    def _finish_fields(self, columns: dict, values: dict[str, list], keys: list[str], skipped: list, batch_no: int) -> tuple:
-        """A ``fields=`` batch: a tuple in the fields' order, then keys (return_keys) and valid (evaluation)."""
+    def _finish_batch(self, columns: Mapping[str, torch.Tensor | np.ndarray], values: dict[str, list], keys: list[str],
+                      skipped: list, batch_no: int) -> Any:
+        """Move the stacked fields to ``device`` (Normalize/ToDtype on images there), count skips and
+        shape the batch: ``(images, labels, ...)`` classically, else the ``fields=`` in their order."""
         inputs = self.inputs
         for where, reason in skipped:
             inputs.stats.record_skip(where, reason)
-        batch = field_batch(inputs.sample_spec, columns, values, inputs.device, inputs.batch_fn)
-        options = inputs.options
-        return (batch + ((keys,) if options.return_keys else ())
-                + ((torch.from_numpy(self.valid(batch_no)),) if options.evaluation else ()))
+        parts = field_batch(inputs.sample_spec, dict(columns), values, inputs.device, inputs.batch_fn)
+        if inputs.sample_spec.classic:
+            images, labels = parts
+            return inputs.layout.shape(images, labels, keys, self.valid(batch_no))
+        return inputs.layout.shape_fields(parts, keys, self.valid(batch_no))
 
     def _end_accelerate(self) -> None:
         if self.accelerate is not None:

@@ -31,6 +31,10 @@ class BatchLayout:
             batch["valid"] = torch.from_numpy(valid)
         return batch
 
+    def shape_fields(self, parts: tuple, keys: list[str], valid: np.ndarray) -> tuple:
+        """One ``fields=`` batch: its parts in the fields' order, then keys and valid when asked for."""
+        return parts + ((keys,) if self.return_keys else ()) + ((torch.from_numpy(valid),) if self.evaluation else ())
+
 
 def samples_of(batch: tuple | dict) -> list[tuple | dict]:
     """The samples of a batch in the loader's layout, each of the batch's structure (a tuple, or a
