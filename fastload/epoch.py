@@ -135,7 +135,7 @@ class Epoch:
     def _batch_generator(self) -> torch.Generator:
         """``batch_map``'s generator for the batch about to be handed out, on the batch's device:
         seeded from (seed, epoch, global step, rank) only, so a resumed epoch replays it exactly."""
-        step = (self.plan.start + self.next_yield * self.plan.step) // self.plan.step
+        step = self.plan.start // self.plan.step + self.next_yield  # the global step: batches every rank took
         rank = self.inputs.orders.ranks()[0]
         value = SampleRandom(self.inputs.options.seed, self.epoch, step).integers(0, 2**62) + rank * RANK_STRIDE
         generator = torch.Generator(device=self.inputs.device or "cpu")
