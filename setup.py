@@ -33,7 +33,7 @@ setup(
     ext_modules=[
         Extension(
             "fastload.decode._turbo",
-            sources=["fastload/decode/_turbo.c"],
+            sources=["fastload/decode/_turbo.c", "fastload/decode/_mask.c"],
             libraries=["jpeg"],
             extra_compile_args=["-O3", "-std=c99"],
             optional=True,

@@ -19,6 +19,7 @@ import numpy as np
 from fastload.dataset import ShardedDataset
 from fastload.decode.cpu import decode_image, turbo
 from fastload.decode.header import MAX_PIXELS, image_size
+from fastload.decode.mask import mask_into, read_png_mask
 from fastload.errors import SampleError
 from fastload.fields import (
     DECODED_FIELD,
@@ -161,11 +162,7 @@ def fill_beside_primary(
             _check_same_size(image_size(data, where)[::-1], geometry, where, field.name)
             decode_planned(PlannedSample(key, where, -1, geometry.plan, geometry.height, geometry.width, data=data), rows[field.key])
         elif field.role == "mask":
-            geometry = _geometry(planned, where, name)
-            mask = decode_field("mask", data, where, name)
-            _check_same_size(mask.shape, geometry, where, name)
-            check_size(geometry.plan.size, rows[field.key].shape, where)
-            nearest_into(mask, geometry.plan, rows[field.key])
+            _fill_mask(data, _geometry(planned, where, name), rows[field.key], where, name)
         elif field.role == "boxes":
             values[field.key] = map_boxes(decode_field("boxes", data, where, name), _geometry(planned, where, name).plan)
         elif field.role == "array" and field.key in rows:
@@ -175,6 +172,20 @@ def fill_beside_primary(
         else:
             values[field.key] = decode_field(field.role, data, where, name)
     return key, planned, values
+
+
+def _fill_mask(data: bytes, geometry: PlannedSample, row: np.ndarray, where: str, name: str) -> None:
+    """The mask's class ids under the primary image's plan, into its batch row: decoded at the
+    crop (PNG, by the C extension) where it can be, else whole by Pillow and then cropped."""
+    check_size(geometry.plan.size, row.shape, where)
+    png = read_png_mask(data, where, name)
+    if png is not None:
+        _check_same_size((png.height, png.width), geometry, where, name)
+        mask_into(png, geometry.plan.box, geometry.plan.flip, row, where, name)
+        return
+    mask = decode_field("mask", data, where, name)
+    _check_same_size(mask.shape, geometry, where, name)
+    nearest_into(mask, geometry.plan, row)
 
 
 def _stored_name(field: FieldSpec, present: dict[str, Any], where: str) -> str | None:

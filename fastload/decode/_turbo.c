@@ -647,6 +647,8 @@ static PyObject *py_decode_crop_into(PyObject *self, PyObject *args) {
     return PyLong_FromLong(scale);
 }
 
+PyObject *fastload_mask_into(PyObject *self, PyObject *args); /* _mask.c */
+
 static PyMethodDef methods[] = {
     {"decode_crop_into", py_decode_crop_into, METH_VARARGS,
      "decode_crop_into(jpeg, (x0, y0, x1, y1), out, height, width, flip, max_pixels) -> M: decode the crop's "
@@ -655,6 +657,9 @@ static PyMethodDef methods[] = {
     {"resample_into", py_resample_into, METH_VARARGS,
      "resample_into(pixels, height, width, (x0, y0, x1, y1), out, out_height, out_width, flip): resample "
      "the crop of C-contiguous HWC RGB uint8 pixels into out (3 x out_height x out_width uint8)."},
+    {"mask_into", fastload_mask_into, METH_VARARGS,
+     "mask_into(raw, height, width, bit_depth, (x0, y0, x1, y1), out, out_height, out_width, flip): unfilter a "
+     "PNG mask's inflated rows and sample the crop by nearest neighbour into out (out_height x out_width uint8)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_turbo", NULL, -1, methods};
