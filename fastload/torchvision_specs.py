@@ -45,13 +45,21 @@ class Translation:
 
 
 def is_torchvision_pipeline(transform: object) -> bool:
-    """True for a torchvision transform (a Compose or a single step), v1 or v2."""
+    """True for a torchvision transform (a Compose or a single step, v1 or v2), or a list of
+    torchvision steps (as Compose takes them); a TypeError for a list mixing them with fastload specs."""
+    if isinstance(transform, (list, tuple)):
+        foreign = [type(step).__name__ for step in transform if type(step).__module__.startswith(STEP_MODULES)]
+        if foreign and len(foreign) < len(transform):
+            raise TypeError(f"transform= mixes torchvision steps ({', '.join(foreign)}) with fastload specs: give one "
+                            "kind (a torchvision Compose or list of steps, or fastload.transforms specs)")
+        return bool(foreign)
     return type(transform).__module__.startswith("torchvision.transforms")
 
 
 def translate(transform: object) -> Translation:
-    """Translate a torchvision ``Compose`` (or one step) into specs plus the untranslated rest."""
-    steps = list(getattr(transform, "transforms", [transform]))
+    """Translate a torchvision ``Compose`` (or one step, or a list of steps) into specs plus the
+    untranslated rest."""
+    steps = list(transform) if isinstance(transform, (list, tuple)) else list(getattr(transform, "transforms", [transform]))
     if any(type(s).__name__ == "Compose" for s in steps):
         raise TypeError("nested torchvision Compose: flatten it into one Compose")
     v2 = ".v2" in type(transform).__module__ or any(".v2" in type(s).__module__ for s in steps)

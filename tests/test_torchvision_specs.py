@@ -39,6 +39,11 @@ def test_v1_and_v2_imagenet_recipes_translate_whole() -> None:
     assert translate(v2.RandomResizedCrop(160, scale=(0.35, 1), ratio=(0.5, 2.0))).specs == (
         T.RandomResizedCrop(160, (0.35, 1), (0.5, 2.0)),)
     assert not is_torchvision_pipeline(T.train(224)) and not is_torchvision_pipeline(lambda x: x)
+    steps = [v2.RandomResizedCrop(224), v2.RandomHorizontalFlip(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]
+    assert is_torchvision_pipeline(steps) and translate(steps).specs == want  # a list, as Compose takes it
+    assert not is_torchvision_pipeline([]) and not is_torchvision_pipeline([T.Resize(8)])
+    with pytest.raises(TypeError, match=r"mixes torchvision steps \(RandomHorizontalFlip\) with fastload specs"):
+        is_torchvision_pipeline([v2.RandomHorizontalFlip(), T.Resize(8)])
 
 
 def test_untranslated_steps_and_all_after_them_stay_with_torchvision(caplog: pytest.LogCaptureFixture) -> None:
