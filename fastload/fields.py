@@ -189,21 +189,30 @@ class ImageCodec:
 
 
 class MaskCodec:
-    """Declared ``mask``: an encoded single-channel image (PNG ``L``/``P``/``1``) whose values are
-    class ids: kept as they are (a palette image's indices, not its colours), HxW uint8."""
+    """Declared ``mask``: an encoded single-channel image (PNG ``L``/``P``/``1``, or 16-bit grey)
+    whose values are class ids: kept as they are (a palette image's indices, not its colours),
+    HxW uint8, or uint16 for a 16-bit mask (instance ids)."""
 
     def decode(self, data: bytes, where: str, field: str) -> np.ndarray:
-        """The HxW uint8 class ids."""
+        """The HxW uint8 (uint16) class ids."""
         import numpy as np
         from PIL import Image
 
         from fastload.decode.header import image_size
+        from fastload.decode.mask import WIDE_MODES
 
         image_size(data, where)  # the one pixel limit, from the header, before anything is decoded
         try:
             with Image.open(io.BytesIO(data)) as im:
+                if im.mode in WIDE_MODES:
+                    ids = np.asarray(im)
+                    if ids.min(initial=0) < 0 or ids.max(initial=0) > 65535:
+                        raise SampleError(where, f"field {field}: a mask's ids must fit 16 bits")
+                    return ids.astype(np.uint16)
                 if im.mode not in ("L", "P", "1"):
-                    raise SampleError(where, f"field {field}: a mask must be a single-channel 8-bit image (L or P), this one is {im.mode}")
+                    raise SampleError(
+                        where, f"field {field}: a mask must be a single-channel image (L, P or 16-bit grey), this one is {im.mode}"
+                    )
                 return np.asarray(im, dtype=np.uint8)
         except SampleError:
             raise
@@ -289,6 +298,7 @@ class SampleSpec:
     map: SampleMap | None = None
     classic: bool = False
     array_layouts: tuple[tuple[str, tuple[int, ...], str], ...] = ()  # (field name, shape, dtype) of stacked arrays
+    wide_masks: tuple[str, ...] = ()  # mask fields stacked as uint16 (16-bit masks among the first samples)
 
     def __post_init__(self) -> None:
         names = [f.name for f in self.fields]

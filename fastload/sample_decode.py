@@ -19,7 +19,7 @@ import numpy as np
 from fastload.dataset import ShardedDataset
 from fastload.decode.cpu import decode_image, turbo
 from fastload.decode.header import MAX_PIXELS, image_size
-from fastload.decode.mask import mask_into, read_png_mask
+from fastload.decode.mask import mask_dtype, mask_into, read_png_mask
 from fastload.errors import SampleError
 from fastload.fields import (
     DECODED_FIELD,
@@ -185,6 +185,8 @@ def _fill_mask(data: bytes, geometry: PlannedSample, row: np.ndarray, where: str
         return
     mask = decode_field("mask", data, where, name)
     _check_same_size(mask.shape, geometry, where, name)
+    if mask.dtype.itemsize > row.dtype.itemsize:
+        raise SampleError(where, f"field {name}: a 16-bit mask; the batch stacks {row.dtype} masks (the dataset's first samples)")
     nearest_into(mask, geometry.plan, row)
 
 
@@ -241,19 +243,22 @@ def _run_map(sample_map: SampleMap, spec: SampleSpec, rows: dict[str, np.ndarray
     return out
 
 
-PROBED_SAMPLES = 8  # samples of the first shard whose arrays decide whether an array field is stacked
+PROBED_SAMPLES = 8  # samples of the first shard that decide how array and mask fields are stacked
 
 
-def probe_arrays(ds: ShardedDataset, spec: SampleSpec) -> SampleSpec:
-    """``spec`` with the layout of each array field that is stacked: one whose arrays have the same
-    shape and dtype in up to PROBED_SAMPLES samples spread over the first shard (only that shard:
-    a remote dataset fetches nothing more). Others are ragged and batched as lists."""
+def probe_layouts(ds: ShardedDataset, spec: SampleSpec) -> SampleSpec:
+    """``spec`` with what the batch slots need to know of its arrays and masks, from up to
+    PROBED_SAMPLES samples spread over the first shard (only that shard: a remote dataset fetches
+    nothing more): each array field whose arrays share one shape and dtype is stacked (others are
+    ragged, batched as lists); a mask field holding 16-bit masks is stacked as uint16."""
     arrays = [f for f in spec.fields if f.role == "array"]
-    if not arrays or not len(ds):
+    masks = [f for f in spec.fields if f.role == "mask"]
+    if not (arrays or masks) or not len(ds):
         return spec
     first = ds.index.shards[0].samples
     positions = sorted({int(p) for p in np.linspace(0, max(first, 1) - 1, min(first, PROBED_SAMPLES) or 1)})
     seen: dict[str, set[tuple[tuple[int, ...], str]]] = {f.name: set() for f in arrays}
+    wide: set[str] = set()
     for position in positions:
         _, stored, _ = ds.raw(position)
         for f in arrays:
@@ -264,8 +269,12 @@ def probe_arrays(ds: ShardedDataset, spec: SampleSpec) -> SampleSpec:
                 continue  # a bad sample says nothing about the others
             if array is not None:
                 seen[f.name].add((tuple(array.shape), array.dtype.str))
+        for f in masks:
+            name = f.find(stored)
+            if name is not None and mask_dtype(stored[name]) == "uint16":
+                wide.add(f.name)
     layouts = tuple((name, *next(iter(found))) for name, found in seen.items() if len(found) == 1)
-    return replace(spec, array_layouts=layouts)
+    return replace(spec, array_layouts=layouts, wide_masks=tuple(f.name for f in masks if f.name in wide))
 
 
 def resolve_spec(
@@ -275,7 +284,7 @@ def resolve_spec(
     :func:`fastload.fields.requested_spec`, with stacked arrays' layouts probed."""
     geometric = any(isinstance(t, (*GEOMETRIC, RandomHorizontalFlip)) for t in transform)
     images = bool(ds.index.image_fields) or geometric  # a transform: images are expected, whatever the index lists
-    spec = probe_arrays(ds, requested_spec(fields, ds.index.fields, ds.decoded, map, images))
+    spec = probe_layouts(ds, requested_spec(fields, ds.index.fields, ds.decoded, map, images))
     if spec.primary is None and geometric:
         raise ValueError(f"transform= crops and flips images; the fields asked for ({', '.join(f.name for f in spec.fields)}) hold none")
     return spec

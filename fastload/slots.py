@@ -25,8 +25,9 @@ class Column:
 
 
 def spec_columns(spec: SampleSpec, image_shape: tuple[int, int, int] | None) -> tuple[Column, ...]:
-    """The slot columns of a SampleSpec: images (C, H, W) and masks (H, W) uint8 of the transforms'
-    output size ``image_shape``, labels int64, arrays of their probed shape; in field order."""
+    """The slot columns of a SampleSpec: images (C, H, W) uint8 and masks (H, W) uint8 (uint16 for
+    16-bit masks) of the transforms' output size ``image_shape``, labels int64, arrays of their
+    probed shape; in field order."""
     columns = []
     for f in spec.fields:
         if not spec.is_stacked(f):
@@ -34,7 +35,10 @@ def spec_columns(spec: SampleSpec, image_shape: tuple[int, int, int] | None) -> 
         if f.role in ("image", "mask"):
             if image_shape is None:
                 raise ValueError(f"field {f.name}: images vary in size; give a transform with a fixed output size")
-            columns.append(Column(f.key, image_shape if f.role == "image" else image_shape[1:], "uint8"))
+            if f.role == "image":
+                columns.append(Column(f.key, image_shape, "uint8"))
+            else:
+                columns.append(Column(f.key, image_shape[1:], "uint16" if f.name in spec.wide_masks else "uint8"))
         elif f.role == "label":
             columns.append(Column(f.key, (), "int64"))
         else:

@@ -5,6 +5,7 @@ through the loader every encoding of one mask gives the same batch."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import struct
 import zlib
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from fastload import transforms as T
@@ -34,11 +36,11 @@ def paeth(a: int, b: int, c: int) -> int:
     return a if pa <= pb and pa <= pc else b if pb <= pc else c
 
 
-def filtered(row: bytes, prev: bytes, kind: int) -> bytes:
-    """One row under PNG filter ``kind`` (one byte a pixel at most: the left neighbour is the byte before)."""
+def filtered(row: bytes, prev: bytes, kind: int, bpp: int) -> bytes:
+    """One row under PNG filter ``kind`` (the left neighbour is the pixel's ``bpp`` bytes before)."""
     out = bytearray()
     for i, x in enumerate(row):
-        a, b, c = (row[i - 1] if i else 0), prev[i], (prev[i - 1] if i else 0)
+        a, b, c = (row[i - bpp] if i >= bpp else 0), prev[i], (prev[i - bpp] if i >= bpp else 0)
         predictor = (0, a, b, (a + b) // 2, paeth(a, b, c))[kind]
         out.append((x - predictor) % 256)
     return bytes(out)
@@ -46,6 +48,8 @@ def filtered(row: bytes, prev: bytes, kind: int) -> bytes:
 
 def packed(values: np.ndarray, depth: int) -> list[bytes]:
     """Each row of ``values`` packed at ``depth`` bits a pixel, most significant bits first."""
+    if depth == 16:
+        return [line.astype(">u2").tobytes() for line in values]
     rows = []
     for line in values:
         bits = np.unpackbits(line.astype(np.uint8)[:, None], axis=1)[:, 8 - depth :]
@@ -59,7 +63,7 @@ def png(values: np.ndarray, depth: int, colour: int, filters: list[int], level: 
     rows, raw, prev = packed(values, depth), bytearray(), None
     for y, row in enumerate(rows):
         kind = filters[y % len(filters)]
-        raw += bytes([kind]) + filtered(row, prev or bytes(len(row)), kind)
+        raw += bytes([kind]) + filtered(row, prev or bytes(len(row)), kind, 2 if depth == 16 else 1)
         prev = row
     body = chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, depth, colour, 0, 0, 0))
     if colour == 3:
@@ -69,13 +73,14 @@ def png(values: np.ndarray, depth: int, colour: int, filters: list[int], level: 
 
 def reference(data: bytes, box: tuple[float, float, float, float], flip: bool, size: tuple[int, int]) -> np.ndarray:
     """Pillow's whole decode, then the nearest-neighbour crop the loader used before the kernel."""
-    mask = np.asarray(Image.open(io.BytesIO(data)), dtype=np.uint8)
-    out = np.empty(size, np.uint8)
+    mask = np.asarray(Image.open(io.BytesIO(data)))
+    mask = mask.astype(np.uint16 if mask.dtype == np.uint16 else np.uint8)
+    out = np.empty(size, mask.dtype)
     T.nearest_into(mask, T.Plan(box=box, size=size, flip=flip), out)
     return out
 
 
-KINDS = [(0, 8), (0, 1), (3, 1), (3, 2), (3, 4), (3, 8)]  # (PNG colour type, bit depth) the kernel reads
+KINDS = [(0, 8), (0, 1), (0, 16), (3, 1), (3, 2), (3, 4), (3, 8)]  # (PNG colour type, bit depth) the kernel reads
 
 
 @pytest.mark.parametrize(("colour", "depth"), KINDS)
@@ -95,7 +100,7 @@ def test_kernel_equals_pillow_and_nearest_crop(colour: int, depth: int, filters:
     for box in boxes:
         for flip in (False, True):
             size = (int(rng.integers(1, 50)), int(rng.integers(1, 50)))
-            out = np.full(size, 77, np.uint8)
+            out = np.full(size, 77, np.uint16 if depth == 16 else np.uint8)
             mask_into(mask, box, flip, out, "shard.tar:k", "seg.png")
             np.testing.assert_array_equal(out, reference(data, box, flip, size), err_msg=f"box {box} flip {flip}")
 
@@ -180,3 +185,27 @@ def test_every_encoding_of_one_mask_gives_the_same_batch(tmp_path: Path) -> None
     assert set(np.unique(masks.numpy())) == {0, 3, 5, 9}
     for mask in masks.numpy()[:-1]:
         np.testing.assert_array_equal(mask, masks.numpy()[-1])
+
+
+def test_sixteen_bit_instance_masks_stack_as_uint16(tmp_path: Path) -> None:
+    """16-bit grey masks (instance ids over 255) come as uint16 batches, the same through the kernel
+    and through Pillow (interlaced); a 16-bit mask where the first samples set uint8 is a SampleError."""
+    ids = np.zeros((40, 44), np.uint16)
+    ids[5:30, 3:20], ids[18:, 25:] = 1000, 65535
+    image = jpeg_bytes(Image.fromarray(np.dstack([(ids >> 8).astype(np.uint8)] * 3)))
+    wide = [png(ids, 16, 0, [4]), png(ids, 16, 0, [0, 1, 2, 3])]
+    samples = [{"__key__": f"w{i}", "jpg": image, "seg.png": data} for i, data in enumerate(wide)]
+    root = write_tars(tmp_path / "wide", samples, per_tar=2)
+    run_cli("index", str(root))
+    backends = ["cpu", "dali"] if importlib.util.find_spec("nvidia.dali") else ["cpu"]
+    for backend in backends:  # DALI's feed crops masks on the CPU and carries them beside its images
+        ((_, masks),) = list(loader(root, batch_size=2, shuffle=False, transform=T.val(32), backend=backend,
+                                    fields={"jpg": "image", "seg.png": "mask"}))
+        assert masks.dtype == torch.uint16 and set(np.unique(masks.numpy())) == {0, 1000, 65535}, backend
+        np.testing.assert_array_equal(masks.numpy()[0], masks.numpy()[1])
+    narrow = [{"__key__": f"n{i}", "jpg": image, "seg.png": png((ids > 0).astype(np.uint8), 8, 0, [0])} for i in range(9)]
+    root = write_tars(tmp_path / "mixed", [*narrow, {"__key__": "late", "jpg": image, "seg.png": wide[0]}], per_tar=9)  # the probe reads the first shard
+    run_cli("index", str(root))
+    dl = loader(root, batch_size=10, shuffle=False, transform=T.val(32), fields={"jpg": "image", "seg.png": "mask"})
+    with pytest.raises(SampleError, match="late.*field seg.png: a 16-bit mask; the batch stacks uint8 masks"):
+        list(dl)

@@ -2,10 +2,11 @@
  *
  * mask_into(raw, height, width, bit_depth, box, out, out_height, out_width, flip) takes a PNG's
  * inflated image data (`raw`: a filter byte then the row's bytes, row after row, one channel of
- * 1, 2, 4 or 8 bits, not interlaced; it may stop after the last row the crop reads), undoes the
- * PNG filters row by row keeping only the previous row, and writes each output pixel the value
- * under its centre (nearest neighbour: class ids are never interpolated) into `out`, a writable
- * C-contiguous uint8 buffer of out_height x out_width, mirrored when `flip`. The centres are
+ * 1, 2, 4, 8 or 16 bits, not interlaced; it may stop after the last row the crop reads), undoes
+ * the PNG filters row by row keeping only the previous row, and writes each output pixel the
+ * value under its centre (nearest neighbour: class ids are never interpolated) into `out`, a
+ * writable C-contiguous buffer of out_height x out_width uint8 or uint16 (native byte order; a
+ * 16-bit mask needs uint16), mirrored when `flip`. The centres are
  * computed exactly as fastload.transforms.nearest_into computes them, so both give the same
  * pixels. Sub-byte samples are the stored values (palette indices, 0/1), never rescaled. The
  * GIL is released while it works; malformed data is a ValueError.
@@ -14,6 +15,7 @@
 #include <Python.h>
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,26 +27,26 @@ static unsigned char paeth(int a, int b, int c) {
     return (unsigned char)(pb <= pc ? b : c);
 }
 
-/* Undo one row's filter in place (one byte a pixel at most: a filter's left neighbour is the
- * byte before); `prev` is the previous row unfiltered, zeros above the first. */
-static int unfilter(int type, unsigned char *row, const unsigned char *prev, size_t n) {
-    size_t i;
+/* Undo one row's filter in place: a filter's left neighbour is `bpp` bytes before (the bytes of
+ * one pixel, at least one); `prev` is the previous row unfiltered, zeros above the first. */
+static int unfilter(int type, unsigned char *row, const unsigned char *prev, size_t n, size_t bpp) {
+    size_t i, first = bpp < n ? bpp : n;
     switch (type) {
     case 0:
         return 0;
     case 1:
-        for (i = 1; i < n; i++) row[i] = (unsigned char)(row[i] + row[i - 1]);
+        for (i = bpp; i < n; i++) row[i] = (unsigned char)(row[i] + row[i - bpp]);
         return 0;
     case 2:
         for (i = 0; i < n; i++) row[i] = (unsigned char)(row[i] + prev[i]);
         return 0;
     case 3:
-        if (n) row[0] = (unsigned char)(row[0] + (prev[0] >> 1));
-        for (i = 1; i < n; i++) row[i] = (unsigned char)(row[i] + ((row[i - 1] + prev[i]) >> 1));
+        for (i = 0; i < first; i++) row[i] = (unsigned char)(row[i] + (prev[i] >> 1));
+        for (i = bpp; i < n; i++) row[i] = (unsigned char)(row[i] + ((row[i - bpp] + prev[i]) >> 1));
         return 0;
     case 4:
-        if (n) row[0] = (unsigned char)(row[0] + prev[0]);
-        for (i = 1; i < n; i++) row[i] = (unsigned char)(row[i] + paeth(row[i - 1], prev[i], prev[i - 1]));
+        for (i = 0; i < first; i++) row[i] = (unsigned char)(row[i] + prev[i]);
+        for (i = bpp; i < n; i++) row[i] = (unsigned char)(row[i] + paeth(row[i - bpp], prev[i], prev[i - bpp]));
         return 0;
     default:
         return -1;
@@ -60,15 +62,16 @@ static void centres(double start, double end, int out, int size, int *index) {
     }
 }
 
-static unsigned char sample_at(const unsigned char *row, int column, int bits) {
+static unsigned sample_at(const unsigned char *row, int column, int bits) {
     if (bits == 8) return row[column];
+    if (bits == 16) return (unsigned)row[2 * (size_t)column] << 8 | row[2 * (size_t)column + 1]; /* big-endian */
     size_t bit = (size_t)column * bits;
-    return (unsigned char)((row[bit >> 3] >> (8 - bits - (bit & 7))) & ((1 << bits) - 1));
+    return (row[bit >> 3] >> (8 - bits - (bit & 7))) & ((1u << bits) - 1);
 }
 
 static int mask_crop(const unsigned char *raw, size_t raw_len, int height, int width, int bits, double x0, double y0,
-                     double x1, double y1, unsigned char *out, int out_h, int out_w, int flip, const char **message) {
-    size_t stride = ((size_t)width * bits + 7) / 8;
+                     double x1, double y1, void *out, int wide, int out_h, int out_w, int flip, const char **message) {
+    size_t stride = ((size_t)width * bits + 7) / 8, bpp = bits == 16 ? 2 : 1;
     int *rows = malloc(sizeof(int) * (size_t)out_h), *cols = malloc(sizeof(int) * (size_t)out_w);
     unsigned char *prev = calloc(stride + 1, 1), *row = malloc(stride + 1);
     int status = 0;
@@ -88,14 +91,21 @@ static int mask_crop(const unsigned char *raw, size_t raw_len, int height, int w
             goto done;
         }
         memcpy(row, raw + at + 1, stride);
-        if (unfilter(raw[at], row, prev, stride)) {
+        if (unfilter(raw[at], row, prev, stride, bpp)) {
             *message = "unknown row filter";
             status = -1;
             goto done;
         }
         for (; r < out_h && rows[r] == y; r++) {
-            unsigned char *line = out + (size_t)r * out_w;
-            for (int c = 0; c < out_w; c++) line[flip ? out_w - 1 - c : c] = sample_at(row, cols[c], bits);
+            size_t line = (size_t)r * out_w;
+            for (int c = 0; c < out_w; c++) {
+                size_t at_out = line + (size_t)(flip ? out_w - 1 - c : c);
+                unsigned value = sample_at(row, cols[c], bits);
+                if (wide)
+                    ((uint16_t *)out)[at_out] = (uint16_t)value;
+                else
+                    ((unsigned char *)out)[at_out] = (unsigned char)value;
+            }
         }
         unsigned char *swap = prev;
         prev = row;
@@ -119,14 +129,17 @@ PyObject *fastload_mask_into(PyObject *self, PyObject *args) {
         return NULL;
     const char *message = NULL;
     int status = -1;
-    if (height < 1 || width < 1 || out_h < 1 || out_w < 1 || (bits != 1 && bits != 2 && bits != 4 && bits != 8)) {
+    int wide = out.len == (Py_ssize_t)out_h * out_w * 2;
+    if (height < 1 || width < 1 || out_h < 1 || out_w < 1 || (bits & (bits - 1)) || bits < 1 || bits > 16) {
         message = "bad mask geometry";
-    } else if (out.len != (Py_ssize_t)out_h * out_w) {
-        message = "output buffer size differs from out_height x out_width";
+    } else if (out.len != (Py_ssize_t)out_h * out_w && !wide) {
+        message = "output buffer holds neither out_height x out_width uint8 nor uint16";
+    } else if (bits == 16 && !wide) {
+        message = "a 16-bit mask needs a uint16 output";
     } else {
         Py_BEGIN_ALLOW_THREADS
-        status = mask_crop(raw.buf, (size_t)raw.len, height, width, bits, x0, y0, x1, y1, out.buf, out_h, out_w, flip,
-                           &message);
+        status = mask_crop(raw.buf, (size_t)raw.len, height, width, bits, x0, y0, x1, y1, out.buf, wide, out_h, out_w,
+                           flip, &message);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&raw);

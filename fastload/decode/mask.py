@@ -3,9 +3,10 @@ reads, unfiltered and sampled by nearest neighbour straight into the batch row b
 (``turbo.mask_into``). Pillow decodes the whole mask otherwise; both give the same class ids.
 
 The fast path reads the PNGs a mask is usually stored as: one channel (grey or palette indices)
-of 1, 2, 4 or 8 bits, not interlaced. Grey of 2 or 4 bits, which Pillow rescales to 0-255, and
-anything else go to Pillow (:class:`fastload.fields.MaskCodec`), as do all masks where the
-extension was not built. Every chunk's CRC is checked, as Pillow does.
+of 1, 2, 4, 8 or 16 bits (grey: instance ids), not interlaced. Grey of 2 or 4 bits, which Pillow
+rescales to 0-255, and anything else go to Pillow (:class:`fastload.fields.MaskCodec`), as do all
+masks where the extension was not built. Every chunk's CRC is checked, as Pillow does. A mask of
+16 bits is stacked as uint16 (:func:`mask_dtype` tells, from the header), all others as uint8.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from fastload.errors import SampleError
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 GREY, PALETTE = 0, 3  # PNG colour types of one channel
-_FAST_DEPTHS = {GREY: (1, 8), PALETTE: (1, 2, 4, 8)}  # what the kernel reads as Pillow would
+_FAST_DEPTHS = {GREY: (1, 8, 16), PALETTE: (1, 2, 4, 8)}  # what the kernel reads as Pillow would
+WIDE_MODES = ("I;16", "I;16B", "I;16L", "I")  # Pillow's modes of 16-bit masks (and of 32-bit ones)
 # None: no extension, or one built before this kernel
 _mask_into: Callable[..., None] | None = getattr(turbo, "mask_into", None)
 
@@ -76,6 +78,8 @@ def mask_into(
     (H x W uint8) by nearest neighbour, mirrored when ``flip``, inflating no further than its last row."""
     if _mask_into is None:
         raise RuntimeError("fastload's C extension has no mask kernel: read_png_mask gives no PngMask without it")
+    if mask.bit_depth == 16 and out.dtype != np.uint16:
+        raise SampleError(where, f"field {field}: a 16-bit mask; the batch stacks {out.dtype} masks (the dataset's first samples)")
     out_h, out_w = out.shape
     _, y0, _, y1 = box
     last = min(mask.height - 1, max(0, math.floor(y0 + (out_h - 0.5) * ((y1 - y0) / out_h))))
@@ -85,3 +89,19 @@ def mask_into(
         _mask_into(raw, mask.height, mask.width, mask.bit_depth, box, out, out_h, out_w, flip)
     except (zlib.error, ValueError) as exc:
         raise SampleError(where, f"field {field}: cannot decode mask: {exc}") from None
+
+
+def mask_dtype(data: bytes) -> str:
+    """The dtype a mask's batch rows need: ``uint16`` for a 16-bit one (from the header alone),
+    else ``uint8`` (also for data that is no image: the decode reports it)."""
+    if data.startswith(PNG_SIGNATURE) and len(data) >= 29:
+        return "uint16" if data[24] == 16 else "uint8"  # IHDR's bit depth
+    import io
+
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            return "uint16" if im.mode in WIDE_MODES else "uint8"
+    except Exception:  # Pillow raises many types for bad data
+        return "uint8"
