@@ -98,17 +98,28 @@ def _run_convert(args: argparse.Namespace) -> int:
 
 def _add_index(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("index", help="make a folder of existing WebDataset tars a dataset in place (.idx files, index.json)")
-    p.add_argument("dataset", help="a folder of .tar files (img2dataset's, any WebDataset writer's); they are not rewritten")
+    p.add_argument("dataset", help="a folder of .tar files (img2dataset's, any WebDataset writer's), or a writable URL "
+                                   "holding them (s3://bucket/prefix, gs://...); the tars are not rewritten")
     p.add_argument("--force", action="store_true", help="replace an existing index.json")
+    p.add_argument("--scratch", help="for a URL: where each tar is downloaded to be indexed (default: the temp folder)")
     p.set_defaults(run=_run_index)
 
 
 def _run_index(args: argparse.Namespace) -> int:
-    from fastload.converters.index_tars import index_tars
+    from fastload.remote import is_url, redact
 
-    index, seconds = index_tars(args.dataset, force=args.force)
+    if is_url(args.dataset):
+        from fastload.converters.index_remote import index_remote
+
+        index, seconds = index_remote(args.dataset, force=args.force, scratch=args.scratch)
+    else:
+        from fastload.converters.index_tars import index_tars
+
+        if args.scratch is not None:
+            raise ValueError("--scratch is for a URL: a folder's tars are indexed where they are")
+        index, seconds = index_tars(args.dataset, force=args.force)
     print(
-        f"{args.dataset}: indexed {index.num_samples} samples in {len(index.shards)} tars, {index.total_bytes / 1e6:.1f} MB "
+        f"{redact(args.dataset)}: indexed {index.num_samples} samples in {len(index.shards)} tars, {index.total_bytes / 1e6:.1f} MB "
         f"in {seconds:.1f}s ({index.total_bytes / 1e6 / max(seconds, 1e-9):.1f} MB/s); fields {', '.join(index.fields)}"
     )
     return 0

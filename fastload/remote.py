@@ -164,6 +164,16 @@ def size(url: str, storage_options: dict | None = None) -> int | None:
     return retrying("look it up", url, info)
 
 
+def list_names(url: str, suffix: str, storage_options: dict | None = None) -> list[str]:
+    """The sorted names of the objects directly under ``url`` (a folder or prefix) ending in ``suffix``."""
+    fs, path = filesystem(url, storage_options)
+
+    def ls() -> list[str]:
+        return sorted(name for name in (str(p).rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)) if name.endswith(suffix))
+
+    return retrying("list it", url, ls)
+
+
 def remove(url: str, storage_options: dict | None = None) -> None:
     """Delete the object at ``url``; absent is fine."""
     fs, path = filesystem(url, storage_options)

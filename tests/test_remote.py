@@ -280,3 +280,37 @@ def test_interrupted_upload_resumes(s3_endpoint, tmp_path: Path) -> None:
     assert report.shards_reused >= 1 and report.shards_reused + report.shards_written == 6
     assert len(fastload.open(url, cache_dir=tmp_path / "cache")) == 24
     assert not staging.exists()
+
+
+def test_index_foreign_tars_in_s3_in_place(s3_endpoint, tmp_path: Path) -> None:
+    """`fastload index s3://...` writes the same .idx files and index.json as indexing the same tars
+    locally, beside the tars (not rewritten), and the dataset then loads from the URL."""
+    wds = pytest.importorskip("webdataset")
+    local = tmp_path / "local"
+    local.mkdir()
+    for shard in range(3):
+        with wds.TarWriter(str(local / f"part-{shard:03d}.tar")) as writer:
+            for i in range(shard * 5, shard * 5 + 5):
+                writer.write({"__key__": f"{i:06d}", "jpg": jpeg_bytes(small_photo(i)), "txt": f"caption {i}", "cls": str(i % 3)})
+    url = "s3://fastload-test/foreign"
+    s3_endpoint.put(str(local) + "/", url.removeprefix("s3://") + "/", recursive=True)
+    tars = {name: (local / name).read_bytes() for name in sorted(p.name for p in local.glob("*.tar"))}
+    proc = run_cli("index", url, "--scratch", str(tmp_path))
+    assert "indexed 15 samples in 3 tars" in proc.stdout
+    assert run_cli("index", url, check=False).stderr.count("exists: pass --force") == 1
+    run_cli("index", str(local))  # the same tars indexed in their folder
+    down = tmp_path / "down"
+    s3_endpoint.get(url.removeprefix("s3://") + "/", str(down) + "/", recursive=True)
+    assert tree_bytes(down) == tree_bytes(local) and {n: (down / n).read_bytes() for n in tars} == tars
+    assert not list(tmp_path.glob("fastload-index-*"))  # the scratch copies are gone
+    dl = fastload.DataLoader(fastload.open(url, cache_dir=tmp_path / "cache"), batch_size=5, shuffle=False, fields=["txt", "cls"])
+    batches = list(dl)
+    assert [text for captions, _ in batches for text in captions] == [f"caption {i}" for i in range(15)]
+    assert [label for _, labels in batches for label in labels.tolist()] == [i % 3 for i in range(15)]
+
+
+def test_index_url_names_the_bad_tar_by_its_url(s3_endpoint, tmp_path: Path) -> None:
+    s3_endpoint.pipe("fastload-test/badtar/a.tar", b"x" * 2048)
+    proc = run_cli("index", "s3://fastload-test/badtar", check=False)
+    assert proc.returncode == 2 and "error: s3://fastload-test/badtar/a.tar: a tar header holds a malformed number" in proc.stderr
+    assert str(tmp_path) not in proc.stderr and "fastload-index-" not in proc.stderr

@@ -77,7 +77,7 @@ def _pax_records(data: bytes) -> dict[str, str]:
     return records
 
 
-def _members(view: memoryview, path: Path) -> Iterator[tuple[int, str, int, int]]:
+def _members(view: memoryview, path: str) -> Iterator[tuple[int, str, int, int]]:
     """Yield (member number, name, data offset, size) of every regular file, parsing the headers
     (ustar, pax ``x`` records, GNU long names) in order; ValueError for a header that is not one."""
     pos, number, pending = 0, 0, {}  # type: int, int, dict[str, str]
@@ -136,20 +136,22 @@ def tar_sha256(path: Path) -> tuple[int, str]:
     return _mapped(path, lambda view: (len(view), hashlib.sha256(view).hexdigest()))
 
 
-def tar_members(path: Path) -> IndexedTar:
+def tar_members(path: Path, shown: str | None = None) -> IndexedTar:
     """A tar's samples' members (ext, data offset, size, name), fields and labels, from its
-    headers alone. A ValueError names the tar (and the member by number) when it cannot be indexed."""
+    headers alone. A ValueError names the tar (as ``shown``, else its path; and the member by
+    number) when it cannot be indexed."""
 
     def read(view: memoryview) -> IndexedTar:
         out, keys = IndexedTar(), []  # type: IndexedTar, list[str]
-        for number, name, offset, length in _members(view, path):
-            _add_member(out, keys, view, number, name, offset, length, path)
+        name_shown = shown or str(path)
+        for number, name, offset, length in _members(view, name_shown):
+            _add_member(out, keys, view, number, name, offset, length, name_shown)
         return out
 
     return _mapped(path, read)
 
 
-def _add_member(out: IndexedTar, keys: list[str], view: memoryview, number: int, name: str, offset: int, size: int, path: Path) -> None:
+def _add_member(out: IndexedTar, keys: list[str], view: memoryview, number: int, name: str, offset: int, size: int, path: str) -> None:
     if not is_field_member(name):
         return  # no extension, hidden, or webdataset's metadata members
     key, ext = split_member_name(name)
@@ -186,10 +188,7 @@ def index_tars(root: str | Path, force: bool = False) -> tuple[DatasetIndex, flo
     if not tars:
         raise FileNotFoundError(f"{root}: no .tar files to index")
     for tar in tars:
-        try:
-            check_relative_path(tar.name, "shard")
-        except DatasetIndexError:
-            raise ValueError(f"{tar}: its name must be letters, digits and ._+=,@- only (rename it to index it)") from None
+        check_tar_name(tar.name, str(tar))
     shards, fields, labels = [], set(), Counter()  # type: list[ShardInfo], set[str], Counter[int]
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
         hashed: list[Future[tuple[int, str]]] = []
@@ -209,7 +208,22 @@ def index_tars(root: str | Path, force: bool = False) -> tuple[DatasetIndex, flo
         for done in written:
             done.result()
     fsync_dir(root)  # the .idx renames, once for all, before index.json names them
-    index = DatasetIndex(
+    index = dataset_index(shards, fields, labels)
+    write_index(root, index)
+    return index, time.perf_counter() - start
+
+
+def check_tar_name(name: str, where: str) -> None:
+    """A ValueError naming the tar unless its name can be an index's shard path."""
+    try:
+        check_relative_path(name, "shard")
+    except DatasetIndexError:
+        raise ValueError(f"{where}: its name must be letters, digits and ._+=,@- only (rename it to index it)") from None
+
+
+def dataset_index(shards: list[ShardInfo], fields: set[str], labels: Counter[int]) -> DatasetIndex:
+    """The index of tars indexed in place: their shards, the fields and labels found in them."""
+    return DatasetIndex(
         layout="wds",
         shards=tuple(shards),
         fields=tuple(sorted(fields)),
@@ -217,8 +231,6 @@ def index_tars(root: str | Path, force: bool = False) -> tuple[DatasetIndex, flo
         image_fields=tuple(sorted(f for f in fields if f in IMAGE_FIELDS)),
         source=SOURCE_NAME,
     )
-    write_index(root, index)
-    return index, time.perf_counter() - start
 
 
 def _write_file(path: Path, data: bytes) -> None:
