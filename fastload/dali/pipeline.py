@@ -14,8 +14,9 @@ if TYPE_CHECKING:
 
 class DaliBatchDecoder:
     """A DALI pipeline that decodes each image's crop region (ROI decoding: nvJPEG and the
-    hardware decoder with ``gpu``, libjpeg-turbo on the CPU otherwise), resizes it (antialiased
-    linear) and mirrors it, giving uint8 NCHW batches as torch tensors on the pipeline's device.
+    hardware decoder with ``gpu``, libjpeg-turbo on the CPU otherwise), resamples the exact
+    fractional crop box out of it (antialiased linear, as Pillow's and the CPU path's) and mirrors
+    it, giving uint8 NCHW batches as torch tensors on the pipeline's device.
 
     Its input is a :class:`fastload.dali.feed.DaliFeed`, run by DALI's parallel external source
     in ``workers`` processes, or in this process with ``workers=0``. The processes are forked
@@ -72,7 +73,8 @@ class DaliBatchDecoder:
                 fed.jpegs, fed.anchors, fed.shapes, device="mixed" if gpu else "cpu", output_type=types.RGB, axis_names="WH",
                 normalized_anchor=False, normalized_shape=False, **decode_args,
             )
-            images = fn.resize(images, resize_x=width, resize_y=height, antialias=True, interp_type=types.INTERP_LINEAR)
+            images = fn.resize(images, resize_x=width, resize_y=height, roi_start=fed.roi_starts, roi_end=fed.roi_ends,
+                               roi_relative=False, antialias=True, interp_type=types.INTERP_LINEAR)
             images = fn.crop_mirror_normalize(images, mirror=fed.mirror, dtype=types.UINT8, output_layout="CHW")
             return (*DecodedColumns(images=images, keys=fed.keys, notes=fed.notes), *outputs[len(FeedColumns._fields) :])
 
