@@ -16,6 +16,7 @@ from typing import Any, cast
 import numpy as np
 
 from fastload.dali.protocol import carried_fields, empty_feed_columns, encode_note, row_bytes, stored_form
+from fastload.dali.shares import DaliShares
 from fastload.dataset import ShardedDataset
 from fastload.errors import SampleError
 from fastload.fields import SampleSpec
@@ -33,7 +34,9 @@ class DaliFeed:
     """Batch ``info.iteration`` of DALI epoch ``info.epoch_idx``. DALI's epoch 0 is ``first_epoch``
     from order position ``start``, skipping its first ``first_batch`` batches (already delivered);
     each later DALI epoch (after a reset) is the next epoch from its beginning. ``spec``'s fields
-    other than the primary image are carried beside it, the ``stacked`` ones as slot rows."""
+    other than the primary image are carried beside it, the ``stacked`` ones as slot rows. With
+``shares`` (the hybrid backend) a batch is its first samples only, as many as the training
+process published for it; the CPU workers make the rest."""
 
     dataset: ShardedDataset
     spec: SampleSpec
@@ -45,6 +48,7 @@ class DaliFeed:
     first_epoch: int
     start: int = 0
     first_batch: int = 0
+    shares: DaliShares | None = None  # the hybrid backend: DALI takes each batch's first shares.wait(batch) samples
     home_pid: int = field(default_factory=os.getpid)  # the training process; DALI's workers are others
     _plans: dict[int, tuple[EpochOrder, RankBatches]] = field(default_factory=dict, repr=False, compare=False)
 
@@ -69,6 +73,8 @@ class DaliFeed:
         if batch_no >= len(batches.batches):
             raise StopIteration
         indices = order.order[batches.batches[batch_no]].tolist()
+        if self.shares is not None:
+            indices = indices[: self.shares.wait(batch_no)]
         columns, carried = empty_feed_columns(carried_fields(self.spec))
         stacked = {c.name: np.zeros((len(indices), *c.shape), c.dtype) for c in self.stacked}
         roles = {f.key: f.role for f in self.spec.fields}

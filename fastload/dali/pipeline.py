@@ -36,12 +36,17 @@ class DaliBatchDecoder:
         self.epochs = 0  # DALI epochs begun since the build
         self.expected = self.taken = 0  # batches of the current DALI epoch: to deliver, delivered
 
+    def carries_on(self, feed: DaliFeed) -> bool:
+        """Whether :meth:`start` with ``feed`` carries the pipeline on into its next epoch: ``feed``
+        is that epoch and the last one was taken to its end."""
+        clean_end = self.pipe is not None and self.taken == self.expected
+        return clean_end and self.feed is not None and feed == self.feed.next_epoch(self.epochs)
+
     def start(self, feed: DaliFeed, batches: int) -> None:
         """Deliver ``feed``'s next ``batches`` batches. The pipeline (and its worker processes)
-        carries on into its next epoch when ``feed`` is that epoch and the last one was taken to
-        its end; otherwise it is rebuilt (a GPU pipeline takes seconds to build)."""
-        clean_end = self.pipe is not None and self.taken == self.expected
-        if clean_end and self.feed is not None and feed == self.feed.next_epoch(self.epochs):
+        carries on into its next epoch when it can (:meth:`carries_on`); otherwise it is rebuilt
+        (a GPU pipeline takes seconds to build)."""
+        if self.carries_on(feed):
             self.pipe.reset()
             self.epochs += 1
         else:
