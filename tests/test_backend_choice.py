@@ -13,18 +13,14 @@ import pytest
 import fastload
 from fastload import transforms as T
 from fastload.backend_choice import cached_rates, probe_key, probed_choice
-from fastload.converters import ConvertOptions, convert
+from tests.conftest import demo_dataset
 
 pytest.importorskip("nvidia.dali")
 
 
 @pytest.fixture(scope="module")
 def wds(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from fastload.demo import make_demo_images
-
-    root = tmp_path_factory.mktemp("probe")
-    convert(str(make_demo_images(root / "raw", 40)), str(root / "wds"), ConvertOptions(source="imagefolder"))
-    return root / "wds"
+    return demo_dataset(tmp_path_factory.mktemp("probe"), 40)
 
 
 def test_auto_without_a_gpu_is_the_cpu_path_without_probing(wds: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

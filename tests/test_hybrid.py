@@ -10,7 +10,7 @@ import torch
 
 import fastload
 from fastload import transforms as T
-from fastload.converters import ConvertOptions, convert
+from tests.conftest import demo_dataset
 
 pytest.importorskip("nvidia.dali")
 
@@ -20,11 +20,7 @@ ARGS = dict(batch_size=20, shuffle=True, seed=11, num_workers=2, transform=T.tra
 @pytest.fixture(scope="module")
 def wds(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """90 demo images (ImageNet-like sizes) in 4 shards: 5 batches of 20, the last one partial."""
-    from fastload.demo import make_demo_images
-
-    root = tmp_path_factory.mktemp("hybrid")
-    convert(str(make_demo_images(root / "raw", 90)), str(root / "wds"), ConvertOptions(source="imagefolder", samples_per_shard=25))
-    return root / "wds"
+    return demo_dataset(tmp_path_factory.mktemp("hybrid"), 90, samples_per_shard=25)
 
 
 def batches(path: Path, backend: str, epochs: int = 1, **kwargs) -> list[tuple[torch.Tensor, torch.Tensor, list[str]]]:
