@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -17,6 +17,7 @@ from fastload.dali_epoch import DaliBatches, DaliPipeline, as_tensors
 from fastload.epoch import EpochInputs
 from fastload.hybrid_split import SplitController
 from fastload.state import LoaderState
+from fastload.workers import WorkerPool
 
 PIPELINE_AHEAD = 3  # batches DALI's pipeline runs beyond its feed's prefetch queue (its own queue, plus one)
 FEED_WORKERS_PER_CPU_WORKER = 4  # DALI's feed only reads and plans (~35 us a sample): a process per 4 decoders
@@ -107,8 +108,7 @@ class HybridEpoch(CpuEpoch):
                 self.close()
                 raise
             got_dali = time.perf_counter()
-            assert self.pool is not None  # options refuse backend='hybrid' without workers
-            result = self._await_ready(self.pool)
+            result = self._await_ready(cast(WorkerPool, self.pool))  # there is one: options refuse hybrid without workers
             ready = time.perf_counter()
         if self.last_ready is not None:
             self.engine.split.observe(len(dali_indices), result.count, got_dali - began, ready - got_dali, ready - self.last_ready)

@@ -159,10 +159,9 @@ class DataLoader(torch.utils.data.DataLoader):
         self.sample_spec = with_torchvision_steps(
             resolve_spec(sharded, options.fields, options.map, options.transform), options.torchvision_steps)
         self.image_shape = self._image_shape()
-        choice = choose_backend(
-            options.backend, sharded.decoded, dali_refusal(self.sample_spec, options.torchvision_steps),
-            probe_key(options.transform, options.num_workers, options.batch_size), self._probe_loader, options.num_workers,
-        )
+        key = probe_key(options.transform, options.num_workers, options.batch_size)
+        choice = choose_backend(options.backend, sharded.decoded, dali_refusal(self.sample_spec, options.torchvision_steps),
+                                key, self._probe_loader, options.num_workers)
         self.backend = choice.name
         if (choice.name, choice.why) not in _logged:
             _logged.add((choice.name, choice.why))
@@ -174,7 +173,7 @@ class DataLoader(torch.utils.data.DataLoader):
         if choice.engine == "dali":
             self._engine = DaliPipeline(gpu=choice.gpu)
         elif choice.engine == "hybrid":
-            rates = choice.rates or cached_rates(probe_key(options.transform, options.num_workers, options.batch_size)) or {}
+            rates = choice.rates or cached_rates(key) or {}  # an earlier probe's, else the split starts even
             known = (rates["dali"], rates["cpu"]) if {"dali", "cpu"} <= rates.keys() else None
             self._engine = HybridEngine(choice.gpu, options.num_workers, known)
         self._batch_fn = batch_transform(options.transform)
