@@ -78,7 +78,7 @@ fi
 
 if [[ $parts == *" stall "* ]]; then
   echo "== data stall: ResNet-50 bf16 channels_last torch.compile, train(224), batch 256, 14 workers"
-  timeout 200 python3 benchmarks/bench_stall.py /tmp/photos-wds --backends cpu,dali,hybrid --workers 14 --steps 20 \
+  timeout 200 python3 benchmarks/bench_stall.py /tmp/photos-wds --backends cpu,dali,hybrid --workers 14 --steps 15 \
     --json "$OUT/stall.json" 2>&1 | grep -v "^fastload: backend" | tail -5
 fi
 
