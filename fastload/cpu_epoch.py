@@ -87,7 +87,8 @@ class CpuEpoch(Epoch):
         return self.next_submit
 
     def _indices(self, batch_no: int) -> np.ndarray:
-        return self.order[self.plan.batches[batch_no]]
+        """The samples the workers make of batch ``batch_no``: all of them here."""
+        return self.batch_indices(batch_no)
 
     def _submit_more(self, pool: WorkerPool) -> None:
         """Give every free slot the next batch, split into one part per worker (at least

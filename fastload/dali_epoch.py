@@ -159,7 +159,7 @@ class DaliEpoch(Epoch):
             self.prefetcher.check()
         with stats.waiting():
             try:
-                columns, values, keys, skipped = self.dali.next(self.next_yield, self.order[self.plan.batches[self.next_yield]])
+                columns, values, keys, skipped = self.dali.next(self.next_yield, self.batch_indices(self.next_yield))
             except BaseException:
                 self.close()
                 raise

@@ -92,14 +92,14 @@ class HybridEpoch(CpuEpoch):
 
     def _indices(self, batch_no: int) -> np.ndarray:
         """The CPU workers' part of the batch: what DALI leaves."""
-        return super()._indices(batch_no)[self._dali_count(batch_no) :]
+        return self.batch_indices(batch_no)[self._dali_count(batch_no) :]
 
     def _next_batch(self) -> Any:
         stats, batch_no = self.inputs.stats, self.next_yield
         if self.prefetcher is not None:
             self.prefetcher.check()
         self._publish_through(batch_no + self.ahead)
-        dali_indices = super()._indices(batch_no)[: self._dali_count(batch_no)]
+        dali_indices = self.batch_indices(batch_no)[: self._dali_count(batch_no)]
         with stats.waiting():
             began = time.perf_counter()
             try:
