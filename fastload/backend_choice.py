@@ -24,7 +24,8 @@ from fastload.transforms import GEOMETRIC, Transform, output_size
 
 log = logging.getLogger("fastload")
 
-PROBE_BATCHES = 6  # timed batches per engine, after one to start it up
+PROBE_WARMUP = 3  # batches per engine before timing: start-up and the queue filled meanwhile left out
+PROBE_BATCHES = 20  # timed batches per engine (on the H200, 256-image batches: a few tenths of a second)
 PROBE_CACHE_VERSION = 1
 
 
@@ -62,7 +63,7 @@ def probe_key(specs: Sequence[Transform], num_workers: int, batch_size: int) -> 
 
 
 def measure_rates(make_loader: Callable[[str], Iterable], candidates: Sequence[str], batches: int = PROBE_BATCHES) -> dict[str, float]:
-    """Each candidate ``backend=``'s images/s over ``batches`` batches after its first (start-up
+    """Each candidate ``backend=``'s images/s over ``batches`` batches after PROBE_WARMUP (start-up
     left out), one loader at a time; ``make_loader(backend)`` makes the loader (closed after)."""
     rates = {}
     for backend in candidates:
@@ -75,11 +76,12 @@ def measure_rates(make_loader: Callable[[str], Iterable], candidates: Sequence[s
 
 
 def _running_rate(loader: Iterable, batches: int) -> float:
-    """Images/s over ``batches`` batches after the first, as many epochs as it takes."""
+    """Images/s over ``batches`` batches after PROBE_WARMUP, as many epochs as it takes."""
     if len(cast(Sized, loader)) == 0:
         return 0.0
     stream = (batch for _ in itertools.count() for batch in loader)
-    next(stream)
+    for _ in itertools.islice(stream, PROBE_WARMUP):
+        pass
     began, seen = time.perf_counter(), 0
     for batch in itertools.islice(stream, batches):
         first = next(iter(batch.values())) if isinstance(batch, dict) else batch[0]

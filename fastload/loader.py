@@ -82,7 +82,8 @@ class DataLoader(torch.utils.data.DataLoader):
     fastload dataset. Rank and world size are resolved when iteration starts.
 
     fastload's own: ``transform`` (specs from fastload.transforms, or a torchvision Compose, translated by
-    fastload.torchvision_specs), ``backend``, ``device``,
+    fastload.torchvision_specs), ``backend`` ("auto": by measurement, fastload.backend_choice; "cpu";
+    "dali"; "hybrid": each batch split between DALI and the CPU workers), ``device``,
     ``seed``, ``on_error`` ("raise" | "skip"), ``return_keys``, ``rank``/``world_size``,
     ``evaluation`` (every sample once across ranks, padding marked by a ``valid`` tensor),
     ``shuffle_buffer`` (streaming order: each rank reads its own shuffled shards in sequence
