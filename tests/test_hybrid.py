@@ -10,6 +10,7 @@ import torch
 
 import fastload
 from fastload import transforms as T
+from fastload.errors import SampleError
 from tests.conftest import demo_dataset
 
 pytest.importorskip("nvidia.dali")
@@ -68,3 +69,19 @@ def test_hybrid_resumes_where_it_stopped_with_the_cpu_paths_state(wds: Path) -> 
 def test_hybrid_needs_cpu_workers(wds: Path) -> None:
     with pytest.raises(ValueError, match="num_workers >= 1"):
         fastload.DataLoader(wds, backend="hybrid", batch_size=4, transform=T.val(32))
+
+
+def test_hybrid_skips_or_names_corrupt_samples_like_the_cpu_path(corrupt: tuple[Path, set[str]]) -> None:
+    """A bad header is skipped or raised in whichever engine's part it falls; JPEG data DALI cannot
+    decode is redone on the CPU path, which names or replaces the sample."""
+    path, bad = corrupt
+    kwargs = dict(batch_size=4, transform=T.val(16), num_workers=2, shuffle=True, seed=2, return_keys=True)
+    with fastload.DataLoader(path, backend="hybrid", **kwargs) as loader, pytest.raises(SampleError) as info:
+        list(loader)
+    assert info.value.where.split(":", 1)[1] in bad
+    keys = {}
+    for backend in ("cpu", "hybrid"):
+        with fastload.DataLoader(path, backend=backend, on_error="skip", **kwargs) as loader:
+            keys[backend] = [k for *_, ks in loader for k in ks]
+            assert len(loader.stats.skipped) == 2
+    assert keys["hybrid"] == keys["cpu"] and len(keys["cpu"]) == 30 and not bad & set(keys["cpu"])
