@@ -88,3 +88,4 @@ if [[ $parts == *" train "* ]]; then
     --data /tmp/photos-wds --epochs 3 --batch-size 128 --workers 12 --checkpoint-dir /tmp/ckpt 2>&1 \
     | grep -E "^epoch|done|Error|error" | tee "$OUT/train.log"
 fi
+echo "== gpu_check: ${SECONDS} s"
