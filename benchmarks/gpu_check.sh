@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU machine's check, run once per lent machine (README "On a GPU machine" shows its tables):
-#   bash benchmarks/gpu_check.sh PART...   (PART: setup, loader, dali, train)
+#   bash benchmarks/gpu_check.sh PART...   (PART: setup, loader, dali, parity, stall, train)
+# Issue #20's run, in one call of at most 6 minutes once DALI's parts are there:
+#   bash benchmarks/gpu_check.sh dali parity stall
 # Carry .whl/ and data/gpu-photos. .whl/ holds the simplejpeg wheel for CPython 3.12 (`pip download
 # --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 simplejpeg`)
 # and libjpeg-turbo's Debian packages (`apt-get download libjpeg62-turbo libjpeg62-turbo-dev`),
@@ -9,7 +11,12 @@
 #           processes, the data-stall analysis with ResNet-50;
 #   dali    installs DALI from /tmp/dali-parts (made by benchmarks/dali_parts.sh; part0 rides with
 #           the photos, each other part is carried in its own call and moved there), runs every
-#           `gpu` test and the DALI benchmarks (decode only and train(224), 20 epochs);
+#           `gpu` test (CUDA tensors, no copy back to the host) and train(224) for 20 epochs:
+#           fastload's dali and hybrid backends against DALI's own pipeline and the CPU path
+#           (images/s overall and once running);
+#   parity  (needs DALI) each backend's mean |diff| per image from Pillow + torchvision's recipe,
+#           val(224) and decode, DALI decoding with device="mixed" (nvJPEG);
+#   stall   (needs DALI) ResNet-50 bf16, channels_last, torch.compile, fed by cpu, dali and hybrid;
 #   train   (after `dali` when both are given, so DALI feeds it) the training example with nccl + bf16.
 # Logs and JSON go to $OUT.
 set -u
@@ -55,12 +62,24 @@ if [[ $parts == *" dali "* ]]; then
   fi
   python3 -c "import nvidia.dali as d; print('dali', d.__version__)" || exit 1
   echo "== every gpu test"
-  python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py tests/test_dali_backend.py 2>&1 | tee "$OUT/pytest-gpu.log" | tail -4
-  for t in decode train; do
-    echo "== DALI on the GPU, $t, batch 256"
-    python3 -m fastload.cli bench /tmp/photos-wds --backends fastload-dali,dali-gpu,fastload-cpu --workers 14 --transform $t \
-      --epochs 20 --json "$OUT/dali-$t.json" 2>&1 | tail -6
+  timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py tests/test_dali_backend.py 2>&1 | tee "$OUT/pytest-gpu.log" | tail -4
+  echo "== DALI on the GPU, train(224), batch 256, 20 epochs"
+  timeout 150 python3 -m fastload.cli bench /tmp/photos-wds --backends fastload-dali,fastload-hybrid,dali-gpu,fastload-cpu \
+    --workers 14 --transform train --epochs 20 --json "$OUT/dali-train.json" 2>&1 | tail -7
+fi
+
+if [[ $parts == *" parity "* ]]; then
+  for t in val decode; do
+    echo "== parity, $t(224): mean |diff| per image from Pillow + torchvision's recipe (dali: device=mixed)"
+    timeout 90 python3 -m fastload.bench.parity /tmp/photos-wds --backends cpu,dali --transform $t --workers 14 \
+      --json "$OUT/parity-$t.json" 2>&1 | grep -v "^fastload: backend"
   done
+fi
+
+if [[ $parts == *" stall "* ]]; then
+  echo "== data stall: ResNet-50 bf16 channels_last torch.compile, train(224), batch 256, 14 workers"
+  timeout 200 python3 benchmarks/bench_stall.py /tmp/photos-wds --backends cpu,dali,hybrid --workers 14 --steps 15 \
+    --json "$OUT/stall.json" 2>&1 | grep -v "^fastload: backend" | tail -5
 fi
 
 if [[ $parts == *" train "* ]]; then
@@ -69,3 +88,4 @@ if [[ $parts == *" train "* ]]; then
     --data /tmp/photos-wds --epochs 3 --batch-size 128 --workers 12 --checkpoint-dir /tmp/ckpt 2>&1 \
     | grep -E "^epoch|done|Error|error" | tee "$OUT/train.log"
 fi
+echo "== gpu_check: ${SECONDS} s"

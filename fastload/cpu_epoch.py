@@ -87,7 +87,8 @@ class CpuEpoch(Epoch):
         return self.next_submit
 
     def _indices(self, batch_no: int) -> np.ndarray:
-        return self.order[self.plan.batches[batch_no]]
+        """The samples the workers make of batch ``batch_no``: all of them here."""
+        return self.batch_indices(batch_no)
 
     def _submit_more(self, pool: WorkerPool) -> None:
         """Give every free slot the next batch, split into one part per worker (at least
@@ -163,18 +164,21 @@ class CpuEpoch(Epoch):
         return batch
 
     def _deliver(self, result: BatchResult) -> Any:
-        """Hand a finished slot's columns out (lent without a copy when workers fill the slots and
-        nothing is pinned; else copied, into pinned memory when asked) and finish the batch."""
+        """Hand a finished slot's columns out and finish the batch."""
+        return self._finish_batch(self._slot_columns(result), result.values, result.keys, result.skipped, self.next_yield)
+
+    def _slot_columns(self, result: BatchResult) -> dict[str, Any]:
+        """A finished slot's columns as tensors: lent without a copy when workers fill the slots and
+        nothing is pinned; else copied (into pinned memory when asked) and the slot given back."""
         options, buffers, n = self.inputs.options, self.buffers, result.count
         keep = options.num_workers * (options.prefetch_factor or 0)  # lending never thins the workers' queue
         lent = None if options.pin_memory or self.pool is None else buffers.lend(result.slot, n, keep=keep)
         if lent is not None:
             # per-sample scalars (labels) are copied: a caller keeping them must not keep the slot
-            columns = {name: as_tensor(view if view.ndim > 1 else view.copy()) for name, view in lent.items()}
-        else:
-            columns = {c.name: copied(buffers.column(result.slot, c.name)[:n], options.pin_memory) for c in buffers.columns}
-            buffers.give_back(result.slot)
-        return self._finish_batch(columns, result.values, result.keys, result.skipped, self.next_yield)
+            return {name: as_tensor(view if view.ndim > 1 else view.copy()) for name, view in lent.items()}
+        columns = {c.name: copied(buffers.column(result.slot, c.name)[:n], options.pin_memory) for c in buffers.columns}
+        buffers.give_back(result.slot)
+        return columns
 
     def close(self) -> None:
         """Abandon the epoch: batches in flight are not waited for; their slots come back as the

@@ -13,19 +13,24 @@ import torch
 
 from fastload.dali.feed import DaliFeed
 from fastload.dali.protocol import carried_stacked, read_carried
+from fastload.dali.shares import DaliShares
 from fastload.epoch import Epoch, EpochInputs
-from fastload.errors import SampleError
 from fastload.field_batch import as_tensor
 from fastload.fields import FieldSpec, SampleSpec
 from fastload.slots import spec_columns
 from fastload.state import LoaderState
+from fastload.torchvision_specs import TorchvisionSteps
 from fastload.workers import fill_fields
 
 log = logging.getLogger("fastload")
 
 
-def dali_refusal(spec: SampleSpec) -> str | None:
-    """Why ``backend='dali'`` cannot make these samples, or None when it can."""
+def dali_refusal(spec: SampleSpec, torchvision_steps: TorchvisionSteps | None = None) -> str | None:
+    """Why ``backend='dali'`` cannot make these samples (nor ``'hybrid'``), or None when it can."""
+    if torchvision_steps is not None:
+        names = ", ".join(type(step).__name__ for step in torchvision_steps.steps)
+        return (f"transform=: {names} run by torchvision in the CPU workers, which backend='dali' has not: "
+                "use backend='cpu', or keep to the steps fastload translates")
     if spec.map is not None:  # map= sees each decoded sample in the workers, and DALI decodes the image after them
         return "backend='dali' decodes the image after fastload's workers are done with a sample, so map= cannot see it: use backend='cpu'"
     if spec.primary is None:
@@ -44,8 +49,9 @@ class DaliPipeline:
     """A loader's DALI pipeline, built on first use and kept across its epochs (a GPU pipeline
     takes seconds to build; its worker processes carry on into the next epoch)."""
 
-    def __init__(self, gpu: bool) -> None:
+    def __init__(self, gpu: bool, feed_workers: int | None = None) -> None:
         self.gpu = gpu
+        self.feed_workers = feed_workers  # DALI's feed processes; None: num_workers
         self.decoder: Any = None  # fastload.dali.pipeline.DaliBatchDecoder
 
     def epoch(self, inputs: EpochInputs) -> DaliEpoch:
@@ -61,9 +67,10 @@ class DaliPipeline:
             device_id = torch.cuda.current_device() if self.gpu else None
             if inputs.image_shape is None:  # dali_refusal() refused such a loader already
                 raise ValueError("backend='dali' decodes an image field; these samples hold none")
+            workers = options.num_workers if self.feed_workers is None else self.feed_workers
             self.decoder = DaliBatchDecoder(
                 options.batch_size, inputs.image_shape[1:], max(1, options.num_workers), device_id,
-                options.hw_decoder_load, workers=options.num_workers,
+                options.hw_decoder_load, workers=workers,
             )
         return self.decoder
 
@@ -74,14 +81,63 @@ class DaliPipeline:
             self.decoder = None
 
 
+class DaliBatches:
+    """The DALI side of an epoch: the feed started at the epoch's position, its decoded batches in
+    order, and a batch DALI cannot decode (corrupt entropy data) redone on the CPU path, which names
+    or skips the bad sample, DALI carrying on after it. ``shares`` (the hybrid backend) gives DALI
+    each batch's first samples only."""
+
+    def __init__(self, epoch: Epoch, decoder: Any, shares: DaliShares | None = None) -> None:
+        inputs, options = epoch.inputs, epoch.inputs.options
+        self.inputs, self.decoder, self.epoch_no, self.total = inputs, decoder, epoch.epoch, len(epoch.plan.batches)
+        self.columns = spec_columns(inputs.sample_spec, inputs.image_shape)
+        self.feed = DaliFeed(
+            inputs.dataset, inputs.sample_spec, carried_stacked(inputs.sample_spec, inputs.image_shape),
+            options.transform, options.seed, options.on_error,
+            inputs.orders.spec(epoch.start.generations), epoch.epoch, epoch.plan.start, shares=shares,
+        )
+
+    def start(self) -> None:
+        """Start delivering: the pipeline carries on into this epoch, or is rebuilt for it."""
+        self.decoder.start(self.feed, self.total)
+
+    def next(self, batch_no: int, indices: np.ndarray) -> tuple[dict[str, Any], dict[str, list], list[str], list[tuple[str, str]]]:
+        """Batch ``batch_no``'s DALI part (``indices``, its samples): stacked columns by field key
+        (images as DALI's torch tensor), the other fields' values, keys and skip records."""
+        spec = self.inputs.sample_spec
+        try:
+            images, keys, skipped, error, carried = self.decoder.next_batch()
+        except Exception as exc:
+            if not is_decode_failure(exc):
+                raise
+            log.warning("fastload: DALI failed on batch %d of epoch %d, redoing it on the CPU: %s",
+                        batch_no, self.epoch_no, (str(exc).strip().splitlines() or ["RuntimeError"])[-1][:300])
+            self.inputs.stats.redone_on_cpu += 1
+            parts = self._on_cpu(indices)
+            following = batch_no + 1
+            self.decoder.start(replace(self.feed, first_batch=following), self.total - following)
+            return parts
+        if error is not None:  # a sample that could not be read (on_error="raise", or no substitute left)
+            raise error
+        columns, values = read_carried(carried, spec, self.feed.stacked, keys)
+        image = cast(FieldSpec, spec.primary)  # there is one: ensure() refused samples without an image
+        return {**columns, image.key: images}, values, keys, skipped
+
+    def _on_cpu(self, indices: np.ndarray) -> tuple[dict[str, Any], dict[str, list], list[str], list[tuple[str, str]]]:
+        options = self.inputs.options
+        columns = {c.name: np.empty((len(indices), *c.shape), dtype=c.dtype) for c in self.columns}
+        keys, skipped, values = fill_fields(self.inputs.dataset, indices, self.inputs.sample_spec, options.transform,
+                                            options.seed, self.epoch_no, options.on_error, columns)
+        return columns, values, keys, skipped
+
+
 class DaliEpoch(Epoch):
     """One pass over a rank's batches decoded by DALI, in the same order as the CPU path.
 
     DALI's worker processes read each batch's bytes and plan its crops (fastload's own plans, so
     the geometry equals the CPU path's); DALI decodes only the crop regions and resizes. A sample
     whose header is unreadable is skipped while planning, or with ``on_error="raise"`` raised
-    when its batch is due; a batch DALI cannot decode (corrupt entropy data) is redone on the CPU
-    path, which names or skips the bad sample, and DALI carries on after it.
+    when its batch is due; a batch DALI cannot decode is redone on the CPU path (DaliBatches).
     """
 
     def __init__(self, inputs: EpochInputs, pipeline: DaliPipeline) -> None:
@@ -92,54 +148,26 @@ class DaliEpoch(Epoch):
         """Start at ``state``'s position: the feed starts there, and the pipeline carries on into it
         when it is the epoch after the one it has just finished (else it is rebuilt)."""
         super().reset(state)
-        inputs, options = self.inputs, self.inputs.options
-        self.decoder = self.pipeline.ensure(inputs)
+        decoder = self.pipeline.ensure(self.inputs)
         self._start_prefetch()
-        self.columns = spec_columns(inputs.sample_spec, inputs.image_shape)
-        self.feed = DaliFeed(
-            inputs.dataset, inputs.sample_spec, carried_stacked(inputs.sample_spec, inputs.image_shape),
-            options.transform, options.seed, options.on_error,
-            inputs.orders.spec(self.start.generations), self.epoch, self.plan.start,
-        )
-        self.decoder.start(self.feed, len(self.plan.batches))
-
-    def _on_cpu(self, batch_no: int) -> tuple[dict[str, np.ndarray], dict[str, list], list[str], list[tuple[str, str]]]:
-        inputs, options = self.inputs, self.inputs.options
-        indices = self.order[self.plan.batches[batch_no]]
-        columns = {c.name: np.empty((len(indices), *c.shape), dtype=c.dtype) for c in self.columns}
-        keys, skipped, values = fill_fields(inputs.dataset, indices, inputs.sample_spec, options.transform, options.seed,
-                                            self.epoch, options.on_error, columns)
-        return columns, values, keys, skipped
+        self.dali = DaliBatches(self, decoder)
+        self.dali.start()
 
     def _next_batch(self) -> Any:
-        stats, spec = self.inputs.stats, self.inputs.sample_spec
+        stats = self.inputs.stats
         if self.prefetcher is not None:
             self.prefetcher.check()
         with stats.waiting():
             try:
-                images, keys, skipped, error, carried = self.decoder.next_batch()
-            except Exception as exc:
-                if not is_decode_failure(exc):
-                    self.close()
-                    raise
-                log.warning("fastload: DALI failed on batch %d of epoch %d, redoing it on the CPU: %s",
-                            self.next_yield, self.epoch, (str(exc).strip().splitlines() or ["RuntimeError"])[-1][:300])
-                stats.redone_on_cpu += 1
-                try:
-                    columns, values, keys, skipped = self._on_cpu(self.next_yield)
-                except SampleError:
-                    self.close()
-                    raise
-                following = self.next_yield + 1
-                self.decoder.start(replace(self.feed, first_batch=following), len(self.plan.batches) - following)
-            else:
-                if error is not None:  # a sample that could not be read (on_error="raise", or no substitute left)
-                    self.close()
-                    raise error
-                columns, values = read_carried(carried, spec, self.feed.stacked, keys)
-                image = cast(FieldSpec, spec.primary)  # there is one: ensure() refused samples without an image
-                columns[image.key] = images
-        tensors = {name: column if isinstance(column, torch.Tensor) else as_tensor(column) for name, column in columns.items()}
-        batch = self._finish_batch(tensors, values, keys, skipped, self.next_yield)
+                columns, values, keys, skipped = self.dali.next(self.next_yield, self.batch_indices(self.next_yield))
+            except BaseException:
+                self.close()
+                raise
+        batch = self._finish_batch(as_tensors(columns), values, keys, skipped, self.next_yield)
         stats.record_batch(len(keys))
         return batch
+
+
+def as_tensors(columns: dict[str, Any]) -> dict[str, Any]:
+    """Stacked columns as tensors (DALI's images are already; the carried ones are numpy)."""
+    return {name: column if isinstance(column, torch.Tensor) else as_tensor(column) for name, column in columns.items()}

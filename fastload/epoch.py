@@ -73,6 +73,10 @@ class Epoch:
         if self.inputs.accelerate:
             self.accelerate = AccelerateEpoch(self, orders.remainder(self.start))
 
+    def batch_indices(self, batch_no: int) -> np.ndarray:
+        """The dataset indices of batch ``batch_no`` of this epoch, in order."""
+        return self.order[self.plan.batches[batch_no]]
+
     def state(self) -> Position:
         """Where this epoch is: the global samples consumed once the batches handed out so far count."""
         return replace(self.start, consumed=self.plan.consumed_after(self.next_yield))

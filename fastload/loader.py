@@ -24,6 +24,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from fastload.backend_choice import cached_rates, choose_backend, probe_key
 from fastload.cpu_epoch import CpuWorkers
 from fastload.dali_epoch import DaliPipeline, dali_refusal
 from fastload.dataset import ShardedDataset
@@ -31,6 +32,7 @@ from fastload.dist import check_ranks_agree
 from fastload.epoch import Epoch, EpochInputs
 from fastload.fields import SampleSpec
 from fastload.frameworks import accelerate_device
+from fastload.hybrid_epoch import HybridEngine
 from fastload.layout import BatchLayout
 from fastload.options import LoaderOptions
 from fastload.orders import LoaderOrders
@@ -51,29 +53,6 @@ from fastload.transforms import Transform, batch_transform, output_size
 
 log = logging.getLogger("fastload")
 _logged: set[tuple[str, str]] = set()
-
-
-def choose_backend(requested: str, decoded_pixels: bool) -> tuple[str, str]:
-    """("cpu" | "dali-cpu" | "dali-gpu", why) for a validated ``backend=``. ``auto`` takes DALI only on
-    a GPU: on the CPU fastload's own workers measured 1.5-1.7x DALI's CPU pipeline (README, fastload bench)."""
-    from fastload.dali.library import dali_available
-
-    if requested == "cpu":
-        return "cpu", "backend='cpu'"
-    if decoded_pixels:
-        if requested == "dali":
-            raise ValueError("backend='dali' decodes images; this dataset stores decoded pixels (use backend='cpu')")
-        return "cpu", "the dataset stores decoded pixels: nothing to decode"
-    gpu = torch.cuda.is_available()
-    if requested == "dali":
-        if not dali_available():
-            raise ImportError("backend='dali' needs NVIDIA DALI: pip install 'fastload[dali]'")
-        return ("dali-gpu", "a CUDA GPU is visible") if gpu else ("dali-cpu", "no CUDA GPU: DALI runs on the CPU")
-    if gpu and dali_available():
-        return "dali-gpu", "DALI is installed and a CUDA GPU is visible"
-    if gpu:
-        return "cpu", "DALI is not installed (pip install 'fastload[dali]' for GPU decoding)"
-    return "cpu", "no CUDA GPU; on the CPU fastload's workers beat DALI's CPU pipeline"
 
 
 def with_torchvision_steps(spec: SampleSpec, steps: TorchvisionSteps | None) -> SampleSpec:
@@ -103,7 +82,8 @@ class DataLoader(torch.utils.data.DataLoader):
     fastload dataset. Rank and world size are resolved when iteration starts.
 
     fastload's own: ``transform`` (specs from fastload.transforms, or a torchvision Compose, translated by
-    fastload.torchvision_specs), ``backend``, ``device``,
+    fastload.torchvision_specs), ``backend`` ("auto": by measurement, fastload.backend_choice; "cpu";
+    "dali"; "hybrid": each batch split between DALI and the CPU workers), ``device``,
     ``seed``, ``on_error`` ("raise" | "skip"), ``return_keys``, ``rank``/``world_size``,
     ``evaluation`` (every sample once across ranks, padding marked by a ``valid`` tensor),
     ``shuffle_buffer`` (streaming order: each rank reads its own shuffled shards in sequence
@@ -180,28 +160,36 @@ class DataLoader(torch.utils.data.DataLoader):
         self.sample_spec = with_torchvision_steps(
             resolve_spec(sharded, options.fields, options.map, options.transform), options.torchvision_steps)
         self.image_shape = self._image_shape()
-        self.backend, why = choose_backend(options.backend, sharded.decoded)
-        if self.backend.startswith("dali") and options.torchvision_steps is not None:
-            names = ", ".join(type(step).__name__ for step in options.torchvision_steps.steps)
-            raise ValueError(f"transform=: {names} run by torchvision in the CPU workers, which backend='dali' has not: "
-                             "use backend='cpu', or keep to the steps fastload translates")
-        if self.backend.startswith("dali") and (refusal := dali_refusal(self.sample_spec)) is not None:
-            raise ValueError(refusal)
-        if (self.backend, why) not in _logged:
-            _logged.add((self.backend, why))
-            log.warning("fastload: backend=%s (%s)", self.backend, why)
+        key = probe_key(options.transform, options.num_workers, options.batch_size)
+        choice = choose_backend(options.backend, sharded.decoded, dali_refusal(self.sample_spec, options.torchvision_steps),
+                                key, self._probe_loader, options.num_workers)
+        self.backend = choice.name
+        if (choice.name, choice.why) not in _logged:
+            _logged.add((choice.name, choice.why))
+            log.warning("fastload: backend=%s (%s)", choice.name, choice.why)
         self.stats = LoaderStats()
         self.state = LoaderState()
         self.orders = LoaderOrders(sharded, options)
-        self._engine: CpuWorkers | DaliPipeline = (
-            DaliPipeline(gpu=self.backend == "dali-gpu") if self.backend.startswith("dali") else CpuWorkers()
-        )
+        self._engine: CpuWorkers | DaliPipeline | HybridEngine = CpuWorkers()
+        if choice.engine == "dali":
+            self._engine = DaliPipeline(gpu=choice.gpu)
+        elif choice.engine == "hybrid":
+            rates = choice.rates or cached_rates(key) or {}  # an earlier probe's, else the split starts even
+            known = (rates["dali"], rates["cpu"]) if {"dali", "cpu"} <= rates.keys() else None
+            self._engine = HybridEngine(choice.gpu, options.num_workers, known)
         self._batch_fn = batch_transform(options.transform)
         self._batch_layout = BatchLayout(sharded.has_labels, options.return_keys, options.evaluation)
         self._sampler_epoch_seen = None if options.distributed is None else options.distributed.epoch
         self._active: weakref.ref[Epoch] | None = None  # held weakly: an iterator dropped mid-epoch ends it
         self._agreed = False
         self._accelerate = False
+
+    def _probe_loader(self, backend: str) -> DataLoader:
+        """A loader like this one on another ``backend=``: what ``auto``'s probe times."""
+        options = self.options
+        return DataLoader(self.dataset, batch_size=options.batch_size, shuffle=True, num_workers=options.num_workers,
+                          transform=options.transform, backend=backend, fields=options.fields, on_error=options.on_error,
+                          hw_decoder_load=options.hw_decoder_load)
 
     def _image_shape(self) -> tuple[int, int, int] | None:
         if self.sample_spec.primary is None:

@@ -18,7 +18,7 @@ from fastload.samplers import adopt_sampler
 from fastload.torchvision_specs import TorchvisionSteps, is_torchvision_pipeline, translate
 from fastload.transforms import Transform, validate
 
-Backend = Literal["auto", "cpu", "dali"]
+Backend = Literal["auto", "cpu", "dali", "hybrid"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
 REMOTE_SHUFFLE_BUFFER = 4096  # the streaming order's buffer for a remote dataset without shuffle_buffer=
 TORCH_ONLY = ("batch_sampler", "generator")  # torch's arguments the fast path refuses
@@ -101,6 +101,8 @@ class LoaderOptions:
             resolve_rank_world(self.rank, self.world_size)  # refuse an impossible pair now
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.backend == "hybrid" and self.num_workers == 0:
+            raise ValueError("backend='hybrid' splits each batch between the CPU workers and DALI: it needs num_workers >= 1")
         object.__setattr__(self, "pin_memory", self.pin_memory and torch.cuda.is_available())
         prefetch = (2 if self.prefetch_factor is None else self.prefetch_factor) if self.num_workers else None
         object.__setattr__(self, "prefetch_factor", prefetch)

@@ -33,3 +33,10 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   python -m pip install -q -e "$ROOT[dali,test]"
   echo "$want" > "$stamp"
 fi
+
+# Real photos for tests/test_dali_parity.py: Debian's wallpapers, fetched once here (the tests use no
+# network), as benchmarks/make_photos.py does; best effort, the test is skipped without them.
+if [ ! -d "$ROOT/data/.wallpapers/usr/share/wallpapers" ] && command -v apt-get >/dev/null 2>&1; then
+  (cd "$ROOT" && python -c "from pathlib import Path; from benchmarks.make_photos import fetch_wallpapers; fetch_wallpapers(Path('data/.wallpapers'))") \
+    >/dev/null 2>&1 || echo "note: could not fetch Debian's wallpapers; tests/test_dali_parity.py is skipped"
+fi

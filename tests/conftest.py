@@ -67,6 +67,15 @@ def photo_folder(root: Path, count: int) -> Path:
     return root
 
 
+def demo_dataset(root: Path, count: int, samples_per_shard: int | None = None) -> Path:
+    """ROOT/wds: ``count`` demo images at ImageNet-like sizes (300-640 px), converted."""
+    from fastload.demo import make_demo_images
+
+    convert(str(make_demo_images(root / "raw", count)), str(root / "wds"),
+            ConvertOptions(source="imagefolder", samples_per_shard=samples_per_shard))
+    return root / "wds"
+
+
 def small_photo(seed: int, label: int = 0, size: tuple[int, int] = (48, 64)) -> Image.Image:
     """A small smooth synthetic image (height, width)."""
     return synthetic_image(np.random.default_rng(seed), label, size[0], size[1])

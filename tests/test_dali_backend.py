@@ -19,7 +19,7 @@ import fastload
 from fastload import transforms as T
 from fastload.converters import ConvertOptions, WriterOptions, convert
 from fastload.errors import SampleError
-from tests.conftest import cli_env, collection_page_faults
+from tests.conftest import cli_env, collection_page_faults, demo_dataset
 
 pytest.importorskip("nvidia.dali")
 
@@ -27,11 +27,7 @@ pytest.importorskip("nvidia.dali")
 @pytest.fixture(scope="module")
 def demo_wds(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Twelve demo images at ImageNet-like sizes (300-640 px)."""
-    from fastload.demo import make_demo_images
-
-    root = tmp_path_factory.mktemp("dali-demo")
-    convert(str(make_demo_images(root / "raw", 12)), str(root / "wds"), ConvertOptions(source="imagefolder"))
-    return root / "wds"
+    return demo_dataset(tmp_path_factory.mktemp("dali-demo"), 12)
 
 
 @pytest.fixture(scope="module")

@@ -98,6 +98,21 @@ def test_dali_fields_equal_the_cpu_backend_and_resume(rich_tars: Path, workers: 
     assert_same_fields({**before, **after}, cpu)
 
 
+def test_hybrid_fields_equal_the_cpu_backend(rich_tars: Path) -> None:
+    """The hybrid joins DALI's part and the CPU workers' part field by field: stacked ones (labels,
+    masks, the fixed-shape array) row by row, listed ones (text, json, boxes, ragged arrays) in order."""
+    names = list(FIELDS)
+    kwargs = dict(batch_size=8, shuffle=True, seed=4, transform=(T.RandomResizedCrop(32, scale=(0.3, 1.0)), T.RandomHorizontalFlip()),
+                  fields=FIELDS, return_keys=True, num_workers=2)
+    with fastload.DataLoader(rich_tars, backend="cpu", **kwargs) as loader:
+        cpu = by_key(list(loader), names)
+    with fastload.DataLoader(rich_tars, backend="hybrid", **kwargs) as loader:
+        assert loader.backend == "hybrid-cpu"
+        hybrid = by_key(list(loader), names)
+    assert len(cpu) == 22
+    assert_same_fields(hybrid, cpu)
+
+
 def test_dali_masks_stay_aligned_with_the_image(rich_tars: Path) -> None:
     transform = (T.RandomResizedCrop(32, scale=(0.3, 1.0)), T.RandomHorizontalFlip())
     checked = flipped = 0

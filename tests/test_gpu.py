@@ -43,3 +43,45 @@ def test_batches_land_on_the_gpu_normalized_there(wds: Path, backend: str) -> No
     else:  # DALI's decoder and resize: close on average (0.07 here is ~4 levels of 255)
         assert (images.float().cpu() - expected).abs().mean() < 0.07
     assert torch.equal(labels.cpu(), cpu_labels)
+
+
+@pytest.mark.parametrize("backend", ["dali", "hybrid"])
+def test_dali_and_hybrid_batches_are_cuda_tensors_in_the_cpu_paths_order(wds: Path, backend: str) -> None:
+    """Without device=: DALI's images are CUDA tensors straight from its buffers (the hybrid's CPU
+    part is copied to them); labels, order and pixels as the CPU path's."""
+    pytest.importorskip("nvidia.dali")
+    kwargs = dict(batch_size=8, shuffle=True, seed=3, num_workers=2, transform=T.val(32), return_keys=True)
+    with fastload.DataLoader(wds, backend=backend, **kwargs) as loader:
+        assert loader.backend == f"{backend}-gpu"
+        gpu = [(x, y, keys) for x, y, keys in loader]
+    with fastload.DataLoader(wds, backend="cpu", **kwargs) as loader:
+        cpu = [(x, y, keys) for x, y, keys in loader]
+    assert [keys for *_, keys in gpu] == [keys for *_, keys in cpu]
+    for (x_gpu, y_gpu, _), (x_cpu, y_cpu, _) in zip(gpu, cpu, strict=True):
+        assert x_gpu.is_cuda and x_gpu.dtype == torch.uint8 and torch.equal(y_gpu.cpu(), y_cpu)
+        assert (x_gpu.cpu().float() - x_cpu.float()).abs().mean() < 4  # nvJPEG's IDCT and upsampling differ a little
+
+
+@pytest.mark.parametrize("backend", ["dali", "hybrid"])
+def test_images_never_come_back_to_the_host(wds: Path, backend: str, tmp_path: Path) -> None:
+    """No device-to-host copy of image size while batches are made (CUPTI sees every copy in the
+    process, DALI's own included); the hybrid's CPU part goes host to device only."""
+    pytest.importorskip("nvidia.dali")
+    import json
+
+    from torch.profiler import ProfilerActivity, profile
+
+    image_bytes = 3 * 32 * 32
+    with fastload.DataLoader(wds, backend=backend, batch_size=8, num_workers=2, transform=T.val(32), device="cuda") as loader:
+        list(loader)  # a first epoch: the pipeline built (the next one carries on)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            images = [x for x, _ in loader]
+            torch.cuda.synchronize()
+    assert all(x.is_cuda for x in images)
+    prof.export_chrome_trace(str(tmp_path / "trace.json"))
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    copies = [e for e in events if e.get("cat") == "gpu_memcpy"]
+    if not any(e.get("cat") in ("kernel", "gpu_memcpy") for e in events):
+        pytest.skip("the profiler recorded no GPU activity here (CUPTI unavailable)")
+    back = [e for e in copies if "DtoH" in e.get("name", "") and e.get("args", {}).get("bytes", 0) >= image_bytes]
+    assert not back, back[:3]

@@ -12,7 +12,7 @@ from fastload.dataset import ShardedDataset
 from fastload.fields import LABEL_FIELD, image_field
 from fastload.formats import offsets_name
 
-BACKENDS = ("fastload-cpu", "fastload-dali", "torch", "webdataset", "dali-cpu", "dali-gpu")
+BACKENDS = ("fastload-cpu", "fastload-dali", "fastload-hybrid", "torch", "webdataset", "dali-cpu", "dali-gpu")
 LABEL_DIGITS = 8
 
 
@@ -20,7 +20,7 @@ def make_loader(name: str, ds: ShardedDataset, source: Path | None, specs: tuple
     """A factory of one epoch-iterable loader of the given kind."""
     import torch
 
-    if name in ("fastload-cpu", "fastload-dali"):
+    if name in ("fastload-cpu", "fastload-dali", "fastload-hybrid"):
         from fastload.loader import DataLoader
 
         backend = name.split("-")[1]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import gc
 import io
+import math
 import os
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
@@ -15,6 +16,7 @@ from typing import Any, cast
 import numpy as np
 
 from fastload.dali.protocol import carried_fields, empty_feed_columns, encode_note, row_bytes, stored_form
+from fastload.dali.shares import DaliShares
 from fastload.dataset import ShardedDataset
 from fastload.errors import SampleError
 from fastload.fields import SampleSpec
@@ -32,7 +34,9 @@ class DaliFeed:
     """Batch ``info.iteration`` of DALI epoch ``info.epoch_idx``. DALI's epoch 0 is ``first_epoch``
     from order position ``start``, skipping its first ``first_batch`` batches (already delivered);
     each later DALI epoch (after a reset) is the next epoch from its beginning. ``spec``'s fields
-    other than the primary image are carried beside it, the ``stacked`` ones as slot rows."""
+    other than the primary image are carried beside it, the ``stacked`` ones as slot rows. With
+``shares`` (the hybrid backend) a batch is its first samples only, as many as the training
+process published for it; the CPU workers make the rest."""
 
     dataset: ShardedDataset
     spec: SampleSpec
@@ -44,6 +48,7 @@ class DaliFeed:
     first_epoch: int
     start: int = 0
     first_batch: int = 0
+    shares: DaliShares | None = None  # the hybrid backend: DALI takes each batch's first shares.wait(batch) samples
     home_pid: int = field(default_factory=os.getpid)  # the training process; DALI's workers are others
     _plans: dict[int, tuple[EpochOrder, RankBatches]] = field(default_factory=dict, repr=False, compare=False)
 
@@ -68,6 +73,8 @@ class DaliFeed:
         if batch_no >= len(batches.batches):
             raise StopIteration
         indices = order.order[batches.batches[batch_no]].tolist()
+        if self.shares is not None:
+            indices = indices[: self.shares.wait(batch_no)]
         columns, carried = empty_feed_columns(carried_fields(self.spec))
         stacked = {c.name: np.zeros((len(indices), *c.shape), c.dtype) for c in self.stacked}
         roles = {f.key: f.role for f in self.spec.fields}
@@ -79,8 +86,9 @@ class DaliFeed:
                     self.dataset, i, self.spec, self.specs, self.seed, epoch, rows))  # noqa: B023 - called at once
             except SampleError as exc:  # DALI's workers cannot raise it intact: it travels as a note
                 columns.jpegs.append(placeholder_jpeg())
-                columns.anchors.append(np.zeros(2, dtype=np.float32))
-                columns.shapes.append(np.full(2, PLACEHOLDER_SIDE, dtype=np.float32))
+                region = decode_region((0.0, 0.0, PLACEHOLDER_SIDE, PLACEHOLDER_SIDE), PLACEHOLDER_SIDE, PLACEHOLDER_SIDE, (1, 1))
+                for column, value in zip((columns.anchors, columns.shapes, columns.roi_starts, columns.roi_ends), region, strict=True):
+                    column.append(value)
                 columns.mirror.append(np.array(0, dtype=np.int32))
                 columns.keys.append(np.zeros(0, dtype=np.uint8))
                 columns.notes.append(encode_note(error=exc))
@@ -88,10 +96,10 @@ class DaliFeed:
                     carried[name].append(np.zeros(0, dtype=np.uint8))
                 continue
             sample = cast(PlannedSample, planned)  # dali_refusal(): every sample has an encoded primary image
-            x0, y0, x1, y1 = sample.plan.box
             columns.jpegs.append(np.frombuffer(cast(bytes, sample.data), dtype=np.uint8))
-            columns.anchors.append(np.array([x0, y0], dtype=np.float32))
-            columns.shapes.append(np.array([x1 - x0, y1 - y0], dtype=np.float32))
+            region = decode_region(sample.plan.box, sample.height, sample.width, sample.plan.size)
+            for column, value in zip((columns.anchors, columns.shapes, columns.roi_starts, columns.roi_ends), region, strict=True):
+                column.append(value)
             columns.mirror.append(np.array(int(sample.plan.flip), dtype=np.int32))
             columns.keys.append(np.frombuffer(key.encode(), dtype=np.uint8))
             columns.notes.append(encode_note(skipped))
@@ -100,6 +108,22 @@ class DaliFeed:
         for name, column in stacked.items():
             carried[name] = [row_bytes(row) for row in column]
         return (*columns, *carried.values())  # a plain tuple: DALI's worker processes rebuild tuples and lists by type(x)(...)
+
+
+def decode_region(
+    box: tuple[float, float, float, float], height: int, width: int, out_hw: tuple[int, int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """What DALI decodes for a crop ``box`` (fractional source pixels) of a ``height`` x ``width``
+    image resized to ``out_hw``: the whole-pixel region (anchor (x, y), shape (w, h)) holding the box
+    and the resampling filter's reach around it, and the box inside that region as fn.resize's
+    ``roi_start`` / ``roi_end`` (y, x). ``decoders.image_slice`` rounds a fractional box to whole
+    pixels, which moved textured photos' crops by up to half a pixel: 4-5 levels mean |diff|."""
+    x0, y0, x1, y1 = box
+    reach = math.ceil(max(1.0, (x1 - x0) / out_hw[1], (y1 - y0) / out_hw[0])) + 1  # antialiasing's support, plus one
+    left, top = max(0, math.floor(x0) - reach), max(0, math.floor(y0) - reach)
+    right, bottom = min(width, math.ceil(x1) + reach), min(height, math.ceil(y1) + reach)
+    return (np.array([left, top], dtype=np.float32), np.array([right - left, bottom - top], dtype=np.float32),
+            np.array([y0 - top, x0 - left], dtype=np.float32), np.array([y1 - top, x1 - left], dtype=np.float32))
 
 
 _frozen_in = -1

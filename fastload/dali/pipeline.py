@@ -14,8 +14,9 @@ if TYPE_CHECKING:
 
 class DaliBatchDecoder:
     """A DALI pipeline that decodes each image's crop region (ROI decoding: nvJPEG and the
-    hardware decoder with ``gpu``, libjpeg-turbo on the CPU otherwise), resizes it (antialiased
-    linear) and mirrors it, giving uint8 NCHW batches as torch tensors on the pipeline's device.
+    hardware decoder with ``gpu``, libjpeg-turbo on the CPU otherwise), resamples the exact
+    fractional crop box out of it (antialiased linear, as Pillow's and the CPU path's) and mirrors
+    it, giving uint8 NCHW batches as torch tensors on the pipeline's device.
 
     Its input is a :class:`fastload.dali.feed.DaliFeed`, run by DALI's parallel external source
     in ``workers`` processes, or in this process with ``workers=0``. The processes are forked
@@ -35,12 +36,17 @@ class DaliBatchDecoder:
         self.epochs = 0  # DALI epochs begun since the build
         self.expected = self.taken = 0  # batches of the current DALI epoch: to deliver, delivered
 
+    def carries_on(self, feed: DaliFeed) -> bool:
+        """Whether :meth:`start` with ``feed`` carries the pipeline on into its next epoch: ``feed``
+        is that epoch and the last one was taken to its end."""
+        clean_end = self.pipe is not None and self.taken == self.expected
+        return clean_end and self.feed is not None and feed == self.feed.next_epoch(self.epochs)
+
     def start(self, feed: DaliFeed, batches: int) -> None:
         """Deliver ``feed``'s next ``batches`` batches. The pipeline (and its worker processes)
-        carries on into its next epoch when ``feed`` is that epoch and the last one was taken to
-        its end; otherwise it is rebuilt (a GPU pipeline takes seconds to build)."""
-        clean_end = self.pipe is not None and self.taken == self.expected
-        if clean_end and self.feed is not None and feed == self.feed.next_epoch(self.epochs):
+        carries on into its next epoch when it can (:meth:`carries_on`); otherwise it is rebuilt
+        (a GPU pipeline takes seconds to build)."""
+        if self.carries_on(feed):
             self.pipe.reset()
             self.epochs += 1
         else:
@@ -72,7 +78,8 @@ class DaliBatchDecoder:
                 fed.jpegs, fed.anchors, fed.shapes, device="mixed" if gpu else "cpu", output_type=types.RGB, axis_names="WH",
                 normalized_anchor=False, normalized_shape=False, **decode_args,
             )
-            images = fn.resize(images, resize_x=width, resize_y=height, antialias=True, interp_type=types.INTERP_LINEAR)
+            images = fn.resize(images, resize_x=width, resize_y=height, roi_start=fed.roi_starts, roi_end=fed.roi_ends,
+                               roi_relative=False, antialias=True, interp_type=types.INTERP_LINEAR)
             images = fn.crop_mirror_normalize(images, mirror=fed.mirror, dtype=types.UINT8, output_layout="CHW")
             return (*DecodedColumns(images=images, keys=fed.keys, notes=fed.notes), *outputs[len(FeedColumns._fields) :])
 

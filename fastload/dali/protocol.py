@@ -28,8 +28,10 @@ class FeedColumns(NamedTuple):
     definition, DALI's node per column); the carried fields' columns follow."""
 
     jpegs: Any  # the encoded image (uint8)
-    anchors: Any  # the crop box's (x0, y0), float32
-    shapes: Any  # the crop box's (width, height), float32
+    anchors: Any  # the region decoded: (x0, y0) of whole pixels, float32 (see fastload.dali.feed.decode_region)
+    shapes: Any  # its (width, height), whole pixels, float32
+    roi_starts: Any  # the crop box's (y0, x0) inside the region, fractional, float32: fn.resize's roi_start
+    roi_ends: Any  # the crop box's (y1, x1) inside the region
     mirror: Any  # flip horizontally: int32 0 / 1
     keys: Any  # the sample's key, UTF-8 (uint8)
     notes: Any  # see encode_note
