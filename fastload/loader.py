@@ -288,10 +288,8 @@ class DataLoader(torch.utils.data.DataLoader):
         current one): each sample's key, index and planned crop, flip and DCT scale, read from the
         shards' indexes and image headers only (fastload.provenance). Steps run before an elastic
         resume are described at the layout they ran at."""
-        position = self.state.position
-        epoch = position.epoch if epoch is None else int(epoch)
-        generations = position.generations if epoch == position.epoch else ()
-        return describe_step(self.sharded, self.orders.spec(), generations, epoch, int(step), self.sample_spec,
+        epoch = self.state.epoch if epoch is None else int(epoch)
+        return describe_step(self.sharded, self.orders.spec(), self.state.layouts(epoch), epoch, int(step), self.sample_spec,
                              self.options.transform, self.options.seed)
 
     def set_epoch(self, epoch: int) -> None:

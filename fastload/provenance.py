@@ -88,13 +88,14 @@ def step_batch(spec: OrderSpec, generations: Sequence[Layout], epoch: int, step:
                 for g, (w, b, end) in enumerate(generations)]
     segments.append((replace(spec, generations=tuple(generations) if spec.streaming else ()), None))
     for layout, end in segments:
-        if spec.rank >= layout.world_size:
-            raise ValueError(f"rank {spec.rank} did not exist at steps {first_step}.. of epoch {epoch} (world size {layout.world_size})")
         order = layout.order(epoch)
-        plan_ = layout.batches(len(order), 0 if spec.streaming else start)
-        ran = len(plan_.batches) if end is None else min(len(plan_.batches), -(-(end - plan_.start) // plan_.step))
+        start = 0 if spec.streaming else start
+        counted = replace(layout, rank=0).batches(len(order), start)  # every rank has as many batches
+        ran = len(counted.batches) if end is None else min(len(counted.batches), -(-(end - start) // counted.step))
         if step < first_step + ran:
-            batch_no = step - first_step
+            if spec.rank >= layout.world_size:
+                raise ValueError(f"rank {spec.rank} did not exist at steps {first_step}.. of epoch {epoch} (world size {layout.world_size})")
+            plan_, batch_no = layout.batches(len(order), start), step - first_step
             positions = plan_.batches[batch_no]
             valid = plan_.valid(batch_no)
             if order.valid is not None:

@@ -42,6 +42,12 @@ class LoaderState:
         self.streaming = streaming  # a restarted epoch keeps its earlier layouts only in the streaming (re-dealt) order
         self.position = Position(0)
         self.phase = Phase.IDLE
+        self.finished_layouts: dict[int, tuple[Layout, ...]] = {}  # earlier layouts of epochs finished after a resume
+
+    def layouts(self, epoch: int) -> tuple[Layout, ...]:
+        """The earlier layouts ``epoch`` ran at, as far as this loader saw (the current epoch's, or a
+        finished one's; none for epochs that ran at one layout or before a loaded state)."""
+        return self.position.generations if epoch == self.position.epoch else self.finished_layouts.get(epoch, ())
 
     @property
     def epoch(self) -> int:
@@ -68,6 +74,8 @@ class LoaderState:
 
     def finish(self) -> None:
         """The running epoch's batches are all handed out: the next iteration starts the next epoch."""
+        if self.position.generations:
+            self.finished_layouts[self.position.epoch] = self.position.generations
         self.position, self.phase = Position(self.position.epoch + 1), Phase.IDLE
 
     def break_off(self) -> None:
