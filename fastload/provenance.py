@@ -84,7 +84,7 @@ def step_batch(spec: OrderSpec, generations: Sequence[Layout], epoch: int, step:
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
     first_step, start = 0, 0
-    segments = [(replace(spec, world_size=w, batch_size=b, generations=tuple(generations[:g]) if spec.streaming else ()), end)
+    segments: list[tuple[OrderSpec, int | None]] = [(replace(spec, world_size=w, batch_size=b, generations=tuple(generations[:g]) if spec.streaming else ()), end)
                 for g, (w, b, end) in enumerate(generations)]
     segments.append((replace(spec, generations=tuple(generations) if spec.streaming else ()), None))
     for layout, end in segments:

@@ -50,7 +50,7 @@ def loader_of(data: Path | str, **kwargs) -> fastload.DataLoader:
 
 def delivered(loader: fastload.DataLoader, stop_after: int | None = None) -> list[tuple]:
     out = []
-    for step, (images, labels, keys) in enumerate(loader):
+    for step, (images, _labels, keys) in enumerate(loader):
         out.append((images.clone(), list(keys)))
         if stop_after is not None and step + 1 == stop_after:
             break
@@ -72,7 +72,7 @@ def test_described_keys_are_the_delivered_ones(photos: Path, kwargs: dict) -> No
 def test_padding_is_marked_as_the_loader_marks_it(photos: Path) -> None:
     loader = loader_of(photos, batch_size=5, world_size=2, rank=1, evaluation=True)
     last = len(loader) - 1
-    *_, (images, labels, keys, valid) = iter(loader)
+    *_, (_images, _labels, _keys, valid) = iter(loader)
     described = loader.describe(last, 0)
     assert [s.valid for s in described.samples] == valid.tolist() and not all(valid.tolist())
 
