@@ -111,6 +111,11 @@ class Epoch:
         return self
 
     def __next__(self) -> Any:
+        if not self.started:
+            if self.finished:  # closed before it started
+                raise StopIteration
+            self.inputs.before_start()
+            self.reset(self.inputs.state)
         entered = time.perf_counter()
         try:
             return self._next()
@@ -118,11 +123,6 @@ class Epoch:
             self.inputs.stats.inside_s += time.perf_counter() - entered
 
     def _next(self) -> Any:
-        if not self.started:
-            if self.finished:  # closed before it started
-                raise StopIteration
-            self.inputs.before_start()
-            self.reset(self.inputs.state)
         if self.next_yield >= len(self.plan.batches):
             self._finish()
             self._end_accelerate()
