@@ -71,7 +71,7 @@ class Epoch:
         epoch_order = orders.order(self.start)
         self.epoch, self.order, self.order_valid = self.start.epoch, epoch_order.order, epoch_order.valid
         self.started = True
-        self.inputs.stats.begin_epoch(self.epoch, self._stage_counters(), self.inputs.dataset.url is not None)
+        self.stats_token = self.inputs.stats.begin_epoch(self.epoch, self._stage_counters(), self.inputs.dataset.url is not None)
         if self.inputs.accelerate:
             self.accelerate = AccelerateEpoch(self, orders.remainder(self.start))
 
@@ -120,7 +120,10 @@ class Epoch:
         try:
             return self._next()
         finally:
-            self.inputs.stats.inside_s += time.perf_counter() - entered
+            stats = self.inputs.stats
+            stats.inside_s += time.perf_counter() - entered
+            if self.finished:  # its last batch handed out (or closed: then ended already, as broken off)
+                stats.end_epoch(self.stats_token, complete=True)
 
     def _next(self) -> Any:
         if self.next_yield >= len(self.plan.batches):
@@ -179,7 +182,6 @@ class Epoch:
         if not self.finished:
             self.finished = True
             self.loader_state.finish()
-            self.inputs.stats.end_epoch(complete=True)
 
     def close(self) -> None:
         """Abandon the epoch (a break, an exception, the iterator dropped): like torch, the next
@@ -189,7 +191,7 @@ class Epoch:
         self._end_accelerate()
         if self.started and not self.finished:
             self.loader_state.break_off()
-            self.inputs.stats.end_epoch(complete=False)
+            self.inputs.stats.end_epoch(self.stats_token, complete=False)
         self.finished = True
 
     def __del__(self) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import mmap
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -171,22 +171,20 @@ class LoaderStats:
     _running: _RunningEpoch | None = None
 
     @contextmanager
-    def waiting(self) -> Iterator[None]:
-        """Count the enclosed time as waiting for data."""
+    def _adding_time(self, counter: str) -> Iterator[None]:
         start = time.perf_counter()
         try:
             yield
         finally:
-            self.wait_s += time.perf_counter() - start
+            setattr(self, counter, getattr(self, counter) + time.perf_counter() - start)
 
-    @contextmanager
-    def to_device(self) -> Iterator[None]:
+    def waiting(self) -> AbstractContextManager[None]:
+        """Count the enclosed time as waiting for data."""
+        return self._adding_time("wait_s")
+
+    def to_device(self) -> AbstractContextManager[None]:
         """Count the enclosed time as the host-to-device copy."""
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.device_s += time.perf_counter() - start
+        return self._adding_time("device_s")
 
     def record_batch(self, samples: int) -> None:
         """Count one delivered batch."""
@@ -200,17 +198,22 @@ class LoaderStats:
     def _totals(self) -> tuple[float, ...]:
         return self.batches, self.samples, self.wait_s, self.inside_s, self.device_s
 
-    def begin_epoch(self, epoch: int, counters: StageCounters | None, remote: bool) -> None:
-        """An epoch starts (its first batch is asked for); ``counters``: its workers' (None: not measured)."""
-        self.end_epoch(complete=False)
+    def begin_epoch(self, epoch: int, counters: StageCounters | None, remote: bool) -> object:
+        """An epoch starts (its first batch is asked for); ``counters``: its workers' (None: not
+        measured). Returns the token that ends it; an epoch still running is ended as broken off."""
+        if self._running is not None:
+            self.end_epoch(self._running, complete=False)
         snapshot = counters.snapshot() if counters is not None else None
         self._running = _RunningEpoch(epoch, time.perf_counter(), self._totals(), counters, snapshot, remote)
+        return self._running
 
-    def end_epoch(self, complete: bool) -> None:
-        """The running epoch ends (``complete``: its last batch was handed out): its stats join ``epochs``."""
-        running, self._running = self._running, None
-        if running is None:
+    def end_epoch(self, token: object, complete: bool) -> None:
+        """The epoch ``token`` began ends (``complete``: its last batch was handed out) and joins
+        ``epochs``; nothing happens when it has ended already."""
+        running = self._running
+        if running is None or running is not token:
             return
+        self._running = None
         batches, samples, wait, inside, device = (now - then for now, then in zip(self._totals(), running.totals))
         workers = None
         if running.counters is not None and running.snapshot is not None:

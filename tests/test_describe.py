@@ -18,20 +18,15 @@ from fastload import transforms as T
 from fastload.converters import ConvertOptions, convert
 from fastload.decode.cpu import turbo
 from fastload.provenance import HEAD_BYTES, SampleDescription
-from tests.conftest import jpeg_bytes, run_cli, small_photo
+from tests.conftest import photo_folder, run_cli
 
 PIXEL_BOUND = 1  # measured: delivered crops differ from Pillow's re-render (same DCT scale) by at most 1 level
 
 
 @pytest.fixture(scope="module")
 def photo_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """27 JPEGs of 120x150 to 146x176 (so crops to 32x32 decode at DCT scales 1/4 to 1) in 3 class folders."""
-    root = tmp_path_factory.mktemp("describe-src")
-    for i in range(27):
-        path = root / f"c{i % 3}" / f"{i:03d}.jpg"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(jpeg_bytes(small_photo(i, i % 3, (120 + i, 150 + i))))
-    return root
+    """27 JPEGs of 120x150 to 146x176 (so crops to 16x16 decode at DCT scales 1/4 to 1) in 3 class folders."""
+    return photo_folder(tmp_path_factory.mktemp("describe-src"), 27, (120, 150), grow=1)
 
 
 @pytest.fixture(scope="module")
