@@ -290,7 +290,7 @@ class DataLoader(torch.utils.data.DataLoader):
         resume are described at the layout they ran at."""
         epoch = self.state.epoch if epoch is None else int(epoch)
         return describe_step(self.sharded, self.orders.spec(), self.state.layouts(epoch), epoch, int(step), self.sample_spec,
-                             self.options.transform, self.options.seed)
+                             self.options.transform, self.options.seed, cpu_decode=self.backend == "cpu")
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose order the next iteration yields (it also advances by itself once

@@ -146,8 +146,9 @@ def _image_head(ds: ShardedDataset, index: int, spec: SampleSpec) -> tuple[bytes
 
 
 def describe_sample(ds: ShardedDataset, index: int, valid: bool, spec: SampleSpec, transforms: Sequence[Transform],
-                    seed: int, epoch: int) -> SampleDescription:
-    """Sample ``index``'s key, shard and planned geometry, from its image header (nothing decoded)."""
+                    seed: int, epoch: int, cpu_decode: bool = True) -> SampleDescription:
+    """Sample ``index``'s key, shard and planned geometry, from its image header (nothing decoded);
+    the DCT scale only where libjpeg-turbo decodes it (``cpu_decode``: the CPU backend)."""
     shard, row = ds.locate(index)
     base = SampleDescription(index, ds.reader(shard).key(row), ds.index.shards[shard].path, valid)
     if spec.primary is None:
@@ -165,15 +166,15 @@ def describe_sample(ds: ShardedDataset, index: int, valid: bool, spec: SampleSpe
     except (SampleError, ValueError) as exc:
         reason = exc.reason if isinstance(exc, SampleError) else str(exc)
         return replace(base, bytes_read=read, problem=reason)
-    scale = turbo_scale(planned) if jpeg and turbo is not None else None
+    scale = turbo_scale(planned) if jpeg and cpu_decode and turbo is not None else None
     return replace(base, source_size=(height, width), box=planned.box, size=planned.size, flip=planned.flip,
                    dct_scale=scale, bytes_read=read)
 
 
 def describe_step(ds: ShardedDataset, order_spec: OrderSpec, generations: Sequence[Layout], epoch: int, step: int,
-                  spec: SampleSpec, transforms: Sequence[Transform], seed: int) -> StepDescription:
+                  spec: SampleSpec, transforms: Sequence[Transform], seed: int, cpu_decode: bool = True) -> StepDescription:
     """This rank's batch at ``step`` of ``epoch``, every sample described (see the module docstring)."""
     batch = step_batch(order_spec, generations, epoch, step)
-    samples = tuple(describe_sample(ds, index, bool(ok), spec, transforms, seed, epoch)
+    samples = tuple(describe_sample(ds, index, bool(ok), spec, transforms, seed, epoch, cpu_decode)
                     for index, ok in zip(batch.indices.tolist(), batch.valid.tolist()))
     return StepDescription(epoch, step, order_spec.rank, batch.world_size, batch.batch_size, samples)

@@ -163,3 +163,13 @@ def test_the_command_reads_a_saved_state(photos: Path, tmp_path: Path) -> None:
     assert (described["world_size"], described["batch_size"], described["epoch"]) == (2, 3, 0)
     text = run_cli("describe", str(photos), "--seed", "9", "--world", "2", "--rank", "1", "--batch-size", "3", "--step", "1", "--size", "32").stdout
     assert all(key in text for key in loader.describe(1).keys) and "crop (" in text
+
+
+def test_the_dali_backend_delivers_the_described_batches(photos: Path) -> None:
+    pytest.importorskip("nvidia.dali")
+    loader = loader_of(photos, backend="dali")
+    batches = delivered(loader)
+    described = [loader.describe(step, 0) for step in range(len(batches))]
+    assert [d.keys for d in described] == [keys for _, keys in batches]
+    assert all(s.dct_scale is None and s.box is not None for d in described for s in d.samples)  # DALI decodes whole images
+    loader.close()
