@@ -173,3 +173,10 @@ def test_the_dali_backend_delivers_the_described_batches(photos: Path) -> None:
     assert [d.keys for d in described] == [keys for _, keys in batches]
     assert all(s.dct_scale is None and s.box is not None for d in described for s in d.samples)  # DALI decodes whole images
     loader.close()
+
+
+def test_a_loader_over_a_torch_dataset_says_it_cannot_describe() -> None:
+    loader = fastload.DataLoader(torch.utils.data.TensorDataset(torch.arange(8)), batch_size=2, num_workers=2)
+    assert [len(batch[0]) for batch in loader] == [2, 2, 2, 2]
+    with pytest.raises(TypeError, match="over a torch Dataset the dataset's own code decides them"):
+        loader.describe(0)
