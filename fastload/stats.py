@@ -38,12 +38,15 @@ def stall_verdict(stall: float, cause: str = "") -> str:
 
 class StageClock:
     """One process's stage timer over its row of a :class:`StageCounters` table: ``start`` marks
-    the time, each ``lap`` adds the time since the last mark to a stage."""
+    the time, each ``lap`` adds the time since the last mark to a stage. Counts gather in a plain
+    list and reach the shared row at each ``flush`` (once a batch part: a numpy element update
+    costs ~0.3 us, a list one ~0.05 us)."""
 
-    __slots__ = ("mark", "row")
+    __slots__ = ("mark", "pending", "row")
 
     def __init__(self, row: np.ndarray) -> None:
         self.row = row
+        self.pending = [0.0] * COLUMNS
         self.mark = time.perf_counter()
 
     def start(self) -> None:
@@ -53,12 +56,17 @@ class StageClock:
     def lap(self, stage: int) -> None:
         """Add the time since the last mark to ``stage`` and mark now."""
         now = time.perf_counter()
-        self.row[stage] += now - self.mark
+        self.pending[stage] += now - self.mark
         self.mark = now
 
     def count(self, column: int, amount: float) -> None:
         """Add ``amount`` to a counter column (bytes, samples, busy seconds)."""
-        self.row[column] += amount
+        self.pending[column] += amount
+
+    def flush(self) -> None:
+        """Add the counts gathered so far to the shared row."""
+        self.row += self.pending
+        self.pending = [0.0] * COLUMNS
 
 
 def untimed() -> StageClock:

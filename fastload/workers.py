@@ -108,14 +108,17 @@ def fill_fields(
     keys: list[str] = []
     skipped: list[tuple[str, str]] = []
     values: dict[str, list] = {f.key: [] for f in spec.fields if f.key not in columns}
-    for j, index in enumerate(indices.tolist()):
-        rows = {name: column[j, ...] for name, column in columns.items()}  # [j, ...]: a view even of a scalar row
-        key, sample_values = with_substitutes(
-            ds, index, on_error, skipped, lambda i: fill_sample(ds, i, spec, specs, seed, epoch, rows, clock)  # noqa: B023 - called at once
-        )
-        keys.append(key)
-        for name, value in sample_values.items():
-            values[name].append(value)
+    try:
+        for j, index in enumerate(indices.tolist()):
+            rows = {name: column[j, ...] for name, column in columns.items()}  # [j, ...]: a view even of a scalar row
+            key, sample_values = with_substitutes(
+                ds, index, on_error, skipped, lambda i: fill_sample(ds, i, spec, specs, seed, epoch, rows, clock)  # noqa: B023 - called at once
+            )
+            keys.append(key)
+            for name, value in sample_values.items():
+                values[name].append(value)
+    finally:
+        clock.flush()
     return keys, skipped, values
 
 
@@ -191,6 +194,7 @@ def _worker_main(worker_id: int, config: WorkerConfig, tasks: multiprocessing.Qu
         except Exception:
             result.error = f"worker {worker_id} (pid {os.getpid()}):\n{traceback.format_exc()}"
         clock.count(BUSY, time.perf_counter() - began)
+        clock.flush()
         results.put(result)
     config.dataset.close()
 
