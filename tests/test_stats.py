@@ -12,6 +12,7 @@ from fastload import transforms as T
 from fastload.converters import ConvertOptions, convert
 from fastload.stats import WORKER_STAGES
 from tests.conftest import photo_folder
+from tests.test_remote import DatasetServer
 
 
 @pytest.fixture(scope="module")
@@ -79,3 +80,20 @@ def test_the_dali_backend_reports_what_it_can(photos: Path) -> None:
     assert 0 < epoch.wait_s <= epoch.wall_s and epoch.handoff_s > 0
     assert epoch.line().endswith("worker stages not measured (DALI runs them in its own pipeline)")
     assert "of worker time" not in epoch.verdict()
+
+
+def test_reads_of_a_remote_dataset_count_as_remote(photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FASTLOAD_RETRY_DELAY", "0.05")
+    server = DatasetServer(photos)
+    try:
+        dataset = fastload.open(server.url, cache_dir=tmp_path / "cache")
+        with fastload.DataLoader(dataset, batch_size=4, shuffle=True, num_workers=2, transform=T.train(64), return_keys=True) as loader:
+            keys = [key for _, _, batch_keys in loader for key in batch_keys]
+            epoch = loader.stats.epochs[-1]
+            described = [key for step in range(epoch.batches) for key in loader.describe(step, 0).keys]
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert epoch.remote and "MB remote)" in epoch.line() and epoch.stage_s()["read"] > 0
+    assert epoch.workers is not None and epoch.workers[:, len(WORKER_STAGES)].sum() > 0
+    assert described == keys  # the streaming order a remote dataset reads in, described too
