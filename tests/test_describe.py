@@ -180,3 +180,16 @@ def test_a_loader_over_a_torch_dataset_says_it_cannot_describe() -> None:
     assert [len(batch[0]) for batch in loader] == [2, 2, 2, 2]
     with pytest.raises(TypeError, match="over a torch Dataset the dataset's own code decides them"):
         loader.describe(0)
+
+
+def test_the_command_describes_a_subset(photos: Path, tmp_path: Path) -> None:
+    chosen = [3, 20, 7, 11, 0, 18, 25]
+    subset = torch.utils.data.Subset(fastload.open(photos), chosen)
+    loader = fastload.DataLoader(subset, batch_size=2, shuffle=True, seed=4, transform=T.train(32), return_keys=True)
+    delivered_keys = [list(keys) for _, _, keys in loader]
+    take = tmp_path / "take.txt"
+    take.write_text("\n".join(map(str, chosen)))
+    for step, keys in enumerate(delivered_keys):
+        out = run_cli("describe", str(photos), "--take", str(take), "--seed", "4", "--batch-size", "2", "--step", str(step),
+                      "--size", "32", "--json").stdout
+        assert [s["key"] for s in json.loads(out)["samples"]] == keys
