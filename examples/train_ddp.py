@@ -157,12 +157,14 @@ def main() -> None:
                 f"{total_images / seconds:.0f} images/s  waiting for data {100 * total_wait / world / seconds:.0f}% "
                 f"of the time  (step {step})", flush=True,
             )
+            print(f"  input: {train_loader.stats.epochs[-1].line()}", flush=True)
         if bad_epochs >= args.patience:
             if rank == 0:
                 print(f"early stop: no better val accuracy for {bad_epochs} epochs (best {best:.3f})", flush=True)
             break
     if rank == 0:
         print(f"done: best val acc {best:.3f}", flush=True)
+        print(f"rank 0's input pipeline by epoch (loader.stats.summary()):\n{train_loader.stats.summary()}", flush=True)
     train_loader.close()
     val_loader.close()
     if dist.is_initialized():

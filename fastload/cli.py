@@ -220,6 +220,44 @@ def _run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_describe(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("describe", help="which samples, with which crop and flip, a training step's batch held")
+    p.add_argument("dataset", help="a converted dataset folder or its URL")
+    p.add_argument("--step", type=int, required=True, help="the step within the epoch, from 0")
+    p.add_argument("--state", type=Path, help="a saved loader.state_dict() (JSON, or a torch checkpoint holding it under 'loader'): "
+                   "seed, epoch, world size, batch size and earlier layouts come from it")
+    p.add_argument("--seed", type=int, help="the loader's seed= (default 0, or the state's)")
+    p.add_argument("--epoch", type=int, help="default: 0, or the state's")
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--world", type=int, help="world size (default 1, or the state's)")
+    p.add_argument("--batch-size", type=int, help="per rank (default 1, or the state's)")
+    p.add_argument("--no-shuffle", dest="shuffle", action="store_false", help="the loader ran with shuffle=False")
+    p.add_argument("--drop-last", action="store_true", help="the loader ran with drop_last=True")
+    p.add_argument("--shuffle-buffer", type=int, help="the loader's shuffle_buffer= (streaming order)")
+    p.add_argument("--take", type=Path, help="a text file of sample indices, one a line: the loader read a Subset of them")
+    p.add_argument("--transform", choices=["train", "val", "none"], default="train", help="fastload.transforms.train/val(SIZE)")
+    p.add_argument("--size", type=int, default=224, help="the transform's output side")
+    p.add_argument("--json", action="store_true", help="print the description as JSON")
+    p.set_defaults(run=_run_describe)
+
+
+def _run_describe(args: argparse.Namespace) -> int:
+    from fastload.describe_cli import describe_from_arguments
+
+    description = describe_from_arguments(args)
+    if args.json:
+        print(json.dumps(description.as_dict(), indent=1))
+        return 0
+    print(f"epoch {description.epoch} step {description.step} rank {description.rank} of {description.world_size}, "
+          f"batch size {description.batch_size}")
+    for n, s in enumerate(description.samples):
+        geometry = "" if s.box is None else (
+            f" {s.source_size[0]}x{s.source_size[1]} crop ({s.box[0]:.1f}, {s.box[1]:.1f}, {s.box[2]:.1f}, {s.box[3]:.1f})"  # type: ignore[index]
+            f" -> {s.size[0]}x{s.size[1]}{' flipped' if s.flip else ''}{f' at DCT scale {s.dct_scale}' if s.dct_scale else ''}")  # type: ignore[index]
+        print(f"{n:>5} {s.index:>9} {s.shard}:{s.key}{'' if s.valid else ' (padding)'}{geometry}{f' PROBLEM {s.problem}' if s.problem else ''}")
+    return 0
+
+
 def _add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="build a small dataset, convert, verify, load and benchmark it")
     p.add_argument("--workdir", default="data/demo", help="where to put the demo data (default data/demo)")
@@ -237,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``fastload`` command."""
     parser = argparse.ArgumentParser(prog="fastload", description="Fast data loading for PyTorch training.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_convert, _add_index, _add_inspect, _add_verify, _add_bench, _add_demo):
+    for add in (_add_convert, _add_index, _add_inspect, _add_verify, _add_describe, _add_bench, _add_demo):
         add(sub)
     return parser
 

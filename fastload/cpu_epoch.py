@@ -12,6 +12,7 @@ from fastload.errors import SampleError, rebuild_error
 from fastload.field_batch import as_tensor, copied
 from fastload.slots import BatchBuffers, spec_columns
 from fastload.state import LoaderState
+from fastload.stats import StageCounters
 from fastload.workers import BatchResult, WorkerConfig, WorkerError, WorkerPool, fill_fields, merge_parts
 
 LENDABLE_SLOTS = 2  # batch slots beyond the workers' queue, for batches the caller still holds
@@ -24,24 +25,27 @@ class CpuWorkers:
     def __init__(self) -> None:
         self.pool: WorkerPool | None = None
         self.buffers: BatchBuffers | None = None
+        self.counters: StageCounters | None = None  # the workers' (and inline work's) stage times
         self.runs = 0  # epochs started: tags worker tasks, so answers for an abandoned one are recognised
 
     def epoch(self, inputs: EpochInputs) -> CpuEpoch:
         """An iterator over the next epoch's batches."""
         return CpuEpoch(inputs, self)
 
-    def ensure(self, inputs: EpochInputs) -> tuple[BatchBuffers, WorkerPool | None]:
-        """The slots and (with num_workers > 0) the pool, started if not yet running."""
+    def ensure(self, inputs: EpochInputs) -> tuple[BatchBuffers, WorkerPool | None, StageCounters]:
+        """The slots, (with num_workers > 0) the pool, started if not yet running, and the stage counters."""
         options = inputs.options
         if self.buffers is None:
             in_flight = options.num_workers * (options.prefetch_factor or 0)
             slots = in_flight + LENDABLE_SLOTS if in_flight else 1
             self.buffers = BatchBuffers(slots, options.batch_size, spec_columns(inputs.sample_spec, inputs.image_shape))
+        if self.counters is None:
+            self.counters = StageCounters(options.num_workers)
         if options.num_workers and self.pool is None:
             config = WorkerConfig(inputs.dataset, options.transform, options.seed, options.on_error,
-                                  self.buffers, options.worker_init_fn, inputs.sample_spec)
+                                  self.buffers, options.worker_init_fn, inputs.sample_spec, self.counters)
             self.pool = WorkerPool(config, options.num_workers)
-        return self.buffers, self.pool
+        return self.buffers, self.pool, self.counters
 
     def _stop_pool(self) -> None:
         if self.pool is not None:
@@ -72,10 +76,11 @@ class CpuEpoch(Epoch):
     def reset(self, state: LoaderState) -> None:
         """Start at ``state``'s position with the loader's workers; slots still lent or being filled
         for an abandoned epoch stay out."""
+        self.buffers, self.pool, counters = self.workers.ensure(self.inputs)  # first: the epoch's stats start from its counters
+        self.inline_clock = counters.clock(-1)  # num_workers=0: this process times its own stages
         super().reset(state)
         self.workers.runs += 1
         self.run = self.workers.runs
-        self.buffers, self.pool = self.workers.ensure(self.inputs)
         self.buffers.reclaim()
         self.next_submit = 0
         self.parts: dict[int, list[BatchResult]] = {}  # finished parts of batches not yet whole
@@ -85,6 +90,9 @@ class CpuEpoch(Epoch):
 
     def _dispatched(self) -> int:
         return self.next_submit
+
+    def _stage_counters(self) -> StageCounters | None:
+        return self.workers.counters
 
     def _indices(self, batch_no: int) -> np.ndarray:
         """The samples the workers make of batch ``batch_no``: all of them here."""
@@ -122,7 +130,7 @@ class CpuEpoch(Epoch):
         try:
             result.keys, result.skipped, result.values = fill_fields(
                 self.inputs.dataset, indices, self.inputs.sample_spec, options.transform, options.seed,
-                self.epoch, options.on_error, self.buffers.slot_columns(slot),
+                self.epoch, options.on_error, self.buffers.slot_columns(slot), self.inline_clock,
             )
         except BaseException:
             self.buffers.give_back(slot)

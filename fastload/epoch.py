@@ -5,6 +5,7 @@ of each batch (device, Normalize/ToDtype, layout, then ``collate_fn=`` on its sa
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -22,7 +23,7 @@ from fastload.orders import LoaderOrders
 from fastload.prefetch import ShardPrefetcher, shards_in_use_order
 from fastload.sampling import SampleRandom
 from fastload.state import LoaderState, Position
-from fastload.stats import LoaderStats
+from fastload.stats import LoaderStats, StageCounters
 
 RANK_STRIDE = 0x9E3779B97F4A7C15  # spreads the ranks' batch_map seeds apart
 
@@ -70,6 +71,7 @@ class Epoch:
         epoch_order = orders.order(self.start)
         self.epoch, self.order, self.order_valid = self.start.epoch, epoch_order.order, epoch_order.valid
         self.started = True
+        self.stats_token = self.inputs.stats.begin_epoch(self.epoch, self._stage_counters(), self.inputs.dataset.url is not None)
         if self.inputs.accelerate:
             self.accelerate = AccelerateEpoch(self, orders.remainder(self.start))
 
@@ -80,6 +82,10 @@ class Epoch:
     def state(self) -> Position:
         """Where this epoch is: the global samples consumed once the batches handed out so far count."""
         return replace(self.start, consumed=self.plan.consumed_after(self.next_yield))
+
+    def _stage_counters(self) -> StageCounters | None:
+        """The counters this backend's workers time their stages into (None: it has none)."""
+        return None
 
     def _start_prefetch(self) -> None:
         """For a remote dataset, start downloading this rank's shards ahead of use."""
@@ -114,6 +120,16 @@ class Epoch:
                 raise StopIteration
             self.inputs.before_start()
             self.reset(self.inputs.state)
+        entered = time.perf_counter()
+        try:
+            return self._next()
+        finally:
+            stats = self.inputs.stats
+            stats.inside_s += time.perf_counter() - entered
+            if self.finished:  # its last batch handed out (or closed: then ended already, as broken off)
+                stats.end_epoch(self.stats_token, complete=True)
+
+    def _next(self) -> Any:
         if self.next_yield >= len(self.plan.batches):
             self._finish()
             self._end_accelerate()
@@ -153,7 +169,8 @@ class Epoch:
         inputs = self.inputs
         for where, reason in skipped:
             inputs.stats.record_skip(where, reason)
-        parts = field_batch(inputs.sample_spec, dict(columns), values, inputs.device, inputs.batch_fn)
+        with inputs.stats.to_device():
+            parts = field_batch(inputs.sample_spec, dict(columns), values, inputs.device, inputs.batch_fn)
         if inputs.sample_spec.classic:
             images, labels = parts
             return inputs.layout.shape(images, labels, keys, self.valid(batch_no))
@@ -178,6 +195,7 @@ class Epoch:
         self._end_accelerate()
         if self.started and not self.finished:
             self.loader_state.break_off()
+            self.inputs.stats.end_epoch(self.stats_token, complete=False)
         self.finished = True
 
     def __del__(self) -> None:

@@ -36,6 +36,7 @@ from fastload.hybrid_epoch import HybridEngine
 from fastload.layout import BatchLayout
 from fastload.options import LoaderOptions
 from fastload.orders import LoaderOrders
+from fastload.provenance import StepDescription, describe_step
 from fastload.sample_decode import resolve_spec
 from fastload.samplers import (
     BatchIndices,
@@ -168,7 +169,7 @@ class DataLoader(torch.utils.data.DataLoader):
             _logged.add((choice.name, choice.why))
             log.warning("fastload: backend=%s (%s)", choice.name, choice.why)
         self.stats = LoaderStats()
-        self.state = LoaderState()
+        self.state = LoaderState(options.streaming)
         self.orders = LoaderOrders(sharded, options)
         self._engine: CpuWorkers | DaliPipeline | HybridEngine = CpuWorkers()
         if choice.engine == "dali":
@@ -270,6 +271,15 @@ class DataLoader(torch.utils.data.DataLoader):
             batches.append(BatchIndices(order.order[positions].tolist(), request, valid.tolist()))
         return batches
 
+    def describe(self, step: int, epoch: int | None = None) -> StepDescription:
+        """This rank's batch at ``step`` (counted from the epoch's start) of ``epoch`` (default: the
+        current one): each sample's key, index and planned crop, flip and DCT scale, read from the
+        shards' indexes and image headers only (fastload.provenance). Steps run before an elastic
+        resume are described at the layout they ran at."""
+        epoch = self.state.epoch if epoch is None else int(epoch)
+        return describe_step(self.sharded, self.orders.spec(), self.state.layouts(epoch), epoch, int(step), self.sample_spec,
+                             self.options.transform, self.options.seed, cpu_decode=self.backend == "cpu")
+
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose order the next iteration yields (it also advances by itself once
         an epoch's batches are all handed out). Setting the epoch a loaded state_dict is in keeps
@@ -312,18 +322,18 @@ class DataLoader(torch.utils.data.DataLoader):
             )
             self._agreed = True
 
-    def _streaming_layout(self) -> tuple[int, int] | None:
-        """(world size, batch size) where the positions depend on them (the streaming order)."""
-        return (self.world_size, self.options.batch_size) if self.options.streaming else None
+    def _layout(self) -> tuple[int, int]:
+        """(world size, batch size): recorded in state_dict (the streaming order's positions depend on it)."""
+        return self.world_size, self.options.batch_size
 
     def state_dict(self) -> dict[str, Any]:
         """Where training is: only batches handed to the caller count, not prefetched ones."""
-        return self.state.state_dict(self.options.seed, self.identity, self._streaming_layout())
+        return self.state.state_dict(self.options.seed, self.identity, self._layout(), self.options.streaming)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration yields exactly the samples of that epoch not yet consumed,
         at any world size (the streaming order then deals the unseen shards anew)."""
-        position = read_state_dict(state, self.options.seed, self.identity, self._streaming_layout())
+        position = read_state_dict(state, self.options.seed, self.identity, self._layout(), self.options.streaming)
         self._settle_abandoned()
         self.state.restore(position)
 

@@ -30,6 +30,7 @@ from fastload.fields import (
     requested_spec,
 )
 from fastload.sampling import sample_generator, sample_rng
+from fastload.stats import DECODE, MAP, READ, READ_BYTES, SAMPLES, TRANSFORM, StageClock, untimed
 from fastload.transforms import (
     GEOMETRIC,
     Plan,
@@ -120,26 +121,35 @@ def check_size(size: tuple[int, ...], holds: tuple[int, ...], where: str) -> Non
 
 def fill_sample(
     ds: ShardedDataset, index: int, spec: SampleSpec, specs: Sequence[Transform], seed: int, epoch: int,
-    rows: dict[str, np.ndarray],
+    rows: dict[str, np.ndarray], clock: StageClock,
 ) -> tuple[str, dict[str, Any]]:
     """Read sample ``index``, write its stacked fields into ``rows`` (field key -> this sample's
-    row of the batch slot) and return (sample key, the other fields' values by field key)."""
-    key, planned, values = fill_beside_primary(ds, index, spec, specs, seed, epoch, rows)
+    row of the batch slot) and return (sample key, the other fields' values by field key); the
+    stages' time goes to ``clock`` (decoding includes the resample libjpeg-turbo fuses with it)."""
+    clock.start()
+    key, planned, values = fill_beside_primary(ds, index, spec, specs, seed, epoch, rows, clock)
     if planned is not None and spec.primary is not None:
         decode_planned(planned, rows[spec.primary.key])
+        clock.lap(DECODE)
     if spec.map is not None:
         values = _run_map(spec.map, spec, rows, values, ds.where(index), sample_generator(seed, epoch, index))
+        clock.lap(MAP)
+    clock.count(SAMPLES, 1)
     return key, values
 
 
 def fill_beside_primary(
     ds: ShardedDataset, index: int, spec: SampleSpec, specs: Sequence[Transform], seed: int, epoch: int,
-    rows: dict[str, np.ndarray],
+    rows: dict[str, np.ndarray], clock: StageClock | None = None,
 ) -> tuple[str, PlannedSample | None, dict[str, Any]]:
     """Read sample ``index``, plan its primary image (not decoded: DALI's feed hands it on as it
     is), write every other stacked field into ``rows`` and return (sample key, the primary's
-    plan or None, the other fields' values by field key). No ``map``: it sees the decoded image."""
+    plan or None, the other fields' values by field key). No ``map``: it sees the decoded image.
+    ``clock`` (from its last mark) gets the read, then the rest as transform."""
+    clock = clock or untimed()
     key, stored, pixels = ds.raw(index)
+    clock.lap(READ)
+    clock.count(READ_BYTES, sum(map(len, stored.values())) + (pixels.nbytes if pixels is not None else 0))
     where = f"{ds.index.shards[ds.locate(index)[0]].path}:{key}"
     present: dict[str, Any] = stored if pixels is None else {**stored, DECODED_FIELD: pixels}
     names = {field.name: _stored_name(field, present, where) for field in spec.fields}
@@ -171,6 +181,7 @@ def fill_beside_primary(
             rows[field.key][...] = decode_field("label", data, where, name)
         else:
             values[field.key] = decode_field(field.role, data, where, name)
+    clock.lap(TRANSFORM)
     return key, planned, values
 
 

@@ -1,6 +1,7 @@
 """The training position of a fast-path loader, owned by one :class:`LoaderState`, and the format
-of its ``state_dict()``: (seed, epoch, samples consumed), the dataset's identity, and for the
-streaming order the layout (world size, batch size) and the earlier layouts of the epoch."""
+of its ``state_dict()``: (seed, epoch, samples consumed), the dataset's identity, the layout
+(world size, batch size) and the earlier layouts of the epoch (what ``loader.describe`` needs to
+name the batches of steps run before an elastic resume; the streaming order also re-deals after each)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ Layout = tuple[int, int, int]  # (world size, batch size, samples consumed) of a
 @dataclass(frozen=True)
 class Position:
     """``consumed`` global samples of ``epoch``'s order, after the earlier ``generations`` of the
-    epoch (resumes at another layout: the streaming order re-deals the unseen samples after each)."""
+    epoch (resumes at another layout: the streaming order re-deals the unseen samples after each and
+    counts ``consumed`` in the re-dealt order; the global order's positions run on across them)."""
 
     epoch: int
     consumed: int = 0
@@ -36,9 +38,16 @@ class LoaderState:
     handed out, and finish or break it off; ``state_dict()`` reports it, ``load_state_dict()``
     sets it. Only batches handed to the caller count, never prefetched ones."""
 
-    def __init__(self) -> None:
+    def __init__(self, streaming: bool = False) -> None:
+        self.streaming = streaming  # a restarted epoch keeps its earlier layouts only in the streaming (re-dealt) order
         self.position = Position(0)
         self.phase = Phase.IDLE
+        self.finished_layouts: dict[int, tuple[Layout, ...]] = {}  # earlier layouts of epochs finished after a resume
+
+    def layouts(self, epoch: int) -> tuple[Layout, ...]:
+        """The earlier layouts ``epoch`` ran at, as far as this loader saw (the current epoch's, or a
+        finished one's; none for epochs that ran at one layout or before a loaded state)."""
+        return self.position.generations if epoch == self.position.epoch else self.finished_layouts.get(epoch, ())
 
     @property
     def epoch(self) -> int:
@@ -49,7 +58,7 @@ class LoaderState:
         """Where the next iteration starts: an epoch under way or broken off starts over (a broken-off
         one also forgets its earlier layouts, as a fresh epoch at the current layout)."""
         if self.phase is Phase.RUNNING:
-            return replace(self.position, consumed=0)
+            return replace(self.position, consumed=0, generations=self.position.generations if self.streaming else ())
         if self.phase is Phase.BROKEN_OFF:
             return Position(self.position.epoch)
         return self.position
@@ -65,6 +74,8 @@ class LoaderState:
 
     def finish(self) -> None:
         """The running epoch's batches are all handed out: the next iteration starts the next epoch."""
+        if self.position.generations:
+            self.finished_layouts[self.position.epoch] = self.position.generations
         self.position, self.phase = Position(self.position.epoch + 1), Phase.IDLE
 
     def break_off(self) -> None:
@@ -78,14 +89,14 @@ class LoaderState:
         if epoch != self.position.epoch:
             self.position = Position(epoch)
 
-    def state_dict(self, seed: int, identity: str, layout: tuple[int, int] | None) -> dict[str, Any]:
-        """The position as a checkpoint; ``layout`` (world size, batch size) only for the streaming order."""
+    def state_dict(self, seed: int, identity: str, layout: tuple[int, int], streaming: bool) -> dict[str, Any]:
+        """The position as a checkpoint, with the layout (world size, batch size) it was reached at."""
         position = self.position
         state: dict[str, Any] = {"version": STATE_VERSION, "seed": seed, "epoch": position.epoch,
                                  "samples_consumed": position.consumed, "dataset": identity}
-        if layout is not None:  # its positions depend on the layout: record it for a resume at another one
-            state.update(order="streaming", world_size=layout[0], batch_size=layout[1],
-                         resumed_from=[list(g) for g in position.generations])
+        if streaming:
+            state["order"] = "streaming"
+        state.update(world_size=layout[0], batch_size=layout[1], resumed_from=[list(g) for g in position.generations])
         return state
 
     def restore(self, position: Position) -> None:
@@ -93,25 +104,24 @@ class LoaderState:
         self.position, self.phase = position, Phase.IDLE
 
 
-def read_state_dict(state: dict[str, Any], seed: int, identity: str, layout: tuple[int, int] | None) -> Position:
-    """The position of a checkpoint made for the same seed, dataset and order (``layout`` as in
-    :meth:`LoaderState.state_dict`); at another layout the streaming order records the saved one
-    as a generation and deals the unseen samples anew."""
+def read_state_dict(state: dict[str, Any], seed: int, identity: str, layout: tuple[int, int], streaming: bool) -> Position:
+    """The position of a checkpoint made for the same seed, dataset and order; saved at another
+    layout, the saved one is recorded as a generation (the streaming order then deals the unseen
+    samples anew, from position 0; the global order continues at the same position)."""
     if state.get("version") != STATE_VERSION:
         raise ValueError(f"loader state version {state.get('version')} is not {STATE_VERSION}")
     if state["seed"] != seed:
         raise ValueError(f"state was saved with seed={state['seed']}, this loader has seed={seed}")
     if state.get("dataset", identity) != identity:
         raise ValueError(f"state was saved for another dataset (identity {state['dataset']}, this loader reads {identity})")
-    order = "streaming" if layout is not None else "global"
+    order = "streaming" if streaming else "global"
     if state.get("order", "global") != order:
         raise ValueError(f"state was saved with the {state.get('order', 'global')} order, this loader uses the {order} order")
     consumed = int(state["samples_consumed"])
-    generations: list[Layout] = []
-    if layout is not None:
-        generations = [(int(g[0]), int(g[1]), int(g[2])) for g in state.get("resumed_from", [])]
-        saved = (int(state.get("world_size", layout[0])), int(state.get("batch_size", layout[1])))
-        if consumed and saved != layout:
-            generations.append((*saved, consumed))
+    generations = [(int(g[0]), int(g[1]), int(g[2])) for g in state.get("resumed_from", [])]
+    saved = (int(state.get("world_size", layout[0])), int(state.get("batch_size", layout[1])))
+    if consumed and saved != layout:
+        generations.append((*saved, consumed))
+        if streaming:
             consumed = 0
     return Position(int(state["epoch"]), consumed, tuple(generations))

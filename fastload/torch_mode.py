@@ -159,6 +159,11 @@ class TorchMode(torch.utils.data.DataLoader):
             raise ValueError(f"state was saved with seed={state['seed']}, this loader has seed={self.seed}")
         self._epoch, self._skip, self._running_epoch = int(state["epoch"]), int(state["batches_consumed"]), None
 
+    def describe(self, step: int, epoch: int | None = None) -> Any:
+        """Not available: over a torch Dataset its own code reads and augments the samples."""
+        raise TypeError("describe() names the samples and crops of a converted dataset's batches; over a torch Dataset "
+                        "the dataset's own code decides them (give fastload.DataLoader a converted dataset)")
+
     def close(self) -> None:
         """Stop torch's persistent workers, if any."""
         self._iterator = None

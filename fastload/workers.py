@@ -14,6 +14,7 @@ import multiprocessing
 import os
 import queue
 import signal
+import time
 import traceback
 import weakref
 from collections.abc import Callable, Sequence
@@ -28,6 +29,7 @@ from fastload.fields import LABEL_FIELD, SampleSpec, classic_spec, image_field, 
 from fastload.sample_decode import PlannedSample, fill_sample, plan_image
 from fastload.sampling import sample_rng
 from fastload.slots import BatchBuffers
+from fastload.stats import BUSY, StageClock, StageCounters, untimed
 from fastload.transforms import Transform
 
 POLL_S = 0.2  # how often a waiting side checks that the other is still alive
@@ -97,21 +99,26 @@ def fill_fields(
     epoch: int,
     on_error: str,
     columns: dict[str, np.ndarray],
+    clock: StageClock | None = None,
 ) -> tuple[list[str], list[tuple[str, str]], dict[str, list]]:
     """Write the batch's stacked fields into ``columns`` (field key -> its rows); return keys,
     skips and the other fields' values as lists. With ``on_error="skip"`` a bad sample is replaced
-    by the next readable one (:func:`with_substitutes`)."""
+    by the next readable one (:func:`with_substitutes`). Stage times go to ``clock`` when given."""
+    clock = clock or untimed()
     keys: list[str] = []
     skipped: list[tuple[str, str]] = []
     values: dict[str, list] = {f.key: [] for f in spec.fields if f.key not in columns}
-    for j, index in enumerate(indices.tolist()):
-        rows = {name: column[j, ...] for name, column in columns.items()}  # [j, ...]: a view even of a scalar row
-        key, sample_values = with_substitutes(
-            ds, index, on_error, skipped, lambda i: fill_sample(ds, i, spec, specs, seed, epoch, rows)  # noqa: B023 - called at once
-        )
-        keys.append(key)
-        for name, value in sample_values.items():
-            values[name].append(value)
+    try:
+        for j, index in enumerate(indices.tolist()):
+            rows = {name: column[j, ...] for name, column in columns.items()}  # [j, ...]: a view even of a scalar row
+            key, sample_values = with_substitutes(
+                ds, index, on_error, skipped, lambda i: fill_sample(ds, i, spec, specs, seed, epoch, rows, clock)  # noqa: B023 - called at once
+            )
+            keys.append(key)
+            for name, value in sample_values.items():
+                values[name].append(value)
+    finally:
+        clock.flush()
     return keys, skipped, values
 
 
@@ -144,6 +151,7 @@ class WorkerConfig:
     buffers: BatchBuffers
     worker_init_fn: Callable[[int], None] | None
     sample: SampleSpec  # the fields to make of each sample
+    counters: StageCounters  # each worker times its stages into its row
 
 
 def _worker_main(worker_id: int, config: WorkerConfig, tasks: multiprocessing.Queue, results: multiprocessing.Queue, parent: int) -> None:
@@ -159,6 +167,7 @@ def _worker_main(worker_id: int, config: WorkerConfig, tasks: multiprocessing.Qu
             error = f"worker_init_fn raised in worker {worker_id} (pid {os.getpid()}):\n{traceback.format_exc()}"
             results.put(BatchResult(run=0, batch_no=INIT_FAILED, slot=-1, count=0, error=error))
             return
+    clock = config.counters.clock(worker_id)
     while True:
         try:
             task = tasks.get(timeout=POLL_S * 5)
@@ -170,10 +179,11 @@ def _worker_main(worker_id: int, config: WorkerConfig, tasks: multiprocessing.Qu
             break
         run, batch_no, slot, epoch, start, indices = task
         result = BatchResult(run=run, batch_no=batch_no, slot=slot, count=len(indices), start=start)
+        began = time.perf_counter()
         try:
             columns = config.buffers.slot_columns(slot, slice(start, start + len(indices)))
             result.keys, result.skipped, result.values = fill_fields(
-                config.dataset, indices, config.sample, config.specs, config.seed, epoch, config.on_error, columns
+                config.dataset, indices, config.sample, config.specs, config.seed, epoch, config.on_error, columns, clock
             )
         except SampleError as exc:
             result.bad_sample = (exc.where, exc.reason)
@@ -183,6 +193,8 @@ def _worker_main(worker_id: int, config: WorkerConfig, tasks: multiprocessing.Qu
             result.error = f"worker {worker_id} (pid {os.getpid()}):\n{traceback.format_exc()}"
         except Exception:
             result.error = f"worker {worker_id} (pid {os.getpid()}):\n{traceback.format_exc()}"
+        clock.count(BUSY, time.perf_counter() - began)
+        clock.flush()
         results.put(result)
     config.dataset.close()
 

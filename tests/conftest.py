@@ -58,12 +58,13 @@ def alive(pids: list[int]) -> list[int]:
     return out
 
 
-def photo_folder(root: Path, count: int) -> Path:
-    """ROOT/cK/NNNN.jpg: ``count`` small 64x80 JPEGs in 3 class folders."""
+def photo_folder(root: Path, count: int, size: tuple[int, int] = (64, 80), grow: int = 0) -> Path:
+    """ROOT/cK/NNNN.jpg: ``count`` small JPEGs in 3 class folders, of ``size`` (height, width)
+    plus ``grow`` pixels more on each side for each image before it."""
     for i in range(count):
         path = root / f"c{i % 3}" / f"{i:04d}.jpg"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(jpeg_bytes(small_photo(i, i % 3, (64, 80))))
+        path.write_bytes(jpeg_bytes(small_photo(i, i % 3, (size[0] + grow * i, size[1] + grow * i))))
     return root
 
 

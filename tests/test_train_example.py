@@ -67,6 +67,8 @@ def test_trains_is_killed_and_resumes(small_dataset: Path, tmp_path: Path) -> No
     epochs = re.findall(r"epoch (\d): loss .* val acc .* images/s .* \(step (\d+)\)", out)
     assert epochs and epochs[-1] == ("4", "65"), out  # 200 / (8 x 2) = 13 steps per epoch, as uninterrupted
     assert "done: best val acc" in out
+    assert re.search(r"epoch 4: \d+ samples in \d+ batches, .* of work: read \d+%, decode \d+%", out)  # loader.stats by stage
+    assert "\nverdict: " in out
 
 
 def test_quickstart_runs(image_folder: Path, tmp_path: Path) -> None:

@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from fastload.stats import stall_verdict
+
 WARMUP_STEPS = 3
 
 
@@ -68,13 +70,8 @@ class StepTimer:
         model_step = self.seconds_per_step(_repeat(cached), steps)
         stall = max(0.0, 1 - model_step / fed_step)
         batch = len(cached[0])
-        verdict = (
-            f"input-bound by {100 * stall:.0f}%: try more workers or another backend"
-            if stall > 0.1
-            else f"not input-bound ({100 * stall:.0f}% of step time waiting for data)"
-        )
         return {"model": self.model_name, "device": str(self.device), "steps": steps, "stall_share": stall,
-                "model_images_per_s": batch / model_step, "fed_images_per_s": batch / fed_step, "verdict": verdict}
+                "model_images_per_s": batch / model_step, "fed_images_per_s": batch / fed_step, "verdict": stall_verdict(stall)}
 
 
 def data_stall(make: Callable[[], Iterable], model_name: str, steps: int, num_classes: int) -> dict[str, Any]:

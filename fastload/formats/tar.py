@@ -66,6 +66,14 @@ class TarShardReader:
         """Each field's (data offset, size) for sample ``i``."""
         return self._samples.spans(i)
 
+    def read_head(self, i: int, ext: str, size: int) -> bytes:
+        """The first ``size`` bytes of field ``ext`` of sample ``i`` (an image's header: one short ``pread``)."""
+        fd = self._descriptor()
+        if i in self._outside:
+            raise SampleError(f"{self.path}:{self.key(i)}", "its .idx entry gives a negative offset or size, or one past the end of the shard")
+        offset, length = self._samples.spans(i)[ext]
+        return os.pread(fd, min(size, length), offset)
+
     def read(self, i: int) -> dict[str, bytes]:
         """Every field of sample ``i``: one ``pread`` over all of them (a sample's members are
         neighbours in the tar, a tar header apart), else one per field."""
