@@ -305,6 +305,8 @@ class DataLoader(torch.utils.data.DataLoader):
             digest.update(f"{shard.path}|{shard.samples}|{shard.sha256};".encode())
         if self.options.take is not None:
             digest.update(np.asarray(self.options.take, dtype=np.int64).tobytes())
+        if self.orders.mixture is not None:  # its weights and epoch length decide its order
+            digest.update(f"mix{self.orders.mixture.counts}".encode())
         return digest.hexdigest()[:16]
 
     def _before_epoch(self) -> None:
@@ -330,7 +332,10 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def state_dict(self) -> dict[str, Any]:
         """Where training is: only batches handed to the caller count, not prefetched ones."""
-        return self.state.state_dict(self.options.seed, self.identity, self._streaming_layout())
+        state = self.state.state_dict(self.options.seed, self.identity, self._streaming_layout())
+        if self.orders.mixture is not None:  # each member's own position, derived from the mixture's
+            state["members"] = self.orders.mixture.describe_positions(self.orders.member_positions(self.state.position))
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration yields exactly the samples of that epoch not yet consumed,

@@ -18,6 +18,7 @@ from fastload.dali.protocol import carried_fields, empty_feed_columns, encode_no
 from fastload.dataset import ShardedDataset
 from fastload.errors import SampleError
 from fastload.fields import SampleSpec
+from fastload.mixture_order import MixtureOrder
 from fastload.sample_decode import PlannedSample, fill_beside_primary
 from fastload.sampling import EpochOrder, OrderSpec, RankBatches
 from fastload.slots import Column
@@ -40,7 +41,7 @@ class DaliFeed:
     specs: tuple[Transform, ...]
     seed: int
     on_error: str
-    orders: OrderSpec
+    orders: OrderSpec | MixtureOrder
     first_epoch: int
     start: int = 0
     first_batch: int = 0
