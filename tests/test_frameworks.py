@@ -239,8 +239,9 @@ def test_lightning_ddp_shards_reshuffles_and_resumes(data43: Path, tmp_path: Pat
 
 
 @pytest.mark.slow
-def test_accelerate_under_torchrun(data43: Path, tmp_path: Path) -> None:
-    run_script(torchrun("accelerate_train.py", str(data43), str(tmp_path)))
+@pytest.mark.parametrize("mixture", [False, True])
+def test_accelerate_under_torchrun(data43: Path, tmp_path: Path, mixture: bool) -> None:
+    run_script(torchrun("accelerate_train.py", str(data43), str(tmp_path), *(["--mix"] if mixture else [])))
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for report in reports:
         assert report["prepared_is_fastload"] and report["batches"] == 6

@@ -89,6 +89,24 @@ def test_order_is_the_same_for_any_number_of_workers(members: dict[str, Path]) -
         assert torch.equal(images, other_images) and torch.equal(labels, other_labels)
 
 
+def label_plus_100(sample: dict, rng: np.random.Generator) -> dict:
+    sample["cls"] = sample["cls"] + 100
+    return sample
+
+
+def test_fields_map_and_collate_fn_see_the_mixtures_samples(members: dict[str, Path]) -> None:
+    mixture = fastload.mix({members["big"]: 1, members["small"]: 1}, samples_per_epoch=60)
+    common = dict(batch_size=8, shuffle=True, seed=2, num_workers=2, return_keys=True, transform=CROP)
+    classic = [(b[0].clone(), b[1].clone(), b[2]) for b in fastload.DataLoader(mixture, **common)]
+    mapped = list(fastload.DataLoader(mixture, fields=["png", "cls"], map=label_plus_100, **common))
+    collated = list(fastload.DataLoader(mixture, collate_fn=torch.utils.data.default_collate, **common))
+    assert len(classic) == len(mapped) == len(collated) == 8
+    for (images, labels, keys), (m_images, m_labels, m_keys), (c_images, c_labels, c_keys) in zip(classic, mapped, collated):
+        assert keys == m_keys == list(c_keys) and {k[0] for k in keys} <= {"0", "1"}
+        assert torch.equal(images, m_images) and torch.equal(images, c_images)
+        assert torch.equal(m_labels, labels + 100) and torch.equal(c_labels, labels)
+
+
 def test_loader_batch_sampler_yields_the_loaders_batches(members: dict[str, Path]) -> None:
     mixture = fastload.mix({members["big"]: 1, members["small"]: 1}, samples_per_epoch=96)
     loader = fastload.DataLoader(mixture, batch_size=8, shuffle=True, return_keys=True, transform=CROP, rank=1, world_size=2)
