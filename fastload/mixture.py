@@ -21,7 +21,7 @@ from fastload.dataset import ShardedDataset
 from fastload.formats import ShardReader
 from fastload.index import DatasetIndex
 from fastload.mixture_order import MemberPosition, MixtureOrder, apportion
-from fastload.sampling import shards_of
+from fastload.sampling import OrderSpec, shards_of
 
 if TYPE_CHECKING:
     import numpy as np
@@ -126,12 +126,10 @@ class MixedDataset(ShardedDataset):
         key, fields, pixels = self.members[member].raw(local)
         return f"{member}/{key}", fields, pixels
 
-    def order(self, seed: int, shuffle: bool, batch_size: int, rank: int, world_size: int, drop_last: bool) -> MixtureOrder:
-        """The mixture's orders for a loader with these options at this rank and world size."""
-        return MixtureOrder(
-            tuple(tuple(s.samples for s in m.index.shards) for m in self.members), self.counts,
-            tuple(m.url is not None for m in self.members), seed, shuffle, batch_size, rank, world_size, drop_last,
-        )
+    def order(self, loader: OrderSpec) -> MixtureOrder:
+        """The mixture's orders for a loader whose own orders would be ``loader``'s."""
+        return MixtureOrder(loader, tuple(tuple(s.samples for s in m.index.shards) for m in self.members), self.counts,
+                            tuple(m.url is not None for m in self.members))
 
     def describe_positions(self, positions: tuple[MemberPosition, ...]) -> list[dict]:
         """Each member's position as a state_dict records it (location, weight, epoch, samples consumed)."""

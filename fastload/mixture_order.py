@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fastload.sampling import EpochOrder, OrderSpec, RankBatches, rank_batches
+from fastload.sampling import EpochOrder, OrderSpec, RankBatches
 
 MEMBER_BUFFER = 4096  # a remote member's shuffle buffer: it reads its shards in sequence (see MixtureOrder)
 
@@ -47,23 +47,19 @@ class MemberPosition:
 
 @dataclass(frozen=True)
 class MixtureOrder:
-    """Everything a mixture's epoch orders and a rank's batches depend on, as plain values (like
-    :class:`~fastload.sampling.OrderSpec`, which it stands in for: DALI's workers get a copy).
+    """Everything a mixture's epoch orders and a rank's batches depend on, as plain values: the
+    loader's :class:`~fastload.sampling.OrderSpec` (seed, shuffle, rank, world and batch size),
+    which it stands in for (DALI's workers get a copy), and the members' layout.
 
     ``member_shards`` holds each member's shard sizes; a ``remote`` member reads its own epoch in
     shard order through a shuffle buffer (the streaming order of one lane), so the ranks work
     through a few of its shards at a time in their caches instead of all of them at once.
     """
 
+    loader: OrderSpec
     member_shards: tuple[tuple[int, ...], ...]
     counts: tuple[int, ...]  # each member's positions in a mixture epoch
     remote: tuple[bool, ...]
-    seed: int
-    shuffle: bool
-    batch_size: int
-    rank: int
-    world_size: int
-    drop_last: bool
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -72,15 +68,16 @@ class MixtureOrder:
 
     def member_order(self, member: int, member_epoch: int) -> np.ndarray:
         """Member ``member``'s own order of its epoch ``member_epoch`` (indices into the member)."""
-        spec = OrderSpec(self.member_shards[member], member_seed(self.seed, member), self.shuffle, 1, 0, 1, False,
-                         streaming=self.remote[member] and self.shuffle, shuffle_buffer=MEMBER_BUFFER)
+        shuffle = self.loader.shuffle
+        spec = OrderSpec(self.member_shards[member], member_seed(self.loader.seed, member), shuffle, 1, 0, 1, False,
+                         streaming=self.remote[member] and shuffle, shuffle_buffer=MEMBER_BUFFER)
         return spec.order(member_epoch).order
 
     def choices(self, epoch: int) -> np.ndarray:
         """The member of each position of mixture epoch ``epoch``."""
         members = np.repeat(np.arange(len(self.counts), dtype=np.int64), self.counts)
-        if self.shuffle:
-            return np.random.Generator(np.random.PCG64([self.seed, epoch, 0x313C])).permutation(members)
+        if self.loader.shuffle:
+            return np.random.Generator(np.random.PCG64([self.loader.seed, epoch, 0x313C])).permutation(members)
         # spread evenly: member m's j-th position at (j + 1/2) / counts[m] of the epoch
         spots = np.concatenate([(np.arange(n) + 0.5) / n for n in self.counts if n])
         return members[np.argsort(spots, kind="stable")]
@@ -104,7 +101,7 @@ class MixtureOrder:
 
     def batches(self, order_length: int, start: int) -> RankBatches:
         """This rank's batches of an order of ``order_length`` positions, from position ``start``."""
-        return rank_batches(order_length, start, self.batch_size, self.rank, self.world_size, self.drop_last)
+        return self.loader.batches(order_length, start)
 
     def member_positions(self, epoch: int, consumed: int) -> tuple[MemberPosition, ...]:
         """Where each member is after ``consumed`` positions of mixture epoch ``epoch``."""

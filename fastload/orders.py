@@ -32,12 +32,11 @@ class LoaderOrders:
         """What the orders depend on, as plain values (DALI's workers get a copy)."""
         options = self.options
         rank, world = self.ranks()
-        if self.mixture is not None:
-            return self.mixture.order(options.seed, options.shuffle, options.batch_size, rank, world, options.drop_last)
-        return OrderSpec(
+        spec = OrderSpec(
             self.shard_sizes, options.seed, options.shuffle, options.batch_size, rank, world,
             options.drop_last, options.streaming, options.buffer_size, generations, options.take, options.drop_remainder,
         )
+        return spec if self.mixture is None else self.mixture.order(spec)
 
     def order(self, position: Position) -> EpochOrder:
         """The global order of the position's epoch (the same for every backend)."""
