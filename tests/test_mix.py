@@ -16,6 +16,7 @@ import fastload
 from fastload import transforms as T
 from fastload.converters.options import ConvertOptions
 from fastload.converters.run import convert
+from tests.test_distributed import run_ranks
 from tests.test_resume_contract import BATCH, LOCAL_PATHS, dali_installed, run_resume_contract, served  # noqa: F401 - a fixture
 
 SIZES = {"big": 300, "small": 70}
@@ -160,6 +161,20 @@ def test_resume_at_another_world_size_delivers_every_remaining_sample_once(membe
     assert Counter(before) + Counter(after) == Counter(whole)
     assert sorted(after) == sorted((Counter(whole) - Counter(before)).elements())
     assert finished[0]["epoch"] == 1 and finished[0]["samples_consumed"] == 0
+
+
+@pytest.mark.timeout(240)
+def test_resume_of_gloo_ranks_at_another_world_size_delivers_every_remaining_sample_once(members: dict[str, Path],
+                                                                                        tmp_path: Path) -> None:
+    recipe = {str(members["big"]): 1.0, str(members["small"]): 2.0}  # 370 samples an epoch
+    kwargs = dict(batch_size=5, shuffle=True, seed=4)
+    whole, _ = rank_keys(fastload.mix(recipe), 1, None, None, **kwargs)
+    first = run_ranks(tmp_path, 2, recipe, kwargs, stop_after=7)
+    state = first[0]["states"][0]
+    assert first[0]["states"] == first[1]["states"] and state["samples_consumed"] == 70
+    second = run_ranks(tmp_path, 3, recipe, kwargs, state=state)
+    assert all(r["batches"] == 20 for r in second)  # equal batches on every rank
+    assert Counter(k for r in first + second for k in r["keys"]) == Counter(whole)
 
 
 def test_incompatible_members_and_options_are_refused_by_name(members: dict[str, Path], clean: Path) -> None:
