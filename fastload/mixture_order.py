@@ -1,8 +1,11 @@
 """The order of a weighted mixture of datasets, as pure functions of (seed, epoch, position).
 
 A mixture's *epoch* is ``samples_per_epoch`` positions. Member m owns exactly ``counts[m]`` of
-them (its weight's share, apportioned by largest remainder), at positions drawn by a seeded
-permutation of that multiset (shuffle) or spread evenly (no shuffle). Member m's k-th position
+them (its weight's share, apportioned by largest remainder), arranged uniformly at random by a
+seeded draw (shuffle) or spread evenly (no shuffle). The arrangement is made part by part
+(:meth:`MixtureOrder.leaf`): the member at any position, and how many of its positions come
+before, follow from the halvings above the position's leaf and the leaf alone, so any batch is
+evaluated without an array of the epoch's length (:meth:`MixtureOrder.indices`). Member m's k-th position
 over the whole run takes the sample at position ``k % size`` of the member's own epoch
 ``k // size``, an order seeded per member (:class:`~fastload.sampling.OrderSpec`), so a member
 that runs out starts its next epoch with its own reshuffle while the others carry on.
@@ -21,6 +24,7 @@ import numpy as np
 from fastload.sampling import EpochOrder, OrderSpec, RankBatches
 
 MEMBER_BUFFER = 4096  # a remote member's shuffle buffer: it reads its shards in sequence (see MixtureOrder)
+LEAF = 1 << 14  # positions of the smallest parts of a mixture epoch's schedule, arranged at once (MixtureOrder.leaf)
 
 
 def apportion(total: int, weights: tuple[float, ...]) -> tuple[int, ...]:
@@ -35,6 +39,24 @@ def apportion(total: int, weights: tuple[float, ...]) -> tuple[int, ...]:
 def member_seed(seed: int, member: int) -> int:
     """The seed of member ``member``'s own epoch orders: apart from every other member's."""
     return int(np.random.SeedSequence([seed, member, 0x313C]).generate_state(1, np.uint64)[0])
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """A part of a mixture epoch's positions: where it starts, each member's positions before it
+    in the epoch, and the member of each of its positions."""
+
+    start: int
+    before: np.ndarray
+    members: np.ndarray
+
+    def ranks(self) -> np.ndarray:
+        """Of each position, how many of its member's positions come before it in the leaf."""
+        by_member = np.argsort(self.members, kind="stable")
+        firsts = np.concatenate([[0], np.cumsum(np.bincount(self.members))[:-1]]).astype(np.int64)
+        ranks = np.empty(len(self.members), dtype=np.int64)
+        ranks[by_member] = np.arange(len(self.members)) - firsts[self.members[by_member]]
+        return ranks
 
 
 @dataclass(frozen=True)
@@ -73,31 +95,65 @@ class MixtureOrder:
                          streaming=self.remote[member] and shuffle, shuffle_buffer=MEMBER_BUFFER)
         return spec.order(member_epoch).order
 
-    def choices(self, epoch: int) -> np.ndarray:
-        """The member of each position of mixture epoch ``epoch``."""
-        members = np.repeat(np.arange(len(self.counts), dtype=np.int64), self.counts)
+    def _generator(self, epoch: int, start: int, end: int) -> np.random.Generator:
+        return np.random.Generator(np.random.PCG64([self.loader.seed, epoch, start, end, 0x313C]))
+
+    def leaf(self, epoch: int, position: int) -> Leaf:
+        """The leaf of mixture epoch ``epoch``'s schedule holding ``position``: the epoch's positions
+        are halved until parts of at most LEAF, each half given its share of each member's positions
+        (a seeded multivariate hypergeometric draw: a uniformly random arrangement; without
+        shuffle, the proportional share), and a leaf's positions arranged at once."""
+        counts, before = np.asarray(self.counts, dtype=np.int64), np.zeros(len(self.counts), dtype=np.int64)
+        start, end = 0, int(counts.sum())
+        while end - start > LEAF:
+            middle = (start + end) // 2
+            if self.loader.shuffle:
+                left = self._generator(epoch, start, end).multivariate_hypergeometric(counts, middle - start)
+            else:
+                left = np.asarray(apportion(middle - start, tuple(counts.tolist())), dtype=np.int64)
+            if position < middle:
+                counts, end = left, middle
+            else:
+                counts, before, start = counts - left, before + left, middle
+        members = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
         if self.loader.shuffle:
-            return np.random.Generator(np.random.PCG64([self.loader.seed, epoch, 0x313C])).permutation(members)
-        # spread evenly: member m's j-th position at (j + 1/2) / counts[m] of the epoch
-        spots = np.concatenate([(np.arange(n) + 0.5) / n for n in self.counts if n])
-        return members[np.argsort(spots, kind="stable")]
+            return Leaf(start, before, self._generator(epoch, start, end).permutation(members))
+        # spread evenly: member m's j-th position at (j + 1/2) / counts[m] of the leaf
+        spots = np.concatenate([(np.arange(n) + 0.5) / n for n in counts.tolist() if n])
+        return Leaf(start, before, members[np.argsort(spots, kind="stable")])
+
+    def indices(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        """The samples (indices into the concatenated members) at ``positions`` of mixture epoch
+        ``epoch``, from the leaves holding them alone: no array of the epoch's length is made."""
+        sizes, counts = self.sizes, np.asarray(self.counts, dtype=np.int64)
+        member_at, taken = np.empty(len(positions), dtype=np.int64), np.empty(len(positions), dtype=np.int64)
+        ascending = bool(np.all(positions[1:] >= positions[:-1]))  # a whole epoch, a batch: no sort needed
+        by_position = np.arange(len(positions)) if ascending else np.argsort(positions, kind="stable")
+        sorted_positions = positions[by_position]
+        first = 0
+        while first < len(positions):
+            leaf = self.leaf(epoch, int(sorted_positions[first]))
+            last = int(np.searchsorted(sorted_positions, leaf.start + len(leaf.members)))
+            chosen = by_position[first:last]
+            local = positions[chosen] - leaf.start
+            member_at[chosen] = leaf.members[local]
+            taken[chosen] = epoch * counts[leaf.members[local]] + leaf.before[leaf.members[local]] + leaf.ranks()[local]
+            first = last
+        out = np.empty(len(positions), dtype=np.int64)
+        offsets = np.cumsum([0, *sizes])
+        for member, size in enumerate(sizes):
+            at = np.flatnonzero(member_at == member)
+            if not len(at):
+                continue
+            member_epochs, rows = np.divmod(taken[at], size)
+            for member_epoch in range(int(member_epochs.min()), int(member_epochs.max()) + 1):  # those this mixture epoch reaches
+                here = member_epochs == member_epoch
+                out[at[here]] = offsets[member] + self.member_order(member, member_epoch)[rows[here]]
+        return out
 
     def order(self, epoch: int) -> EpochOrder:
         """Mixture epoch ``epoch``'s global order: indices into the concatenated members."""
-        choices = self.choices(epoch)
-        by_member = np.argsort(choices, kind="stable")  # each member's positions, in order
-        order = np.empty(len(choices), dtype=np.int64)
-        offset, first = 0, 0
-        for member, (size, count) in enumerate(zip(self.sizes, self.counts, strict=True)):
-            positions = by_member[first : first + count]
-            first += count
-            start, end = epoch * count, (epoch + 1) * count  # the member's k of this epoch
-            for member_epoch in range(start // size, -(-end // size)) if count else ():
-                low, high = max(start, member_epoch * size), min(end, (member_epoch + 1) * size)
-                samples = self.member_order(member, member_epoch)[low - member_epoch * size : high - member_epoch * size]
-                order[positions[low - start : high - start]] = offset + samples
-            offset += size
-        return EpochOrder(order)
+        return EpochOrder(self.indices(epoch, np.arange(sum(self.counts), dtype=np.int64)))
 
     def batches(self, order_length: int, start: int) -> RankBatches:
         """This rank's batches of an order of ``order_length`` positions, from position ``start``."""
@@ -105,6 +161,10 @@ class MixtureOrder:
 
     def member_positions(self, epoch: int, consumed: int) -> tuple[MemberPosition, ...]:
         """Where each member is after ``consumed`` positions of mixture epoch ``epoch``."""
-        before = np.bincount(self.choices(epoch)[:consumed], minlength=len(self.counts))
-        taken = [epoch * count + int(b) for count, b in zip(self.counts, before, strict=True)]
+        if consumed >= sum(self.counts):
+            before = np.asarray(self.counts, dtype=np.int64)
+        else:
+            leaf = self.leaf(epoch, consumed)
+            before = leaf.before + np.bincount(leaf.members[: consumed - leaf.start], minlength=len(self.counts))
+        taken = [epoch * count + int(b) for count, b in zip(self.counts, before.tolist(), strict=True)]
         return tuple(MemberPosition(k // size, k % size) for k, size in zip(taken, self.sizes, strict=True))

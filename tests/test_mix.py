@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import fastload
+from fastload import mixture_order
 from fastload import transforms as T
 from fastload.converters.options import ConvertOptions
 from fastload.converters.run import convert
@@ -36,6 +37,14 @@ def members(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
+@pytest.fixture(params=["one leaf", "leaves of 64"])
+def schedule(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mixture's schedule in one leaf (these small epochs), or halved down to leaves of 64
+    positions, as an epoch of more than LEAF positions is."""
+    if request.param == "leaves of 64":
+        monkeypatch.setattr(mixture_order, "LEAF", 64)
+
+
 def own_keys(path: Path) -> list[str]:
     ds = fastload.open(path)
     return [ds.raw(i)[0] for i in range(len(ds))]
@@ -49,6 +58,7 @@ def keys_of(loader: fastload.DataLoader, epochs: int = 1) -> list[str]:
     return keys
 
 
+@pytest.mark.usefixtures("schedule")
 def test_proportions_are_exact_per_epoch_and_within_binomial_bounds_in_every_batch(members: dict[str, Path]) -> None:
     mixture = fastload.mix({members["big"]: 3, members["small"]: 1}, samples_per_epoch=400)
     assert mixture.counts == (300, 100)
@@ -62,6 +72,7 @@ def test_proportions_are_exact_per_epoch_and_within_binomial_bounds_in_every_bat
                 assert abs(members_of_batch.count(0) - batch * p) <= z * math.sqrt(batch * p * (1 - p))
 
 
+@pytest.mark.usefixtures("schedule")
 def test_each_member_epoch_holds_each_of_its_samples_once_and_is_reshuffled(members: dict[str, Path]) -> None:
     mixture = fastload.mix({members["big"]: 1, members["small"]: 1})  # small runs through ~5 epochs per mixture epoch
     loader = fastload.DataLoader(mixture, batch_size=32, shuffle=True, seed=3, return_keys=True, transform=CROP)
@@ -77,6 +88,7 @@ def test_each_member_epoch_holds_each_of_its_samples_once_and_is_reshuffled(memb
         assert chunks[0] != chunks[1]  # the next epoch is its own shuffle
 
 
+@pytest.mark.usefixtures("schedule")
 def test_order_is_the_same_for_any_number_of_workers(members: dict[str, Path]) -> None:
     mixture = fastload.mix({members["big"]: 2, members["small"]: 1}, samples_per_epoch=150)
     runs = []
@@ -88,6 +100,21 @@ def test_order_is_the_same_for_any_number_of_workers(members: dict[str, Path]) -
     assert [keys for *_, keys in runs[0]] == [keys for *_, keys in runs[1]]
     for (images, labels, _), (other_images, other_labels, _) in zip(*runs):
         assert torch.equal(images, other_images) and torch.equal(labels, other_labels)
+
+
+@pytest.mark.usefixtures("schedule")
+def test_any_positions_evaluate_alone_as_in_the_whole_order(members: dict[str, Path]) -> None:
+    mixture = fastload.mix({members["big"]: 2, members["small"]: 1}, samples_per_epoch=500)
+    orders = fastload.DataLoader(mixture, batch_size=8, shuffle=True, seed=9, transform=CROP).orders.spec()
+    assert isinstance(orders, mixture_order.MixtureOrder)
+    whole = orders.order(2).order
+    positions = np.random.default_rng(0).integers(0, len(whole), 100)
+    assert np.array_equal(orders.indices(2, positions), whole[positions])
+    members_before = np.cumsum([[mixture.member_of(int(i))[0] == m for m in range(2)] for i in whole], axis=0)
+    for consumed in (1, 37, 250, 499):
+        positions_now = orders.member_positions(2, consumed)
+        for m, size in enumerate(SIZES.values()):
+            assert positions_now[m].epoch * size + positions_now[m].consumed == 2 * mixture.counts[m] + members_before[consumed - 1, m]
 
 
 def label_plus_100(sample: dict, rng: np.random.Generator) -> dict:
@@ -147,6 +174,7 @@ def rank_keys(mixture: fastload.MixedDataset, world: int, state: dict | None, st
     return keys, states
 
 
+@pytest.mark.usefixtures("schedule")
 @pytest.mark.parametrize("world_after", [1, 3])
 def test_resume_at_another_world_size_delivers_every_remaining_sample_once(members: dict[str, Path], world_after: int) -> None:
     mixture = fastload.mix({members["big"]: 1, members["small"]: 2}, samples_per_epoch=420)
