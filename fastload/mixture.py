@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import numbers
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -152,12 +153,12 @@ def mix(members: Mapping[Member, float], samples_per_epoch: int | None = None) -
         if isinstance(member, MixedDataset):
             raise ValueError(f"mix: {member.location} is a mixture itself: give its members, their weights multiplied")
         dataset = member if isinstance(member, ShardedDataset) else ShardedDataset(member)
-        if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not math.isfinite(weight) or weight <= 0:
+        if not isinstance(weight, numbers.Real) or isinstance(weight, bool) or not math.isfinite(weight) or weight <= 0:
             raise ValueError(f"mix: the weight of {dataset.location} must be a positive number, got {weight!r}")
         if not len(dataset):
             raise ValueError(f"mix: {dataset.location} holds no samples")
         opened.append(dataset)
     total = sum(len(d) for d in opened) if samples_per_epoch is None else samples_per_epoch
-    if not isinstance(total, int) or isinstance(total, bool) or total < 1:
+    if not isinstance(total, numbers.Integral) or isinstance(total, bool) or total < 1:
         raise ValueError(f"mix: samples_per_epoch must be a positive integer, got {samples_per_epoch!r}")
-    return MixedDataset(tuple(opened), tuple(float(w) for w in members.values()), total)
+    return MixedDataset(tuple(opened), tuple(float(w) for w in members.values()), int(total))
