@@ -4,7 +4,8 @@
 
 CONVERTED is a converted dataset (e.g. data/photos-wds); a second one is converted once from
 PHOTO_FOLDER into WORKDIR (other shards, shuffled with another seed). Each round loads, in turn,
-the one dataset and ``fastload.mix({CONVERTED: 1, second: 1})`` with as many samples an epoch,
+the one dataset and ``fastload.mix({CONVERTED: 1, second: 1})`` with as many samples an epoch
+(which runs first alternates),
 both with ``T.train(224)``, batch 64, the CPU backend; it prints each configuration's median
 images/s and CPU seconds per 1,000 images (main process and workers: shared cores perturb it less
 than the rate), and the medians of the per-round ratios. Run it under ``flock /tmp/fastload-bench.lock``.
@@ -63,8 +64,9 @@ def main() -> None:
     one = fastload.open(args.converted)
     mixture = fastload.mix({one: 1, fastload.open(second): 1}, samples_per_epoch=len(one))
     runs: dict[str, list[tuple[float, float]]] = {"one dataset": [], "mix of two": []}
-    for _ in range(args.rounds):
-        for name, dataset in (("one dataset", one), ("mix of two", mixture)):
+    configs = [("one dataset", one), ("mix of two", mixture)]
+    for round_no in range(args.rounds):
+        for name, dataset in configs if round_no % 2 == 0 else configs[::-1]:  # alternate which runs first
             runs[name].append(run_one(dataset, args.workers, args.epochs))
     print(f"{len(one)} images an epoch, {args.epochs} epochs, {args.workers} workers, {args.rounds} rounds interleaved")
     for name, values in runs.items():
