@@ -14,6 +14,8 @@ _EXPORTS = {
     "DataLoader": "fastload.loader",
     "open": "fastload.dataset",
     "ShardedDataset": "fastload.dataset",
+    "mix": "fastload.mixture",
+    "MixedDataset": "fastload.mixture",
     "transforms": "fastload.transforms",
     "DatasetIndex": "fastload.index",
     "ShardInfo": "fastload.index",

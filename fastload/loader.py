@@ -46,6 +46,7 @@ from fastload.samplers import (
     LoaderSampler,
     unwrap_subset,
 )
+from fastload.sampling import OrderSpec
 from fastload.state import LoaderState, read_state_dict
 from fastload.stats import LoaderStats
 from fastload.torch_mode import TorchMode
@@ -277,7 +278,10 @@ class DataLoader(torch.utils.data.DataLoader):
         shards' indexes and image headers only (fastload.provenance). Steps run before an elastic
         resume are described at the layout they ran at."""
         epoch = self.state.epoch if epoch is None else int(epoch)
-        return describe_step(self.sharded, self.orders.spec(), self.state.layouts(epoch), epoch, int(step), self.sample_spec,
+        spec = self.orders.spec()
+        if not isinstance(spec, OrderSpec):
+            raise NotImplementedError("loader.describe() of a fastload.mix() mixture: not yet (it describes one dataset's order)")
+        return describe_step(self.sharded, spec, self.state.layouts(epoch), epoch, int(step), self.sample_spec,
                              self.options.transform, self.options.seed, cpu_decode=self.backend == "cpu")
 
     def set_epoch(self, epoch: int) -> None:
@@ -303,6 +307,8 @@ class DataLoader(torch.utils.data.DataLoader):
             digest.update(f"{shard.path}|{shard.samples}|{shard.sha256};".encode())
         if self.options.take is not None:
             digest.update(np.asarray(self.options.take, dtype=np.int64).tobytes())
+        if self.orders.mixture is not None:  # its weights and epoch length decide its order
+            digest.update(f"mix{self.orders.mixture.counts}".encode())
         return digest.hexdigest()[:16]
 
     def _before_epoch(self) -> None:
@@ -328,7 +334,10 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def state_dict(self) -> dict[str, Any]:
         """Where training is: only batches handed to the caller count, not prefetched ones."""
-        return self.state.state_dict(self.options.seed, self.identity, self._layout(), self.options.streaming)
+        state = self.state.state_dict(self.options.seed, self.identity, self._layout(), self.options.streaming)
+        if self.orders.mixture is not None:  # each member's own position, derived from the mixture's
+            state["members"] = self.orders.mixture.describe_positions(self.orders.member_positions(self.state.position))
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration yields exactly the samples of that epoch not yet consumed,

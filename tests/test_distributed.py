@@ -29,9 +29,10 @@ def dataset_1001(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "wds"
 
 
-def _rank_main(rank: int, world: int, init: str, data: str, out: str, kwargs: dict, state: dict | None, stop_after: int | None) -> None:
+def _rank_main(rank: int, world: int, init: str, data: str | dict, out: str, kwargs: dict, state: dict | None, stop_after: int | None) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
-    loader = fastload.DataLoader(data, return_keys=True, transform=[fastload.transforms.CenterCrop(8)], **kwargs)
+    dataset = fastload.mix(data) if isinstance(data, dict) else data  # a dict: {path: weight} of a mixture
+    loader = fastload.DataLoader(dataset, return_keys=True, transform=[fastload.transforms.CenterCrop(8)], **kwargs)
     assert (loader.rank, loader.world_size) == (rank, world)
     if state is not None:
         loader.load_state_dict(state)
@@ -53,10 +54,12 @@ def _rank_main(rank: int, world: int, init: str, data: str, out: str, kwargs: di
     dist.destroy_process_group()
 
 
-def run_ranks(tmp_path: Path, world: int, data: Path, kwargs: dict, state: dict | None = None, stop_after: int | None = None) -> list[dict]:
+def run_ranks(tmp_path: Path, world: int, data: Path | dict[str, float], kwargs: dict, state: dict | None = None,
+              stop_after: int | None = None) -> list[dict]:
     out = tmp_path / f"run-{len(list(tmp_path.glob('run-*')))}"
     out.mkdir()
-    mp.spawn(_rank_main, args=(world, str(out / "init"), str(data), str(out), kwargs, state, stop_after), nprocs=world, join=True)
+    source = data if isinstance(data, dict) else str(data)
+    mp.spawn(_rank_main, args=(world, str(out / "init"), source, str(out), kwargs, state, stop_after), nprocs=world, join=True)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
 
 

@@ -217,10 +217,12 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_lightning_ddp_shards_reshuffles_and_resumes(data43: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mixture", [False, True])
+def test_lightning_ddp_shards_reshuffles_and_resumes(data43: Path, tmp_path: Path, mixture: bool) -> None:
     whole, split = tmp_path / "whole", tmp_path / "split"
     whole.mkdir(), split.mkdir()
-    run_script([sys.executable, str(HERE / "lightning_ddp.py"), str(data43), str(whole)])
+    mix = ["--mix"] if mixture else []
+    run_script([sys.executable, str(HERE / "lightning_ddp.py"), str(data43), str(whole), *mix])
     by_epoch = {}
     for rank in (0, 1):
         for row in read_jsonl(whole / f"rank{rank}.jsonl"):
@@ -230,8 +232,9 @@ def test_lightning_ddp_shards_reshuffles_and_resumes(data43: Path, tmp_path: Pat
         assert len(a) == len(b) == 22  # 5 batches of 4 and one of 2 per rank (one padding entry)
         assert len(set(a) | set(b)) == N  # disjoint up to the padding, complete
     assert by_epoch[(0, 0)] != by_epoch[(0, 1)]  # a new order every epoch
+    assert all(k.startswith("0/") == mixture for keys in by_epoch[(0, 0)] for k in keys)  # a mixture's keys name the member
     # preempted after step 3 (mid-epoch 0): resume from that checkpoint in a new run
-    run_script([sys.executable, str(HERE / "lightning_ddp.py"), str(data43), str(split), str(whole / "step=3.ckpt")])
+    run_script([sys.executable, str(HERE / "lightning_ddp.py"), str(data43), str(split), str(whole / "step=3.ckpt"), *mix])
     for rank in (0, 1):
         rows = read_jsonl(split / f"rank{rank}.jsonl")
         assert [r["keys"] for r in rows if r["epoch"] == 0] == by_epoch[(rank, 0)][3:]  # exactly the rest of epoch 0
@@ -239,8 +242,9 @@ def test_lightning_ddp_shards_reshuffles_and_resumes(data43: Path, tmp_path: Pat
 
 
 @pytest.mark.slow
-def test_accelerate_under_torchrun(data43: Path, tmp_path: Path) -> None:
-    run_script(torchrun("accelerate_train.py", str(data43), str(tmp_path)))
+@pytest.mark.parametrize("mixture", [False, True])
+def test_accelerate_under_torchrun(data43: Path, tmp_path: Path, mixture: bool) -> None:
+    run_script(torchrun("accelerate_train.py", str(data43), str(tmp_path), *(["--mix"] if mixture else [])))
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for report in reports:
         assert report["prepared_is_fastload"] and report["batches"] == 6
@@ -248,6 +252,7 @@ def test_accelerate_under_torchrun(data43: Path, tmp_path: Path) -> None:
         assert report["val_seen"] == N  # gather_for_metrics drops the padding
         assert report["resumed_equal"] and report["skip_equal"]
     assert len(set(reports[0]["epoch1_keys"]) | set(reports[1]["epoch1_keys"])) == N  # the ranks share the epoch
+    assert all(k.startswith("0/") == mixture for k in reports[0]["epoch1_keys"])  # a mixture's keys name the member
 
 
 @pytest.mark.slow

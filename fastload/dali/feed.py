@@ -20,6 +20,7 @@ from fastload.dali.shares import DaliShares
 from fastload.dataset import ShardedDataset
 from fastload.errors import SampleError
 from fastload.fields import SampleSpec
+from fastload.mixture_order import MixtureOrder
 from fastload.sample_decode import PlannedSample, fill_beside_primary
 from fastload.sampling import EpochOrder, OrderSpec, RankBatches
 from fastload.slots import Column
@@ -44,7 +45,7 @@ process published for it; the CPU workers make the rest."""
     specs: tuple[Transform, ...]
     seed: int
     on_error: str
-    orders: OrderSpec
+    orders: OrderSpec | MixtureOrder
     first_epoch: int
     start: int = 0
     first_batch: int = 0

@@ -1,6 +1,7 @@
 """An Accelerate training script (run under torchrun, 2 processes) with fastload loaders: gradient
 accumulation, gather_for_metrics over a validation loader, save_state/load_state and
-skip_first_batches. Writes what it observed to OUT/rankR.json. Usage: accelerate_train.py DATA OUT"""
+skip_first_batches. Writes what it observed to OUT/rankR.json. Usage: accelerate_train.py DATA OUT [--mix]
+(--mix: every loader reads DATA as a one-member fastload.mix, its order and state the mixture's)."""
 
 import json
 import sys
@@ -12,6 +13,8 @@ from accelerate import Accelerator
 import fastload
 
 data, out = sys.argv[1], Path(sys.argv[2])
+if "--mix" in sys.argv[3:]:
+    data = fastload.mix({data: 1})
 accelerator = Accelerator(cpu=True, gradient_accumulation_steps=4)  # cpu=True: multi-process on CPUs (CI has no GPU)
 train = fastload.DataLoader(data, batch_size=4, shuffle=True, seed=1, transform=fastload.transforms.val(8), return_keys=True)
 val = fastload.DataLoader(data, batch_size=8, transform=fastload.transforms.val(8))

@@ -1,7 +1,8 @@
 """Lightning DDP on 2 CPU processes with a fastload loader built at top level, before any process
 group exists (the most common Lightning call). Each rank writes the keys of every batch it
 trained on; a checkpoint is saved every 3 steps (mid-epoch: 6 batches an epoch), as a run that
-expects to be preempted would. Usage: lightning_ddp.py DATA OUT [CKPT_TO_RESUME]"""
+expects to be preempted would. Usage: lightning_ddp.py DATA OUT [CKPT_TO_RESUME] [--mix]
+(--mix: the loader reads DATA as a one-member fastload.mix, its order and state the mixture's)."""
 
 import json
 import sys
@@ -12,9 +13,11 @@ import torch
 
 import fastload
 
-data, out = sys.argv[1], Path(sys.argv[2])
-resume = sys.argv[3] if len(sys.argv) > 3 else None
-loader = fastload.DataLoader(data, batch_size=4, shuffle=True, seed=3, transform=fastload.transforms.val(8), return_keys=True)
+arguments = [a for a in sys.argv[1:] if a != "--mix"]
+data, out = arguments[0], Path(arguments[1])
+resume = arguments[2] if len(arguments) > 2 else None
+source = fastload.mix({data: 1}) if "--mix" in sys.argv else data
+loader = fastload.DataLoader(source, batch_size=4, shuffle=True, seed=3, transform=fastload.transforms.val(8), return_keys=True)
 
 
 class Model(L.LightningModule):

@@ -1,0 +1,164 @@
+"""``fastload.mix``: several converted datasets sampled with given weights, as one dataset.
+
+A :class:`MixedDataset` is a sharded dataset whose shards are its members' shards, concatenated:
+sample indices run through member 0, then member 1, and so on. Its loader draws them in the
+mixture's own order (fastload.mixture_order). A sample's key is the member's number in the
+mixture, a slash, and the member's own key (``"1/000042"``): :meth:`MixedDataset.member_key`
+splits it again.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import numbers
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fastload.dataset import ShardedDataset
+from fastload.formats import ShardReader
+from fastload.index import DatasetIndex
+from fastload.mixture_order import MemberPosition, MixtureOrder, apportion
+from fastload.sampling import OrderSpec, shards_of
+
+if TYPE_CHECKING:
+    import numpy as np
+
+Member = str | os.PathLike[str] | ShardedDataset
+
+
+def compatible_index(members: tuple[ShardedDataset, ...]) -> DatasetIndex:
+    """One index describing every member's shards, after checking the members hold the same
+    fields (and image fields, decoded pixel shape, class names); else a ValueError naming the member."""
+    first = members[0].index
+    for number, member in enumerate(members[1:], start=1):
+        index = member.index
+        for what, mine, theirs in (
+            ("fields", sorted(index.fields), sorted(first.fields)),
+            ("image fields", sorted(index.image_fields), sorted(first.image_fields)),
+            ("decoded pixel shape", index.decoded_shape, first.decoded_shape),
+        ):
+            if mine != theirs:
+                raise ValueError(f"mix: member {number} ({member.location}) has {what} {mine}, member 0 "
+                                 f"({members[0].location}) has {theirs}: members must hold the same fields")
+        if None not in (index.classes, first.classes) and index.classes != first.classes:
+            raise ValueError(f"mix: member {number} ({member.location}) names its classes differently from member 0 "
+                             f"({members[0].location}): one label would mean two classes")
+    classes = next((m.index.classes for m in members if m.index.classes is not None), None)
+    shards = tuple(itertools.chain.from_iterable(m.index.shards for m in members))
+    return DatasetIndex(first.layout, shards, first.fields, classes, image_fields=first.image_fields,
+                        decoded_shape=first.decoded_shape)
+
+
+class MixedDataset(ShardedDataset):
+    """Members sampled with weights; see the module docstring. One *epoch* of a mixture is
+    ``samples_per_epoch`` samples (default: the members' sizes summed), of which member m gives
+    its weight's share exactly; each member runs through its own epochs, reshuffled, meanwhile."""
+
+    def __init__(self, members: tuple[ShardedDataset, ...], weights: tuple[float, ...], samples_per_epoch: int) -> None:
+        self.members, self.weights, self.samples_per_epoch = members, weights, samples_per_epoch
+        self.counts = apportion(samples_per_epoch, weights)
+        self.index = compatible_index(members)
+        self.url, self.root, self.cache = None, None, None  # remote members fetch through their own caches
+        self._offsets = list(itertools.accumulate((len(m) for m in members), initial=0))
+        self._first_shards = list(itertools.accumulate((len(m.index.shards) for m in members), initial=0))
+        self._starts = list(itertools.accumulate((s.samples for s in self.index.shards), initial=0))
+
+    def __len__(self) -> int:
+        return self._offsets[-1]
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{m.location!r}: {w:g}" for m, w in zip(self.members, self.weights, strict=True))
+        return f"fastload.mix({{{parts}}}): {self.samples_per_epoch} samples an epoch of {len(self)}"
+
+    @property
+    def location(self) -> str:
+        """The members' locations, as errors name the mixture."""
+        return "mix(" + ", ".join(m.location for m in self.members) + ")"
+
+    def member_of(self, i: int) -> tuple[int, int]:
+        """(member number, index in the member) of sample ``i``."""
+        if not 0 <= i < len(self):
+            raise IndexError(f"sample {i} out of range for {len(self)} samples")
+        member = bisect.bisect_right(self._offsets, i) - 1
+        return member, i - self._offsets[member]
+
+    @staticmethod
+    def member_key(key: str) -> tuple[int, str]:
+        """(member number, the member's own key) of a key this mixture gave."""
+        number, _, own = key.partition("/")
+        return int(number), own
+
+    def locate(self, i: int) -> tuple[int, int]:
+        """(shard number among all members' shards, row in shard) of sample ``i``."""
+        member, local = self.member_of(i)
+        shard, row = self.members[member].locate(local)
+        return self._first_shards[member] + shard, row
+
+    def shards_of(self, indices: np.ndarray) -> np.ndarray:
+        """Shard number (among all members' shards) of each sample index."""
+        return shards_of(self._starts, indices)
+
+    def _member_shard(self, shard: int) -> tuple[ShardedDataset, int]:
+        member = bisect.bisect_right(self._first_shards, shard) - 1
+        return self.members[member], shard - self._first_shards[member]
+
+    def reader(self, shard: int) -> ShardReader:
+        """The reader of shard number ``shard`` (among all members' shards), the member's own."""
+        member, local = self._member_shard(shard)
+        return member.reader(local)
+
+    def fetch(self, shard: int) -> tuple[Path, Path | None]:
+        """Local paths of a remote member's shard, as :meth:`ShardedDataset.fetch`."""
+        member, local = self._member_shard(shard)
+        return member.fetch(local)
+
+    def where(self, i: int) -> str:
+        """'<member location>/shard-00003.tar:key' — how errors name a sample."""
+        member, local = self.member_of(i)
+        return f"{self.members[member].location}/{self.members[member].where(local)}"
+
+    def raw(self, i: int) -> tuple[str, dict[str, bytes], np.ndarray | None]:
+        """(key prefixed by the member's number, encoded fields, decoded pixels or None) of sample ``i``."""
+        member, local = self.member_of(i)
+        key, fields, pixels = self.members[member].raw(local)
+        return f"{member}/{key}", fields, pixels
+
+    def order(self, loader: OrderSpec) -> MixtureOrder:
+        """The mixture's orders for a loader whose own orders would be ``loader``'s."""
+        return MixtureOrder(loader, tuple(tuple(s.samples for s in m.index.shards) for m in self.members), self.counts,
+                            tuple(m.url is not None for m in self.members))
+
+    def describe_positions(self, positions: tuple[MemberPosition, ...]) -> list[dict]:
+        """Each member's position as a state_dict records it (location, weight, epoch, samples consumed)."""
+        return [{"dataset": m.location, "weight": w, "epoch": p.epoch, "samples_consumed": p.consumed}
+                for m, w, p in zip(self.members, self.weights, positions, strict=True)]
+
+    def close(self) -> None:
+        """Close this process's shard files of every member."""
+        for member in self.members:
+            member.close()
+
+
+def mix(members: Mapping[Member, float], samples_per_epoch: int | None = None) -> MixedDataset:
+    """Datasets (paths, URLs or opened datasets) sampled with the given weights, as one dataset for
+    ``fastload.DataLoader``; an epoch is ``samples_per_epoch`` samples (default: all members' sizes)."""
+    if not members:
+        raise ValueError("mix: give at least one dataset and its weight")
+    opened: list[ShardedDataset] = []
+    for member, weight in members.items():
+        if isinstance(member, MixedDataset):
+            raise ValueError(f"mix: {member.location} is a mixture itself: give its members, their weights multiplied")
+        dataset = member if isinstance(member, ShardedDataset) else ShardedDataset(member)
+        if not isinstance(weight, numbers.Real) or isinstance(weight, bool) or not math.isfinite(weight) or weight <= 0:
+            raise ValueError(f"mix: the weight of {dataset.location} must be a positive number, got {weight!r}")
+        if not len(dataset):
+            raise ValueError(f"mix: {dataset.location} holds no samples")
+        opened.append(dataset)
+    total = sum(len(d) for d in opened) if samples_per_epoch is None else samples_per_epoch
+    if not isinstance(total, numbers.Integral) or isinstance(total, bool) or total < 1:
+        raise ValueError(f"mix: samples_per_epoch must be a positive integer, got {samples_per_epoch!r}")
+    return MixedDataset(tuple(opened), tuple(float(w) for w in members.values()), int(total))
