@@ -99,13 +99,13 @@ class DaliEpoch(Epoch):
         self.feed = DaliFeed(
             inputs.dataset, inputs.sample_spec, carried_stacked(inputs.sample_spec, inputs.image_shape),
             options.transform, options.seed, options.on_error,
-            inputs.orders.spec(self.start.generations), self.epoch, self.plan.start,
+            inputs.orders.spec(self.start.generations), inputs.orders.classes, self.epoch, self.plan.start,
         )
-        self.decoder.start(self.feed, len(self.plan.batches))
+        self.decoder.start(self.feed, len(self.plan))
 
     def _on_cpu(self, batch_no: int) -> tuple[dict[str, np.ndarray], dict[str, list], list[str], list[tuple[str, str]]]:
         inputs, options = self.inputs, self.inputs.options
-        indices = self.order[self.plan.batches[batch_no]]
+        indices = self.indices(batch_no)
         columns = {c.name: np.empty((len(indices), *c.shape), dtype=c.dtype) for c in self.columns}
         keys, skipped, values = fill_fields(inputs.dataset, indices, inputs.sample_spec, options.transform, options.seed,
                                             self.epoch, options.on_error, columns)
@@ -131,7 +131,7 @@ class DaliEpoch(Epoch):
                     self.close()
                     raise
                 following = self.next_yield + 1
-                self.decoder.start(replace(self.feed, first_batch=following), len(self.plan.batches) - following)
+                self.decoder.start(replace(self.feed, first_batch=following), len(self.plan) - following)
             else:
                 if error is not None:  # a sample that could not be read (on_error="raise", or no substitute left)
                     self.close()

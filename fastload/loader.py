@@ -33,7 +33,7 @@ from fastload.fields import SampleSpec
 from fastload.frameworks import accelerate_device
 from fastload.layout import BatchLayout
 from fastload.options import LoaderOptions
-from fastload.orders import LoaderOrders
+from fastload.orders import LoaderOrders, excluded_indices
 from fastload.sample_decode import resolve_spec
 from fastload.samplers import (
     BatchIndices,
@@ -149,6 +149,9 @@ class DataLoader(torch.utils.data.DataLoader):
         fields: Sequence[str] | Mapping[str, str] | None = None,
         map: Callable[[dict, np.random.Generator], dict] | None = None,
         batch_map: Callable[[Any, torch.Generator], Any] | None = None,
+        exclude: Sequence[str] | str | os.PathLike[str] | None = None,
+        class_weights: Mapping[str | int, float] | None = None,
+        balanced: bool = False,
     ) -> None:
         if isinstance(dataset, (str, os.PathLike)):
             dataset = ShardedDataset(dataset)
@@ -161,7 +164,7 @@ class DataLoader(torch.utils.data.DataLoader):
             worker_init_fn=worker_init_fn, collate_fn=collate_fn, prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
             transform=transform, backend=backend, device=device, on_error=on_error, return_keys=return_keys,
             evaluation=evaluation, shuffle_buffer=shuffle_buffer, hw_decoder_load=hw_decoder_load, fields=fields, map=map,
-            batch_map=batch_map,
+            batch_map=batch_map, exclude=excluded_indices(sharded, exclude), class_weights=class_weights, balanced=balanced,
         )
         self.dataset = dataset
         self.sharded: ShardedDataset = sharded
@@ -248,7 +251,7 @@ class DataLoader(torch.utils.data.DataLoader):
             _ = self._is_accelerate_prepared
 
     def __len__(self) -> int:
-        return len(self.orders.batches(replace(self.state.upcoming(), consumed=0)).batches)
+        return len(self.orders.batches(replace(self.state.upcoming(), consumed=0)))
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # torch annotates its own iterator class
         previous = self._active() if self._active is not None else None
@@ -275,11 +278,11 @@ class DataLoader(torch.utils.data.DataLoader):
                                cast(tuple[int, int, int], self.image_shape), self._batch_layout)  # classic: an image
         plan, order = self.orders.batches(position), self.orders.order(position)
         batches = []
-        for batch_no, positions in enumerate(plan.batches):
-            valid = plan.valid(batch_no)
-            if order.valid is not None:
-                valid = valid & order.valid[positions]
-            batches.append(BatchIndices(order.order[positions].tolist(), request, valid.tolist()))
+        for batch_no in range(len(plan)):
+            positions, valid = plan.positions(batch_no), plan.valid(batch_no)
+            if (real := order.valid(positions)) is not None:
+                valid = valid & real
+            batches.append(BatchIndices(order.indices(positions).tolist(), request, valid.tolist()))
         return batches
 
     def set_epoch(self, epoch: int) -> None:
@@ -305,6 +308,10 @@ class DataLoader(torch.utils.data.DataLoader):
             digest.update(f"{shard.path}|{shard.samples}|{shard.sha256};".encode())
         if self.options.take is not None:
             digest.update(np.asarray(self.options.take, dtype=np.int64).tobytes())
+        if self.options.exclude:
+            digest.update(b"exclude" + np.asarray(self.options.exclude, dtype=np.int64).tobytes())
+        if self.orders.class_weights is not None:
+            digest.update(b"class weights" + np.asarray(self.orders.class_weights, dtype=np.float64).tobytes())
         return digest.hexdigest()[:16]
 
     def _before_epoch(self) -> None:

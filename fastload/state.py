@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: the orders became seeded bijections (fastload.permutation): version 1 positions name other samples
 
 Layout = tuple[int, int, int]  # (world size, batch size, samples consumed) of an earlier layout this epoch
 
@@ -97,6 +97,10 @@ def read_state_dict(state: dict[str, Any], seed: int, identity: str, layout: tup
     """The position of a checkpoint made for the same seed, dataset and order (``layout`` as in
     :meth:`LoaderState.state_dict`); at another layout the streaming order records the saved one
     as a generation and deals the unseen samples anew."""
+    if state.get("version") == 1:
+        raise ValueError("this loader state (version 1) was saved by an older fastload whose shuffled orders differ from this "
+                         "one's: resuming from it would repeat some samples and skip others. Finish that epoch with the "
+                         "older fastload, or start the epoch over (load nothing, set_epoch(epoch))")
     if state.get("version") != STATE_VERSION:
         raise ValueError(f"loader state version {state.get('version')} is not {STATE_VERSION}")
     if state["seed"] != seed:
