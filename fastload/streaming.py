@@ -51,8 +51,8 @@ def shard_groups(shard_starts: np.ndarray, seed: int, epoch: int, shuffle: bool)
     a seeded random order when shuffling."""
     count = len(shard_starts) - 1
     shards = Permutation(count, mix_key(seed, epoch, SHARD_KEY), shuffle)(np.arange(count))
-    starts = np.asarray(shard_starts, dtype=np.int64)
-    return [Group(int(starts[s]), int(starts[s + 1])) for s in shards.tolist() if starts[s + 1] > starts[s]]
+    starts = np.asarray(shard_starts, dtype=np.int64).tolist()
+    return [Group(starts[s], starts[s + 1]) for s in shards.tolist() if starts[s + 1] > starts[s]]
 
 
 def deal(groups: list[Group], lanes: int) -> list[list[Group]]:
@@ -78,7 +78,7 @@ class Lane:
 
     def __init__(self, groups: list[Group], buffer_size: int, key: int) -> None:
         self.groups = groups
-        lengths = np.array([len(g) for g in groups], dtype=np.int64)
+        lengths = np.array([g.stop - g.start for g in groups], dtype=np.int64)
         self.group_starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         self.length = int(self.group_starts[-1])
         self.shuffled, self.key = buffer_size > 1, np.uint64(key)
@@ -194,7 +194,8 @@ def streaming_order(
         raise ValueError("buffer_size must be >= 1")
     lanes = [Lane(dealt, buffer_size, mix_key(seed, epoch, generation, lane, LANE_KEY))
              for lane, dealt in enumerate(deal(groups, world_size))]
-    return StreamingOrder(lanes, Lane(groups, 1, 0), batch_size, drop_last, selection)
+    every = Lane(groups if any(not lane.length for lane in lanes) else [], 1, 0)  # pads empty lanes only
+    return StreamingOrder(lanes, every, batch_size, drop_last, selection)
 
 
 def unseen_groups(order: StreamingOrder, consumed: int, shard_starts: np.ndarray) -> list[Group]:
