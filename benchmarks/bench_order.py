@@ -44,7 +44,7 @@ def first_batch(order_kind: str, samples: int) -> dict:
     new = hasattr(order, "indices")
     indices = order.indices(plan.positions(0)) if new else order.order[plan.batches[0]]  # type: ignore[attr-defined]
     seconds = time.perf_counter() - started
-    assert len(indices) == BATCH and 0 <= int(np.min(indices)) and int(np.max(indices)) < samples
+    assert len(indices) == BATCH and int(np.min(indices)) >= 0 and int(np.max(indices)) < samples
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before  # KiB on Linux
     return {"seconds": seconds, "peak_mb": grown / 1024}
 

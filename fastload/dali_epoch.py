@@ -99,7 +99,7 @@ class DaliEpoch(Epoch):
         self.feed = DaliFeed(
             inputs.dataset, inputs.sample_spec, carried_stacked(inputs.sample_spec, inputs.image_shape),
             options.transform, options.seed, options.on_error,
-            inputs.orders.spec(self.start.generations), inputs.orders.classes, self.epoch, self.plan.start,
+            inputs.orders.spec(self.start.generations), self.epoch, self.plan.start, classes=inputs.orders.classes,
         )
         self.decoder.start(self.feed, len(self.plan))
 

@@ -3,6 +3,8 @@ whole shards, equal batch counts, and the unseen set a resume at another world s
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -28,7 +30,7 @@ def whole(order: EpochOrder) -> tuple[np.ndarray, np.ndarray]:
 
 def ranges(sizes: list[int]) -> list[Group]:
     starts = np.cumsum([0, *sizes])
-    return [Group(int(a), int(b)) for a, b in zip(starts[:-1], starts[1:])]
+    return [Group(int(a), int(b)) for a, b in itertools.pairwise(starts.tolist())]
 
 
 def lane(order: EpochOrder, world: int, batch: int, rank: int) -> tuple[np.ndarray, np.ndarray]:

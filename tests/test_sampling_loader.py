@@ -137,3 +137,16 @@ def test_class_balance_needs_a_shuffled_global_order(unbalanced: Path) -> None:
         loader(unbalanced, balanced=True, class_weights={0: 1})
     with pytest.raises(ValueError, match="'zebra'"):
         loader(unbalanced, class_weights={"zebra": 1})
+
+
+def test_dalis_feed_follows_the_same_balanced_order_without_the_excluded(unbalanced: Path) -> None:
+    """DALI's worker processes compute the order from the OrderSpec and the class members they are
+    handed: the same keys, in the same order, as the CPU path."""
+    pytest.importorskip("nvidia.dali")
+    kwargs: dict = dict(balanced=True, exclude=["00000004", "00000040"], num_workers=1)
+    orders = []
+    for backend in ("cpu", "dali"):
+        with loader(unbalanced, backend=backend, **kwargs) as it:
+            it.set_epoch(1)
+            orders.append(keys_and_labels(it)[0])
+    assert orders[0] == orders[1] and "00000004" not in orders[0]

@@ -43,10 +43,10 @@ class DaliFeed:
     seed: int
     on_error: str
     orders: OrderSpec
-    classes: ClassMembers | None  # the class-balanced order's samples by label
     first_epoch: int
     start: int = 0
     first_batch: int = 0
+    classes: ClassMembers | None = None  # the class-balanced order's samples by label
     home_pid: int = field(default_factory=os.getpid)  # the training process; DALI's workers are others
     _plans: dict[int, tuple[EpochOrder, RankBatches]] = field(default_factory=dict, repr=False, compare=False)
 
