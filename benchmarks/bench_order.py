@@ -79,22 +79,14 @@ def main() -> None:
           + ("   speed-up" if args.old else ""))
     for order_kind in ("global", "streaming"):
         for samples in args.sizes:
-            best: dict[str, dict | None] = {}
+            runs: dict[str, list[dict]] = {name: [] for name in versions if name == "this" or fits_old(samples)}
             for _ in range(args.repeats):  # interleaved: both versions see the same machine load
-                for name, path in versions.items():
-                    if name == "old" and not fits_old(samples):
-                        best[name] = None
-                        continue
-                    got = run_case(path, order_kind, samples)
-                    if best.get(name) is None or got["seconds"] < best[name]["seconds"]:  # type: ignore[index]
-                        best[name] = got
-            cells = []
-            for name in versions:
-                got = best[name]
-                cells.append(f"{got['seconds']:>10.3f} {got['peak_mb']:>9.0f}" if got else f"{'(skipped)':>10} {'':>9}")
-            ratio = ""
-            if args.old and best.get("old"):
-                ratio = f"   {best['old']['seconds'] / best['this']['seconds']:>7.0f}x"  # type: ignore[index]
+                for name, found in runs.items():
+                    found.append(run_case(versions[name], order_kind, samples))
+            best = {name: min(found, key=lambda got: got["seconds"]) for name, found in runs.items()}
+            cells = [f"{best[name]['seconds']:>10.3f} {best[name]['peak_mb']:>9.0f}" if name in best else f"{'(skipped)':>10} {'':>9}"
+                     for name in versions]
+            ratio = f"   {best['old']['seconds'] / best['this']['seconds']:>7.0f}x" if "old" in best else ""
             print(f"{order_kind:<10} {samples:>13,} " + " ".join(cells) + ratio, flush=True)
 
 
