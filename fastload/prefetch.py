@@ -38,6 +38,12 @@ class ShardPrefetcher:
         self._thread.start()
 
     def _run(self) -> None:
+        try:
+            self._fetch_ahead()
+        except BaseException as exc:  # handed to the main thread by check()
+            self.error = exc
+
+    def _fetch_ahead(self) -> None:
         first_batch: list[int] = []
         for i, (shard, first_use) in enumerate(self.uses):
             first_batch.append(first_use)
@@ -47,11 +53,7 @@ class ShardPrefetcher:
                     return
             if self._stop.is_set():
                 return
-            try:
-                self.dataset.fetch(shard)
-            except BaseException as exc:  # handed to the main thread by check()
-                self.error = exc
-                return
+            self.dataset.fetch(shard)
 
     def check(self) -> None:
         """Re-raise, in the caller's thread, a download that failed for good."""
