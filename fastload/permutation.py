@@ -1,8 +1,8 @@
 """A seeded bijection on ``[0, n)`` evaluated at any positions without materialising ``n`` values:
 a balanced Feistel network over the smallest even-bit power of two >= n, cycle-walked back into
 range. It stands in for ``rng.permutation(n)`` wherever an epoch's order is needed: building it
-costs nothing, evaluating it costs ~30 numpy operations per call (whatever the number of
-positions), so an order's start-up no longer grows with the dataset.
+costs nothing, evaluating it ~80 vectorised numpy operations per call (~0.2 ms for a batch of
+256), so an order's start-up no longer grows with the dataset.
 
 Every parameter may be an array (one domain and one key per position), so many permutations of
 different sizes (one per class and cycle, fastload.balance) are evaluated in one vectorised call.
