@@ -108,7 +108,9 @@ class DataLoader(torch.utils.data.DataLoader):
     ``evaluation`` (every sample once across ranks, padding marked by a ``valid`` tensor),
     ``shuffle_buffer`` (streaming order: each rank reads its own shuffled shards in sequence
     through a buffer; always used for remote datasets, with ``options.REMOTE_SHUFFLE_BUFFER`` by default) and
-    ``hw_decoder_load`` (with DALI on a GPU: the share of JPEGs sent to the hardware decoder).
+    ``hw_decoder_load`` (with DALI on a GPU: the share of JPEGs sent to the hardware decoder),
+    ``exclude`` (keys, or a file of one key per line, left out of every epoch) and
+    ``class_weights`` / ``balanced`` (each class's share of an epoch; fastload.balance).
     """
 
     use_stateful_dataloader = True  # Accelerate's save_state/load_state then save and load state_dict()
