@@ -96,7 +96,7 @@ class CpuEpoch(Epoch):
 
     def _indices(self, batch_no: int) -> np.ndarray:
         """The samples the workers make of batch ``batch_no``: all of them here."""
-        return self.batch_indices(batch_no)
+        return self.indices(batch_no)
 
     def _submit_more(self, pool: WorkerPool) -> None:
         """Give every free slot the next batch, split into one part per worker (at least
@@ -104,8 +104,8 @@ class CpuEpoch(Epoch):
         one included, is ready in 1/workers of the time, and an epoch's last batches don't
         leave workers idle."""
         workers = self.inputs.options.num_workers
-        while self.next_submit < len(self.plan.batches) and (slot := self.buffers.take()) is not None:
-            indices = self._indices(self.next_submit)
+        while self.next_submit < len(self.plan) and (slot := self.buffers.take()) is not None:
+            indices = self.indices(self.next_submit)
             count = max(1, min(workers, len(indices) // MIN_PART))
             bounds = np.linspace(0, len(indices), count + 1).astype(int)
             self.buffers.filling[slot] = count
@@ -124,7 +124,7 @@ class CpuEpoch(Epoch):
 
     def _run_inline(self) -> BatchResult:
         slot = cast(int, self.buffers.take())  # never None: the inline path copies every batch out
-        indices = self._indices(self.next_yield)
+        indices = self.indices(self.next_yield)
         result = BatchResult(run=self.run, batch_no=self.next_yield, slot=slot, count=len(indices))
         options = self.inputs.options
         try:

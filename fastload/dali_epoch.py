@@ -89,12 +89,13 @@ class DaliBatches:
 
     def __init__(self, epoch: Epoch, decoder: Any, shares: DaliShares | None = None) -> None:
         inputs, options = epoch.inputs, epoch.inputs.options
-        self.inputs, self.decoder, self.epoch_no, self.total = inputs, decoder, epoch.epoch, len(epoch.plan.batches)
+        self.inputs, self.decoder, self.epoch_no, self.total = inputs, decoder, epoch.epoch, len(epoch.plan)
         self.columns = spec_columns(inputs.sample_spec, inputs.image_shape)
         self.feed = DaliFeed(
             inputs.dataset, inputs.sample_spec, carried_stacked(inputs.sample_spec, inputs.image_shape),
             options.transform, options.seed, options.on_error,
             inputs.orders.spec(epoch.start.generations), epoch.epoch, epoch.plan.start, shares=shares,
+            classes=inputs.orders.classes,
         )
 
     def start(self) -> None:
@@ -159,7 +160,7 @@ class DaliEpoch(Epoch):
             self.prefetcher.check()
         with stats.waiting():
             try:
-                columns, values, keys, skipped = self.dali.next(self.next_yield, self.batch_indices(self.next_yield))
+                columns, values, keys, skipped = self.dali.next(self.next_yield, self.indices(self.next_yield))
             except BaseException:
                 self.close()
                 raise

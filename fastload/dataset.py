@@ -180,6 +180,38 @@ class ShardedDataset:
         fill = getattr(indices, "fill", None)
         return fill(self) if fill is not None else [self[i] for i in indices]
 
+    # --- per-sample tables: a minimal version reading every shard's members (orders branch; the
+    # memory-mapped tables of the tables branch replace these two methods at merge) ---------------
+
+    def indices_of(self, keys: list[str]) -> np.ndarray:
+        """Sample index of each key (int64); a KeyError names the first key the dataset lacks."""
+        import numpy as np
+
+        wanted = dict.fromkeys(keys, -1)
+        for shard in range(len(self.index.shards)):
+            reader = self.reader(shard)
+            for row in range(len(reader)):
+                key = reader.key(row)
+                if key in wanted:
+                    wanted[key] = self._starts[shard] + row
+        for key, index in wanted.items():
+            if index < 0:
+                raise KeyError(key)
+        return np.array([wanted[key] for key in keys], dtype=np.int64)
+
+    def sample_labels(self) -> np.ndarray:
+        """Every sample's label (int64), -1 where a sample has none."""
+        import numpy as np
+
+        labels = np.full(len(self), -1, dtype=np.int64)
+        if not self.has_labels:
+            return labels
+        for i in range(len(self)):
+            _, fields, _ = self.raw(i)
+            if LABEL_FIELD in fields:
+                labels[i] = decode_field("label", fields[LABEL_FIELD], self.where(i), LABEL_FIELD)
+        return labels
+
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_readers"] = OrderedDict()  # each process opens its own files

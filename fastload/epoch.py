@@ -68,16 +68,11 @@ class Epoch:
         self.start = state.begin()
         orders = self.inputs.orders
         self.plan = orders.batches(self.start)
-        epoch_order = orders.order(self.start)
-        self.epoch, self.order, self.order_valid = self.start.epoch, epoch_order.order, epoch_order.valid
+        self.epoch, self.order = self.start.epoch, orders.order(self.start)
         self.started = True
         self.stats_token = self.inputs.stats.begin_epoch(self.epoch, self._stage_counters(), self.inputs.dataset.url is not None)
         if self.inputs.accelerate:
             self.accelerate = AccelerateEpoch(self, orders.remainder(self.start))
-
-    def batch_indices(self, batch_no: int) -> np.ndarray:
-        """The dataset indices of batch ``batch_no`` of this epoch, in order."""
-        return self.order[self.plan.batches[batch_no]]
 
     def state(self) -> Position:
         """Where this epoch is: the global samples consumed once the batches handed out so far count."""
@@ -90,10 +85,9 @@ class Epoch:
     def _start_prefetch(self) -> None:
         """For a remote dataset, start downloading this rank's shards ahead of use."""
         dataset = self.inputs.dataset
-        if dataset.url is not None and self.plan.batches:
-            batches = [self.order[positions] for positions in self.plan.batches]
-            shards, first_batch = shards_in_use_order(dataset, batches)
-            self.prefetcher = ShardPrefetcher(dataset, shards, first_batch, self._dispatched)
+        if dataset.url is not None and len(self.plan):
+            self.prefetcher = ShardPrefetcher(dataset, shards_in_use_order(dataset, map(self.indices, range(len(self.plan)))),
+                                              self._dispatched)
 
     def _dispatched(self) -> int:
         """Batches whose samples have been handed to the decoders so far."""
@@ -104,11 +98,15 @@ class Epoch:
             self.prefetcher.stop()
             self.prefetcher = None
 
+    def indices(self, batch_no: int) -> np.ndarray:
+        """Sample indices of batch ``batch_no``."""
+        return self.order.indices(self.plan.positions(batch_no))
+
     def valid(self, batch_no: int) -> np.ndarray:
         """Which entries of batch ``batch_no`` are real samples (not padding)."""
         valid = self.plan.valid(batch_no)
-        if self.order_valid is not None:
-            valid = valid & self.order_valid[self.plan.batches[batch_no]]
+        if (real := self.order.valid(self.plan.positions(batch_no))) is not None:
+            valid = valid & real
         return valid
 
     def __iter__(self) -> Epoch:
@@ -130,11 +128,11 @@ class Epoch:
                 stats.end_epoch(self.stats_token, complete=True)
 
     def _next(self) -> Any:
-        if self.next_yield >= len(self.plan.batches):
+        if self.next_yield >= len(self.plan):
             self._finish()
             self._end_accelerate()
             raise StopIteration
-        if self.next_yield == len(self.plan.batches) - 1 and self.accelerate is not None:
+        if self.next_yield == len(self.plan) - 1 and self.accelerate is not None:
             self.accelerate.last_batch()
         batch = self._next_batch()
         options = self.inputs.options
@@ -143,7 +141,7 @@ class Epoch:
         if options.batch_map is not None:
             batch = options.batch_map(batch, self._batch_generator())
         self.next_yield += 1
-        if self.next_yield == len(self.plan.batches):
+        if self.next_yield == len(self.plan):
             self._finish()  # all handed out: the next iter() starts the next epoch
         elif not self.finished:
             self.loader_state.advance(self.state())

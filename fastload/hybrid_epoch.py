@@ -67,7 +67,7 @@ class HybridEpoch(CpuEpoch):
         """Start at ``state``'s position with both engines; the first shares are published before
         DALI's feed asks for them."""
         super().reset(state)
-        self.shares = self.engine.shares_for(len(self.plan.batches))
+        self.shares = self.engine.shares_for(len(self.plan))
         decoder = self.engine.dali.ensure(self.inputs)
         self.dali = DaliBatches(self, decoder, self.shares)
         if not decoder.carries_on(self.dali.feed):
@@ -81,9 +81,9 @@ class HybridEpoch(CpuEpoch):
 
     def _publish_through(self, batch_no: int) -> None:
         """Decide DALI's share of every batch up to ``batch_no`` not decided yet."""
-        last = min(batch_no, len(self.plan.batches) - 1)
+        last = min(batch_no, len(self.plan) - 1)
         while self.published <= last:
-            self.shares.publish(self.published, self.engine.split.dali_count(len(self.plan.batches[self.published])))
+            self.shares.publish(self.published, self.engine.split.dali_count(len(self.plan.positions(self.published))))
             self.published += 1
 
     def _dali_count(self, batch_no: int) -> int:
@@ -92,14 +92,14 @@ class HybridEpoch(CpuEpoch):
 
     def _indices(self, batch_no: int) -> np.ndarray:
         """The CPU workers' part of the batch: what DALI leaves."""
-        return self.batch_indices(batch_no)[self._dali_count(batch_no) :]
+        return self.indices(batch_no)[self._dali_count(batch_no) :]
 
     def _next_batch(self) -> Any:
         stats, batch_no = self.inputs.stats, self.next_yield
         if self.prefetcher is not None:
             self.prefetcher.check()
         self._publish_through(batch_no + self.ahead)
-        dali_indices = self.batch_indices(batch_no)[: self._dali_count(batch_no)]
+        dali_indices = self.indices(batch_no)[: self._dali_count(batch_no)]
         with stats.waiting():
             began = time.perf_counter()
             try:

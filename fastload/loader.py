@@ -35,7 +35,8 @@ from fastload.frameworks import accelerate_device
 from fastload.hybrid_epoch import HybridEngine
 from fastload.layout import BatchLayout
 from fastload.options import LoaderOptions
-from fastload.orders import LoaderOrders
+from fastload.order_spec import OrderSpec
+from fastload.orders import LoaderOrders, excluded_indices
 from fastload.provenance import StepDescription, describe_step
 from fastload.sample_decode import resolve_spec
 from fastload.samplers import (
@@ -46,7 +47,6 @@ from fastload.samplers import (
     LoaderSampler,
     unwrap_subset,
 )
-from fastload.sampling import OrderSpec
 from fastload.state import LoaderState, read_state_dict
 from fastload.stats import LoaderStats
 from fastload.torch_mode import TorchMode
@@ -90,7 +90,9 @@ class DataLoader(torch.utils.data.DataLoader):
     ``evaluation`` (every sample once across ranks, padding marked by a ``valid`` tensor),
     ``shuffle_buffer`` (streaming order: each rank reads its own shuffled shards in sequence
     through a buffer; always used for remote datasets, with ``options.REMOTE_SHUFFLE_BUFFER`` by default) and
-    ``hw_decoder_load`` (with DALI on a GPU: the share of JPEGs sent to the hardware decoder).
+    ``hw_decoder_load`` (with DALI on a GPU: the share of JPEGs sent to the hardware decoder),
+    ``exclude`` (keys, or a file of one key per line, left out of every epoch) and
+    ``class_weights`` / ``balanced`` (each class's share of an epoch; fastload.balance).
     """
 
     use_stateful_dataloader = True  # Accelerate's save_state/load_state then save and load state_dict()
@@ -131,6 +133,9 @@ class DataLoader(torch.utils.data.DataLoader):
         fields: Sequence[str] | Mapping[str, str] | None = None,
         map: Callable[[dict, np.random.Generator], dict] | None = None,
         batch_map: Callable[[Any, torch.Generator], Any] | None = None,
+        exclude: Sequence[str] | str | os.PathLike[str] | None = None,
+        class_weights: Mapping[str | int, float] | None = None,
+        balanced: bool = False,
     ) -> None:
         if isinstance(dataset, (str, os.PathLike)):
             dataset = ShardedDataset(dataset)
@@ -143,7 +148,7 @@ class DataLoader(torch.utils.data.DataLoader):
             worker_init_fn=worker_init_fn, collate_fn=collate_fn, prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
             transform=transform, backend=backend, device=device, on_error=on_error, return_keys=return_keys,
             evaluation=evaluation, shuffle_buffer=shuffle_buffer, hw_decoder_load=hw_decoder_load, fields=fields, map=map,
-            batch_map=batch_map,
+            batch_map=batch_map, exclude=excluded_indices(sharded, exclude), class_weights=class_weights, balanced=balanced,
         )
         self.dataset = dataset
         self.sharded: ShardedDataset = sharded
@@ -238,7 +243,7 @@ class DataLoader(torch.utils.data.DataLoader):
             _ = self._is_accelerate_prepared
 
     def __len__(self) -> int:
-        return len(self.orders.batches(replace(self.state.upcoming(), consumed=0)).batches)
+        return len(self.orders.batches(replace(self.state.upcoming(), consumed=0)))
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # torch annotates its own iterator class
         previous = self._active() if self._active is not None else None
@@ -265,11 +270,11 @@ class DataLoader(torch.utils.data.DataLoader):
                                cast(tuple[int, int, int], self.image_shape), self._batch_layout)  # classic: an image
         plan, order = self.orders.batches(position), self.orders.order(position)
         batches = []
-        for batch_no, positions in enumerate(plan.batches):
-            valid = plan.valid(batch_no)
-            if order.valid is not None:
-                valid = valid & order.valid[positions]
-            batches.append(BatchIndices(order.order[positions].tolist(), request, valid.tolist()))
+        for batch_no in range(len(plan)):
+            positions, valid = plan.positions(batch_no), plan.valid(batch_no)
+            if (real := order.valid(positions)) is not None:
+                valid = valid & real
+            batches.append(BatchIndices(order.indices(positions).tolist(), request, valid.tolist()))
         return batches
 
     def describe(self, step: int, epoch: int | None = None) -> StepDescription:
@@ -282,7 +287,8 @@ class DataLoader(torch.utils.data.DataLoader):
         if not isinstance(spec, OrderSpec):
             raise NotImplementedError("loader.describe() of a fastload.mix() mixture: not yet (it describes one dataset's order)")
         return describe_step(self.sharded, spec, self.state.layouts(epoch), epoch, int(step), self.sample_spec,
-                             self.options.transform, self.options.seed, cpu_decode=self.backend == "cpu")
+                             self.options.transform, self.options.seed, cpu_decode=self.backend == "cpu",
+                             classes=self.orders.classes)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose order the next iteration yields (it also advances by itself once
@@ -309,6 +315,10 @@ class DataLoader(torch.utils.data.DataLoader):
             digest.update(np.asarray(self.options.take, dtype=np.int64).tobytes())
         if self.orders.mixture is not None:  # its weights and epoch length decide its order
             digest.update(f"mix{self.orders.mixture.counts}".encode())
+        if self.options.exclude:
+            digest.update(b"exclude" + np.asarray(self.options.exclude, dtype=np.int64).tobytes())
+        if self.orders.class_weights is not None:
+            digest.update(b"class weights" + np.asarray(self.orders.class_weights, dtype=np.float64).tobytes())
         return digest.hexdigest()[:16]
 
     def _before_epoch(self) -> None:

@@ -22,7 +22,8 @@ from fastload.dataset import ShardedDataset
 from fastload.formats import ShardReader
 from fastload.index import DatasetIndex
 from fastload.mixture_order import MemberPosition, MixtureOrder, apportion
-from fastload.sampling import OrderSpec, shards_of
+from fastload.order_spec import OrderSpec
+from fastload.sampling import shards_of
 
 if TYPE_CHECKING:
     import numpy as np

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fastload.sampling import EpochOrder, OrderSpec, RankBatches
+from fastload.balance import ClassMembers
+from fastload.order_spec import OrderSpec
+from fastload.sampling import EpochOrder, RankBatches
 
 MEMBER_BUFFER = 4096  # a remote member's shuffle buffer: it reads its shards in sequence (see MixtureOrder)
 LEAF = 1 << 14  # positions of the smallest parts of a mixture epoch's schedule, arranged at once (MixtureOrder.leaf)
@@ -88,12 +90,12 @@ class MixtureOrder:
         """Each member's number of samples."""
         return tuple(sum(shards) for shards in self.member_shards)
 
-    def member_order(self, member: int, member_epoch: int) -> np.ndarray:
-        """Member ``member``'s own order of its epoch ``member_epoch`` (indices into the member)."""
+    def member_indices(self, member: int, member_epoch: int, rows: np.ndarray) -> np.ndarray:
+        """Member ``member``'s own order of its epoch ``member_epoch`` at ``rows`` (indices into the member)."""
         shuffle = self.loader.shuffle
         spec = OrderSpec(self.member_shards[member], member_seed(self.loader.seed, member), shuffle, 1, 0, 1, False,
                          streaming=self.remote[member] and shuffle, shuffle_buffer=MEMBER_BUFFER)
-        return spec.order(member_epoch).order
+        return spec.order(member_epoch).indices(rows)
 
     def _generator(self, epoch: int, start: int, end: int) -> np.random.Generator:
         return np.random.Generator(np.random.PCG64([self.loader.seed, epoch, start, end, 0x313C]))
@@ -148,12 +150,13 @@ class MixtureOrder:
             member_epochs, rows = np.divmod(taken[at], size)
             for member_epoch in range(int(member_epochs.min()), int(member_epochs.max()) + 1):  # those this mixture epoch reaches
                 here = member_epochs == member_epoch
-                out[at[here]] = offsets[member] + self.member_order(member, member_epoch)[rows[here]]
+                out[at[here]] = offsets[member] + self.member_indices(member, member_epoch, rows[here])
         return out
 
-    def order(self, epoch: int) -> EpochOrder:
-        """Mixture epoch ``epoch``'s global order: indices into the concatenated members."""
-        return EpochOrder(self.indices(epoch, np.arange(sum(self.counts), dtype=np.int64)))
+    def order(self, epoch: int, classes: ClassMembers | None = None) -> EpochOrder:
+        """Mixture epoch ``epoch``'s global order: indices into the concatenated members, evaluated
+        where asked (``classes``: unused, a mixture's weights set its members' shares)."""
+        return MixtureEpochOrder(self, epoch)
 
     def batches(self, order_length: int, start: int) -> RankBatches:
         """This rank's batches of an order of ``order_length`` positions, from position ``start``."""
@@ -168,3 +171,14 @@ class MixtureOrder:
             before = leaf.before + np.bincount(leaf.members[: consumed - leaf.start], minlength=len(self.counts))
         taken = [epoch * count + int(b) for count, b in zip(self.counts, before.tolist(), strict=True)]
         return tuple(MemberPosition(k // size, k % size) for k, size in zip(taken, self.sizes, strict=True))
+
+
+class MixtureEpochOrder(EpochOrder):
+    """One mixture epoch's order, evaluated at the positions a batch needs (:meth:`MixtureOrder.indices`)."""
+
+    def __init__(self, mixture: MixtureOrder, epoch: int) -> None:
+        self.mixture, self.epoch, self.length = mixture, epoch, sum(mixture.counts)
+
+    def indices(self, positions: np.ndarray) -> np.ndarray:
+        """Sample index (into the concatenated members) at each position."""
+        return self.mixture.indices(self.epoch, np.asarray(positions, dtype=np.int64))

@@ -63,6 +63,10 @@ class LoaderOptions:
     fields: Sequence[str] | Mapping[str, str] | None = fast_path_only(None)  # which fields, in what order (fastload.fields)
     map: Callable[[dict, np.random.Generator], dict] | None = fast_path_only(None)  # user code per decoded sample
     batch_map: Callable[[Any, torch.Generator], Any] | None = fast_path_only(None)  # user code per batch, on device
+    # given: keys or a path of a key file; stored: their sample indices, sorted (fastload.orders.excluded_indices)
+    exclude: tuple[int, ...] | None = fast_path_only(None)
+    class_weights: Mapping[str | int, float] | None = fast_path_only(None)  # class name or label -> share (fastload.balance)
+    balanced: bool = fast_path_only(False)  # every class an equal share of each epoch
     take: tuple[int, ...] | None = None  # the sample indices a Subset / SubsetRandomSampler selects
     drop_remainder: bool = False  # as DistributedSampler(drop_last=True)
     distributed: DistributedSampler | None = None  # a sampler= whose set_epoch the loader follows
@@ -83,6 +87,8 @@ class LoaderOptions:
         if self.streaming and self.take is not None:
             raise ValueError("a Subset (or SubsetRandomSampler) picks samples across shards: not with the streaming "
                              "order (remote datasets, shuffle_buffer=), which reads whole shards")
+        if self.balanced or self.class_weights is not None:
+            self._check_class_weights()
         if not 0 <= self.hw_decoder_load <= 1:
             raise ValueError("hw_decoder_load is a share of images, between 0 and 1")
         check_on_error(self.on_error)
@@ -107,6 +113,15 @@ class LoaderOptions:
         prefetch = (2 if self.prefetch_factor is None else self.prefetch_factor) if self.num_workers else None
         object.__setattr__(self, "prefetch_factor", prefetch)
         object.__setattr__(self, "device", torch.device(self.device) if self.device is not None else None)
+
+    def _check_class_weights(self) -> None:
+        if self.balanced and self.class_weights is not None:
+            raise ValueError("give class_weights= or balanced=True, not both")
+        if self.class_weights is not None and not isinstance(self.class_weights, Mapping):
+            raise TypeError(f"class_weights= maps class names or labels to weights, got {type(self.class_weights).__name__}")
+        if not self.shuffle or self.evaluation or self.streaming:
+            raise ValueError("class_weights= / balanced=True draw classes at random: they need shuffle=True, "
+                             "and neither evaluation=True nor the streaming order (shuffle_buffer=, remote datasets)")
 
     @classmethod
     def from_arguments(

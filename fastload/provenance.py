@@ -17,13 +17,15 @@ from typing import Any
 
 import numpy as np
 
+from fastload.balance import ClassMembers
 from fastload.dataset import ShardedDataset
 from fastload.decode.cpu import turbo
 from fastload.decode.header import image_size, jpeg_size, png_size, sniff_image_format
 from fastload.errors import SampleError
 from fastload.fields import DECODED_FIELD, SampleSpec
 from fastload.formats.tar import TarShardReader
-from fastload.sampling import OrderSpec, sample_rng
+from fastload.order_spec import OrderSpec
+from fastload.sampling import sample_rng
 from fastload.state import Layout
 from fastload.transforms import Plan, Transform, plan
 
@@ -78,9 +80,10 @@ class StepBatch:
     batch_size: int
 
 
-def step_batch(spec: OrderSpec, generations: Sequence[Layout], epoch: int, step: int) -> StepBatch:
+def step_batch(spec: OrderSpec, generations: Sequence[Layout], epoch: int, step: int, classes: ClassMembers | None = None) -> StepBatch:
     """This rank's batch at ``step`` of ``epoch`` (``spec``: the current layout; ``generations``:
-    the earlier layouts of the epoch as (world size, batch size, samples consumed) when it left them)."""
+    the earlier layouts of the epoch as (world size, batch size, samples consumed) when it left them;
+    ``classes``: as the class-balanced order needs)."""
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
     first_step, start = 0, 0
@@ -88,19 +91,19 @@ def step_batch(spec: OrderSpec, generations: Sequence[Layout], epoch: int, step:
                 for g, (w, b, end) in enumerate(generations)]
     segments.append((replace(spec, generations=tuple(generations) if spec.streaming else ()), None))
     for layout, end in segments:
-        order = layout.order(epoch)
+        order = layout.order(epoch, classes)
         start = 0 if spec.streaming else start
         counted = replace(layout, rank=0).batches(len(order), start)  # every rank has as many batches
-        ran = len(counted.batches) if end is None else min(len(counted.batches), -(-(end - start) // counted.step))
+        ran = len(counted) if end is None else min(len(counted), -(-(end - start) // counted.step))
         if step < first_step + ran:
             if spec.rank >= layout.world_size:
                 raise ValueError(f"rank {spec.rank} did not exist at steps {first_step}.. of epoch {epoch} (world size {layout.world_size})")
             plan_, batch_no = layout.batches(len(order), start), step - first_step
-            positions = plan_.batches[batch_no]
+            positions = plan_.positions(batch_no)
             valid = plan_.valid(batch_no)
-            if order.valid is not None:
-                valid = valid & order.valid[positions]
-            return StepBatch(order.order[positions], valid, layout.world_size, layout.batch_size)
+            if (real := order.valid(positions)) is not None:
+                valid = valid & real
+            return StepBatch(order.indices(positions), valid, layout.world_size, layout.batch_size)
         first_step += ran
         start = end if end is not None else start  # the global order's next layout continues here
     raise IndexError(f"step {step} is past the end of epoch {epoch} ({first_step} steps)")
@@ -172,9 +175,11 @@ def describe_sample(ds: ShardedDataset, index: int, valid: bool, spec: SampleSpe
 
 
 def describe_step(ds: ShardedDataset, order_spec: OrderSpec, generations: Sequence[Layout], epoch: int, step: int,
-                  spec: SampleSpec, transforms: Sequence[Transform], seed: int, cpu_decode: bool = True) -> StepDescription:
-    """This rank's batch at ``step`` of ``epoch``, every sample described (see the module docstring)."""
-    batch = step_batch(order_spec, generations, epoch, step)
+                  spec: SampleSpec, transforms: Sequence[Transform], seed: int, cpu_decode: bool = True,
+                  classes: ClassMembers | None = None) -> StepDescription:
+    """This rank's batch at ``step`` of ``epoch``, every sample described (see the module docstring);
+    ``classes``: the class-balanced order's samples by label (LoaderOrders.classes)."""
+    batch = step_batch(order_spec, generations, epoch, step, classes)
     samples = tuple(describe_sample(ds, index, bool(ok), spec, transforms, seed, epoch, cpu_decode)
                     for index, ok in zip(batch.indices.tolist(), batch.valid.tolist()))
     return StepDescription(epoch, step, order_spec.rank, batch.world_size, batch.batch_size, samples)

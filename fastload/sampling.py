@@ -1,158 +1,105 @@
 """Sample order as pure functions of (dataset size, seed, epoch, rank, world size, position).
 
-The epoch's order is one global permutation. Training consumes it in *global steps* of
-``world_size * batch_size`` samples; in each step rank r takes the r-th slice of ``batch_size``.
-So after k steps exactly the first ``k * world_size * batch_size`` samples of the order have been
-seen, whatever the world size, and a resume (at any world size) continues from that position.
+The epoch's order is a seeded bijection on the samples it draws from (:class:`Selection`: all,
+a Subset's, those not excluded), evaluated at the positions a batch needs (fastload.permutation),
+never materialised: start-up and memory do not grow with the dataset. Training consumes the
+order in *global steps* of ``world_size * batch_size`` samples; in each step rank r takes the
+r-th slice of ``batch_size``. So after k steps exactly the first ``k * world_size * batch_size``
+positions of the order have been seen, whatever the world size, and a resume (at any world
+size) continues from that position.
 
-The streaming order (:func:`streaming_order`, for object storage) lays out the same global steps,
-but each rank's slices come from its own whole shards.
+The streaming order (fastload.streaming, for object storage) and the class-balanced order
+(fastload.balance) lay out the same global steps over their own position → sample maps.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from fastload.permutation import Permutation, mix_key
 
-def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
-    """The epoch's global order: ``arange`` or a permutation seeded by (seed, epoch)."""
-    if not shuffle:
-        return np.arange(num_samples, dtype=np.int64)
-    return np.random.Generator(np.random.PCG64([seed, epoch, 0x5EED])).permutation(num_samples).astype(np.int64)
+ORDER_KEY = 0x5EED  # tags the global order's key, apart from the other orders'
 
 
-@dataclass(frozen=True)
 class EpochOrder:
-    """An epoch's global order: sample index at each position, and (streaming order only) which
-    positions are real samples rather than padding that evens out the ranks' batch counts."""
+    """An epoch's order, evaluated where asked: the sample index at any positions, and (orders
+    that pad lanes, the streaming one) which positions are real samples rather than padding."""
 
-    order: np.ndarray
-    valid: np.ndarray | None = None
+    length: int
 
     def __len__(self) -> int:
-        return len(self.order)
+        return self.length
+
+    def indices(self, positions: np.ndarray) -> np.ndarray:
+        """Sample index at each of ``positions`` (each in ``[0, len)``)."""
+        raise NotImplementedError
+
+    def valid(self, positions: np.ndarray) -> np.ndarray | None:
+        """Which of ``positions`` are real samples; None: all are."""
+        return None
 
 
-def shard_groups(shard_sizes: list[int], seed: int, epoch: int, shuffle: bool) -> list[np.ndarray]:
-    """Each shard's sample indices, the shards in a seeded random order when shuffling."""
-    starts = np.concatenate([[0], np.cumsum(shard_sizes)]).astype(np.int64)
-    shards = np.arange(len(shard_sizes))
-    if shuffle:
-        shards = np.random.Generator(np.random.PCG64([seed, epoch, 0x5AAD])).permutation(len(shard_sizes))
-    return [np.arange(starts[s], starts[s + 1], dtype=np.int64) for s in shards if shard_sizes[s]]
+class Selection:
+    """The samples an order draws from, ranked: rank k is the k-th of a Subset's indices or, without
+    one, the k-th sample index not excluded. Memory: the Subset's indices, or the excluded ones."""
+
+    def __init__(self, size: int, take: Sequence[int] | np.ndarray | None = None, excluded: Sequence[int] | np.ndarray = ()) -> None:
+        self.excluded = np.unique(np.asarray(excluded, dtype=np.int64))  # sorted
+        self.take: np.ndarray | None = None
+        if take is not None:
+            take = np.asarray(take, dtype=np.int64)
+            self.take = take[~np.isin(take, self.excluded)] if len(self.excluded) else take
+            self.length = len(self.take)
+        else:
+            self.length = size - len(self.excluded)
+        self._kept_before = self.excluded - np.arange(len(self.excluded))  # kept samples before each excluded one
+
+    def __len__(self) -> int:
+        return self.length
+
+    def indices(self, ranks: np.ndarray) -> np.ndarray:
+        """Sample index of each rank (O(log excluded) each)."""
+        ranks = np.asarray(ranks, dtype=np.int64)
+        if self.take is not None:
+            return self.take[ranks]
+        if not len(self.excluded):
+            return ranks
+        return ranks + np.searchsorted(self._kept_before, ranks, side="right")
+
+    def ranks_from(self, indices: np.ndarray) -> np.ndarray:
+        """The rank of the first selected sample at or after each sample index (shard starts in
+        rank space: the kept samples of a shard have consecutive ranks). Not for a Subset."""
+        return np.asarray(indices, dtype=np.int64) - np.searchsorted(self.excluded, indices, side="left")
 
 
-def deal(groups: list[np.ndarray], lanes: int) -> list[list[np.ndarray]]:
-    """Deal whole groups (shards) to ``lanes`` in turn, each to the lane holding fewest samples.
-    With fewer groups than lanes, the largest groups are halved first so no lane is left empty."""
-    groups = list(groups)
-    while 0 < len(groups) < lanes and max(len(g) for g in groups) > 1:
-        big = max(range(len(groups)), key=lambda i: len(groups[i]))
-        half = len(groups[big]) // 2
-        groups[big : big + 1] = [groups[big][:half], groups[big][half:]]
-    dealt: list[list[np.ndarray]] = [[] for _ in range(lanes)]
-    counts = [0] * lanes
-    for group in groups:
-        lane = counts.index(min(counts))
-        dealt[lane].append(group)
-        counts[lane] += len(group)
-    return dealt
+class GlobalOrder(EpochOrder):
+    """A seeded permutation of the selection, its first ``length`` positions."""
+
+    def __init__(self, selection: Selection, permutation: Permutation, length: int) -> None:
+        self.selection, self.permutation, self.length = selection, permutation, length
+
+    def indices(self, positions: np.ndarray) -> np.ndarray:
+        """Sample index at each position: the selection's rank the permutation puts there."""
+        return self.selection.indices(self.permutation(positions))
 
 
-def buffer_shuffle(stream: np.ndarray, buffer_size: int, rng: np.random.Generator) -> np.ndarray:
-    """``stream`` passed through a shuffle buffer: each output is a random pick among the next
-    ``buffer_size`` candidates, so a sample moves at most about ``buffer_size`` places."""
-    if buffer_size <= 1 or len(stream) <= 1:
-        return stream.copy()
-    size = min(buffer_size, len(stream))
-    picks = rng.integers(0, size, size=len(stream) - size)
-    # Step t outputs what slot picks[t] holds, then puts stream[size + t] there. So it outputs
-    # the item put there at the slot's previous pick, or the slot's first item: found for all
-    # steps at once by sorting the steps by slot (stable, so each slot's steps stay in order).
-    keys = picks.astype(np.uint16) if size <= 1 << 16 else picks  # numpy radix-sorts 16-bit keys
-    steps = np.argsort(keys, kind="stable")
-    sorted_picks = picks[steps]
-    first_of_slot = np.ones(len(steps), dtype=bool)
-    first_of_slot[1:] = sorted_picks[1:] != sorted_picks[:-1]
-    previous = np.empty(len(steps), dtype=np.int64)
-    previous[steps[1:]] = steps[:-1]
-    previous[steps[first_of_slot]] = -1
-    out = np.empty_like(stream)
-    head = len(stream) - size
-    out[:head] = np.where(previous >= 0, stream[size + np.maximum(previous, 0)], stream[picks])
-    buffer = stream[:size].copy()  # what each slot holds at the end: its last incoming item
-    last_of_slot = np.ones(len(steps), dtype=bool)
-    last_of_slot[:-1] = first_of_slot[1:]
-    buffer[sorted_picks[last_of_slot]] = stream[size + steps[last_of_slot]]
-    rng.shuffle(buffer)
-    out[head:] = buffer
-    return out
+def global_order(selection: Selection, seed: int, epoch: int, shuffle: bool, length: int | None = None) -> GlobalOrder:
+    """The epoch's global order: the selection in rank order, or permuted by a key of (seed, epoch)."""
+    permutation = Permutation(len(selection), mix_key(seed, epoch, ORDER_KEY), shuffle)
+    return GlobalOrder(selection, permutation, len(selection) if length is None else length)
 
 
-def streaming_order(
-    groups: list[np.ndarray], world_size: int, batch_size: int, buffer_size: int, drop_last: bool,
-    seed: int, epoch: int, generation: int = 0,
-) -> EpochOrder:
-    """The streaming order: whole shards dealt to the ranks, each rank reading its own shards in
-    sequence through a shuffle buffer (what object storage needs: every shard is fetched by one
-    rank, once per epoch).
-
-    Laid out in global steps like :func:`epoch_order` (rank r takes the r-th ``batch_size`` slice
-    of each step), so a rank's batches are its own lane. Lanes differ in length by up to a shard:
-    with ``drop_last`` every rank stops at the shortest lane's last full batch; otherwise shorter
-    lanes are padded with repeats of their own samples, marked invalid. The trade-off against a
-    global permutation: samples close together in a lane come from the few shards its buffer
-    spans, so a buffer several shards deep keeps batches varied. ``generation`` counts resumes at
-    another world size within the epoch (each re-deals the unseen samples).
-    """
-    if buffer_size < 1:
-        raise ValueError("buffer_size must be >= 1")
-    lanes = [
-        buffer_shuffle(np.concatenate(dealt) if dealt else np.zeros(0, np.int64), buffer_size,
-                       np.random.Generator(np.random.PCG64([seed, epoch, generation, lane, 0xB0FF])))
-        for lane, dealt in enumerate(deal(groups, world_size))
-    ]
-    lengths = [len(lane) for lane in lanes]
-    if drop_last:
-        full, last = min(lengths) // batch_size, 0
-    else:  # like the global order's tail: one smaller last batch, as long as the longest lane needs
-        full, last = divmod(max(lengths), batch_size)
-    span = full * batch_size + last
-    every = np.concatenate(groups) if groups else np.zeros(0, np.int64)
-    columns = np.zeros((world_size, span), dtype=np.int64)
-    masks = np.zeros((world_size, span), dtype=bool)
-    for rank, lane in enumerate(lanes):
-        real = min(len(lane), span)
-        if span:
-            columns[rank] = np.resize(lane if len(lane) else every, span)
-        columns[rank, :real] = lane[:real]
-        masks[rank, :real] = True
-
-    def steps(a: np.ndarray) -> np.ndarray:  # lanes side by side, one batch each per global step
-        head = a[:, : full * batch_size].reshape(world_size, full, batch_size).transpose(1, 0, 2)
-        return np.concatenate([head.reshape(-1), a[:, full * batch_size :].reshape(-1)])
-
-    return EpochOrder(steps(columns), steps(masks))
+def epoch_seed(seed: int, epoch: int) -> int:
+    """A 63-bit seed that is a pure function of (seed, epoch), for orders drawn by torch."""
+    return mix_key(seed, epoch, 0x70C4) >> 1
 
 
 def shards_of(starts: Sequence[int] | np.ndarray, indices: np.ndarray) -> np.ndarray:
     """Shard number of each sample index, given the shards' first indices (and the total last)."""
     return np.searchsorted(np.asarray(starts), indices, side="right") - 1
-
-
-def unseen_groups(order: EpochOrder, consumed: int, shard_of: Callable[[np.ndarray], np.ndarray]) -> list[np.ndarray]:
-    """Samples of a streaming epoch not yet consumed after ``consumed`` positions, grouped by
-    shard (``shard_of`` maps samples to shards) in order of first appearance: what a resume at
-    another world size deals anew."""
-    rest = order.order[consumed:]
-    if order.valid is not None:
-        rest = rest[order.valid[consumed:]]
-    shard_numbers = shard_of(rest)
-    shards, first = np.unique(shard_numbers, return_index=True)
-    return [rest[shard_numbers == shard] for shard in shards[np.argsort(first)]]
 
 
 _MASK64 = (1 << 64) - 1
@@ -218,25 +165,48 @@ def sample_generator(seed: int, epoch: int, index: int) -> np.random.Generator:
     return generator
 
 
+
 @dataclass(frozen=True)
 class RankBatches:
-    """The batches of one rank for the rest of an epoch: positions into the epoch's order."""
+    """The batches of one rank for the rest of an epoch, as positions into the epoch's order,
+    computed per batch: ``full`` batches of ``batch_size``, then (``share`` > 0) one of ``share``
+    covering the order's tail, padded with positions from its start where the ranks' shares differ."""
 
-    batches: tuple[np.ndarray, ...]
     start: int  # global position this plan starts at (samples already consumed)
     step: int  # global samples consumed per batch (world_size * batch_size)
     end: int  # global position after the last batch
-    last_valid: np.ndarray | None = None  # False where the last batch repeats a sample as padding
+    batch_size: int
+    rank: int
+    order_length: int
+    full: int  # full batches
+    share: int = 0  # size of the last, smaller batch; 0: none
+
+    def __len__(self) -> int:
+        return self.full + (self.share > 0)
+
+    def _tail(self) -> np.ndarray:
+        tail_start = self.start + self.full * self.step
+        return np.arange(tail_start + self.rank * self.share, tail_start + (self.rank + 1) * self.share, dtype=np.int64)
+
+    def positions(self, batch_no: int) -> np.ndarray:
+        """Order positions of batch ``batch_no``."""
+        if not 0 <= batch_no < len(self):
+            raise IndexError(f"batch {batch_no} of {len(self)}")
+        if batch_no < self.full:
+            first = self.start + batch_no * self.step + self.rank * self.batch_size
+            return np.arange(first, first + self.batch_size, dtype=np.int64)
+        positions, tail_start = self._tail(), self.start + self.full * self.step
+        return np.where(positions < self.order_length, positions, positions - tail_start) % self.order_length
 
     def valid(self, batch_no: int) -> np.ndarray:
         """Which entries of batch ``batch_no`` are real samples rather than padding."""
-        if batch_no == len(self.batches) - 1 and self.last_valid is not None:
-            return self.last_valid
-        return np.ones(len(self.batches[batch_no]), dtype=bool)
+        if batch_no == self.full and self.share:
+            return self._tail() < self.order_length
+        return np.ones(self.batch_size, dtype=bool)
 
     def consumed_after(self, batches_done: int) -> int:
         """Global samples consumed once ``batches_done`` of these batches were handed out."""
-        if batches_done >= len(self.batches):
+        if batches_done >= len(self):
             return self.end
         return self.start + batches_done * self.step
 
@@ -258,59 +228,10 @@ def rank_batches(
     if not 0 <= start <= num_samples:
         raise ValueError(f"resume position {start} is outside the epoch's {num_samples} samples")
     step = batch_size * world_size
-    full_steps = (num_samples - start) // step
-    batches = [
-        np.arange(start + k * step + rank * batch_size, start + k * step + (rank + 1) * batch_size, dtype=np.int64)
-        for k in range(full_steps)
-    ]
-    tail_start = start + full_steps * step
+    full = (num_samples - start) // step
+    tail_start = start + full * step
     tail = num_samples - tail_start
-    end = tail_start
-    last_valid = None
     if tail and not drop_last:
         share = -(-tail // world_size)  # ceil: every rank gets the same count
-        positions = np.arange(tail_start + rank * share, tail_start + (rank + 1) * share, dtype=np.int64)
-        last_valid = positions < num_samples
-        batches.append(np.where(last_valid, positions, positions - tail_start) % num_samples)
-        end = num_samples
-    return RankBatches(batches=tuple(batches), start=start, step=step, end=end, last_valid=last_valid)
-
-
-@dataclass(frozen=True)
-class OrderSpec:
-    """Everything an epoch's order and a rank's batches depend on, as plain values: a worker
-    process (DALI's parallel source) computes from it exactly the order the loader computes."""
-
-    shard_sizes: tuple[int, ...]
-    seed: int
-    shuffle: bool
-    batch_size: int
-    rank: int
-    world_size: int
-    drop_last: bool
-    streaming: bool = False
-    shuffle_buffer: int = 1
-    generations: tuple[tuple[int, int, int], ...] = ()  # (world, batch, consumed) of earlier layouts this epoch
-    take: tuple[int, ...] | None = None  # the sample indices of a Subset, in its order; None: every sample
-    drop_remainder: bool = False  # as DistributedSampler(drop_last=True): no padding to a multiple of the world size
-
-    def order(self, epoch: int) -> EpochOrder:
-        """The epoch's global order (streaming: re-dealt after each earlier layout's consumed part)."""
-        if not self.streaming:
-            size = sum(self.shard_sizes) if self.take is None else len(self.take)
-            order = epoch_order(size, self.seed, epoch, self.shuffle)
-            if self.drop_remainder:
-                order = order[: size - size % self.world_size]
-            return EpochOrder(order if self.take is None else np.asarray(self.take, dtype=np.int64)[order])
-        starts = np.cumsum([0, *self.shard_sizes], dtype=np.int64)
-        groups = shard_groups(list(self.shard_sizes), self.seed, epoch, self.shuffle)
-        layouts = [*self.generations, (self.world_size, self.batch_size, 0)]
-        for generation, (world, batch, consumed) in enumerate(layouts):
-            streamed = streaming_order(groups, world, batch, self.shuffle_buffer, self.drop_last, self.seed, epoch, generation)
-            if generation < len(self.generations):
-                groups = unseen_groups(streamed, consumed, lambda indices: shards_of(starts, indices))
-        return streamed
-
-    def batches(self, order_length: int, start: int) -> RankBatches:
-        """This rank's batches of an order of ``order_length`` positions, from position ``start``."""
-        return rank_batches(order_length, start, self.batch_size, self.rank, self.world_size, self.drop_last)
+        return RankBatches(start, step, num_samples, batch_size, rank, num_samples, full, share)
+    return RankBatches(start, step, tail_start, batch_size, rank, num_samples, full)

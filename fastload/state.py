@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: the orders became seeded bijections (fastload.permutation): version 1 positions name other samples
 
 Layout = tuple[int, int, int]  # (world size, batch size, samples consumed) of an earlier layout this epoch
 
@@ -108,6 +108,10 @@ def read_state_dict(state: dict[str, Any], seed: int, identity: str, layout: tup
     """The position of a checkpoint made for the same seed, dataset and order; saved at another
     layout, the saved one is recorded as a generation (the streaming order then deals the unseen
     samples anew, from position 0; the global order continues at the same position)."""
+    if state.get("version") == 1:
+        raise ValueError("this loader state (version 1) was saved by an older fastload whose shuffled orders differ from this "
+                         "one's: resuming from it would repeat some samples and skip others. Finish that epoch with the "
+                         "older fastload, or start the epoch over (load nothing, set_epoch(epoch))")
     if state.get("version") != STATE_VERSION:
         raise ValueError(f"loader state version {state.get('version')} is not {STATE_VERSION}")
     if state["seed"] != seed:

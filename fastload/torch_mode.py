@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import IterableDataset, RandomSampler
 
 from fastload.options import fast_path_defaults
-from fastload.sampling import epoch_order
+from fastload.sampling import epoch_seed
 from fastload.state import STATE_VERSION
 from fastload.stats import LoaderStats
 
@@ -103,8 +103,7 @@ class TorchMode(torch.utils.data.DataLoader):
             if callable(set_epoch):
                 set_epoch(self._epoch)
         if self._seeds_shuffle and isinstance(self.sampler, RandomSampler):
-            seed = int(epoch_order(1 << 20, self.seed, self._epoch, True)[0])  # any value that is a pure function of both
-            self.sampler.generator = torch.Generator().manual_seed(seed)
+            self.sampler.generator = torch.Generator().manual_seed(epoch_seed(self.seed, self._epoch))
 
     def _full_length(self) -> int | None:
         """Batches in a whole epoch, or None for a dataset without a length."""

@@ -15,14 +15,16 @@ from typing import Any, cast
 
 import numpy as np
 
+from fastload.balance import ClassMembers
 from fastload.dali.protocol import carried_fields, empty_feed_columns, encode_note, row_bytes, stored_form
 from fastload.dali.shares import DaliShares
 from fastload.dataset import ShardedDataset
 from fastload.errors import SampleError
 from fastload.fields import SampleSpec
 from fastload.mixture_order import MixtureOrder
+from fastload.order_spec import OrderSpec
 from fastload.sample_decode import PlannedSample, fill_beside_primary
-from fastload.sampling import EpochOrder, OrderSpec, RankBatches
+from fastload.sampling import EpochOrder, RankBatches
 from fastload.slots import Column
 from fastload.transforms import Transform
 from fastload.workers import with_substitutes
@@ -50,13 +52,14 @@ process published for it; the CPU workers make the rest."""
     start: int = 0
     first_batch: int = 0
     shares: DaliShares | None = None  # the hybrid backend: DALI takes each batch's first shares.wait(batch) samples
+    classes: ClassMembers | None = None  # the class-balanced order's samples by label
     home_pid: int = field(default_factory=os.getpid)  # the training process; DALI's workers are others
     _plans: dict[int, tuple[EpochOrder, RankBatches]] = field(default_factory=dict, repr=False, compare=False)
 
     def plan(self, epoch_idx: int) -> tuple[int, EpochOrder, RankBatches, int]:
         """(epoch, its order, this rank's batches, first batch to feed) of DALI epoch ``epoch_idx``."""
         if epoch_idx not in self._plans:
-            order = self.orders.order(self.first_epoch + epoch_idx)
+            order = self.orders.order(self.first_epoch + epoch_idx, self.classes)
             self._plans = {epoch_idx: (order, self.orders.batches(len(order), self.start if epoch_idx == 0 else 0))}
         order, batches = self._plans[epoch_idx]
         return self.first_epoch + epoch_idx, order, batches, self.first_batch if epoch_idx == 0 else 0
@@ -71,9 +74,9 @@ process published for it; the CPU workers make the rest."""
         _freeze_inherited(self.home_pid)
         epoch, order, batches, first = self.plan(info.epoch_idx)
         batch_no = first + info.iteration
-        if batch_no >= len(batches.batches):
+        if batch_no >= len(batches):
             raise StopIteration
-        indices = order.order[batches.batches[batch_no]].tolist()
+        indices = order.indices(batches.positions(batch_no)).tolist()
         if self.shares is not None:
             indices = indices[: self.shares.wait(batch_no)]
         columns, carried = empty_feed_columns(carried_fields(self.spec))

@@ -1,0 +1,87 @@
+"""A seeded bijection on ``[0, n)`` evaluated at any positions without materialising ``n`` values:
+a balanced Feistel network over the smallest even-bit power of two >= n, cycle-walked back into
+range. It stands in for ``rng.permutation(n)`` wherever an epoch's order is needed: building it
+costs nothing, evaluating it ~80 vectorised numpy operations per call (~0.2 ms for a batch of
+256), so an order's start-up no longer grows with the dataset.
+
+Every parameter may be an array (one domain and one key per position), so many permutations of
+different sizes (one per class and cycle, fastload.balance) are evaluated in one vectorised call.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+ROUNDS = 6  # Luby-Rackoff: 4 rounds of a pseudo-random function already give a pseudo-random permutation
+_MASK64 = (1 << 64) - 1
+_ROUND_KEYS = np.array([(r + 1) * 0x9E3779B97F4A7C15 & _MASK64 for r in range(ROUNDS)], dtype=np.uint64)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+def mix64(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser on uint64 arrays: a bijective hash with full avalanche (wraps mod 2**64)."""
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+def mix_key(*parts: int) -> int:
+    """One 64-bit key hashed from integers (seed, epoch, ...), order-sensitive."""
+    key = np.array([0x5EED], dtype=np.uint64)  # arrays: numpy wraps their arithmetic silently
+    for part in parts:
+        key = mix64(key ^ np.uint64(part & _MASK64))
+    return int(key[0])
+
+
+def half_bits(n: np.ndarray | int) -> np.ndarray:
+    """Bits of each half of the Feistel domain for a permutation of ``n``: the smallest h with 4**h >= n."""
+    bit_length = np.frexp(np.maximum(np.asarray(n, dtype=np.int64) - 1, 0).astype(np.float64))[1]  # exact below 2**53
+    return ((bit_length + 1) // 2).astype(np.uint64)
+
+
+def _feistel(x: np.ndarray, half: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """One pass of the network over ``[0, 4**half)``: ROUNDS rounds of L, R = R, L ^ F(R, key)."""
+    mask = (np.uint64(1) << half) - np.uint64(1)
+    left, right = x >> half, x & mask
+    for r in range(ROUNDS):
+        round_key = mix64(keys + _ROUND_KEYS[r])
+        left, right = right, left ^ (mix64(right ^ round_key) & mask)
+    return (left << half) | right
+
+
+def permute(positions: np.ndarray, n: np.ndarray | int, key: np.ndarray | int) -> np.ndarray:
+    """The seeded bijection on ``[0, n)`` keyed by ``key``, at ``positions`` (each in ``[0, n)``).
+    ``n`` and ``key`` are scalars or arrays aligned with ``positions``."""
+    x = np.asarray(positions, dtype=np.int64).astype(np.uint64)
+    count = len(x)
+    n_arr = np.broadcast_to(np.asarray(n, dtype=np.int64), (count,))
+    keys = np.broadcast_to(np.asarray(key, dtype=np.uint64), (count,))
+    half = half_bits(n_arr)
+    x = _feistel(x, half, keys)
+    out_of_range = np.flatnonzero(x >= n_arr.astype(np.uint64))
+    while len(out_of_range):  # cycle walking: a value outside [0, n) is sent through again (~<4 passes)
+        again = _feistel(x[out_of_range], half[out_of_range], keys[out_of_range])
+        x[out_of_range] = again
+        out_of_range = out_of_range[again >= n_arr[out_of_range].astype(np.uint64)]
+    return x.astype(np.int64)
+
+
+class Permutation:
+    """``rng.permutation(n)``'s stand-in: ``perm(positions)`` is the value at those positions of a
+    seeded permutation of ``[0, n)`` (the identity when not shuffling)."""
+
+    __slots__ = ("key", "n", "shuffle")
+
+    def __init__(self, n: int, key: int, shuffle: bool = True) -> None:
+        self.n, self.key, self.shuffle = int(n), int(key) & _MASK64, shuffle
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __call__(self, positions: np.ndarray) -> np.ndarray:
+        """The permuted values at ``positions`` (int64)."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if not self.shuffle or self.n <= 1:
+            return positions.copy()
+        return permute(positions, self.n, self.key)
