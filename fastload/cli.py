@@ -9,6 +9,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+NEAR_THRESHOLD = 10  # bits of 64: benchmarks/bench_near_dupes.py measures recall and false drops by threshold
+NEAR_HELP = f"near duplicates differ in at most this many of 64 signature bits (default {NEAR_THRESHOLD}; 0..15)"
 
 def _add_convert(sub: argparse._SubParsersAction) -> None:
     from fastload.converters.sources import SOURCE_MODULES
@@ -25,7 +27,12 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=1, help="worker processes; output is identical for any count")
     p.add_argument("--limit", type=int, help="convert only the first N samples (after shuffling)")
-    p.add_argument("--dedupe", action="store_true", help="drop exact duplicate images (content hash)")
+    p.add_argument(
+        "--dedupe", nargs="?", const="exact", choices=["exact", "near"],
+        help="drop duplicates, keeping the first: exact (content hash; the default) or near (perceptual signature)",
+    )
+    p.add_argument("--near-threshold", type=int, default=NEAR_THRESHOLD, metavar="BITS", help=NEAR_HELP)
+    p.add_argument("--report", metavar="PNG", help="with --dedupe: draw the duplicate groups side by side as thumbnails")
     p.add_argument("--on-error", choices=["raise", "skip"], default="raise")
     p.add_argument("--reencode-quality", type=int, metavar="Q", help="re-encode images as JPEG of quality Q")
     p.add_argument("--max-size", type=int, metavar="PX", help="shrink images so the longer side is at most PX")
@@ -60,7 +67,8 @@ def _run_convert(args: argparse.Namespace) -> int:
         seed=args.seed,
         workers=args.workers,
         limit=args.limit,
-        dedupe=args.dedupe,
+        dedupe=args.dedupe == "exact",
+        near_threshold=args.near_threshold if args.dedupe == "near" else None,
         on_error=args.on_error,
         reencode_quality=args.reencode_quality,
         max_size=args.max_size,
@@ -77,7 +85,12 @@ def _run_convert(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     if args.address and args.engine != "ray":
         raise ValueError("--address is for --engine ray")
-    report = convert(args.src, args.out, options, engine=args.engine, quiet=args.quiet, address=args.address, staging=args.staging)
+    if args.report and not args.dedupe:
+        raise ValueError("--report draws the duplicates --dedupe drops: give --dedupe")
+    report = convert(
+        args.src, args.out, options, engine=args.engine, quiet=args.quiet, address=args.address, staging=args.staging,
+        report_png=args.report,
+    )
     seconds = time.perf_counter() - start
     index = report.index
     if report.already_complete:
