@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-NEAR_THRESHOLD = 10  # bits of 64: benchmarks/bench_near_dupes.py measures recall and false drops by threshold
+NEAR_THRESHOLD = 12  # bits of 64: benchmarks/bench_near_dupes.py measures recall and false drops by threshold
 NEAR_HELP = f"near duplicates differ in at most this many of 64 signature bits (default {NEAR_THRESHOLD}; 0..15)"
 
 def _add_convert(sub: argparse._SubParsersAction) -> None:

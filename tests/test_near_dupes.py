@@ -168,13 +168,14 @@ def test_inspect_shows_the_class_histogram_and_imbalance(tmp_path: Path) -> None
     assert "largest/smallest 6.00" in text
 
 
-@pytest.mark.parametrize("threshold", [0, 3, 7, 10, 15])
-def test_multi_index_finds_exactly_the_pairs_within_the_threshold(threshold: int) -> None:
-    """Against brute force over signatures planted at every distance up to 20 bits."""
+@pytest.mark.parametrize("threshold,size", [(0, 100), (3, 100), (7, 10), (12, 200), (12, 10**6), (17, 1000), (24, 10**5)])
+def test_multi_index_finds_exactly_the_pairs_within_the_threshold(threshold: int, size: int) -> None:
+    """Against brute force over signatures planted at the threshold, one bit past it and at random
+    distances, whatever bands ``size`` chooses."""
     rng = random.Random(threshold)
     base = [rng.getrandbits(64) for _ in range(60)]
-    stored = base + [b ^ sum(1 << bit for bit in rng.sample(range(64), d)) for b in base for d in (threshold, threshold + 1, rng.randint(0, 20))]
-    index = MultiIndex(threshold)
+    stored = base + [b ^ sum(1 << bit for bit in rng.sample(range(64), d)) for b in base for d in (threshold, threshold + 1, rng.randint(0, 30))]
+    index = MultiIndex(threshold, size)
     for ident, signature in enumerate(stored):
         index.add(signature, ident)
     for query in base:

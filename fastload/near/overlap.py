@@ -144,7 +144,7 @@ def find_overlap(a: str | Path, b: str | Path, threshold: int, workers: int = os
     sample of A (ties: the first in A's order)."""
     signed_a = dataset_signatures(a, workers)
     signed_b = dataset_signatures(b, workers)
-    index = MultiIndex(threshold)
+    index = MultiIndex(threshold, len(signed_a.signatures))
     for position, signature in enumerate(signed_a.signatures):
         if signature is not None:
             index.add(signature, position)

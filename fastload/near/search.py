@@ -1,28 +1,23 @@
 """Finding signatures within a Hamming distance without comparing all pairs: multi-index hashing.
 
-The 64 bits are cut into ``BANDS`` bands of 16; one dict per band maps a band's value to the
-signatures holding it. Two signatures at most ``t`` bits apart differ in at most ``t // BANDS``
-bits of some band (pigeonhole), so looking up, in every band, each value within ``t // BANDS``
-bits of the query's (1 value for t <= 3, 17 for t <= 7, 137 for t <= 11, 697 for t <= 15) finds
-every signature within ``t``: the search is exact, not approximate, and costs lookups, not a
-pass over the signatures stored.
+The 64 bits are cut into ``k`` bands; one dict per band maps a band's value to the signatures
+holding it. Two signatures at most ``t`` bits apart differ in at most ``t // k`` bits of some
+band (pigeonhole), so looking up, in every band, each value within ``t // k`` bits of the
+query's finds every signature within ``t``: the search is exact, not approximate. Its cost is
+the lookups (k x the values within the radius of a band) plus the signatures they turn up
+(about size / 2**band_bits a lookup): ``k`` is chosen to make the sum smallest for the number
+of signatures expected (for 12 bits and 12,000 signatures: 5 bands of 12-13 bits, radius 2,
+460 lookups; 4 bands of 16 would need radius 3, 2,788 lookups).
 """
 
 from __future__ import annotations
 
-import itertools
+import math
 from collections.abc import Sequence
 
 from fastload.near.signature import BITS, hamming
 
-BANDS = 4
-BAND_BITS = BITS // BANDS
-MAX_THRESHOLD = BANDS * 4 - 1  # a band radius of 3 at most: 697 lookups per band
-
-
-def _flips(bits: int, radius: int) -> tuple[int, ...]:
-    """Every mask of ``bits`` bits with at most ``radius`` bits set."""
-    return tuple(sum(1 << b for b in chosen) for r in range(radius + 1) for chosen in itertools.combinations(range(bits), r))
+MAX_THRESHOLD = 24  # bits of 64: beyond it unrelated photos start to match (bench_near_dupes.py)
 
 
 def check_threshold(threshold: int) -> int:
@@ -32,36 +27,67 @@ def check_threshold(threshold: int) -> int:
     return threshold
 
 
-class MultiIndex:
-    """Signatures by band, answering "which stored signatures lie within ``threshold`` bits"."""
+def _widths(bands: int) -> list[int]:
+    """Band widths in bits, as equal as they can be, summing to BITS."""
+    return [BITS // bands + (1 if b < BITS % bands else 0) for b in range(bands)]
 
-    def __init__(self, threshold: int) -> None:
+
+def _lookups(width: int, radius: int) -> int:
+    """How many values lie within ``radius`` bits of one value of ``width`` bits."""
+    return sum(math.comb(width, r) for r in range(radius + 1))
+
+
+def choose_bands(threshold: int, size: int) -> int:
+    """The number of bands that makes a query cheapest: lookups plus the candidates they find."""
+
+    def cost(bands: int) -> float:
+        radius = threshold // bands
+        return sum(_lookups(w, radius) * (1 + size / 2**w) for w in _widths(bands))
+
+    return min(range(1, min(threshold + 1, BITS) + 1), key=cost)
+
+
+def _flips(width: int, radius: int) -> list[int]:
+    """Every mask of ``width`` bits with at most ``radius`` bits set, fewest bits first."""
+    masks = [0]
+    frontier = [0]
+    for _ in range(radius):
+        frontier = sorted({m | 1 << b for m in frontier for b in range(width) if not m >> b & 1})
+        masks += frontier
+    return masks
+
+
+class MultiIndex:
+    """Signatures by band, answering "which stored signatures lie within ``threshold`` bits";
+    ``size`` (how many will be stored, roughly) chooses the bands."""
+
+    def __init__(self, threshold: int, size: int) -> None:
         self.threshold = check_threshold(threshold)
-        self._flips = _flips(BAND_BITS, threshold // BANDS)
-        self._bands: list[dict[int, list[tuple[int, int]]]] = [{} for _ in range(BANDS)]
+        widths = _widths(choose_bands(threshold, size))
+        radius = threshold // len(widths)
+        self._bands = [(sum(widths[:b]), (1 << w) - 1, _flips(w, radius)) for b, w in enumerate(widths)]
+        self._tables: list[dict[int, list[int]]] = [{} for _ in widths]
+        self._signatures: dict[int, int] = {}
 
     def add(self, signature: int, ident: int) -> None:
-        """Store ``signature`` under the caller's ``ident``."""
-        for band, table in enumerate(self._bands):
-            table.setdefault(_band(signature, band), []).append((signature, ident))
+        """Store ``signature`` under the caller's ``ident`` (one signature per ident)."""
+        self._signatures[ident] = signature
+        for (shift, mask, _), table in zip(self._bands, self._tables, strict=True):
+            table.setdefault(signature >> shift & mask, []).append(ident)
 
     def near(self, signature: int) -> list[tuple[int, int]]:
         """(distance, ident) of every stored signature within the threshold, closest first (ties:
         the smaller ident first)."""
-        found: dict[int, int] = {}
-        for band, table in enumerate(self._bands):
-            value = _band(signature, band)
-            for flip in self._flips:
-                for stored, ident in table.get(value ^ flip, ()):
-                    if ident not in found:
-                        distance = hamming(signature, stored)
-                        if distance <= self.threshold:
-                            found[ident] = distance
-        return sorted((distance, ident) for ident, distance in found.items())
-
-
-def _band(signature: int, band: int) -> int:
-    return (signature >> (band * BAND_BITS)) & ((1 << BAND_BITS) - 1)
+        seen: set[int] = set()
+        stored = self._signatures
+        for (shift, mask, flips), table in zip(self._bands, self._tables, strict=True):
+            value = signature >> shift & mask
+            for flip in flips:
+                bucket = table.get(value ^ flip)
+                if bucket:
+                    seen.update(bucket)
+        found = ((hamming(signature, stored[ident]), ident) for ident in seen)
+        return sorted(pair for pair in found if pair[0] <= self.threshold)
 
 
 def first_occurrences(signatures: Sequence[int | None], threshold: int) -> list[tuple[int, int, int]]:
@@ -70,7 +96,7 @@ def first_occurrences(signatures: Sequence[int | None], threshold: int) -> list[
     a later one is compared with the kept ones only (to the representative, not transitively: a
     chain a~b~c with a and c further apart than the threshold keeps c), and names the closest
     (ties: the earliest). None (no signature: not an image, not decodable) is never compared."""
-    index = MultiIndex(threshold)
+    index = MultiIndex(threshold, len(signatures))
     dropped = []
     for position, signature in enumerate(signatures):
         if signature is None:

@@ -4,9 +4,13 @@ The reduction comes from fastload's libjpeg-turbo extension, which decodes a JPE
 scale that still covers 32x32 (1/8 for any photo of 256 px or more) and resamples it with an
 antialiased triangle filter into 32x32: the decoder's cheapest path, no full-size pixels. Other
 images (PNG, decoded pixels, CMYK JPEGs) are decoded by Pillow and go through the same
-resampler. The hash keeps the sign of the 8x8 lowest frequencies of the grey image's DCT
-against their median: robust to re-encoding, resizing, small crops and brightness changes,
-since those move the coarse structure little (bench_near_dupes.py measures how far).
+resampler. The hash keeps, for the 64 lowest frequencies of the grey image's DCT in zig-zag
+order (DC left out: it is the brightness), whether each is above their median. Robust to
+re-encoding, resizing, small crops and brightness changes, which move the coarse structure
+little. Measured against the classic 8x8 block (benchmarks/bench_near_dupes.py, 761 distinct
+real photos, 380 planted copies): at most 1% of the distinct photos dropped, the zig-zag
+selection found 96.3% of the copies (12 bits), the block 94.2% (10 bits): the block's
+diagonal corner (frequencies up to 7 + 7) is what a few percent of crop moves most.
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ from fastload.decode.header import MAX_PIXELS, jpeg_size
 from fastload.errors import SampleError
 
 SIDE = 32  # the grey reduction the DCT is taken of
-LOW = 8  # the LOW x LOW lowest frequencies make the 64 bits
-BITS = LOW * LOW
+BITS = 64
+# (u, v) of the BITS lowest frequencies after DC, by u + v, then the more balanced first
+_CELLS = sorted(((u, v) for u in range(SIDE) for v in range(SIDE) if u + v <= 10), key=lambda c: (c[0] + c[1], max(c), c))[1 : BITS + 1]
+LOW = 1 + max(max(cell) for cell in _CELLS)  # the DCT rows needed: 11
 _GREY = np.array([0.299, 0.587, 0.114], dtype=np.float32)  # ITU-R BT.601 luma
 
 
@@ -32,6 +38,8 @@ def _dct_matrix(n: int) -> np.ndarray:
 
 
 _DCT_LOW = _dct_matrix(SIDE)[:LOW]  # only the rows of the frequencies kept
+_ROWS = np.array([u for u, _ in _CELLS])
+_COLUMNS = np.array([v for _, v in _CELLS])
 
 
 def reduced_rgb(data: bytes | np.ndarray, where: str, max_pixels: int = MAX_PIXELS) -> np.ndarray:
@@ -75,9 +83,9 @@ def _resample(pixels: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 def signatures(reduced: np.ndarray) -> list[int]:
     """The 64-bit pHash of each of N reduced images (N x 3 x SIDE x SIDE uint8), as Python ints:
-    bit 63 - i is set when low frequency i (row-major in the 8x8 block) is above their median."""
+    bit 63 - i is set when frequency i (in zig-zag order, DC left out) is above their median."""
     grey = np.einsum("nchw,c->nhw", reduced.astype(np.float32), _GREY)
-    low = np.einsum("uh,nhw,vw->nuv", _DCT_LOW, grey, _DCT_LOW).reshape(len(reduced), BITS)
+    low = (_DCT_LOW @ grey @ _DCT_LOW.T)[:, _ROWS, _COLUMNS]  # matmul: 80x faster than one einsum
     bits = low > np.median(low, axis=1, keepdims=True)
     return [int.from_bytes(row.tobytes(), "big") for row in np.packbits(bits, axis=1)]
 
