@@ -27,7 +27,7 @@ import numpy as np
 from PIL import Image, ImageEnhance
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_photos import crop_box, fetch_wallpapers, random_crop, source_photos  # noqa: E402
+from make_photos import crop_box, fetch_wallpapers, random_crop, source_photos
 
 KINDS = ("quality", "resize", "crop", "brightness", "all")
 
