@@ -57,10 +57,10 @@ def plant(image: Image.Image, kind: str, rng: random.Random) -> bytes:
     return buf.getvalue()
 
 
-def build(out: Path, count: int, max_iou: float, plant_every: int, wallpapers: Path) -> dict:
+def build(out: Path, count: int, max_iou: float, plant_every: int, wallpapers: Path, seed: int) -> dict:
     """Write the distinct photos and their planted copies under ``out/CLASS/``; return the truth:
     {"distinct": [keys], "planted": {copy key: (original key, kind)}, "generated": N}."""
-    rng, prng = np.random.default_rng(1), random.Random(1)
+    rng, prng = np.random.default_rng(seed), random.Random(seed)
     sources = source_photos(wallpapers)
     per_source = -(-count // len(sources))
     distinct: list[str] = []
@@ -131,6 +131,7 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=2400, help="photos drawn before the distinct filter")
     parser.add_argument("--max-iou", type=float, default=0.5)
     parser.add_argument("--plant-every", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=1, help="draws the crops and the copies (make_photos.py's own photos use 0)")
     parser.add_argument("--threshold", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
@@ -143,12 +144,12 @@ def main() -> None:
     folder = args.work / "photos"
     truth_file = args.work / "truth.json"
     if not truth_file.exists():
-        truth = build(folder, args.count, args.max_iou, args.plant_every, args.wallpapers or fetch_wallpapers(args.cache))
+        truth = build(folder, args.count, args.max_iou, args.plant_every, args.wallpapers or fetch_wallpapers(args.cache), args.seed)
         truth_file.write_text(json.dumps(truth))
     truth = json.loads(truth_file.read_text())
     print(f"{truth['generated']} photos drawn, {len(truth['distinct'])} distinct (crop IoU < {args.max_iou}), {len(truth['planted'])} planted copies")
     result: dict = {"distinct": len(truth["distinct"]), "planted": len(truth["planted"]), "threshold": args.threshold}
-    result["sweep"] = threshold_sweep(folder, truth, [6, 8, 10, 12, 14, 16])
+    result["sweep"] = threshold_sweep(folder, truth, [8, 10, 11, 12, 13, 14, 16])
     for t, row in result["sweep"].items():
         kinds = ", ".join(f"{k} {v:.3f}" for k, v in row["recall_by_kind"].items())
         print(f"threshold {t:>2}: recall {row['recall']:.3f} ({kinds}); distinct dropped {row['distinct_dropped']:.4f}")

@@ -16,7 +16,7 @@ from PIL import Image, ImageEnhance
 from fastload.converters import ConvertOptions, convert
 from fastload.near.report import GROUPS_CHUNK
 from fastload.near.search import MultiIndex, first_occurrences
-from fastload.near.signature import hamming
+from fastload.near.signature import colours_match, hamming, signatures
 from tests.conftest import jpeg_bytes, run_cli, tree_bytes
 
 DISTINCT = 30
@@ -173,8 +173,8 @@ def test_multi_index_finds_exactly_the_pairs_within_the_threshold(threshold: int
     """Against brute force over signatures planted at the threshold, one bit past it and at random
     distances, whatever bands ``size`` chooses."""
     rng = random.Random(threshold)
-    base = [rng.getrandbits(64) for _ in range(60)]
-    stored = base + [b ^ sum(1 << bit for bit in rng.sample(range(64), d)) for b in base for d in (threshold, threshold + 1, rng.randint(0, 30))]
+    base = [rng.getrandbits(64) << 64 for _ in range(60)]  # the hash bits; colours all alike
+    stored = base + [b ^ sum(1 << 64 + bit for bit in rng.sample(range(64), d)) for b in base for d in (threshold, threshold + 1, rng.randint(0, 30))]
     index = MultiIndex(threshold, size)
     for ident, signature in enumerate(stored):
         index.add(signature, ident)
@@ -186,6 +186,18 @@ def test_multi_index_finds_exactly_the_pairs_within_the_threshold(threshold: int
 def test_first_occurrences_compares_with_the_kept_ones_only() -> None:
     """a~b and b~c but a and c apart: b is dropped as a's duplicate, c is kept (not transitive)."""
     a = 0
-    b = a ^ 0b111  # 3 bits from a
-    c = b ^ (0b111 << 8)  # 3 bits from b, 6 from a
+    b = a ^ 0b111 << 64  # 3 hash bits from a
+    c = b ^ 0b111 << 72  # 3 from b, 6 from a
     assert first_occurrences([a, None, b, c, a], 4) == [(2, 0, 3), (4, 0, 0)]
+
+
+def test_same_structure_other_colour_is_not_a_duplicate() -> None:
+    """A pattern tinted red and the same pattern tinted blue hash alike (grey is a positive
+    multiple of the pattern in both) but differ in colour: kept both. The red one darkened by 10%
+    is a duplicate."""
+    pattern = np.asarray(texture(3, (32, 32)).convert("L"), dtype=np.float32)
+    def tinted(r: float, g: float, b: float) -> np.ndarray:
+        return np.stack([pattern * r, pattern * g, pattern * b]).clip(0, 255).astype(np.uint8)
+    red, blue, darker = signatures(np.stack([tinted(1.0, 0.5, 0.5), tinted(0.5, 0.5, 1.0), tinted(0.9, 0.45, 0.45)]))
+    assert hamming(red, blue) <= 2 and not colours_match(red, blue)
+    assert first_occurrences([red, blue, darker], 10) == [(2, 0, hamming(red, darker))]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, TypeVar
 from fastload.converters.engines import Engine
 from fastload.converters.sample import SourceItem
 from fastload.converters.sources import Source
+from fastload.decode.header import MAX_PIXELS
 from fastload.errors import SampleError
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ class HashTask:
 
     source: Source
     items: tuple[SourceItem, ...]
-    max_pixels: int = 0  # near: the decode limit
+    max_pixels: int = MAX_PIXELS  # near: the decode limit (--max-pixels)
 
 
 def hash_items(task: HashTask) -> list[str | None]:
@@ -98,7 +99,7 @@ def sign_items(task: HashTask) -> list[int | None]:
     return out
 
 
-def _batches(source: Source, items: list[SourceItem], max_pixels: int = 0) -> list[HashTask]:
+def _batches(source: Source, items: list[SourceItem], max_pixels: int = MAX_PIXELS) -> list[HashTask]:
     return [HashTask(source, tuple(items[i : i + HASH_BATCH]), max_pixels) for i in range(0, len(items), HASH_BATCH)]
 
 

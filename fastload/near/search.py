@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from fastload.near.signature import BITS, hamming
+from fastload.near.signature import BITS, colours_match, hamming, hash_bits
 
 MAX_THRESHOLD = 24  # bits of 64: beyond it unrelated photos start to match (bench_near_dupes.py)
 
@@ -72,22 +72,23 @@ class MultiIndex:
     def add(self, signature: int, ident: int) -> None:
         """Store ``signature`` under the caller's ``ident`` (one signature per ident)."""
         self._signatures[ident] = signature
+        bits = hash_bits(signature)
         for (shift, mask, _), table in zip(self._bands, self._tables, strict=True):
-            table.setdefault(signature >> shift & mask, []).append(ident)
+            table.setdefault(bits >> shift & mask, []).append(ident)
 
     def near(self, signature: int) -> list[tuple[int, int]]:
-        """(distance, ident) of every stored signature within the threshold, closest first (ties:
-        the smaller ident first)."""
+        """(distance, ident) of every stored signature whose hash lies within the threshold and
+        whose colours match (signature.colours_match), closest first (ties: the smaller ident)."""
         seen: set[int] = set()
-        stored = self._signatures
+        stored, bits = self._signatures, hash_bits(signature)
         for (shift, mask, flips), table in zip(self._bands, self._tables, strict=True):
-            value = signature >> shift & mask
+            value = bits >> shift & mask
             for flip in flips:
                 bucket = table.get(value ^ flip)
                 if bucket:
                     seen.update(bucket)
         found = ((hamming(signature, stored[ident]), ident) for ident in seen)
-        return sorted(pair for pair in found if pair[0] <= self.threshold)
+        return sorted((d, ident) for d, ident in found if d <= self.threshold and colours_match(signature, stored[ident]))
 
 
 def first_occurrences(signatures: Sequence[int | None], threshold: int) -> list[tuple[int, int, int]]:
