@@ -81,7 +81,15 @@ class _Rows:
 
 
 def _sign_rows(task: _Rows) -> Signed:
-    """Keys and signatures of rows start..stop of one shard (run in a worker process)."""
+    """Keys and signatures of rows start..stop of one shard (run in a worker process, which
+    closes the shard when done: each task brings its own copy of the dataset)."""
+    try:
+        return _sign_open_rows(task)
+    finally:
+        task.dataset.close()
+
+
+def _sign_open_rows(task: _Rows) -> Signed:
     import numpy as np
 
     from fastload.near.signature import SIDE, reduced_rgb, signatures
