@@ -45,14 +45,21 @@ def source_photos(wallpapers: Path) -> dict[str, Path]:
     return dict(sorted(best.items()))
 
 
-def random_crop(image: Image.Image, rng: np.random.Generator) -> Image.Image:
-    """A crop of 20-100% of the short side, aspect 3:4..4:3, resized to a short side of 300-500 px."""
-    w, h = image.size
+def crop_box(size: tuple[int, int], rng: np.random.Generator) -> tuple[int, int, int, int]:
+    """(left, top, right, bottom) of a crop of 20-100% of the short side, aspect 3:4..4:3."""
+    w, h = size
     side = rng.uniform(0.2, 1.0) * min(w, h)
     aspect = rng.uniform(3 / 4, 4 / 3)
     cw, ch = min(w, int(side * aspect)), min(h, int(side))
     x, y = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
-    crop = image.crop((x, y, x + cw, y + ch))
+    return x, y, x + cw, y + ch
+
+
+def random_crop(image: Image.Image, rng: np.random.Generator, box: tuple[int, int, int, int] | None = None) -> Image.Image:
+    """A crop (``box``, else one drawn by :func:`crop_box`) resized to a short side of 300-500 px."""
+    x, y, right, bottom = box if box is not None else crop_box(image.size, rng)
+    cw, ch = right - x, bottom - y
+    crop = image.crop((x, y, right, bottom))
     short = int(rng.integers(300, 501))
     scale = short / min(cw, ch)
     return crop.resize((max(short, round(cw * scale)), max(short, round(ch * scale))), Image.Resampling.BILINEAR)

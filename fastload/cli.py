@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+NEAR_THRESHOLD = 12  # bits of 64: benchmarks/bench_near_dupes.py measures recall and false drops by threshold
+NEAR_HELP = (
+    f"near duplicates differ in at most this many of 64 hash bits, and agree in colour (default {NEAR_THRESHOLD}, 0..24; "
+    "README: recall and false drops by threshold)"
+)
 
 def _add_convert(sub: argparse._SubParsersAction) -> None:
     from fastload.converters.sources import SOURCE_MODULES
@@ -25,7 +31,12 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=1, help="worker processes; output is identical for any count")
     p.add_argument("--limit", type=int, help="convert only the first N samples (after shuffling)")
-    p.add_argument("--dedupe", action="store_true", help="drop exact duplicate images (content hash)")
+    p.add_argument(
+        "--dedupe", nargs="?", const="exact", choices=["exact", "near"],
+        help="drop duplicates, keeping the first: exact (content hash; the default) or near (perceptual signature)",
+    )
+    p.add_argument("--near-threshold", type=int, default=NEAR_THRESHOLD, metavar="BITS", help=NEAR_HELP)
+    p.add_argument("--report", metavar="PNG", help="with --dedupe: draw the duplicate groups side by side as thumbnails")
     p.add_argument("--on-error", choices=["raise", "skip"], default="raise")
     p.add_argument("--reencode-quality", type=int, metavar="Q", help="re-encode images as JPEG of quality Q")
     p.add_argument("--max-size", type=int, metavar="PX", help="shrink images so the longer side is at most PX")
@@ -60,7 +71,8 @@ def _run_convert(args: argparse.Namespace) -> int:
         seed=args.seed,
         workers=args.workers,
         limit=args.limit,
-        dedupe=args.dedupe,
+        dedupe=args.dedupe == "exact",
+        near_threshold=args.near_threshold if args.dedupe == "near" else None,
         on_error=args.on_error,
         reencode_quality=args.reencode_quality,
         max_size=args.max_size,
@@ -77,7 +89,12 @@ def _run_convert(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     if args.address and args.engine != "ray":
         raise ValueError("--address is for --engine ray")
-    report = convert(args.src, args.out, options, engine=args.engine, quiet=args.quiet, address=args.address, staging=args.staging)
+    if args.report and not args.dedupe:
+        raise ValueError("--report draws the duplicates --dedupe drops: give --dedupe")
+    report = convert(
+        args.src, args.out, options, engine=args.engine, quiet=args.quiet, address=args.address, staging=args.staging,
+        report_png=args.report,
+    )
     seconds = time.perf_counter() - start
     index = report.index
     if report.already_complete:
@@ -146,16 +163,71 @@ def _run_inspect(args: argparse.Namespace) -> int:
     if summary["decoded_shape"]:
         print(f"pixels    {summary['decoded_shape']} uint8 per sample")
     if summary["classes"] is not None or summary["class_counts"]:
-        counts = summary["class_counts"]
-        print(f"classes   {len(summary['classes'] or counts)}")
-        for name, count in list(counts.items())[:50]:
-            print(f"  {count:>9}  {name}")
-        if len(counts) > 50:
-            print(f"  ... {len(counts) - 50} more")
+        _print_classes(summary["class_counts"], summary["classes"], summary["class_balance"])
     print(f"skipped   {summary['skipped_total']} {summary['skipped'] or ''}")
     for entry in summary["skipped_samples"][:20]:
         print(f"  {entry['where']}: {entry['reason']}")
     print(f"duplicates dropped {summary['duplicates']}")
+    return 0
+
+
+def _print_classes(counts: dict[str, int], classes: list[str] | None, balance: dict | None) -> None:
+    """The class histogram (largest classes first, 50 at most) and its imbalance."""
+    full = {name: counts.get(name, 0) for name in classes or counts}
+    print(f"classes   {len(full)}")
+    if balance is not None:
+        ratio = "inf (a class has no sample)" if balance["max_min_ratio"] is None else f"{balance['max_min_ratio']:.2f}"
+        print(
+            f"balance   largest/smallest {ratio}; entropy {balance['entropy_bits']:.3f} bits "
+            f"({balance['normalized_entropy']:.3f} of the {balance['classes']} classes' maximum)"
+        )
+    largest = max(full.values(), default=0) or 1
+    ranked = sorted(full.items(), key=lambda kv: (-kv[1], kv[0]))
+    width = max((len(name) for name, _ in ranked[:50]), default=0)
+    for name, count in ranked[:50]:
+        print(f"  {name:<{width}} {count:>9}  {'#' * round(40 * count / largest)}")
+    if len(ranked) > 50:
+        print(f"  ... {len(ranked) - 50} more")
+
+
+def _add_overlap(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("overlap", help="samples of dataset B that nearly duplicate samples of dataset A (train/val leakage)")
+    p.add_argument("a", help="the reference dataset (e.g. train): a converted folder or its URL")
+    p.add_argument("b", help="the dataset to check (e.g. validation): a converted folder or its URL")
+    p.add_argument("--near-threshold", type=int, default=NEAR_THRESHOLD, metavar="BITS", help=NEAR_HELP)
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes decoding (default: one per CPU)")
+    p.add_argument("--write-exclude", metavar="FILE", help="write B's overlapping keys, one a line, for the loader's exclude=")
+    p.add_argument("--report", metavar="PNG", help="draw each overlapping group side by side as thumbnails")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(run=_run_overlap)
+
+
+def _run_overlap(args: argparse.Namespace) -> int:
+    from fastload.near.overlap import draw_overlap, find_overlap, write_exclude
+
+    start = time.perf_counter()
+    overlap = find_overlap(args.a, args.b, args.near_threshold, args.workers)
+    seconds = time.perf_counter() - start
+    if args.write_exclude:
+        write_exclude(args.write_exclude, overlap)
+    if args.report:
+        draw_overlap(args.report, overlap)
+    if args.json:
+        print(json.dumps(overlap.as_json(), indent=1, sort_keys=True))
+        return 0
+    print(
+        f"{args.b}: {len(overlap.matches)} of {overlap.b_samples} samples within {args.near_threshold} bits of one of "
+        f"{overlap.a_samples} in {args.a} ({seconds:.1f}s)"
+    )
+    for m in overlap.matches[:20]:
+        print(f"  {m.b_key}  ~  {m.a_key}  ({m.distance} bits)")
+    if len(overlap.matches) > 20:
+        print(f"  ... {len(overlap.matches) - 20} more" + ("" if args.write_exclude else ": --json or --write-exclude lists them all"))
+    for name, failed in overlap.unreadable.items():
+        for where, reason in failed[:20]:
+            print(f"unreadable in {name.upper()}: {where}: {reason}", file=sys.stderr)
+    if args.write_exclude:
+        print(f"wrote {args.write_exclude}: {len({m.b_key for m in overlap.matches})} keys of B to exclude")
     return 0
 
 
@@ -275,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``fastload`` command."""
     parser = argparse.ArgumentParser(prog="fastload", description="Fast data loading for PyTorch training.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_convert, _add_index, _add_inspect, _add_verify, _add_describe, _add_bench, _add_demo):
+    for add in (_add_convert, _add_index, _add_inspect, _add_overlap, _add_verify, _add_describe, _add_bench, _add_demo):
         add(sub)
     return parser
 

@@ -35,8 +35,8 @@ run_module() {
                 -k "cache or digest or http_dataset or corrupted" ;;
     verify) mutate verify fastload/verify.py tests/test_verify_cli.py tests/test_untrusted_index.py -k "verify or climbing" ;;
     plan) mutate plan fastload/converters/plan.py tests/test_convert_sources.py ;;
-    dedupe) mutate dedupe fastload/converters/run.py:find_duplicates tests/test_convert_sources.py -k dedupe ;;
-    dedupe-hash) mutate dedupe-hash fastload/converters/shard.py:hash_items tests/test_convert_sources.py -k dedupe ;;
+    dedupe) mutate dedupe fastload/converters/dedupe.py:find_duplicates tests/test_convert_sources.py -k dedupe ;;
+    dedupe-hash) mutate dedupe-hash fastload/converters/dedupe.py:hash_items tests/test_convert_sources.py -k dedupe ;;
     *) echo "unknown module '$1' (sampling orderspec transforms index idx files cache verify plan dedupe dedupe-hash)" >&2; return 2 ;;
   esac
 }

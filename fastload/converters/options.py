@@ -25,7 +25,8 @@ class ConvertOptions:
     seed: int = 0
     workers: int = 1
     limit: int | None = None
-    dedupe: bool = False
+    dedupe: bool = False  # drop exact duplicates (content hash)
+    near_threshold: int | None = None  # drop near duplicates: perceptual signatures this many bits apart or closer
     on_error: str = "raise"
     reencode_quality: int | None = None
     max_size: int | None = None
@@ -55,6 +56,12 @@ class ConvertOptions:
             raise ValueError("max_pixels must be >= 1")
         if self.max_size is not None and self.max_size < 1:
             raise ValueError("max_size must be >= 1")
+        if self.near_threshold is not None:
+            from fastload.near.search import check_threshold
+
+            check_threshold(self.near_threshold)
+            if self.dedupe:
+                raise ValueError("choose exact (dedupe) or near (near_threshold) deduplication, not both")
         if self.writer_options.hdf5_decoded and self.layout != "hdf5":
             raise ValueError("decoded pixel storage is an HDF5 option (--to hdf5)")
 
@@ -62,4 +69,6 @@ class ConvertOptions:
         """The settings that determine the output bytes (not ``workers``), for resume checks."""
         data = asdict(self)
         data.pop("workers")
+        if self.near_threshold is None:
+            data.pop("near_threshold")  # absent when off: indexes written before it existed still match
         return data

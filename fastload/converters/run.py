@@ -23,21 +23,13 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from fastload import remote
+from fastload.converters.dedupe import Duplicate, draw_duplicates, find_duplicates, find_near_duplicates
 from fastload.converters.engines import Engine, open_engine
 from fastload.converters.lock import locked_output
 from fastload.converters.options import ConvertOptions
 from fastload.converters.plan import ShardPlan, assign_shards, order_items
 from fastload.converters.sample import SourceItem
-from fastload.converters.shard import (
-    HashTask,
-    ShardResult,
-    ShardTask,
-    hash_items,
-    naming,
-    prepare_sample,
-    sources_digest,
-    write_shard,
-)
+from fastload.converters.shard import ShardResult, ShardTask, naming, prepare_sample, sources_digest, write_shard
 from fastload.converters.sources import Source, open_source
 from fastload.errors import SampleError
 from fastload.files import atomic_write_bytes, fsync_dir
@@ -45,7 +37,6 @@ from fastload.index import INDEX_FILE, SKIPPED_REPORT, DatasetIndex, ShardInfo, 
 
 PARTIAL_DIR = ".fastload-partial"
 DUPLICATES_REPORT = "duplicates.jsonl"
-HASH_BATCH = 256
 
 
 class ConversionConflict(RuntimeError):
@@ -67,24 +58,11 @@ def _json_line(obj: object) -> str:
     return json.dumps(obj, sort_keys=True) + "\n"
 
 
-def find_duplicates(source: Source, items: list[SourceItem], engine: Engine) -> list[tuple[SourceItem, SourceItem]]:
-    """Pairs (duplicate, first occurrence) of items with identical image content, in item order."""
-    batches = [tuple(items[i : i + HASH_BATCH]) for i in range(0, len(items), HASH_BATCH)]
-    digests: list[list[str | None]] = [[] for _ in batches]
-    for position, result in engine.map_unordered(
-        hash_items, [HashTask(source, b) for b in batches]
-    ):
-        digests[position] = result
-    first: dict[str, SourceItem] = {}
-    pairs = []
-    for item, digest in zip(items, (d for batch in digests for d in batch)):
-        if digest is None:
-            continue
-        if digest in first:
-            pairs.append((item, first[digest]))
-        else:
-            first[digest] = item
-    return pairs
+def _duplicates(source: Source, items: list[SourceItem], engine: Engine, options: ConvertOptions) -> list[Duplicate]:
+    """The items to drop as duplicates, as options ask: exact, near or none."""
+    if options.near_threshold is not None:
+        return find_near_duplicates(source, items, engine, options.near_threshold, options.max_pixels)
+    return find_duplicates(source, items, engine) if options.dedupe else []
 
 
 def _decoded_shape(source: Source, items: list[SourceItem], options: ConvertOptions) -> tuple[int, ...]:
@@ -228,23 +206,25 @@ def _progress(total: int, quiet: bool):
 
 def convert(
     src: str, out_dir: str, options: ConvertOptions, engine: str = "local", quiet: bool = False,
-    address: str | None = None, staging: str | None = None,
+    address: str | None = None, staging: str | None = None, report_png: str | None = None,
 ) -> ConvertReport:
     """Convert the raw dataset at ``src`` into shards and an index under ``out_dir`` (a folder or
     a URL; ``staging`` overrides where shards wait for upload), on the ``engine`` ("local", or
-    "ray" at ``address``; then a local OUT must be shared by every node)."""
+    "ray" at ``address``; then a local OUT must be shared by every node); ``report_png``: draw
+    the duplicates dropped there."""
     url = out_dir.rstrip("/") if remote.is_url(out_dir) else None
     out = (Path(staging) if staging else staging_dir(url)).absolute() if url else Path(out_dir).absolute()
     out.mkdir(parents=True, exist_ok=True)
     with locked_output(out):
-        report = _convert(src, out, url, options, engine, quiet, address)
+        report = _convert(src, out, url, options, engine, quiet, address, report_png)
     if url is not None and not any(out.iterdir()):
         out.rmdir()  # staging holds nothing once every shard is uploaded
     return report
 
 
 def _convert(
-    src: str, out: Path, url: str | None, options: ConvertOptions, engine: str, quiet: bool, address: str | None
+    src: str, out: Path, url: str | None, options: ConvertOptions, engine: str, quiet: bool, address: str | None,
+    report_png: str | None,
 ) -> ConvertReport:
     partial = out / PARTIAL_DIR
     fingerprint: dict[str, Any] = {"options": options.fingerprint()}
@@ -262,9 +242,11 @@ def _convert(
     items = order_items(source.items(), options.shuffle, options.seed, options.limit)
     if not items:
         raise ValueError(f"{src}: the source holds no samples")
-    duplicate_pairs = find_duplicates(source, items, runner) if options.dedupe else []
-    if duplicate_pairs:
-        dropped = {id(dup) for dup, _ in duplicate_pairs}
+    duplicates = _duplicates(source, items, runner, options)
+    if report_png is not None:
+        draw_duplicates(report_png, source, duplicates, f"{src}: duplicates dropped")
+    if duplicates:
+        dropped = {id(dup.item) for dup in duplicates}
         items = [item for item in items if id(item) not in dropped]
     plans = assign_shards(items, options.layout, options.shard_bytes, options.samples_per_shard)
     decoded_shape = _decoded_shape(source, items, options) if options.writer_options.hdf5_decoded else None
@@ -291,10 +273,10 @@ def _convert(
 
     _remove_temporary_files(out)  # of task workers killed mid-shard (their retries used other names)
     ordered = [results[plan.number] for plan in plans]
-    index = _assemble_index(source, options, ordered, len(duplicate_pairs), decoded_shape)
+    index = _assemble_index(source, options, ordered, len(duplicates), decoded_shape)
     skipped_lines = [_json_line(entry) for r in ordered for entry in r.skipped]
     _write_report(out / SKIPPED_REPORT, skipped_lines)
-    dup_lines = [_json_line({"key": dup.key, "where": dup.where, "duplicate_of": orig.key}) for dup, orig in duplicate_pairs]
+    dup_lines = [_json_line(dup.report_line(options.near_threshold is not None)) for dup in duplicates]
     _write_report(out / DUPLICATES_REPORT, dup_lines)
     fsync_dir(out)  # every shard's rename is durable before the index that lists it
     with naming(out / INDEX_FILE):

@@ -149,37 +149,3 @@ def upload_shard(local_root: Path, info: ShardInfo, url: str) -> None:
         remote.upload(local_root / name, remote.join(url, name))
     for name in names:
         (local_root / name).unlink()
-
-
-@dataclass(frozen=True)
-class HashTask:
-    """A run of items to hash for duplicate detection."""
-
-    source: Source
-    items: tuple[SourceItem, ...]
-
-
-def hash_items(task: HashTask) -> list[str | None]:
-    """sha256 of each item's image content, or of its fields when it has no image (None where the
-    item cannot be read)."""
-    digests: list[str | None] = []
-    for item in task.items:
-        try:
-            sample = task.source.load(item)
-        except SampleError:
-            digests.append(None)
-            continue
-        sha = hashlib.sha256()
-        image = sample.image
-        if image is None:
-            for ext, value in sorted(sample.extra.items()):
-                sha.update(f"{ext} {len(value)} ".encode())
-                sha.update(value)
-            digests.append(sha.hexdigest())
-            continue
-        if not isinstance(image, bytes):  # pixels: the shape counts too
-            sha.update(repr(image.shape).encode())
-            image = image.tobytes()
-        sha.update(image)
-        digests.append(sha.hexdigest())
-    return digests

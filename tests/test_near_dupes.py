@@ -1,0 +1,203 @@
+"""Near duplicates: ``convert --dedupe near`` drops planted near copies and keeps distinct photos,
+the same survivors for any worker count, reported in duplicates.jsonl and drawn by --report;
+``overlap`` finds B's samples near A's and writes their keys; ``inspect`` shows the class balance.
+All on real JPEG files written by the fixture."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image, ImageEnhance
+
+from fastload.converters import ConvertOptions, convert
+from fastload.near.report import GROUPS_CHUNK
+from fastload.near.search import MultiIndex, first_occurrences
+from fastload.near.signature import colours_match, hamming, signatures
+from tests.conftest import jpeg_bytes, run_cli, tree_bytes
+
+DISTINCT = 30
+
+
+def texture(seed: int, size: tuple[int, int] = (300, 400)) -> Image.Image:
+    """A photo-like image: random colour fields at a few scales, smoothly upsampled (height, width)."""
+    rng = np.random.default_rng(seed)
+    height, width = size
+    out = np.zeros((height, width, 3), dtype=np.float32)
+    for cells, weight in ((4, 0.6), (12, 0.3), (40, 0.1)):
+        small = Image.fromarray((rng.random((cells, cells, 3)) * 255).astype(np.uint8))
+        out += weight * np.asarray(small.resize((width, height), Image.Resampling.BICUBIC), dtype=np.float32)
+    return Image.fromarray(out.clip(0, 255).astype(np.uint8))
+
+
+def plant(image: Image.Image, kind: str, rng: random.Random) -> bytes:
+    """A near copy of ``image``: re-encoded at low quality, resized, cropped or brightened."""
+    if kind == "resize":
+        scale = rng.uniform(0.8, 0.95)
+        image = image.resize((round(image.width * scale), round(image.height * scale)), Image.Resampling.BILINEAR)
+    elif kind == "crop":
+        dx, dy = round(image.width * 0.03), round(image.height * 0.03)
+        image = image.crop((dx, dy, image.width - dx, image.height - dy))
+    elif kind == "bright":
+        image = ImageEnhance.Brightness(image).enhance(1.08)
+    return jpeg_bytes(image, quality=45 if kind == "quality" else 85)
+
+
+KINDS = ("quality", "resize", "crop", "bright")
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """DISTINCT photos in two classes and one near copy of every third one (named z_..., so it
+    comes after its original in source order); returns the folder and {copy key: original key}."""
+    root = tmp_path_factory.mktemp("planted")
+    (root / "c1").mkdir()
+    copies = {}
+    rng = random.Random(0)
+    for i in range(DISTINCT):
+        image = texture(i)
+        path = root / f"c{i % 2}" / f"p{i:03d}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(jpeg_bytes(image))
+        if i % 3 == 0:
+            kind = KINDS[(i // 3) % len(KINDS)]
+            (root / "c1" / f"z_{kind}_{i:03d}.jpg").write_bytes(plant(image, kind, rng))
+            copies[f"c1/z_{kind}_{i:03d}"] = f"c{i % 2}/p{i:03d}"
+    return root, copies
+
+
+def report_lines(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "duplicates.jsonl").read_text().splitlines()]
+
+
+def test_planted_copies_dropped_distinct_kept(planted: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    src, copies = planted
+    index = convert(str(src), str(tmp_path / "out"), ConvertOptions(source="imagefolder", near_threshold=10)).index
+    assert index.duplicates == len(copies) and index.num_samples == DISTINCT
+    lines = report_lines(tmp_path / "out")
+    assert {line["key"]: line["duplicate_of"] for line in lines} == copies
+    assert all(0 <= line["distance"] <= 10 and line["where"].endswith(f"{line['key']}.jpg") for line in lines)
+    assert index.conversion["near_threshold"] == 10 and index.conversion["dedupe"] is False
+
+
+def test_threshold_zero_keeps_the_changed_copies(planted: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    """At 0 bits only identical signatures are duplicates: the resized/cropped copies survive."""
+    src, copies = planted
+    index = convert(str(src), str(tmp_path / "out"), ConvertOptions(source="imagefolder", near_threshold=0)).index
+    assert index.duplicates < len(copies) - 1
+    lines = report_lines(tmp_path / "out") if index.duplicates else []
+    assert all(line["distance"] == 0 for line in lines)
+
+
+def test_same_survivors_and_bytes_for_any_workers(planted: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    src, _ = planted
+    common = ["convert", str(src), "--from", "imagefolder", "--dedupe", "near", "--shuffle", "--seed", "5", "--samples-per-shard", "7", "--quiet"]
+    run_cli(*common[:2], str(tmp_path / "one"), *common[2:], "--workers", "1")
+    run_cli(*common[:2], str(tmp_path / "two"), *common[2:], "--workers", "2")
+    one, two = tree_bytes(tmp_path / "one"), tree_bytes(tmp_path / "two")
+    assert "duplicates.jsonl" in one and one == two
+
+
+def test_report_png_has_one_row_per_group(planted: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    src, copies = planted
+    report = tmp_path / "dups.png"
+    run_cli("convert", str(src), str(tmp_path / "out"), "--from", "imagefolder", "--dedupe", "near", "--report", str(report), "--quiet")
+    with Image.open(report) as image:
+        image.verify()
+    with Image.open(report) as image:
+        assert image.format == "PNG" and int(image.text[GROUPS_CHUNK]) == len(set(copies.values()))
+
+
+def test_undecodable_image_reported_and_rest_deduplicated(planted: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    import shutil
+
+    src, copies = planted
+    shutil.copytree(src, tmp_path / "src")
+    good = (src / "c0" / "p000.jpg").read_bytes()
+    (tmp_path / "src" / "c0" / "broken.jpg").write_bytes(good[: len(good) // 2])
+    index = convert(str(tmp_path / "src"), str(tmp_path / "out"), ConvertOptions(source="imagefolder", near_threshold=10, on_error="skip")).index
+    assert index.duplicates == len(copies) and sum(index.skipped.values()) == 1
+    skipped = [json.loads(line) for line in (tmp_path / "out" / "skipped.jsonl").read_text().splitlines()]
+    assert [entry["key"] for entry in skipped] == ["c0/broken"]
+
+
+def test_overlap_finds_b_near_a_and_writes_the_exclude_file(planted: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    """A: the distinct photos; B (HDF5): the planted copies and new photos: exactly the copies overlap."""
+    src, copies = planted
+    a_src, b_src = tmp_path / "a_src", tmp_path / "b_src"
+    for path in src.rglob("p*.jpg"):
+        (a_src / path.parent.name).mkdir(parents=True, exist_ok=True)
+        (a_src / path.parent.name / path.name).write_bytes(path.read_bytes())
+    (b_src / "c1").mkdir(parents=True)
+    for path in src.rglob("z_*.jpg"):
+        (b_src / "c1" / path.name).write_bytes(path.read_bytes())
+    for i in range(100, 108):
+        (b_src / "c1" / f"new{i}.jpg").write_bytes(jpeg_bytes(texture(i)))
+    run_cli("convert", str(a_src), str(tmp_path / "a"), "--from", "imagefolder", "--quiet")
+    run_cli("convert", str(b_src), str(tmp_path / "b"), "--from", "imagefolder", "--to", "hdf5", "--quiet")
+    exclude, report = tmp_path / "exclude.txt", tmp_path / "overlap.png"
+    result = run_cli("overlap", str(tmp_path / "a"), str(tmp_path / "b"), "--json", "--workers", "2",
+                     "--write-exclude", str(exclude), "--report", str(report))
+    found = json.loads(result.stdout)
+    assert found["a_samples"] == DISTINCT and found["b_samples"] == len(copies) + 8
+    assert {m["b_key"]: m["a_key"] for m in found["matches"]} == copies
+    assert exclude.read_text(encoding="utf-8").splitlines() == sorted(copies)
+    with Image.open(report) as image:
+        assert int(image.text[GROUPS_CHUNK]) == len(copies)
+
+
+def test_inspect_shows_the_class_histogram_and_imbalance(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    for name, count in (("cats", 6), ("dogs", 2), ("owls", 1)):
+        (src / name).mkdir(parents=True)
+        for i in range(count):
+            (src / name / f"{i}.jpg").write_bytes(jpeg_bytes(texture(i, (40, 40))))
+    run_cli("convert", str(src), str(tmp_path / "out"), "--from", "imagefolder", "--quiet")
+    summary = json.loads(run_cli("inspect", str(tmp_path / "out"), "--json").stdout)
+    balance = summary["class_balance"]
+    shares = np.array([6, 2, 1]) / 9
+    assert summary["class_counts"] == {"cats": 6, "dogs": 2, "owls": 1}
+    assert balance["max_min_ratio"] == 6 and balance["classes"] == 3
+    assert balance["entropy_bits"] == pytest.approx(float(-(shares * np.log2(shares)).sum()))
+    text = run_cli("inspect", str(tmp_path / "out")).stdout
+    rows = [line.split() for line in text.splitlines() if line.startswith("  ")]
+    assert [(r[0], int(r[1]), len(r[2])) for r in rows] == [("cats", 6, 40), ("dogs", 2, 13), ("owls", 1, 7)]
+    assert "largest/smallest 6.00" in text
+
+
+@pytest.mark.parametrize("threshold,size", [(0, 100), (3, 100), (7, 10), (12, 200), (12, 10**6), (17, 1000), (24, 10**5)])
+def test_multi_index_finds_exactly_the_pairs_within_the_threshold(threshold: int, size: int) -> None:
+    """Against brute force over signatures planted at the threshold, one bit past it and at random
+    distances, whatever bands ``size`` chooses."""
+    rng = random.Random(threshold)
+    base = [rng.getrandbits(64) << 64 for _ in range(60)]  # the hash bits; colours all alike
+    stored = base + [b ^ sum(1 << 64 + bit for bit in rng.sample(range(64), d)) for b in base for d in (threshold, threshold + 1, rng.randint(0, 30))]
+    index = MultiIndex(threshold, size)
+    for ident, signature in enumerate(stored):
+        index.add(signature, ident)
+    for query in base:
+        expected = sorted((hamming(query, s), i) for i, s in enumerate(stored) if hamming(query, s) <= threshold)
+        assert index.near(query) == expected
+
+
+def test_first_occurrences_compares_with_the_kept_ones_only() -> None:
+    """a~b and b~c but a and c apart: b is dropped as a's duplicate, c is kept (not transitive)."""
+    a = 0
+    b = a ^ 0b111 << 64  # 3 hash bits from a
+    c = b ^ 0b111 << 72  # 3 from b, 6 from a
+    assert first_occurrences([a, None, b, c, a], 4) == [(2, 0, 3), (4, 0, 0)]
+
+
+def test_same_structure_other_colour_is_not_a_duplicate() -> None:
+    """A pattern tinted red and the same pattern tinted blue hash alike (grey is a positive
+    multiple of the pattern in both) but differ in colour: kept both. The red one darkened by 10%
+    is a duplicate."""
+    pattern = np.asarray(texture(3, (32, 32)).convert("L"), dtype=np.float32)
+    def tinted(r: float, g: float, b: float) -> np.ndarray:
+        return np.stack([pattern * r, pattern * g, pattern * b]).clip(0, 255).astype(np.uint8)
+    red, blue, darker = signatures(np.stack([tinted(1.0, 0.5, 0.5), tinted(0.5, 0.5, 1.0), tinted(0.9, 0.45, 0.45)]))
+    assert hamming(red, blue) <= 2 and not colours_match(red, blue)
+    assert first_occurrences([red, blue, darker], 10) == [(2, 0, hamming(red, darker))]
