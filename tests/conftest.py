@@ -237,6 +237,19 @@ def run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return proc
 
 
+def drop_tables(root: Path) -> Path:
+    """Make ``root`` a dataset converted before sample tables: its ``.table`` files gone and
+    unlisted (so a reader finds positions through each shard's ``.idx``, building the table)."""
+    for table in root.glob("*.table"):
+        table.unlink()
+    data = json.loads((root / "index.json").read_text())
+    for shard in data["shards"]:
+        shard.pop("table", None)
+        shard.pop("table_sha256", None)
+    (root / "index.json").write_text(json.dumps(data))
+    return root
+
+
 def tree_bytes(root: Path) -> dict[str, bytes]:
     """Every file under ``root`` by relative path, for byte-identity comparisons."""
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}

@@ -12,6 +12,8 @@ from fastload.index import DatasetIndex, ShardInfo
 if TYPE_CHECKING:
     import numpy as np
 
+    from fastload.formats.table import SampleTable
+
 
 class ShardReader(Protocol):
     """Random access into one shard; opened lazily so it can be created before a fork."""
@@ -34,6 +36,9 @@ class ShardReader(Protocol):
     def close(self) -> None:
         """Release file handles."""
 
+    def sample_table(self) -> bytes:
+        """The shard's sample table (:mod:`fastload.formats.table`), built from its contents."""
+
 
 class PixelReader(ShardReader, Protocol):
     """A reader of a shard holding decoded pixels (HDF5's ``pixels`` column)."""
@@ -47,6 +52,13 @@ def offsets_name(shard: ShardInfo) -> str:
     return shard.offsets or str(Path(shard.path).with_suffix(".idx"))
 
 
+def table_name(shard: ShardInfo) -> str:
+    """The relative path of a shard's sample table (:mod:`fastload.formats.table`)."""
+    from fastload.formats.table import TABLE_SUFFIX
+
+    return shard.table or str(Path(shard.path).with_suffix(TABLE_SUFFIX))
+
+
 def dataset_file(root: Path, name: str) -> Path:
     """``root / name`` (``name`` already checked by the index to be a relative path inside it),
     refused with a ShardError when symlinks lead it out of the dataset root."""
@@ -56,22 +68,26 @@ def dataset_file(root: Path, name: str) -> Path:
     return path
 
 
-def open_shard(root: Path, index: DatasetIndex, shard: ShardInfo) -> ShardReader:
+def open_shard(root: Path, index: DatasetIndex, shard: ShardInfo, table: SampleTable | None = None, open_files: int | None = None) -> ShardReader:
     """A reader for one shard of a dataset under ``root``, by its layout; its files must lie
     inside ``root`` once symlinks are followed."""
     offsets = dataset_file(root, offsets_name(shard)) if index.layout == "wds" else None
-    return open_shard_files(index, shard, dataset_file(root, shard.path), offsets, open_files=len(index.shards))
+    files = len(index.shards) if open_files is None else open_files
+    return open_shard_files(index, shard, dataset_file(root, shard.path), offsets, files, table)
 
 
-def open_shard_files(index: DatasetIndex, shard: ShardInfo, data: Path, offsets: Path | None, open_files: int = 1) -> ShardReader:
+def open_shard_files(
+    index: DatasetIndex, shard: ShardInfo, data: Path, offsets: Path | None, open_files: int = 1, table: SampleTable | None = None
+) -> ShardReader:
     """A reader over ``shard``'s files wherever they are (the dataset folder, or a local cache);
-    ``open_files``: how many shards a process may hold open at once (sizes HDF5's chunk cache)."""
+    ``open_files``: how many shards a process may hold open at once (sizes HDF5's chunk cache);
+    ``table``: a tar shard's sample table (else its ``.idx`` is parsed into memory)."""
     if index.layout == "wds":
         from fastload.formats.tar import TarShardReader
 
         if offsets is None:
             raise ValueError(f"{data}: a tar shard is read through its offset index; none given")
-        return TarShardReader(data, offsets, shard.samples)
+        return TarShardReader(data, offsets, shard.samples, table)
     from fastload.formats.hdf5 import Hdf5ShardReader, chunk_cache_bytes
 
     return Hdf5ShardReader(data, shard.samples, index.decoded_shape, chunk_cache_bytes(open_files))

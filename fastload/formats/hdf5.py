@@ -172,6 +172,14 @@ class Hdf5ShardReader:
         """The key of row ``i``."""
         return self._columns()["key"][i]
 
+    def sample_table(self) -> bytes:
+        """The shard's sample table: keys and labels (its byte columns are found through h5py)."""
+        from fastload.formats.table import encode_table
+
+        columns = self._columns()
+        labels = columns["labels"] if columns["labels"] is not None else np.full(self.rows, -1, np.int64)
+        return encode_table([columns["key"][i] for i in range(self.rows)], [{}] * self.rows, labels)
+
     @property
     def decoded(self) -> bool:
         """Whether the shard stores decoded pixels rather than encoded images."""
