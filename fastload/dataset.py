@@ -171,7 +171,7 @@ class ShardedDataset:
 
     def fetch(self, shard: int) -> tuple[Path, Path | None]:
         """Local paths of a remote shard's files (data, offset index), downloading what the cache
-        lacks; several processes asking at once download it once."""
+        lacks (its sample table too); several processes asking at once download it once."""
         from fastload.cache import RemoteFile
         from fastload.remote import join
 
@@ -183,6 +183,7 @@ class ShardedDataset:
             name = offsets_name(info)
             offsets = self.cache.path(RemoteFile(join(self.url, name), name, info.offsets_sha256, None))
         data = self.cache.path(RemoteFile(join(self.url, info.path), info.path, info.sha256, info.bytes))
+        self.fetch_table(shard)
         return data, offsets
 
     def fetch_table(self, shard: int) -> Path | None:

@@ -162,6 +162,7 @@ class SampleTable:
         size = len(data) if data is not None else os.fstat(self._descriptor()).st_size
         self.layout = TableLayout.parse(self._read, size, samples, str(path))
         self._row = self.layout.row
+        self._fields = tuple((name, 2 + 2 * c) for c, name in enumerate(self.layout.names))  # (name, its offset's place in a row)
 
     def __len__(self) -> int:
         return self.layout.samples
@@ -217,7 +218,7 @@ class SampleTable:
     def spans(self, i: int) -> Spans:
         """Each field of sample ``i``: {name: (data offset, size)}."""
         values = self._values(i)
-        return {name: (values[2 + 2 * c], values[3 + 2 * c]) for c, name in enumerate(self.layout.names) if values[3 + 2 * c] != ABSENT}
+        return {name: (values[at], values[at + 1]) for name, at in self._fields if values[at + 1] != ABSENT}
 
     def labels(self) -> np.ndarray:
         """Every sample's label (int64, -1 where none)."""
