@@ -24,7 +24,7 @@ import pytest
 
 import fastload
 from fastload import transforms as T
-from fastload.converters import ConvertOptions, SourceOptions, convert
+from fastload.converters import ConvertOptions, convert
 from fastload.converters.index_tars import index_tars
 from fastload.errors import RemoteError, ShardError
 from fastload.formats.idx import parse_dali_index
