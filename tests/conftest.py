@@ -176,6 +176,14 @@ def clean(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def h5_clean(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The image folder converted to HDF5 shards of 8 samples."""
+    out = tmp_path_factory.mktemp("h5-clean")
+    convert(str(image_folder), str(out), ConvertOptions(source="imagefolder", layout="hdf5", samples_per_shard=8))
+    return out
+
+
 @pytest.fixture()
 def corrupt(clean: Path, tmp_path: Path) -> tuple[Path, set[str]]:
     """A copy whose shard 1 has one sample with a garbage header and one with garbage scan data."""

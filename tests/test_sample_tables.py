@@ -36,13 +36,6 @@ from tests.test_remote import DatasetServer
 pytestmark = pytest.mark.timeout(180)
 
 
-@pytest.fixture(scope="module")
-def h5_clean(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("h5-tables")
-    convert(str(image_folder), str(out), ConvertOptions(source="imagefolder", layout="hdf5", samples_per_shard=8))
-    return out
-
-
 @pytest.fixture()
 def ds_root(clean: Path, tmp_path: Path) -> Path:
     root = tmp_path / "ds"

@@ -36,13 +36,6 @@ pytestmark = pytest.mark.timeout(120)
 SECRET = "fastload-test-secret-0xC0FFEE"  # in the environment: it must never reach a message
 
 
-@pytest.fixture(scope="module")
-def h5_clean(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("h5-clean")
-    convert(str(image_folder), str(out), ConvertOptions(source="imagefolder", layout="hdf5", samples_per_shard=8))
-    return out
-
-
 @pytest.fixture()
 def ds_root(clean: Path, tmp_path: Path) -> Path:
     """A private copy of the 30-sample, 4-shard tar dataset (8 samples a shard), without sample
