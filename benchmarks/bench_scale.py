@@ -25,6 +25,12 @@ SHARD_SAMPLES = 10_000
 SIZES = {"1.28M": 128, "10.24M": 1024, "40.96M": 4096}
 ORDERS = ("global", "streaming")
 SHARD_FILES = (".tar", ".idx", ".table")
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def checkout_env() -> dict[str, str]:
+    """The environment in which child processes import this checkout's fastload."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH"))))}
 
 
 def base_dataset(work: Path, photos: Path | None, max_size: int) -> Path:
@@ -40,7 +46,7 @@ def base_dataset(work: Path, photos: Path | None, max_size: int) -> Path:
     subprocess.run(
         [sys.executable, "-m", "fastload.cli", "convert", str(photos), str(base), "--from", "imagefolder", "--limit", str(SHARD_SAMPLES),
          "--samples-per-shard", str(SHARD_SAMPLES), "--max-size", str(max_size), "--quiet"],
-        check=True,
+        check=True, env=checkout_env(),
     )
     return base
 
@@ -130,14 +136,17 @@ def main() -> None:
         parser.error(f"--sizes: unknown {', '.join(unknown)} (choose from {', '.join(SIZES)})")
     args.work.mkdir(parents=True, exist_ok=True)
     base = base_dataset(args.work, args.photos, args.max_size)
+    env = checkout_env()
     rows = []
     for name in sizes:
         dataset = linked_dataset(base, args.work, SIZES[name])
         for order in ORDERS:
             child = [sys.executable, __file__, str(args.work), "--run", f"{dataset},{order}", "--workers", str(args.workers),
                      "--batch-size", str(args.batch_size), "--batches", str(args.batches), "--size", str(args.size)]
-            out = subprocess.run(child, check=True, capture_output=True, text=True).stdout
-            rows.append((name, order, json.loads(out.strip().splitlines()[-1])))
+            proc = subprocess.run(child, capture_output=True, text=True, env=env)
+            if proc.returncode:
+                raise SystemExit(f"{name} {order}: the run failed:\n{proc.stderr}")
+            rows.append((name, order, json.loads(proc.stdout.strip().splitlines()[-1])))
     print(f"| samples | order | first batch | PSS per worker | PSS main process | images/s over batches 2-{args.batches + 1} |")
     print("|---|---|---|---|---|---|")
     for name, order, r in rows:

@@ -15,6 +15,23 @@ if TYPE_CHECKING:
     from fastload.formats.table import SampleTable
 
 
+_pid = os.getpid()
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def this_process() -> int:
+    """This process's id, kept by a fork hook: readers check it on every read (never share a
+    descriptor across a fork), and ``os.getpid()`` is a system call (~7 a sample: ~2 us)."""
+    return _pid
+
+
 class ShardReader(Protocol):
     """Random access into one shard; opened lazily so it can be created before a fork."""
 

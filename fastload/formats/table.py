@@ -35,6 +35,7 @@ import numpy as np
 from fastload.errors import SampleError, ShardError
 from fastload.fields import LABEL_FIELD, parse_label
 from fastload.files import open_regular
+from fastload.formats import this_process
 from fastload.formats.idx import Member, split_member_name
 
 TABLE_MAGIC = b"FLTABLE1"
@@ -177,12 +178,12 @@ class SampleTable:
         self._row = self.layout.row
 
     def _descriptor(self) -> int:
-        if self._fd is None or self._pid != os.getpid():  # never share a descriptor across a fork
+        if self._fd is None or self._pid != this_process():  # never share a descriptor across a fork
             try:
                 self._fd = open_regular(self.path)
             except OSError as exc:
                 raise ShardError(f"{self.path}: cannot open the sample table ({exc.strerror})") from None
-            self._pid = os.getpid()
+            self._pid = this_process()
         return self._fd
 
     def _read(self, offset: int, size: int) -> bytes:
@@ -242,7 +243,7 @@ class SampleTable:
 
     def close(self) -> None:
         """Close the descriptor of this process."""
-        if self._fd is not None and self._pid == os.getpid():
+        if self._fd is not None and self._pid == this_process():
             os.close(self._fd)
         self._fd = None
         self._row_cache = (-1, ())

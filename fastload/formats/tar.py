@@ -11,6 +11,7 @@ from pathlib import Path
 from fastload.errors import DatasetIndexError, SampleError, ShardError
 from fastload.fields import is_field_member
 from fastload.files import open_regular, read_file
+from fastload.formats import this_process
 from fastload.formats.idx import TarMembers, parse_dali_index
 from fastload.formats.table import SampleTable, encode_table, tar_labels
 
@@ -57,15 +58,16 @@ class TarShardReader:
         return state
 
     def _descriptor(self) -> int:
-        if self._fd is None or self._pid != os.getpid():  # never share a descriptor across a fork
+        if self._fd is None or self._pid != this_process():  # never share a descriptor across a fork
             try:
                 fd = open_regular(self.path)
             except OSError as exc:
                 raise ShardError(f"{self.path}: cannot open shard ({exc.strerror})") from None
-            self._size = os.fstat(fd).st_size
+            if self._size < 0:  # the first open in any process (re-opens after an eviction keep it)
+                self._size = os.fstat(fd).st_size
             if isinstance(self._samples, SampleTable):
                 self._samples.open()
-            self._fd, self._pid = fd, os.getpid()
+            self._fd, self._pid = fd, this_process()
         return self._fd
 
     def open(self) -> None:
@@ -132,7 +134,7 @@ class TarShardReader:
 
     def close(self) -> None:
         """Close the descriptor of this process."""
-        if self._fd is not None and self._pid == os.getpid():
+        if self._fd is not None and self._pid == this_process():
             os.close(self._fd)
         self._fd = None
         if isinstance(self._samples, SampleTable):
