@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -80,6 +81,12 @@ def dataset_file(root: Path, name: str) -> Path:
     """``root / name`` (``name`` already checked by the index to be a relative path inside it),
     refused with a ShardError when symlinks lead it out of the dataset root."""
     path = root / name
+    if "/" not in name:  # a file directly in the root stays there unless it is itself a link
+        try:
+            if not stat.S_ISLNK(os.lstat(path).st_mode):
+                return path
+        except OSError:
+            return path  # missing: whoever opens it says so
     if not Path(os.path.realpath(path)).is_relative_to(os.path.realpath(root)):
         raise ShardError(f"{path}: a symlink leads outside the dataset root; refusing to read it")
     return path
