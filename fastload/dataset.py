@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import logging
 import os
 from collections import OrderedDict
 from pathlib import Path
@@ -11,19 +12,33 @@ from typing import TYPE_CHECKING, Any, cast
 
 from fastload.errors import ShardError
 from fastload.fields import LABEL_FIELD, decode_field, image_field
-from fastload.formats import PixelReader, ShardReader, offsets_name, open_shard, open_shard_files
+from fastload.formats import PixelReader, ShardReader, offsets_name, open_shard, open_shard_files, table_name
+from fastload.formats.table import SampleTable
 from fastload.index import INDEX_FILE, DatasetIndex, read_index
 from fastload.remote import is_url
+from fastload.sample_tables import DatasetKeys, indices_of, local_table, missing_tables, sample_labels
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator, Sequence
+
     import numpy as np
+
+# Shards a process keeps open at once (least recently used closed first): a tar shard holds two
+# descriptors (data, sample table), an HDF5 one two (h5py's, ours), so 128 stay well under the
+# common `ulimit -n 1024` with the pipes of 32 workers and what a worker inherits.
+DEFAULT_MAX_OPEN_SHARDS = 128
+MAX_OPEN_SHARDS_ENV = "FASTLOAD_MAX_OPEN_SHARDS"
+log = logging.getLogger("fastload")
 
 
 class ShardedDataset:
     """Samples of a converted dataset. ``ds[i]`` decodes sample i fully: a dict with ``key``,
     ``image`` (HWC uint8), ``label`` (int, when the data has ``cls``) and any extra raw fields.
 
-    Shard files open lazily in each process, so the object can be created before workers fork.
+    Shard files open lazily in each process, so the object can be created before workers fork;
+    each process keeps at most ``max_open_shards`` open (default 128, or FASTLOAD_MAX_OPEN_SHARDS).
+    Per-sample positions, keys and labels come from each shard's sample table, read by ``pread``
+    (built beside the shard on first open for datasets converted without them).
     A remote dataset (``s3://``, ``gs://``, ``http(s)://``, any fsspec URL) reads its index once
     per rank (rank 0 reads and broadcasts it when a process group exists) and its shards through
     a local :class:`~fastload.cache.ShardCache`, whole files checked against the index.
@@ -35,6 +50,7 @@ class ShardedDataset:
         cache_dir: str | os.PathLike[str] | None = None,
         cache_size: int | str | None = None,
         storage_options: dict | None = None,
+        max_open_shards: int | None = None,
     ) -> None:
         url = str(root).rstrip("/") if is_url(root) else None
         self.url, self.root = url, (Path(root) if url is None else None)
@@ -57,7 +73,15 @@ class ShardedDataset:
                     f"shard ({largest} bytes); give cache_size= (or FASTLOAD_CACHE_SIZE) a few shards' worth"
                 )
         self._starts = list(itertools.accumulate((s.samples for s in self.index.shards), initial=0))
-        self._readers: OrderedDict[int, ShardReader] = OrderedDict()
+        self.max_open_shards = _max_open_shards(max_open_shards)
+        self._readers: dict[int, ShardReader] = {}  # local: every shard read so far (closed or open)
+        self._open: OrderedDict[int, None] = OrderedDict()  # the open ones, least recently used first
+        if self.root is not None and (missing := missing_tables(self.root, self.index)):
+            log.warning(
+                "%s: %d shard(s) have no sample table and the folder is read-only: each process parses their .idx "
+                "into memory (~70 bytes a sample); run fastload on a writable copy once to build the tables",
+                self.location, missing,
+            )
 
     def __len__(self) -> int:
         return self._starts[-1]
@@ -101,41 +125,53 @@ class ShardedDataset:
         return shards_of(self._starts, indices)
 
     def reader(self, shard: int) -> ShardReader:
-        """The (lazily opened) reader of shard number ``shard``. A remote dataset keeps at most
-        ``MAX_OPEN_REMOTE_SHARDS`` open per process, so evicted cache entries free their disk."""
+        """The open reader of shard number ``shard``. At most ``max_open_shards`` stay open per
+        process, least recently used closed first (a local reader keeps its table's layout, so
+        reopening is two ``open`` calls); a remote dataset keeps at most
+        ``MAX_OPEN_REMOTE_SHARDS`` and drops evicted readers, so evicted cache entries free their disk."""
+        if shard in self._open:
+            self._open.move_to_end(shard)
+            return self._readers[shard]
+        remote = self.root is None
+        limit = min(self.max_open_shards, MAX_OPEN_REMOTE_SHARDS) if remote else self.max_open_shards
+        while len(self._open) >= limit:
+            evicted, _ = self._open.popitem(last=False)
+            (self._readers.pop(evicted) if remote else self._readers[evicted]).close()
         reader = self._readers.get(shard)
-        if reader is not None:
-            self._readers.move_to_end(shard)
-            return reader
-        if self.root is not None:
-            reader = open_shard(self.root, self.index, self.index.shards[shard])
-        else:
-            reader = self._open_cached(shard)
-            while len(self._readers) >= MAX_OPEN_REMOTE_SHARDS:
-                self._readers.popitem(last=False)[1].close()
-        self._readers[shard] = reader
+        if reader is None:
+            reader = self._open_local(shard) if self.root is not None else self._open_cached(shard)
+            self._readers[shard] = reader
+        reader.open()
+        self._open[shard] = None
         return reader
+
+    def _open_local(self, shard: int) -> ShardReader:
+        info, root = self.index.shards[shard], cast(Path, self.root)
+        table = local_table(root, self.index, info) if self.index.layout == "wds" else None
+        return open_shard(root, self.index, info, table, open_files=min(len(self.index.shards), self.max_open_shards))
 
     def _open_cached(self, shard: int) -> ShardReader:
         """A reader over the cached copy, its file opened at once: an open descriptor stays
         readable when another process evicts the entry; one evicted in between is fetched again."""
         data, offsets = self.fetch(shard)
+        table = self.fetch_table(shard)
         try:
-            return self._open_files(shard, data, offsets)
+            return self._open_files(shard, data, offsets, table)
         except ShardError:
-            if all(path is None or path.exists() for path in (data, offsets)):
+            if all(path is None or path.exists() for path in (data, offsets, table)):
                 raise
-        return self._open_files(shard, *self.fetch(shard))
+        return self._open_files(shard, *self.fetch(shard), self.fetch_table(shard))
 
-    def _open_files(self, shard: int, data: Path, offsets: Path | None) -> ShardReader:
+    def _open_files(self, shard: int, data: Path, offsets: Path | None, table: Path | None) -> ShardReader:
         info = self.index.shards[shard]
-        reader = open_shard_files(self.index, info, data, offsets, min(len(self.index.shards), MAX_OPEN_REMOTE_SHARDS))
+        samples = SampleTable(table, info.samples) if table is not None and self.index.layout == "wds" else None
+        reader = open_shard_files(self.index, info, data, offsets, min(len(self.index.shards), MAX_OPEN_REMOTE_SHARDS), samples)
         reader.open()
         return reader
 
     def fetch(self, shard: int) -> tuple[Path, Path | None]:
         """Local paths of a remote shard's files (data, offset index), downloading what the cache
-        lacks; several processes asking at once download it once."""
+        lacks (its sample table too); several processes asking at once download it once."""
         from fastload.cache import RemoteFile
         from fastload.remote import join
 
@@ -147,7 +183,19 @@ class ShardedDataset:
             name = offsets_name(info)
             offsets = self.cache.path(RemoteFile(join(self.url, name), name, info.offsets_sha256, None))
         data = self.cache.path(RemoteFile(join(self.url, info.path), info.path, info.sha256, info.bytes))
+        self.fetch_table(shard)
         return data, offsets
+
+    def fetch_table(self, shard: int) -> Path | None:
+        """The local path of a remote shard's sample table (checked against its sha256), None when
+        the index lists none (a dataset converted before tables: the shard's ``.idx`` is read)."""
+        from fastload.cache import RemoteFile
+        from fastload.remote import join
+
+        info = self.index.shards[shard]
+        if self.cache is None or self.url is None or info.table is None:
+            return None
+        return self.cache.path(RemoteFile(join(self.url, info.table), info.table, info.table_sha256, None))
 
     def where(self, i: int) -> str:
         """'shard-00003.tar:key' — how errors name a sample."""
@@ -180,51 +228,76 @@ class ShardedDataset:
         fill = getattr(indices, "fill", None)
         return fill(self) if fill is not None else [self[i] for i in indices]
 
-    # --- per-sample tables: a minimal version reading every shard's members (orders branch; the
-    # memory-mapped tables of the tables branch replace these two methods at merge) ---------------
+    def table(self, shard: int) -> SampleTable:
+        """Shard ``shard``'s sample table (built in memory where it cannot be written); close it after use."""
+        info = self.index.shards[shard]
+        if self.root is not None:
+            table = local_table(self.root, self.index, info)
+            if table is not None:
+                return table
+            return SampleTable(self.root / table_name(info), info.samples, open_shard(self.root, self.index, info, open_files=1).sample_table())
+        path = self.fetch_table(shard)
+        if path is not None:
+            return SampleTable(path, info.samples)
+        return SampleTable(Path(table_name(info)), info.samples, self._open_files(shard, *self.fetch(shard), None).sample_table())
 
-    def indices_of(self, keys: list[str]) -> np.ndarray:
-        """Sample index of each key (int64); a KeyError names the first key the dataset lacks."""
-        import numpy as np
-
-        wanted = dict.fromkeys(keys, -1)
+    def _tables(self) -> Iterator[SampleTable]:
         for shard in range(len(self.index.shards)):
-            reader = self.reader(shard)
-            for row in range(len(reader)):
-                key = reader.key(row)
-                if key in wanted:
-                    wanted[key] = self._starts[shard] + row
-        for key, index in wanted.items():
-            if index < 0:
-                raise KeyError(key)
-        return np.array([wanted[key] for key in keys], dtype=np.int64)
+            table = self.table(shard)
+            try:
+                yield table
+            finally:
+                table.close()
 
     def sample_labels(self) -> np.ndarray:
-        """Every sample's label (int64), -1 where a sample has none."""
-        import numpy as np
+        """Every sample's label by global index (read-only int64, -1 where unlabelled), from the
+        sample tables without reading shards: 8 bytes a sample, one read per shard."""
+        return sample_labels(self._tables())
 
-        labels = np.full(len(self), -1, dtype=np.int64)
-        if not self.has_labels:
-            return labels
-        for i in range(len(self)):
-            _, fields, _ = self.raw(i)
-            if LABEL_FIELD in fields:
-                labels[i] = decode_field("label", fields[LABEL_FIELD], self.where(i), LABEL_FIELD)
-        return labels
+    def sample_keys(self) -> Sequence[str]:
+        """Every sample's key by global index: a view that reads keys from the tables as asked."""
+        return DatasetKeys(self.key_of, self._tables, len(self))
+
+    def key_of(self, i: int) -> str:
+        """The key of sample ``i``."""
+        shard, row = self.locate(i)
+        return self.reader(shard).key(row)
+
+    def indices_of(self, keys: Iterable[str]) -> np.ndarray:
+        """The global index (int64) of each of ``keys``, in their order, found through the tables'
+        key hashes (one read per shard); a KeyError names the first key no sample has."""
+        return indices_of(keys, zip(self._starts, self._tables()), self.location)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_readers"] = OrderedDict()  # each process opens its own files
+        state["_readers"], state["_open"] = {}, OrderedDict()  # each process opens its own files
         return state
 
     def close(self) -> None:
         """Close this process's shard files."""
-        for reader in self._readers.values():
-            reader.close()
-        self._readers.clear()
+        for shard in self._open:
+            self._readers[shard].close()
+        self._open.clear()
+        if self.root is None:
+            self._readers.clear()
 
 
 MAX_OPEN_REMOTE_SHARDS = 16
+
+
+def _max_open_shards(value: int | None) -> int:
+    """``value``, else FASTLOAD_MAX_OPEN_SHARDS, else the default; at least 1."""
+    if value is None:
+        text = os.environ.get(MAX_OPEN_SHARDS_ENV)
+        if text is None:
+            return DEFAULT_MAX_OPEN_SHARDS
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"{MAX_OPEN_SHARDS_ENV}={text!r}: must be a whole number of shards") from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"max_open_shards: must be a whole number of shards, at least 1 (got {value!r})")
+    return value
 
 
 def read_remote_index(url: str, storage_options: dict | None = None) -> DatasetIndex:
@@ -243,7 +316,9 @@ def open(  # the public name is fastload.open
     cache_dir: str | os.PathLike[str] | None = None,
     cache_size: int | str | None = None,
     storage_options: dict | None = None,
+    max_open_shards: int | None = None,
 ) -> ShardedDataset:
     """Open a converted dataset: a folder holding index.json, or its URL (then shards are cached
-    under ``cache_dir`` / FASTLOAD_CACHE_DIR, at most ``cache_size`` / FASTLOAD_CACHE_SIZE)."""
-    return ShardedDataset(path, cache_dir, cache_size, storage_options)
+    under ``cache_dir`` / FASTLOAD_CACHE_DIR, at most ``cache_size`` / FASTLOAD_CACHE_SIZE);
+    each process keeps at most ``max_open_shards`` shards open (FASTLOAD_MAX_OPEN_SHARDS, 128)."""
+    return ShardedDataset(path, cache_dir, cache_size, storage_options, max_open_shards)

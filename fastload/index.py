@@ -2,8 +2,9 @@
 
 Writers (``converters``) produce it last, after every shard is complete; readers (the loader,
 ``inspect``, ``verify``) trust nothing else about a dataset. Per-sample byte offsets of tar shards
-live beside each shard in DALI's ``.idx`` format (:mod:`fastload.formats.idx`); the file helpers
-that read and write both are in :mod:`fastload.files`.
+live beside each shard in DALI's ``.idx`` format (:mod:`fastload.formats.idx`), and every
+sample's key, label and field spans in the shard's sample table (:mod:`fastload.formats.table`);
+the file helpers that read and write them are in :mod:`fastload.files`.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from fastload.errors import DatasetIndexError
 from fastload.files import atomic_write_bytes, check_relative_path, is_sha256, read_file
 
 FORMAT_NAME = "fastload"
-FORMAT_VERSION = 2  # 2: HDF5 byte columns stored flat (a group of `bytes` + `offsets`)
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3  # 2: HDF5 byte columns stored flat (a group of `bytes` + `offsets`); 3: per-shard sample tables
+READABLE_VERSIONS = (1, 2, 3)
 INDEX_FILE = "index.json"
 SKIPPED_REPORT = "skipped.jsonl"
 
@@ -65,6 +66,8 @@ class ShardInfo:
     sha256: str
     offsets: str | None = None  # the DALI .idx beside a tar shard
     offsets_sha256: str | None = None  # its checksum (fetched .idx files are checked too)
+    table: str | None = None  # the shard's sample table (fastload.formats.table)
+    table_sha256: str | None = None  # its checksum (fetched tables are checked too)
 
     def __post_init__(self) -> None:
         check_relative_path(self.path, "path")
@@ -74,6 +77,9 @@ class ShardInfo:
         if self.offsets is not None:
             check_relative_path(self.offsets, "offsets")
         _check_sha256(self.offsets_sha256, "offsets_sha256", optional=True)
+        if self.table is not None:
+            check_relative_path(self.table, "table")
+        _check_sha256(self.table_sha256, "table_sha256", optional=True)
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ def excluded_indices(dataset: ShardedDataset, exclude: Sequence[str] | str | os.
     try:
         indices = dataset.indices_of(read_exclude(exclude))
     except KeyError as exc:
-        raise KeyError(f"exclude= names key {exc.args[0]!r}, which {dataset.location} does not hold") from None
+        raise KeyError(f"exclude=: {exc.args[0]}") from None  # the dataset's error names it and the key
     return tuple(np.unique(indices).tolist())
 
 

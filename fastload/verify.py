@@ -11,8 +11,8 @@ from pathlib import Path
 
 from fastload.errors import FastloadError
 from fastload.fields import decode_field, default_role, image_field
-from fastload.files import file_sha256
-from fastload.formats import ShardReader, dataset_file, offsets_name, open_shard, open_shard_files
+from fastload.files import file_sha256, read_file
+from fastload.formats import ShardReader, dataset_file, offsets_name, open_shard, open_shard_files, table_name
 from fastload.index import DatasetIndex, ShardInfo, read_index
 from fastload.remote import is_url
 
@@ -32,7 +32,7 @@ class VerifyReport:
 
 
 def _check_shard(root: Path, index: DatasetIndex, shard: ShardInfo, decode: bool, report: VerifyReport) -> None:
-    """Size and checksum of the shard (and of its .idx) against the index, then its contents;
+    """Size and checksum of the shard (and of its .idx and sample table) against the index, then its contents;
     any failure, an unreadable file included, becomes a problem line."""
     try:
         path = dataset_file(root, shard.path)
@@ -46,25 +46,34 @@ def _check_shard(root: Path, index: DatasetIndex, shard: ShardInfo, decode: bool
         if file_sha256(path) != shard.sha256:
             report.problems.append(f"{shard.path}: sha256 mismatch (corrupted)")
             return
-        if index.layout == "wds" and shard.offsets_sha256 and not _offsets_match(dataset_file(root, offsets_name(shard)), shard.offsets_sha256):
+        if index.layout == "wds" and shard.offsets_sha256 and not _file_matches(dataset_file(root, offsets_name(shard)), shard.offsets_sha256):
             report.problems.append(f"{offsets_name(shard)}: missing or sha256 mismatch (the shard's offset index is corrupted)")
+            return
+        table = dataset_file(root, table_name(shard))
+        if shard.table_sha256 and not _file_matches(table, shard.table_sha256):
+            report.problems.append(f"{table_name(shard)}: missing or sha256 mismatch (the shard's sample table is corrupted)")
             return
     except (FastloadError, OSError) as exc:
         report.problems.append(f"{shard.path}: {exc}")
         return
-    _check_contents(lambda: open_shard(root, index, shard), shard, decode, report, bool(index.image_fields))
+    tables = table if table.exists() else None
+    _check_contents(lambda: open_shard(root, index, shard), shard, decode, report, bool(index.image_fields), tables)
 
 
 def _check_contents(
-    open_reader: Callable[[], ShardReader], shard: ShardInfo, decode: bool, report: VerifyReport, images: bool
+    open_reader: Callable[[], ShardReader], shard: ShardInfo, decode: bool, report: VerifyReport, images: bool, table: Path | None
 ) -> None:
     """The shard's structure against the index (sample count; a tar's member headers against its
-    .idx; HDF5 columns against the row count) and, with ``decode``, every field (``images``: every
+    .idx; HDF5 columns against the row count), its sample ``table`` against the shard (the table
+    built afresh from it, byte for byte) and, with ``decode``, every field (``images``: every
     sample must have an image)."""
     try:
         reader = open_reader()
         try:
             reader.check()
+            if table is not None and read_file(table) != reader.sample_table():
+                report.problems.append(f"{table.name}: disagrees with its shard (keys, labels or offsets)")
+                return
             if decode:
                 _decode_all(reader, shard, report, images)
         finally:
@@ -75,7 +84,7 @@ def _check_contents(
     report.samples += shard.samples
 
 
-def _offsets_match(path: Path, sha256: str) -> bool:
+def _file_matches(path: Path, sha256: str) -> bool:
     try:
         return file_sha256(path) == sha256
     except FileNotFoundError:
@@ -122,11 +131,12 @@ def _verify_remote(url: str, decode: bool) -> VerifyReport:
         for number, shard in enumerate(ds.index.shards):
             try:
                 data, offsets = ds.fetch(number)
+                table = ds.fetch_table(number)
             except (FastloadError, OSError) as exc:  # a failed download, a full disk
                 report.problems.append(f"{shard.path}: {exc}")
                 continue
-            _check_contents(lambda: open_shard_files(ds.index, shard, data, offsets), shard, decode, report, bool(ds.index.image_fields))  # noqa: B023
-            for path in (data, offsets):
+            _check_contents(lambda: open_shard_files(ds.index, shard, data, offsets), shard, decode, report, bool(ds.index.image_fields), table)  # noqa: B023
+            for path in (data, offsets, table):
                 if path is not None:
                     path.unlink()
     return report

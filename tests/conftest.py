@@ -186,6 +186,14 @@ def clean(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def h5_clean(image_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The image folder converted to HDF5 shards of 8 samples."""
+    out = tmp_path_factory.mktemp("h5-clean")
+    convert(str(image_folder), str(out), ConvertOptions(source="imagefolder", layout="hdf5", samples_per_shard=8))
+    return out
+
+
 @pytest.fixture()
 def corrupt(clean: Path, tmp_path: Path) -> tuple[Path, set[str]]:
     """A copy whose shard 1 has one sample with a garbage header and one with garbage scan data."""
@@ -245,6 +253,19 @@ def run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     if check and proc.returncode != 0:
         raise AssertionError(f"fastload {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def drop_tables(root: Path) -> Path:
+    """Make ``root`` a dataset converted before sample tables: its ``.table`` files gone and
+    unlisted (so a reader finds positions through each shard's ``.idx``, building the table)."""
+    for table in root.glob("*.table"):
+        table.unlink()
+    data = json.loads((root / "index.json").read_text())
+    for shard in data["shards"]:
+        shard.pop("table", None)
+        shard.pop("table_sha256", None)
+    (root / "index.json").write_text(json.dumps(data))
+    return root
 
 
 def tree_bytes(root: Path) -> dict[str, bytes]:

@@ -22,7 +22,7 @@ import fastload
 from fastload import transforms as T
 from fastload.errors import SampleError
 from fastload.workers import WorkerError
-from tests.conftest import alive, collection_page_faults
+from tests.conftest import alive, cli_env, collection_page_faults
 
 
 def worker_pids(loader: fastload.DataLoader) -> list[int]:
@@ -162,7 +162,7 @@ def test_ctrl_c_leaves_no_process_behind(clean: Path, tmp_path: Path) -> None:
     # SIG_DFL in the child: a suite started with SIGINT ignored (nohup ... &) would pass the
     # ignoring on, and Python leaves an ignored SIGINT ignored instead of raising KeyboardInterrupt.
     proc = subprocess.Popen([sys.executable, str(script), str(clean)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            start_new_session=True, env=cli_env(), preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout.readline().strip() == "ready"
     time.sleep(1.0)
     tree = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
@@ -180,7 +180,7 @@ def test_ctrl_c_leaves_no_process_behind(clean: Path, tmp_path: Path) -> None:
 def test_workers_exit_when_the_main_process_is_killed(clean: Path, tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(CTRL_C_SCRIPT)
-    proc = subprocess.Popen([sys.executable, str(script), str(clean)], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen([sys.executable, str(script), str(clean)], stdout=subprocess.PIPE, text=True, start_new_session=True, env=cli_env())
     assert proc.stdout.readline().strip() == "ready"
     time.sleep(0.5)
     workers = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]

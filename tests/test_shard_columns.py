@@ -18,6 +18,7 @@ from fastload.converters import ConvertOptions, convert
 from fastload.errors import DatasetIndexError, ShardError
 from fastload.formats.idx import format_dali_index, parse_dali_index
 from fastload.index import read_index
+from tests.conftest import drop_tables
 
 
 def test_members_round_trip_with_different_fields_per_sample() -> None:
@@ -56,6 +57,7 @@ def test_a_damaged_index_is_named_by_file_and_line(text: str, message: str) -> N
 def test_a_damaged_shard_index_names_the_file_when_read(clean: Path, tmp_path: Path) -> None:
     root = tmp_path / "ds"
     shutil.copytree(clean, root)
+    drop_tables(root)  # a dataset converted before tables: the .idx is what the loader reads
     idx = root / read_index(root).shards[0].offsets
     lines = idx.read_text().splitlines()
     idx.write_text("\n".join([*lines[:2], "jpg 10 20", *lines[3:]]) + "\n")

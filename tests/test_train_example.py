@@ -16,6 +16,7 @@ import torch
 
 from fastload.converters import ConvertOptions, convert
 from fastload.demo import make_demo_images
+from tests.conftest import cli_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 SCRIPT = Path(__file__).parent.parent / "examples" / "train_ddp.py"
@@ -39,7 +40,7 @@ def torchrun(data: Path, ckpt: Path, *extra: str) -> list[str]:
 
 def test_trains_is_killed_and_resumes(small_dataset: Path, tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
-    proc = subprocess.Popen(torchrun(small_dataset, ckpt), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(torchrun(small_dataset, ckpt), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=cli_env())
     deadline = time.monotonic() + 120
     step = 0
     while time.monotonic() < deadline and proc.poll() is None:
@@ -60,7 +61,7 @@ def test_trains_is_killed_and_resumes(small_dataset: Path, tmp_path: Path) -> No
     saved = torch.load(ckpt / "last.pt", weights_only=False)
     assert 16 <= saved["step"] < 65 and saved["loader"]["samples_consumed"] % 16 == 0
 
-    resumed = subprocess.run(torchrun(small_dataset, ckpt, "--resume"), capture_output=True, text=True, timeout=240)
+    resumed = subprocess.run(torchrun(small_dataset, ckpt, "--resume"), capture_output=True, text=True, timeout=240, env=cli_env())
     out = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, out
     assert f"resumed from step {saved['step']}" in out
@@ -73,7 +74,7 @@ def test_trains_is_killed_and_resumes(small_dataset: Path, tmp_path: Path) -> No
 
 def test_quickstart_runs(image_folder: Path, tmp_path: Path) -> None:
     script = Path(__file__).parent.parent / "examples" / "quickstart.py"
-    proc = subprocess.run([sys.executable, str(script), str(image_folder), str(tmp_path / "wds")], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, str(script), str(image_folder), str(tmp_path / "wds")], capture_output=True, text=True, timeout=120, env=cli_env())
     assert proc.returncode == 0, proc.stderr
     assert "30 images of ['circles', 'squares', 'stripes', 'waves']" in proc.stdout
     assert "(30, 3, 224, 224) torch.float32" in proc.stdout

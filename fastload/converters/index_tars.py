@@ -33,10 +33,10 @@ from fastload.errors import DatasetIndexError, SampleError
 from fastload.fields import IMAGE_FIELDS, LABEL_FIELD, is_field_member, parse_label
 from fastload.files import atomic_write_bytes, check_relative_path, fsync_dir, open_regular
 from fastload.formats.idx import Member, format_dali_index, split_member_name
+from fastload.formats.table import MAX_LABEL_BYTES, TABLE_SUFFIX, tar_table
 from fastload.index import INDEX_FILE, DatasetIndex, ShardInfo, write_index
 
 SOURCE_NAME = "wds-index"  # the index's ``source``: tars indexed in place, not converted
-MAX_LABEL_BYTES = 32  # a cls member is read (to count classes) only when it is this small
 
 
 BLOCK = 512
@@ -176,7 +176,7 @@ def _add_member(out: IndexedTar, keys: list[str], view: memoryview, number: int,
 
 
 def index_tars(root: str | Path, force: bool = False) -> tuple[DatasetIndex, float]:
-    """Write a ``.idx`` beside every ``*.tar`` in ``root`` and then ``root/index.json``; refuses to
+    """Write a ``.idx`` and a sample table beside every ``*.tar`` in ``root`` and then ``root/index.json``; refuses to
     replace an existing index.json unless ``force``. Returns the index and the seconds it took."""
     start = time.perf_counter()
     root = Path(root)
@@ -200,9 +200,13 @@ def index_tars(root: str | Path, force: bool = False) -> tuple[DatasetIndex, flo
         for tar, members, digest in zip(tars, parsed, hashed, strict=True):
             scanned = members.result()
             idx, idx_bytes = tar.with_suffix(".idx"), format_dali_index(scanned.samples)
-            written.append(pool.submit(_write_file, idx, idx_bytes))
+            table, table_bytes = tar.with_suffix(TABLE_SUFFIX), tar_table(tar, scanned.samples)
+            written += [pool.submit(_write_file, idx, idx_bytes), pool.submit(_write_file, table, table_bytes)]
             size, sha256 = digest.result()
-            shards.append(ShardInfo(tar.name, len(scanned.samples), size, sha256, idx.name, hashlib.sha256(idx_bytes).hexdigest()))
+            shards.append(ShardInfo(
+                tar.name, len(scanned.samples), size, sha256, idx.name, hashlib.sha256(idx_bytes).hexdigest(),
+                table.name, hashlib.sha256(table_bytes).hexdigest(),
+            ))
             fields |= scanned.fields
             labels.update(scanned.labels)
         for done in written:

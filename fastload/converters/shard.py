@@ -140,11 +140,11 @@ def _write_shard(task: ShardTask) -> ShardResult:
 
 
 def upload_shard(local_root: Path, info: ShardInfo, url: str) -> None:
-    """Upload a finished shard (data, then its offset index) to the dataset at ``url``, then
-    delete the local copies: staging holds only shards in flight."""
+    """Upload a finished shard (its offset index and sample table, then its data) to the dataset
+    at ``url``, then delete the local copies: staging holds only shards in flight."""
     from fastload import remote
 
-    names = [name for name in (info.offsets, info.path) if name]
+    names = [name for name in (info.offsets, info.table, info.path) if name]
     for name in names:
         remote.upload(local_root / name, remote.join(url, name))
     for name in names:

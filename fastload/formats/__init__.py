@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -11,6 +12,25 @@ from fastload.index import DatasetIndex, ShardInfo
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from fastload.formats.table import SampleTable
+
+
+_pid = os.getpid()
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def this_process() -> int:
+    """This process's id, kept by a fork hook: readers check it on every read (never share a
+    descriptor across a fork), and ``os.getpid()`` is a system call (~7 a sample: ~2 us)."""
+    return _pid
 
 
 class ShardReader(Protocol):
@@ -34,6 +54,9 @@ class ShardReader(Protocol):
     def close(self) -> None:
         """Release file handles."""
 
+    def sample_table(self) -> bytes:
+        """The shard's sample table (:mod:`fastload.formats.table`), built from its contents."""
+
 
 class PixelReader(ShardReader, Protocol):
     """A reader of a shard holding decoded pixels (HDF5's ``pixels`` column)."""
@@ -47,31 +70,48 @@ def offsets_name(shard: ShardInfo) -> str:
     return shard.offsets or str(Path(shard.path).with_suffix(".idx"))
 
 
+def table_name(shard: ShardInfo) -> str:
+    """The relative path of a shard's sample table (:mod:`fastload.formats.table`)."""
+    from fastload.formats.table import TABLE_SUFFIX
+
+    return shard.table or str(Path(shard.path).with_suffix(TABLE_SUFFIX))
+
+
 def dataset_file(root: Path, name: str) -> Path:
     """``root / name`` (``name`` already checked by the index to be a relative path inside it),
     refused with a ShardError when symlinks lead it out of the dataset root."""
     path = root / name
+    if "/" not in name:  # a file directly in the root stays there unless it is itself a link
+        try:
+            if not stat.S_ISLNK(os.lstat(path).st_mode):
+                return path
+        except OSError:
+            return path  # missing: whoever opens it says so
     if not Path(os.path.realpath(path)).is_relative_to(os.path.realpath(root)):
         raise ShardError(f"{path}: a symlink leads outside the dataset root; refusing to read it")
     return path
 
 
-def open_shard(root: Path, index: DatasetIndex, shard: ShardInfo) -> ShardReader:
+def open_shard(root: Path, index: DatasetIndex, shard: ShardInfo, table: SampleTable | None = None, open_files: int | None = None) -> ShardReader:
     """A reader for one shard of a dataset under ``root``, by its layout; its files must lie
     inside ``root`` once symlinks are followed."""
     offsets = dataset_file(root, offsets_name(shard)) if index.layout == "wds" else None
-    return open_shard_files(index, shard, dataset_file(root, shard.path), offsets, open_files=len(index.shards))
+    files = len(index.shards) if open_files is None else open_files
+    return open_shard_files(index, shard, dataset_file(root, shard.path), offsets, files, table)
 
 
-def open_shard_files(index: DatasetIndex, shard: ShardInfo, data: Path, offsets: Path | None, open_files: int = 1) -> ShardReader:
+def open_shard_files(
+    index: DatasetIndex, shard: ShardInfo, data: Path, offsets: Path | None, open_files: int = 1, table: SampleTable | None = None
+) -> ShardReader:
     """A reader over ``shard``'s files wherever they are (the dataset folder, or a local cache);
-    ``open_files``: how many shards a process may hold open at once (sizes HDF5's chunk cache)."""
+    ``open_files``: how many shards a process may hold open at once (sizes HDF5's chunk cache);
+    ``table``: a tar shard's sample table (else its ``.idx`` is parsed into memory)."""
     if index.layout == "wds":
         from fastload.formats.tar import TarShardReader
 
         if offsets is None:
             raise ValueError(f"{data}: a tar shard is read through its offset index; none given")
-        return TarShardReader(data, offsets, shard.samples)
+        return TarShardReader(data, offsets, shard.samples, table)
     from fastload.formats.hdf5 import Hdf5ShardReader, chunk_cache_bytes
 
     return Hdf5ShardReader(data, shard.samples, index.decoded_shape, chunk_cache_bytes(open_files))

@@ -18,6 +18,7 @@ from fastload.columns import PackedStrings, int_column
 from fastload.errors import ShardError
 from fastload.fields import LABEL_FIELD, format_label
 from fastload.files import open_regular
+from fastload.formats import this_process
 
 # Decompressed chunks kept per process over its open files (h5py's default is 1 MB a file, a
 # handful of 64-row chunks, so shuffled reading of a compressed shard decompressed a chunk for
@@ -98,7 +99,7 @@ class Hdf5ShardReader:
         return state
 
     def _h5(self):
-        if self._file is None or self._pid != os.getpid():
+        if self._file is None or self._pid != this_process():
             import h5py
 
             try:
@@ -111,7 +112,7 @@ class Hdf5ShardReader:
                 os.close(fd)
                 raise ShardError(f"{self.path}: cannot open HDF5 shard (not an HDF5 file, or damaged)") from None
             self._fd = fd
-            self._pid = os.getpid()
+            self._pid = this_process()
         return self._file
 
     def open(self) -> None:
@@ -127,12 +128,12 @@ class Hdf5ShardReader:
 
     def _columns(self) -> dict:
         """Small per-row columns (keys, labels, image formats) read once; big ones as dataset handles."""
-        if self._cached is None or self._cached_pid != os.getpid():
+        if self._cached is None or self._cached_pid != this_process():
             try:
                 self._cached = self._read_columns(self._h5())
             except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError, OSError) as exc:
                 raise ShardError(f"{self.path}: not a readable fastload HDF5 shard ({type(exc).__name__})") from None
-            self._cached_pid = os.getpid()
+            self._cached_pid = this_process()
         return self._cached
 
     def _read_columns(self, f) -> dict:
@@ -172,6 +173,14 @@ class Hdf5ShardReader:
         """The key of row ``i``."""
         return self._columns()["key"][i]
 
+    def sample_table(self) -> bytes:
+        """The shard's sample table: keys and labels (its byte columns are found through h5py)."""
+        from fastload.formats.table import encode_table
+
+        columns = self._columns()
+        labels = columns["labels"] if columns["labels"] is not None else np.full(self.rows, -1, np.int64)
+        return encode_table([columns["key"][i] for i in range(self.rows)], [{}] * self.rows, labels)
+
     @property
     def decoded(self) -> bool:
         """Whether the shard stores decoded pixels rather than encoded images."""
@@ -210,7 +219,7 @@ class Hdf5ShardReader:
     def close(self) -> None:
         """Close the file of this process."""
         self._cached = None
-        if self._file is not None and self._pid == os.getpid():
+        if self._file is not None and self._pid == this_process():
             self._file.close()
             os.close(self._fd)
         self._file, self._fd = None, None

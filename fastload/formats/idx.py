@@ -53,15 +53,6 @@ class TarMembers:
         exts = self._exts
         return {exts[e]: (offset, size) for e, offset, size in zip(self._ext_ids[members], self._offsets[members], self._sizes[members])}
 
-    def samples_outside(self, size: int) -> frozenset[int]:
-        """Samples with a member not wholly inside the first ``size`` bytes (negative offset or
-        size, or past the end): checked once when a shard opens, so reads need no bounds check."""
-        offsets = np.frombuffer(self._offsets, np.int64)
-        sizes = np.frombuffer(self._sizes, np.int64)
-        bad = (offsets < 0) | (sizes < 0) | (sizes > size - offsets)  # no overflow: both within int64
-        owners = np.searchsorted(np.frombuffer(self._first, np.int64), np.flatnonzero(bad), side="right") - 1
-        return frozenset(owners.tolist())
-
     def members(self) -> list[tuple[str, int, int]]:
         """Every member as (name, data offset, size), in .idx order."""
         exts, ext_ids = self._exts, self._ext_ids

@@ -1,5 +1,6 @@
-"""Tar shards read by offset: the DALI ``.idx`` beside each shard gives every member's position,
-so reading a sample is one ``pread`` per field, with no tar parsing."""
+"""Tar shards read by offset: the shard's sample table (or, where there is none, the DALI ``.idx``
+beside it, parsed into memory) gives every member's position, so reading a sample is one
+``pread`` per field, with no tar parsing."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from pathlib import Path
 from fastload.errors import DatasetIndexError, SampleError, ShardError
 from fastload.fields import is_field_member
 from fastload.files import open_regular, read_file
-from fastload.formats.idx import parse_dali_index
+from fastload.formats import this_process
+from fastload.formats.idx import TarMembers, parse_dali_index
+from fastload.formats.table import SampleTable, encode_table, tar_labels
 
 MAX_GAP = 4096  # read a sample's fields in one pread when they are at most this far apart in all
 
@@ -18,8 +21,20 @@ MAX_GAP = 4096  # read a sample's fields in one pread when they are at most this
 class TarShardReader:
     """Random access to the samples of one tar shard, whose index entry says it holds ``samples``."""
 
-    def __init__(self, path: Path, idx_path: Path, samples: int) -> None:
+    def __init__(self, path: Path, idx_path: Path, samples: int, table: SampleTable | None = None) -> None:
+        """Spans come from ``table`` when given (nothing per sample in memory), else from the
+        ``.idx`` at ``idx_path``, parsed now."""
         self.path = path
+        self.idx_path = idx_path
+        self.samples = samples
+        self._samples: SampleTable | TarMembers = table if table is not None else self.members()
+        self._size = -1  # the file's size: every span read is checked against it
+        self._fd: int | None = None
+        self._pid = -1
+
+    def members(self) -> TarMembers:
+        """The shard's ``.idx``, parsed."""
+        idx_path = self.idx_path
         try:
             text = read_file(idx_path).decode()
         except OSError as exc:
@@ -27,14 +42,12 @@ class TarShardReader:
         except UnicodeDecodeError as exc:
             raise ShardError(f"{idx_path}: the shard's offset index is not UTF-8 text (at byte {exc.start})") from None
         try:
-            self._samples = parse_dali_index(text, str(idx_path))
+            members = parse_dali_index(text, str(idx_path))
         except DatasetIndexError as exc:
             raise ShardError(str(exc)) from None
-        if len(self._samples) != samples:
-            raise ShardError(f"{idx_path}: lists {len(self._samples)} samples, the index says {path.name} holds {samples}")
-        self._outside: frozenset[int] = frozenset()  # samples whose spans leave the file (set when it opens)
-        self._fd: int | None = None
-        self._pid = -1
+        if len(members) != self.samples:
+            raise ShardError(f"{idx_path}: lists {len(members)} samples, the index says {self.path.name} holds {self.samples}")
+        return members
 
     def __len__(self) -> int:
         return len(self._samples)
@@ -45,13 +58,16 @@ class TarShardReader:
         return state
 
     def _descriptor(self) -> int:
-        if self._fd is None or self._pid != os.getpid():  # never share a descriptor across a fork
+        if self._fd is None or self._pid != this_process():  # never share a descriptor across a fork
             try:
                 fd = open_regular(self.path)
             except OSError as exc:
                 raise ShardError(f"{self.path}: cannot open shard ({exc.strerror})") from None
-            self._outside = self._samples.samples_outside(os.fstat(fd).st_size)
-            self._fd, self._pid = fd, os.getpid()
+            if self._size < 0:  # the first open in any process (re-opens after an eviction keep it)
+                self._size = os.fstat(fd).st_size
+            if isinstance(self._samples, SampleTable):
+                self._samples.open()
+            self._fd, self._pid = fd, this_process()
         return self._fd
 
     def open(self) -> None:
@@ -78,9 +94,10 @@ class TarShardReader:
         """Every field of sample ``i``: one ``pread`` over all of them (a sample's members are
         neighbours in the tar, a tar header apart), else one per field."""
         fd = self._descriptor()
-        if i in self._outside:
-            raise SampleError(f"{self.path}:{self.key(i)}", "its .idx entry gives a negative offset or size, or one past the end of the shard")
         spans = self._samples.spans(i)
+        for offset, size in spans.values():
+            if offset < 0 or not 0 <= size <= self._size - offset:
+                raise SampleError(f"{self.path}:{self.key(i)}", "its offset index entry gives a negative offset or size, or one past the end of the shard")
         start = min(offset for offset, _ in spans.values())
         end = max(offset + size for offset, size in spans.values())
         if end - start <= sum(size for _, size in spans.values()) + MAX_GAP:
@@ -95,10 +112,17 @@ class TarShardReader:
             out[ext] = data
         return out
 
+    def sample_table(self) -> bytes:
+        """The shard's sample table, from its ``.idx`` (labels read from its ``cls`` members)."""
+        members = self._samples if isinstance(self._samples, TarMembers) else self.members()
+        keys = [members.key(i) for i in range(len(members))]
+        spans = [members.spans(i) for i in range(len(members))]
+        return encode_table(keys, spans, tar_labels(self.path, keys, spans))
+
     def check(self) -> None:
         """Walk the tar's member headers and check them against the ``.idx``: the same field members
         (others, such as a foreign tar's hidden or ``__*__`` files, are no sample's) in the same order, at the same data offsets with the same sizes, all inside the file."""
-        listed = self._samples.members()
+        listed = self.members().members()
         found: list[tuple[str, int, int]] = []
         size = 0
         try:
@@ -118,6 +142,8 @@ class TarShardReader:
 
     def close(self) -> None:
         """Close the descriptor of this process."""
-        if self._fd is not None and self._pid == os.getpid():
+        if self._fd is not None and self._pid == this_process():
             os.close(self._fd)
         self._fd = None
+        if isinstance(self._samples, SampleTable):
+            self._samples.close()

@@ -9,6 +9,7 @@ dataset's file offset; h5py's variable-length rows cost ~150 us each to read.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import h5py
@@ -17,6 +18,7 @@ import numpy as np
 from fastload.converters.writers import PreparedSample, WriterOptions, publish, temp_path
 from fastload.fields import LABEL_FIELD
 from fastload.files import file_sha256
+from fastload.formats.table import TABLE_SUFFIX, encode_table
 from fastload.index import FORMAT_NAME, FORMAT_VERSION, ShardInfo
 
 ENCODED_DATASET = "image"
@@ -70,13 +72,20 @@ class Hdf5ShardWriter:
             write_byte_column(f, f"extra/{ext}", [s.extra.get(ext, b"") for s in self._samples])
 
     def finish(self) -> ShardInfo:
-        """Write the file under a temporary name, then publish it."""
+        """Write the file and its sample table under temporary names, then publish both."""
         tmp = temp_path(self.path)
         with h5py.File(tmp, "w") as f:
             self._write(f)
+        table_path = self.path.with_suffix(TABLE_SUFFIX)
+        table_tmp = temp_path(table_path)
+        labels = [-1 if s.label is None else s.label for s in self._samples]
+        table_bytes = encode_table([s.key for s in self._samples], [{}] * len(self._samples), labels)
+        table_tmp.write_bytes(table_bytes)
+        publish(table_tmp, table_path)
         publish(tmp, self.path)
         return ShardInfo(
-            path=self.path.name, samples=len(self._samples), bytes=self.path.stat().st_size, sha256=file_sha256(self.path)
+            path=self.path.name, samples=len(self._samples), bytes=self.path.stat().st_size, sha256=file_sha256(self.path),
+            table=table_path.name, table_sha256=hashlib.sha256(table_bytes).hexdigest(),
         )
 
     def abort(self) -> None:

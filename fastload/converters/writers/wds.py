@@ -10,6 +10,7 @@ from typing import BinaryIO
 from fastload.converters.writers import PreparedSample, WriterOptions, publish, temp_path
 from fastload.fields import LABEL_FIELD, format_label
 from fastload.formats.idx import Member, format_dali_index
+from fastload.formats.table import TABLE_SUFFIX, tar_table
 from fastload.index import ShardInfo
 
 BLOCK = tarfile.BLOCKSIZE
@@ -57,6 +58,7 @@ class WdsShardWriter:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.idx_path = path.with_suffix(".idx")
+        self.table_path = path.with_suffix(TABLE_SUFFIX)
         self._tmp = temp_path(path)
         self._file: BinaryIO = open(self._tmp, "wb", buffering=1 << 20)  # noqa: SIM115 - open across add() calls, closed by finish()/abort()
         self._sha = hashlib.sha256()
@@ -90,7 +92,8 @@ class WdsShardWriter:
         self._samples.append(members)
 
     def finish(self) -> ShardInfo:
-        """End the archive (two zero blocks, padded to a 10 KiB record), then publish tar and idx."""
+        """End the archive (two zero blocks, padded to a 10 KiB record), then publish idx, sample
+        table and tar."""
         self._write(b"\0" * (2 * BLOCK))
         if self._pos % RECORD:
             self._write(b"\0" * (RECORD - self._pos % RECORD))
@@ -99,6 +102,10 @@ class WdsShardWriter:
         idx_bytes = format_dali_index(self._samples)
         idx_tmp.write_bytes(idx_bytes)
         publish(idx_tmp, self.idx_path)
+        table_tmp = temp_path(self.table_path)
+        table_bytes = tar_table(self._tmp, self._samples)
+        table_tmp.write_bytes(table_bytes)
+        publish(table_tmp, self.table_path)
         publish(self._tmp, self.path)
         return ShardInfo(
             path=self.path.name,
@@ -107,6 +114,8 @@ class WdsShardWriter:
             sha256=self._sha.hexdigest(),
             offsets=self.idx_path.name,
             offsets_sha256=hashlib.sha256(idx_bytes).hexdigest(),
+            table=self.table_path.name,
+            table_sha256=hashlib.sha256(table_bytes).hexdigest(),
         )
 
     def abort(self) -> None:

@@ -1,0 +1,249 @@
+"""Per-sample tables: one small binary file beside each shard (``shard-00000.table``) holding
+every sample's key, label and each field's (data offset, size), so a reader holds nothing per
+sample in memory: a sample's row is one ``pread`` (the page cache keeps one copy for every
+worker and rank of a node), and whole columns (labels, key hashes) are one read per shard.
+
+Format (version 1, every integer little-endian; written by the converters, by ``fastload
+index``, and on first open of an older dataset):
+
+======================  =====================================================================
+bytes 0-7               magic ``b"FLTABLE1"``
+8-15, 16-23             N samples (uint64), F field columns (uint64)
+24-31, 32-39            names bytes (uint64, a multiple of 8), keys bytes (uint64)
+40-63                   zero
+names                   F field names (UTF-8), each ending in NUL, zero-padded to a multiple of 8
+rows                    N rows of 2 + 2F int64: key start, key end, then (offset, size) per field;
+                        size -1: the sample lacks that field
+labels                  N int64: the ``cls`` label, -1 where there is none (or it is no integer)
+key hashes              N uint64: the first 8 bytes of blake2b(key) (for lookups by key)
+keys                    the keys' UTF-8 bytes, concatenated
+======================  =====================================================================
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import struct
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fastload.errors import SampleError, ShardError
+from fastload.fields import LABEL_FIELD, parse_label
+from fastload.files import open_regular
+from fastload.formats import this_process
+from fastload.formats.idx import Member, split_member_name
+
+TABLE_MAGIC = b"FLTABLE1"
+TABLE_SUFFIX = ".table"
+_HEADER = struct.Struct("<8sQQQQ24x")
+MAX_FIELDS = 4096
+MAX_LABEL_BYTES = 32  # a longer cls member is no label a table records
+
+ABSENT = -1  # the size of a field the sample lacks
+BAD_SIZE = -2  # a negative size given for a field (a hostile .idx): kept, so reading it is refused
+Spans = dict[str, tuple[int, int]]
+
+
+def key_hashes(keys: Iterable[str]) -> np.ndarray:
+    """Each key's lookup hash (uint64): the first 8 bytes of its UTF-8 blake2b, little-endian."""
+    digests = b"".join(hashlib.blake2b(key.encode(), digest_size=8).digest() for key in keys)
+    return np.frombuffer(digests, dtype="<u8")
+
+
+def encode_table(keys: Sequence[str], spans: Sequence[Spans], labels: Sequence[int] | np.ndarray) -> bytes:
+    """The table of a shard whose sample i has key ``keys[i]``, fields ``spans[i]`` ({name:
+    (data offset, size)}) and label ``labels[i]`` (-1: none)."""
+    names = sorted({name for sample in spans for name in sample})
+    column = {name: c for c, name in enumerate(names)}
+    encoded = [key.encode() for key in keys]
+    rows = np.zeros((len(keys), 2 + 2 * len(names)), dtype="<i8")
+    rows[:, 3::2] = ABSENT  # every field absent until its span is set
+    lengths = np.array([len(k) for k in encoded], dtype=np.int64)
+    rows[:, 1] = np.cumsum(lengths)
+    rows[:, 0] = rows[:, 1] - lengths
+    for i, sample in enumerate(spans):
+        for name, (offset, size) in sample.items():
+            rows[i, 2 + 2 * column[name]] = offset
+            rows[i, 3 + 2 * column[name]] = size if size >= 0 else BAD_SIZE
+    name_bytes = b"".join(name.encode() + b"\0" for name in names)
+    name_bytes += bytes(-len(name_bytes) % 8)
+    key_bytes = b"".join(encoded)
+    header = _HEADER.pack(TABLE_MAGIC, len(keys), len(names), len(name_bytes), len(key_bytes))
+    label_column = np.asarray(labels, dtype="<i8").reshape(len(keys))
+    return b"".join((header, name_bytes, rows.tobytes(), label_column.tobytes(), key_hashes(keys).tobytes(), key_bytes))
+
+
+def tar_table(tar: Path, samples: Sequence[list[Member]]) -> bytes:
+    """The table of a tar shard from its ``.idx`` members (as the writers and the ``.idx`` parser
+    list them); labels are read from each sample's ``cls`` member."""
+    keys = [split_member_name(members[0][3])[0] for members in samples]
+    spans = [{ext: (offset, size) for ext, offset, size, _ in members} for members in samples]
+    return encode_table(keys, spans, tar_labels(tar, keys, spans))
+
+
+def tar_labels(tar: Path, keys: Sequence[str], spans: Sequence[Spans]) -> list[int]:
+    """Each sample's ``cls`` label read from the tar (-1 where it has none, or none that parses)."""
+    labels = [-1] * len(spans)
+    try:
+        fd = open_regular(tar)
+    except OSError as exc:
+        raise ShardError(f"{tar}: cannot open shard ({exc.strerror})") from None
+    try:
+        for i, sample in enumerate(spans):
+            offset, size = sample.get(LABEL_FIELD, (0, -1))
+            if 0 <= size <= MAX_LABEL_BYTES:
+                with contextlib.suppress(SampleError):
+                    labels[i] = parse_label(os.pread(fd, size, offset), f"{tar}:{keys[i]}")
+    finally:
+        os.close(fd)
+    return labels
+
+
+@dataclass(frozen=True)
+class TableLayout:
+    """Where a table's sections lie, from its header (checked against the file's size)."""
+
+    samples: int
+    names: tuple[str, ...]
+    rows_at: int
+    labels_at: int
+    hashes_at: int
+    keys_at: int
+    keys_bytes: int
+
+    @property
+    def row(self) -> struct.Struct:
+        """One row's layout."""
+        return struct.Struct(f"<{2 + 2 * len(self.names)}q")
+
+    @classmethod
+    def parse(cls, read: Callable[[int, int], bytes], size: int, samples: int, where: str) -> TableLayout:
+        """The layout of a table file of ``size`` bytes (``read(offset, n)`` reads it), for a
+        shard the index says holds ``samples``."""
+        if size < _HEADER.size or read(0, 8) != TABLE_MAGIC:
+            raise ShardError(f"{where}: not a fastload sample table (bad magic)")
+        _, count, fields, names_bytes, keys_bytes = _HEADER.unpack(read(0, _HEADER.size))
+        if count != samples:
+            raise ShardError(f"{where}: lists {count} samples, the index says its shard holds {samples}")
+        if fields > MAX_FIELDS or names_bytes % 8 or names_bytes > 64 * MAX_FIELDS:
+            raise ShardError(f"{where}: a damaged header (field names)")
+        rows_at = _HEADER.size + names_bytes
+        labels_at = rows_at + count * (2 + 2 * fields) * 8
+        hashes_at = labels_at + count * 8
+        keys_at = hashes_at + count * 8
+        if keys_at + keys_bytes != size:
+            raise ShardError(f"{where}: its header describes {keys_at + keys_bytes} bytes, the file holds {size} (truncated or tampered)")
+        raw = read(_HEADER.size, names_bytes)
+        names = raw.rstrip(b"\0").split(b"\0") if fields else []
+        try:
+            decoded = tuple(name.decode() for name in names)
+        except UnicodeDecodeError:
+            raise ShardError(f"{where}: its field names are not UTF-8") from None
+        if len(decoded) != fields or len(set(decoded)) != fields or not all(decoded):
+            raise ShardError(f"{where}: a damaged header (field names)")
+        return cls(count, decoded, rows_at, labels_at, hashes_at, keys_at, keys_bytes)
+
+
+class SampleTable:
+    """A shard's table read by ``pread``: nothing per sample is held in memory. Opened by
+    :meth:`open`, closed by :meth:`close` (its layout stays, so reopening reads no header);
+    ``data`` holds a table built in memory (a read-only folder) instead of a file."""
+
+    def __init__(self, path: Path, samples: int, data: bytes | None = None) -> None:
+        self.path = path
+        self._data = data
+        self._fd: int | None = None
+        self._pid = -1
+        self._row_cache: tuple[int, tuple[int, ...]] = (-1, ())
+        size = len(data) if data is not None else os.fstat(self._descriptor()).st_size
+        self.layout = TableLayout.parse(self._read, size, samples, str(path))
+        self._row = self.layout.row
+        self._fields = tuple((name, 2 + 2 * c) for c, name in enumerate(self.layout.names))  # (name, its offset's place in a row)
+
+    def __len__(self) -> int:
+        return self.layout.samples
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_fd"], state["_pid"], state["_row"] = None, -1, None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._row = self.layout.row
+
+    def _descriptor(self) -> int:
+        if self._fd is None or self._pid != this_process():  # never share a descriptor across a fork
+            try:
+                self._fd = open_regular(self.path)
+            except OSError as exc:
+                raise ShardError(f"{self.path}: cannot open the sample table ({exc.strerror})") from None
+            self._pid = this_process()
+        return self._fd
+
+    def _read(self, offset: int, size: int) -> bytes:
+        if self._data is not None:
+            return self._data[offset : offset + size]
+        data = os.pread(self._descriptor(), size, offset)
+        if len(data) != size:
+            raise ShardError(f"{self.path}: cut short (truncated since it was opened?)")
+        return data
+
+    def open(self) -> None:
+        """Open the file in this process now."""
+        if self._data is None:
+            self._descriptor()
+
+    def _values(self, i: int) -> tuple[int, ...]:
+        cached, values = self._row_cache
+        if cached != i:
+            values = self._row.unpack(self._read(self.layout.rows_at + i * self._row.size, self._row.size))
+            self._row_cache = (i, values)
+        return values
+
+    def key(self, i: int) -> str:
+        """The key of sample ``i``."""
+        start, end = self._values(i)[:2]
+        if not 0 <= start <= end <= self.layout.keys_bytes:
+            raise ShardError(f"{self.path}: row {i}'s key lies outside the keys (tampered?)")
+        try:
+            return self._read(self.layout.keys_at + start, end - start).decode()
+        except UnicodeDecodeError:
+            raise ShardError(f"{self.path}: row {i}'s key is not UTF-8") from None
+
+    def spans(self, i: int) -> Spans:
+        """Each field of sample ``i``: {name: (data offset, size)}."""
+        values = self._values(i)
+        return {name: (values[at], values[at + 1]) for name, at in self._fields if values[at + 1] != ABSENT}
+
+    def labels(self) -> np.ndarray:
+        """Every sample's label (int64, -1 where none)."""
+        return np.frombuffer(self._read(self.layout.labels_at, 8 * len(self)), dtype="<i8").astype(np.int64)
+
+    def hashes(self) -> np.ndarray:
+        """Every sample's key hash (see :func:`key_hashes`)."""
+        return np.frombuffer(self._read(self.layout.hashes_at, 8 * len(self)), dtype="<u8")
+
+    def keys(self) -> list[str]:
+        """Every sample's key."""
+        rows = np.frombuffer(self._read(self.layout.rows_at, self._row.size * len(self)), dtype="<i8").reshape(len(self), -1)
+        blob = self._read(self.layout.keys_at, self.layout.keys_bytes)
+        starts, ends = rows[:, 0].tolist(), rows[:, 1].tolist()
+        if any(not 0 <= s <= e <= len(blob) for s, e in zip(starts, ends)):
+            raise ShardError(f"{self.path}: a key lies outside the keys (tampered?)")
+        try:
+            return [blob[s:e].decode() for s, e in zip(starts, ends)]
+        except UnicodeDecodeError:
+            raise ShardError(f"{self.path}: a key is not UTF-8") from None
+
+    def close(self) -> None:
+        """Close the descriptor of this process."""
+        if self._fd is not None and self._pid == this_process():
+            os.close(self._fd)
+        self._fd = None
+        self._row_cache = (-1, ())
