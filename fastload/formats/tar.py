@@ -85,10 +85,13 @@ class TarShardReader:
     def read_head(self, i: int, ext: str, size: int) -> bytes:
         """The first ``size`` bytes of field ``ext`` of sample ``i`` (an image's header: one short ``pread``)."""
         fd = self._descriptor()
-        if i in self._outside:
-            raise SampleError(f"{self.path}:{self.key(i)}", "its .idx entry gives a negative offset or size, or one past the end of the shard")
         offset, length = self._samples.spans(i)[ext]
+        self._check_span(i, offset, length)
         return os.pread(fd, min(size, length), offset)
+
+    def _check_span(self, i: int, offset: int, size: int) -> None:
+        if offset < 0 or not 0 <= size <= self._size - offset:
+            raise SampleError(f"{self.path}:{self.key(i)}", "its offset index entry gives a negative offset or size, or one past the end of the shard")
 
     def read(self, i: int) -> dict[str, bytes]:
         """Every field of sample ``i``: one ``pread`` over all of them (a sample's members are
@@ -96,8 +99,7 @@ class TarShardReader:
         fd = self._descriptor()
         spans = self._samples.spans(i)
         for offset, size in spans.values():
-            if offset < 0 or not 0 <= size <= self._size - offset:
-                raise SampleError(f"{self.path}:{self.key(i)}", "its offset index entry gives a negative offset or size, or one past the end of the shard")
+            self._check_span(i, offset, size)
         start = min(offset for offset, _ in spans.values())
         end = max(offset + size for offset, size in spans.values())
         if end - start <= sum(size for _, size in spans.values()) + MAX_GAP:
