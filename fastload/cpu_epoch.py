@@ -105,7 +105,7 @@ class CpuEpoch(Epoch):
         leave workers idle."""
         workers = self.inputs.options.num_workers
         while self.next_submit < len(self.plan) and (slot := self.buffers.take()) is not None:
-            indices = self.indices(self.next_submit)
+            indices = self._indices(self.next_submit)
             count = max(1, min(workers, len(indices) // MIN_PART))
             bounds = np.linspace(0, len(indices), count + 1).astype(int)
             self.buffers.filling[slot] = count
@@ -124,7 +124,7 @@ class CpuEpoch(Epoch):
 
     def _run_inline(self) -> BatchResult:
         slot = cast(int, self.buffers.take())  # never None: the inline path copies every batch out
-        indices = self.indices(self.next_yield)
+        indices = self._indices(self.next_yield)
         result = BatchResult(run=self.run, batch_no=self.next_yield, slot=slot, count=len(indices))
         options = self.inputs.options
         try:
