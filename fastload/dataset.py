@@ -24,9 +24,13 @@ if TYPE_CHECKING:
     import numpy as np
 
 # Shards a process keeps open at once (least recently used closed first): a tar shard holds two
-# descriptors (data, sample table), an HDF5 one two (h5py's, ours), so 128 stay well under the
-# common `ulimit -n 1024` with the pipes of 32 workers and what a worker inherits.
-DEFAULT_MAX_OPEN_SHARDS = 128
+# descriptors (data, sample table), an HDF5 one two (h5py's, ours). By default a quarter of the
+# process's descriptor limit goes to shards: 128 under the common `ulimit -n 1024` (well clear of
+# the pipes of 32 workers and what a worker inherits), all of them open where the limit is high
+# (random access over thousands of shards then opens nothing per sample).
+FDS_PER_SHARD = 2
+SHARE_OF_DESCRIPTORS = 4  # a 1/SHARE_OF_DESCRIPTORS part of RLIMIT_NOFILE
+MIN_OPEN_SHARDS = 4
 MAX_OPEN_SHARDS_ENV = "FASTLOAD_MAX_OPEN_SHARDS"
 log = logging.getLogger("fastload")
 
@@ -36,7 +40,8 @@ class ShardedDataset:
     ``image`` (HWC uint8), ``label`` (int, when the data has ``cls``) and any extra raw fields.
 
     Shard files open lazily in each process, so the object can be created before workers fork;
-    each process keeps at most ``max_open_shards`` open (default 128, or FASTLOAD_MAX_OPEN_SHARDS).
+    each process keeps at most ``max_open_shards`` open (FASTLOAD_MAX_OPEN_SHARDS, else a quarter
+    of its descriptor limit: 128 under ``ulimit -n 1024``).
     Per-sample positions, keys and labels come from each shard's sample table, read by ``pread``
     (built beside the shard on first open for datasets converted without them).
     A remote dataset (``s3://``, ``gs://``, ``http(s)://``, any fsspec URL) reads its index once
@@ -285,12 +290,22 @@ class ShardedDataset:
 MAX_OPEN_REMOTE_SHARDS = 16
 
 
+def default_max_open_shards() -> int:
+    """The shards a process keeps open by default: a quarter of its descriptor limit's worth."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    return max(MIN_OPEN_SHARDS, soft // SHARE_OF_DESCRIPTORS // FDS_PER_SHARD)
+
+
 def _max_open_shards(value: int | None) -> int:
     """``value``, else FASTLOAD_MAX_OPEN_SHARDS, else the default; at least 1."""
     if value is None:
         text = os.environ.get(MAX_OPEN_SHARDS_ENV)
         if text is None:
-            return DEFAULT_MAX_OPEN_SHARDS
+            return default_max_open_shards()
         try:
             value = int(text)
         except ValueError:
@@ -320,5 +335,6 @@ def open(  # the public name is fastload.open
 ) -> ShardedDataset:
     """Open a converted dataset: a folder holding index.json, or its URL (then shards are cached
     under ``cache_dir`` / FASTLOAD_CACHE_DIR, at most ``cache_size`` / FASTLOAD_CACHE_SIZE);
-    each process keeps at most ``max_open_shards`` shards open (FASTLOAD_MAX_OPEN_SHARDS, 128)."""
+    each process keeps at most ``max_open_shards`` shards open (FASTLOAD_MAX_OPEN_SHARDS, else a
+    quarter of its descriptor limit: 128 under ``ulimit -n 1024``)."""
     return ShardedDataset(path, cache_dir, cache_size, storage_options, max_open_shards)

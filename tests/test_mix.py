@@ -107,7 +107,8 @@ def test_any_positions_evaluate_alone_as_in_the_whole_order(members: dict[str, P
     mixture = fastload.mix({members["big"]: 2, members["small"]: 1}, samples_per_epoch=500)
     orders = fastload.DataLoader(mixture, batch_size=8, shuffle=True, seed=9, transform=CROP).orders.spec()
     assert isinstance(orders, mixture_order.MixtureOrder)
-    whole = orders.order(2).order
+    order = orders.order(2)
+    whole = order.indices(np.arange(len(order)))  # every position at once
     positions = np.random.default_rng(0).integers(0, len(whole), 100)
     assert np.array_equal(orders.indices(2, positions), whole[positions])
     members_before = np.cumsum([[mixture.member_of(int(i))[0] == m for m in range(2)] for i in whole], axis=0)

@@ -289,6 +289,32 @@ def test_more_shards_than_the_open_file_limit(image_folder: Path, tmp_path: Path
     assert uncapped.returncode != 0 and "Too many open files" in uncapped.stderr
 
 
+LIMIT_CHILD = """
+import resource, sys
+import fastload
+from fastload import transforms as T
+root, limit = sys.argv[1], int(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+keys = []
+with fastload.DataLoader(root, batch_size=5, shuffle=True, transform=T.val(16), return_keys=True, num_workers=2) as loader:
+    for _, _, k in loader:
+        keys += k
+print(fastload.open(root).max_open_shards, len(set(keys)))
+"""
+
+
+def test_the_default_cap_is_a_quarter_of_the_descriptor_limit(image_folder: Path, tmp_path: Path) -> None:
+    """Without FASTLOAD_MAX_OPEN_SHARDS the cap follows the process's own limit: 30 one-sample
+    shards load under a limit of 48 descriptors (6 shards open), all are kept open under 1024."""
+    root = tmp_path / "wds"
+    convert(str(image_folder), str(root), ConvertOptions(source="imagefolder", samples_per_shard=1))
+    env = {k: v for k, v in cli_env().items() if k != "FASTLOAD_MAX_OPEN_SHARDS"}
+    for limit, cap in ((48, 6), (1024, 128)):
+        proc = subprocess.run([sys.executable, "-c", LIMIT_CHILD, str(root), str(limit)], capture_output=True, text=True, env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.split() == [str(cap), "30"]
+
+
 def test_max_open_shards_is_checked(clean: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert fastload.open(clean, max_open_shards=2).max_open_shards == 2
     with pytest.raises(ValueError, match="max_open_shards: must be a whole number of shards, at least 1"):
