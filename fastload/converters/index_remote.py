@@ -1,7 +1,7 @@
 """``fastload index URL``: index WebDataset tars in object storage (s3://, gs://, any writable
 fsspec URL) in place, as ``fastload index DIR`` does a folder: each tar is downloaded once into a
-scratch folder, indexed there (its members from the headers, its sha256), its ``.idx`` uploaded
-beside it and the local copy deleted; ``index.json`` is uploaded last, so a dataset is never seen
+scratch folder, indexed there (its members from the headers, its sha256), its ``.idx`` and sample
+table uploaded beside it and the local copy deleted; ``index.json`` is uploaded last, so a dataset is never seen
 half-indexed. Two tars are in flight at a time, so the scratch folder holds at most two.
 """
 
@@ -17,6 +17,7 @@ from pathlib import Path
 from fastload import remote
 from fastload.converters.index_tars import IndexedTar, check_tar_name, dataset_index, tar_members, tar_sha256
 from fastload.formats.idx import format_dali_index
+from fastload.formats.table import TABLE_SUFFIX, tar_table
 from fastload.index import INDEX_FILE, DatasetIndex, ShardInfo, write_index
 
 TARS_IN_FLIGHT = 2
@@ -52,16 +53,19 @@ def index_remote(
 
 
 def _index_one(url: str, name: str, scratch: Path, storage_options: dict | None) -> tuple[ShardInfo, IndexedTar]:
-    """Download one tar, index it, upload its .idx; the local copies are gone afterwards."""
-    tar, idx = scratch / name, scratch / f"{name.removesuffix('.tar')}.idx"
+    """Download one tar, index it, upload its .idx and table; the local copies are gone afterwards."""
+    tar = scratch / name
+    idx, table = tar.with_suffix(".idx"), tar.with_suffix(TABLE_SUFFIX)
     try:
         remote.download(remote.join(url, name), tar, None, None, storage_options)
         scanned = tar_members(tar, shown=f"{remote.redact(url)}/{name}")
         size, sha256 = tar_sha256(tar)
-        idx_bytes = format_dali_index(scanned.samples)
-        idx.write_bytes(idx_bytes)
-        remote.upload(idx, remote.join(url, idx.name), storage_options)
+        idx_bytes, table_bytes = format_dali_index(scanned.samples), tar_table(tar, scanned.samples)
+        for path, data in ((idx, idx_bytes), (table, table_bytes)):
+            path.write_bytes(data)
+            remote.upload(path, remote.join(url, path.name), storage_options)
     finally:
-        tar.unlink(missing_ok=True)
-        idx.unlink(missing_ok=True)
-    return ShardInfo(name, len(scanned.samples), size, sha256, idx.name, hashlib.sha256(idx_bytes).hexdigest()), scanned
+        for path in (tar, idx, table):
+            path.unlink(missing_ok=True)
+    return ShardInfo(name, len(scanned.samples), size, sha256, idx.name, hashlib.sha256(idx_bytes).hexdigest(),
+                     table.name, hashlib.sha256(table_bytes).hexdigest()), scanned
