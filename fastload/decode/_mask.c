@@ -21,16 +21,43 @@
 
 PyObject *fastload_mask_into(PyObject *self, PyObject *args);
 
-static unsigned char paeth(int a, int b, int c) {
-    int p = a + b - c, pa = abs(p - a), pb = abs(p - b), pc = abs(p - c);
-    if (pa <= pb && pa <= pc) return (unsigned char)a;
-    return (unsigned char)(pb <= pc ? b : c);
+/* The Paeth predictor without branches (they mispredict on noisy rows): a unless b or c is nearer
+ * p = a + b - c, b before c; ties go to a, then b, as the PNG specification orders them. */
+static inline unsigned char paeth(int a, int b, int c) {
+    int pa = abs(b - c), pb = abs(a - c), pc = abs(a + b - 2 * c);
+    int use_b = pb < pa, best = use_b ? pb : pa, value = use_b ? b : a;
+    return (unsigned char)(pc < best ? c : value);
 }
 
-/* Undo one row's filter in place: a filter's left neighbour is `bpp` bytes before (the bytes of
- * one pixel, at least one); `prev` is the previous row unfiltered, zeros above the first. */
+/* Undo one row's filter in place for one byte a pixel (grey, palette): the left neighbour is the
+ * byte before, carried in a register (through memory, each byte waited on the previous store). */
+static int unfilter1(int type, unsigned char *row, const unsigned char *prev, size_t n) {
+    size_t i;
+    unsigned char a = 0;
+    switch (type) {
+    case 0:
+        return 0;
+    case 1:
+        for (i = 0; i < n; i++) row[i] = a = (unsigned char)(row[i] + a);
+        return 0;
+    case 2:
+        for (i = 0; i < n; i++) row[i] = (unsigned char)(row[i] + prev[i]);
+        return 0;
+    case 3:
+        for (i = 0; i < n; i++) row[i] = a = (unsigned char)(row[i] + ((a + prev[i]) >> 1));
+        return 0;
+    case 4:
+        for (i = 0; i < n; i++) row[i] = a = (unsigned char)(row[i] + paeth(a, prev[i], i ? prev[i - 1] : 0));
+        return 0;
+    default:
+        return -1;
+    }
+}
+
+/* The same for `bpp` bytes a pixel (16-bit grey: 2): the left neighbour is `bpp` bytes before. */
 static int unfilter(int type, unsigned char *row, const unsigned char *prev, size_t n, size_t bpp) {
     size_t i, first = bpp < n ? bpp : n;
+    if (bpp == 1) return unfilter1(type, row, prev, n);
     switch (type) {
     case 0:
         return 0;
