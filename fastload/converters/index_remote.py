@@ -7,17 +7,13 @@ half-indexed. Two tars are in flight at a time, so the scratch folder holds at m
 
 from __future__ import annotations
 
-import hashlib
 import tempfile
 import time
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fastload import remote
-from fastload.converters.index_tars import IndexedTar, check_tar_name, dataset_index, tar_members, tar_sha256
-from fastload.formats.idx import format_dali_index
-from fastload.formats.table import TABLE_SUFFIX, tar_table
+from fastload.converters.index_tars import IndexedTar, check_tar_name, dataset_index, indexed_shard, tar_members, tar_sha256
 from fastload.index import INDEX_FILE, DatasetIndex, ShardInfo, write_index
 
 TARS_IN_FLIGHT = 2
@@ -41,12 +37,7 @@ def index_remote(
     with tempfile.TemporaryDirectory(prefix="fastload-index-", dir=scratch) as tmp:
         with ThreadPoolExecutor(max_workers=TARS_IN_FLIGHT) as pool:
             done = list(pool.map(lambda name: _index_one(url, name, Path(tmp), storage_options), names))
-        fields: set[str] = set()
-        labels: Counter[int] = Counter()
-        for _, scanned in done:
-            fields |= scanned.fields
-            labels.update(scanned.labels)
-        index = dataset_index([shard for shard, _ in done], fields, labels)
+        index = dataset_index([shard for shard, _ in done], [scanned for _, scanned in done])
         write_index(tmp, index)
         remote.upload(Path(tmp) / INDEX_FILE, remote.join(url, INDEX_FILE), storage_options)
     return index, time.perf_counter() - start
@@ -55,17 +46,15 @@ def index_remote(
 def _index_one(url: str, name: str, scratch: Path, storage_options: dict | None) -> tuple[ShardInfo, IndexedTar]:
     """Download one tar, index it, upload its .idx and table; the local copies are gone afterwards."""
     tar = scratch / name
-    idx, table = tar.with_suffix(".idx"), tar.with_suffix(TABLE_SUFFIX)
+    files: dict[Path, bytes] = {}
     try:
         remote.download(remote.join(url, name), tar, None, None, storage_options)
         scanned = tar_members(tar, shown=f"{remote.redact(url)}/{name}")
-        size, sha256 = tar_sha256(tar)
-        idx_bytes, table_bytes = format_dali_index(scanned.samples), tar_table(tar, scanned.samples)
-        for path, data in ((idx, idx_bytes), (table, table_bytes)):
+        info, files = indexed_shard(tar, scanned, *tar_sha256(tar))
+        for path, data in files.items():
             path.write_bytes(data)
             remote.upload(path, remote.join(url, path.name), storage_options)
     finally:
-        for path in (tar, idx, table):
+        for path in (tar, *files):
             path.unlink(missing_ok=True)
-    return ShardInfo(name, len(scanned.samples), size, sha256, idx.name, hashlib.sha256(idx_bytes).hexdigest(),
-                     table.name, hashlib.sha256(table_bytes).hexdigest()), scanned
+    return info, scanned

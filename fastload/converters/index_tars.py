@@ -189,7 +189,7 @@ def index_tars(root: str | Path, force: bool = False) -> tuple[DatasetIndex, flo
         raise FileNotFoundError(f"{root}: no .tar files to index")
     for tar in tars:
         check_tar_name(tar.name, str(tar))
-    shards, fields, labels = [], set(), Counter()  # type: list[ShardInfo], set[str], Counter[int]
+    shards, scans = [], []  # type: list[ShardInfo], list[IndexedTar]
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
         hashed: list[Future[tuple[int, str]]] = []
         parsed: list[Future[IndexedTar]] = []
@@ -199,20 +199,14 @@ def index_tars(root: str | Path, force: bool = False) -> tuple[DatasetIndex, flo
         written = []
         for tar, members, digest in zip(tars, parsed, hashed, strict=True):
             scanned = members.result()
-            idx, idx_bytes = tar.with_suffix(".idx"), format_dali_index(scanned.samples)
-            table, table_bytes = tar.with_suffix(TABLE_SUFFIX), tar_table(tar, scanned.samples)
-            written += [pool.submit(_write_file, idx, idx_bytes), pool.submit(_write_file, table, table_bytes)]
-            size, sha256 = digest.result()
-            shards.append(ShardInfo(
-                tar.name, len(scanned.samples), size, sha256, idx.name, hashlib.sha256(idx_bytes).hexdigest(),
-                table.name, hashlib.sha256(table_bytes).hexdigest(),
-            ))
-            fields |= scanned.fields
-            labels.update(scanned.labels)
+            info, files = indexed_shard(tar, scanned, *digest.result())
+            written += [pool.submit(_write_file, path, data) for path, data in files.items()]
+            shards.append(info)
+            scans.append(scanned)
         for done in written:
             done.result()
     fsync_dir(root)  # the .idx renames, once for all, before index.json names them
-    index = dataset_index(shards, fields, labels)
+    index = dataset_index(shards, scans)
     write_index(root, index)
     return index, time.perf_counter() - start
 
@@ -225,8 +219,23 @@ def check_tar_name(name: str, where: str) -> None:
         raise ValueError(f"{where}: its name must be letters, digits and ._+=,@- only (rename it to index it)") from None
 
 
-def dataset_index(shards: list[ShardInfo], fields: set[str], labels: Counter[int]) -> DatasetIndex:
-    """The index of tars indexed in place: their shards, the fields and labels found in them."""
+def indexed_shard(tar: Path, scanned: IndexedTar, size: int, sha256: str) -> tuple[ShardInfo, dict[Path, bytes]]:
+    """A tar's index entry (``size`` and ``sha256`` its own) and the files that index it, by the
+    path beside it each goes to: its ``.idx`` and its sample table."""
+    idx, table = tar.with_suffix(".idx"), tar.with_suffix(TABLE_SUFFIX)
+    files = {idx: format_dali_index(scanned.samples), table: tar_table(tar, scanned.samples)}
+    info = ShardInfo(tar.name, len(scanned.samples), size, sha256, idx.name, hashlib.sha256(files[idx]).hexdigest(),
+                     table.name, hashlib.sha256(files[table]).hexdigest())
+    return info, files
+
+
+def dataset_index(shards: list[ShardInfo], scans: list[IndexedTar]) -> DatasetIndex:
+    """The index of tars indexed in place: their shards, and the fields and labels found in them."""
+    fields: set[str] = set()
+    labels: Counter[int] = Counter()
+    for scanned in scans:
+        fields |= scanned.fields
+        labels.update(scanned.labels)
     return DatasetIndex(
         layout="wds",
         shards=tuple(shards),
