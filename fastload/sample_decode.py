@@ -192,13 +192,19 @@ def _fill_mask(data: bytes, geometry: PlannedSample, row: np.ndarray, where: str
     png = read_png_mask(data, where, name)
     if png is not None:
         _check_same_size((png.height, png.width), geometry, where, name)
+        _check_mask_fits(png.bit_depth == 16, row, where, name)
         mask_into(png, geometry.plan.box, geometry.plan.flip, row, where, name)
         return
     mask = decode_field("mask", data, where, name)
     _check_same_size(mask.shape, geometry, where, name)
-    if mask.dtype.itemsize > row.dtype.itemsize:
-        raise SampleError(where, f"field {name}: a 16-bit mask; the batch stacks {row.dtype} masks (the dataset's first samples)")
+    _check_mask_fits(mask.dtype.itemsize > 1, row, where, name)
     nearest_into(mask, geometry.plan, row)
+
+
+def _check_mask_fits(wide: bool, row: np.ndarray, where: str, name: str) -> None:
+    """A SampleError for a 16-bit mask (``wide``) in a batch of 8-bit masks."""
+    if wide and row.dtype.itemsize == 1:
+        raise SampleError(where, f"field {name}: a 16-bit mask; the batch stacks {row.dtype} masks (the dataset's first samples)")
 
 
 def _stored_name(field: FieldSpec, present: dict[str, Any], where: str) -> str | None:

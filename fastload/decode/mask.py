@@ -75,11 +75,9 @@ def mask_into(
     mask: PngMask, box: tuple[float, float, float, float], flip: bool, out: np.ndarray, where: str, field: str
 ) -> None:
     """Write the crop ``box`` (x0, y0, x1, y1 in source pixels) of ``mask``'s class ids into ``out``
-    (H x W uint8) by nearest neighbour, mirrored when ``flip``, inflating no further than its last row."""
+    (H x W uint8, or uint16: a 16-bit mask needs it) by nearest neighbour, mirrored when ``flip``, inflating no further than its last row."""
     if _mask_into is None:
         raise RuntimeError("fastload's C extension has no mask kernel: read_png_mask gives no PngMask without it")
-    if mask.bit_depth == 16 and out.dtype != np.uint16:
-        raise SampleError(where, f"field {field}: a 16-bit mask; the batch stacks {out.dtype} masks (the dataset's first samples)")
     out_h, out_w = out.shape
     _, y0, _, y1 = box
     last = min(mask.height - 1, max(0, math.floor(y0 + (out_h - 0.5) * ((y1 - y0) / out_h))))
