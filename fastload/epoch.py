@@ -14,18 +14,16 @@ import numpy as np
 import torch
 
 from fastload.dataset import ShardedDataset
-from fastload.field_batch import field_batch
+from fastload.field_batch import shaped_batch
 from fastload.fields import SampleSpec
 from fastload.frameworks import AccelerateEpoch
 from fastload.layout import BatchLayout, samples_of
 from fastload.options import LoaderOptions
 from fastload.orders import LoaderOrders
 from fastload.prefetch import ShardPrefetcher, shards_in_use_order
-from fastload.sampling import SampleRandom
+from fastload.sampling import batch_generator
 from fastload.state import LoaderState, Position
 from fastload.stats import LoaderStats, StageCounters
-
-RANK_STRIDE = 0x9E3779B97F4A7C15  # spreads the ranks' batch_map seeds apart
 
 
 @dataclass(frozen=True)
@@ -151,14 +149,9 @@ class Epoch:
         raise NotImplementedError
 
     def _batch_generator(self) -> torch.Generator:
-        """``batch_map``'s generator for the batch about to be handed out, on the batch's device:
-        seeded from (seed, epoch, global step, rank) only, so a resumed epoch replays it exactly."""
+        """``batch_map``'s generator for the batch about to be handed out, on the batch's device."""
         step = self.plan.start // self.plan.step + self.next_yield  # the global step: batches every rank took
-        rank = self.inputs.orders.ranks()[0]
-        value = SampleRandom(self.inputs.options.seed, self.epoch, step).integers(0, 2**62) + rank * RANK_STRIDE
-        generator = torch.Generator(device=self.inputs.device or "cpu")
-        generator.manual_seed(value % 2**63)
-        return generator
+        return batch_generator(self.inputs.options.seed, self.epoch, step, self.inputs.orders.ranks()[0], self.inputs.device)
 
     def _finish_batch(self, columns: Mapping[str, torch.Tensor | np.ndarray], values: dict[str, list], keys: list[str],
                       skipped: list, batch_no: int) -> Any:
@@ -168,11 +161,8 @@ class Epoch:
         for where, reason in skipped:
             inputs.stats.record_skip(where, reason)
         with inputs.stats.to_device():
-            parts = field_batch(inputs.sample_spec, dict(columns), values, inputs.device, inputs.batch_fn)
-        if inputs.sample_spec.classic:
-            images, labels = parts
-            return inputs.layout.shape(images, labels, keys, self.valid(batch_no))
-        return inputs.layout.shape_fields(parts, keys, self.valid(batch_no))
+            return shaped_batch(inputs.sample_spec, inputs.layout, dict(columns), values, keys, self.valid(batch_no),
+                                inputs.device, inputs.batch_fn)
 
     def _end_accelerate(self) -> None:
         if self.accelerate is not None:

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from fastload.fields import SampleSpec
+from fastload.layout import BatchLayout
 
 
 def as_tensor(array: np.ndarray) -> torch.Tensor | np.ndarray:
@@ -55,3 +56,22 @@ def field_batch(
         else:
             out.append(values[field.key])
     return tuple(out)
+
+
+def shaped_batch(
+    spec: SampleSpec,
+    layout: BatchLayout,
+    columns: dict[str, torch.Tensor | np.ndarray],
+    values: dict[str, list],
+    keys: list[str],
+    valid: np.ndarray,
+    device: torch.device | None,
+    image_fn: Callable[[torch.Tensor], torch.Tensor] | None,
+) -> Any:
+    """The batch as the loader hands it out: :func:`field_batch`'s parts in ``layout`` —
+    ``(images, labels, ...)`` for a classification spec, else the fields in their order."""
+    parts = field_batch(spec, columns, values, device, image_fn)
+    if spec.classic:
+        images, labels = parts
+        return layout.shape(images, labels, keys, valid)
+    return layout.shape_fields(parts, keys, valid)

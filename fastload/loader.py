@@ -160,7 +160,7 @@ class DataLoader(torch.utils.data.DataLoader):
         self.generator, self.in_order = None, True
         self.sampler = options.distributed if options.distributed is not None else LoaderSampler(weakref.proxy(self))
         self.batch_sampler = LoaderBatchSampler(weakref.proxy(self))
-        self.collate_fn = LoaderCollate(options.collate_fn)  # also what a torch DataLoader of this loader's parts uses
+        self.collate_fn = LoaderCollate(options.collate_fn, options.batch_map)  # also what a torch DataLoader of this loader's parts uses
         self.shuffle, self.seed = options.shuffle, options.seed
         self.device = options.device
         # fields= and map=: what the workers make of a sample (a torchvision transform's rest first)
@@ -263,18 +263,22 @@ class DataLoader(torch.utils.data.DataLoader):
         position = self.state.upcoming()
         if from_start:
             position = replace(position, consumed=0)
-        if not self.sample_spec.classic or self.sample_spec.map is not None:
-            raise NotImplementedError("loader.batch_sampler batches (a torch DataLoader of this loader's parts) carry images and labels only")
         options = self.options
-        request = BatchRequest(options.transform, options.seed, position.epoch, options.on_error,
-                               cast(tuple[int, int, int], self.image_shape), self._batch_layout)  # classic: an image
+        device = self.device if self.device is not None else accelerate_device() if self._accelerate else None
+        if options.batch_map is not None and device is not None and device.type != "cpu":
+            raise NotImplementedError(
+                f"loader.batch_sampler batches with batch_map= on {device}: a torch DataLoader of this loader's parts "
+                "runs batch_map on the CPU, where its generator draws other numbers than the loader's on the device")
+        request = BatchRequest(options.transform, options.seed, position.epoch, options.on_error, self.image_shape,
+                               self._batch_layout, self.sample_spec, self.orders.ranks()[0])
         plan, order = self.orders.batches(position), self.orders.order(position)
         batches = []
+        first_step = plan.start // plan.step
         for batch_no in range(len(plan)):
             positions, valid = plan.positions(batch_no), plan.valid(batch_no)
             if (real := order.valid(positions)) is not None:
                 valid = valid & real
-            batches.append(BatchIndices(order.indices(positions).tolist(), request, valid.tolist()))
+            batches.append(BatchIndices(order.indices(positions).tolist(), request, valid.tolist(), first_step + batch_no))
         return batches
 
     def describe(self, step: int, epoch: int | None = None) -> StepDescription:

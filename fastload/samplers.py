@@ -22,7 +22,10 @@ from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler, Sub
 from torch.utils.data.distributed import DistributedSampler
 
 from fastload.dataset import ShardedDataset
+from fastload.field_batch import as_tensor, shaped_batch
+from fastload.fields import SampleSpec
 from fastload.layout import BatchLayout, samples_of
+from fastload.sampling import batch_generator
 from fastload.state import LoaderState
 
 if TYPE_CHECKING:
@@ -172,63 +175,72 @@ class BatchRequest:
     seed: int
     epoch: int
     on_error: str
-    image_shape: tuple[int, int, int]
+    image_shape: tuple[int, int, int] | None  # None: the samples hold no image
     layout: BatchLayout
+    sample_spec: SampleSpec  # the fields made of each sample (fields=, map=)
+    rank: int  # seeds batch_map='s generator with the step
 
 
 class BatchIndices(list):
     """One batch's sample indices (a list, as torch's batch samplers yield) that a fastload dataset's
-    ``__getitems__`` turns into the fast path's batch (same plans, same pixels)."""
+    ``__getitems__`` turns into the fast path's batch (same plans, same pixels, same fields)."""
 
-    def __init__(self, indices: Sequence[int], request: BatchRequest, valid: Sequence[bool]) -> None:
+    def __init__(self, indices: Sequence[int], request: BatchRequest, valid: Sequence[bool], step: int) -> None:
         super().__init__(indices)
-        self.request, self.valid = request, list(valid)
+        self.request, self.valid, self.step = request, list(valid), step
 
     def __reduce__(self) -> tuple:
-        return (BatchIndices, (list(self), self.request, self.valid))
+        return (BatchIndices, (list(self), self.request, self.valid, self.step))
 
     def fill(self, dataset: ShardedDataset) -> PlannedBatch:
-        """Read, decode and transform this batch as the loader's workers do."""
-        from fastload.workers import fill_batch
+        """Read, decode and transform this batch's fields as the loader's workers do."""
+        from fastload.slots import spec_columns
+        from fastload.workers import fill_fields
 
         request = self.request
-        images = np.empty((len(self), *request.image_shape), dtype=np.uint8)
-        labels = np.empty(len(self), dtype=np.int64)
-        keys, _ = fill_batch(dataset, np.asarray(self, dtype=np.int64), request.specs, request.seed, request.epoch,
-                             request.on_error, images, labels)
-        return PlannedBatch(torch.from_numpy(images), torch.from_numpy(labels), keys, np.asarray(self.valid), request)
+        columns = {c.name: np.empty((len(self), *c.shape), dtype=c.dtype)
+                   for c in spec_columns(request.sample_spec, request.image_shape)}
+        keys, _, values = fill_fields(dataset, np.asarray(self, dtype=np.int64), request.sample_spec, request.specs,
+                                      request.seed, request.epoch, request.on_error, columns)
+        tensors = {name: as_tensor(column) for name, column in columns.items()}
+        return PlannedBatch(tensors, values, keys, np.asarray(self.valid), request, self.step)
 
 
 @dataclass
 class PlannedBatch:
-    """A batch :meth:`BatchIndices.fill` made, before :func:`collate` shapes it as the loader does."""
+    """A batch :meth:`BatchIndices.fill` made, before :class:`LoaderCollate` shapes it as the loader does."""
 
-    images: torch.Tensor
-    labels: torch.Tensor
+    columns: dict[str, torch.Tensor | np.ndarray]  # the stacked fields
+    values: dict[str, list]  # the fields batched as lists
     keys: list[str]
     valid: np.ndarray
     request: BatchRequest
+    step: int  # the global step (batches every rank took this epoch)
 
 
 @dataclass(frozen=True)
 class LoaderCollate:
     """``loader.collate_fn``: a :class:`PlannedBatch` in the loader's batch layout (Normalize/ToDtype
-    applied here, on the CPU), then through the loader's ``collate_fn=`` as its samples; a list of
-    samples through ``collate_fn=``, else torch's default_collate."""
+    applied here, on the CPU), then through the loader's ``collate_fn=`` as its samples and its
+    ``batch_map=`` (with the generator the loader gives that step); a list of samples through
+    ``collate_fn=``, else torch's default_collate."""
 
     user: Callable[[list], Any] | None = None  # the loader's collate_fn=
+    batch_map: Callable[[Any, torch.Generator], Any] | None = None  # the loader's batch_map=
 
     def __call__(self, batch: Any) -> Any:
         if not isinstance(batch, PlannedBatch):
             return (self.user or torch.utils.data.default_collate)(batch)
         from fastload.transforms import batch_transform
 
-        images = batch.images
-        batch_fn = batch_transform(batch.request.specs)
-        if batch_fn is not None:
-            images = batch_fn(images)
-        shaped = batch.request.layout.shape(images, batch.labels, batch.keys, batch.valid)
-        return shaped if self.user is None else self.user(samples_of(shaped))
+        request = batch.request
+        shaped = shaped_batch(request.sample_spec, request.layout, batch.columns, batch.values, batch.keys, batch.valid,
+                              None, batch_transform(request.specs))
+        if self.user is not None:
+            shaped = self.user(samples_of(shaped))
+        if self.batch_map is not None:
+            shaped = self.batch_map(shaped, batch_generator(request.seed, request.epoch, batch.step, request.rank, None))
+        return shaped
 
 
 class LoaderBatchSampler(BatchSampler):

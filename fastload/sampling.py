@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from fastload.permutation import Permutation, mix_key
 
@@ -145,6 +146,19 @@ class SampleRandom:
 def sample_rng(seed: int, epoch: int, index: int) -> SampleRandom:
     """The random stream of one sample's augmentation: depends only on (seed, epoch, index)."""
     return SampleRandom(seed, epoch, index)
+
+
+RANK_STRIDE = 0x9E3779B97F4A7C15  # spreads the ranks' batch_map seeds apart
+
+
+def batch_generator(seed: int, epoch: int, step: int, rank: int, device: torch.device | None) -> torch.Generator:
+    """``batch_map``'s generator for one batch, on ``device`` (None: the CPU): seeded from (seed,
+    epoch, global step, rank) only, so a resumed epoch, or a torch DataLoader of the loader's parts,
+    replays it exactly."""
+    value = SampleRandom(seed, epoch, step).integers(0, 2**62) + rank * RANK_STRIDE
+    generator = torch.Generator(device=device or "cpu")
+    generator.manual_seed(value % 2**63)
+    return generator
 
 
 _MAP_GENERATOR: list[np.random.Generator] = []  # this process's one Generator for map=, re-seeded per sample

@@ -31,7 +31,9 @@ def captioned(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def load(path: Path, **kwargs) -> fastload.DataLoader:
     kwargs.setdefault("num_workers", 2)
-    return fastload.DataLoader(str(path), batch_size=4, backend="cpu", shuffle=True, seed=1, transform=T.train(24), **kwargs)
+    kwargs.setdefault("transform", T.train(24))
+    kwargs.setdefault("seed", 1)
+    return fastload.DataLoader(str(path), batch_size=4, backend="cpu", shuffle=True, **kwargs)
 
 
 class Recorder:
@@ -158,3 +160,40 @@ def test_collate_fn_then_batch_map(clean: Path) -> None:
     assert all(torch.equal(b["x"], a[0].flip(-1)) and torch.equal(b["y"], a[1]) for a, b in zip(plain, both, strict=True))
     with pytest.raises(ValueError, match="applies to fastload datasets"):
         fastload.DataLoader(torch.utils.data.TensorDataset(torch.zeros(4)), batch_map=flip)
+
+
+def noisy_caption(sample: dict, rng: np.random.Generator) -> dict:
+    """A map= step that draws from its generator: the caption gets a number, the array noise."""
+    sample["txt"] = f"{sample['txt']} #{int(rng.integers(1000))}"
+    sample["npy"] = sample["npy"] + rng.standard_normal(4).astype(np.float32)
+    return sample
+
+
+def shuffled_rows(batch: tuple, generator: torch.Generator) -> tuple:
+    """A batch_map= that permutes the images by its generator."""
+    images, *rest = batch
+    return (images[torch.randperm(len(images), generator=generator)], *rest)
+
+
+@pytest.mark.parametrize("torch_workers", [0, 2])
+def test_a_torch_loader_of_the_parts_yields_fields_map_and_batch_map_batches(captioned: Path, torch_workers: int) -> None:
+    """Accelerate's skip_first_batches builds a torch DataLoader from loader.dataset, .batch_sampler and
+    .collate_fn: with fields=, map= and batch_map= its batches equal the loader's, also after a resume."""
+    kwargs = dict(fields=["jpg", "txt", "cls", "npy"], map=noisy_caption, batch_map=shuffled_rows, return_keys=True,
+                  transform=T.train(24, normalize=True))
+
+    def parts(dl: fastload.DataLoader) -> list:
+        return list(torch.utils.data.DataLoader(dl.dataset, batch_sampler=dl.batch_sampler, collate_fn=dl.collate_fn,
+                                                num_workers=torch_workers))
+
+    expected = list(load(captioned, **kwargs))
+    assert len(expected) == 4 and expected[0][0].dtype == torch.float32 and "#" in expected[0][1][0]
+    assert all(equal(a, b) for a, b in zip(parts(load(captioned, **kwargs)), expected, strict=True))
+    interrupted = load(captioned, **kwargs)
+    it = iter(interrupted)
+    next(it), next(it)
+    state = interrupted.state_dict()
+    resumed = load(captioned, **kwargs)
+    resumed.load_state_dict(state)
+    assert all(equal(a, b) for a, b in zip(parts(resumed), expected[2:], strict=True))
+    assert not equal(parts(load(captioned, **{**kwargs, "seed": 5}))[0][0], expected[0][0])  # the check can fail
