@@ -202,6 +202,11 @@ class ShardedDataset:
             return None
         return self.cache.path(RemoteFile(join(self.url, info.table), info.table, info.table_sha256, None))
 
+    def substitute(self, i: int, offset: int) -> int:
+        """The sample ``offset`` places after ``i`` in dataset order (wrapping): what stands in for an
+        unreadable sample with ``on_error="skip"``."""
+        return (i + offset) % len(self)
+
     def where(self, i: int) -> str:
         """'shard-00003.tar:key' — how errors name a sample."""
         shard, row = self.locate(i)

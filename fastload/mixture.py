@@ -117,6 +117,12 @@ class MixedDataset(ShardedDataset):
         member, local = self._member_shard(shard)
         return member.fetch(local)
 
+    def substitute(self, i: int, offset: int) -> int:
+        """The sample ``offset`` places after ``i`` within its member (wrapping there), so a skipped
+        sample is replaced from its own member and the weights hold."""
+        member, local = self.member_of(i)
+        return self._offsets[member] + (local + offset) % len(self.members[member])
+
     def where(self, i: int) -> str:
         """'<member location>/shard-00003.tar:key' — how errors name a sample."""
         member, local = self.member_of(i)

@@ -60,11 +60,11 @@ def with_substitutes(
     ds: ShardedDataset, index: int, on_error: str, skipped: list[tuple[str, str]], attempt: Callable[[int], Attempted]
 ) -> Attempted:
     """``attempt(index)``, or with ``on_error="skip"`` ``attempt`` of the next sample in dataset
-    order that does not raise SampleError (each one passed over is appended to ``skipped`` as
+    order (:meth:`ShardedDataset.substitute`) that does not raise SampleError (each one passed over is appended to ``skipped`` as
     (where, reason)), so a batch keeps its size whatever the number of workers."""
     for offset in range(MAX_SUBSTITUTES + 1):
         try:
-            return attempt((index + offset) % len(ds))
+            return attempt(ds.substitute(index, offset))
         except SampleError as exc:
             if on_error == "raise":
                 raise

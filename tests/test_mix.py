@@ -227,3 +227,24 @@ def test_incompatible_members_and_options_are_refused_by_name(members: dict[str,
     reweighted = fastload.mix({members["big"]: 2, members["small"]: 1})
     with pytest.raises(ValueError, match="another dataset"):
         fastload.DataLoader(reweighted, batch_size=2, transform=CROP).load_state_dict(state)
+
+
+def test_a_skipped_sample_is_replaced_from_its_own_member(tmp_path: Path) -> None:
+    """on_error="skip" replaces an unreadable sample by the next one in dataset order: within its
+    member (wrapping there), never the next member's first, so each member keeps its share."""
+    from tests.conftest import jpeg_bytes, run_cli, small_photo
+    from tests.test_fields import write_tars
+
+    pytest.importorskip("webdataset")
+    roots = []
+    for m in range(2):
+        samples = [{"__key__": f"m{m}s{i}", "jpg": jpeg_bytes(small_photo(i + 10 * m)), "cls": str(i % 2)} for i in range(6)]
+        if m == 0:
+            samples[-1]["jpg"] = b"\xff\xd8 not a jpeg"  # the member's last sample in dataset order
+        roots.append(write_tars(tmp_path / f"member{m}", samples, per_tar=3))
+        run_cli("index", str(roots[-1]))
+    mixture = fastload.mix({roots[0]: 1, roots[1]: 1})
+    loader = fastload.DataLoader(mixture, batch_size=12, shuffle=True, on_error="skip", return_keys=True, transform=CROP)
+    keys = keys_of(loader)
+    assert Counter(mixture.member_key(k)[0] for k in keys) == {0: 6, 1: 6}
+    assert "0/m0s5" not in keys and [e["key"] for e in loader.stats.skipped.entries] == ["0/m0s5"]
