@@ -1,6 +1,8 @@
 """Start-up of the sample orders alone, at any simulated size: the time from nothing to the first
 batch's sample indices (rank 0 of 8, batch 256) and the memory that takes, for the global and the
-streaming order, from a fake list of 10,000-sample shards (no data on disk).
+streaming order, from a fake list of 10,000-sample shards (no data on disk), and for a
+``fastload.mix`` order (two members of 5/6 and 1/6 of the samples, weights 5:1, an epoch of
+that many positions; this checkout only).
 
 Each case runs in a fresh process, so times and peak memory are its own. ``--old DIR`` runs the
 same cases against another checkout's fastload (e.g. ``git worktree add --detach /tmp/old 4869abe``)
@@ -39,6 +41,13 @@ def first_batch(order_kind: str, samples: int) -> dict:
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     started = time.perf_counter()
     spec = OrderSpec(shards, 0, True, BATCH, 0, WORLD, False, streaming, 4096 if streaming else 1)
+    if order_kind == "mixture":
+        from fastload.mixture import apportion
+        from fastload.mixture_order import MixtureOrder
+
+        big = samples * 5 // 6 // SHARD
+        members = ((SHARD,) * big, (SHARD,) * (samples // SHARD - big))
+        spec = MixtureOrder(spec, members, tuple(apportion(samples, (5.0, 1.0))), (False, False))  # type: ignore[assignment]
     order = spec.order(0)
     plan = spec.batches(len(order), 0)
     new = hasattr(order, "indices")
@@ -77,9 +86,10 @@ def main() -> None:
     versions = {"this": here, **({"old": os.path.abspath(args.old)} if args.old else {})}
     print(f"{'order':<10} {'samples':>13} " + " ".join(f"{name + ' s':>10} {name + ' MB':>9}" for name in versions)
           + ("   speed-up" if args.old else ""))
-    for order_kind in ("global", "streaming"):
+    for order_kind in ("global", "streaming", "mixture"):
         for samples in args.sizes:
-            runs: dict[str, list[dict]] = {name: [] for name in versions if name == "this" or fits_old(samples)}
+            runs: dict[str, list[dict]] = {name: [] for name in versions
+                                           if name == "this" or (fits_old(samples) and order_kind != "mixture")}
             for _ in range(args.repeats):  # interleaved: both versions see the same machine load
                 for name, found in runs.items():
                     found.append(run_case(versions[name], order_kind, samples))

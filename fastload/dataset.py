@@ -207,6 +207,10 @@ class ShardedDataset:
         unreadable sample with ``on_error="skip"``."""
         return (i + offset) % len(self)
 
+    def shard_name(self, shard: int) -> str:
+        """'shard-00003.tar' — how errors and descriptions name shard number ``shard``."""
+        return self.index.shards[shard].path
+
     def where(self, i: int) -> str:
         """'shard-00003.tar:key' — how errors name a sample."""
         shard, row = self.locate(i)

@@ -35,7 +35,6 @@ from fastload.frameworks import accelerate_device
 from fastload.hybrid_epoch import HybridEngine
 from fastload.layout import BatchLayout
 from fastload.options import LoaderOptions
-from fastload.order_spec import OrderSpec
 from fastload.orders import LoaderOrders, excluded_indices
 from fastload.provenance import StepDescription, describe_step
 from fastload.sample_decode import resolve_spec
@@ -287,10 +286,7 @@ class DataLoader(torch.utils.data.DataLoader):
         shards' indexes and image headers only (fastload.provenance). Steps run before an elastic
         resume are described at the layout they ran at."""
         epoch = self.state.epoch if epoch is None else int(epoch)
-        spec = self.orders.spec()
-        if not isinstance(spec, OrderSpec):
-            raise NotImplementedError("loader.describe() of a fastload.mix() mixture: not yet (it describes one dataset's order)")
-        return describe_step(self.sharded, spec, self.state.layouts(epoch), epoch, int(step), self.sample_spec,
+        return describe_step(self.sharded, self.orders.spec(), self.state.layouts(epoch), epoch, int(step), self.sample_spec,
                              self.options.transform, self.options.seed, cpu_decode=self.backend == "cpu",
                              classes=self.orders.classes)
 

@@ -123,6 +123,16 @@ class MixedDataset(ShardedDataset):
         member, local = self.member_of(i)
         return self._offsets[member] + (local + offset) % len(self.members[member])
 
+    def shard_name(self, shard: int) -> str:
+        """'<member location>/shard-00003.tar': shard number ``shard`` among all members' shards."""
+        member, local = self._member_shard(shard)
+        return f"{member.location}/{member.shard_name(local)}"
+
+    def key_of(self, i: int) -> str:
+        """The key of sample ``i``, prefixed by its member's number (as :meth:`raw` gives it)."""
+        member, local = self.member_of(i)
+        return f"{member}/{self.members[member].key_of(local)}"
+
     def where(self, i: int) -> str:
         """'<member location>/shard-00003.tar:key' — how errors name a sample."""
         member, local = self.member_of(i)

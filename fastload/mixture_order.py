@@ -17,13 +17,14 @@ at any world size continues from the samples consumed, every member where it was
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from fastload.balance import ClassMembers
 from fastload.order_spec import OrderSpec
 from fastload.sampling import EpochOrder, RankBatches
+from fastload.state import Layout
 
 MEMBER_BUFFER = 4096  # a remote member's shuffle buffer: it reads its shards in sequence (see MixtureOrder)
 LEAF = 1 << 14  # positions of the smallest parts of a mixture epoch's schedule, arranged at once (MixtureOrder.leaf)
@@ -36,6 +37,33 @@ def apportion(total: int, weights: tuple[float, ...]) -> tuple[int, ...]:
     left = total - int(counts.sum())
     counts[np.argsort(-(shares - counts), kind="stable")[:left]] += 1
     return tuple(int(c) for c in counts)
+
+
+NUMPY_HYPERGEOMETRIC_LIMIT = 10**9  # numpy's multivariate draw needs fewer items in all; the univariate, fewer of each kind
+
+
+def hypergeometric_split(rng: np.random.Generator, counts: np.ndarray, take: int) -> np.ndarray:
+    """How many of each member's ``counts`` positions fall among ``take`` drawn without replacement
+    (a multivariate hypergeometric draw). Past numpy's limits (epochs of 10^9 positions and more)
+    the same distribution is drawn member by member, each conditional on the ones before, from the
+    univariate hypergeometric, or its normal approximation where that too is past its limit."""
+    if int(counts.sum()) < NUMPY_HYPERGEOMETRIC_LIMIT:
+        return rng.multivariate_hypergeometric(counts, take)
+    left = np.zeros(len(counts), dtype=np.int64)
+    rest, wanted = int(counts.sum()), take
+    for member, good in enumerate(counts.tolist()):
+        rest -= good
+        if wanted == 0 or rest == 0:
+            left[member] = wanted if rest == 0 else 0
+        elif max(good, rest) < NUMPY_HYPERGEOMETRIC_LIMIT:
+            left[member] = rng.hypergeometric(good, rest, wanted)
+        else:
+            total = good + rest
+            mean = wanted * good / total
+            sd = (wanted * (good / total) * (rest / total) * (total - wanted) / (total - 1)) ** 0.5
+            left[member] = min(max(round(rng.normal(mean, sd)), wanted - rest, 0), good, wanted)
+        wanted -= int(left[member])
+    return left
 
 
 def member_seed(seed: int, member: int) -> int:
@@ -86,6 +114,31 @@ class MixtureOrder:
     remote: tuple[bool, ...]
 
     @property
+    def rank(self) -> int:
+        """The loader's rank."""
+        return self.loader.rank
+
+    @property
+    def world_size(self) -> int:
+        """The loader's world size."""
+        return self.loader.world_size
+
+    @property
+    def batch_size(self) -> int:
+        """The loader's batch size."""
+        return self.loader.batch_size
+
+    @property
+    def streaming(self) -> bool:
+        """False: a mixture's own order is global (its members' may stream)."""
+        return False
+
+    def at_layout(self, world_size: int, batch_size: int, generations: tuple[Layout, ...], rank: int | None = None) -> MixtureOrder:
+        """This mixture's orders at another layout of the loader (world and batch size), for another
+        ``rank`` if given."""
+        return replace(self, loader=self.loader.at_layout(world_size, batch_size, generations, rank))
+
+    @property
     def sizes(self) -> tuple[int, ...]:
         """Each member's number of samples."""
         return tuple(sum(shards) for shards in self.member_shards)
@@ -110,7 +163,7 @@ class MixtureOrder:
         while end - start > LEAF:
             middle = (start + end) // 2
             if self.loader.shuffle:
-                left = self._generator(epoch, start, end).multivariate_hypergeometric(counts, middle - start)
+                left = hypergeometric_split(self._generator(epoch, start, end), counts, middle - start)
             else:
                 left = np.asarray(apportion(middle - start, tuple(counts.tolist())), dtype=np.int64)
             if position < middle:

@@ -4,7 +4,7 @@ computes exactly the same order."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -63,6 +63,12 @@ class OrderSpec:
             if generation < len(self.generations):
                 groups = unseen_groups(streamed, consumed, starts)
         return streamed
+
+    def at_layout(self, world_size: int, batch_size: int, generations: tuple[Layout, ...], rank: int | None = None) -> OrderSpec:
+        """This spec at another layout (world and batch size; the epoch's earlier layouts, which
+        only the streaming order depends on), for another ``rank`` if given."""
+        return replace(self, world_size=world_size, batch_size=batch_size, rank=self.rank if rank is None else rank,
+                       generations=generations if self.streaming else ())
 
     def batches(self, order_length: int, start: int) -> RankBatches:
         """This rank's batches of an order of ``order_length`` positions, from position ``start``."""

@@ -24,6 +24,7 @@ from fastload.decode.header import image_size, jpeg_size, png_size, sniff_image_
 from fastload.errors import SampleError
 from fastload.fields import DECODED_FIELD, SampleSpec
 from fastload.formats.tar import TarShardReader
+from fastload.mixture_order import MixtureOrder
 from fastload.order_spec import OrderSpec
 from fastload.sampling import sample_rng
 from fastload.state import Layout
@@ -80,20 +81,21 @@ class StepBatch:
     batch_size: int
 
 
-def step_batch(spec: OrderSpec, generations: Sequence[Layout], epoch: int, step: int, classes: ClassMembers | None = None) -> StepBatch:
+def step_batch(spec: OrderSpec | MixtureOrder, generations: Sequence[Layout], epoch: int, step: int, classes: ClassMembers | None = None) -> StepBatch:
     """This rank's batch at ``step`` of ``epoch`` (``spec``: the current layout; ``generations``:
     the earlier layouts of the epoch as (world size, batch size, samples consumed) when it left them;
     ``classes``: as the class-balanced order needs)."""
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
     first_step, start = 0, 0
-    segments: list[tuple[OrderSpec, int | None]] = [(replace(spec, world_size=w, batch_size=b, generations=tuple(generations[:g]) if spec.streaming else ()), end)
-                for g, (w, b, end) in enumerate(generations)]
-    segments.append((replace(spec, generations=tuple(generations) if spec.streaming else ()), None))
+    segments: list[tuple[OrderSpec | MixtureOrder, int | None]] = [
+        (spec.at_layout(w, b, tuple(generations[:g])), end) for g, (w, b, end) in enumerate(generations)]
+    segments.append((spec.at_layout(spec.world_size, spec.batch_size, tuple(generations)), None))
     for layout, end in segments:
         order = layout.order(epoch, classes)
         start = 0 if spec.streaming else start
-        counted = replace(layout, rank=0).batches(len(order), start)  # every rank has as many batches
+        # rank 0's batches (a rank's batches depend on its layout only): every rank has as many
+        counted = layout.at_layout(layout.world_size, layout.batch_size, (), rank=0).batches(len(order), start)
         ran = len(counted) if end is None else min(len(counted), -(-(end - start) // counted.step))
         if step < first_step + ran:
             if spec.rank >= layout.world_size:
@@ -152,8 +154,8 @@ def describe_sample(ds: ShardedDataset, index: int, valid: bool, spec: SampleSpe
                     seed: int, epoch: int, cpu_decode: bool = True) -> SampleDescription:
     """Sample ``index``'s key, shard and planned geometry, from its image header (nothing decoded);
     the DCT scale only where libjpeg-turbo decodes it (``cpu_decode``: the CPU backend)."""
-    shard, row = ds.locate(index)
-    base = SampleDescription(index, ds.reader(shard).key(row), ds.index.shards[shard].path, valid)
+    shard, _ = ds.locate(index)
+    base = SampleDescription(index, ds.key_of(index), ds.shard_name(shard), valid)
     if spec.primary is None:
         return base
     read = 0
@@ -174,7 +176,7 @@ def describe_sample(ds: ShardedDataset, index: int, valid: bool, spec: SampleSpe
                    dct_scale=scale, bytes_read=read)
 
 
-def describe_step(ds: ShardedDataset, order_spec: OrderSpec, generations: Sequence[Layout], epoch: int, step: int,
+def describe_step(ds: ShardedDataset, order_spec: OrderSpec | MixtureOrder, generations: Sequence[Layout], epoch: int, step: int,
                   spec: SampleSpec, transforms: Sequence[Transform], seed: int, cpu_decode: bool = True,
                   classes: ClassMembers | None = None) -> StepDescription:
     """This rank's batch at ``step`` of ``epoch``, every sample described (see the module docstring);

@@ -38,9 +38,9 @@ def photos(photo_source: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     return out
 
 
-def loader_of(data: Path | str, **kwargs) -> fastload.DataLoader:
+def loader_of(data: Path | str | fastload.ShardedDataset, **kwargs) -> fastload.DataLoader:
     options = dict(batch_size=4, shuffle=True, seed=5, transform=T.train(32), return_keys=True, backend="cpu")
-    return fastload.DataLoader(str(data), **{**options, **kwargs})
+    return fastload.DataLoader(str(data) if isinstance(data, Path) else data, **{**options, **kwargs})
 
 
 def delivered(loader: fastload.DataLoader, stop_after: int | None = None) -> list[tuple]:
@@ -193,3 +193,25 @@ def test_the_command_describes_a_subset(photos: Path, tmp_path: Path) -> None:
         out = run_cli("describe", str(photos), "--take", str(take), "--seed", "4", "--batch-size", "2", "--step", str(step),
                       "--size", "32", "--json").stdout
         assert [s["key"] for s in json.loads(out)["samples"]] == keys
+
+
+def test_a_mixture_is_described_step_for_step_also_after_an_elastic_resume(photos: Path, photo_source: Path, tmp_path: Path) -> None:
+    again = tmp_path / "again"
+    convert(str(photo_source), str(again), ConvertOptions(source="imagefolder", samples_per_shard=7))
+    mixture = fastload.mix({photos: 2, again: 1}, samples_per_epoch=30)
+    loader = loader_of(mixture, num_workers=2)
+    for epoch in (0, 1):
+        batches = delivered(loader)
+        descriptions = [loader.describe(step, epoch) for step in range(len(batches))]
+        assert [d.keys for d in descriptions] == [keys for _, keys in batches]
+    sample = descriptions[0].samples[0]
+    member = int(sample.key.partition("/")[0])
+    assert sample.shard.startswith(f"{mixture.members[member].location}/") and sample.box is not None
+    first = [loader_of(mixture, rank=r, world_size=2) for r in range(2)]
+    before = [delivered(one, stop_after=2) for one in first]
+    resumed = loader_of(mixture, batch_size=3, world_size=1, rank=0)
+    resumed.load_state_dict(first[0].state_dict())
+    after = delivered(resumed)
+    assert [resumed.describe(step, 0).keys for step in range(2)] == [keys for _, keys in before[0]]
+    assert [resumed.describe(step, 0).keys for step in range(2, 2 + len(after))] == [keys for _, keys in after]
+    assert resumed.describe(0, 0).world_size == 2 and resumed.describe(2, 0).batch_size == 3

@@ -248,3 +248,28 @@ def test_a_skipped_sample_is_replaced_from_its_own_member(tmp_path: Path) -> Non
     keys = keys_of(loader)
     assert Counter(mixture.member_key(k)[0] for k in keys) == {0: 6, 1: 6}
     assert "0/m0s5" not in keys and [e["key"] for e in loader.stats.skipped.entries] == ["0/m0s5"]
+
+
+def test_epochs_past_numpys_hypergeometric_limit_split_exactly() -> None:
+    """A mixture epoch of 1.2 billion positions (numpy's multivariate draw refuses 10^9): every split
+    takes exactly its size within each member's count, the same for the same seed, centred on the
+    proportional share; a batch's indices fall in the right members."""
+    from fastload.mixture_order import MixtureOrder, hypergeometric_split
+    from fastload.order_spec import OrderSpec
+
+    counts = np.array([700_000_000, 400_000_000, 100_000_000], dtype=np.int64)
+    draws = np.array([hypergeometric_split(np.random.default_rng(seed), counts, 600_000_000) for seed in range(200)])
+    assert (draws.sum(axis=1) == 600_000_000).all() and (draws <= counts).all() and (draws >= 0).all()
+    assert np.array_equal(draws[3], hypergeometric_split(np.random.default_rng(3), counts, 600_000_000))
+    assert np.abs(draws.mean(axis=0) - counts / 2).max() < 5 * np.sqrt(counts.max() / 8 / 200)
+    assert len({tuple(d) for d in draws}) > 150  # drawn, not fixed
+    shards = ((10_000,) * 70_000, (10_000,) * 40_000, (10_000,) * 10_000)
+    mixture = MixtureOrder(OrderSpec((10_000,) * 120_000, 0, True, 256, 0, 8, False), shards, tuple(counts.tolist()), (False,) * 3)
+    order = mixture.order(0)
+    plan = mixture.batches(len(order), 0)
+    for batch in (0, len(plan) // 2, len(plan) - 1):
+        indices = order.indices(plan.positions(batch))
+        assert len(indices) == (256 if batch < len(plan) - 1 else 1_200_000_000 // 8 % 256)
+        assert 0 <= indices.min() and indices.max() < 1_200_000_000
+    last = mixture.leaf(0, int(counts.sum()) - 1)
+    assert (last.before + np.bincount(last.members, minlength=3) == counts).all()
