@@ -270,6 +270,6 @@ def test_epochs_past_numpys_hypergeometric_limit_split_exactly() -> None:
     for batch in (0, len(plan) // 2, len(plan) - 1):
         indices = order.indices(plan.positions(batch))
         assert len(indices) == (256 if batch < len(plan) - 1 else 1_200_000_000 // 8 % 256)
-        assert 0 <= indices.min() and indices.max() < 1_200_000_000
+        assert indices.min() >= 0 and indices.max() < 1_200_000_000
     last = mixture.leaf(0, int(counts.sum()) - 1)
     assert (last.before + np.bincount(last.members, minlength=3) == counts).all()
