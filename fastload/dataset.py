@@ -174,6 +174,15 @@ class ShardedDataset:
         reader.open()
         return reader
 
+    @property
+    def downloads(self) -> bool:
+        """Whether some of its shards are downloaded (a remote dataset) before they are read."""
+        return self.url is not None
+
+    def is_remote(self, shard: int) -> bool:
+        """Whether shard number ``shard`` is downloaded before it is read."""
+        return self.url is not None
+
     def fetch(self, shard: int) -> tuple[Path, Path | None]:
         """Local paths of a remote shard's files (data, offset index), downloading what the cache
         lacks (its sample table too); several processes asking at once download it once."""

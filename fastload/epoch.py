@@ -68,7 +68,7 @@ class Epoch:
         self.plan = orders.batches(self.start)
         self.epoch, self.order = self.start.epoch, orders.order(self.start)
         self.started = True
-        self.stats_token = self.inputs.stats.begin_epoch(self.epoch, self._stage_counters(), self.inputs.dataset.url is not None)
+        self.stats_token = self.inputs.stats.begin_epoch(self.epoch, self._stage_counters(), self.inputs.dataset.downloads)
         if self.inputs.accelerate:
             self.accelerate = AccelerateEpoch(self, orders.remainder(self.start))
 
@@ -81,9 +81,10 @@ class Epoch:
         return None
 
     def _start_prefetch(self) -> None:
-        """For a remote dataset, start downloading this rank's shards ahead of use."""
+        """For a remote dataset (or a mixture's remote members), start downloading this rank's
+        shards ahead of use."""
         dataset = self.inputs.dataset
-        if dataset.url is not None and len(self.plan):
+        if dataset.downloads and len(self.plan):
             self.prefetcher = ShardPrefetcher(dataset, shards_in_use_order(dataset, map(self.indices, range(len(self.plan)))),
                                               self._dispatched)
 

@@ -112,6 +112,16 @@ class MixedDataset(ShardedDataset):
         member, local = self._member_shard(shard)
         return member.reader(local)
 
+    @property
+    def downloads(self) -> bool:
+        """Whether a member is remote."""
+        return any(m.url is not None for m in self.members)
+
+    def is_remote(self, shard: int) -> bool:
+        """Whether shard number ``shard`` (among all members' shards) belongs to a remote member."""
+        member, _ = self._member_shard(shard)
+        return member.url is not None
+
     def fetch(self, shard: int) -> tuple[Path, Path | None]:
         """Local paths of a remote member's shard, as :meth:`ShardedDataset.fetch`."""
         member, local = self._member_shard(shard)

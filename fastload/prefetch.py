@@ -13,15 +13,16 @@ SHARDS_AHEAD = 2  # shards fetched beyond the one being read: downloads overlap 
 
 
 def shards_in_use_order(dataset: ShardedDataset, samples_by_batch: Iterable[np.ndarray]) -> Iterator[tuple[int, int]]:
-    """(shard, batch number where it is first used) for each shard, in order of first use: computed
-    batch by batch as it is read, so nothing is done for batches far ahead."""
+    """(shard, batch number where it is first used) for each shard that downloads, in order of first
+    use: computed batch by batch as it is read, so nothing is done for batches far ahead."""
     seen: set[int] = set()
     for batch_no, samples in enumerate(samples_by_batch):
         shards, first = np.unique(dataset.shards_of(samples), return_index=True)
         for shard in shards[np.argsort(first)].tolist():
             if shard not in seen:
                 seen.add(shard)
-                yield shard, batch_no
+                if dataset.is_remote(shard):
+                    yield shard, batch_no
 
 
 class ShardPrefetcher:

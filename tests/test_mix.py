@@ -273,3 +273,23 @@ def test_epochs_past_numpys_hypergeometric_limit_split_exactly() -> None:
         assert indices.min() >= 0 and indices.max() < 1_200_000_000
     last = mixture.leaf(0, int(counts.sum()) - 1)
     assert (last.before + np.bincount(last.members, minlength=3) == counts).all()
+
+
+def test_a_remote_members_shards_are_downloaded_ahead_of_use(clean: Path, served: str, tmp_path: Path) -> None:  # noqa: F811
+    """The loader's download-ahead thread covers a mixture's remote member: after one batch, more of
+    its shards are in the cache than that batch read (inline decoding fetches only what it reads)."""
+    import time
+
+    remote = fastload.open(served, cache_dir=tmp_path / "cache")
+    assert len(remote.index.shards) >= 4
+    mixture = fastload.mix({clean: 1, remote: 1})
+    loader = fastload.DataLoader(mixture, batch_size=4, shuffle=True, seed=5, transform=T.train(16), return_keys=True, num_workers=0)
+    iterator = iter(loader)
+    _, _, keys = next(iterator)
+    remote_keys = [mixture.member_key(k)[1] for k in keys if mixture.member_key(k)[0] == 1]
+    read = {remote.locate(int(i))[0] for i in remote.indices_of(remote_keys)}
+    deadline = time.monotonic() + 20
+    while len(list((tmp_path / "cache").rglob("*.tar"))) <= len(read) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(list((tmp_path / "cache").rglob("*.tar"))) > len(read)
+    assert sum(1 for _ in iterator) == len(loader) - 1
