@@ -1,5 +1,6 @@
 """Start-up of the sample orders alone, at any simulated size: the time from nothing to the first
-batch's sample indices (rank 0 of 8, batch 256) and the memory that takes, for the global and the
+batch's sample indices (rank 0 of 8, batch 256) and the memory that takes, then the time each of the
+next 20 batches' indices takes (what the loader's main process spends a batch), for the global and the
 streaming order, from a fake list of 10,000-sample shards (no data on disk), and for a
 ``fastload.mix`` order (two members of 5/6 and 1/6 of the samples, weights 5:1, an epoch of
 that many positions; this checkout only).
@@ -25,6 +26,7 @@ import time
 SHARD = 10_000
 BATCH, WORLD = 256, 8
 SIZES = (1_280_000, 40_960_000, 1_000_000_000)
+PER_BATCH_SAMPLE = 20  # batches after the first, timed for the per-batch cost
 
 
 def first_batch(order_kind: str, samples: int) -> dict:
@@ -55,7 +57,10 @@ def first_batch(order_kind: str, samples: int) -> dict:
     seconds = time.perf_counter() - started
     assert len(indices) == BATCH and int(np.min(indices)) >= 0 and int(np.max(indices)) < samples
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before  # KiB on Linux
-    return {"seconds": seconds, "peak_mb": grown / 1024}
+    started = time.perf_counter()
+    for batch in range(1, 1 + PER_BATCH_SAMPLE):  # the next batches: what the main process spends on each
+        _ = order.indices(plan.positions(batch)) if new else order.order[plan.batches[batch]]  # type: ignore[attr-defined]
+    return {"seconds": seconds, "peak_mb": grown / 1024, "batch_us": (time.perf_counter() - started) / PER_BATCH_SAMPLE * 1e6}
 
 
 def run_case(pythonpath: str, order_kind: str, samples: int) -> dict:
@@ -84,7 +89,7 @@ def main() -> None:
         return
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     versions = {"this": here, **({"old": os.path.abspath(args.old)} if args.old else {})}
-    print(f"{'order':<10} {'samples':>13} " + " ".join(f"{name + ' s':>10} {name + ' MB':>9}" for name in versions)
+    print(f"{'order':<10} {'samples':>13} " + " ".join(f"{name + ' s':>10} {name + ' MB':>9} {name + ' us/b':>10}" for name in versions)
           + ("   speed-up" if args.old else ""))
     for order_kind in ("global", "streaming", "mixture"):
         for samples in args.sizes:
@@ -94,7 +99,8 @@ def main() -> None:
                 for name, found in runs.items():
                     found.append(run_case(versions[name], order_kind, samples))
             best = {name: min(found, key=lambda got: got["seconds"]) for name, found in runs.items()}
-            cells = [f"{best[name]['seconds']:>10.3f} {best[name]['peak_mb']:>9.0f}" if name in best else f"{'(skipped)':>10} {'':>9}"
+            cells = [f"{best[name]['seconds']:>10.3f} {best[name]['peak_mb']:>9.0f} {best[name].get('batch_us', 0):>10.0f}"
+                     if name in best else f"{'(skipped)':>10} {'':>9} {'':>10}"
                      for name in versions]
             ratio = f"   {best['old']['seconds'] / best['this']['seconds']:>7.0f}x" if "old" in best else ""
             print(f"{order_kind:<10} {samples:>13,} " + " ".join(cells) + ratio, flush=True)

@@ -96,9 +96,10 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=4000)
     parser.add_argument("--wallpapers", type=Path, help="an unpacked wallpapers folder (default: fetch it)")
     parser.add_argument("--cache", type=Path, default=Path("data/.wallpapers"))
+    parser.add_argument("--seed", type=int, default=0, help="another seed gives other crops (e.g. 20: the parity set)")
     args = parser.parse_args()
     wallpapers = args.wallpapers or fetch_wallpapers(args.cache)
-    paths = make_photos(args.out, args.count, wallpapers)
+    paths = make_photos(args.out, args.count, wallpapers, args.seed)
     total = sum(p.stat().st_size for p in paths)
     print(f"{len(paths)} photos in {args.out}: {total / 1e6:.1f} MB, mean {total / len(paths) / 1024:.1f} KiB")
 

@@ -307,6 +307,10 @@ def _add_describe(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--drop-last", action="store_true", help="the loader ran with drop_last=True")
     p.add_argument("--shuffle-buffer", type=int, help="the loader's shuffle_buffer= (streaming order)")
     p.add_argument("--take", type=Path, help="a text file of sample indices, one a line: the loader read a Subset of them")
+    p.add_argument("--exclude", type=Path, help="the loader's exclude= file (keys, one a line)")
+    p.add_argument("--balanced", action="store_true", help="the loader ran with balanced=True")
+    p.add_argument("--class-weights", type=json.loads, metavar="JSON",
+                   help='the loader\'s class_weights=, as a JSON object: \'{"cat": 2, "dog": 1}\'')
     p.add_argument("--transform", choices=["train", "val", "none"], default="train", help="fastload.transforms.train/val(SIZE)")
     p.add_argument("--size", type=int, default=224, help="the transform's output side")
     p.add_argument("--json", action="store_true", help="print the description as JSON")

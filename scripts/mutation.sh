@@ -24,7 +24,7 @@ run_module() {
   case "$1" in
     sampling) mutate sampling fastload/sampling.py tests/test_sampling.py tests/test_loader_fast.py \
                 -k "test_sampling or sample_streams or flip or train_crop or every_sample or state_dict or streaming or same_seed or epochs_differ" ;;
-    orderspec) mutate orderspec fastload/sampling.py:order tests/test_sampling.py ;;  # OrderSpec.order, part of sampling's run too
+    orderspec) mutate orderspec fastload/order_spec.py tests/test_sampling.py tests/test_sampling_bijection.py ;;
     transforms) mutate transforms fastload/transforms.py tests/test_transform_plans.py tests/test_loader_fast.py tests/test_fields.py \
                 -k "plans or train_crop or offsets or flip or follows or val_preset or center_crop or crop_decoder or normalize or to_dtype or transform_spec or varying or mask_stays or boxes_enclose" ;;
     index) mutate index fastload/index.py tests/test_index_bounds.py tests/test_untrusted_index.py tests/test_shard_columns.py ;;

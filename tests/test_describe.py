@@ -215,3 +215,20 @@ def test_a_mixture_is_described_step_for_step_also_after_an_elastic_resume(photo
     assert [resumed.describe(step, 0).keys for step in range(2)] == [keys for _, keys in before[0]]
     assert [resumed.describe(step, 0).keys for step in range(2, 2 + len(after))] == [keys for _, keys in after]
     assert resumed.describe(0, 0).world_size == 2 and resumed.describe(2, 0).batch_size == 3
+
+
+def test_the_command_takes_exclude_and_class_weights_with_a_saved_state(photos: Path, tmp_path: Path) -> None:
+    ds = fastload.open(photos)
+    excluded = tmp_path / "exclude.txt"
+    excluded.write_text("\n".join(ds.key_of(i) for i in (0, 5, 9)) + "\n")
+    weights = {ds.classes[0]: 3, ds.classes[1]: 1, ds.classes[2]: 1}
+    loader = loader_of(photos, batch_size=3, seed=2, exclude=excluded, class_weights=weights)
+    batches = delivered(loader, stop_after=2)
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps(loader.state_dict()))
+    for step, (_, keys) in enumerate(batches):
+        out = run_cli("describe", str(photos), "--state", str(state), "--exclude", str(excluded), "--class-weights",
+                      json.dumps(weights), "--step", str(step), "--size", "32", "--json").stdout
+        assert [s["key"] for s in json.loads(out)["samples"]] == keys
+    refused = run_cli("describe", str(photos), "--state", str(state), "--step", "0", "--size", "32", check=False)
+    assert refused.returncode != 0 and "another dataset" in refused.stderr  # without them: not the run's order
