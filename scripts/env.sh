@@ -31,6 +31,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     fi
   fi
   python -m pip install -q -e "$ROOT[dali,test]"
+  python -c "import sys; from fastload.decode.cpu import turbo; sys.exit(turbo is None)" 2>/dev/null \
+    || echo "note: fastload's libjpeg-turbo extension was not built (it needs a C compiler and libjpeg-dev); decoding falls back to simplejpeg/Pillow" >&2
   echo "$want" > "$stamp"
 fi
 

@@ -7,16 +7,13 @@ DALI runs on its CPU here; ``benchmarks/gpu_check.sh`` runs the same measurement
 from __future__ import annotations
 
 import os
-import statistics
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import fastload
 from benchmarks.make_photos import fetch_wallpapers, make_photos
-from fastload import transforms as T
-from fastload.bench.parity import measure_parity
+from fastload.bench.parity import backend_pixels, measure_agreement, measure_parity
 from fastload.converters import ConvertOptions, convert
 
 pytest.importorskip("nvidia.dali")
@@ -54,11 +51,8 @@ def test_every_backend_is_near_the_reference_on_every_photo(real_photos: Path, b
 def test_train_plans_give_dali_and_the_cpu_path_the_same_region(real_photos: Path) -> None:
     """The same crop plan (RandomResizedCrop's box and flip, from seed, epoch and index) through both
     decoders: what is left is their decoders' and resamplers' rounding (README: median 0.003, max 0.6)."""
-    images = {}
-    for backend in ("cpu", "dali"):
-        with fastload.DataLoader(real_photos, batch_size=16, num_workers=2, backend=backend, transform=T.train(224),
-                                 shuffle=True, seed=7, return_keys=True) as loader:
-            images[backend] = {key: image.numpy().astype(np.int16) for x, _, keys in loader for image, key in zip(x, keys)}
-    assert images["cpu"].keys() == images["dali"].keys() and len(images["cpu"]) == PHOTOS
-    diffs = [float(np.abs(images["cpu"][key] - images["dali"][key]).mean()) for key in images["cpu"]]
-    assert statistics.median(diffs) <= 0.05 and max(diffs) <= 1.0, (statistics.median(diffs), max(diffs))
+    dataset = fastload.open(real_photos)
+    _, cpu = backend_pixels(dataset, "cpu", "train", 224, batch_size=16)
+    agreement = measure_agreement(dataset, "dali", cpu, "train", 224)
+    assert len(agreement.per_image) == PHOTOS
+    assert agreement.median <= 0.05 and agreement.worst[1] <= 1.0, agreement.summary()

@@ -2,8 +2,10 @@
 image and applies torchvision's recipe itself (``val``: the short side resized to size/0.875,
 bilinear with antialiasing, then the centre crop; ``decode``: the centre crop of the full decode),
 with none of fastload's planning. The score of an image is its mean |difference| in levels.
+``train`` has no independent reference for a random crop: the same plans (same seed) go through
+every backend, and each backend after the first is scored against the first one's pixels.
 
-    python -m fastload.bench.parity DATASET --backends cpu,dali [--transform val|decode]
+    python -m fastload.bench.parity DATASET --backends cpu,dali [--transform val|decode|train]
 
 On a GPU machine ``dali`` decodes with ``device="mixed"`` (nvJPEG), elsewhere on DALI's CPU.
 """
@@ -23,7 +25,7 @@ import numpy as np
 from fastload.dataset import ShardedDataset
 from fastload.fields import image_field
 
-PARITY_TRANSFORMS = ("val", "decode")
+PARITY_TRANSFORMS = ("val", "decode", "train")
 
 
 def reference_pixels(data: bytes, transform: str, size: int) -> np.ndarray:
@@ -47,7 +49,7 @@ def loader_transform(transform: str, size: int) -> tuple:
     """fastload's specs for ``transform`` (what the loader under test is given)."""
     from fastload import transforms as T
 
-    return T.val(size) if transform == "val" else (T.CenterCrop(size),)
+    return {"val": T.val(size), "train": T.train(size)}.get(transform, (T.CenterCrop(size),))
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,11 @@ class Parity:
     backend: str  # the backend the loader took: cpu, dali-cpu, dali-gpu
     transform: str
     per_image: dict[str, float]  # key -> mean |diff| in levels
+
+    @property
+    def p95(self) -> float:
+        """The 95th percentile image's mean |diff|."""
+        return float(np.percentile(list(self.per_image.values()), 95))
 
     @property
     def median(self) -> float:
@@ -72,27 +79,46 @@ class Parity:
         """The numbers a report shows: median, max, the worst image, the count."""
         key, worst = self.worst
         return {"backend": self.backend, "transform": self.transform, "images": len(self.per_image),
-                "median": round(self.median, 4), "max": round(worst, 4), "worst_key": key}
+                "median": round(self.median, 4), "p95": round(self.p95, 4), "max": round(worst, 4), "worst_key": key}
+
+
+def backend_pixels(dataset: ShardedDataset, backend: str, transform: str, size: int, batch_size: int = 32,
+                   num_workers: int = 2, **loader_args: Any) -> tuple[str, dict[str, np.ndarray]]:
+    """(the backend the loader took, each key's delivered CHW pixels) of ``dataset`` through
+    ``fastload.DataLoader(backend=...)`` with ``transform``'s specs (seed 0: the same plans for any backend)."""
+    import fastload
+
+    pixels: dict[str, np.ndarray] = {}
+    with fastload.DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, backend=backend, seed=0,
+                             transform=loader_transform(transform, size), return_keys=True, **loader_args) as loader:
+        for images, _labels, keys in loader:
+            pixels.update(zip(keys, images.cpu().numpy(), strict=True))
+        return loader.backend, pixels
+
+
+def distance(a: np.ndarray, b: np.ndarray) -> float:
+    """Mean |difference| of two uint8 images, in levels."""
+    return float(np.abs(a.astype(np.int16) - b.astype(np.int16)).mean())
 
 
 def measure_parity(dataset: ShardedDataset, backend: str, transform: str = "val", size: int = 224,
                    batch_size: int = 32, num_workers: int = 2, **loader_args: Any) -> Parity:
     """Every image of ``dataset`` through ``fastload.DataLoader(backend=...)`` against the reference."""
-    import fastload
-
     encoded = {}
     for i in range(len(dataset)):
         key, fields, _ = dataset.raw(i)
         encoded[key] = fields[image_field(fields) or ""]
-    scores: dict[str, float] = {}
-    with fastload.DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, backend=backend,
-                             transform=loader_transform(transform, size), return_keys=True, **loader_args) as loader:
-        took = loader.backend
-        for images, _labels, keys in loader:
-            for image, key in zip(images.cpu().numpy(), keys, strict=True):
-                expected = reference_pixels(encoded[key], transform, size)
-                scores[key] = float(np.abs(image.astype(np.int16) - expected.astype(np.int16)).mean())
-    return Parity(took, transform, scores)
+    took, pixels = backend_pixels(dataset, backend, transform, size, batch_size, num_workers, **loader_args)
+    return Parity(took, transform, {key: distance(image, reference_pixels(encoded[key], transform, size))
+                                    for key, image in pixels.items()})
+
+
+def measure_agreement(dataset: ShardedDataset, backend: str, against: dict[str, np.ndarray], transform: str = "train",
+                      size: int = 224, num_workers: int = 2) -> Parity:
+    """Every image of ``dataset`` through ``backend`` against another backend's ``against`` pixels
+    of the same plans (a random crop has no independent reference)."""
+    took, pixels = backend_pixels(dataset, backend, transform, size, num_workers=num_workers)
+    return Parity(took, transform, {key: distance(image, against[key]) for key, image in pixels.items()})
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -107,8 +133,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     dataset = ShardedDataset(args.dataset)
     results = []
-    for backend in args.backends.split(","):
-        result = measure_parity(dataset, backend, args.transform, args.size, num_workers=args.workers)
+    backends = args.backends.split(",")
+    if args.transform == "train":
+        reference, first = backend_pixels(dataset, backends[0], "train", args.size, num_workers=args.workers)
+        print(json.dumps({"reference": reference, "transform": "train", "images": len(first)}))
+    for backend in backends[1:] if args.transform == "train" else backends:
+        if args.transform == "train":
+            result = measure_agreement(dataset, backend, first, "train", args.size, args.workers)
+        else:
+            result = measure_parity(dataset, backend, args.transform, args.size, num_workers=args.workers)
         results.append(result)
         print(json.dumps(result.summary()))
     if args.json:
