@@ -46,7 +46,7 @@ from fastload.samplers import (
     LoaderSampler,
     unwrap_subset,
 )
-from fastload.state import LoaderState, read_state_dict
+from fastload.state import LoaderState, OrderSettings, read_state_dict
 from fastload.stats import LoaderStats
 from fastload.torch_mode import TorchMode
 from fastload.torchvision_specs import TorchvisionSteps, steps_as_map
@@ -342,9 +342,14 @@ class DataLoader(torch.utils.data.DataLoader):
         """(world size, batch size): recorded in state_dict (the streaming order's positions depend on it)."""
         return self.world_size, self.options.batch_size
 
+    def _order_settings(self) -> OrderSettings:
+        """The order's settings a position's meaning depends on (recorded in state_dict)."""
+        options = self.options
+        return OrderSettings(options.streaming, options.shuffle, options.buffer_size if options.streaming else 1)
+
     def state_dict(self) -> dict[str, Any]:
         """Where training is: only batches handed to the caller count, not prefetched ones."""
-        state = self.state.state_dict(self.options.seed, self.identity, self._layout(), self.options.streaming)
+        state = self.state.state_dict(self.options.seed, self.identity, self._layout(), self._order_settings())
         if self.orders.mixture is not None:  # each member's own position, derived from the mixture's
             state["members"] = self.orders.mixture.describe_positions(self.orders.member_positions(self.state.position))
         return state
@@ -352,7 +357,7 @@ class DataLoader(torch.utils.data.DataLoader):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration yields exactly the samples of that epoch not yet consumed,
         at any world size (the streaming order then deals the unseen shards anew)."""
-        position = read_state_dict(state, self.options.seed, self.identity, self._layout(), self.options.streaming)
+        position = read_state_dict(state, self.options.seed, self.identity, self._layout(), self._order_settings())
         self._settle_abandoned()
         self.state.restore(position)
 

@@ -9,7 +9,22 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
-STATE_VERSION = 2  # 2: the orders became seeded bijections (fastload.permutation): version 1 positions name other samples
+STATE_VERSION = 3  # 2: the orders became seeded bijections (fastload.permutation); 3: small permutations uniform, the order's settings recorded
+OLDER_ORDERS = {1: "the orders became seeded bijections", 2: "permutations of up to 4096 values became uniform"}
+
+
+@dataclass(frozen=True)
+class OrderSettings:
+    """What a position's meaning depends on beside seed and dataset: the order and its shuffling."""
+
+    streaming: bool
+    shuffle: bool
+    buffer_size: int  # the streaming order's shuffle buffer (1 for the global order)
+
+    def as_state(self) -> dict[str, Any]:
+        """The settings as a state_dict records them."""
+        return {"order": "streaming" if self.streaming else "global", "shuffle": self.shuffle,
+                **({"shuffle_buffer": self.buffer_size} if self.streaming else {})}
 
 Layout = tuple[int, int, int]  # (world size, batch size, samples consumed) of an earlier layout this epoch
 
@@ -89,13 +104,12 @@ class LoaderState:
         if epoch != self.position.epoch:
             self.position = Position(epoch)
 
-    def state_dict(self, seed: int, identity: str, layout: tuple[int, int], streaming: bool) -> dict[str, Any]:
-        """The position as a checkpoint, with the layout (world size, batch size) it was reached at."""
+    def state_dict(self, seed: int, identity: str, layout: tuple[int, int], order: OrderSettings) -> dict[str, Any]:
+        """The position as a checkpoint, with the order's settings and the layout (world size,
+        batch size) it was reached at."""
         position = self.position
         state: dict[str, Any] = {"version": STATE_VERSION, "seed": seed, "epoch": position.epoch,
-                                 "samples_consumed": position.consumed, "dataset": identity}
-        if streaming:
-            state["order"] = "streaming"
+                                 "samples_consumed": position.consumed, "dataset": identity, **order.as_state()}
         state.update(world_size=layout[0], batch_size=layout[1], resumed_from=[list(g) for g in position.generations])
         return state
 
@@ -104,28 +118,30 @@ class LoaderState:
         self.position, self.phase = position, Phase.IDLE
 
 
-def read_state_dict(state: dict[str, Any], seed: int, identity: str, layout: tuple[int, int], streaming: bool) -> Position:
+def read_state_dict(state: dict[str, Any], seed: int, identity: str, layout: tuple[int, int], order: OrderSettings) -> Position:
     """The position of a checkpoint made for the same seed, dataset and order; saved at another
     layout, the saved one is recorded as a generation (the streaming order then deals the unseen
     samples anew, from position 0; the global order continues at the same position)."""
-    if state.get("version") == 1:
-        raise ValueError("this loader state (version 1) was saved by an older fastload whose shuffled orders differ from this "
-                         "one's: resuming from it would repeat some samples and skip others. Finish that epoch with the "
-                         "older fastload, or start the epoch over (load nothing, set_epoch(epoch))")
+    if state.get("version") in OLDER_ORDERS:
+        raise ValueError(f"this loader state (version {state['version']}) was saved by an older fastload whose shuffled "
+                         f"orders differ from this one's ({OLDER_ORDERS[state['version']]} since): resuming from it would "
+                         "repeat some samples and skip others. Finish that epoch with the older fastload, or start the "
+                         "epoch over (load nothing, set_epoch(epoch))")
     if state.get("version") != STATE_VERSION:
         raise ValueError(f"loader state version {state.get('version')} is not {STATE_VERSION}")
     if state["seed"] != seed:
         raise ValueError(f"state was saved with seed={state['seed']}, this loader has seed={seed}")
     if state.get("dataset", identity) != identity:
         raise ValueError(f"state was saved for another dataset (identity {state['dataset']}, this loader reads {identity})")
-    order = "streaming" if streaming else "global"
-    if state.get("order", "global") != order:
-        raise ValueError(f"state was saved with the {state.get('order', 'global')} order, this loader uses the {order} order")
+    for name, value in order.as_state().items():
+        if state.get(name) != value:
+            raise ValueError(f"state was saved with {name}={state.get(name)!r}, this loader has {name}={value!r}: "
+                             "the same position would name other samples")
     consumed = int(state["samples_consumed"])
     generations = [(int(g[0]), int(g[1]), int(g[2])) for g in state.get("resumed_from", [])]
     saved = (int(state.get("world_size", layout[0])), int(state.get("batch_size", layout[1])))
     if consumed and saved != layout:
         generations.append((*saved, consumed))
-        if streaming:
+        if order.streaming:
             consumed = 0
     return Position(int(state["epoch"]), consumed, tuple(generations))

@@ -25,6 +25,7 @@ run_module() {
     sampling) mutate sampling fastload/sampling.py tests/test_sampling.py tests/test_loader_fast.py \
                 -k "test_sampling or sample_streams or flip or train_crop or every_sample or state_dict or streaming or same_seed or epochs_differ" ;;
     orderspec) mutate orderspec fastload/order_spec.py tests/test_sampling.py tests/test_sampling_bijection.py ;;
+    permutation) mutate permutation fastload/permutation.py tests/test_sampling_bijection.py ;;
     transforms) mutate transforms fastload/transforms.py tests/test_transform_plans.py tests/test_loader_fast.py tests/test_fields.py \
                 -k "plans or train_crop or offsets or flip or follows or val_preset or center_crop or crop_decoder or normalize or to_dtype or transform_spec or varying or mask_stays or boxes_enclose" ;;
     index) mutate index fastload/index.py tests/test_index_bounds.py tests/test_untrusted_index.py tests/test_shard_columns.py ;;
@@ -37,7 +38,7 @@ run_module() {
     plan) mutate plan fastload/converters/plan.py tests/test_convert_sources.py ;;
     dedupe) mutate dedupe fastload/converters/dedupe.py:find_duplicates tests/test_convert_sources.py -k dedupe ;;
     dedupe-hash) mutate dedupe-hash fastload/converters/dedupe.py:hash_items tests/test_convert_sources.py -k dedupe ;;
-    *) echo "unknown module '$1' (sampling orderspec transforms index idx files cache verify plan dedupe dedupe-hash)" >&2; return 2 ;;
+    *) echo "unknown module '$1' (sampling orderspec permutation transforms index idx files cache verify plan dedupe dedupe-hash)" >&2; return 2 ;;
   esac
 }
 

@@ -118,8 +118,9 @@ def test_mid_epoch_resume_same_and_other_world_size(dataset_1001: Path, tmp_path
     whole = run_ranks(tmp_path, 3, dataset_1001, kwargs)
     first = run_ranks(tmp_path, 3, dataset_1001, kwargs, stop_after=10)
     states = first[0]["states"]
-    expected = {"version": 2, "seed": 4, "epoch": 0, "samples_consumed": 270, "dataset": fastload.DataLoader(dataset_1001, transform=fastload.transforms.val(8)).identity}
-    expected.update(world_size=3, batch_size=9, resumed_from=[], **(dict(order="streaming") if streaming else {}))
+    expected = {"version": 3, "seed": 4, "epoch": 0, "samples_consumed": 270, "dataset": fastload.DataLoader(dataset_1001, transform=fastload.transforms.val(8)).identity}
+    order = dict(order="streaming", shuffle=True, shuffle_buffer=kwargs["shuffle_buffer"]) if streaming else dict(order="global", shuffle=True)
+    expected.update(world_size=3, batch_size=9, resumed_from=[], **order)
     assert states[0] == states[1] == states[2] == expected
     second = run_ranks(tmp_path, world_after, dataset_1001, kwargs, state=states[0])
     before = [k for r in first for k in r["keys"]]

@@ -121,8 +121,8 @@ def test_state_dict_resumes_exactly(wds: Path, num_workers: int) -> None:
         it = iter(first)
         before = [(x.clone(), k) for x, _, k in itertools.islice(it, 3)]
         state = first.state_dict()
-    assert state == {"version": 2, "seed": 9, "epoch": 2, "samples_consumed": 12, "dataset": first.identity,
-                     "world_size": 1, "batch_size": 4, "resumed_from": []}
+    assert state == {"version": 3, "seed": 9, "epoch": 2, "samples_consumed": 12, "dataset": first.identity,
+                     "order": "global", "shuffle": True, "world_size": 1, "batch_size": 4, "resumed_from": []}
     with fastload.DataLoader(wds, **kwargs) as resumed:
         resumed.load_state_dict(state)
         after = [(x.clone(), k) for x, _, k in resumed]

@@ -123,11 +123,26 @@ def test_a_resume_at_another_world_size_delivers_exactly_the_rest(unbalanced: Pa
     assert Counter(seen) == Counter(everything[: 2 * BATCH * taken])  # the order's first global steps
 
 
-def test_a_state_of_the_old_order_is_refused(unbalanced: Path) -> None:
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_state_of_an_old_order_is_refused(unbalanced: Path, version: int) -> None:
     with loader(unbalanced) as it:
-        state = {**it.state_dict(), "version": 1}
-        with pytest.raises(ValueError, match="older fastload whose shuffled orders differ"):
+        state = {**it.state_dict(), "version": version}
+        with pytest.raises(ValueError, match=f"version {version}.*older fastload whose shuffled orders differ"):
             it.load_state_dict(state)
+
+
+@pytest.mark.parametrize(("saved", "loaded", "named"), [
+    (dict(shuffle=True), dict(shuffle=False), "shuffle=True"),
+    (dict(shuffle_buffer=2), dict(shuffle_buffer=6), "shuffle_buffer=2"),
+    (dict(shuffle_buffer=2), dict(), "order='streaming'"),
+])
+def test_a_state_of_another_shuffle_is_refused(unbalanced: Path, saved: dict, loaded: dict, named: str) -> None:
+    """The same position names other samples under another shuffle or buffer: refused, not resumed."""
+    with loader(unbalanced, **saved) as first:
+        next(iter(first))
+        state = first.state_dict()
+    with loader(unbalanced, **loaded) as second, pytest.raises(ValueError, match=f"saved with {named}"):
+        second.load_state_dict(state)
 
 
 def test_class_balance_needs_a_shuffled_global_order(unbalanced: Path) -> None:
