@@ -71,5 +71,9 @@ class OrderSpec:
                        generations=generations if self.streaming else ())
 
     def batches(self, order_length: int, start: int) -> RankBatches:
-        """This rank's batches of an order of ``order_length`` positions, from position ``start``."""
+        """This rank's batches of an order of ``order_length`` positions, from position ``start``
+        (with ``drop_remainder``, a start past this layout's cut, saved at another world size,
+        finds the epoch over)."""
+        if self.drop_remainder:
+            start = min(start, order_length)
         return rank_batches(order_length, start, self.batch_size, self.rank, self.world_size, self.drop_last)

@@ -207,6 +207,15 @@ def test_drop_remainder_cuts_the_order_to_a_multiple_of_the_world_size() -> None
     assert cut.tolist() == whole(order_spec(world_size=4, take=take).order(1))[0][:4].tolist()
 
 
+def test_drop_remainder_resumed_past_a_wider_layouts_cut_finds_the_epoch_over() -> None:
+    """30 samples saved at 29 consumed by one rank: on 4 ranks the cut epoch holds 28, so nothing is left
+    (was: a ValueError naming the position), and at 24 consumed each of the 4 ranks gets one sample."""
+    wide = order_spec(world_size=4, drop_remainder=True)
+    assert len(wide.batches(len(wide.order(0)), 29)) == 0
+    rest = [wide.at_layout(4, 4, (), rank=r).batches(28, 24) for r in range(4)]
+    assert [sum(len(plan.positions(b)) for b in range(len(plan))) for plan in rest] == [1, 1, 1, 1]
+
+
 @pytest.mark.parametrize("consumed", [0, 6, 12, 18])
 def test_a_streaming_resume_at_another_world_size_reads_the_unseen_samples_once(consumed: int) -> None:
     """Two ranks stream ``consumed`` positions of the epoch; one rank resumes: the samples it reads
