@@ -32,6 +32,16 @@ if TYPE_CHECKING:
     from fastload.transforms import Transform
 
 
+def checked_indices(indices: Any, size: int, what: str) -> np.ndarray:
+    """``indices`` as int64, each in ``[0, size)``, else an IndexError naming the first one outside
+    (torch would raise at that sample: the fast path must never read another in its place)."""
+    array = np.asarray(list(indices) if not isinstance(indices, np.ndarray) else indices, dtype=np.int64).reshape(-1)
+    bad = np.flatnonzero((array < 0) | (array >= size))
+    if len(bad):
+        raise IndexError(f"{what} index {int(array[bad[0]])} (position {int(bad[0])}) out of range for {size} samples")
+    return array
+
+
 def unwrap_subset(dataset: Any) -> tuple[ShardedDataset | None, np.ndarray | None]:
     """(the fastload dataset under ``dataset``, the indices a (nested) ``Subset`` selects, or None);
     (None, None) when ``dataset`` is no fastload dataset."""
@@ -41,7 +51,7 @@ def unwrap_subset(dataset: Any) -> tuple[ShardedDataset | None, np.ndarray | Non
         base, inner = unwrap_subset(dataset.dataset)
         if base is None:
             return None, None
-        indices = np.asarray(dataset.indices, dtype=np.int64).reshape(-1)
+        indices = checked_indices(dataset.indices, len(base) if inner is None else len(inner), "Subset")
         return base, indices if inner is None else inner[indices]
     return None, None
 
@@ -83,7 +93,7 @@ def adopt_sampler(sampler: Any, size: int) -> SamplerChoice:
     if isinstance(sampler, RandomSampler) and not sampler.replacement and len(sampler) == size:
         return SamplerChoice(shuffle=True)
     if isinstance(sampler, SubsetRandomSampler):
-        return SamplerChoice(shuffle=True, take=np.asarray(list(sampler.indices), dtype=np.int64))
+        return SamplerChoice(shuffle=True, take=checked_indices(sampler.indices, size, "SubsetRandomSampler"))
     raise ValueError(REFUSED_SAMPLER.format(name=name))
 
 

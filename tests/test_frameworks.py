@@ -269,3 +269,12 @@ def test_torchrun_script_written_for_torch(data43: Path, tmp_path: Path) -> None
     assert remainder == {fastload.open(data43).raw(N - 1)[0]} and not remainder & set(validated)  # every sample validated
     for report in reports:
         assert report["resumed_epoch1"] == report["epochs"][1]  # --resume replays the right epoch
+
+
+@pytest.mark.parametrize("make", [lambda ds: Subset(ds, [0, 9999]), lambda ds: Subset(ds, [-1, 0]),
+                                  lambda ds: Subset(Subset(ds, [1, 2, 3]), [0, 3])])
+def test_a_subset_index_out_of_range_is_refused_not_read_as_another_sample(data43: Path, make) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(IndexError, match="Subset index .* out of range"):
+        fastload.DataLoader(make(fastload.open(data43)), batch_size=2, transform=T.val(8))
+    with pytest.raises(IndexError, match="SubsetRandomSampler index 50 .position 1. out of range for 43"):
+        fastload.DataLoader(data43, batch_size=2, sampler=SubsetRandomSampler([1, 50]), transform=T.val(8))
