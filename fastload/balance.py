@@ -9,6 +9,7 @@ resumes exactly and elastically; it holds every labelled sample's index grouped 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -59,14 +60,14 @@ def class_weight_vector(weights: Mapping[str | int, float] | None, counts: np.nd
         label = names.get(name, name) if isinstance(name, str) else int(name)
         if not isinstance(label, int) or not 0 <= label < len(counts):
             raise ValueError(f"class_weights= names class {name!r}, which this dataset does not have")
-        if not weight >= 0:
-            raise ValueError(f"class_weights= gives class {name!r} the weight {weight}: weights are >= 0")
+        if not (isinstance(weight, (int, float, np.number)) and math.isfinite(weight) and weight >= 0):
+            raise ValueError(f"class_weights= gives class {name!r} the weight {weight!r}: weights are finite numbers >= 0")
         if weight > 0 and counts[label] == 0:
             raise ValueError(f"class_weights= gives class {name!r} a weight, but no sample the loader reads has it")
         vector[label] = weight
-    if vector.sum() <= 0:
+    if vector.max() <= 0:
         raise ValueError("class_weights= leaves no class to sample")
-    return tuple(float(w) for w in vector)
+    return tuple(float(w) for w in vector / vector.max())  # relative to the largest: their sum cannot overflow
 
 
 def class_shares(weights: Sequence[float], length: int) -> np.ndarray:

@@ -27,12 +27,14 @@ from fastload.sampling import EpochOrder, RankBatches
 from fastload.state import Layout
 
 MEMBER_BUFFER = 4096  # a remote member's shuffle buffer: it reads its shards in sequence (see MixtureOrder)
+MASK64 = (1 << 64) - 1  # numpy's seeds are unsigned: a negative loader seed= is taken mod 2**64
 LEAF = 1 << 14  # positions of the smallest parts of a mixture epoch's schedule, arranged at once (MixtureOrder.leaf)
 
 
 def apportion(total: int, weights: tuple[float, ...]) -> tuple[int, ...]:
     """``total`` split in proportion to ``weights`` (largest remainder; ties to the earlier member)."""
-    shares = np.asarray(weights, dtype=np.float64) * total / sum(weights)
+    relative = np.asarray(weights, dtype=np.float64) / max(weights)  # the sum of huge weights would overflow
+    shares = relative * total / relative.sum()
     counts = np.floor(shares).astype(np.int64)
     left = total - int(counts.sum())
     counts[np.argsort(-(shares - counts), kind="stable")[:left]] += 1
@@ -68,7 +70,7 @@ def hypergeometric_split(rng: np.random.Generator, counts: np.ndarray, take: int
 
 def member_seed(seed: int, member: int) -> int:
     """The seed of member ``member``'s own epoch orders: apart from every other member's."""
-    return int(np.random.SeedSequence([seed, member, 0x313C]).generate_state(1, np.uint64)[0])
+    return int(np.random.SeedSequence([seed & MASK64, member, 0x313C]).generate_state(1, np.uint64)[0])
 
 
 @dataclass(frozen=True)
@@ -151,7 +153,7 @@ class MixtureOrder:
         return spec.order(member_epoch).indices(rows)
 
     def _generator(self, epoch: int, start: int, end: int) -> np.random.Generator:
-        return np.random.Generator(np.random.PCG64([self.loader.seed, epoch, start, end, 0x313C]))
+        return np.random.Generator(np.random.PCG64([self.loader.seed & MASK64, epoch, start, end, 0x313C]))
 
     def leaf(self, epoch: int, position: int) -> Leaf:
         """The leaf of mixture epoch ``epoch``'s schedule holding ``position``: the epoch's positions

@@ -293,3 +293,14 @@ def test_a_remote_members_shards_are_downloaded_ahead_of_use(clean: Path, served
         time.sleep(0.05)
     assert len(list((tmp_path / "cache").rglob("*.tar"))) > len(read)
     assert sum(1 for _ in iterator) == len(loader) - 1
+
+
+def test_huge_weights_and_a_negative_seed_mix_as_ordinary_ones(members: dict[str, Path]) -> None:
+    """Weights whose sum overflows a float split as their ratios do; seed=-1 (fine for one dataset)
+    seeds a mixture too (numpy's seeds are unsigned: taken mod 2**64)."""
+    huge = fastload.mix({members["big"]: 1e308, members["small"]: 1e308}, samples_per_epoch=100)
+    assert huge.counts == (50, 50) == fastload.mix({members["big"]: 1, members["small"]: 1}, samples_per_epoch=100).counts
+    loader = fastload.DataLoader(huge, batch_size=25, shuffle=True, seed=-1, return_keys=True, transform=CROP)
+    keys = keys_of(loader)
+    assert Counter(huge.member_key(k)[0] for k in keys) == {0: 50, 1: 50}
+    assert keys != keys_of(fastload.DataLoader(huge, batch_size=25, shuffle=True, seed=1, return_keys=True, transform=CROP))

@@ -194,3 +194,13 @@ def test_a_balanced_order_resumes_exactly_at_another_world_size() -> None:
     for consumed in range(0, len(order), 8):
         rest = delivered(order, s, 3, consumed)
         assert sorted(everything[:consumed].tolist() + rest) == sorted(everything.tolist())
+
+
+def test_class_weights_must_be_finite_and_huge_ones_do_not_overflow() -> None:
+    counts = np.array([5, 3, 2])
+    with pytest.raises(ValueError, match="weight inf: weights are finite numbers >= 0"):
+        class_weight_vector({0: float("inf")}, counts, None)
+    with pytest.raises(ValueError, match="weight nan"):
+        class_weight_vector({1: float("nan")}, counts, None)
+    huge = class_weight_vector({0: 1e308, 1: 1e308, 2: 5e307}, counts, None)
+    assert huge == (1.0, 1.0, 0.5) and class_shares(huge, 10).tolist() == [4, 4, 2]
