@@ -14,12 +14,15 @@ import itertools
 import math
 import numbers
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from fastload.dataset import ShardedDataset
 from fastload.formats import ShardReader
+from fastload.formats.table import SampleTable
 from fastload.index import DatasetIndex
 from fastload.mixture_order import MemberPosition, MixtureOrder, apportion
 from fastload.order_spec import OrderSpec
@@ -143,6 +146,31 @@ class MixedDataset(ShardedDataset):
         member, local = self.member_of(i)
         return f"{member}/{self.members[member].key_of(local)}"
 
+    def table(self, shard: int) -> SampleTable:
+        """The sample table of shard number ``shard`` (among all members' shards): its member's."""
+        member, local = self._member_shard(shard)
+        return member.table(local)
+
+    def sample_keys(self) -> Sequence[str]:
+        """Every sample's key (member-prefixed) by index: a view reading the members' tables as asked."""
+        return MixtureKeys(self)
+
+    def indices_of(self, keys: Iterable[str]) -> np.ndarray:
+        """The index of each of ``keys`` (``"member/key"``, as this mixture gives them), in their
+        order; a KeyError names the first key no member has."""
+        keys = list(keys)
+        out = np.empty(len(keys), dtype=np.int64)
+        by_member: dict[int, list[int]] = {}
+        for at, key in enumerate(keys):
+            number, _, own = key.partition("/")
+            if not number.isdigit() or int(number) >= len(self.members) or not own:
+                raise KeyError(f"{key!r}: not a key of {self.location} (keys are 'member/key', members 0..{len(self.members) - 1})")
+            by_member.setdefault(int(number), []).append(at)
+        for member, places in by_member.items():
+            own_keys = [keys[at].partition("/")[2] for at in places]
+            out[places] = self.members[member].indices_of(own_keys) + self._offsets[member]
+        return out
+
     def where(self, i: int) -> str:
         """'<member location>/shard-00003.tar:key' — how errors name a sample."""
         member, local = self.member_of(i)
@@ -189,3 +217,22 @@ def mix(members: Mapping[Member, float], samples_per_epoch: int | None = None) -
     if not isinstance(total, numbers.Integral) or isinstance(total, bool) or total < 1:
         raise ValueError(f"mix: samples_per_epoch must be a positive integer, got {samples_per_epoch!r}")
     return MixedDataset(tuple(opened), tuple(float(w) for w in members.values()), int(total))
+
+
+class MixtureKeys(Sequence[str]):
+    """A mixture's keys by index (``"member/key"``), read from the members' tables as asked."""
+
+    def __init__(self, mixture: MixedDataset) -> None:
+        self._mixture = mixture
+
+    def __len__(self) -> int:
+        return len(self._mixture)
+
+    def __getitem__(self, i: int) -> str:  # type: ignore[override]  # int only, as the members' views
+        if not isinstance(i, int):
+            raise TypeError("sample keys are indexed by one int")
+        return self._mixture.key_of(i % len(self) if -len(self) <= i < 0 else i)
+
+    def __iter__(self) -> Iterator[str]:
+        for number, member in enumerate(self._mixture.members):
+            yield from (f"{number}/{key}" for key in member.sample_keys())

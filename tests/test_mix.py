@@ -304,3 +304,17 @@ def test_huge_weights_and_a_negative_seed_mix_as_ordinary_ones(members: dict[str
     keys = keys_of(loader)
     assert Counter(huge.member_key(k)[0] for k in keys) == {0: 50, 1: 50}
     assert keys != keys_of(fastload.DataLoader(huge, batch_size=25, shuffle=True, seed=1, return_keys=True, transform=CROP))
+
+
+def test_a_mixtures_keys_labels_and_tables_are_its_members_with_the_prefix(members: dict[str, Path]) -> None:
+    big, small = fastload.open(members["big"]), fastload.open(members["small"])
+    mixture = fastload.mix({big: 1, small: 1})
+    keys = list(mixture.sample_keys())
+    assert keys == [f"0/{k}" for k in big.sample_keys()] + [f"1/{k}" for k in small.sample_keys()]
+    assert mixture.sample_keys()[300] == keys[300] == mixture.raw(300)[0] and mixture.sample_keys()[-1] == keys[-1]
+    assert np.array_equal(mixture.sample_labels(), np.concatenate([big.sample_labels(), small.sample_labels()]))
+    assert mixture.indices_of([keys[301], keys[7]]).tolist() == [301, 7]
+    with pytest.raises(KeyError, match="'2/x': not a key of mix"):
+        mixture.indices_of(["2/x"])
+    with pytest.raises(ValueError, match="exclude= with a mixture: not yet"):  # its own refusal, not a table error
+        fastload.DataLoader(mixture, batch_size=4, exclude=[keys[0]], transform=CROP)
