@@ -1,11 +1,11 @@
 """The CPU path's epoch: batches split among libjpeg-turbo worker processes that write pixels into
 shared batch slots, handed out in order (lent without a copy where nothing is pinned).
 
-Workers run ahead across an epoch's end: once this epoch's last batch is submitted, slots freed
-by the caller take the next epoch's first batches (its order from ``Position(epoch + 1)``, where
-a finished epoch leaves the loader). The next iteration adopts them when it starts exactly there
-and its first batches hold the same samples; anything else (set_epoch, load_state_dict, a break,
-another layout) discards them, so order and resume are those of a loader that never ran ahead.
+Workers run ahead across an epoch's end: once this epoch's last batch is submitted, a slot freed
+by the caller takes the next epoch's first batch (its order from ``Position(epoch + 1)``, where
+a finished epoch leaves the loader). The next iteration adopts it when it starts exactly there
+and its first batch holds the same samples; anything else (set_epoch, load_state_dict, a break,
+another layout) discards it, so order and resume are those of a loader that never ran ahead.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ from fastload.workers import BatchResult, WorkerConfig, WorkerError, WorkerPool,
 
 LENDABLE_SLOTS = 2  # batch slots beyond the workers' queue, for batches the caller still holds
 MIN_PART = 16  # the fewest samples a worker is given of a batch
+# The next epoch's batches made ahead: one keeps every worker busy across the boundary (the next
+# iteration submits the rest as it starts) and wastes at most one batch after the last epoch.
+RUN_AHEAD_BATCHES = 1
 
 
 @dataclass
@@ -88,8 +91,8 @@ class RunAhead:
     submitted: list[np.ndarray] = field(default_factory=list)  # each batch's sample indices, checked on adoption
 
     def submit_more(self, pool: WorkerPool, buffers: BatchBuffers, workers: int) -> None:
-        """Fill the free slots with the next epoch's batches."""
-        while self.dispatch.next_submit < len(self.plan) and (slot := buffers.take()) is not None:
+        """Give free slots the next epoch's first RUN_AHEAD_BATCHES batches."""
+        while self.dispatch.next_submit < min(len(self.plan), RUN_AHEAD_BATCHES) and (slot := buffers.take()) is not None:
             indices = self.order.indices(self.plan.positions(self.dispatch.next_submit))
             self.submitted.append(indices)
             self.dispatch.submit(pool, buffers, slot, self.start.epoch, indices, workers)
