@@ -83,7 +83,7 @@ def _pax_records(data: bytes) -> dict[str, str]:
 def _members(view: memoryview, path: str) -> list[tuple[int, str, int, int]]:
     """(member number, name, data offset, size) of every regular file, parsing the headers (ustar,
     pax ``x`` records, GNU long names) in order; ValueError for a header that is not one. The
-    headers' checksums are checked all at once (numpy: a Python sum of 512 bytes was a third of the
+    headers' checksums are checked all at once (numpy: a Python sum of 512 bytes was a quarter of the
     parse), the first bad one named whatever else its damage broke first."""
     members: list[tuple[int, str, int, int]] = []
     positions: list[int] = []
