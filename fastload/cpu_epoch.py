@@ -1,11 +1,13 @@
 """The CPU path's epoch: batches split among libjpeg-turbo worker processes that write pixels into
 shared batch slots, handed out in order (lent without a copy where nothing is pinned).
 
-Workers run ahead across an epoch's end: once this epoch's last batch is submitted, a slot freed
-by the caller takes the next epoch's first batch (its order from ``Position(epoch + 1)``, where
-a finished epoch leaves the loader). The next iteration adopts it when it starts exactly there
-and its first batch holds the same samples; anything else (set_epoch, load_state_dict, a break,
-another layout) discards it, so order and resume are those of a loader that never ran ahead.
+Workers run ahead across an epoch's end: once this epoch's last batch is handed out, the next
+epoch's first batch is submitted (its order from ``Position(epoch + 1)``, where a finished epoch
+leaves the loader), so it is being made while the caller finishes the epoch (a validation pass, a
+checkpoint). The next iteration adopts it when it starts exactly there and its first batch holds
+the same samples, and its stage stats then count from when that work began; anything else
+(set_epoch, load_state_dict, a break, another layout) discards it, so order, resume and each
+epoch's stats are those of a loader that never ran ahead.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from fastload.workers import BatchResult, WorkerConfig, WorkerError, WorkerPool,
 
 LENDABLE_SLOTS = 2  # batch slots beyond the workers' queue, for batches the caller still holds
 MIN_PART = 16  # the fewest samples a worker is given of a batch
-# The next epoch's batches made ahead: one keeps every worker busy across the boundary (the next
-# iteration submits the rest as it starts) and wastes at most one batch after the last epoch.
+# The next epoch's batches made ahead: one has the first batch ready as the next iteration starts
+# (it submits the rest then) and wastes at most one batch after the last epoch.
 RUN_AHEAD_BATCHES = 1
 
 
@@ -82,12 +84,13 @@ class Dispatch:
 
 @dataclass
 class RunAhead:
-    """The next epoch's first batches, submitted while this epoch's last ones were being made."""
+    """The next epoch's first batches, submitted as this epoch ended."""
 
     start: Position  # where the next iteration must start to adopt them
     plan: RankBatches
     order: EpochOrder
     dispatch: Dispatch
+    since: np.ndarray  # the workers' stage counters when they were submitted: the adopting epoch counts from there
     submitted: list[np.ndarray] = field(default_factory=list)  # each batch's sample indices, checked on adoption
 
     def submit_more(self, pool: WorkerPool, buffers: BatchBuffers, workers: int) -> None:
@@ -132,12 +135,6 @@ class CpuWorkers:
         self.runs += 1
         return Dispatch(self.runs)
 
-    def drop_run_ahead(self) -> None:
-        """Discard the next epoch's batches made ahead (their slots come back as they are written)."""
-        if self.run_ahead is not None and self.buffers is not None:
-            self.run_ahead.dispatch.release(self.buffers)
-        self.run_ahead = None
-
     def _stop_pool(self) -> None:
         self.run_ahead = None
         if self.pool is not None:
@@ -161,7 +158,7 @@ class CpuWorkers:
 class CpuEpoch(Epoch):
     """The CPU path: dispatches batches to the workers' free slots, yields them in order."""
 
-    RUNS_AHEAD = True  # submit the next epoch's first batches once this one's are all submitted
+    RUNS_AHEAD = True  # submit the next epoch's first batches as this one's last is handed out
 
     def __init__(self, inputs: EpochInputs, workers: CpuWorkers) -> None:
         super().__init__(inputs)
@@ -173,7 +170,10 @@ class CpuEpoch(Epoch):
         self.buffers, self.pool, counters = self.workers.ensure(self.inputs)  # first: the epoch's stats start from its counters
         self.inline_clock = counters.clock(-1)  # num_workers=0: this process times its own stages
         super().reset(state)
-        self.dispatch = self._adopt_run_ahead() or self.workers.new_run()
+        ahead = self._adopt_run_ahead()
+        if ahead is not None:
+            self.stats_token = self.inputs.stats.count_from(self.stats_token, ahead.since)
+        self.dispatch = ahead.dispatch if ahead is not None else self.workers.new_run()
         self.buffers.reclaim(held=self.dispatch.slots.values())
         self._start_prefetch()
 
@@ -182,8 +182,8 @@ class CpuEpoch(Epoch):
         """The tag of this epoch's worker tasks."""
         return self.dispatch.run
 
-    def _adopt_run_ahead(self) -> Dispatch | None:
-        """The run-ahead's batches when they are this epoch's first ones (same start, same samples), else None (discarded)."""
+    def _adopt_run_ahead(self) -> RunAhead | None:
+        """The run-ahead when its batches are this epoch's first ones (same start, same samples), else None (discarded)."""
         ahead = self.workers.run_ahead
         if ahead is None:
             return None
@@ -191,7 +191,7 @@ class CpuEpoch(Epoch):
         if ahead.start == self.start and len(ahead.submitted) <= len(self.plan) and all(
             np.array_equal(indices, self._indices(batch_no)) for batch_no, indices in enumerate(ahead.submitted)
         ):
-            return ahead.dispatch
+            return ahead
         ahead.dispatch.release(self.buffers)
         return None
 
@@ -206,17 +206,24 @@ class CpuEpoch(Epoch):
         return self.indices(batch_no)
 
     def _submit_more(self, pool: WorkerPool) -> None:
-        """Give every free slot the next batch; once all are given, the next epoch's first ones
-        (a local dataset's: a remote one's shards are downloaded for the epoch that reads them)."""
+        """Give every free slot the next batch."""
         workers, dispatch = self.inputs.options.num_workers, self.dispatch
         while dispatch.next_submit < len(self.plan) and (slot := self.buffers.take()) is not None:
             dispatch.submit(pool, self.buffers, slot, self.epoch, self._indices(dispatch.next_submit), workers)
-        if dispatch.next_submit == len(self.plan) and self.RUNS_AHEAD and self.inputs.dataset.url is None:
-            if self.workers.run_ahead is None:
-                start = Position(self.epoch + 1)  # where LoaderState.finish() leaves the next iteration
-                orders = self.inputs.orders
-                self.workers.run_ahead = RunAhead(start, orders.batches(start), orders.order(start), self.workers.new_run())
-            self.workers.run_ahead.submit_more(pool, self.buffers, workers)
+
+    def __next__(self) -> Any:
+        batch = super().__next__()
+        if self.finished and self.RUNS_AHEAD and self.pool is not None and self.inputs.dataset.url is None:
+            self._run_ahead(self.pool)  # after the epoch's stats ended; a remote dataset's shards are fetched for the epoch that reads them
+        return batch
+
+    def _run_ahead(self, pool: WorkerPool) -> None:
+        """Submit the next epoch's first batches (the epoch has just handed out its last)."""
+        start = Position(self.epoch + 1)  # where LoaderState.finish() leaves the next iteration
+        orders, counters = self.inputs.orders, cast(StageCounters, self.workers.counters)  # ensure() made them
+        ahead = RunAhead(start, orders.batches(start), orders.order(start), self.workers.new_run(), counters.snapshot())
+        self.workers.run_ahead = ahead
+        ahead.submit_more(pool, self.buffers, self.inputs.options.num_workers)
 
     def _run_inline(self) -> BatchResult:
         slot = cast(int, self.buffers.take())  # never None: the inline path copies every batch out
@@ -234,8 +241,7 @@ class CpuEpoch(Epoch):
         return result
 
     def _await_ready(self, pool: WorkerPool) -> BatchResult:
-        """Wait for the next batch in order, filing the run-ahead's answers on the way; answers for
-        an abandoned run free their slots."""
+        """Wait for the next batch in order; answers for an abandoned run free their slots."""
         self._submit_more(pool)
         dispatch = self.dispatch
         while self.next_yield not in dispatch.ready:
@@ -246,13 +252,6 @@ class CpuEpoch(Epoch):
                 self.close()
                 raise
             self.buffers.part_done(got.slot)
-            ahead = self.workers.run_ahead
-            if ahead is not None and got.run == ahead.dispatch.run:
-                if got.error is None:
-                    ahead.dispatch.receive(got)
-                else:  # the next epoch makes that batch itself, and meets the error in its turn
-                    self.workers.drop_run_ahead()
-                continue
             if got.run != self.run:
                 continue
             if got.error is not None:

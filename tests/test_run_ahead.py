@@ -18,6 +18,7 @@ import torch
 
 import fastload
 from fastload import transforms as T
+from fastload.stats import WORKER_STAGES
 
 BATCH = 4
 EPOCH_SAMPLES = 30
@@ -85,6 +86,8 @@ def test_the_next_epoch_is_made_before_it_starts_and_equals_a_loader_that_never_
         held = list(workers)  # epoch 1's batches as lent (the first from the run-ahead's slot), copied only now
         got = [first, taken(held), taken(workers)]
         assert workers.state_dict() == want_state
+        made_in = [int(epoch.workers[:, len(WORKER_STAGES) + 1].sum()) for epoch in workers.stats.epochs]
+        assert made_in == [EPOCH_SAMPLES] * 3  # the batch made ahead counts to the epoch that used it
     for batches, want in zip(got, expected):
         assert_same(batches, want)
 
