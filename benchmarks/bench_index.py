@@ -2,11 +2,12 @@
 
 The tars of a converted dataset are hard-linked into a scratch folder (nothing copied, nothing
 rewritten) and indexed there. Each round times, in turn: ``cat``, sha256 of every tar (one
-thread per tar, as the indexer hashes), and ``fastload index`` (index_tars, fsyncs included).
+thread per tar), and ``fastload index`` (index_tars with ``--workers`` processes, default one per
+CPU, fsyncs included).
 ``warm``: from the page cache; ``cold``: each tar's pages dropped first (posix_fadvise DONTNEED,
 no root needed), so the disk is read. Prints the medians and the rates' ratios.
 
-    python benchmarks/bench_index.py /tmp/photos-wds --rounds 5
+    python benchmarks/bench_index.py /tmp/photos-wds --rounds 5 [--workers N]
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dataset", type=Path, help="a folder of .tar shards (a converted dataset)")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--workers", type=int, help="index_tars' processes (default: one per CPU)")
     args = parser.parse_args()
     tars = sorted(args.dataset.glob("*.tar"))
     if not tars:
@@ -78,7 +80,7 @@ def main() -> None:
             linked.append(scratch / tar.name)
         total = sum(p.stat().st_size for p in linked)
         print(f"{len(linked)} tars, {total / 1e6:.1f} MB, {os.cpu_count()} CPUs, {args.rounds} rounds")
-        runs = {"cat": lambda: cat(linked), "sha256": lambda: sha256_only(linked), "index": lambda: index_tars(scratch, force=True)}
+        runs = {"cat": lambda: cat(linked), "sha256": lambda: sha256_only(linked), "index": lambda: index_tars(scratch, force=True, workers=args.workers)}
         for mode, before in (("warm", lambda: cat(linked)), ("cold", lambda: drop_cache(linked))):
             times: dict[str, list[float]] = {name: [] for name in runs}
             for _ in range(args.rounds):

@@ -119,6 +119,7 @@ def _add_index(sub: argparse._SubParsersAction) -> None:
                                    "holding them (s3://bucket/prefix, gs://...); the tars are not rewritten")
     p.add_argument("--force", action="store_true", help="replace an existing index.json")
     p.add_argument("--scratch", help="for a URL: where each tar is downloaded to be indexed (default: the temp folder)")
+    p.add_argument("--workers", type=int, help="for a folder: processes indexing tars at once (default: one per CPU)")
     p.set_defaults(run=_run_index)
 
 
@@ -128,13 +129,15 @@ def _run_index(args: argparse.Namespace) -> int:
     if is_url(args.dataset):
         from fastload.converters.index_remote import index_remote
 
+        if args.workers is not None:
+            raise ValueError("--workers is for a folder: a URL's tars are downloaded and indexed two at a time")
         index, seconds = index_remote(args.dataset, force=args.force, scratch=args.scratch)
     else:
         from fastload.converters.index_tars import index_tars
 
         if args.scratch is not None:
             raise ValueError("--scratch is for a URL: a folder's tars are indexed where they are")
-        index, seconds = index_tars(args.dataset, force=args.force)
+        index, seconds = index_tars(args.dataset, force=args.force, workers=args.workers)
     print(
         f"{redact(args.dataset)}: indexed {index.num_samples} samples in {len(index.shards)} tars, {index.total_bytes / 1e6:.1f} MB "
         f"in {seconds:.1f}s ({index.total_bytes / 1e6 / max(seconds, 1e-9):.1f} MB/s); fields {', '.join(index.fields)}"

@@ -59,6 +59,8 @@ class HybridEpoch(CpuEpoch):
     rest, joined in order. Shares are published ahead of both engines (DALI's feed waits for a
     share not yet published), from the controller's rates at the time."""
 
+    RUNS_AHEAD = False  # the next epoch's CPU share is decided by the split as its batches come
+
     def __init__(self, inputs: EpochInputs, engine: HybridEngine) -> None:
         super().__init__(inputs, engine.cpu)
         self.engine = engine

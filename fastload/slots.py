@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import mmap
 import weakref
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -114,9 +114,10 @@ class BatchBuffers:
         self.filling.clear()
         self._orphans.clear()
 
-    def reclaim(self) -> None:
-        """At an epoch's start: every slot neither lent nor still being written is free."""
-        self._free = [slot for slot in range(self.slots) if slot not in self._lent and slot not in self.filling]
+    def reclaim(self, held: Collection[int] = ()) -> None:
+        """At an epoch's start: every slot neither lent, nor still being written, nor ``held`` (the
+        epoch's batches made ahead) is free."""
+        self._free = [slot for slot in range(self.slots) if slot not in self._lent and slot not in self.filling and slot not in held]
 
     def lend(self, slot: int, count: int, keep: int) -> dict[str, np.ndarray] | None:
         """The first ``count`` rows of every column of ``slot`` as views that free the slot when

@@ -15,7 +15,7 @@ import mmap
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -213,6 +213,15 @@ class LoaderStats:
             self.end_epoch(self._running, complete=False)
         snapshot = counters.snapshot() if counters is not None else None
         self._running = _RunningEpoch(epoch, time.perf_counter(), self._totals(), counters, snapshot, remote)
+        return self._running
+
+    def count_from(self, token: object, snapshot: np.ndarray) -> object:
+        """The running epoch ``token`` counts its workers' stages from ``snapshot`` (counters taken
+        when work for it began before it started: batches made ahead); returns its token now."""
+        running = self._running
+        if running is None or running is not token or running.snapshot is None:
+            return token
+        self._running = replace(running, snapshot=snapshot)
         return self._running
 
     def end_epoch(self, token: object, complete: bool) -> None:

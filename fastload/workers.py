@@ -263,6 +263,11 @@ INIT_FAILED = -1  # batch_no of the answer a worker sends when worker_init_fn ra
 def _shutdown(owner: int, processes: list, tasks: multiprocessing.Queue, results: multiprocessing.Queue) -> None:
     if os.getpid() != owner:
         return  # a forked child (another loader's worker) inherited the pool: not its to stop
+    try:
+        while True:
+            tasks.get_nowait()  # tasks no worker took yet (the next epoch's, made ahead): nobody waits for them
+    except (queue.Empty, ValueError, OSError):
+        pass
     for _ in processes:
         try:
             tasks.put_nowait(None)

@@ -13,7 +13,7 @@ want="$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/test_torchvision.sh" | sha256s
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "$VENV/bin/python" -m pip install -q --upgrade pip
   "$VENV/bin/python" -m pip install -q "torch==2.14.1" "torchvision==0.29.1" "timm==1.0.31"  # timm: its create_transform is translated too
-  "$VENV/bin/python" -m pip install -q numpy h5py Pillow simplejpeg tqdm "pytest>=7.4" "pytest-timeout>=2.2"
+  "$VENV/bin/python" -m pip install -q numpy h5py Pillow simplejpeg tqdm "isal>=1.6" "pytest>=7.4" "pytest-timeout>=2.2"
   "$VENV/bin/python" -m pip install -q --no-deps -e "$ROOT"
   echo "$want" > "$stamp"
 fi

@@ -120,6 +120,32 @@ def test_pillow_written_masks_equal_pillow_decoded() -> None:
             np.testing.assert_array_equal(out, reference(buf.getvalue(), (3.25, 5.5, 40.0, 60.0), True, (30, 20)))
 
 
+@pytest.mark.parametrize("inflater", ["zlib", "isal"])
+def test_zlib_and_isal_inflate_to_the_same_masks(inflater: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Either inflater (ISA-L's when python-isal is installed, the default then; else zlib's) gives
+    Pillow's class ids, and damaged image data is a SampleError naming the field with both."""
+    import fastload.decode.mask as mask_module
+
+    decompressobj = pytest.importorskip("isal.isal_zlib").decompressobj if inflater == "isal" else zlib.decompressobj
+    monkeypatch.setattr(mask_module, "_decompressor", decompressobj)
+    rng = np.random.default_rng(11)
+    values = rng.integers(0, 4, size=(83, 57))
+    values[30:, 20:] = 3
+    for filters, depth, colour in (([0, 1, 2, 3, 4], 8, 0), ([4, 2], 1, 0), ([1, 3], 16, 0), ([2], 2, 3)):
+        data = png(values % 2**depth if depth < 8 else values, depth, colour, filters)
+        mask = read_png_mask(data, "k", "seg.png")
+        assert mask is not None
+        for box in ((0.0, 0.0, 57.0, 83.0), (10.5, 40.25, 50.0, 60.0), (-3.0, 70.0, 20.0, 90.0)):
+            out = np.empty((31, 17), np.uint16 if depth == 16 else np.uint8)
+            mask_into(mask, box, True, out, "k", "seg.png")
+            np.testing.assert_array_equal(out, reference(data, box, True, (31, 17)))
+    good = read_png_mask(png(values.astype(np.uint8), 8, 0, [1]), "k", "seg.png")
+    assert good is not None
+    broken = type(good)(good.width, good.height, good.bit_depth, good.data[:2] + bytes([good.data[2] ^ 0xFF]) + good.data[3:])
+    with pytest.raises(SampleError, match="field seg.png: cannot decode mask"):
+        mask_into(broken, (0.0, 0.0, 57.0, 83.0), False, np.empty((8, 8), np.uint8), "k", "seg.png")
+
+
 def test_kinds_it_does_not_read_go_to_pillow() -> None:
     values = np.arange(12, dtype=np.uint8).reshape(3, 4) % 4
     assert read_png_mask(png(values, 2, 0, [0]), "k", "m") is None  # 2-bit grey: Pillow rescales it

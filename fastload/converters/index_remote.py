@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fastload import remote
-from fastload.converters.index_tars import IndexedTar, check_tar_name, dataset_index, indexed_shard, tar_members, tar_sha256
+from fastload.converters.index_tars import IndexedTar, check_tar_name, dataset_index, indexed_shard, scan_tar
 from fastload.index import INDEX_FILE, DatasetIndex, ShardInfo, write_index
 
 TARS_IN_FLIGHT = 2
@@ -49,8 +49,8 @@ def _index_one(url: str, name: str, scratch: Path, storage_options: dict | None)
     files: dict[Path, bytes] = {}
     try:
         remote.download(remote.join(url, name), tar, None, None, storage_options)
-        scanned = tar_members(tar, shown=f"{remote.redact(url)}/{name}")
-        info, files = indexed_shard(tar, scanned, *tar_sha256(tar))
+        size, sha256, scanned = scan_tar(tar, shown=f"{remote.redact(url)}/{name}")
+        info, files = indexed_shard(tar, scanned, size, sha256)
         for path, data in files.items():
             path.write_bytes(data)
             remote.upload(path, remote.join(url, path.name), storage_options)

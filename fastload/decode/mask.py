@@ -7,6 +7,8 @@ of 1, 2, 4, 8 or 16 bits (grey: instance ids), not interlaced. Grey of 2 or 4 bi
 rescales to 0-255, and anything else go to Pillow (:class:`fastload.fields.MaskCodec`), as do all
 masks where the extension was not built. Every chunk's CRC is checked, as Pillow does. A mask of
 16 bits is stacked as uint16 (:func:`mask_dtype` tells, from the header), all others as uint8.
+The image data is inflated by ISA-L (``pip install 'fastload[masks]'``: python-isal, 3.3x zlib's
+speed on masks, a third of a mask's decode) when it is installed, else by zlib: the same bytes.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import struct
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -28,6 +31,19 @@ _FAST_DEPTHS = {GREY: (1, 8, 16), PALETTE: (1, 2, 4, 8)}  # what the kernel read
 WIDE_MODES = ("I;16", "I;16B", "I;16L", "I")  # Pillow's modes of 16-bit masks (and of 32-bit ones)
 # None: no extension, or one built before this kernel
 _mask_into: Callable[..., None] | None = getattr(turbo, "mask_into", None)
+
+
+def _inflater() -> tuple[Callable[[], Any], tuple[type[Exception], ...]]:
+    """(a new decompressor, the errors it raises for bad data): ISA-L's when python-isal is installed, else zlib's."""
+    try:
+        from isal import isal_zlib
+    except ImportError:
+        return zlib.decompressobj, (zlib.error,)
+    return isal_zlib.decompressobj, (zlib.error, isal_zlib.error)
+
+
+_decompressor, _inflate_errors = _inflater()
+_DECODE_ERRORS: tuple[type[Exception], ...] = (*_inflate_errors, ValueError)  # ValueError: the kernel's
 
 
 @dataclass(frozen=True)
@@ -83,9 +99,9 @@ def mask_into(
     last = min(mask.height - 1, max(0, math.floor(y0 + (out_h - 0.5) * ((y1 - y0) / out_h))))
     stride = (mask.width * mask.bit_depth + 7) // 8 + 1
     try:
-        raw = zlib.decompressobj().decompress(mask.data, (last + 2) * stride)  # a row to spare
+        raw = _decompressor().decompress(mask.data, (last + 2) * stride)  # a row to spare
         _mask_into(raw, mask.height, mask.width, mask.bit_depth, box, out, out_h, out_w, flip)
-    except (zlib.error, ValueError) as exc:
+    except _DECODE_ERRORS as exc:
         raise SampleError(where, f"field {field}: cannot decode mask: {exc}") from None
 
 

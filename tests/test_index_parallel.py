@@ -1,0 +1,98 @@
+"""``fastload index`` over worker processes writes exactly what one process writes (index.json, each
+tar's .idx and sample table, byte for byte), and a damaged tar is named whichever process read it:
+the header checksums, checked all at once, still name the first damaged header before whatever
+else its damage breaks."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+
+import fastload
+from fastload.converters.index_tars import index_tars
+from tests.conftest import jpeg_bytes, run_cli, small_photo, tree_bytes
+
+TARS = 7
+
+
+@pytest.fixture(scope="module")
+def tars(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """TARS tars of 1 to 7 samples (jpg, cls, and txt on some), written by tarfile, not indexed."""
+    root = tmp_path_factory.mktemp("tars")
+    number = 0
+    for t in range(TARS):
+        with tarfile.open(root / f"shard-{t:03d}.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
+            for _ in range(1 + t):
+                fields = {"jpg": jpeg_bytes(small_photo(number, label=number % 3)), "cls": str(number % 3).encode()}
+                if number % 2:
+                    fields["txt"] = f"caption {number}".encode()
+                for ext, data in fields.items():
+                    info = tarfile.TarInfo(f"s{number:05d}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+                number += 1
+    return root
+
+
+def copy_of(tars: Path, root: Path) -> Path:
+    shutil.copytree(tars, root)
+    return root
+
+
+def test_worker_processes_write_what_one_process_writes(tars: Path, tmp_path: Path) -> None:
+    serial = copy_of(tars, tmp_path / "serial")
+    index, _ = index_tars(serial, workers=1)
+    assert index.num_samples == sum(range(1, TARS + 1)) and len(index.shards) == TARS
+    written = tree_bytes(serial)
+    assert {name for name in written if not name.endswith(".tar")} == {
+        "index.json", *(f"shard-{t:03d}{suffix}" for t in range(TARS) for suffix in (".idx", ".table"))}
+    for workers in (2, 3, TARS + 5):
+        parallel = copy_of(tars, tmp_path / f"workers-{workers}")
+        index_tars(parallel, workers=workers)
+        assert tree_bytes(parallel) == written
+    by_cli = copy_of(tars, tmp_path / "cli")
+    run_cli("index", str(by_cli), "--workers", "2")
+    assert tree_bytes(by_cli) == written
+    ds = fastload.open(by_cli)
+    assert [ds[i]["key"] for i in range(len(ds))] == [f"s{n:05d}" for n in range(len(ds))]
+    assert run_cli("verify", str(by_cli)).returncode == 0
+
+
+def header_at(path: Path, member: int) -> int:
+    """The byte offset of member ``member``'s header."""
+    with tarfile.open(path) as tar:
+        return tar.getmembers()[member].offset
+
+
+@pytest.mark.parametrize("damage", ["name", "size"])
+def test_a_damaged_tar_is_named_by_its_path_and_header(tars: Path, tmp_path: Path, damage: str) -> None:
+    root = copy_of(tars, tmp_path / "damaged")
+    bad = root / "shard-004.tar"
+    data = bytearray(bad.read_bytes())
+    at = header_at(bad, 3)
+    if damage == "name":
+        data[at] ^= 0x20  # one letter of its name: only the checksum tells
+    else:
+        data[at + 124 : at + 136] = b"77777777777\0"  # a size past the end: the checksum is still what fails first
+    bad.write_bytes(bytes(data))
+    for workers in (1, 3):
+        with pytest.raises(ValueError, match=rf"shard-004\.tar: not a readable tar \(bad header checksum at byte {at}\)"):
+            index_tars(root, workers=workers)
+    assert not (root / "index.json").exists()
+    proc = run_cli("index", str(root), "--workers", "2", check=False)
+    assert proc.returncode != 0 and f"shard-004.tar: not a readable tar (bad header checksum at byte {at})" in proc.stderr
+
+
+def test_a_truncated_tar_is_named_whichever_worker_reads_it(tars: Path, tmp_path: Path) -> None:
+    root = copy_of(tars, tmp_path / "truncated")
+    bad = root / "shard-006.tar"
+    cut = header_at(bad, 5) + 512 + 10  # inside member 5's data
+    bad.write_bytes(bad.read_bytes()[:cut])
+    with pytest.raises(ValueError, match=r"shard-006\.tar: not a readable tar \(member 5 runs past the end of the file\)"):
+        index_tars(root, workers=2)
+    with pytest.raises(ValueError, match="workers must be at least 1"):
+        index_tars(root, workers=-1)
