@@ -18,7 +18,7 @@ import struct
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -39,7 +39,8 @@ def _inflater() -> tuple[Callable[[], Any], tuple[type[Exception], ...]]:
         from isal import isal_zlib
     except ImportError:
         return zlib.decompressobj, (zlib.error,)
-    return isal_zlib.decompressobj, (zlib.error, isal_zlib.error)
+    # cast: isal's stubs type its error as an instance and decompressobj with zlib's arguments
+    return cast(Callable[[], Any], isal_zlib.decompressobj), (zlib.error, cast(type[Exception], isal_zlib.error))
 
 
 _decompressor, _inflate_errors = _inflater()
