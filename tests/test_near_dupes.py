@@ -201,3 +201,39 @@ def test_same_structure_other_colour_is_not_a_duplicate() -> None:
     red, blue, darker = signatures(np.stack([tinted(1.0, 0.5, 0.5), tinted(0.5, 0.5, 1.0), tinted(0.9, 0.45, 0.45)]))
     assert hamming(red, blue) <= 2 and not colours_match(red, blue)
     assert first_occurrences([red, blue, darker], 10) == [(2, 0, hamming(red, darker))]
+
+
+def test_a_rerun_takes_the_signatures_an_interrupted_run_saved(tmp_path: Path) -> None:
+    """A conversion stopped by a bad image leaves each signed run's signatures in its partial
+    folder: the rerun (the image mended) keeps the shards written, rewrites nothing else and
+    matches a fresh conversion; a saved signature is what the rerun decides by (one doctored
+    to equal another's makes that photo a duplicate)."""
+    from fastload.errors import SampleError
+
+    src = tmp_path / "src" / "c0"
+    src.mkdir(parents=True)
+    for i in range(150):
+        (src / f"p{i:03d}.jpg").write_bytes(jpeg_bytes(texture(100 + i, (60, 80))))
+    good = (src / "p140.jpg").read_bytes()
+    options = ConvertOptions(source="imagefolder", near_threshold=10, samples_per_shard=16)
+    fresh = convert(str(tmp_path / "src"), str(tmp_path / "fresh"), options)
+    assert fresh.index.duplicates == 0 and fresh.shards_written == 10
+    outs = {name: tmp_path / name for name in ("resumed", "doctored")}
+    (src / "p140.jpg").write_bytes(good[: len(good) // 3])  # truncated: the run stops when its shard gets to it
+    for out in outs.values():
+        with pytest.raises(SampleError, match="p140"):
+            convert(str(tmp_path / "src"), str(out), options)
+    (src / "p140.jpg").write_bytes(good)
+    log = outs["doctored"] / ".fastload-partial" / "signatures.jsonl"
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    assert sorted(entry["run"] for entry in entries) == [0, 1, 2]
+    first = next(entry for entry in entries if entry["run"] == 0)
+    first["signatures"][1] = first["signatures"][0]
+    log.write_text("".join(json.dumps(entry) + "\n" for entry in entries))
+
+    resumed = convert(str(tmp_path / "src"), str(outs["resumed"]), options)
+    assert (resumed.shards_reused, resumed.shards_written) == (8, 2)
+    assert tree_bytes(outs["resumed"]) == tree_bytes(tmp_path / "fresh")
+    doctored = convert(str(tmp_path / "src"), str(outs["doctored"]), options)
+    assert doctored.index.duplicates == 1 and doctored.shards_reused == 0
+    assert report_lines(outs["doctored"]) == [{"key": "c0/p001", "where": str(src / "p001.jpg"), "duplicate_of": "c0/p000", "distance": 0}]
