@@ -111,6 +111,45 @@ def test_report_png_has_one_row_per_group(planted: tuple[Path, dict[str, str]], 
         assert image.format == "PNG" and int(image.text[GROUPS_CHUNK]) == len(set(copies.values()))
 
 
+def test_report_html_is_one_self_contained_page_of_the_groups(planted: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    """--report x.html: a row per group, every thumbnail inline as a data: JPEG that decodes,
+    each captioned with its key (kept first, then its copies)."""
+    import base64
+    import io
+    from html.parser import HTMLParser
+
+    src, copies = planted
+    report = tmp_path / "dups.html"
+    run_cli("convert", str(src), str(tmp_path / "out"), "--from", "imagefolder", "--dedupe", "near", "--report", str(report), "--quiet")
+
+    class Page(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.meta: dict[str, str] = {}
+            self.rows: list[list[str]] = []  # each group's image alts, in order
+            self.sources: list[str] = []
+
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            a = {k: v or "" for k, v in attrs}
+            if tag == "meta" and "name" in a:
+                self.meta[a["name"]] = a["content"]
+            elif tag == "div" and a.get("class") == "group":
+                self.rows.append([])
+            elif tag == "img":
+                self.rows[-1].append(a["alt"])
+                self.sources.append(a["src"])
+
+    page = Page()
+    page.feed(report.read_text(encoding="utf-8"))
+    groups = {original: sorted(c for c, o in copies.items() if o == original) for original in set(copies.values())}
+    assert int(page.meta[GROUPS_CHUNK]) == len(groups) == len(page.rows)
+    assert sorted((row[0], sorted(row[1:])) for row in page.rows) == sorted(groups.items())
+    for source in page.sources:
+        assert source.startswith("data:image/jpeg;base64,")
+        with Image.open(io.BytesIO(base64.b64decode(source.split(",", 1)[1]))) as thumb:
+            assert thumb.format == "JPEG" and max(thumb.size) <= 112
+
+
 def test_undecodable_image_reported_and_rest_deduplicated(planted: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
     import shutil
 
