@@ -188,6 +188,50 @@ def test_overlap_finds_b_near_a_and_writes_the_exclude_file(planted: tuple[Path,
         assert int(image.text[GROUPS_CHUNK]) == len(copies)
 
 
+def test_overlap_reads_a_dataset_served_over_http(planted: tuple[Path, dict[str, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A given by URL (a real HTTP server on loopback serving the converted folder): the same
+    matches as A read from disk, each of A's shards fetched once."""
+    import functools
+    import threading
+    from collections import Counter
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    src, copies = planted
+    a_src, b_src = tmp_path / "a_src" / "c0", tmp_path / "b_src" / "c1"
+    a_src.mkdir(parents=True)
+    b_src.mkdir(parents=True)
+    for path in src.rglob("p*.jpg"):
+        (a_src / f"{path.parent.name}_{path.name}").write_bytes(path.read_bytes())
+    for path in src.rglob("z_*.jpg"):
+        (b_src / path.name).write_bytes(path.read_bytes())
+    run_cli("convert", str(a_src.parent), str(tmp_path / "a"), "--from", "imagefolder", "--samples-per-shard", "8", "--quiet")
+    run_cli("convert", str(b_src.parent), str(tmp_path / "b"), "--from", "imagefolder", "--quiet")
+    fetched: Counter[str] = Counter()
+
+    class Handler(SimpleHTTPRequestHandler):
+        def do_GET(self) -> None:
+            fetched[self.path.lstrip("/")] += 1
+            super().do_GET()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(tmp_path / "a")))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("FASTLOAD_CACHE_DIR", str(tmp_path / "cache"))
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        remote = json.loads(run_cli("overlap", url, str(tmp_path / "b"), "--json", "--workers", "2").stdout)
+    finally:
+        server.shutdown()
+        server.server_close()
+    local = json.loads(run_cli("overlap", str(tmp_path / "a"), str(tmp_path / "b"), "--json", "--workers", "2").stdout)
+    assert remote["matches"] == local["matches"] and remote["a_samples"] == DISTINCT
+    assert {m["b_key"]: m["a_key"] for m in remote["matches"]} == {copy: "c0/" + original.replace("/", "_") for copy, original in copies.items()}
+    tars = [name for name in fetched if name.endswith(".tar")]
+    assert len(tars) == 4 and all(fetched[name] == 1 for name in tars), fetched
+
+
 def test_inspect_shows_the_class_histogram_and_imbalance(tmp_path: Path) -> None:
     src = tmp_path / "src"
     for name, count in (("cats", 6), ("dogs", 2), ("owls", 1)):
