@@ -83,6 +83,22 @@ def test_planted_copies_dropped_distinct_kept(planted: tuple[Path, dict[str, str
     assert index.conversion["near_threshold"] == 10 and index.conversion["dedupe"] is False
 
 
+def test_decoded_hdf5_keeps_the_same_survivors(planted: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    """--dedupe near into decoded HDF5: the survivors of the JPEG conversion, as pixels of the
+    first kept sample's shape."""
+    import fastload
+    from fastload.converters.writers import WriterOptions
+
+    src, copies = planted
+    jpeg = convert(str(src), str(tmp_path / "jpeg"), ConvertOptions(source="imagefolder", near_threshold=10)).index
+    options = ConvertOptions(source="imagefolder", layout="hdf5", near_threshold=10, writer_options=WriterOptions(hdf5_decoded=True))
+    pixels = convert(str(src), str(tmp_path / "pixels"), options).index
+    assert pixels.decoded_shape == (300, 400, 3) and pixels.duplicates == jpeg.duplicates == len(copies)
+    assert report_lines(tmp_path / "pixels") == report_lines(tmp_path / "jpeg")
+    keys = [fastload.open(tmp_path / name).raw(i)[0] for name in ("jpeg", "pixels") for i in range(DISTINCT)]
+    assert keys[:DISTINCT] == keys[DISTINCT:]
+
+
 def test_threshold_zero_keeps_the_changed_copies(planted: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
     """At 0 bits only identical signatures are duplicates: the resized/cropped copies survive."""
     src, copies = planted

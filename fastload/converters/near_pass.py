@@ -13,7 +13,7 @@ unpublished).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -168,9 +168,11 @@ def _loaded(source: Source, item: SourceItem, prepared: Prepared) -> PreparedSam
 
 
 def convert_near(
-    source: Source, items: list[SourceItem], engine: Engine, options: ConvertOptions, out: Path, partial: Path, url: str | None, bar
+    source: Source, items: list[SourceItem], engine: Engine, options: ConvertOptions, out: Path, partial: Path, url: str | None,
+    progress: Callable[[int], None],
 ) -> tuple[list[Duplicate], WrittenShards, tuple[int, ...] | None]:
-    """Drop the near duplicates of ``items`` and write the rest into shards under ``out``; returns
+    """Drop the near duplicates of ``items`` and write the rest into shards under ``out`` (then
+    uploaded to ``url`` if given), telling ``progress`` how many items each run settled; returns
     the duplicates in plan order, the shards and, for decoded HDF5, the pixels' shape."""
     from fastload.near.search import FirstOccurrences
 
@@ -196,7 +198,7 @@ def convert_near(
                     shards.add(item, _loaded(source, item, sample))
                 else:
                     duplicates.append(Duplicate(item, items[match[0]], match[1]))
-            bar.update(len(runs[n]))
+            progress(len(runs[n]))
         shards.close()
     except BaseException:
         shards.abort()

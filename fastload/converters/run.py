@@ -190,7 +190,9 @@ def _convert(
         if options.near_threshold is not None:  # drops decided while the shards are written
             fingerprint["items_sha256"] = hashlib.sha256("\n".join(item.key for item in items).encode()).hexdigest()
             check_partial(partial, fingerprint)
-            duplicates, shards, decoded_shape = convert_near(source, items, runner, options, out, partial, url, bar)
+            duplicates, shards, decoded_shape = convert_near(source, items, runner, options, out, partial, url, bar.update)
+            if options.writer_options.hdf5_decoded and decoded_shape is None:
+                raise ValueError("no readable sample to take the decoded image shape from")
         else:
             duplicates = find_duplicates(source, items, runner) if options.dedupe else []
             shards, decoded_shape = _write_planned(source, items, duplicates, runner, options, out, partial, url, fingerprint, bar)
