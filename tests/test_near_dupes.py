@@ -336,3 +336,27 @@ def test_a_rerun_takes_the_signatures_an_interrupted_run_saved(tmp_path: Path) -
     doctored = convert(str(tmp_path / "src"), str(outs["doctored"]), options)
     assert doctored.index.duplicates == 1 and doctored.shards_reused == 0
     assert report_lines(outs["doctored"]) == [{"key": "c0/p001", "where": str(src / "p001.jpg"), "duplicate_of": "c0/p000", "distance": 0}]
+
+
+def test_a_rerun_after_the_sources_changed_leaves_no_shard_of_the_old_plan(tmp_path: Path) -> None:
+    """Stopped after 8 shards; then 36 photos become copies of another (dropped on the rerun),
+    so the plan has 7 shards: the rerun writes what a fresh conversion writes, shard 7 gone."""
+    from fastload.errors import SampleError
+
+    src = tmp_path / "src" / "c0"
+    src.mkdir(parents=True)
+    for i in range(145):
+        (src / f"p{i:03d}.jpg").write_bytes(jpeg_bytes(texture(300 + i, (60, 80))))
+    good = (src / "p140.jpg").read_bytes()
+    (src / "p140.jpg").write_bytes(good[: len(good) // 3])
+    options = ConvertOptions(source="imagefolder", near_threshold=10, samples_per_shard=16)
+    with pytest.raises(SampleError, match="p140"):
+        convert(str(tmp_path / "src"), str(tmp_path / "out"), options)
+    assert (tmp_path / "out" / "shard-00007.tar").is_file()
+    (src / "p140.jpg").write_bytes(good)
+    for i in range(10, 46):
+        (src / f"p{i:03d}.jpg").write_bytes((src / "p000.jpg").read_bytes())
+    rerun = convert(str(tmp_path / "src"), str(tmp_path / "out"), options)
+    assert rerun.index.duplicates == 36 and len(rerun.index.shards) == 7
+    convert(str(tmp_path / "src"), str(tmp_path / "fresh"), options)
+    assert tree_bytes(tmp_path / "out") == tree_bytes(tmp_path / "fresh")

@@ -21,7 +21,7 @@ from typing import TypeVar
 from fastload.converters.dedupe import Duplicate
 from fastload.converters.engines import Engine
 from fastload.converters.options import ConvertOptions
-from fastload.converters.partial import SignatureLog, finished_result, save_result
+from fastload.converters.partial import SignatureLog, finished_result, remove_unplanned_shards, save_result
 from fastload.converters.plan import ShardCutter, shard_name
 from fastload.converters.sample import SourceItem
 from fastload.converters.shard import (
@@ -203,4 +203,5 @@ def convert_near(
     except BaseException:
         shards.abort()
         raise
+    remove_unplanned_shards(out, partial, {shard_name(n, options.layout) for n in range(len(shards.done.results))}, url)
     return duplicates, shards.done, shards.decoded_shape

@@ -84,6 +84,22 @@ def finished_result(out: Path, partial: Path, name: str, sources: str, url: str 
     return result, False
 
 
+def remove_unplanned_shards(out: Path, partial: Path, planned: set[str], url: str | None) -> None:
+    """Delete the files (under OUT, or the objects at ``url``) of shards a previous run finished
+    that the plan no longer has: with ``--dedupe near`` a changed source can change the drops,
+    hence the number of shards."""
+    for path in partial.glob("shard-*.json"):
+        name = path.name.removesuffix(".json")
+        result = _load_result(path)
+        if name in planned or result is None or result.info is None:
+            continue
+        for file in (result.info.path, result.info.offsets, result.info.table):
+            if file and url is not None:
+                remote.remove(remote.join(url, file))
+            elif file:
+                (out / file).unlink(missing_ok=True)
+
+
 SIGNATURES_FILE = "signatures.jsonl"
 
 
