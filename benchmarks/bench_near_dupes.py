@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -30,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_photos import crop_box, fetch_wallpapers, random_crop, source_photos
 
 KINDS = ("quality", "resize", "crop", "brightness", "all")
+REPO_ROOT = Path(__file__).resolve().parent.parent  # the ``fastload`` command runs this checkout's package
 
 
 def iou(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> float:
@@ -121,7 +123,8 @@ def threshold_sweep(folder: Path, truth: dict, thresholds: list[int]) -> dict[in
 def fastload(*args: str) -> float:
     """Run the ``fastload`` command; return its wall time."""
     start = time.perf_counter()
-    subprocess.run([str(Path(sys.executable).with_name("fastload")), *args], check=True, stdout=subprocess.DEVNULL)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH"))))}
+    subprocess.run([str(Path(sys.executable).with_name("fastload")), *args], check=True, stdout=subprocess.DEVNULL, env=env)
     return time.perf_counter() - start
 
 

@@ -36,7 +36,7 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
         help="drop duplicates, keeping the first: exact (content hash; the default) or near (perceptual signature)",
     )
     p.add_argument("--near-threshold", type=int, default=NEAR_THRESHOLD, metavar="BITS", help=NEAR_HELP)
-    p.add_argument("--report", metavar="PNG", help="with --dedupe: draw the duplicate groups side by side as thumbnails")
+    p.add_argument("--report", metavar="PNG|HTML", help="with --dedupe: draw the duplicate groups side by side as thumbnails (a PNG, or an HTML page for a path ending .html)")
     p.add_argument("--on-error", choices=["raise", "skip"], default="raise")
     p.add_argument("--reencode-quality", type=int, metavar="Q", help="re-encode images as JPEG of quality Q")
     p.add_argument("--max-size", type=int, metavar="PX", help="shrink images so the longer side is at most PX")
@@ -200,7 +200,7 @@ def _add_overlap(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--near-threshold", type=int, default=NEAR_THRESHOLD, metavar="BITS", help=NEAR_HELP)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes decoding (default: one per CPU)")
     p.add_argument("--write-exclude", metavar="FILE", help="write B's overlapping keys, one a line, for the loader's exclude=")
-    p.add_argument("--report", metavar="PNG", help="draw each overlapping group side by side as thumbnails")
+    p.add_argument("--report", metavar="PNG|HTML", help="draw each overlapping group side by side as thumbnails (a PNG, or an HTML page for a path ending .html)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(run=_run_overlap)
 

@@ -43,6 +43,16 @@ def test_ray_shards_equal_local_shards(ray_local: None, photos: Path, tmp_path: 
     assert tree_bytes(tmp_path / "ray") == tree_bytes(tmp_path / "local")
 
 
+def test_ray_near_dedupe_equals_local(ray_local: None, photos: Path, tmp_path: Path) -> None:
+    """--dedupe near on Ray: the runs signed and prepared by Ray tasks, the shards written by the
+    caller behind its decisions, byte for byte what the local engine writes."""
+    options = {**OPTIONS, "dedupe": False, "near_threshold": 12}
+    convert(str(photos), str(tmp_path / "local"), ConvertOptions(workers=2, **options))
+    report = convert(str(photos), str(tmp_path / "ray"), ConvertOptions(workers=2, **options), engine="ray", quiet=True)
+    assert report.index.num_samples + report.index.duplicates == 120 and report.shards_written == len(report.index.shards)
+    assert tree_bytes(tmp_path / "ray") == tree_bytes(tmp_path / "local")
+
+
 def _kill_one_task_worker(killed: list[int], stop: threading.Event) -> None:
     """SIGKILL the first Ray worker seen running a write_shard task (Ray names the process after it)."""
     while not stop.is_set() and not killed:

@@ -83,6 +83,22 @@ def test_planted_copies_dropped_distinct_kept(planted: tuple[Path, dict[str, str
     assert index.conversion["near_threshold"] == 10 and index.conversion["dedupe"] is False
 
 
+def test_decoded_hdf5_keeps_the_same_survivors(planted: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    """--dedupe near into decoded HDF5: the survivors of the JPEG conversion, as pixels of the
+    first kept sample's shape."""
+    import fastload
+    from fastload.converters.writers import WriterOptions
+
+    src, copies = planted
+    jpeg = convert(str(src), str(tmp_path / "jpeg"), ConvertOptions(source="imagefolder", near_threshold=10)).index
+    options = ConvertOptions(source="imagefolder", layout="hdf5", near_threshold=10, writer_options=WriterOptions(hdf5_decoded=True))
+    pixels = convert(str(src), str(tmp_path / "pixels"), options).index
+    assert pixels.decoded_shape == (300, 400, 3) and pixels.duplicates == jpeg.duplicates == len(copies)
+    assert report_lines(tmp_path / "pixels") == report_lines(tmp_path / "jpeg")
+    keys = [fastload.open(tmp_path / name).raw(i)[0] for name in ("jpeg", "pixels") for i in range(DISTINCT)]
+    assert keys[:DISTINCT] == keys[DISTINCT:]
+
+
 def test_threshold_zero_keeps_the_changed_copies(planted: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
     """At 0 bits only identical signatures are duplicates: the resized/cropped copies survive."""
     src, copies = planted
@@ -109,6 +125,45 @@ def test_report_png_has_one_row_per_group(planted: tuple[Path, dict[str, str]], 
         image.verify()
     with Image.open(report) as image:
         assert image.format == "PNG" and int(image.text[GROUPS_CHUNK]) == len(set(copies.values()))
+
+
+def test_report_html_is_one_self_contained_page_of_the_groups(planted: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    """--report x.html: a row per group, every thumbnail inline as a data: JPEG that decodes,
+    each captioned with its key (kept first, then its copies)."""
+    import base64
+    import io
+    from html.parser import HTMLParser
+
+    src, copies = planted
+    report = tmp_path / "dups.html"
+    run_cli("convert", str(src), str(tmp_path / "out"), "--from", "imagefolder", "--dedupe", "near", "--report", str(report), "--quiet")
+
+    class Page(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.meta: dict[str, str] = {}
+            self.rows: list[list[str]] = []  # each group's image alts, in order
+            self.sources: list[str] = []
+
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            a = {k: v or "" for k, v in attrs}
+            if tag == "meta" and "name" in a:
+                self.meta[a["name"]] = a["content"]
+            elif tag == "div" and a.get("class") == "group":
+                self.rows.append([])
+            elif tag == "img":
+                self.rows[-1].append(a["alt"])
+                self.sources.append(a["src"])
+
+    page = Page()
+    page.feed(report.read_text(encoding="utf-8"))
+    groups = {original: sorted(c for c, o in copies.items() if o == original) for original in set(copies.values())}
+    assert int(page.meta[GROUPS_CHUNK]) == len(groups) == len(page.rows)
+    assert sorted((row[0], sorted(row[1:])) for row in page.rows) == sorted(groups.items())
+    for source in page.sources:
+        assert source.startswith("data:image/jpeg;base64,")
+        with Image.open(io.BytesIO(base64.b64decode(source.split(",", 1)[1]))) as thumb:
+            assert thumb.format == "JPEG" and max(thumb.size) <= 112
 
 
 def test_undecodable_image_reported_and_rest_deduplicated(planted: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
@@ -147,6 +202,50 @@ def test_overlap_finds_b_near_a_and_writes_the_exclude_file(planted: tuple[Path,
     assert exclude.read_text(encoding="utf-8").splitlines() == sorted(copies)
     with Image.open(report) as image:
         assert int(image.text[GROUPS_CHUNK]) == len(copies)
+
+
+def test_overlap_reads_a_dataset_served_over_http(planted: tuple[Path, dict[str, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A given by URL (a real HTTP server on loopback serving the converted folder): the same
+    matches as A read from disk, each of A's shards fetched once."""
+    import functools
+    import threading
+    from collections import Counter
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    src, copies = planted
+    a_src, b_src = tmp_path / "a_src" / "c0", tmp_path / "b_src" / "c1"
+    a_src.mkdir(parents=True)
+    b_src.mkdir(parents=True)
+    for path in src.rglob("p*.jpg"):
+        (a_src / f"{path.parent.name}_{path.name}").write_bytes(path.read_bytes())
+    for path in src.rglob("z_*.jpg"):
+        (b_src / path.name).write_bytes(path.read_bytes())
+    run_cli("convert", str(a_src.parent), str(tmp_path / "a"), "--from", "imagefolder", "--samples-per-shard", "8", "--quiet")
+    run_cli("convert", str(b_src.parent), str(tmp_path / "b"), "--from", "imagefolder", "--quiet")
+    fetched: Counter[str] = Counter()
+
+    class Handler(SimpleHTTPRequestHandler):
+        def do_GET(self) -> None:
+            fetched[self.path.lstrip("/")] += 1
+            super().do_GET()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(tmp_path / "a")))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("FASTLOAD_CACHE_DIR", str(tmp_path / "cache"))
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        remote = json.loads(run_cli("overlap", url, str(tmp_path / "b"), "--json", "--workers", "2").stdout)
+    finally:
+        server.shutdown()
+        server.server_close()
+    local = json.loads(run_cli("overlap", str(tmp_path / "a"), str(tmp_path / "b"), "--json", "--workers", "2").stdout)
+    assert remote["matches"] == local["matches"] and remote["a_samples"] == DISTINCT
+    assert {m["b_key"]: m["a_key"] for m in remote["matches"]} == {copy: "c0/" + original.replace("/", "_") for copy, original in copies.items()}
+    tars = [name for name in fetched if name.endswith(".tar")]
+    assert len(tars) == 4 and all(fetched[name] == 1 for name in tars), fetched
 
 
 def test_inspect_shows_the_class_histogram_and_imbalance(tmp_path: Path) -> None:
@@ -201,3 +300,63 @@ def test_same_structure_other_colour_is_not_a_duplicate() -> None:
     red, blue, darker = signatures(np.stack([tinted(1.0, 0.5, 0.5), tinted(0.5, 0.5, 1.0), tinted(0.9, 0.45, 0.45)]))
     assert hamming(red, blue) <= 2 and not colours_match(red, blue)
     assert first_occurrences([red, blue, darker], 10) == [(2, 0, hamming(red, darker))]
+
+
+def test_a_rerun_takes_the_signatures_an_interrupted_run_saved(tmp_path: Path) -> None:
+    """A conversion stopped by a bad image leaves each signed run's signatures in its partial
+    folder: the rerun (the image mended) keeps the shards written, rewrites nothing else and
+    matches a fresh conversion; a saved signature is what the rerun decides by (one doctored
+    to equal another's makes that photo a duplicate)."""
+    from fastload.errors import SampleError
+
+    src = tmp_path / "src" / "c0"
+    src.mkdir(parents=True)
+    for i in range(150):
+        (src / f"p{i:03d}.jpg").write_bytes(jpeg_bytes(texture(100 + i, (60, 80))))
+    good = (src / "p140.jpg").read_bytes()
+    options = ConvertOptions(source="imagefolder", near_threshold=10, samples_per_shard=16)
+    fresh = convert(str(tmp_path / "src"), str(tmp_path / "fresh"), options)
+    assert fresh.index.duplicates == 0 and fresh.shards_written == 10
+    outs = {name: tmp_path / name for name in ("resumed", "doctored")}
+    (src / "p140.jpg").write_bytes(good[: len(good) // 3])  # truncated: the run stops when its shard gets to it
+    for out in outs.values():
+        with pytest.raises(SampleError, match="p140"):
+            convert(str(tmp_path / "src"), str(out), options)
+    (src / "p140.jpg").write_bytes(good)
+    log = outs["doctored"] / ".fastload-partial" / "signatures.jsonl"
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    assert sorted(entry["run"] for entry in entries) == [0, 1, 2]
+    first = next(entry for entry in entries if entry["run"] == 0)
+    first["signatures"][1] = first["signatures"][0]
+    log.write_text("".join(json.dumps(entry) + "\n" for entry in entries))
+
+    resumed = convert(str(tmp_path / "src"), str(outs["resumed"]), options)
+    assert (resumed.shards_reused, resumed.shards_written) == (8, 2)
+    assert tree_bytes(outs["resumed"]) == tree_bytes(tmp_path / "fresh")
+    doctored = convert(str(tmp_path / "src"), str(outs["doctored"]), options)
+    assert doctored.index.duplicates == 1 and doctored.shards_reused == 0
+    assert report_lines(outs["doctored"]) == [{"key": "c0/p001", "where": str(src / "p001.jpg"), "duplicate_of": "c0/p000", "distance": 0}]
+
+
+def test_a_rerun_after_the_sources_changed_leaves_no_shard_of_the_old_plan(tmp_path: Path) -> None:
+    """Stopped after 8 shards; then 36 photos become copies of another (dropped on the rerun),
+    so the plan has 7 shards: the rerun writes what a fresh conversion writes, shard 7 gone."""
+    from fastload.errors import SampleError
+
+    src = tmp_path / "src" / "c0"
+    src.mkdir(parents=True)
+    for i in range(145):
+        (src / f"p{i:03d}.jpg").write_bytes(jpeg_bytes(texture(300 + i, (60, 80))))
+    good = (src / "p140.jpg").read_bytes()
+    (src / "p140.jpg").write_bytes(good[: len(good) // 3])
+    options = ConvertOptions(source="imagefolder", near_threshold=10, samples_per_shard=16)
+    with pytest.raises(SampleError, match="p140"):
+        convert(str(tmp_path / "src"), str(tmp_path / "out"), options)
+    assert (tmp_path / "out" / "shard-00007.tar").is_file()
+    (src / "p140.jpg").write_bytes(good)
+    for i in range(10, 46):
+        (src / f"p{i:03d}.jpg").write_bytes((src / "p000.jpg").read_bytes())
+    rerun = convert(str(tmp_path / "src"), str(tmp_path / "out"), options)
+    assert rerun.index.duplicates == 36 and len(rerun.index.shards) == 7
+    convert(str(tmp_path / "src"), str(tmp_path / "fresh"), options)
+    assert tree_bytes(tmp_path / "out") == tree_bytes(tmp_path / "fresh")

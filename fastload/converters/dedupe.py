@@ -1,8 +1,8 @@
-"""Dropping duplicates before the shards are planned: exact (``--dedupe``: the same content
-hash) or near (``--dedupe near``: perceptual signatures within ``--near-threshold`` bits).
+"""Duplicates: exact ones (``--dedupe``: the same content hash) found before the shards are
+planned, and the record and report of the dropped (exact, or near: converters.near_pass).
 
-Both read every item once in the engine's workers, in batches, and decide in the caller in plan
-order, so the survivors are the same for any worker count: the first occurrence is kept.
+Exact: every item is hashed once in the engine's workers, in batches, and the caller decides in
+plan order, so the survivors are the same for any worker count: the first occurrence is kept.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, TypeVar
 from fastload.converters.engines import Engine
 from fastload.converters.sample import SourceItem
 from fastload.converters.sources import Source
-from fastload.decode.header import MAX_PIXELS
 from fastload.errors import SampleError
 
 if TYPE_CHECKING:
@@ -43,11 +42,10 @@ class Duplicate:
 
 @dataclass(frozen=True)
 class HashTask:
-    """A run of items to hash (or sign) for duplicate detection."""
+    """A run of items to hash for duplicate detection."""
 
     source: Source
     items: tuple[SourceItem, ...]
-    max_pixels: int = MAX_PIXELS  # near: the decode limit (--max-pixels)
 
 
 def hash_items(task: HashTask) -> list[str | None]:
@@ -76,31 +74,8 @@ def hash_items(task: HashTask) -> list[str | None]:
     return digests
 
 
-def sign_items(task: HashTask) -> list[int | None]:
-    """The perceptual signature of each item's image (None where it has none or it does not
-    decode: the shard writer reports it as it does without dedupe)."""
-    import numpy as np
-
-    from fastload.near.signature import SIDE, reduced_rgb, signatures
-
-    reduced = np.empty((len(task.items), 3, SIDE, SIDE), dtype=np.uint8)
-    decoded: list[int] = []  # positions in task.items of the rows of ``reduced`` filled
-    for position, item in enumerate(task.items):
-        try:
-            image = task.source.load(item).image
-            if image is not None:
-                reduced[len(decoded)] = reduced_rgb(image, item.where, task.max_pixels)
-                decoded.append(position)
-        except SampleError:
-            continue
-    out: list[int | None] = [None] * len(task.items)
-    for position, signature in zip(decoded, signatures(reduced[: len(decoded)]), strict=True):
-        out[position] = signature
-    return out
-
-
-def _batches(source: Source, items: list[SourceItem], max_pixels: int = MAX_PIXELS) -> list[HashTask]:
-    return [HashTask(source, tuple(items[i : i + HASH_BATCH]), max_pixels) for i in range(0, len(items), HASH_BATCH)]
+def _batches(source: Source, items: list[SourceItem]) -> list[HashTask]:
+    return [HashTask(source, tuple(items[i : i + HASH_BATCH])) for i in range(0, len(items), HASH_BATCH)]
 
 
 def _run_batches(engine: Engine, fn: Callable[[HashTask], list[Result]], tasks: list[HashTask]) -> list[Result]:
@@ -123,15 +98,6 @@ def find_duplicates(source: Source, items: list[SourceItem], engine: Engine) -> 
         else:
             first[digest] = item
     return pairs
-
-
-def find_near_duplicates(source: Source, items: list[SourceItem], engine: Engine, threshold: int, max_pixels: int) -> list[Duplicate]:
-    """Items whose image lies within ``threshold`` bits of a kept earlier one's, in item order
-    (fastload.near.search.first_occurrences says which is kept)."""
-    from fastload.near.search import first_occurrences
-
-    signed = _run_batches(engine, sign_items, _batches(source, items, max_pixels))
-    return [Duplicate(items[dup], items[kept], distance) for dup, kept, distance in first_occurrences(signed, threshold)]
 
 
 def draw_duplicates(path: str, source: Source, duplicates: list[Duplicate], title: str) -> int:

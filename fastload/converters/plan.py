@@ -33,21 +33,37 @@ def shard_name(number: int, layout: str) -> str:
     return f"shard-{number:05d}{SHARD_SUFFIX[layout]}"
 
 
+class ShardCutter:
+    """Cuts ordered items into consecutive shards one item at a time, by count or by estimated
+    bytes: ``starts_shard(item)`` says whether ``item`` opens a new shard."""
+
+    def __init__(self, shard_bytes: int | None, samples_per_shard: int | None) -> None:
+        self.shard_bytes, self.samples_per_shard = shard_bytes or 0, samples_per_shard
+        self._count = self._size = 0
+        self._first = True
+
+    def starts_shard(self, item: SourceItem) -> bool:
+        """Place ``item`` after the ones placed before; True when it is the first of a shard."""
+        if self.samples_per_shard is not None:
+            new = self._count % self.samples_per_shard == 0
+            self._count += 1
+            return new
+        cost = item.size_hint + 2 * TAR_OVERHEAD_PER_MEMBER
+        new = self._first or self._size + cost > self.shard_bytes
+        if new:
+            self._first, self._size = False, 0
+        self._size += cost
+        return new
+
+
 def assign_shards(
     items: list[SourceItem], layout: str, shard_bytes: int | None, samples_per_shard: int | None
 ) -> list[ShardPlan]:
     """Cut the ordered items into consecutive shards by count or by estimated bytes."""
+    cutter = ShardCutter(shard_bytes, samples_per_shard)
     groups: list[list[SourceItem]] = []
-    if samples_per_shard is not None:
-        groups = [items[i : i + samples_per_shard] for i in range(0, len(items), samples_per_shard)]
-    else:
-        budget = shard_bytes or 0
-        size = 0
-        for item in items:
-            cost = item.size_hint + 2 * TAR_OVERHEAD_PER_MEMBER
-            if not groups or (size + cost > budget and groups[-1]):
-                groups.append([])
-                size = 0
-            groups[-1].append(item)
-            size += cost
+    for item in items:
+        if cutter.starts_shard(item):
+            groups.append([])
+        groups[-1].append(item)
     return [ShardPlan(number=i, name=shard_name(i, layout), items=tuple(g)) for i, g in enumerate(groups)]

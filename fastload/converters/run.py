@@ -18,29 +18,27 @@ import json
 import shutil
 import sys
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from fastload import remote
-from fastload.converters.dedupe import Duplicate, draw_duplicates, find_duplicates, find_near_duplicates
+from fastload.converters.dedupe import Duplicate, draw_duplicates, find_duplicates
 from fastload.converters.engines import Engine, open_engine
 from fastload.converters.lock import locked_output
+from fastload.converters.near_pass import convert_near
 from fastload.converters.options import ConvertOptions
-from fastload.converters.plan import ShardPlan, assign_shards, order_items
+from fastload.converters.partial import PARTIAL_DIR, ConversionConflict, check_partial, finished_result, save_result
+from fastload.converters.plan import assign_shards, order_items
 from fastload.converters.sample import SourceItem
-from fastload.converters.shard import ShardResult, ShardTask, naming, prepare_sample, sources_digest, write_shard
+from fastload.converters.shard import ShardResult, ShardTask, WrittenShards, naming, prepare_sample, sources_digest, write_shard
 from fastload.converters.sources import Source, open_source
 from fastload.errors import SampleError
 from fastload.files import atomic_write_bytes, fsync_dir
-from fastload.index import INDEX_FILE, SKIPPED_REPORT, DatasetIndex, ShardInfo, read_index, write_index
+from fastload.index import INDEX_FILE, SKIPPED_REPORT, DatasetIndex, read_index, write_index
 
-PARTIAL_DIR = ".fastload-partial"
+__all__ = ["PARTIAL_DIR", "ConversionConflict", "ConvertReport", "convert", "staging_dir"]
 DUPLICATES_REPORT = "duplicates.jsonl"
-
-
-class ConversionConflict(RuntimeError):
-    """OUT holds a dataset or a partial conversion made with other options."""
 
 
 @dataclass(frozen=True)
@@ -58,13 +56,6 @@ def _json_line(obj: object) -> str:
     return json.dumps(obj, sort_keys=True) + "\n"
 
 
-def _duplicates(source: Source, items: list[SourceItem], engine: Engine, options: ConvertOptions) -> list[Duplicate]:
-    """The items to drop as duplicates, as options ask: exact, near or none."""
-    if options.near_threshold is not None:
-        return find_near_duplicates(source, items, engine, options.near_threshold, options.max_pixels)
-    return find_duplicates(source, items, engine) if options.dedupe else []
-
-
 def _decoded_shape(source: Source, items: list[SourceItem], options: ConvertOptions) -> tuple[int, ...]:
     """The fixed pixel shape of a decoded HDF5 dataset: that of the first sample that prepares."""
     for item in items:
@@ -76,53 +67,6 @@ def _decoded_shape(source: Source, items: list[SourceItem], options: ConvertOpti
         if image is not None and not isinstance(image, bytes):  # decoded: an array
             return tuple(image.shape)
     raise ValueError("no readable sample to take the decoded image shape from")
-
-
-def _check_partial(partial: Path, fingerprint: dict) -> None:
-    plan_file = partial / "plan.json"
-    if plan_file.exists():
-        previous = json.loads(plan_file.read_text())
-        if previous != fingerprint:
-            raise ConversionConflict(
-                f"{partial.parent} holds an unfinished conversion made with other options or input; "
-                f"rerun it with the same options, or delete {partial} to start over"
-            )
-    else:
-        partial.mkdir(parents=True, exist_ok=True)
-        with naming(plan_file):
-            atomic_write_bytes(plan_file, json.dumps(fingerprint, sort_keys=True).encode(), durable=False)
-
-
-def _load_result(path: Path) -> ShardResult | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    info = ShardInfo(**data.pop("info")) if data.get("info") else None
-    data.pop("info", None)
-    data["class_counts"] = {int(k): v for k, v in data["class_counts"].items()}
-    return ShardResult(info=info, **data)
-
-
-def _finished_results(out: Path, partial: Path, plans: list[ShardPlan], url: str | None) -> tuple[dict[int, ShardResult], int]:
-    """Results of shards a previous run finished from the sources as they are now (result file
-    present, same source stamps, and shard in place: the file under OUT, or the object of the
-    right size at the URL), and how many were finished from sources that have changed since."""
-    finished, changed = {}, 0
-    for plan in plans:
-        result = _load_result(partial / f"{plan.name}.json")
-        if result is None:
-            continue
-        if result.sources != sources_digest(plan.items):
-            changed += 1
-            continue
-        if result.info is not None:
-            if url is None and not (out / result.info.path).is_file():
-                continue
-            if url is not None and remote.size(remote.join(url, result.info.path)) != result.info.bytes:
-                continue
-        finished[plan.number] = result
-    return finished, changed
 
 
 def staging_dir(url: str) -> Path:
@@ -242,37 +186,21 @@ def _convert(
     items = order_items(source.items(), options.shuffle, options.seed, options.limit)
     if not items:
         raise ValueError(f"{src}: the source holds no samples")
-    duplicates = _duplicates(source, items, runner, options)
+    with _progress(len(items), quiet) as bar:
+        if options.near_threshold is not None:  # drops decided while the shards are written
+            fingerprint["items_sha256"] = hashlib.sha256("\n".join(item.key for item in items).encode()).hexdigest()
+            check_partial(partial, fingerprint)
+            duplicates, shards, decoded_shape = convert_near(source, items, runner, options, out, partial, url, bar.update)
+            if options.writer_options.hdf5_decoded and decoded_shape is None:
+                raise ValueError("no readable sample to take the decoded image shape from")
+        else:
+            duplicates = find_duplicates(source, items, runner) if options.dedupe else []
+            shards, decoded_shape = _write_planned(source, items, duplicates, runner, options, out, partial, url, fingerprint, bar)
     if report_png is not None:
         draw_duplicates(report_png, source, duplicates, f"{src}: duplicates dropped")
-    if duplicates:
-        dropped = {id(dup.item) for dup in duplicates}
-        items = [item for item in items if id(item) not in dropped]
-    plans = assign_shards(items, options.layout, options.shard_bytes, options.samples_per_shard)
-    decoded_shape = _decoded_shape(source, items, options) if options.writer_options.hdf5_decoded else None
-    fingerprint["plan_sha256"] = hashlib.sha256("\n".join(f"{p.name} {i.key}" for p in plans for i in p.items).encode()).hexdigest()
-    _check_partial(partial, fingerprint)
-
-    results, changed = _finished_results(out, partial, plans, url)
-    reused = len(results)
-    todo = [plan for plan in plans if plan.number not in results]
-    tasks = [ShardTask(source, plan, str(out), options, decoded_shape, upload_to=url) for plan in todo]
-    with _progress(len(items), quiet) as bar:
-        bar.update(sum(len(plans[n].items) for n in results))
-        written_bytes = 0
-        for position, result in runner.map_unordered(write_shard, tasks):
-            results[result.number] = result
-            # Bookkeeping only: if a crash loses it, the shard is simply written again. It is
-            # written after the shard's data was fsynced, so it never vouches for a lost shard.
-            result_file = partial / f"{todo[position].name}.json"
-            with naming(result_file):
-                atomic_write_bytes(result_file, json.dumps(asdict(result), sort_keys=True).encode(), durable=False)
-            written_bytes += result.info.bytes if result.info else 0
-            bar.update(len(todo[position].items))
-            bar.set_postfix_str(f"{written_bytes / max(bar.format_dict['elapsed'], 1e-9) / 1e6:.1f} MB/s", refresh=False)
 
     _remove_temporary_files(out)  # of task workers killed mid-shard (their retries used other names)
-    ordered = [results[plan.number] for plan in plans]
+    ordered = shards.results
     index = _assemble_index(source, options, ordered, len(duplicates), decoded_shape)
     skipped_lines = [_json_line(entry) for r in ordered for entry in r.skipped]
     _write_report(out / SKIPPED_REPORT, skipped_lines)
@@ -286,7 +214,48 @@ def _convert(
         for name in (INDEX_FILE, SKIPPED_REPORT, DUPLICATES_REPORT):
             (out / name).unlink(missing_ok=True)
     shutil.rmtree(partial)
-    return ConvertReport(index=index, shards_written=len(todo), shards_reused=reused, already_complete=False, shards_changed=changed)
+    return ConvertReport(
+        index=index, shards_written=shards.written, shards_reused=shards.reused, already_complete=False, shards_changed=shards.changed
+    )
+
+
+def _write_planned(
+    source: Source, items: list[SourceItem], duplicates: list[Duplicate], runner: Engine, options: ConvertOptions,
+    out: Path, partial: Path, url: str | None, fingerprint: dict[str, Any], bar,
+) -> tuple[WrittenShards, tuple[int, ...] | None]:
+    """Plan the shards of the items not in ``duplicates`` and write those a previous run did not
+    finish, on the engine's workers; returns them and, for decoded HDF5, the pixels' shape."""
+    if duplicates:
+        dropped = {id(dup.item) for dup in duplicates}
+        items = [item for item in items if id(item) not in dropped]
+    plans = assign_shards(items, options.layout, options.shard_bytes, options.samples_per_shard)
+    decoded_shape = _decoded_shape(source, items, options) if options.writer_options.hdf5_decoded else None
+    fingerprint["plan_sha256"] = hashlib.sha256("\n".join(f"{p.name} {i.key}" for p in plans for i in p.items).encode()).hexdigest()
+    check_partial(partial, fingerprint)
+
+    results: dict[int, ShardResult] = {}
+    shards = WrittenShards()
+    for plan in plans:
+        result, changed = finished_result(out, partial, plan.name, sources_digest(plan.items), url)
+        shards.changed += changed
+        if result is not None:
+            results[plan.number] = result
+    shards.reused = len(results)
+    todo = [plan for plan in plans if plan.number not in results]
+    tasks = [ShardTask(source, plan, str(out), options, decoded_shape, upload_to=url) for plan in todo]
+    bar.update(sum(len(plans[n].items) for n in results))
+    written_bytes = 0
+    for position, result in runner.map_unordered(write_shard, tasks):
+        results[result.number] = result
+        # Bookkeeping only: if a crash loses it, the shard is simply written again. It is
+        # written after the shard's data was fsynced, so it never vouches for a lost shard.
+        save_result(partial, todo[position].name, result)
+        written_bytes += result.info.bytes if result.info else 0
+        bar.update(len(todo[position].items))
+        bar.set_postfix_str(f"{written_bytes / max(bar.format_dict['elapsed'], 1e-9) / 1e6:.1f} MB/s", refresh=False)
+    shards.written = len(todo)
+    shards.results = [results[plan.number] for plan in plans]
+    return shards, decoded_shape
 
 
 def _remove_temporary_files(out: Path) -> None:

@@ -49,6 +49,17 @@ class ShardResult:
     sources: str = ""  # sources_digest of its items when it was written: resume redoes it if they changed
 
 
+@dataclass
+class WrittenShards:
+    """The shards of a conversion: each one's result, in plan order, and how many were written
+    now, kept from a previous run, or written again because their sources changed since."""
+
+    results: list[ShardResult] = field(default_factory=list)
+    written: int = 0
+    reused: int = 0
+    changed: int = 0
+
+
 def prepare_sample(sample: Sample, options: ConvertOptions, decoded_shape: tuple[int, ...] | None) -> PreparedSample:
     """Validate and convert one loaded sample to what the writer stores; raises SampleError."""
     image = sample.image
@@ -71,9 +82,14 @@ def prepare_sample(sample: Sample, options: ConvertOptions, decoded_shape: tuple
             field_name, stored = "pixels", decode_image(image, sample.where, max_pixels=options.max_pixels)
         else:
             stored = image
-    if decoded and decoded_shape is not None and not isinstance(stored, bytes) and stored.shape != decoded_shape:
-        raise SampleError(sample.where, f"image shape {stored.shape} differs from the dataset's fixed shape {decoded_shape}")
+    check_decoded_shape(stored, sample.where, decoded_shape)
     return PreparedSample(key=sample.key, image_field=field_name, image=stored, label=sample.label, extra=sample.extra)
+
+
+def check_decoded_shape(stored: bytes | np.ndarray | None, where: str, decoded_shape: tuple[int, ...] | None) -> None:
+    """SampleError naming ``where`` when decoded pixels differ from the dataset's fixed shape."""
+    if decoded_shape is not None and stored is not None and not isinstance(stored, bytes) and stored.shape != decoded_shape:
+        raise SampleError(where, f"image shape {stored.shape} differs from the dataset's fixed shape {decoded_shape}")
 
 
 def sources_digest(items: tuple[SourceItem, ...]) -> str:
@@ -99,44 +115,72 @@ def write_shard(task: ShardTask) -> ShardResult:
 
 
 def _write_shard(task: ShardTask) -> ShardResult:
-    path = Path(task.out_dir) / task.plan.name
-    path.parent.mkdir(parents=True, exist_ok=True)  # a Ray worker on another node writes to its own staging
-    writer = open_writer(task.options.layout, path, task.options.writer_options)
-    result = ShardResult(number=task.plan.number, info=None)
-    labels: Counter[int] = Counter()
-    fields: set[str] = set()
-    image_fields: set[str] = set()
+    builder = ShardBuilder(task.plan.number, Path(task.out_dir), task.plan.name, task.options)
     try:
         for item in task.plan.items:
             try:
-                prepared = prepare_sample(task.source.load(item), task.options, task.decoded_shape)
+                prepared: PreparedSample | SampleError = prepare_sample(task.source.load(item), task.options, task.decoded_shape)
             except SampleError as exc:
-                if task.options.on_error == "raise":
-                    raise
-                result.skipped.append({"key": item.key, "where": exc.where, "reason": exc.reason})
-                continue
-            writer.add(prepared)
-            if prepared.label is not None:
-                labels[prepared.label] += 1
-                fields.add(LABEL_FIELD)
-            fields.update(prepared.extra)
-            if prepared.image_field is not None:
-                fields.add(prepared.image_field)
-                image_fields.add(prepared.image_field)
-        if len(task.plan.items) == len(result.skipped):
-            writer.abort()
-        else:
-            result.info = writer.finish()
+                prepared = exc
+            builder.add(item, prepared)
+        return builder.finish(task.upload_to)
     except BaseException:
-        writer.abort()
+        builder.abort()
         raise
-    result.sources = sources_digest(task.plan.items)
-    result.class_counts = dict(sorted(labels.items()))
-    result.fields = sorted(fields)
-    result.image_fields = sorted(image_fields)
-    if task.upload_to is not None and result.info is not None:
-        upload_shard(Path(task.out_dir), result.info, task.upload_to)
-    return result
+
+
+class ShardBuilder:
+    """One shard written sample by sample, in plan order: each item with its prepared sample or
+    the SampleError preparing it raised (raised here, or skipped and reported, as on_error says)."""
+
+    def __init__(self, number: int, out_dir: Path, name: str, options: ConvertOptions) -> None:
+        out_dir.mkdir(parents=True, exist_ok=True)  # a Ray worker on another node writes to its own staging
+        self.out_dir, self.path, self.options = out_dir, out_dir / name, options
+        self.items: list[SourceItem] = []
+        self.result = ShardResult(number=number, info=None)
+        self._writer = open_writer(options.layout, self.path, options.writer_options)
+        self._labels: Counter[int] = Counter()
+        self._fields: set[str] = set()
+        self._image_fields: set[str] = set()
+
+    def add(self, item: SourceItem, prepared: PreparedSample | SampleError) -> None:
+        """Append ``item``'s sample, or record (or raise) why it could not be prepared."""
+        self.items.append(item)
+        if isinstance(prepared, SampleError):
+            if self.options.on_error == "raise":
+                raise prepared
+            self.result.skipped.append({"key": item.key, "where": prepared.where, "reason": prepared.reason})
+            return
+        with naming(self.path):
+            self._writer.add(prepared)
+        if prepared.label is not None:
+            self._labels[prepared.label] += 1
+            self._fields.add(LABEL_FIELD)
+        self._fields.update(prepared.extra)
+        if prepared.image_field is not None:
+            self._fields.add(prepared.image_field)
+            self._image_fields.add(prepared.image_field)
+
+    def finish(self, upload_to: str | None = None) -> ShardResult:
+        """Publish the shard (none when every sample was skipped), upload it to ``upload_to`` if
+        given, and return its result."""
+        result = self.result
+        with naming(self.path):
+            if len(self.items) == len(result.skipped):
+                self._writer.abort()
+            else:
+                result.info = self._writer.finish()
+        result.sources = sources_digest(tuple(self.items))
+        result.class_counts = dict(sorted(self._labels.items()))
+        result.fields = sorted(self._fields)
+        result.image_fields = sorted(self._image_fields)
+        if upload_to is not None and result.info is not None:
+            upload_shard(self.out_dir, result.info, upload_to)
+        return result
+
+    def abort(self) -> None:
+        """Remove the shard's temporary files (after a failure, or when a finished copy is kept)."""
+        self._writer.abort()
 
 
 def upload_shard(local_root: Path, info: ShardInfo, url: str) -> None:

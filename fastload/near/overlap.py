@@ -90,29 +90,23 @@ def _sign_rows(task: _Rows) -> Signed:
 
 
 def _sign_open_rows(task: _Rows) -> Signed:
-    import numpy as np
-
-    from fastload.near.signature import SIDE, reduced_rgb, signatures
+    from fastload.near.signature import RunSigner
 
     ds, rows = task.dataset, range(task.start, task.stop)
     reader = ds.reader(task.shard)
     shard_name = ds.index.shards[task.shard].path
-    keys, decoded, unreadable = [], [], []  # type: list[str], list[int], list[tuple[str, str]]
-    reduced = np.empty((len(rows), 3, SIDE, SIDE), dtype=np.uint8)
+    keys, unreadable = [], []  # type: list[str], list[tuple[str, str]]
+    signer = RunSigner(len(rows))
     for position, row in enumerate(rows):
         keys.append(reader.key(row))
         where = f"{shard_name}:{keys[-1]}"
         try:
             image = _image(ds, reader, row)
             if image is not None:
-                reduced[len(decoded)] = reduced_rgb(image, where)
-                decoded.append(position)
+                signer.add(position, image, where)
         except (FastloadError, OSError) as exc:
             unreadable.append((where, exc.reason if isinstance(exc, SampleError) else str(exc)))
-    out: list[int | None] = [None] * len(rows)
-    for position, signature in zip(decoded, signatures(reduced[: len(decoded)]), strict=True):
-        out[position] = signature
-    return Signed(keys, out, unreadable)
+    return Signed(keys, signer.signatures(), unreadable)
 
 
 def _image(ds: ShardedDataset, reader: ShardReader, row: int) -> bytes | np.ndarray | None:

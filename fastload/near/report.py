@@ -1,7 +1,8 @@
 """A duplicate report to look at: each group of near duplicates as one row of thumbnails, the
 kept (or, for ``overlap``, the first dataset's) image first, framed green, its duplicates after
-it framed red with their distance in bits. Pillow only; a PNG whose text chunk
-``fastload-groups`` says how many groups it shows."""
+it framed red with their distance in bits. Pillow only. A PNG (its text chunk ``fastload-groups``
+says how many groups it shows), or, for a path ending ``.html``, one self-contained page (the
+thumbnails inline as ``data:`` JPEGs; ``<meta name="fastload-groups">`` says how many)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ if TYPE_CHECKING:  # Pillow and numpy only when a report is drawn
     from PIL import Image, ImageDraw
 
 THUMB = 112  # px, a thumbnail's longer side
-MAX_GROUPS = 60  # rows drawn; the title says how many more there were
+MAX_GROUPS = 60  # rows drawn in a PNG; the title says how many more there were
+HTML_MAX_GROUPS = 1000  # rows of an HTML page (it scrolls)
 MAX_TILES = 8  # thumbnails per row; "+N" after them for bigger groups
 PAD, TEXT = 6, 12
 KEPT, DROPPED, BACKGROUND, INK = (40, 160, 60), (200, 40, 40), (245, 245, 245), (20, 20, 20)
@@ -51,9 +53,12 @@ def _thumbnail(data: bytes | np.ndarray, where: str) -> Image.Image:
 def draw_groups(
     path: str | Path, title: str, groups: Sequence[Sequence[Tile[Ref]]], load: Callable[[Ref], bytes | np.ndarray], first: str = "kept"
 ) -> int:
-    """Write ``groups`` (each: its first image, noted ``first``, then its duplicates) as a PNG at
-    ``path``, the first MAX_GROUPS of them; returns how many it drew. ``load`` gives a tile's
-    encoded image or pixels; one that fails (a SampleError) is drawn as an empty frame."""
+    """Write ``groups`` (each: its first image, noted ``first``, then its duplicates) at ``path``:
+    a PNG of the first MAX_GROUPS, or an HTML page of the first HTML_MAX_GROUPS where ``path``
+    ends .html; returns how many it drew. ``load`` gives a tile's encoded image or pixels; one
+    that fails (a SampleError) is drawn as an empty frame."""
+    if str(path).lower().endswith((".html", ".htm")):
+        return _write_html(Path(path), title, groups, load, first)
     from PIL import Image, ImageDraw, PngImagePlugin
 
     shown = groups[:MAX_GROUPS]
@@ -93,3 +98,40 @@ def _draw_tile(
     draw.text((left + PAD, top + THUMB + 2 * PAD), caption, fill=INK)
     note = first if tile.distance is None else f"{tile.distance} bits"
     draw.text((left + PAD, top + THUMB + 2 * PAD + TEXT), note, fill=colour)
+
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><meta name="fastload-groups" content="{shown}"><title>{title}</title>
+<style>body{{font:13px sans-serif;background:#f5f5f5;color:#141414}} .group{{display:flex;flex-wrap:wrap;gap:6px;margin:8px 0}}
+figure{{margin:0;width:{thumb}px}} img,.none{{width:{thumb}px;height:{thumb}px;object-fit:contain;border:3px solid;background:#fff}}
+.kept img,.kept .none{{border-color:#28a03c}} .dup img,.dup .none{{border-color:#c82828}} figcaption{{overflow-wrap:anywhere}}</style>
+</head><body><h1>{title}: {count} groups{more}</h1>
+{rows}
+</body></html>
+"""
+
+
+def _write_html(path: Path, title: str, groups: Sequence[Sequence[Tile[Ref]]], load: Callable[[Ref], bytes | np.ndarray], first: str) -> int:
+    """The page of the first HTML_MAX_GROUPS groups, one row of figures each."""
+    import base64
+    import html
+    import io
+
+    def figure(tile: Tile[Ref]) -> str:
+        note = first if tile.distance is None else f"{tile.distance} bits"
+        try:
+            jpeg = io.BytesIO()
+            _thumbnail(load(tile.ref), tile.caption).save(jpeg, format="JPEG", quality=85)
+            picture = f'<img alt="{html.escape(tile.caption)}" src="data:image/jpeg;base64,{base64.b64encode(jpeg.getvalue()).decode()}">'
+        except SampleError:
+            picture = '<div class="none">unreadable</div>'
+        kind = "kept" if tile.distance is None else "dup"
+        return f'<figure class="{kind}">{picture}<figcaption>{html.escape(tile.caption)}<br>{note}</figcaption></figure>'
+
+    shown = groups[:HTML_MAX_GROUPS]
+    rows = "\n".join(f'<div class="group">{"".join(figure(tile) for tile in group)}</div>' for group in shown)
+    more = f" (the first {len(shown)} shown)" if len(groups) > len(shown) else ""
+    page = _PAGE.format(shown=len(shown), title=html.escape(title), count=len(groups), more=more, rows=rows, thumb=THUMB)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page, encoding="utf-8")
+    return len(shown)

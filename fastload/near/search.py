@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from fastload.near.signature import BITS, colours_match, hamming, hash_bits
+from fastload.near.signature import BITS, colours_match, hash_bits
 
 MAX_THRESHOLD = 24  # bits of 64: far past the useful range (16 already drops 1-2% of distinct photos: bench_near_dupes.py)
 
@@ -68,11 +68,12 @@ class MultiIndex:
         self._bands = [(sum(widths[:b]), (1 << w) - 1, _flips(w, radius)) for b, w in enumerate(widths)]
         self._tables: list[dict[int, list[int]]] = [{} for _ in widths]
         self._signatures: dict[int, int] = {}
+        self._hashes: dict[int, int] = {}  # the hash bits of each stored signature
 
     def add(self, signature: int, ident: int) -> None:
         """Store ``signature`` under the caller's ``ident`` (one signature per ident)."""
         self._signatures[ident] = signature
-        bits = hash_bits(signature)
+        self._hashes[ident] = bits = hash_bits(signature)
         for (shift, mask, _), table in zip(self._bands, self._tables, strict=True):
             table.setdefault(bits >> shift & mask, []).append(ident)
 
@@ -80,32 +81,44 @@ class MultiIndex:
         """(distance, ident) of every stored signature whose hash lies within the threshold and
         whose colours match (signature.colours_match), closest first (ties: the smaller ident)."""
         seen: set[int] = set()
-        stored, bits = self._signatures, hash_bits(signature)
+        bits = hash_bits(signature)
         for (shift, mask, flips), table in zip(self._bands, self._tables, strict=True):
-            value = bits >> shift & mask
+            value, get = bits >> shift & mask, table.get
             for flip in flips:
-                bucket = table.get(value ^ flip)
+                bucket = get(value ^ flip)
                 if bucket:
                     seen.update(bucket)
-        found = ((hamming(signature, stored[ident]), ident) for ident in seen)
-        return sorted((d, ident) for d, ident in found if d <= self.threshold and colours_match(signature, stored[ident]))
+        hashes, threshold, stored = self._hashes, self.threshold, self._signatures
+        within = [(d, ident) for ident in seen if (d := (bits ^ hashes[ident]).bit_count()) <= threshold]
+        return sorted((d, ident) for d, ident in within if colours_match(signature, stored[ident]))
+
+
+class FirstOccurrences:
+    """Decides, signature by signature in order, which are near duplicates of one kept before:
+    the first of each group is kept; a later one is compared with the kept ones only (to the
+    representative, not transitively: a chain a~b~c with a and c further apart than the
+    threshold keeps c), and names the closest (ties: the earliest). ``size``: how many to expect."""
+
+    def __init__(self, threshold: int, size: int) -> None:
+        self._index = MultiIndex(threshold, size)
+
+    def check(self, position: int, signature: int | None) -> tuple[int, int] | None:
+        """(position of the kept one, distance) if ``signature`` duplicates one kept before;
+        otherwise None, and it is kept. None (no signature: not an image, not decodable) is
+        never compared, nor kept for comparison."""
+        if signature is None:
+            return None
+        matches = self._index.near(signature)
+        if matches:
+            distance, kept = matches[0]
+            return kept, distance
+        self._index.add(signature, position)
+        return None
 
 
 def first_occurrences(signatures: Sequence[int | None], threshold: int) -> list[tuple[int, int, int]]:
     """(position, position of the kept one it duplicates, distance) of every signature within
-    ``threshold`` bits of one kept before it, in order. Kept: the first of each group, in order;
-    a later one is compared with the kept ones only (to the representative, not transitively: a
-    chain a~b~c with a and c further apart than the threshold keeps c), and names the closest
-    (ties: the earliest). None (no signature: not an image, not decodable) is never compared."""
-    index = MultiIndex(threshold, len(signatures))
-    dropped = []
-    for position, signature in enumerate(signatures):
-        if signature is None:
-            continue
-        matches = index.near(signature)
-        if matches:
-            distance, kept = matches[0]
-            dropped.append((position, kept, distance))
-        else:
-            index.add(signature, position)
-    return dropped
+    ``threshold`` bits of one kept before it, in order (FirstOccurrences decides)."""
+    decide = FirstOccurrences(threshold, len(signatures))
+    found = ((position, decide.check(position, signature)) for position, signature in enumerate(signatures))
+    return [(position, *match) for position, match in found if match is not None]

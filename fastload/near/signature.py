@@ -105,6 +105,28 @@ def signatures(reduced: np.ndarray) -> list[int]:
     return [int.from_bytes(h.tobytes() + c.tobytes(), "big") for h, c in zip(hashes, colour, strict=True)]
 
 
+class RunSigner:
+    """Signs a run of ``count`` images in one vectorised pass: ``add`` reduces each as it comes
+    (a SampleError naming ``where`` if it does not decode), ``signatures`` signs them all, None
+    for the positions never added."""
+
+    def __init__(self, count: int) -> None:
+        self._reduced = np.empty((count, 3, SIDE, SIDE), dtype=np.uint8)
+        self._positions: list[int] = []  # of the rows of ``_reduced`` filled
+
+    def add(self, position: int, image: bytes | np.ndarray, where: str, max_pixels: int = MAX_PIXELS) -> None:
+        """Reduce the image at ``position`` of the run."""
+        self._reduced[len(self._positions)] = reduced_rgb(image, where, max_pixels)
+        self._positions.append(position)
+
+    def signatures(self) -> list[int | None]:
+        """The signature of every image of the run, in position order."""
+        out: list[int | None] = [None] * len(self._reduced)
+        for position, signature in zip(self._positions, signatures(self._reduced[: len(self._positions)]), strict=True):
+            out[position] = signature
+        return out
+
+
 def hamming(a: int, b: int) -> int:
     """The number of hash bits in which two signatures differ."""
     return ((a ^ b) >> _COLOUR_BITS).bit_count()
