@@ -360,3 +360,16 @@ def test_a_rerun_after_the_sources_changed_leaves_no_shard_of_the_old_plan(tmp_p
     assert rerun.index.duplicates == 36 and len(rerun.index.shards) == 7
     convert(str(tmp_path / "src"), str(tmp_path / "fresh"), options)
     assert tree_bytes(tmp_path / "out") == tree_bytes(tmp_path / "fresh")
+
+
+@pytest.mark.parametrize("dedupe", ["exact", "near"])
+def test_a_report_of_grey_pixels_from_an_npz(tmp_path: Path, dedupe: str) -> None:
+    """An npz of grey images gives H x W x 1 pixels: the report draws them (Pillow refused that shape)."""
+    images = np.random.default_rng(0).integers(0, 255, (6, 28, 28), dtype=np.uint8)
+    images[4] = images[1]  # one exact copy: a group for either kind of dedupe
+    np.savez(tmp_path / "grey.npz", images=images, labels=np.arange(6))
+    report = tmp_path / "dups.png"
+    run_cli("convert", str(tmp_path / "grey.npz"), str(tmp_path / "out"), "--from", "npz", "--dedupe", dedupe,
+            "--report", str(report), "--quiet")
+    with Image.open(report) as image:
+        assert image.format == "PNG" and int(image.text[GROUPS_CHUNK]) == 1

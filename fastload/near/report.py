@@ -45,6 +45,8 @@ def _thumbnail(data: bytes | np.ndarray, where: str) -> Image.Image:
     from fastload.decode.cpu import decode_image
 
     pixels = data if not isinstance(data, bytes) else decode_image(data, where, THUMB, THUMB)
+    if pixels.ndim == 3 and pixels.shape[2] == 1:  # grey pixels (an npz source): Pillow takes them as H x W
+        pixels = pixels[:, :, 0]
     image = Image.fromarray(pixels).convert("RGB")
     image.thumbnail((THUMB, THUMB), Image.Resampling.BILINEAR)
     return image
