@@ -98,7 +98,12 @@ def _sign_open_rows(task: _Rows) -> Signed:
     keys, unreadable = [], []  # type: list[str], list[tuple[str, str]]
     signer = RunSigner(len(rows))
     for position, row in enumerate(rows):
-        keys.append(reader.key(row))
+        try:
+            keys.append(reader.key(row))
+        except (FastloadError, OSError) as exc:  # a damaged table row: reported like a bad image, never fatal
+            keys.append(f"#{row}")
+            unreadable.append((f"{shard_name}:#{row}", exc.reason if isinstance(exc, SampleError) else str(exc)))
+            continue
         where = f"{shard_name}:{keys[-1]}"
         try:
             image = _image(ds, reader, row)
