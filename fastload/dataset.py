@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from fastload.errors import ShardError
 from fastload.fields import LABEL_FIELD, decode_field, image_field
-from fastload.formats import PixelReader, ShardReader, offsets_name, open_shard, open_shard_files, table_name
+from fastload.files import reserve_descriptors
+from fastload.formats import PixelReader, ShardReader, offsets_name, open_shard, open_shard_files, table_name, this_process
 from fastload.formats.table import SampleTable
 from fastload.index import INDEX_FILE, DatasetIndex, read_index
 from fastload.remote import is_url
@@ -81,6 +82,7 @@ class ShardedDataset:
         self.max_open_shards = _max_open_shards(max_open_shards)
         self._readers: dict[int, ShardReader] = {}  # local: every shard read so far (closed or open)
         self._open: OrderedDict[int, None] = OrderedDict()  # the open ones, least recently used first
+        self._reserved = -1  # the process that reserved descriptors for its shards
         if self.root is not None and (missing := missing_tables(self.root, self.index)):
             log.warning(
                 "%s: %d shard(s) have no sample table and the folder is read-only: each process parses their .idx "
@@ -144,6 +146,9 @@ class ShardedDataset:
             (self._readers.pop(evicted) if remote else self._readers[evicted]).close()
         reader = self._readers.get(shard)
         if reader is None:
+            if self._reserved != this_process():  # this process's first new reader
+                reserve_descriptors(min(len(self.index.shards), limit) * FDS_PER_SHARD)
+                self._reserved = this_process()
             reader = self._open_local(shard) if self.root is not None else self._open_cached(shard)
             self._readers[shard] = reader
         reader.open()

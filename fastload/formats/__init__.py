@@ -80,7 +80,13 @@ def table_name(shard: ShardInfo) -> str:
 def dataset_file(root: Path, name: str) -> Path:
     """``root / name`` (``name`` already checked by the index to be a relative path inside it),
     refused with a ShardError when symlinks lead it out of the dataset root."""
-    path = root / name
+    return Path(dataset_path(str(root), name))
+
+
+def dataset_path(root: str, name: str) -> str:
+    """:func:`dataset_file` as a string, without pathlib: a shard's first open runs it for its
+    tar and its table, and string work plus one ``lstat`` is all a file directly in the root needs."""
+    path = f"{root}/{name}"
     if "/" not in name:  # a file directly in the root stays there unless it is itself a link
         try:
             if not stat.S_ISLNK(os.lstat(path).st_mode):
@@ -94,24 +100,26 @@ def dataset_file(root: Path, name: str) -> Path:
 
 def open_shard(root: Path, index: DatasetIndex, shard: ShardInfo, table: SampleTable | None = None, open_files: int | None = None) -> ShardReader:
     """A reader for one shard of a dataset under ``root``, by its layout; its files must lie
-    inside ``root`` once symlinks are followed."""
-    offsets = dataset_file(root, offsets_name(shard)) if index.layout == "wds" else None
+    inside ``root`` once symlinks are followed (a tar's ``.idx`` is checked only where it is
+    read: where no ``table`` is given)."""
+    base = str(root)
+    offsets = dataset_path(base, offsets_name(shard)) if index.layout == "wds" and table is None else None
     files = len(index.shards) if open_files is None else open_files
-    return open_shard_files(index, shard, dataset_file(root, shard.path), offsets, files, table)
+    return open_shard_files(index, shard, dataset_path(base, shard.path), offsets, files, table)
 
 
 def open_shard_files(
-    index: DatasetIndex, shard: ShardInfo, data: Path, offsets: Path | None, open_files: int = 1, table: SampleTable | None = None
+    index: DatasetIndex, shard: ShardInfo, data: str | Path, offsets: str | Path | None, open_files: int = 1, table: SampleTable | None = None
 ) -> ShardReader:
     """A reader over ``shard``'s files wherever they are (the dataset folder, or a local cache);
     ``open_files``: how many shards a process may hold open at once (sizes HDF5's chunk cache);
-    ``table``: a tar shard's sample table (else its ``.idx`` is parsed into memory)."""
+    ``table``: a tar shard's sample table (else its ``.idx`` at ``offsets`` is parsed into memory)."""
     if index.layout == "wds":
         from fastload.formats.tar import TarShardReader
 
-        if offsets is None:
-            raise ValueError(f"{data}: a tar shard is read through its offset index; none given")
+        if offsets is None and table is None:
+            raise ValueError(f"{data}: a tar shard is read through its sample table or its offset index; neither given")
         return TarShardReader(data, offsets, shard.samples, table)
     from fastload.formats.hdf5 import Hdf5ShardReader, chunk_cache_bytes
 
-    return Hdf5ShardReader(data, shard.samples, index.decoded_shape, chunk_cache_bytes(open_files))
+    return Hdf5ShardReader(Path(data), shard.samples, index.decoded_shape, chunk_cache_bytes(open_files))
