@@ -25,12 +25,14 @@ if TYPE_CHECKING:
     import numpy as np
 
 # Shards a process keeps open at once (least recently used closed first): a tar shard holds two
-# descriptors (data, sample table), an HDF5 one two (h5py's, ours). By default a quarter of the
-# process's descriptor limit goes to shards: 128 under the common `ulimit -n 1024` (well clear of
-# the pipes of 32 workers and what a worker inherits), all of them open where the limit is high
-# (random access over thousands of shards then opens nothing per sample).
+# descriptors (data, sample table), an HDF5 one two (h5py's, ours). By default half the process's
+# descriptor limit goes to shards (a mixture's members split it): 256 under the common
+# `ulimit -n 1024`, clear of the rest (the training process holds ~3 a worker, 26 with 8 workers;
+# a worker ~20 besides its shards), and all 4,096 shards of a 40.96M-sample dataset open under
+# `ulimit -n 20000` (a quarter kept 2,500: a worker's random access then reopened ~7,000 shards
+# in 200 batches).
 FDS_PER_SHARD = 2
-SHARE_OF_DESCRIPTORS = 4  # a 1/SHARE_OF_DESCRIPTORS part of RLIMIT_NOFILE
+SHARE_OF_DESCRIPTORS = 2  # a 1/SHARE_OF_DESCRIPTORS part of RLIMIT_NOFILE
 MIN_OPEN_SHARDS = 4
 MAX_OPEN_SHARDS_ENV = "FASTLOAD_MAX_OPEN_SHARDS"
 log = logging.getLogger("fastload")
@@ -41,8 +43,8 @@ class ShardedDataset:
     ``image`` (HWC uint8), ``label`` (int, when the data has ``cls``) and any extra raw fields.
 
     Shard files open lazily in each process, so the object can be created before workers fork;
-    each process keeps at most ``max_open_shards`` open (FASTLOAD_MAX_OPEN_SHARDS, else a quarter
-    of its descriptor limit: 128 under ``ulimit -n 1024``).
+    each process keeps at most ``max_open_shards`` open (FASTLOAD_MAX_OPEN_SHARDS, else half
+    its descriptor limit's worth: 256 under ``ulimit -n 1024``).
     Per-sample positions, keys and labels come from each shard's sample table, read by ``pread``
     (built beside the shard on first open for datasets converted without them).
     A remote dataset (``s3://``, ``gs://``, ``http(s)://``, any fsspec URL) reads its index once
@@ -296,13 +298,19 @@ MAX_OPEN_REMOTE_SHARDS = 16
 
 
 def default_max_open_shards() -> int:
-    """The shards a process keeps open by default: a quarter of its descriptor limit's worth."""
+    """The shards a process keeps open by default: half its descriptor limit's worth."""
     import resource
 
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft == resource.RLIM_INFINITY:
         soft = 1 << 20
     return max(MIN_OPEN_SHARDS, soft // SHARE_OF_DESCRIPTORS // FDS_PER_SHARD)
+
+
+def open_shards_each(datasets: int) -> int:
+    """The open-shard cap of each of ``datasets`` datasets a process reads together (a mixture's
+    members): FASTLOAD_MAX_OPEN_SHARDS, else the default, split between them."""
+    return max(MIN_OPEN_SHARDS, _max_open_shards(None) // max(1, datasets))
 
 
 def _max_open_shards(value: int | None) -> int:
@@ -340,6 +348,6 @@ def open(  # the public name is fastload.open
 ) -> ShardedDataset:
     """Open a converted dataset: a folder holding index.json, or its URL (then shards are cached
     under ``cache_dir`` / FASTLOAD_CACHE_DIR, at most ``cache_size`` / FASTLOAD_CACHE_SIZE);
-    each process keeps at most ``max_open_shards`` shards open (FASTLOAD_MAX_OPEN_SHARDS, else a
-    quarter of its descriptor limit: 128 under ``ulimit -n 1024``)."""
+    each process keeps at most ``max_open_shards`` shards open (FASTLOAD_MAX_OPEN_SHARDS, else
+    half its descriptor limit's worth: 256 under ``ulimit -n 1024``)."""
     return ShardedDataset(path, cache_dir, cache_size, storage_options, max_open_shards)
