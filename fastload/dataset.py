@@ -85,6 +85,10 @@ class ShardedDataset:
         self._readers: dict[int, ShardReader] = {}  # local: every shard read so far (closed or open)
         self._open: OrderedDict[int, None] = OrderedDict()  # the open ones, least recently used first
         self._reserved = -1  # the process that reserved descriptors for its shards
+        limit = min(self.max_open_shards, MAX_OPEN_REMOTE_SHARDS) if self.root is None else self.max_open_shards
+        self._evicts = len(self.index.shards) > limit  # False: every shard stays open, no LRU order kept
+        counts = [s.samples for s in self.index.shards]
+        self._per_shard = counts[0] if counts and counts[0] > 0 and all(c == counts[0] for c in counts[:-1]) and counts[-1] <= counts[0] else 0
         if self.root is not None and (missing := missing_tables(self.root, self.index)):
             log.warning(
                 "%s: %d shard(s) have no sample table and the folder is read-only: each process parses their .idx "
@@ -124,6 +128,8 @@ class ShardedDataset:
         """(shard number, row in shard) of sample ``i``."""
         if not 0 <= i < len(self):
             raise IndexError(f"sample {i} out of range for {len(self)} samples")
+        if self._per_shard:  # shards of one size (the converters'), the last maybe smaller
+            return divmod(i, self._per_shard)
         shard = bisect.bisect_right(self._starts, i) - 1
         return shard, i - self._starts[shard]
 
@@ -139,7 +145,8 @@ class ShardedDataset:
         reopening is two ``open`` calls); a remote dataset keeps at most
         ``MAX_OPEN_REMOTE_SHARDS`` and drops evicted readers, so evicted cache entries free their disk."""
         if shard in self._open:
-            self._open.move_to_end(shard)
+            if self._evicts:  # the order matters only where shards are ever closed
+                self._open.move_to_end(shard)
             return self._readers[shard]
         remote = self.root is None
         limit = min(self.max_open_shards, MAX_OPEN_REMOTE_SHARDS) if remote else self.max_open_shards

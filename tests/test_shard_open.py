@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import fastload
@@ -192,3 +193,17 @@ def test_a_table_shorter_than_its_header_is_refused_by_name(ds_root: Path) -> No
     (ds_root / "shard-00000.table").write_bytes(b"x" * 10)
     with pytest.raises(ShardError, match=re.escape(f"{ds_root / 'shard-00000.table'}: not a fastload sample table")):
         fastload.open(ds_root)[0]
+
+
+def test_samples_are_located_in_shards_of_one_size_and_of_mixed_sizes(clean: Path, tmp_path: Path) -> None:
+    """The converters' shards (8, 8, 8, 6: one size, the last smaller) and twice them (8, 8, 8, 6,
+    8, 8, 8, 6: mixed sizes) put every sample where the shard counts say, and read it back."""
+    keys = keys_of(clean)
+    for root, copies in ((clean, 1), (linked_copies(clean, tmp_path / "twice", 2), 2)):
+        ds = fastload.open(root)
+        starts = np.cumsum([0] + [s.samples for s in ds.index.shards])
+        expected = [(int(s), i - int(starts[s])) for i in range(len(ds)) for s in [int(np.searchsorted(starts, i, side="right")) - 1]]
+        assert [ds.locate(i) for i in range(len(ds))] == expected
+        assert [ds[i]["key"] for i in range(len(ds))] == keys * copies
+        with pytest.raises(IndexError):
+            ds.locate(len(ds))

@@ -72,9 +72,11 @@ def offsets_name(shard: ShardInfo) -> str:
 
 def table_name(shard: ShardInfo) -> str:
     """The relative path of a shard's sample table (:mod:`fastload.formats.table`)."""
+    if shard.table is not None:  # a shard's first open asks: no import, no pathlib
+        return shard.table
     from fastload.formats.table import TABLE_SUFFIX
 
-    return shard.table or str(Path(shard.path).with_suffix(TABLE_SUFFIX))
+    return str(Path(shard.path).with_suffix(TABLE_SUFFIX))
 
 
 def dataset_file(root: Path, name: str) -> Path:

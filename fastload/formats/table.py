@@ -30,7 +30,6 @@ import struct
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
 import numpy as np
 
@@ -192,7 +191,7 @@ class SampleTable:
         self._fd: int | None = None
         self._pid = -1
         self._row_cache: tuple[int, tuple[int, ...]] = (-1, ())
-        size = len(data) if data is not None else self._open_file()
+        size = len(data) if data is not None else self._open_file()[1]
         self.layout = TableLayout.parse(self._read, size, samples, str(path))
         self._row = self.layout.row
         self._fields = _row_fields(self.layout.names)
@@ -217,20 +216,20 @@ class SampleTable:
         except _Missing:
             return None
 
-    def _open_file(self) -> int:
-        """Open the file in this process; its size."""
+    def _open_file(self) -> tuple[int, int]:
+        """Open the file in this process: (its descriptor, its size)."""
         try:
-            self._fd, size = open_regular_sized(self.path)
+            fd, size = open_regular_sized(self.path)
         except OSError as exc:
             error = _Missing if isinstance(exc, FileNotFoundError) else ShardError
             raise error(f"{self.path}: cannot open the sample table ({exc.strerror})") from None
-        self._pid = this_process()
-        return size
+        self._fd, self._pid = fd, this_process()
+        return fd, size
 
     def _descriptor(self) -> int:
         if self._fd is None or self._pid != this_process():  # never share a descriptor across a fork
-            self._open_file()
-        return cast(int, self._fd)
+            return self._open_file()[0]
+        return self._fd
 
     def _read(self, offset: int, size: int) -> bytes:
         if self._data is not None:
