@@ -83,7 +83,7 @@ class ShardedDataset:
         self._starts = list(itertools.accumulate((s.samples for s in self.index.shards), initial=0))
         self.max_open_shards = _max_open_shards(max_open_shards)
         self._readers: dict[int, ShardReader] = {}  # local: every shard read so far (closed or open)
-        self._open: OrderedDict[int, None] = OrderedDict()  # the open ones, least recently used first
+        self._open: OrderedDict[int, ShardReader] = OrderedDict()  # the open ones, least recently used first
         self._reserved = -1  # the process that reserved descriptors for its shards
         limit = min(self.max_open_shards, MAX_OPEN_REMOTE_SHARDS) if self.root is None else self.max_open_shards
         self._evicts = len(self.index.shards) > limit  # False: every shard stays open, no LRU order kept
@@ -144,15 +144,18 @@ class ShardedDataset:
         process, least recently used closed first (a local reader keeps its table's layout, so
         reopening is two ``open`` calls); a remote dataset keeps at most
         ``MAX_OPEN_REMOTE_SHARDS`` and drops evicted readers, so evicted cache entries free their disk."""
-        if shard in self._open:
+        reader = self._open.get(shard)  # one lookup a read
+        if reader is not None:
             if self._evicts:  # the order matters only where shards are ever closed
                 self._open.move_to_end(shard)
-            return self._readers[shard]
+            return reader
         remote = self.root is None
         limit = min(self.max_open_shards, MAX_OPEN_REMOTE_SHARDS) if remote else self.max_open_shards
         while len(self._open) >= limit:
-            evicted, _ = self._open.popitem(last=False)
-            (self._readers.pop(evicted) if remote else self._readers[evicted]).close()
+            evicted, closing = self._open.popitem(last=False)
+            closing.close()
+            if remote:
+                del self._readers[evicted]
         reader = self._readers.get(shard)
         if reader is None:
             if self._reserved != this_process():  # this process's first new reader
@@ -161,7 +164,7 @@ class ShardedDataset:
             reader = self._open_local(shard) if self.root is not None else self._open_cached(shard)
             self._readers[shard] = reader
         reader.open()
-        self._open[shard] = None
+        self._open[shard] = reader
         return reader
 
     def _open_local(self, shard: int) -> ShardReader:
@@ -294,8 +297,8 @@ class ShardedDataset:
 
     def close(self) -> None:
         """Close this process's shard files."""
-        for shard in self._open:
-            self._readers[shard].close()
+        for reader in self._open.values():
+            reader.close()
         self._open.clear()
         if self.root is None:
             self._readers.clear()
