@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 import fastload
-from fastload.converters import ConvertOptions, convert
 from fastload.errors import SampleError, ShardError
 from fastload.formats.table import HEAD_READ, SampleTable, encode_table
 from tests.conftest import cli_env
@@ -27,9 +26,8 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture()
 def ds_root(clean: Path, tmp_path: Path) -> Path:
-    root = tmp_path / "ds"
-    shutil.copytree(clean, root)
-    return root
+    """A writable copy of the 30-sample, 4-shard tar dataset, with its tables."""
+    return Path(shutil.copytree(clean, tmp_path / "ds"))
 
 
 def keys_of(root: Path) -> list[str]:
@@ -76,24 +74,21 @@ def test_a_shard_replaced_while_evicted_is_read_at_its_new_size(ds_root: Path) -
         ds[12]
 
 
-def test_a_shard_replaced_by_a_directory_or_removed_says_it_cannot_open(ds_root: Path) -> None:
-    shard = ds_root / "shard-00002.tar"
-    shard.unlink()
-    with pytest.raises(ShardError, match=re.escape(f"{shard}: cannot open shard (No such file or directory)")):
-        fastload.open(ds_root)[16]
-    shard.mkdir()
-    with pytest.raises(ShardError, match=re.escape(f"{shard}: cannot open shard (not a regular file)")):
-        fastload.open(ds_root)[16]
-
-
-def test_a_listed_table_that_is_missing_or_unreadable_is_named(ds_root: Path) -> None:
-    table = ds_root / "shard-00000.table"
-    table.unlink()
-    with pytest.raises(ShardError, match=re.escape(f"{table}: missing, though index.json lists it")):
-        fastload.open(ds_root)[0]
-    table.mkdir()
-    with pytest.raises(ShardError, match=re.escape(f"{table}: cannot open the sample table (not a regular file)")):
-        fastload.open(ds_root)[0]
+@pytest.mark.parametrize(
+    ("name", "sample", "removed", "a_directory"),
+    [
+        ("shard-00002.tar", 16, "cannot open shard (No such file or directory)", "cannot open shard (not a regular file)"),
+        ("shard-00000.table", 0, "missing, though index.json lists it", "cannot open the sample table (not a regular file)"),
+    ],
+)
+def test_a_removed_file_or_a_directory_in_its_place_is_named(ds_root: Path, name: str, sample: int, removed: str, a_directory: str) -> None:
+    path = ds_root / name
+    path.unlink()
+    with pytest.raises(ShardError, match=re.escape(f"{path}: {removed}")):
+        fastload.open(ds_root)[sample]
+    path.mkdir()
+    with pytest.raises(ShardError, match=re.escape(f"{path}: {a_directory}")):
+        fastload.open(ds_root)[sample]
 
 
 def test_a_table_opened_without_its_idx_never_reads_it(ds_root: Path) -> None:

@@ -87,7 +87,7 @@ def tar_table(tar: Path, samples: Sequence[list[Member]]) -> bytes:
     return encode_table(keys, spans, tar_labels(tar, keys, spans))
 
 
-def tar_labels(tar: Path, keys: Sequence[str], spans: Sequence[Spans]) -> list[int]:
+def tar_labels(tar: str | Path, keys: Sequence[str], spans: Sequence[Spans]) -> list[int]:
     """Each sample's ``cls`` label read from the tar (-1 where it has none, or none that parses)."""
     labels = [-1] * len(spans)
     try:
