@@ -162,16 +162,22 @@ def linked_copies(clean: Path, out: Path, copies: int) -> Path:
     return out
 
 
+# A child's descriptor table starts as large as its parent's highest open descriptor needs (and
+# this test process may hold hundreds): a launcher holding only a few starts it small.
+LAUNCHER = "import subprocess, sys; sys.exit(subprocess.run(sys.argv[1:]).returncode)"
+
+
 def test_the_descriptor_table_grows_once_for_the_shards(clean: Path, tmp_path: Path) -> None:
     """400 shards: the first read grows this process's descriptor table for every shard it may
     hold open (2 descriptors each), so opening the other 399 grows it no more; only the shard's
     own 2 stay open after the first read."""
     root = linked_copies(clean, tmp_path / "ds", 100)
     env = {**cli_env(), "FASTLOAD_MAX_OPEN_SHARDS": "1000"}
-    proc = subprocess.run([sys.executable, "-c", FD_TABLE_CHILD, str(root)], capture_output=True, text=True, env=env, check=True)
+    child = [sys.executable, "-c", FD_TABLE_CHILD, str(root)]
+    proc = subprocess.run([sys.executable, "-c", LAUNCHER, *child], capture_output=True, text=True, env=env, check=True)
     before, after, final, opened, cap = map(int, proc.stdout.split())
     assert cap == 1000 and opened == 2
-    assert before < 800 <= after and final == after
+    assert before < 800 <= after and final == after, proc.stdout
 
 
 def test_a_mixtures_members_split_the_open_shard_cap(clean: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
