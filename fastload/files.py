@@ -100,7 +100,10 @@ def reserve_descriptors(count: int) -> None:
     import resource
 
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    probe, other = os.pipe()  # a descriptor to copy that opens no file
+    try:
+        probe, other = os.pipe()  # a descriptor to copy that opens no file
+    except OSError:
+        return  # none to spare: opening the shard will say so
     try:
         target = probe + count if soft == resource.RLIM_INFINITY else min(probe + count, soft - 1)
         if target > other:
