@@ -41,10 +41,12 @@ def open_regular(path: str | os.PathLike[str]) -> int:
     return open_regular_sized(path)[0]
 
 
-def open_regular_sized(path: str | os.PathLike[str]) -> tuple[int, int]:
+def open_regular_sized(path: str | os.PathLike[str], follow: bool = True) -> tuple[int, int]:
     """(descriptor, size in bytes) of the regular file ``path`` (see :func:`open_regular`): one
-    ``open`` and one ``fstat``, which a reader's first open of a shard needs and no more."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: opening a FIFO does not wait
+    ``open`` and one ``fstat``, which a reader's first open of a shard needs and no more;
+    ``follow=False``: an OSError (ELOOP) where ``path`` itself is a symlink."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    fd = os.open(path, flags)  # O_NONBLOCK: opening a FIFO does not wait
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
         os.close(fd)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from fastload.errors import ShardError
+from fastload.files import open_regular_sized
 from fastload.index import DatasetIndex, ShardInfo
 
 if TYPE_CHECKING:
@@ -86,8 +88,7 @@ def dataset_file(root: Path, name: str) -> Path:
 
 
 def dataset_path(root: str, name: str) -> str:
-    """:func:`dataset_file` as a string, without pathlib: a shard's first open runs it for its
-    tar and its table, and string work plus one ``lstat`` is all a file directly in the root needs."""
+    """:func:`dataset_file` as a string, without pathlib (a file directly in the root costs one ``lstat``)."""
     path = f"{root}/{name}"
     if "/" not in name:  # a file directly in the root stays there unless it is itself a link
         try:
@@ -95,9 +96,37 @@ def dataset_path(root: str, name: str) -> str:
                 return path
         except OSError:
             return path  # missing: whoever opens it says so
-    if not Path(os.path.realpath(path)).is_relative_to(os.path.realpath(root)):
+    return inside_root(root, path)
+
+
+def inside_root(root: str, path: str) -> str:
+    """``path`` once symlinks are followed, refused with a ShardError where that leaves ``root``."""
+    real = os.path.realpath(path)
+    if not Path(real).is_relative_to(os.path.realpath(root)):
         raise ShardError(f"{path}: a symlink leads outside the dataset root; refusing to read it")
-    return path
+    return real
+
+
+def root_file(root: str, name: str) -> str:
+    """The path of dataset file ``name`` for :func:`open_in_root`: no system call where it lies
+    directly in the root (its open refuses a symlink there), else checked as by :func:`dataset_path`."""
+    return f"{root}/{name}" if "/" not in name else dataset_path(root, name)
+
+
+def open_in_root(path: str | Path, root: str | None) -> tuple[int, int, str | Path]:
+    """(descriptor, size, the path opened) of a regular file: a file of a dataset under ``root``
+    is opened without following a symlink at its end (two ``lstat`` calls fewer on a shard's
+    first open), a link followed only where it stays inside ``root`` (then its resolved path
+    comes back); with ``root`` None (a cache's file) as it is. OSError where it cannot be opened."""
+    if root is None:
+        return (*open_regular_sized(path), path)
+    try:
+        return (*open_regular_sized(path, follow=False), path)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+    real = inside_root(root, str(path))
+    return (*open_regular_sized(real), real)
 
 
 def open_shard(root: Path, index: DatasetIndex, shard: ShardInfo, table: SampleTable | None = None, open_files: int | None = None) -> ShardReader:
@@ -107,21 +136,29 @@ def open_shard(root: Path, index: DatasetIndex, shard: ShardInfo, table: SampleT
     base = str(root)
     offsets = dataset_path(base, offsets_name(shard)) if index.layout == "wds" and table is None else None
     files = len(index.shards) if open_files is None else open_files
-    return open_shard_files(index, shard, dataset_path(base, shard.path), offsets, files, table)
+    data = root_file(base, shard.path) if index.layout == "wds" else dataset_path(base, shard.path)  # h5py opens by path: checked first
+    return open_shard_files(index, shard, data, offsets, files, table, base)
 
 
 def open_shard_files(
-    index: DatasetIndex, shard: ShardInfo, data: str | Path, offsets: str | Path | None, open_files: int = 1, table: SampleTable | None = None
+    index: DatasetIndex,
+    shard: ShardInfo,
+    data: str | Path,
+    offsets: str | Path | None,
+    open_files: int = 1,
+    table: SampleTable | None = None,
+    root: str | None = None,
 ) -> ShardReader:
-    """A reader over ``shard``'s files wherever they are (the dataset folder, or a local cache);
-    ``open_files``: how many shards a process may hold open at once (sizes HDF5's chunk cache);
-    ``table``: a tar shard's sample table (else its ``.idx`` at ``offsets`` is parsed into memory)."""
+    """A reader over ``shard``'s files wherever they are (the dataset folder ``root``, or a local
+    cache: ``root`` None); ``open_files``: how many shards a process may hold open at once (sizes
+    HDF5's chunk cache); ``table``: a tar shard's sample table (else its ``.idx`` at ``offsets``
+    is parsed into memory)."""
     if index.layout == "wds":
         from fastload.formats.tar import TarShardReader
 
         if offsets is None and table is None:
             raise ValueError(f"{data}: a tar shard is read through its sample table or its offset index; neither given")
-        return TarShardReader(data, offsets, shard.samples, table)
+        return TarShardReader(data, offsets, shard.samples, table, root)
     from fastload.formats.hdf5 import Hdf5ShardReader, chunk_cache_bytes
 
     return Hdf5ShardReader(Path(data), shard.samples, index.decoded_shape, chunk_cache_bytes(open_files))

@@ -35,8 +35,8 @@ import numpy as np
 
 from fastload.errors import SampleError, ShardError
 from fastload.fields import LABEL_FIELD, parse_label
-from fastload.files import open_regular, open_regular_sized
-from fastload.formats import this_process
+from fastload.files import open_regular
+from fastload.formats import open_in_root, this_process
 from fastload.formats.idx import Member, split_member_name
 
 TABLE_MAGIC = b"FLTABLE1"
@@ -185,8 +185,9 @@ class SampleTable:
     ``data`` holds a table built in memory (a read-only folder) instead of a file. Opening one
     costs an ``open``, an ``fstat`` and one ``pread`` (a shard's first read pays it)."""
 
-    def __init__(self, path: str | Path, samples: int, data: bytes | None = None) -> None:
+    def __init__(self, path: str | Path, samples: int, data: bytes | None = None, root: str | None = None) -> None:
         self.path = path
+        self.root = root  # the dataset's folder: its file is opened by open_in_root
         self._data = data
         self._fd: int | None = None
         self._pid = -1
@@ -209,17 +210,17 @@ class SampleTable:
         self._row = self.layout.row
 
     @classmethod
-    def found(cls, path: str | Path, samples: int) -> SampleTable | None:
+    def found(cls, path: str | Path, samples: int, root: str | None = None) -> SampleTable | None:
         """The table at ``path``, None where there is no such file (its ``open`` says so: no ``stat`` first)."""
         try:
-            return cls(path, samples)
+            return cls(path, samples, root=root)
         except _Missing:
             return None
 
     def _open_file(self) -> tuple[int, int]:
         """Open the file in this process: (its descriptor, its size)."""
         try:
-            fd, size = open_regular_sized(self.path)
+            fd, size, self.path = open_in_root(self.path, self.root)
         except OSError as exc:
             error = _Missing if isinstance(exc, FileNotFoundError) else ShardError
             raise error(f"{self.path}: cannot open the sample table ({exc.strerror})") from None

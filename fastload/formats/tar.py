@@ -10,8 +10,8 @@ from pathlib import Path
 
 from fastload.errors import DatasetIndexError, SampleError, ShardError
 from fastload.fields import is_field_member
-from fastload.files import open_regular, open_regular_sized, read_file
-from fastload.formats import this_process
+from fastload.files import open_regular, read_file
+from fastload.formats import open_in_root, this_process
 from fastload.formats.idx import TarMembers, parse_dali_index
 from fastload.formats.table import SampleTable, encode_table, tar_labels
 
@@ -21,10 +21,14 @@ MAX_GAP = 4096  # read a sample's fields in one pread when they are at most this
 class TarShardReader:
     """Random access to the samples of one tar shard, whose index entry says it holds ``samples``."""
 
-    def __init__(self, path: str | Path, idx_path: str | Path | None, samples: int, table: SampleTable | None = None) -> None:
+    def __init__(
+        self, path: str | Path, idx_path: str | Path | None, samples: int, table: SampleTable | None = None, root: str | None = None
+    ) -> None:
         """Spans come from ``table`` when given (nothing per sample in memory), else from the
-        ``.idx`` at ``idx_path``, parsed now (``check`` and ``sample_table`` read it too)."""
+        ``.idx`` at ``idx_path``, parsed now (``check`` and ``sample_table`` read it too); the
+        tar is opened as a file of the dataset under ``root`` (see :func:`open_in_root`)."""
         self.path = path
+        self.root = root
         self.idx_path = idx_path
         self.samples = samples
         self._samples: SampleTable | TarMembers = table if table is not None else self.members()
@@ -62,7 +66,7 @@ class TarShardReader:
     def _descriptor(self) -> int:
         if self._fd is None or self._pid != this_process():  # never share a descriptor across a fork
             try:
-                fd, self._size = open_regular_sized(self.path)  # every open: a replaced shard's spans are checked against its own size
+                fd, self._size, self.path = open_in_root(self.path, self.root)  # every open: a replaced shard's spans are checked against its own size
             except OSError as exc:
                 raise ShardError(f"{self.path}: cannot open shard ({exc.strerror})") from None
             if isinstance(self._samples, SampleTable):
