@@ -2,12 +2,14 @@
 hard-linked 128 / 1,024 / 4,096 times (1.28M / 10.24M / 40.96M samples) under a generated
 index.json, loaded with the global shuffle and with the streaming order side by side.
 
-    python benchmarks/bench_scale.py /tmp/scale --sizes 1.28M,40.96M
+    python benchmarks/bench_scale.py /tmp/scale --sizes 1.28M,40.96M --rounds 3
 
 Prints per dataset size and order: time to the first batch, PSS of each worker and of the
-training process (from /proc/PID/smaps_rollup, after the last batch), and images/s over batches
-2-201. Each run is a fresh process. The photos come from ``make_photos.py`` (or ``--photos DIR``),
-converted with ``--max-size`` (small JPEGs: the loader's own cost per sample shows).
+training process (from /proc/PID/smaps_rollup, after the last batch), images/s over batches
+2-201, and that rate over the smallest size's in the same order. Each run is a fresh process;
+``--rounds N`` runs every row N times, interleaved, and prints medians and each round's ratios.
+The photos come from ``make_photos.py`` (or ``--photos DIR``), converted with ``--max-size``
+(small JPEGs: the loader's own cost per sample shows).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from statistics import median
 
 SHARD_SAMPLES = 10_000
 SIZES = {"1.28M": 128, "10.24M": 1024, "40.96M": 4096}
@@ -93,6 +96,16 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds used so far by the processes ``pids`` (from /proc/PID/stat)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of the line)
+    return total / ticks
+
+
 def run_one(path: str, order: str, workers: int, batch_size: int, batches: int, size: int) -> dict:
     """Load ``batches`` + 1 batches in this process; the measurements as a dict."""
     import fastload
@@ -104,12 +117,15 @@ def run_one(path: str, order: str, workers: int, batch_size: int, batches: int, 
     batch_iter = iter(loader)
     next(batch_iter)
     first = time.perf_counter() - start
-    begin = time.perf_counter()
+    processes = [os.getpid(), *children(os.getpid())]
+    begin, cpu = time.perf_counter(), cpu_seconds(processes)
     for _ in range(batches):
         next(batch_iter)
     rate = batches * batch_size / (time.perf_counter() - begin)
-    worker_pss = [pss_mb(pid) for pid in children(os.getpid())]
-    result = {"samples": len(loader.dataset), "first_batch_s": first, "worker_pss_mb": max(worker_pss), "main_pss_mb": pss_mb(os.getpid()), "images_per_s": rate}
+    cpu_ms = (cpu_seconds(processes) - cpu) * 1e6 / (batches * batch_size)  # per 1,000 images, all processes
+    worker_pss = [pss_mb(pid) for pid in processes[1:]]
+    result = {"samples": len(loader.dataset), "first_batch_s": first, "worker_pss_mb": max(worker_pss), "main_pss_mb": pss_mb(os.getpid()),
+              "images_per_s": rate, "cpu_ms_per_1k": cpu_ms}
     loader.close()
     return result
 
@@ -124,6 +140,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--batches", type=int, default=200, help="timed batches after the first")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of every row, interleaved (the table: medians; PSS: the largest)")
     parser.add_argument("--run", help=argparse.SUPPRESS)  # child mode: DATASET,ORDER
     args = parser.parse_args()
     if args.run:
@@ -137,21 +154,31 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     base = base_dataset(args.work, args.photos, args.max_size)
     env = checkout_env()
-    rows = []
-    for name in sizes:
-        dataset = linked_dataset(base, args.work, SIZES[name])
-        for order in ORDERS:
-            child = [sys.executable, __file__, str(args.work), "--run", f"{dataset},{order}", "--workers", str(args.workers),
-                     "--batch-size", str(args.batch_size), "--batches", str(args.batches), "--size", str(args.size)]
-            proc = subprocess.run(child, capture_output=True, text=True, env=env)
-            if proc.returncode:
-                raise SystemExit(f"{name} {order}: the run failed:\n{proc.stderr}")
-            rows.append((name, order, json.loads(proc.stdout.strip().splitlines()[-1])))
-    print(f"| samples | order | first batch | PSS per worker | PSS main process | images/s over batches 2-{args.batches + 1} |")
-    print("|---|---|---|---|---|---|")
-    for name, order, r in rows:
-        print(f"| {name} | {order} | {r['first_batch_s']:.2f} s | {r['worker_pss_mb']:.0f} MB | {r['main_pss_mb']:.0f} MB | {r['images_per_s']:,.0f} |")
-
+    datasets = {name: linked_dataset(base, args.work, SIZES[name]) for name in sizes}
+    runs: dict[tuple[str, str], list[dict]] = {(name, order): [] for name in sizes for order in ORDERS}
+    for _ in range(args.rounds):  # rounds interleave sizes and orders: a busy moment spreads over all rows
+        for name in sizes:
+            for order in ORDERS:
+                child = [sys.executable, __file__, str(args.work), "--run", f"{datasets[name]},{order}", "--workers", str(args.workers),
+                         "--batch-size", str(args.batch_size), "--batches", str(args.batches), "--size", str(args.size)]
+                proc = subprocess.run(child, capture_output=True, text=True, env=env)
+                if proc.returncode:
+                    raise SystemExit(f"{name} {order}: the run failed:\n{proc.stderr}")
+                runs[name, order].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    smallest = sizes[0]
+    print(f"| samples | order | first batch | PSS per worker | PSS main process | images/s over batches 2-{args.batches + 1} "
+          f"| x the {smallest} rate | CPU ms / 1k images |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (name, order), results in runs.items():
+        rate = median(r["images_per_s"] for r in results)
+        base_rate = median(r["images_per_s"] for r in runs[smallest, order])
+        print(f"| {name} | {order} | {median(r['first_batch_s'] for r in results):.2f} s | {max(r['worker_pss_mb'] for r in results):.0f} MB "
+              f"| {max(r['main_pss_mb'] for r in results):.0f} MB | {rate:,.0f} | {rate / base_rate:.2f} | {median(r['cpu_ms_per_1k'] for r in results):.0f} |")
+    if args.rounds > 1:
+        for name, order in runs:
+            if name != smallest:
+                ratios = [r["images_per_s"] / b["images_per_s"] for r, b in zip(runs[name, order], runs[smallest, order])]
+                print(f"{name} {order}: x the {smallest} rate per round: " + ", ".join(f"{x:.2f}" for x in ratios))
 
 if __name__ == "__main__":
     main()

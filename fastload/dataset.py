@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from fastload.errors import ShardError
 from fastload.fields import LABEL_FIELD, decode_field, image_field
-from fastload.formats import PixelReader, ShardReader, offsets_name, open_shard, open_shard_files, table_name
+from fastload.files import reserve_descriptors
+from fastload.formats import PixelReader, ShardReader, offsets_name, open_shard, open_shard_files, table_name, this_process
 from fastload.formats.table import SampleTable
 from fastload.index import INDEX_FILE, DatasetIndex, read_index
 from fastload.remote import is_url
@@ -24,12 +25,14 @@ if TYPE_CHECKING:
     import numpy as np
 
 # Shards a process keeps open at once (least recently used closed first): a tar shard holds two
-# descriptors (data, sample table), an HDF5 one two (h5py's, ours). By default a quarter of the
-# process's descriptor limit goes to shards: 128 under the common `ulimit -n 1024` (well clear of
-# the pipes of 32 workers and what a worker inherits), all of them open where the limit is high
-# (random access over thousands of shards then opens nothing per sample).
+# descriptors (data, sample table), an HDF5 one two (h5py's, ours). By default half the process's
+# descriptor limit goes to shards (a mixture's members split it): 256 under the common
+# `ulimit -n 1024`, clear of the rest (the training process holds ~3 a worker, 26 with 8 workers;
+# a worker ~20 besides its shards), and all 4,096 shards of a 40.96M-sample dataset open under
+# `ulimit -n 20000` (a quarter kept 2,500: a worker's random access then reopened ~7,000 shards
+# in 200 batches).
 FDS_PER_SHARD = 2
-SHARE_OF_DESCRIPTORS = 4  # a 1/SHARE_OF_DESCRIPTORS part of RLIMIT_NOFILE
+SHARE_OF_DESCRIPTORS = 2  # a 1/SHARE_OF_DESCRIPTORS part of RLIMIT_NOFILE
 MIN_OPEN_SHARDS = 4
 MAX_OPEN_SHARDS_ENV = "FASTLOAD_MAX_OPEN_SHARDS"
 log = logging.getLogger("fastload")
@@ -40,8 +43,8 @@ class ShardedDataset:
     ``image`` (HWC uint8), ``label`` (int, when the data has ``cls``) and any extra raw fields.
 
     Shard files open lazily in each process, so the object can be created before workers fork;
-    each process keeps at most ``max_open_shards`` open (FASTLOAD_MAX_OPEN_SHARDS, else a quarter
-    of its descriptor limit: 128 under ``ulimit -n 1024``).
+    each process keeps at most ``max_open_shards`` open (FASTLOAD_MAX_OPEN_SHARDS, else half
+    its descriptor limit's worth: 256 under ``ulimit -n 1024``).
     Per-sample positions, keys and labels come from each shard's sample table, read by ``pread``
     (built beside the shard on first open for datasets converted without them).
     A remote dataset (``s3://``, ``gs://``, ``http(s)://``, any fsspec URL) reads its index once
@@ -80,7 +83,12 @@ class ShardedDataset:
         self._starts = list(itertools.accumulate((s.samples for s in self.index.shards), initial=0))
         self.max_open_shards = _max_open_shards(max_open_shards)
         self._readers: dict[int, ShardReader] = {}  # local: every shard read so far (closed or open)
-        self._open: OrderedDict[int, None] = OrderedDict()  # the open ones, least recently used first
+        self._open: OrderedDict[int, ShardReader] = OrderedDict()  # the open ones, least recently used first
+        self._reserved = -1  # the process that reserved descriptors for its shards
+        limit = min(self.max_open_shards, MAX_OPEN_REMOTE_SHARDS) if self.root is None else self.max_open_shards
+        self._evicts = len(self.index.shards) > limit  # False: every shard stays open, no LRU order kept
+        counts = [s.samples for s in self.index.shards]
+        self._per_shard = counts[0] if counts and counts[0] > 0 and all(c == counts[0] for c in counts[:-1]) and counts[-1] <= counts[0] else 0
         if self.root is not None and (missing := missing_tables(self.root, self.index)):
             log.warning(
                 "%s: %d shard(s) have no sample table and the folder is read-only: each process parses their .idx "
@@ -120,6 +128,8 @@ class ShardedDataset:
         """(shard number, row in shard) of sample ``i``."""
         if not 0 <= i < len(self):
             raise IndexError(f"sample {i} out of range for {len(self)} samples")
+        if self._per_shard:  # shards of one size (the converters'), the last maybe smaller
+            return divmod(i, self._per_shard)
         shard = bisect.bisect_right(self._starts, i) - 1
         return shard, i - self._starts[shard]
 
@@ -134,20 +144,27 @@ class ShardedDataset:
         process, least recently used closed first (a local reader keeps its table's layout, so
         reopening is two ``open`` calls); a remote dataset keeps at most
         ``MAX_OPEN_REMOTE_SHARDS`` and drops evicted readers, so evicted cache entries free their disk."""
-        if shard in self._open:
-            self._open.move_to_end(shard)
-            return self._readers[shard]
+        reader = self._open.get(shard)  # one lookup a read
+        if reader is not None:
+            if self._evicts:  # the order matters only where shards are ever closed
+                self._open.move_to_end(shard)
+            return reader
         remote = self.root is None
         limit = min(self.max_open_shards, MAX_OPEN_REMOTE_SHARDS) if remote else self.max_open_shards
         while len(self._open) >= limit:
-            evicted, _ = self._open.popitem(last=False)
-            (self._readers.pop(evicted) if remote else self._readers[evicted]).close()
+            evicted, closing = self._open.popitem(last=False)
+            closing.close()
+            if remote:
+                del self._readers[evicted]
         reader = self._readers.get(shard)
         if reader is None:
+            if self._reserved != this_process():  # this process's first new reader
+                reserve_descriptors(min(len(self.index.shards), limit) * FDS_PER_SHARD)
+                self._reserved = this_process()
             reader = self._open_local(shard) if self.root is not None else self._open_cached(shard)
             self._readers[shard] = reader
         reader.open()
-        self._open[shard] = None
+        self._open[shard] = reader
         return reader
 
     def _open_local(self, shard: int) -> ShardReader:
@@ -298,8 +315,8 @@ class ShardedDataset:
 
     def close(self) -> None:
         """Close this process's shard files."""
-        for shard in self._open:
-            self._readers[shard].close()
+        for reader in self._open.values():
+            reader.close()
         self._open.clear()
         if self.root is None:
             self._readers.clear()
@@ -309,13 +326,19 @@ MAX_OPEN_REMOTE_SHARDS = 16
 
 
 def default_max_open_shards() -> int:
-    """The shards a process keeps open by default: a quarter of its descriptor limit's worth."""
+    """The shards a process keeps open by default: half its descriptor limit's worth."""
     import resource
 
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if soft == resource.RLIM_INFINITY:
         soft = 1 << 20
     return max(MIN_OPEN_SHARDS, soft // SHARE_OF_DESCRIPTORS // FDS_PER_SHARD)
+
+
+def open_shards_each(datasets: int) -> int:
+    """The open-shard cap of each of ``datasets`` datasets a process reads together (a mixture's
+    members): FASTLOAD_MAX_OPEN_SHARDS, else the default, split between them."""
+    return max(MIN_OPEN_SHARDS, _max_open_shards(None) // max(1, datasets))
 
 
 def _max_open_shards(value: int | None) -> int:
@@ -353,6 +376,6 @@ def open(  # the public name is fastload.open
 ) -> ShardedDataset:
     """Open a converted dataset: a folder holding index.json, or its URL (then shards are cached
     under ``cache_dir`` / FASTLOAD_CACHE_DIR, at most ``cache_size`` / FASTLOAD_CACHE_SIZE);
-    each process keeps at most ``max_open_shards`` shards open (FASTLOAD_MAX_OPEN_SHARDS, else a
-    quarter of its descriptor limit: 128 under ``ulimit -n 1024``)."""
+    each process keeps at most ``max_open_shards`` shards open (FASTLOAD_MAX_OPEN_SHARDS, else
+    half its descriptor limit's worth: 256 under ``ulimit -n 1024``)."""
     return ShardedDataset(path, cache_dir, cache_size, storage_options, max_open_shards)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fastload.dataset import ShardedDataset
+from fastload.dataset import ShardedDataset, open_shards_each
 from fastload.formats import ShardReader
 from fastload.formats.table import SampleTable
 from fastload.index import DatasetIndex
@@ -200,14 +200,15 @@ class MixedDataset(ShardedDataset):
 
 def mix(members: Mapping[Member, float], samples_per_epoch: int | None = None) -> MixedDataset:
     """Datasets (paths, URLs or opened datasets) sampled with the given weights, as one dataset for
-    ``fastload.DataLoader``; an epoch is ``samples_per_epoch`` samples (default: all members' sizes)."""
+    ``fastload.DataLoader``; an epoch is ``samples_per_epoch`` samples (default: all members' sizes).
+    Members given as paths or URLs split the process's open-shard cap between them."""
     if not members:
         raise ValueError("mix: give at least one dataset and its weight")
     opened: list[ShardedDataset] = []
     for member, weight in members.items():
         if isinstance(member, MixedDataset):
             raise ValueError(f"mix: {member.location} is a mixture itself: give its members, their weights multiplied")
-        dataset = member if isinstance(member, ShardedDataset) else ShardedDataset(member)
+        dataset = member if isinstance(member, ShardedDataset) else ShardedDataset(member, max_open_shards=open_shards_each(len(members)))
         if not isinstance(weight, numbers.Real) or isinstance(weight, bool) or not math.isfinite(weight) or weight <= 0:
             raise ValueError(f"mix: the weight of {dataset.location} must be a positive number, got {weight!r}")
         if not len(dataset):

@@ -14,7 +14,7 @@ import numpy as np
 
 from fastload.errors import ShardError
 from fastload.files import atomic_write_bytes
-from fastload.formats import dataset_file, open_shard, table_name
+from fastload.formats import open_shard, root_file, table_name
 from fastload.formats.table import SampleTable, key_hashes
 from fastload.index import DatasetIndex, ShardInfo
 
@@ -25,12 +25,14 @@ def local_table(root: Path, index: DatasetIndex, shard: ShardInfo) -> SampleTabl
     """The table of a shard under ``root``: its file, else one built from the shard and written
     beside it (temporary name, then rename: identical bytes whoever wins a race); None where the
     folder is read-only (the caller falls back to parsing the shard's ``.idx``)."""
-    path = dataset_file(root, table_name(shard))
-    if path.exists():
-        return SampleTable(path, shard.samples)
+    base = str(root)
+    path = root_file(base, table_name(shard))
+    table = SampleTable.found(path, shard.samples, base)
+    if table is not None:
+        return table
     if shard.table is not None:
         raise ShardError(f"{path}: missing, though index.json lists it")
-    if not os.access(path.parent, os.W_OK):
+    if not os.access(os.path.dirname(path), os.W_OK):
         return None
     data = open_shard(root, index, shard, open_files=1).sample_table()
     try:
@@ -38,7 +40,7 @@ def local_table(root: Path, index: DatasetIndex, shard: ShardInfo) -> SampleTabl
     except OSError as exc:
         log.warning("%s: cannot write the sample table (%s); reading the shard's .idx instead", path, exc.strerror)
         return None
-    return SampleTable(path, shard.samples)
+    return SampleTable(path, shard.samples, root=base)
 
 
 def missing_tables(root: Path, index: DatasetIndex) -> int:

@@ -303,13 +303,13 @@ print(fastload.open(root).max_open_shards, len(set(keys)))
 """
 
 
-def test_the_default_cap_is_a_quarter_of_the_descriptor_limit(image_folder: Path, tmp_path: Path) -> None:
+def test_the_default_cap_is_half_the_descriptor_limit(image_folder: Path, tmp_path: Path) -> None:
     """Without FASTLOAD_MAX_OPEN_SHARDS the cap follows the process's own limit: 30 one-sample
-    shards load under a limit of 48 descriptors (6 shards open), all are kept open under 1024."""
+    shards load under a limit of 48 descriptors (12 shards open), all are kept open under 1024."""
     root = tmp_path / "wds"
     convert(str(image_folder), str(root), ConvertOptions(source="imagefolder", samples_per_shard=1))
     env = {k: v for k, v in cli_env().items() if k != "FASTLOAD_MAX_OPEN_SHARDS"}
-    for limit, cap in ((48, 6), (1024, 128)):
+    for limit, cap in ((48, 12), (1024, 256)):
         proc = subprocess.run([sys.executable, "-c", LIMIT_CHILD, str(root), str(limit)], capture_output=True, text=True, env=env)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.split() == [str(cap), "30"]

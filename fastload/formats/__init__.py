@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from fastload.errors import ShardError
+from fastload.files import open_regular_sized
 from fastload.index import DatasetIndex, ShardInfo
 
 if TYPE_CHECKING:
@@ -72,46 +74,91 @@ def offsets_name(shard: ShardInfo) -> str:
 
 def table_name(shard: ShardInfo) -> str:
     """The relative path of a shard's sample table (:mod:`fastload.formats.table`)."""
+    if shard.table is not None:  # a shard's first open asks: no import, no pathlib
+        return shard.table
     from fastload.formats.table import TABLE_SUFFIX
 
-    return shard.table or str(Path(shard.path).with_suffix(TABLE_SUFFIX))
+    return str(Path(shard.path).with_suffix(TABLE_SUFFIX))
 
 
 def dataset_file(root: Path, name: str) -> Path:
     """``root / name`` (``name`` already checked by the index to be a relative path inside it),
     refused with a ShardError when symlinks lead it out of the dataset root."""
-    path = root / name
+    return Path(dataset_path(str(root), name))
+
+
+def dataset_path(root: str, name: str) -> str:
+    """:func:`dataset_file` as a string, without pathlib (a file directly in the root costs one ``lstat``)."""
+    path = f"{root}/{name}"
     if "/" not in name:  # a file directly in the root stays there unless it is itself a link
         try:
             if not stat.S_ISLNK(os.lstat(path).st_mode):
                 return path
         except OSError:
             return path  # missing: whoever opens it says so
-    if not Path(os.path.realpath(path)).is_relative_to(os.path.realpath(root)):
+    return inside_root(root, path)
+
+
+def inside_root(root: str, path: str) -> str:
+    """``path`` once symlinks are followed, refused with a ShardError where that leaves ``root``."""
+    real = os.path.realpath(path)
+    if not Path(real).is_relative_to(os.path.realpath(root)):
         raise ShardError(f"{path}: a symlink leads outside the dataset root; refusing to read it")
-    return path
+    return real
+
+
+def root_file(root: str, name: str) -> str:
+    """The path of dataset file ``name`` for :func:`open_in_root`: no system call where it lies
+    directly in the root (its open refuses a symlink there), else checked as by :func:`dataset_path`."""
+    return f"{root}/{name}" if "/" not in name else dataset_path(root, name)
+
+
+def open_in_root(path: str | Path, root: str | None) -> tuple[int, int, str | Path]:
+    """(descriptor, size, the path opened) of a regular file: a file of a dataset under ``root``
+    is opened without following a symlink at its end (two ``lstat`` calls fewer on a shard's
+    first open), a link followed only where it stays inside ``root`` (then its resolved path
+    comes back); with ``root`` None (a cache's file) as it is. OSError where it cannot be opened."""
+    if root is None:
+        return (*open_regular_sized(path), path)
+    try:
+        return (*open_regular_sized(path, follow=False), path)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+    real = inside_root(root, str(path))
+    return (*open_regular_sized(real), real)
 
 
 def open_shard(root: Path, index: DatasetIndex, shard: ShardInfo, table: SampleTable | None = None, open_files: int | None = None) -> ShardReader:
     """A reader for one shard of a dataset under ``root``, by its layout; its files must lie
-    inside ``root`` once symlinks are followed."""
-    offsets = dataset_file(root, offsets_name(shard)) if index.layout == "wds" else None
+    inside ``root`` once symlinks are followed (a tar's ``.idx`` is checked only where it is
+    read: where no ``table`` is given)."""
+    base = str(root)
+    offsets = dataset_path(base, offsets_name(shard)) if index.layout == "wds" and table is None else None
     files = len(index.shards) if open_files is None else open_files
-    return open_shard_files(index, shard, dataset_file(root, shard.path), offsets, files, table)
+    data = root_file(base, shard.path) if index.layout == "wds" else dataset_path(base, shard.path)  # h5py opens by path: checked first
+    return open_shard_files(index, shard, data, offsets, files, table, base)
 
 
 def open_shard_files(
-    index: DatasetIndex, shard: ShardInfo, data: Path, offsets: Path | None, open_files: int = 1, table: SampleTable | None = None
+    index: DatasetIndex,
+    shard: ShardInfo,
+    data: str | Path,
+    offsets: str | Path | None,
+    open_files: int = 1,
+    table: SampleTable | None = None,
+    root: str | None = None,
 ) -> ShardReader:
-    """A reader over ``shard``'s files wherever they are (the dataset folder, or a local cache);
-    ``open_files``: how many shards a process may hold open at once (sizes HDF5's chunk cache);
-    ``table``: a tar shard's sample table (else its ``.idx`` is parsed into memory)."""
+    """A reader over ``shard``'s files wherever they are (the dataset folder ``root``, or a local
+    cache: ``root`` None); ``open_files``: how many shards a process may hold open at once (sizes
+    HDF5's chunk cache); ``table``: a tar shard's sample table (else its ``.idx`` at ``offsets``
+    is parsed into memory)."""
     if index.layout == "wds":
         from fastload.formats.tar import TarShardReader
 
-        if offsets is None:
-            raise ValueError(f"{data}: a tar shard is read through its offset index; none given")
-        return TarShardReader(data, offsets, shard.samples, table)
+        if offsets is None and table is None:
+            raise ValueError(f"{data}: a tar shard is read through its sample table or its offset index; neither given")
+        return TarShardReader(data, offsets, shard.samples, table, root)
     from fastload.formats.hdf5 import Hdf5ShardReader, chunk_cache_bytes
 
-    return Hdf5ShardReader(data, shard.samples, index.decoded_shape, chunk_cache_bytes(open_files))
+    return Hdf5ShardReader(Path(data), shard.samples, index.decoded_shape, chunk_cache_bytes(open_files))

@@ -23,19 +23,20 @@ keys                    the keys' UTF-8 bytes, concatenated
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import struct
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from fastload.errors import SampleError, ShardError
 from fastload.fields import LABEL_FIELD, parse_label
 from fastload.files import open_regular
-from fastload.formats import this_process
+from fastload.formats import open_in_root, this_process
 from fastload.formats.idx import Member, split_member_name
 
 TABLE_MAGIC = b"FLTABLE1"
@@ -86,7 +87,7 @@ def tar_table(tar: Path, samples: Sequence[list[Member]]) -> bytes:
     return encode_table(keys, spans, tar_labels(tar, keys, spans))
 
 
-def tar_labels(tar: Path, keys: Sequence[str], spans: Sequence[Spans]) -> list[int]:
+def tar_labels(tar: str | Path, keys: Sequence[str], spans: Sequence[Spans]) -> list[int]:
     """Each sample's ``cls`` label read from the tar (-1 where it has none, or none that parses)."""
     labels = [-1] * len(spans)
     try:
@@ -104,9 +105,37 @@ def tar_labels(tar: Path, keys: Sequence[str], spans: Sequence[Spans]) -> list[i
     return labels
 
 
-@dataclass(frozen=True)
-class TableLayout:
-    """Where a table's sections lie, from its header (checked against the file's size)."""
+HEAD_READ = 512  # a table's first read: the header and, for any usual set of fields, their names
+
+
+@functools.lru_cache(maxsize=64)
+def _row_struct(fields: int) -> struct.Struct:
+    return struct.Struct(f"<{2 + 2 * fields}q")
+
+
+@functools.lru_cache(maxsize=64)
+def _field_names(raw: bytes, fields: int) -> tuple[str, ...] | str:
+    """The ``fields`` names in a table's names section, else what is wrong with it (the shards
+    of a dataset share one: it is parsed once)."""
+    names = raw.rstrip(b"\0").split(b"\0") if fields else []
+    try:
+        decoded = tuple(name.decode() for name in names)
+    except UnicodeDecodeError:
+        return "its field names are not UTF-8"
+    if len(decoded) != fields or len(set(decoded)) != fields or not all(decoded):
+        return "a damaged header (field names)"
+    return decoded
+
+
+@functools.lru_cache(maxsize=64)
+def _row_fields(names: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+    """Each field's name and the place of its offset in a row."""
+    return tuple((name, 2 + 2 * c) for c, name in enumerate(names))
+
+
+class TableLayout(NamedTuple):
+    """Where a table's sections lie, from its header (checked against the file's size); a named
+    tuple, as a frozen dataclass's construction cost a shard's first open ~1.5 us."""
 
     samples: int
     names: tuple[str, ...]
@@ -119,15 +148,16 @@ class TableLayout:
     @property
     def row(self) -> struct.Struct:
         """One row's layout."""
-        return struct.Struct(f"<{2 + 2 * len(self.names)}q")
+        return _row_struct(len(self.names))
 
     @classmethod
     def parse(cls, read: Callable[[int, int], bytes], size: int, samples: int, where: str) -> TableLayout:
-        """The layout of a table file of ``size`` bytes (``read(offset, n)`` reads it), for a
-        shard the index says holds ``samples``."""
-        if size < _HEADER.size or read(0, 8) != TABLE_MAGIC:
+        """The layout of a table file of ``size`` bytes (``read(offset, n)`` reads it, at most
+        twice: the header with the usual names, then longer names), for a shard the index says holds ``samples``."""
+        head = read(0, min(size, HEAD_READ))
+        if size < _HEADER.size or head[:8] != TABLE_MAGIC:
             raise ShardError(f"{where}: not a fastload sample table (bad magic)")
-        _, count, fields, names_bytes, keys_bytes = _HEADER.unpack(read(0, _HEADER.size))
+        _, count, fields, names_bytes, keys_bytes = _HEADER.unpack_from(head)
         if count != samples:
             raise ShardError(f"{where}: lists {count} samples, the index says its shard holds {samples}")
         if fields > MAX_FIELDS or names_bytes % 8 or names_bytes > 64 * MAX_FIELDS:
@@ -138,32 +168,34 @@ class TableLayout:
         keys_at = hashes_at + count * 8
         if keys_at + keys_bytes != size:
             raise ShardError(f"{where}: its header describes {keys_at + keys_bytes} bytes, the file holds {size} (truncated or tampered)")
-        raw = read(_HEADER.size, names_bytes)
-        names = raw.rstrip(b"\0").split(b"\0") if fields else []
-        try:
-            decoded = tuple(name.decode() for name in names)
-        except UnicodeDecodeError:
-            raise ShardError(f"{where}: its field names are not UTF-8") from None
-        if len(decoded) != fields or len(set(decoded)) != fields or not all(decoded):
-            raise ShardError(f"{where}: a damaged header (field names)")
-        return cls(count, decoded, rows_at, labels_at, hashes_at, keys_at, keys_bytes)
+        raw = head[_HEADER.size : rows_at] if rows_at <= len(head) else read(_HEADER.size, names_bytes)
+        names = _field_names(raw, fields)
+        if isinstance(names, str):
+            raise ShardError(f"{where}: {names}")
+        return cls(count, names, rows_at, labels_at, hashes_at, keys_at, keys_bytes)
+
+
+class _Missing(ShardError):
+    """No table file where one was looked for."""
 
 
 class SampleTable:
     """A shard's table read by ``pread``: nothing per sample is held in memory. Opened by
     :meth:`open`, closed by :meth:`close` (its layout stays, so reopening reads no header);
-    ``data`` holds a table built in memory (a read-only folder) instead of a file."""
+    ``data`` holds a table built in memory (a read-only folder) instead of a file. Opening one
+    costs an ``open``, an ``fstat`` and one ``pread`` (a shard's first read pays it)."""
 
-    def __init__(self, path: Path, samples: int, data: bytes | None = None) -> None:
+    def __init__(self, path: str | Path, samples: int, data: bytes | None = None, root: str | None = None) -> None:
         self.path = path
+        self.root = root  # the dataset's folder: its file is opened by open_in_root
         self._data = data
         self._fd: int | None = None
         self._pid = -1
         self._row_cache: tuple[int, tuple[int, ...]] = (-1, ())
-        size = len(data) if data is not None else os.fstat(self._descriptor()).st_size
+        size = len(data) if data is not None else self._open_file()[1]
         self.layout = TableLayout.parse(self._read, size, samples, str(path))
         self._row = self.layout.row
-        self._fields = tuple((name, 2 + 2 * c) for c, name in enumerate(self.layout.names))  # (name, its offset's place in a row)
+        self._fields = _row_fields(self.layout.names)
 
     def __len__(self) -> int:
         return self.layout.samples
@@ -177,13 +209,27 @@ class SampleTable:
         self.__dict__.update(state)
         self._row = self.layout.row
 
+    @classmethod
+    def found(cls, path: str | Path, samples: int, root: str | None = None) -> SampleTable | None:
+        """The table at ``path``, None where there is no such file (its ``open`` says so: no ``stat`` first)."""
+        try:
+            return cls(path, samples, root=root)
+        except _Missing:
+            return None
+
+    def _open_file(self) -> tuple[int, int]:
+        """Open the file in this process: (its descriptor, its size)."""
+        try:
+            fd, size, self.path = open_in_root(self.path, self.root)
+        except OSError as exc:
+            error = _Missing if isinstance(exc, FileNotFoundError) else ShardError
+            raise error(f"{self.path}: cannot open the sample table ({exc.strerror})") from None
+        self._fd, self._pid = fd, this_process()
+        return fd, size
+
     def _descriptor(self) -> int:
         if self._fd is None or self._pid != this_process():  # never share a descriptor across a fork
-            try:
-                self._fd = open_regular(self.path)
-            except OSError as exc:
-                raise ShardError(f"{self.path}: cannot open the sample table ({exc.strerror})") from None
-            self._pid = this_process()
+            return self._open_file()[0]
         return self._fd
 
     def _read(self, offset: int, size: int) -> bytes:

@@ -11,7 +11,7 @@ from pathlib import Path
 from fastload.errors import DatasetIndexError, SampleError, ShardError
 from fastload.fields import is_field_member
 from fastload.files import open_regular, read_file
-from fastload.formats import this_process
+from fastload.formats import open_in_root, this_process
 from fastload.formats.idx import TarMembers, parse_dali_index
 from fastload.formats.table import SampleTable, encode_table, tar_labels
 
@@ -21,10 +21,14 @@ MAX_GAP = 4096  # read a sample's fields in one pread when they are at most this
 class TarShardReader:
     """Random access to the samples of one tar shard, whose index entry says it holds ``samples``."""
 
-    def __init__(self, path: Path, idx_path: Path, samples: int, table: SampleTable | None = None) -> None:
+    def __init__(
+        self, path: str | Path, idx_path: str | Path | None, samples: int, table: SampleTable | None = None, root: str | None = None
+    ) -> None:
         """Spans come from ``table`` when given (nothing per sample in memory), else from the
-        ``.idx`` at ``idx_path``, parsed now."""
+        ``.idx`` at ``idx_path``, parsed now (``check`` and ``sample_table`` read it too); the
+        tar is opened as a file of the dataset under ``root`` (see :func:`open_in_root`)."""
         self.path = path
+        self.root = root
         self.idx_path = idx_path
         self.samples = samples
         self._samples: SampleTable | TarMembers = table if table is not None else self.members()
@@ -35,6 +39,8 @@ class TarShardReader:
     def members(self) -> TarMembers:
         """The shard's ``.idx``, parsed."""
         idx_path = self.idx_path
+        if idx_path is None:
+            raise ValueError(f"{self.path}: opened through its sample table, without its offset index")
         try:
             text = read_file(idx_path).decode()
         except OSError as exc:
@@ -46,7 +52,7 @@ class TarShardReader:
         except DatasetIndexError as exc:
             raise ShardError(str(exc)) from None
         if len(members) != self.samples:
-            raise ShardError(f"{idx_path}: lists {len(members)} samples, the index says {self.path.name} holds {self.samples}")
+            raise ShardError(f"{idx_path}: lists {len(members)} samples, the index says {os.path.basename(self.path)} holds {self.samples}")
         return members
 
     def __len__(self) -> int:
@@ -60,11 +66,9 @@ class TarShardReader:
     def _descriptor(self) -> int:
         if self._fd is None or self._pid != this_process():  # never share a descriptor across a fork
             try:
-                fd = open_regular(self.path)
+                fd, self._size, self.path = open_in_root(self.path, self.root)  # every open: a replaced shard's spans are checked against its own size
             except OSError as exc:
                 raise ShardError(f"{self.path}: cannot open shard ({exc.strerror})") from None
-            if self._size < 0:  # the first open in any process (re-opens after an eviction keep it)
-                self._size = os.fstat(fd).st_size
             if isinstance(self._samples, SampleTable):
                 self._samples.open()
             self._fd, self._pid = fd, this_process()
