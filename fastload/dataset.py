@@ -17,7 +17,7 @@ from fastload.formats import PixelReader, ShardReader, offsets_name, open_shard,
 from fastload.formats.table import SampleTable
 from fastload.index import INDEX_FILE, DatasetIndex, read_index
 from fastload.remote import is_url
-from fastload.sample_tables import DatasetKeys, indices_of, local_table, missing_tables, sample_labels
+from fastload.sample_tables import DatasetKeys, indices_holding, indices_of, local_table, missing_tables, sample_labels
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Sequence
@@ -307,6 +307,12 @@ class ShardedDataset:
         """The global index (int64) of each of ``keys``, in their order, found through the tables'
         key hashes (one read per shard); a KeyError names the first key no sample has."""
         return indices_of(keys, zip(self._starts, self._tables()), self.location)
+
+    def indices_holding(self, keys: Iterable[str]) -> np.ndarray:
+        """The sorted global indices of every sample holding one of ``keys`` (foreign tars may
+        repeat a key across shards; ``exclude=`` leaves them all out); a KeyError names the first
+        key no sample has."""
+        return indices_holding(keys, zip(self._starts, self._tables()), self.location)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)

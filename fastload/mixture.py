@@ -155,21 +155,33 @@ class MixedDataset(ShardedDataset):
         """Every sample's key (member-prefixed) by index: a view reading the members' tables as asked."""
         return MixtureKeys(self)
 
+    def _keys_by_member(self, keys: list[str]) -> dict[int, tuple[list[int], list[str]]]:
+        """Member number -> (places in ``keys``, the member's own keys) of ``"member/key"`` keys;
+        a KeyError names one of another form."""
+        by_member: dict[int, tuple[list[int], list[str]]] = {}
+        for at, key in enumerate(keys):
+            number, _, own = key.partition("/")
+            if not number.isdigit() or int(number) >= len(self.members) or not own:
+                raise KeyError(f"{key!r}: not a key of {self.location} (keys are 'member/key', members 0..{len(self.members) - 1})")
+            places, own_keys = by_member.setdefault(int(number), ([], []))
+            places.append(at)
+            own_keys.append(own)
+        return by_member
+
     def indices_of(self, keys: Iterable[str]) -> np.ndarray:
         """The index of each of ``keys`` (``"member/key"``, as this mixture gives them), in their
         order; a KeyError names the first key no member has."""
         keys = list(keys)
         out = np.empty(len(keys), dtype=np.int64)
-        by_member: dict[int, list[int]] = {}
-        for at, key in enumerate(keys):
-            number, _, own = key.partition("/")
-            if not number.isdigit() or int(number) >= len(self.members) or not own:
-                raise KeyError(f"{key!r}: not a key of {self.location} (keys are 'member/key', members 0..{len(self.members) - 1})")
-            by_member.setdefault(int(number), []).append(at)
-        for member, places in by_member.items():
-            own_keys = [keys[at].partition("/")[2] for at in places]
+        for member, (places, own_keys) in self._keys_by_member(keys).items():
             out[places] = self.members[member].indices_of(own_keys) + self._offsets[member]
         return out
+
+    def indices_holding(self, keys: Iterable[str]) -> np.ndarray:
+        """The sorted indices of every sample holding one of ``keys`` (``"member/key"``)."""
+        parts = [self.members[member].indices_holding(own_keys) + self._offsets[member]
+                 for member, (_, own_keys) in self._keys_by_member(list(keys)).items()]
+        return np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
 
     def where(self, i: int) -> str:
         """'<member location>/shard-00003.tar:key' — how errors name a sample."""

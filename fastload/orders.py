@@ -38,14 +38,15 @@ def read_exclude(exclude: Sequence[str] | str | os.PathLike[str]) -> list[str]:
 
 
 def excluded_indices(dataset: ShardedDataset, exclude: Sequence[str] | str | os.PathLike[str] | None) -> tuple[int, ...] | None:
-    """The sorted sample indices of ``exclude=``'s keys; a key the dataset lacks is refused by name."""
+    """The sorted indices of every sample holding one of ``exclude=``'s keys (a key repeated across
+    shards: all of them); a key the dataset lacks is refused by name."""
     if exclude is None:
         return None
     try:
-        indices = dataset.indices_of(read_exclude(exclude))
+        indices = dataset.indices_holding(read_exclude(exclude))
     except KeyError as exc:
         raise KeyError(f"exclude=: {exc.args[0]}") from None  # the dataset's error names it and the key
-    return tuple(np.unique(indices).tolist())
+    return tuple(indices.tolist())
 
 
 class LoaderOrders:

@@ -79,12 +79,13 @@ def sample_labels(tables: Iterable[SampleTable]) -> np.ndarray:
     return labels
 
 
-def indices_of(keys: Iterable[str], tables: Iterable[tuple[int, SampleTable]], where: str) -> np.ndarray:
-    """The global index of each of ``keys`` (``tables``: each shard's first index and table),
-    found by the tables' key hashes and confirmed by the keys themselves; a KeyError names the
-    first key no sample has."""
+def key_matches(keys: Iterable[str], tables: Iterable[tuple[int, SampleTable]], where: str) -> tuple[list[str], list[list[int]]]:
+    """(``keys`` as a list, the global indices of the samples holding each), found through the
+    tables' key hashes (``tables``: each shard's first index and table) and confirmed by the keys
+    themselves; a KeyError names the first key no sample has. Foreign tars may repeat a key in
+    several shards: every sample holding it is listed."""
     wanted = list(keys)
-    found = np.full(len(wanted), -1, dtype=np.int64)
+    found: list[list[int]] = [[] for _ in wanted]
     hashes = key_hashes(wanted)
     order = np.argsort(hashes, kind="stable")
     sorted_hashes = hashes[order]
@@ -101,9 +102,26 @@ def indices_of(keys: Iterable[str], tables: Iterable[tuple[int, SampleTable]], w
             key = shard_keys[row] if shard_keys is not None else table.key(row)
             first, last = np.searchsorted(sorted_hashes, shard_hashes[row], side="left"), np.searchsorted(sorted_hashes, shard_hashes[row], side="right")
             for j in order[first:last].tolist():
-                if found[j] < 0 and wanted[j] == key:
-                    found[j] = start + row
-    missing = np.flatnonzero(found < 0)
-    if missing.size:
-        raise KeyError(f"{where}: no sample has the key {wanted[int(missing[0])]!r}")
-    return found
+                if wanted[j] == key:
+                    found[j].append(start + row)
+    missing = next((j for j, where_found in enumerate(found) if not where_found), None)
+    if missing is not None:
+        raise KeyError(f"{where}: no sample has the key {wanted[missing]!r}")
+    return wanted, found
+
+
+def indices_of(keys: Iterable[str], tables: Iterable[tuple[int, SampleTable]], where: str) -> np.ndarray:
+    """The global index of each of ``keys`` (see :func:`key_matches`); a key that several samples
+    hold is a ValueError naming it (it names no one sample)."""
+    wanted, found = key_matches(keys, tables, where)
+    repeated = next((j for j, where_found in enumerate(found) if len(where_found) > 1), None)
+    if repeated is not None:
+        raise ValueError(f"{where}: {len(found[repeated])} samples have the key {wanted[repeated]!r} (samples "
+                         f"{found[repeated][:4]}): a key repeated across shards names no one sample")
+    return np.asarray([where_found[0] for where_found in found], dtype=np.int64)
+
+
+def indices_holding(keys: Iterable[str], tables: Iterable[tuple[int, SampleTable]], where: str) -> np.ndarray:
+    """The sorted global indices of every sample holding one of ``keys`` (see :func:`key_matches`)."""
+    _, found = key_matches(keys, tables, where)
+    return np.unique(np.asarray([i for where_found in found for i in where_found], dtype=np.int64))

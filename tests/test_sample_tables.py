@@ -102,6 +102,26 @@ def test_labels_and_keys_by_global_index(clean: Path) -> None:
         ds.indices_of([keys[3], "no/such-key", "another/missing"])
 
 
+def test_a_key_repeated_across_tars_is_excluded_everywhere_and_names_no_one_sample(tmp_path: Path) -> None:
+    """Foreign WebDataset writers may restart keys in each tar: exclude= leaves out every sample
+    holding the key (an overlap's exclude list must not leak one), indices_of refuses to pick one."""
+    pytest.importorskip("webdataset")
+    from tests.conftest import jpeg_bytes, run_cli, small_photo
+    from tests.test_fields import write_tars
+
+    samples = [{"__key__": f"{k:03d}", "jpg": jpeg_bytes(small_photo(3 * t + k)), "cls": str(t)} for t in range(3) for k in range(3)]
+    root = write_tars(tmp_path / "repeated", samples, per_tar=3)
+    run_cli("index", str(root))
+    ds = fastload.open(root)
+    assert [ds.key_of(i) for i in range(len(ds))] == ["000", "001", "002"] * 3
+    assert ds.indices_holding(["001", "002"]).tolist() == [1, 2, 4, 5, 7, 8]
+    with pytest.raises(ValueError, match="3 samples have the key '001'"):
+        ds.indices_of(["001"])
+    loader = fastload.DataLoader(ds, batch_size=9, exclude=["001"], return_keys=True, transform=[T.CenterCrop(8)])
+    (keys,) = [batch[2] for batch in loader]
+    assert sorted(keys) == ["000", "000", "000", "002", "002", "002"]
+
+
 def test_unlabelled_samples_are_minus_one(clean: Path, tmp_path: Path) -> None:
     """Tars of images without ``cls`` (some with, some without), indexed in place."""
     root = tmp_path / "mixed"
