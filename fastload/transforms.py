@@ -136,9 +136,9 @@ def val(size: int = 224, normalize: bool = False) -> tuple[Transform, ...]:
     return specs + ((Normalize(),) if normalize else ())
 
 
-def validate(transform: Sequence[Transform] | None) -> tuple[Transform, ...]:
-    """Check a transform list: known specs, per-sample ones before batch-level ones."""
-    specs = tuple(transform or ())
+def validate(transform: Sequence[Transform] | Transform | None) -> tuple[Transform, ...]:
+    """Check a transform list (or one spec): known specs, per-sample ones before batch-level ones."""
+    specs: tuple = (transform,) if isinstance(transform, (*GEOMETRIC, RandomHorizontalFlip, *BATCH_LEVEL)) else tuple(transform or ())
     seen_batch_level = False
     for spec in specs:
         if not isinstance(spec, (*GEOMETRIC, RandomHorizontalFlip, *BATCH_LEVEL)):

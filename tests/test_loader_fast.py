@@ -436,6 +436,7 @@ def test_transform_spec_validation() -> None:
         T.validate([T.Normalize(), T.CenterCrop(4)])
     with pytest.raises(TypeError, match="not a fastload transform spec"):
         T.validate([lambda x: x])
+    assert T.validate(T.CenterCrop(4)) == (T.CenterCrop(4),) == T.validate([T.CenterCrop(4)])  # one spec, as a list of one
 
 
 def test_varying_sizes_need_a_fixed_size_transform(wds: Path) -> None:
