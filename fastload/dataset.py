@@ -17,7 +17,15 @@ from fastload.formats import PixelReader, ShardReader, offsets_name, open_shard,
 from fastload.formats.table import SampleTable
 from fastload.index import INDEX_FILE, DatasetIndex, read_index
 from fastload.remote import is_url
-from fastload.sample_tables import DatasetKeys, indices_holding, indices_of, local_table, missing_tables, sample_labels
+from fastload.sample_tables import (
+    DatasetKeys,
+    built_table,
+    indices_holding,
+    indices_of,
+    local_table,
+    missing_tables,
+    sample_labels,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Sequence
@@ -275,11 +283,11 @@ class ShardedDataset:
             table = local_table(self.root, self.index, info)
             if table is not None:
                 return table
-            return SampleTable(self.root / table_name(info), info.samples, open_shard(self.root, self.index, info, open_files=1).sample_table())
+            return SampleTable(self.root / table_name(info), info.samples, built_table(open_shard(self.root, self.index, info, open_files=1)))
         path = self.fetch_table(shard)
         if path is not None:
             return SampleTable(path, info.samples)
-        return SampleTable(Path(table_name(info)), info.samples, self._open_files(shard, *self.fetch(shard), None).sample_table())
+        return SampleTable(Path(table_name(info)), info.samples, built_table(self._open_files(shard, *self.fetch(shard), None)))
 
     def _tables(self) -> Iterator[SampleTable]:
         for shard in range(len(self.index.shards)):

@@ -9,8 +9,6 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-
 from fastload.balance import ClassMembers, class_members, class_weight_vector
 from fastload.dataset import ShardedDataset
 from fastload.dist import resolve_rank_world

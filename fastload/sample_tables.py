@@ -14,11 +14,19 @@ import numpy as np
 
 from fastload.errors import ShardError
 from fastload.files import atomic_write_bytes
-from fastload.formats import open_shard, root_file, table_name
+from fastload.formats import ShardReader, open_shard, root_file, table_name
 from fastload.formats.table import SampleTable, key_hashes
 from fastload.index import DatasetIndex, ShardInfo
 
 log = logging.getLogger("fastload")
+
+
+def built_table(reader: ShardReader) -> bytes:
+    """A shard's sample table built from its reader (its ``.idx`` or columns), the reader then closed."""
+    try:
+        return reader.sample_table()
+    finally:
+        reader.close()
 
 
 def local_table(root: Path, index: DatasetIndex, shard: ShardInfo) -> SampleTable | None:
@@ -34,7 +42,7 @@ def local_table(root: Path, index: DatasetIndex, shard: ShardInfo) -> SampleTabl
         raise ShardError(f"{path}: missing, though index.json lists it")
     if not os.access(os.path.dirname(path), os.W_OK):
         return None
-    data = open_shard(root, index, shard, open_files=1).sample_table()
+    data = built_table(open_shard(root, index, shard, open_files=1))
     try:
         atomic_write_bytes(path, data)
     except OSError as exc:

@@ -212,6 +212,19 @@ def test_a_read_only_older_dataset_loads_from_its_idx_with_one_warning(clean: Pa
     assert tables(root) == {}
 
 
+@pytest.mark.parametrize("layout", ["wds", "hdf5"])
+def test_tables_built_in_memory_close_the_shards_they_read(clean: Path, h5_clean: Path, tmp_path: Path, layout: str) -> None:
+    """In a read-only older dataset each table is built from its shard in memory: the shard's file
+    is closed after (it leaked a descriptor a shard per call)."""
+    root = drop_tables(shutil.copytree(clean if layout == "wds" else h5_clean, tmp_path / "ro"))
+    with read_only(root):
+        ds = fastload.open(root)
+        before = len(os.listdir("/proc/self/fd"))
+        for _ in range(5):
+            labels = ds.sample_labels()
+        assert len(os.listdir("/proc/self/fd")) == before and len(labels) == len(ds)
+
+
 def test_a_tampered_table_is_refused_naming_the_file(ds_root: Path) -> None:
     table = ds_root / "shard-00001.table"
     data = bytearray(table.read_bytes())
