@@ -360,3 +360,37 @@ def test_max_open_shards_is_checked(clean: Path, monkeypatch: pytest.MonkeyPatch
 def test_the_index_lists_each_table_with_its_checksum(clean: Path) -> None:
     for shard in json.loads((clean / "index.json").read_text())["shards"]:
         assert hashlib.sha256((clean / shard["table"]).read_bytes()).hexdigest() == shard["table_sha256"]
+
+
+def test_a_table_row_listing_no_field_is_a_sample_error(ds_root: Path) -> None:
+    """A tampered row with no member: a SampleError naming the sample (skipped with on_error="skip"),
+    never a crash past it (min() of nothing)."""
+    from fastload.errors import SampleError
+    from fastload.formats.table import encode_table
+
+    table = SampleTable(ds_root / "shard-00000.table", 8)
+    keys, spans, labels = table.keys(), [table.spans(i) for i in range(8)], table.labels().tolist()
+    table.close()
+    (ds_root / "shard-00000.table").write_bytes(encode_table(keys, [{}, *spans[1:]], labels))
+    with pytest.raises(SampleError, match=re.escape(f"shard-00000.tar:{keys[0]}") + ".*lists no field"):
+        fastload.open(ds_root)[0]
+    loader = fastload.DataLoader(str(ds_root), batch_size=30, on_error="skip", return_keys=True, transform=T.val(8))
+    (delivered,) = [batch[2] for batch in loader]
+    assert keys[0] not in delivered and len(delivered) == 30
+
+
+def test_keys_of_a_tar_without_samples(tmp_path: Path) -> None:
+    """A tar holding no sample (only a README, as some WebDataset shards do) has an empty table: its
+    keys are none (reshaping them failed)."""
+    root = tmp_path / "sparse"
+    root.mkdir()
+    for name, members in (("a.tar", {"000.jpg": b"\xff\xd8\xff"}), ("b.tar", {"README": b"hi"})):
+        with tarfile.open(root / name, "w") as tar:
+            for member, data in members.items():
+                info = tarfile.TarInfo(member)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    index_tars(root)
+    ds = fastload.open(root)
+    assert [s.samples for s in ds.index.shards] == [1, 0] and list(ds.sample_keys()) == ["000"]
+    assert ds.table(1).keys() == []

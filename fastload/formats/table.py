@@ -277,7 +277,7 @@ class SampleTable:
 
     def keys(self) -> list[str]:
         """Every sample's key."""
-        rows = np.frombuffer(self._read(self.layout.rows_at, self._row.size * len(self)), dtype="<i8").reshape(len(self), -1)
+        rows = np.frombuffer(self._read(self.layout.rows_at, self._row.size * len(self)), dtype="<i8").reshape(len(self), self._row.size // 8)
         blob = self._read(self.layout.keys_at, self.layout.keys_bytes)
         starts, ends = rows[:, 0].tolist(), rows[:, 1].tolist()
         if any(not 0 <= s <= e <= len(blob) for s, e in zip(starts, ends)):

@@ -102,6 +102,8 @@ class TarShardReader:
         neighbours in the tar, a tar header apart), else one per field."""
         fd = self._descriptor()
         spans = self._samples.spans(i)
+        if not spans:  # every sample has a member: an index row without one was tampered with
+            raise SampleError(f"{self.path}:{self.key(i)}", "its index entry lists no field")
         for offset, size in spans.values():
             self._check_span(i, offset, size)
         start = min(offset for offset, _ in spans.values())
