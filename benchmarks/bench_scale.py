@@ -4,7 +4,8 @@ index.json, loaded with the global shuffle and with the streaming order side by 
 
     python benchmarks/bench_scale.py /tmp/scale --sizes 1.28M,40.96M --rounds 3
 
-Prints per dataset size and order: time to the first batch, PSS of each worker and of the
+Prints per dataset size and order: time to the first batch (from the loader's construction, torch
+already imported as in any training process), PSS of each worker and of the
 training process (from /proc/PID/smaps_rollup, after the last batch), images/s over batches
 2-201, and that rate over the smallest size's in the same order. Each run is a fresh process;
 ``--rounds N`` runs every row N times, interleaved, and prints medians and each round's ratios.
@@ -108,8 +109,11 @@ def cpu_seconds(pids: list[int]) -> float:
 
 def run_one(path: str, order: str, workers: int, batch_size: int, batches: int, size: int) -> dict:
     """Load ``batches`` + 1 batches in this process; the measurements as a dict."""
+    import torch  # noqa: F401 - a training process has imported torch (~0.9 s here): the clock starts at the loader
+
     import fastload
     from fastload import transforms as T
+    from fastload.loader import DataLoader  # noqa: F401 - fastload.DataLoader is imported lazily
 
     start = time.perf_counter()
     extra = {"shuffle_buffer": 4096} if order == "streaming" else {}
