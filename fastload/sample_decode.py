@@ -131,8 +131,9 @@ def fill_sample(
     if planned is not None and spec.primary is not None:
         decode_planned(planned, rows[spec.primary.key])
         clock.lap(DECODE)
-    if spec.map is not None:
-        values = _run_map(spec.map, spec, rows, values, ds.where(index), sample_generator(seed, epoch, index))
+    if spec.map is not None:  # where: from the key just read (ds.where would read the key from the table again)
+        where = f"{ds.shard_name(ds.locate(index)[0])}:{key}"
+        values = _run_map(spec.map, spec, rows, values, where, sample_generator(seed, epoch, index))
         clock.lap(MAP)
     clock.count(SAMPLES, 1)
     return key, values
@@ -150,7 +151,7 @@ def fill_beside_primary(
     key, stored, pixels = ds.raw(index)
     clock.lap(READ)
     clock.count(READ_BYTES, sum(map(len, stored.values())) + (pixels.nbytes if pixels is not None else 0))
-    where = f"{ds.index.shards[ds.locate(index)[0]].path}:{key}"
+    where = f"{ds.shard_name(ds.locate(index)[0])}:{key}"
     present: dict[str, Any] = stored if pixels is None else {**stored, DECODED_FIELD: pixels}
     names = {field.name: _stored_name(field, present, where) for field in spec.fields}
     values: dict[str, Any] = {}
