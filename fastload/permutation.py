@@ -1,8 +1,8 @@
 """A seeded bijection on ``[0, n)`` evaluated at any positions without materialising ``n`` values:
 a balanced Feistel network over the smallest even-bit power of two >= n, cycle-walked back into
 range. It stands in for ``rng.permutation(n)`` wherever an epoch's order is needed: building it
-costs nothing, evaluating it ~80 vectorised numpy operations per call (~0.2 ms for a batch of
-256), so an order's start-up no longer grows with the dataset.
+costs nothing, evaluating it ~80 vectorised numpy operations a pass, a few passes a call (0.3-0.7
+ms for a batch of 256), so an order's start-up no longer grows with the dataset.
 
 Small domains are the exception: a Feistel network over a few bits reaches few of the ``n!``
 orders and favours some (each of its rounds is an even permutation of ``4**h`` values; over 16
@@ -51,12 +51,17 @@ def half_bits(n: np.ndarray | int) -> np.ndarray:
     return ((bit_length + 1) // 2).astype(np.uint64)
 
 
-def _feistel(x: np.ndarray, half: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """One pass of the network over ``[0, 4**half)``: ROUNDS rounds of L, R = R, L ^ F(R, key)."""
+def _round_keys(keys: np.ndarray) -> list[np.ndarray]:
+    """The network's key of each round, for each key."""
+    return [mix64(keys + _ROUND_KEYS[r]) for r in range(ROUNDS)]
+
+
+def _feistel(x: np.ndarray, half: np.ndarray, round_keys: list[np.ndarray]) -> np.ndarray:
+    """One pass of the network over ``[0, 4**half)``: ROUNDS rounds of L, R = R, L ^ F(R, key)
+    (``half`` and the round keys: one per element, or one for all)."""
     mask = (np.uint64(1) << half) - np.uint64(1)
     left, right = x >> half, x & mask
-    for r in range(ROUNDS):
-        round_key = mix64(keys + _ROUND_KEYS[r])
+    for round_key in round_keys:
         left, right = right, left ^ (mix64(right ^ round_key) & mask)
     return (left << half) | right
 
@@ -100,13 +105,18 @@ def _permute_small(positions: np.ndarray, n: np.ndarray, keys: np.ndarray) -> np
 def _permute_feistel(positions: np.ndarray, n_arr: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """:func:`permute` by the Feistel network, cycle-walked into range."""
     x = positions.astype(np.uint64)
-    half = half_bits(n_arr)
-    x = _feistel(x, half, keys)
-    out_of_range = np.flatnonzero(x >= n_arr.astype(np.uint64))
+    if (n_arr == n_arr[0]).all() and (keys == keys[0]).all():  # one permutation (the usual case): scalars broadcast
+        n_arr, keys = n_arr[:1], keys[:1]
+    half, limit, round_keys = half_bits(n_arr), n_arr.astype(np.uint64), _round_keys(keys)
+    x = _feistel(x, half, round_keys)
+    out_of_range = np.flatnonzero(x >= limit)
     while len(out_of_range):  # cycle walking: a value outside [0, n) is sent through again (~<4 passes)
-        again = _feistel(x[out_of_range], half[out_of_range], keys[out_of_range])
+        if len(limit) == 1:
+            again = _feistel(x[out_of_range], half, round_keys)
+        else:
+            again = _feistel(x[out_of_range], half[out_of_range], [k[out_of_range] for k in round_keys])
         x[out_of_range] = again
-        out_of_range = out_of_range[again >= n_arr[out_of_range].astype(np.uint64)]
+        out_of_range = out_of_range[again >= (limit if len(limit) == 1 else limit[out_of_range])]
     return x.astype(np.int64)
 
 
