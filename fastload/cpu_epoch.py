@@ -213,8 +213,8 @@ class CpuEpoch(Epoch):
 
     def __next__(self) -> Any:
         batch = super().__next__()
-        if self.finished and self.RUNS_AHEAD and self.pool is not None and self.inputs.dataset.url is None:
-            self._run_ahead(self.pool)  # after the epoch's stats ended; a remote dataset's shards are fetched for the epoch that reads them
+        if self.finished and self.RUNS_AHEAD and self.pool is not None and not self.inputs.dataset.downloads:
+            self._run_ahead(self.pool)  # after the epoch's stats ended; remote shards (a mixture's remote members too) are fetched for the epoch that reads them
         return batch
 
     def _run_ahead(self, pool: WorkerPool) -> None:

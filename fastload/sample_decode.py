@@ -131,12 +131,16 @@ def fill_sample(
     if planned is not None and spec.primary is not None:
         decode_planned(planned, rows[spec.primary.key])
         clock.lap(DECODE)
-    if spec.map is not None:  # where: from the key just read (ds.where would read the key from the table again)
-        where = f"{ds.shard_name(ds.locate(index)[0])}:{key}"
-        values = _run_map(spec.map, spec, rows, values, where, sample_generator(seed, epoch, index))
+    if spec.map is not None:
+        values = _run_map(spec.map, spec, rows, values, _where(ds, index, key), sample_generator(seed, epoch, index))
         clock.lap(MAP)
     clock.count(SAMPLES, 1)
     return key, values
+
+
+def _where(ds: ShardedDataset, index: int, key: str) -> str:
+    """How errors name sample ``index`` whose ``key`` was just read (``ds.where`` would read it again)."""
+    return f"{ds.shard_name(ds.locate(index)[0])}:{key}"
 
 
 def fill_beside_primary(
@@ -151,7 +155,7 @@ def fill_beside_primary(
     key, stored, pixels = ds.raw(index)
     clock.lap(READ)
     clock.count(READ_BYTES, sum(map(len, stored.values())) + (pixels.nbytes if pixels is not None else 0))
-    where = f"{ds.shard_name(ds.locate(index)[0])}:{key}"
+    where = _where(ds, index, key)
     present: dict[str, Any] = stored if pixels is None else {**stored, DECODED_FIELD: pixels}
     names = {field.name: _stored_name(field, present, where) for field in spec.fields}
     values: dict[str, Any] = {}
