@@ -1,6 +1,8 @@
-"""Build the optional libjpeg-turbo extension (fastload.decode._turbo); everything else is in
-pyproject.toml. Without a compiler or libjpeg headers the build skips it, says so, and fastload
-decodes through simplejpeg/Pillow instead (slower train-time crops, same results within rounding).
+"""Build the optional C extensions: libjpeg-turbo crops (fastload.decode._turbo) and the
+near-duplicate index (fastload.near._index); everything else is in pyproject.toml. Without a
+compiler or libjpeg headers the build skips them, says so, and fastload decodes through
+simplejpeg/Pillow (slower train-time crops, same results within rounding) and searches near
+duplicates in Python (slower, the same answers).
 Wheels that carry their own libjpeg-turbo: scripts/build_wheel.sh, or cibuildwheel (README)."""
 
 import sys
@@ -9,22 +11,29 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 from setuptools.errors import BaseError, CCompilerError, CompileError
 
-NOTE = """
+NOTES = {
+    "fastload.decode._turbo": """
 note: fastload's libjpeg-turbo extension (fastload.decode._turbo) was not built: it needs a C
 compiler and the libjpeg-turbo headers (Debian/Ubuntu: apt-get install gcc libjpeg-dev; macOS:
 brew install jpeg-turbo). fastload still works without it, decoding JPEG crops through the
 slower simplejpeg/Pillow path; install those and reinstall fastload to get it.
-"""
+""",
+    "fastload.near._index": """
+note: fastload's near-duplicate index (fastload.near._index) was not built: it needs a C
+compiler. `fastload convert --dedupe near` and `fastload overlap` still work, searching in
+Python instead (~20x slower); install one and reinstall fastload to get it.
+""",
+}
 
 
 class BuildExtOrNote(build_ext):
-    """build_ext that prints NOTE where the optional extension fails to compile or link."""
+    """build_ext that prints the extension's note where an optional extension fails to compile or link."""
 
     def build_extension(self, ext: Extension) -> None:
         try:
             super().build_extension(ext)
         except (CCompilerError, CompileError, BaseError):  # what setuptools skips an optional extension on
-            print(NOTE, file=sys.stderr)
+            print(NOTES[ext.name], file=sys.stderr)
             raise
 
 
@@ -37,6 +46,12 @@ setup(
             libraries=["jpeg"],
             extra_compile_args=["-O3", "-std=c99"],
             optional=True,
-        )
+        ),
+        Extension(
+            "fastload.near._index",
+            sources=["fastload/near/_index.c"],
+            extra_compile_args=["-O3", "-std=c99"],
+            optional=True,
+        ),
     ],
 )

@@ -6,7 +6,10 @@ All on real JPEG files written by the fixture."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +17,10 @@ import pytest
 from PIL import Image, ImageEnhance
 
 from fastload.converters import ConvertOptions, convert
+from fastload.near import search
 from fastload.near.report import GROUPS_CHUNK
 from fastload.near.search import MultiIndex, first_occurrences
-from fastload.near.signature import colours_match, hamming, signatures
+from fastload.near.signature import COLOUR_TOLERANCE, colours_match, hamming, signatures
 from tests.conftest import jpeg_bytes, run_cli, tree_bytes
 
 DISTINCT = 30
@@ -267,22 +271,55 @@ def test_inspect_shows_the_class_histogram_and_imbalance(tmp_path: Path) -> None
     assert "largest/smallest 6.00" in text
 
 
+@pytest.fixture(params=["c", "python"])
+def index_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test with the C index (fastload/near/_index.c) and with the Python one."""
+    if request.param == "python":
+        monkeypatch.setattr(search, "native", None)
+    elif search.native is None:
+        pytest.skip("the near-duplicate index extension is not built")
+    return request.param
+
+
 @pytest.mark.parametrize("threshold,size", [(0, 100), (3, 100), (7, 10), (12, 200), (12, 10**6), (17, 1000), (24, 10**5)])
-def test_multi_index_finds_exactly_the_pairs_within_the_threshold(threshold: int, size: int) -> None:
-    """Against brute force over signatures planted at the threshold, one bit past it and at random
-    distances, whatever bands ``size`` chooses."""
+def test_multi_index_finds_the_closest_within_the_threshold(threshold: int, size: int, index_backend: str) -> None:
+    """Against brute force over signatures planted at the threshold, one bit past it and at
+    random distances, some with colours off by one past the tolerance, whatever bands ``size``
+    chooses: the closest within the threshold whose colours match, ties to the smaller ident."""
+    check_closest_against_brute_force(threshold, size)
+
+
+def check_closest_against_brute_force(threshold: int, size: int) -> None:
     rng = random.Random(threshold)
-    base = [rng.getrandbits(64) << 64 for _ in range(60)]  # the hash bits; colours all alike
-    stored = base + [b ^ sum(1 << 64 + bit for bit in rng.sample(range(64), d)) for b in base for d in (threshold, threshold + 1, rng.randint(0, 30))]
+    colour = int.from_bytes(bytes(rng.randrange(20, 230) for _ in range(8)), "big")
+    base = [rng.getrandbits(64) << 64 | colour for _ in range(60)]
+
+    def near_copy(signature: int, bits: int) -> int:
+        hashed = signature ^ sum(1 << 64 + bit for bit in rng.sample(range(64), bits))
+        if rng.random() < 0.3:  # one colour byte moved just within or just past the tolerance
+            shift = 8 * rng.randrange(8)
+            step = rng.choice([COLOUR_TOLERANCE, COLOUR_TOLERANCE + 1]) * rng.choice([-1, 1])
+            hashed += step << shift
+        return hashed
+
+    stored = base + [near_copy(b, d) for b in base for d in (threshold, threshold, threshold + 1, rng.randint(0, 30))]
     index = MultiIndex(threshold, size)
     for ident, signature in enumerate(stored):
         index.add(signature, ident)
-    for query in base:
-        expected = sorted((hamming(query, s), i) for i, s in enumerate(stored) if hamming(query, s) <= threshold)
-        assert index.near(query) == expected
+    for query in base + [near_copy(b, 1) for b in base]:
+        within = sorted((hamming(query, s), i) for i, s in enumerate(stored) if hamming(query, s) <= threshold and colours_match(query, s))
+        assert index.closest(query) == (within[0] if within else None)
 
 
-def test_first_occurrences_compares_with_the_kept_ones_only() -> None:
+@pytest.mark.skipif(search.native is None, reason="the near-duplicate index extension is not built")
+def test_multi_index_without_the_popcount_instruction() -> None:
+    """The C index's portable kernel (picked where the CPU lacks POPCNT; here forced with
+    FASTLOAD_NO_POPCNT=1 in a new process) gives the same answers."""
+    code = "from tests.test_near_dupes import check_closest_against_brute_force as c; c(12, 10**4); c(3, 100)"
+    subprocess.run([sys.executable, "-c", code], env={**os.environ, "FASTLOAD_NO_POPCNT": "1"}, check=True, cwd=Path(__file__).parent.parent)
+
+
+def test_first_occurrences_compares_with_the_kept_ones_only(index_backend: str) -> None:
     """a~b and b~c but a and c apart: b is dropped as a's duplicate, c is kept (not transitive)."""
     a = 0
     b = a ^ 0b111 << 64  # 3 hash bits from a
@@ -290,7 +327,7 @@ def test_first_occurrences_compares_with_the_kept_ones_only() -> None:
     assert first_occurrences([a, None, b, c, a], 4) == [(2, 0, 3), (4, 0, 0)]
 
 
-def test_same_structure_other_colour_is_not_a_duplicate() -> None:
+def test_same_structure_other_colour_is_not_a_duplicate(index_backend: str) -> None:
     """A pattern tinted red and the same pattern tinted blue hash alike (grey is a positive
     multiple of the pattern in both) but differ in colour: kept both. The red one darkened by 10%
     is a duplicate."""

@@ -29,19 +29,22 @@ from tests.conftest import REPO_ROOT, tree_bytes
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 # Loads the dataset argv[1] through the installed fastload's workers, saves the pixels to argv[2]
-# and prints which fastload and which JPEG crop decoder did it.
+# and prints which fastload and which JPEG crop decoder did it, and where the near-duplicate index is.
 LOAD = """
 import json, sys
 import numpy as np
 import fastload
 from fastload import transforms as T
 from fastload.decode import cpu
+from fastload.near import search
 with fastload.DataLoader(sys.argv[1], batch_size=8, num_workers=2, transform=T.train(32), backend="cpu") as loader:
     np.save(sys.argv[2], np.concatenate([images.numpy() for images, _ in loader]))
-print(json.dumps({"fastload": fastload.__file__, "decoder": cpu.jpeg_crop_decoder(), "turbo": getattr(cpu.turbo, "__file__", None)}))
+print(json.dumps({"fastload": fastload.__file__, "decoder": cpu.jpeg_crop_decoder(), "turbo": getattr(cpu.turbo, "__file__", None),
+                  "near_index": getattr(search.native, "__file__", None)}))
 """
 Item = TypeVar("Item")
 EXTENSION_NOTE = "note: fastload's libjpeg-turbo extension (fastload.decode._turbo) was not built"
+NEAR_INDEX_NOTE = "note: fastload's near-duplicate index (fastload.near._index) was not built"
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -163,7 +166,7 @@ def test_wheel_bundles_libjpeg_turbo_and_loads_through_it(
     run(fastload_command, "convert", image_folder, tmp_path / "wds", "--from", "imagefolder", "--samples-per-shard", "8", cwd=tmp_path)
     assert tree_bytes(tmp_path / "wds") == tree_bytes(dataset)  # the same shards, byte for byte
     report, images, stderr = load(site, tmp_path / "wds", tmp_path)
-    assert Path(report["fastload"]).is_relative_to(site) and Path(report["turbo"]).is_relative_to(site), report
+    assert all(Path(report[k]).is_relative_to(site) for k in ("fastload", "turbo", "near_index")), report
     assert report["decoder"] == "fastload.decode._turbo" and "Warning" not in stderr, (report, stderr)
     assert images.shape == (30, 3, 32, 32)
     assert np.array_equal(images, checkout_images(dataset))  # the same crops, pixel for pixel
@@ -187,9 +190,9 @@ def test_extension_that_does_not_load_warns_once_and_falls_back(bundled: tuple[P
 
 def test_source_build_without_a_compiler_says_so_and_works(bundled: tuple[Path, Path], dataset: Path, tmp_path: Path) -> None:
     wheel, output = build_plain(tmp_path / "dist", cwd=tmp_path, CC="false")  # no C compiler
-    assert EXTENSION_NOTE in output, output[-4000:]
-    assert not [n for n in zipfile.ZipFile(wheel).namelist() if "/_turbo" in n]
+    assert EXTENSION_NOTE in output and NEAR_INDEX_NOTE in output, output[-4000:]
+    assert not [n for n in zipfile.ZipFile(wheel).namelist() if "/_turbo" in n or "/_index" in n]
     site = venv_with(wheel, bundled[1], tmp_path / "venv")
     report, images, stderr = load(site, dataset, tmp_path)
-    assert report["decoder"] == "simplejpeg" and "Warning" not in stderr, (report, stderr)  # built without it: no warning
+    assert report["decoder"] == "simplejpeg" and report["near_index"] is None and "Warning" not in stderr, (report, stderr)  # built without: no warning
     assert images.shape == (30, 3, 32, 32)

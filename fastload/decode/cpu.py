@@ -8,11 +8,7 @@ was not built), which decodes only the crop's region straight into the batch slo
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import io
-import warnings
-from types import ModuleType
 
 import numpy as np
 import simplejpeg
@@ -20,31 +16,11 @@ from PIL import Image
 
 from fastload.decode.header import MAX_PIXELS, check_pixels, image_size
 from fastload.errors import SampleError
+from fastload.extensions import load_extension
 
 _PILLOW_JPEG_COLORSPACES = ("CMYK", "YCCK")  # libjpeg-turbo gives no RGB from these: Pillow converts
 _TURBO = "fastload.decode._turbo"
-
-
-def _load_turbo() -> ModuleType | None:
-    """The extension, or None where it was not built (setup.py said why). Installed but not
-    loading (its bundled libjpeg gone, say): one warning naming the import error."""
-    spec = importlib.util.find_spec(_TURBO)
-    if spec is None:
-        return None
-    try:
-        return importlib.import_module(_TURBO)
-    except ImportError as exc:
-        warnings.warn(
-            f"fastload: the libjpeg-turbo extension {spec.origin} is installed but does not load "
-            f"({type(exc).__name__}: {exc}); JPEG crops fall back to the slower simplejpeg/Pillow path "
-            "(reinstalling fastload restores it)",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return None
-
-
-turbo = _load_turbo()
+turbo = load_extension(_TURBO, "libjpeg-turbo extension", "JPEG crops fall back to the slower simplejpeg/Pillow path")
 
 
 def jpeg_crop_decoder() -> str:

@@ -159,9 +159,9 @@ def find_overlap(a: str | Path, b: str | Path, threshold: int, workers: int = os
     for position, signature in enumerate(signed_b.signatures):
         if signature is None:
             continue
-        found = index.near(signature)
-        if found:
-            distance, match = found[0]
+        found = index.closest(signature)
+        if found is not None:
+            distance, match = found
             matches.append(Match(position, signed_b.keys[position], match, signed_a.keys[match], distance))
     return Overlap(
         a=str(a), b=str(b), threshold=threshold, a_samples=len(signed_a.keys), b_samples=len(signed_b.keys),

@@ -1,7 +1,7 @@
 """Finding signatures within a Hamming distance without comparing all pairs: multi-index hashing.
 
-The 64 bits are cut into ``k`` bands; one dict per band maps a band's value to the signatures
-holding it. Two signatures at most ``t`` bits apart differ in at most ``t // k`` bits of some
+The 64 bits are cut into ``k`` bands; one table per band maps a band's value to the signatures
+holding it (dicts in Python; buckets in C, fastload/near/_index.c, where it is built). Two signatures at most ``t`` bits apart differ in at most ``t // k`` bits of some
 band (pigeonhole), so looking up, in every band, each value within ``t // k`` bits of the
 query's finds every signature within ``t``: the search is exact, not approximate. Its cost is
 the lookups (k x the values within the radius of a band) plus the signatures they turn up
@@ -15,8 +15,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from fastload.near.signature import BITS, colours_match, hash_bits
+from fastload.extensions import load_extension
+from fastload.near.signature import BITS, COLOUR_TOLERANCE, colours_match, hash_bits
 
+native = load_extension("fastload.near._index", "near-duplicate index extension", "the search runs in Python, ~50x slower")
+_COLOUR_MASK = (1 << 64) - 1  # the colour bits of a signature, below its hash
+_NATIVE_COSTS = (30.0, 16)  # C: a lookup (two cache misses) ~30 candidate checks (measured at 12k-1.28M signatures); bands of at most 16 bits (_index.c)
 MAX_THRESHOLD = 24  # bits of 64: far past the useful range (16 already drops 1-2% of distinct photos: bench_near_dupes.py)
 
 
@@ -37,14 +41,15 @@ def _lookups(width: int, radius: int) -> int:
     return sum(math.comb(width, r) for r in range(radius + 1))
 
 
-def choose_bands(threshold: int, size: int) -> int:
-    """The number of bands that makes a query cheapest: lookups plus the candidates they find."""
+def choose_bands(threshold: int, size: int, lookup_cost: float = 1.0, max_width: int = BITS) -> int:
+    """The number of bands that makes a query cheapest: lookups (each ``lookup_cost`` times a
+    candidate's check) plus the candidates they find, no band wider than ``max_width`` bits."""
 
     def cost(bands: int) -> float:
         radius = threshold // bands
-        return sum(_lookups(w, radius) * (1 + size / 2**w) for w in _widths(bands))
+        return sum(_lookups(w, radius) * (lookup_cost + size / 2**w) for w in _widths(bands))
 
-    return min(range(1, min(threshold + 1, BITS) + 1), key=cost)
+    return min((b for b in range(1, min(threshold + 1, BITS) + 1) if max(_widths(b)) <= max_width), key=cost, default=-(-BITS // max_width))
 
 
 def _flips(width: int, radius: int) -> list[int]:
@@ -58,30 +63,39 @@ def _flips(width: int, radius: int) -> list[int]:
 
 
 class MultiIndex:
-    """Signatures by band, answering "which stored signatures lie within ``threshold`` bits";
-    ``size`` (how many will be stored, roughly) chooses the bands."""
+    """Signatures by band, answering "which stored signature lies closest, within ``threshold``
+    bits"; ``size`` (how many will be stored, roughly) chooses the bands. In C where the
+    extension (fastload/near/_index.c) is built, else in Python: the same answers."""
 
     def __init__(self, threshold: int, size: int) -> None:
         self.threshold = check_threshold(threshold)
-        widths = _widths(choose_bands(threshold, size))
+        widths = _widths(choose_bands(threshold, size, *_NATIVE_COSTS) if native else choose_bands(threshold, size))
         radius = threshold // len(widths)
         self._bands = [(sum(widths[:b]), (1 << w) - 1, _flips(w, radius)) for b, w in enumerate(widths)]
+        self._native = native.Index(threshold, COLOUR_TOLERANCE, [(shift, w, flips) for (shift, _, flips), w in zip(self._bands, widths, strict=True)]) if native else None
         self._tables: list[dict[int, list[int]]] = [{} for _ in widths]
         self._signatures: dict[int, int] = {}
         self._hashes: dict[int, int] = {}  # the hash bits of each stored signature
 
     def add(self, signature: int, ident: int) -> None:
         """Store ``signature`` under the caller's ``ident`` (one signature per ident)."""
+        bits = hash_bits(signature)
+        if self._native is not None:
+            self._native.add(bits, signature & _COLOUR_MASK, ident)
+            return
         self._signatures[ident] = signature
-        self._hashes[ident] = bits = hash_bits(signature)
+        self._hashes[ident] = bits
         for (shift, mask, _), table in zip(self._bands, self._tables, strict=True):
             table.setdefault(bits >> shift & mask, []).append(ident)
 
-    def near(self, signature: int) -> list[tuple[int, int]]:
-        """(distance, ident) of every stored signature whose hash lies within the threshold and
-        whose colours match (signature.colours_match), closest first (ties: the smaller ident)."""
-        seen: set[int] = set()
+    def closest(self, signature: int) -> tuple[int, int] | None:
+        """(distance, ident) of the stored signature whose hash lies closest, within the
+        threshold, among those whose colours match (signature.colours_match); ties: the smaller
+        ident. None when there is none."""
         bits = hash_bits(signature)
+        if self._native is not None:
+            return self._native.closest(bits, signature & _COLOUR_MASK)
+        seen: set[int] = set()
         for (shift, mask, flips), table in zip(self._bands, self._tables, strict=True):
             value, get = bits >> shift & mask, table.get
             for flip in flips:
@@ -89,8 +103,8 @@ class MultiIndex:
                 if bucket:
                     seen.update(bucket)
         hashes, threshold, stored = self._hashes, self.threshold, self._signatures
-        within = [(d, ident) for ident in seen if (d := (bits ^ hashes[ident]).bit_count()) <= threshold]
-        return sorted((d, ident) for d, ident in within if colours_match(signature, stored[ident]))
+        within = sorted((d, ident) for ident in seen if (d := (bits ^ hashes[ident]).bit_count()) <= threshold)
+        return next(((d, ident) for d, ident in within if colours_match(signature, stored[ident])), None)
 
 
 class FirstOccurrences:
@@ -108,10 +122,9 @@ class FirstOccurrences:
         never compared, nor kept for comparison."""
         if signature is None:
             return None
-        matches = self._index.near(signature)
-        if matches:
-            distance, kept = matches[0]
-            return kept, distance
+        match = self._index.closest(signature)
+        if match is not None:
+            return match[1], match[0]
         self._index.add(signature, position)
         return None
 
