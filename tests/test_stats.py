@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import fastload
@@ -39,8 +40,11 @@ def test_stage_totals_add_up(photos: Path, num_workers: int) -> None:
     stages = epoch.stage_s()
     assert set(stages) == set(WORKER_STAGES) and epoch.complete and (epoch.batches, epoch.samples) == (6, 24)
     assert all(seconds > 0 for seconds in stages.values())  # read, decode, transform and map= all timed
-    assert sum(stages.values()) <= epoch.wall_s * max(num_workers, 1)
-    assert epoch.busy_processes() == max(num_workers, 1) and epoch.workers is not None
+    assert epoch.workers is not None
+    per_process = epoch.workers[:, : len(WORKER_STAGES)].sum(axis=1)
+    assert (per_process <= epoch.wall_s).all()  # each process's stages lie within the epoch
+    # the workers share one task queue: under load one may take every batch before the other starts
+    assert 1 <= epoch.busy_processes() == np.count_nonzero(per_process) <= max(num_workers, 1)
     assert epoch.workers[:, len(WORKER_STAGES) + 1].sum() == 24  # each sample made once
     assert epoch.workers[:, len(WORKER_STAGES)].sum() == sum(len(v) for i in range(24) for v in ds.raw(i)[1].values())
     assert 0 < epoch.wait_s <= epoch.wall_s and epoch.handoff_s > 0
