@@ -14,6 +14,7 @@ from fastload.converters import ConvertOptions, SourceOptions, WriterOptions, co
 from fastload.converters.sources import open_source
 from fastload.formats import open_shard
 from fastload.index import read_index
+from tests.conftest import jpeg_bytes, small_photo
 
 
 def read_back(out: Path) -> list[tuple[str, dict[str, bytes]]]:
@@ -278,6 +279,23 @@ def test_reencode_and_max_size(image_folder: Path, tmp_path: Path) -> None:
         scale = 32 / max(width, height)
         assert image.format == "JPEG" and max(image.size) == 32
         assert image.size == (round(width * scale), round(height * scale)), key
+
+
+def test_max_size_far_below_the_photo_decodes_at_a_dct_scale_and_looks_like_a_full_lanczos(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 1200x900 photo shrunk to 150 px is decoded at 1/4 (300x225: twice the output) before the
+    Lanczos resize: the same size as from the full decode, and the same picture within rounding."""
+    from fastload.converters.clean import reencode_jpeg
+    from fastload.decode import cpu
+
+    decoded: list[tuple[int, int]] = []
+    decode = cpu.decode_image
+    monkeypatch.setattr(cpu, "decode_image", lambda *args: decoded.append(decode(*args).shape[:2]) or decode(*args))
+    data = jpeg_bytes(small_photo(3, size=(900, 1200)), quality=95)
+    shrunk = Image.open(io.BytesIO(reencode_jpeg(data, "big.jpg", 95, 150)))
+    assert decoded == [(225, 300)]
+    full = Image.open(io.BytesIO(data)).convert("RGB").resize((150, 112), Image.Resampling.LANCZOS)
+    assert shrunk.size == (150, 112)
+    assert np.abs(np.asarray(shrunk, dtype=int) - np.asarray(full, dtype=int)).mean() < 2.0
 
 
 def test_rerun_of_finished_conversion_is_a_no_op_and_other_options_conflict(image_folder: Path, tmp_path: Path) -> None:
