@@ -8,7 +8,8 @@ distinct photo gets a near copy, the kinds taking turns: re-encoded at quality 4
 to 80-95%, cropped by 2-5% (sides at random), brightness x0.9-1.1, or all four at once.
 
     python benchmarks/bench_near_dupes.py /tmp/near --count 2400 --rounds 3 \\
-        [--overlap-a data/photos12k-wds --overlap-b-source data/photos12k] [--json out.json]
+        [--overlap-a data/photos12k-wds --overlap-b-source data/photos12k] [--json out.json] \\
+        [--cost-also data/photos12k] [--search-sizes 12000,100000,1280000]   # the decisions alone: C and Python
 """
 
 from __future__ import annotations
@@ -120,12 +121,44 @@ def threshold_sweep(folder: Path, truth: dict, thresholds: list[int]) -> dict[in
     return out
 
 
+def search_seconds(size: int, threshold: int, python: bool) -> float:
+    """Seconds for the first-occurrence decisions over ``size`` random signatures with a near copy
+    (0..threshold bits off) planted every tenth, by the C index or (``python``) the Python one."""
+    from fastload.near import search
+
+    rng = random.Random(size)
+    colour = int.from_bytes(bytes(rng.randrange(256) for _ in range(8)), "big")
+    signed = [rng.getrandbits(64) << 64 | colour for _ in range(size)]
+    for i in range(0, size - 1, 10):
+        signed[i + 1] = signed[i] ^ sum(1 << 64 + bit for bit in rng.sample(range(64), rng.randint(0, threshold)))
+    native, search.native = search.native, None if python else search.native
+    try:
+        start = time.perf_counter()
+        search.first_occurrences(signed, threshold)
+        return time.perf_counter() - start
+    finally:
+        search.native = native
+
+
 def fastload(*args: str) -> float:
     """Run the ``fastload`` command; return its wall time."""
     start = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH"))))}
     subprocess.run([str(Path(sys.executable).with_name("fastload")), *args], check=True, stdout=subprocess.DEVNULL, env=env)
     return time.perf_counter() - start
+
+
+def plain_and_near(source: Path, work: Path, workers: int, threshold: int, rounds: int) -> tuple[float, dict[str, list[float]]]:
+    """Convert ``source`` plainly and with ``--dedupe near``, interleaved over ``rounds`` (outputs
+    under ``work`` removed before each run): the median of the rounds' near / plain, and the times."""
+    times: dict[str, list[float]] = {"plain": [], "near": []}
+    common = ["--from", "imagefolder", "--workers", str(workers), "--quiet"]
+    for _ in range(rounds):
+        for name, extra in (("plain", []), ("near", ["--dedupe", "near", "--near-threshold", str(threshold)])):
+            out = work / f"out-{name}"
+            subprocess.run(["rm", "-rf", str(out)], check=True)
+            times[name].append(round(fastload("convert", str(source), str(out), *common, *extra), 3))
+    return statistics.median(n / p for n, p in zip(times["near"], times["plain"], strict=True)), times
 
 
 def main() -> None:
@@ -142,8 +175,18 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=Path("data/.wallpapers"))
     parser.add_argument("--overlap-a", type=Path, help="a converted dataset (e.g. data/photos12k-wds)")
     parser.add_argument("--overlap-b-source", type=Path, help="an image folder converted (shuffled, HDF5) as B")
+    parser.add_argument("--cost-also", type=Path, help="another image folder to time plain against near on (e.g. data/photos12k)")
+    parser.add_argument("--search-sizes", help="also time the decisions alone at these sizes (e.g. 12000,100000,1280000)")
+    parser.add_argument("--search-python-up-to", type=int, default=100_000, help="and the Python index's up to this size")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    result: dict = {}
+    for size in map(int, args.search_sizes.split(",")) if args.search_sizes else ():
+        row = {"c": search_seconds(size, args.threshold, python=False)}
+        if size <= args.search_python_up_to:
+            row["python"] = search_seconds(size, args.threshold, python=True)
+        result.setdefault("search_seconds", {})[size] = row
+        print(f"decisions for {size:,} signatures: " + ", ".join(f"{k} index {v:.2f} s" for k, v in row.items()))
     folder = args.work / "photos"
     truth_file = args.work / "truth.json"
     if not truth_file.exists():
@@ -151,28 +194,23 @@ def main() -> None:
         truth_file.write_text(json.dumps(truth))
     truth = json.loads(truth_file.read_text())
     print(f"{truth['generated']} photos drawn, {len(truth['distinct'])} distinct (crop IoU < {args.max_iou}), {len(truth['planted'])} planted copies")
-    result: dict = {"distinct": len(truth["distinct"]), "planted": len(truth["planted"]), "threshold": args.threshold}
+    result.update({"distinct": len(truth["distinct"]), "planted": len(truth["planted"]), "threshold": args.threshold})
     result["sweep"] = threshold_sweep(folder, truth, [8, 10, 11, 12, 13, 14, 16])
     for t, row in result["sweep"].items():
         kinds = ", ".join(f"{k} {v:.3f}" for k, v in row["recall_by_kind"].items())
         print(f"threshold {t:>2}: recall {row['recall']:.3f} ({kinds}); distinct dropped {row['distinct_dropped']:.4f}")
 
-    times: dict[str, list[float]] = {"plain": [], "near": []}
-    common = ["--from", "imagefolder", "--workers", str(args.workers), "--quiet"]
-    for _ in range(args.rounds):  # interleaved, outputs removed before each run
-        for name, extra in (("plain", []), ("near", ["--dedupe", "near", "--near-threshold", str(args.threshold)])):
-            out = args.work / f"out-{name}"
-            subprocess.run(["rm", "-rf", str(out)], check=True)
-            times[name].append(fastload("convert", str(folder), str(out), *common, *extra))
-    lines = (args.work / "out-near" / "duplicates.jsonl").read_text().splitlines()
+    result["cost"] = {}
+    for name, source in (("planted", folder), *((("also", args.cost_also),) if args.cost_also else ())):
+        ratio, seconds = plain_and_near(source, args.work / name, args.workers, args.threshold, args.rounds)
+        result["cost"][name] = {"source": str(source), "seconds": seconds, "near_over_plain": ratio}
+        print(f"{source}: convert --workers {args.workers}: plain {seconds['plain']} s, --dedupe near {seconds['near']} s; "
+              f"near / plain, median of rounds: {ratio:.2f}")
+    lines = (args.work / "planted" / "out-near" / "duplicates.jsonl").read_text().splitlines()
     dropped = {line["key"]: line["duplicate_of"] for line in map(json.loads, lines)}
     result["convert"] = score(truth, dropped)
-    result["convert_seconds"] = {k: statistics.median(v) for k, v in times.items()}
-    result["near_over_plain"] = statistics.median(n / p for n, p in zip(times["near"], times["plain"], strict=True))
     print(f"convert --dedupe near at threshold {args.threshold}: recall {result['convert']['recall']:.3f}, "
           f"distinct dropped {result['convert']['distinct_dropped']:.4f}")
-    print(f"convert --workers {args.workers}: plain {times['plain']} s, --dedupe near {times['near']} s; "
-          f"near / plain, median of rounds: {result['near_over_plain']:.2f}")
 
     if args.overlap_a and args.overlap_b_source:
         b = args.work / "overlap-b"
