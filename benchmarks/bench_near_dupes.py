@@ -216,10 +216,10 @@ def main() -> None:
         b = args.work / "overlap-b"
         if not (b / "index.json").exists():
             fastload("convert", str(args.overlap_b_source), str(b), "--from", "imagefolder", "--to", "hdf5", "--shuffle", "--quiet")
-        seconds = fastload("overlap", str(args.overlap_a), str(b), "--workers", str(args.workers), "--write-exclude", str(args.work / "exclude.txt"))
+        overlap_s = fastload("overlap", str(args.overlap_a), str(b), "--workers", str(args.workers), "--write-exclude", str(args.work / "exclude.txt"))
         overlapping = len((args.work / "exclude.txt").read_text().splitlines())
-        result["overlap"] = {"seconds": seconds, "overlapping": overlapping}
-        print(f"overlap {args.overlap_a} vs {b} (HDF5, shuffled): {overlapping} overlapping, {seconds:.1f} s")
+        result["overlap"] = {"seconds": overlap_s, "overlapping": overlapping}
+        print(f"overlap {args.overlap_a} vs {b} (HDF5, shuffled): {overlapping} overlapping, {overlap_s:.1f} s")
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
 
