@@ -18,9 +18,11 @@ raw="$(mktemp -d)"
 trap 'rm -rf "$raw"' EXIT
 # --no-isolation: build with this environment's setuptools, offline (an isolated build downloads it)
 "$PY" -m build --no-isolation --outdir "$raw" "$ROOT"
-if ! "$PY" -c 'import sys, zipfile; sys.exit(not any(n.startswith("fastload/decode/_turbo.") and not n.endswith(".c") for n in zipfile.ZipFile(sys.argv[1]).namelist()))' "$raw"/*.whl; then
-  echo "error: the wheel has no libjpeg-turbo extension (see the note above: compiler or libjpeg headers missing)" >&2
-  exit 1
-fi
+for extension in fastload/decode/_turbo fastload/near/_index; do
+  if ! "$PY" -c 'import sys, zipfile; sys.exit(not any(n.startswith(sys.argv[2] + ".") and not n.endswith(".c") for n in zipfile.ZipFile(sys.argv[1]).namelist()))' "$raw"/*.whl "$extension"; then
+    echo "error: the wheel has no $extension extension (see the note above: compiler or libjpeg headers missing)" >&2
+    exit 1
+  fi
+done
 "$PY" -m auditwheel repair --wheel-dir "$OUT" "$raw"/*.whl
 cp "$raw"/*.tar.gz "$OUT"/

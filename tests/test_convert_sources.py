@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -281,21 +282,36 @@ def test_reencode_and_max_size(image_folder: Path, tmp_path: Path) -> None:
         assert image.size == (round(width * scale), round(height * scale)), key
 
 
-def test_max_size_far_below_the_photo_decodes_at_a_dct_scale_and_looks_like_a_full_lanczos(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A 1200x900 photo shrunk to 150 px is decoded at 1/4 (300x225: twice the output) before the
-    Lanczos resize: the same size as from the full decode, and the same picture within rounding."""
+def gradients(height: int, width: int) -> Image.Image:
+    """Red rising left to right, green top to bottom, blue their mean: any stretch shows."""
+    x, y = np.meshgrid(np.linspace(0, 255, width), np.linspace(0, 255, height))
+    return Image.fromarray(np.stack([x, y, (x + y) / 2], axis=2).astype(np.uint8))
+
+
+@pytest.mark.parametrize("image,max_size,decoded,out,within", [
+    (lambda: small_photo(3, size=(900, 1200)), 150, (225, 300), (150, 112), 2.0),
+    (lambda: gradients(601, 1001), 60, (76, 126), (60, 36), 1.0),  # the whole 126 px, not the 125.1 covered: 1.46 off
+])
+def test_max_size_far_below_the_photo_decodes_at_a_dct_scale_and_looks_like_a_full_lanczos(
+    monkeypatch: pytest.MonkeyPatch, image: Callable[[], Image.Image], max_size: int, decoded: tuple[int, int],
+    out: tuple[int, int], within: float,
+) -> None:
+    """A photo shrunk to well under half is decoded at a DCT scale (1200x900 at 1/4: 300x225,
+    twice the output; 1001x601 at 1/8, rounded up to 126x76 pixels) before the Lanczos resize: the
+    same size as from the full decode, and the same picture within rounding (the resize takes the
+    box the scaled picture covers, not the rounded-up pixels)."""
     from fastload.converters.clean import reencode_jpeg
     from fastload.decode import cpu
 
-    decoded: list[tuple[int, int]] = []
+    shapes: list[tuple[int, int]] = []
     decode = cpu.decode_image
-    monkeypatch.setattr(cpu, "decode_image", lambda *args: decoded.append(decode(*args).shape[:2]) or decode(*args))
-    data = jpeg_bytes(small_photo(3, size=(900, 1200)), quality=95)
-    shrunk = Image.open(io.BytesIO(reencode_jpeg(data, "big.jpg", 95, 150)))
-    assert decoded == [(225, 300)]
-    full = Image.open(io.BytesIO(data)).convert("RGB").resize((150, 112), Image.Resampling.LANCZOS)
-    assert shrunk.size == (150, 112)
-    assert np.abs(np.asarray(shrunk, dtype=int) - np.asarray(full, dtype=int)).mean() < 2.0
+    monkeypatch.setattr(cpu, "decode_image", lambda *args: shapes.append(decode(*args).shape[:2]) or decode(*args))
+    data = jpeg_bytes(image(), quality=95)
+    shrunk = Image.open(io.BytesIO(reencode_jpeg(data, "big.jpg", 95, max_size)))
+    assert shapes == [decoded]
+    full = Image.open(io.BytesIO(data)).convert("RGB").resize(out, Image.Resampling.LANCZOS)
+    assert shrunk.size == out
+    assert np.abs(np.asarray(shrunk, dtype=int) - np.asarray(full, dtype=int)).mean() < within
 
 
 def test_rerun_of_finished_conversion_is_a_no_op_and_other_options_conflict(image_folder: Path, tmp_path: Path) -> None:

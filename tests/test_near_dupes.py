@@ -281,7 +281,7 @@ def index_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
     return request.param
 
 
-@pytest.mark.parametrize("threshold,size", [(0, 100), (3, 100), (7, 10), (12, 200), (12, 10**6), (17, 1000), (24, 10**5)])
+@pytest.mark.parametrize("threshold,size", [(0, 100), (3, 100), (7, 10), (12, 100), (12, 200), (12, 10**4), (12, 10**6), (17, 1000), (24, 10**5)])
 def test_multi_index_finds_the_closest_within_the_threshold(threshold: int, size: int, index_backend: str) -> None:
     """Against brute force over signatures planted at the threshold, one bit past it and at
     random distances, some with colours off by one past the tolerance, whatever bands ``size``
@@ -290,24 +290,42 @@ def test_multi_index_finds_the_closest_within_the_threshold(threshold: int, size
 
 
 def check_closest_against_brute_force(threshold: int, size: int) -> None:
-    rng = random.Random(threshold)
+    """Signatures added in a shuffled order under shuffled, partly negative idents: near copies
+    of 60 random ones at the threshold (two: ties), one bit past it and at random distances, some
+    with a colour byte just within or just past the tolerance; and queries whose one stored copy
+    only one band can find where the threshold allows (the radius there, radius + 1 in every other
+    band), each band in turn. Every query's answer is brute force's."""
+    rng = random.Random(threshold * 1000 + size)
     colour = int.from_bytes(bytes(rng.randrange(20, 230) for _ in range(8)), "big")
     base = [rng.getrandbits(64) << 64 | colour for _ in range(60)]
+    index = MultiIndex(threshold, size)
 
-    def near_copy(signature: int, bits: int) -> int:
-        hashed = signature ^ sum(1 << 64 + bit for bit in rng.sample(range(64), bits))
+    def flipped(signature: int, bits: list[int]) -> int:
+        return signature ^ sum(1 << 64 + bit for bit in bits)
+
+    def near_copy(signature: int, distance: int) -> int:
+        copy = flipped(signature, rng.sample(range(64), distance))
         if rng.random() < 0.3:  # one colour byte moved just within or just past the tolerance
-            shift = 8 * rng.randrange(8)
             step = rng.choice([COLOUR_TOLERANCE, COLOUR_TOLERANCE + 1]) * rng.choice([-1, 1])
-            hashed += step << shift
-        return hashed
+            copy += step << 8 * rng.randrange(8)
+        return copy
+
+    def found_by_one_band(signature: int, band: int) -> int:
+        bits, budget = [], threshold
+        for b, (shift, width) in sorted(enumerate(index.bands), key=lambda bw: bw[0] != band):  # the band first
+            take = min(index.radius + (b != band), width, budget)
+            bits += rng.sample(range(shift, shift + width), take)
+            budget -= take
+        return flipped(signature, bits)
 
     stored = base + [near_copy(b, d) for b in base for d in (threshold, threshold, threshold + 1, rng.randint(0, 30))]
-    index = MultiIndex(threshold, size)
-    for ident, signature in enumerate(stored):
-        index.add(signature, ident)
-    for query in base + [near_copy(b, 1) for b in base]:
-        within = sorted((hamming(query, s), i) for i, s in enumerate(stored) if hamming(query, s) <= threshold and colours_match(query, s))
+    lonely = [rng.getrandbits(64) << 64 | colour for _ in range(3 * len(index.bands))]  # queries with one copy each
+    stored += [found_by_one_band(q, n % len(index.bands)) for n, q in enumerate(lonely)]
+    idents = rng.sample(range(-len(stored), len(stored)), len(stored))
+    for position in rng.sample(range(len(stored)), len(stored)):
+        index.add(stored[position], idents[position])
+    for query in base + [near_copy(b, 1) for b in base] + lonely:
+        within = sorted((hamming(query, s), ident) for ident, s in zip(idents, stored, strict=True) if hamming(query, s) <= threshold and colours_match(query, s))
         assert index.closest(query) == (within[0] if within else None)
 
 
@@ -315,7 +333,8 @@ def check_closest_against_brute_force(threshold: int, size: int) -> None:
 def test_multi_index_without_the_popcount_instruction() -> None:
     """The C index's portable kernel (picked where the CPU lacks POPCNT; here forced with
     FASTLOAD_NO_POPCNT=1 in a new process) gives the same answers."""
-    code = "from tests.test_near_dupes import check_closest_against_brute_force as c; c(12, 10**4); c(3, 100)"
+    code = ("from fastload.near import search; assert search.native.kernel == 'plain', search.native.kernel\n"
+            "from tests.test_near_dupes import check_closest_against_brute_force as c; c(12, 10**4); c(3, 100); c(12, 100)")
     subprocess.run([sys.executable, "-c", code], env={**os.environ, "FASTLOAD_NO_POPCNT": "1"}, check=True, cwd=Path(__file__).parent.parent)
 
 

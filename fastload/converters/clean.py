@@ -82,8 +82,8 @@ def encode_png(pixels: np.ndarray) -> bytes:
 
 def reencode_jpeg(data: bytes, where: str, quality: int, max_size: int | None, max_pixels: int = MAX_PIXELS) -> bytes:
     """Decode, shrink so the longer side is at most ``max_size`` (if given), and re-encode as JPEG.
-    A JPEG shrunk by more than half is decoded at the DCT scale (1/2, 1/4, 1/8) that leaves at
-    least twice the output size, then resized with Lanczos: Pillow's thumbnail (reducing_gap=2)."""
+    A JPEG shrunk by more than half is decoded at the DCT scale M/8 that leaves at least twice the
+    output size, then resized with Lanczos from the box the scaled picture covers."""
     from PIL import Image
 
     from fastload.decode.cpu import decode_image
@@ -91,9 +91,19 @@ def reencode_jpeg(data: bytes, where: str, quality: int, max_size: int | None, m
     width, height = image_size(data, where, max_pixels)
     scale = max_size / max(width, height) if max_size is not None and max(width, height) > max_size else 1.0
     size = (max(1, round(width * scale)), max(1, round(height * scale)))
-    image = Image.fromarray(decode_image(data, where, 2 * size[1] if scale < 1 else 0, 2 * size[0] if scale < 1 else 0, max_pixels))
+    pixels = decode_image(data, where, 2 * size[1] if scale < 1 else 0, 2 * size[0] if scale < 1 else 0, max_pixels)
+    image = Image.fromarray(pixels)
     if scale < 1:
-        image = image.resize(size, Image.Resampling.LANCZOS)
+        image = image.resize(size, Image.Resampling.LANCZOS, box=_covered(width, height, pixels.shape[1], pixels.shape[0]))
     buf = io.BytesIO()
     image.save(buf, format="JPEG", quality=quality, optimize=False)
     return buf.getvalue()
+
+
+def _covered(width: int, height: int, decoded_width: int, decoded_height: int) -> tuple[float, float, float, float]:
+    """The box of a JPEG decoded at DCT scale M/8 that its picture covers: (0, 0, width * M/8,
+    height * M/8), the decoder rounding each side up to whole pixels."""
+    for m in range(1, 9):
+        if -(-width * m // 8) == decoded_width and -(-height * m // 8) == decoded_height:
+            return (0.0, 0.0, width * m / 8, height * m / 8)
+    return (0.0, 0.0, float(decoded_width), float(decoded_height))  # not a DCT scale (Pillow decoded it): all of it

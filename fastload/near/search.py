@@ -6,8 +6,9 @@ band (pigeonhole), so looking up, in every band, each value within ``t // k`` bi
 query's finds every signature within ``t``: the search is exact, not approximate. Its cost is
 the lookups (k x the values within the radius of a band) plus the signatures they turn up
 (about size / 2**band_bits a lookup): ``k`` is chosen to make the sum smallest for the number
-of signatures expected (for 12 bits and 12,000 signatures: 5 bands of 12-13 bits, radius 2,
-447 lookups; 4 bands of 16 would need radius 3, 2,788 lookups).
+of signatures expected, a lookup weighed as one candidate's check in Python and as ~30 in C
+(two cache misses). For 12 bits and 12,000 signatures: in Python 5 bands of 12-13 bits, radius
+2, 447 lookups; in C 7 bands of 9-10 bits, radius 1, 71 lookups.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 from fastload.extensions import load_extension
 from fastload.near.signature import BITS, COLOUR_TOLERANCE, colours_match, hash_bits
 
-native = load_extension("fastload.near._index", "near-duplicate index extension", "the search runs in Python, ~50x slower")
+native = load_extension("fastload.near._index", "near-duplicate index extension", "the search runs in Python (190x slower at 100,000 images)")
 _COLOUR_MASK = (1 << 64) - 1  # the colour bits of a signature, below its hash
 _NATIVE_COSTS = (30.0, 16)  # C: a lookup (two cache misses) ~30 candidate checks (measured at 12k-1.28M signatures); bands of at most 16 bits (_index.c)
 MAX_THRESHOLD = 24  # bits of 64: far past the useful range (16 already drops 1-2% of distinct photos: bench_near_dupes.py)
@@ -70,9 +71,10 @@ class MultiIndex:
     def __init__(self, threshold: int, size: int) -> None:
         self.threshold = check_threshold(threshold)
         widths = _widths(choose_bands(threshold, size, *_NATIVE_COSTS) if native else choose_bands(threshold, size))
-        radius = threshold // len(widths)
-        self._bands = [(sum(widths[:b]), (1 << w) - 1, _flips(w, radius)) for b, w in enumerate(widths)]
-        self._native = native.Index(threshold, COLOUR_TOLERANCE, [(shift, w, flips) for (shift, _, flips), w in zip(self._bands, widths, strict=True)]) if native else None
+        self.radius = threshold // len(widths)  # bits a band's lookups reach
+        self.bands = tuple((sum(widths[:b]), w) for b, w in enumerate(widths))  # (first hash bit, width) of each band
+        self._bands = [(shift, (1 << w) - 1, _flips(w, self.radius)) for shift, w in self.bands]
+        self._native = native.Index(threshold, COLOUR_TOLERANCE, [(shift, w, flips) for (shift, w), (_, _, flips) in zip(self.bands, self._bands, strict=True)]) if native else None
         self._tables: list[dict[int, list[int]]] = [{} for _ in widths]
         self._signatures: dict[int, int] = {}
         self._hashes: dict[int, int] = {}  # the hash bits of each stored signature
