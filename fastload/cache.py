@@ -83,12 +83,16 @@ class ShardCache:
         """The verified local copy of ``file``, downloaded first when absent or modified. Open it
         soon: it is now the most recently used entry, so the last one eviction would take."""
         path = self.entry(file)
-        if not self._trusted(path, file):  # the common case, a verified hit, takes no lock
-            with self._locked(path):
-                if not self._trusted(path, file):
-                    self._download(file, path)
-        os.utime(path, ns=(time.time_ns(), path.stat().st_mtime_ns))  # recency (atime) for LRU; mtime kept for the stamp
-        return path
+        while True:
+            if not self._trusted(path, file):  # the common case, a verified hit, takes no lock
+                with self._locked(path):
+                    if not self._trusted(path, file):
+                        self._download(file, path)
+            try:
+                os.utime(path, ns=(time.time_ns(), path.stat().st_mtime_ns))  # recency (atime) for LRU; mtime kept for the stamp
+                return path
+            except FileNotFoundError:
+                continue  # another process evicted it since it was checked: fetch it again
 
     def _download(self, file: RemoteFile, path: Path) -> None:
         """Reserve room (under the cache-wide lock, so concurrent downloads of other entries

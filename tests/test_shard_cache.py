@@ -56,6 +56,28 @@ def test_a_verified_entry_is_served_without_downloading_again(server: DatasetSer
     assert ShardCache(tmp_path / "cache", max_bytes=10**6).path(a) == first and server.counts["a.tar"] == 1  # another process's cache object
 
 
+def test_an_entry_evicted_by_another_process_after_its_check_is_fetched_again(
+    server: DatasetServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process's eviction can land between this one's check of a hit and its use of
+    it: the entry is downloaded again rather than a FileNotFoundError reaching the reader."""
+    cache = ShardCache(tmp_path / "cache", max_bytes=10**6)
+    a = remote(server, "a")
+    cache.path(a)
+    check, evictions = cache._trusted, [1]
+
+    def evicted_right_after_the_check(path: Path, file: RemoteFile) -> bool:
+        trusted = check(path, file)
+        if trusted and evictions:  # as another process's _make_room would, once
+            path.unlink()
+            evictions.pop()
+        return trusted
+
+    monkeypatch.setattr(cache, "_trusted", evicted_right_after_the_check)
+    again = cache.path(a)
+    assert again.read_bytes() == (tmp_path / "served" / "a.tar").read_bytes() and server.counts["a.tar"] == 2
+
+
 def test_a_modified_or_truncated_entry_is_fetched_again(server: DatasetServer, tmp_path: Path) -> None:
     cache = ShardCache(tmp_path / "cache", max_bytes=10**6)
     a, b = remote(server, "a"), remote(server, "b", checksum=False)
