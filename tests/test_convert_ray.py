@@ -34,11 +34,13 @@ def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 OPTIONS = dict(source="imagefolder", samples_per_shard=6, shuffle=True, seed=2, reencode_quality=85, max_size=160, dedupe=True)
+AS_THEY_ARE = {**OPTIONS, "reencode_quality": None, "max_size": None}  # written shard by shard (re-encoding: in runs)
 
 
-def test_ray_shards_equal_local_shards(ray_local: None, photos: Path, tmp_path: Path) -> None:
-    convert(str(photos), str(tmp_path / "local"), ConvertOptions(workers=2, **OPTIONS))
-    report = convert(str(photos), str(tmp_path / "ray"), ConvertOptions(workers=2, **OPTIONS), engine="ray", quiet=True)
+@pytest.mark.parametrize("options", [OPTIONS, AS_THEY_ARE], ids=["re-encoded, in runs", "as they are, by shard"])
+def test_ray_shards_equal_local_shards(ray_local: None, photos: Path, tmp_path: Path, options: dict) -> None:
+    convert(str(photos), str(tmp_path / "local"), ConvertOptions(workers=2, **options))
+    report = convert(str(photos), str(tmp_path / "ray"), ConvertOptions(workers=2, **options), engine="ray", quiet=True)
     assert report.index.num_samples == 120 and len(report.index.shards) == 20
     assert tree_bytes(tmp_path / "ray") == tree_bytes(tmp_path / "local")
 
@@ -53,26 +55,27 @@ def test_ray_near_dedupe_equals_local(ray_local: None, photos: Path, tmp_path: P
     assert tree_bytes(tmp_path / "ray") == tree_bytes(tmp_path / "local")
 
 
-def _kill_one_task_worker(killed: list[int], stop: threading.Event) -> None:
-    """SIGKILL the first Ray worker seen running a write_shard task (Ray names the process after it)."""
+def _kill_one_task_worker(task: str, killed: list[int], stop: threading.Event) -> None:
+    """SIGKILL the first Ray worker seen running a ``task`` task (Ray names the process after it)."""
     while not stop.is_set() and not killed:
         for proc in psutil.process_iter(["pid", "cmdline"]):
             cmdline = " ".join(proc.info["cmdline"] or [])
-            if "ray::write_shard" in cmdline:
+            if f"ray::{task}" in cmdline:
                 os.kill(proc.info["pid"], signal.SIGKILL)
                 killed.append(proc.info["pid"])
                 return
         time.sleep(0.01)
 
 
-def test_killed_task_is_retried_and_output_is_identical(ray_local: None, photos: Path, tmp_path: Path) -> None:
-    convert(str(photos), str(tmp_path / "local"), ConvertOptions(workers=1, **OPTIONS))
+@pytest.mark.parametrize("task,options", [("prepare_run", OPTIONS), ("write_shard", AS_THEY_ARE)])
+def test_killed_task_is_retried_and_output_is_identical(ray_local: None, photos: Path, tmp_path: Path, task: str, options: dict) -> None:
+    convert(str(photos), str(tmp_path / "local"), ConvertOptions(workers=1, **options))
     killed: list[int] = []
     stop = threading.Event()
-    killer = threading.Thread(target=_kill_one_task_worker, args=(killed, stop))
+    killer = threading.Thread(target=_kill_one_task_worker, args=(task, killed, stop))
     killer.start()
     try:
-        convert(str(photos), str(tmp_path / "ray"), ConvertOptions(workers=2, **OPTIONS), engine="ray", quiet=True)
+        convert(str(photos), str(tmp_path / "ray"), ConvertOptions(workers=2, **options), engine="ray", quiet=True)
     finally:
         stop.set()
         killer.join()

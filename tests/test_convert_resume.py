@@ -25,10 +25,10 @@ def many_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def convert_args(src: Path, out: Path, layout: str, workers: int, dedupe: str = "exact") -> list[str]:
+def convert_args(src: Path, out: Path, layout: str, workers: int, dedupe: str = "exact", *extra: str) -> list[str]:
     return [
         "convert", str(src), str(out), "--from", "imagefolder", "--to", layout, "--samples-per-shard", "4",
-        "--shuffle", "--seed", "3", "--on-error", "skip", "--dedupe", dedupe, "--workers", str(workers), "--quiet",
+        "--shuffle", "--seed", "3", "--on-error", "skip", "--dedupe", dedupe, "--workers", str(workers), "--quiet", *extra,
     ]
 
 
@@ -60,12 +60,17 @@ def _kill_when(proc: subprocess.Popen, out: Path, shards_done: int, timeout: flo
     proc.wait()
 
 
-@pytest.mark.parametrize("layout,workers,dedupe", [("wds", 1, "exact"), ("wds", 2, "exact"), ("hdf5", 2, "exact"), ("wds", 2, "near")])
-def test_sigkill_and_rerun_is_byte_identical(many_images: Path, tmp_path: Path, layout: str, workers: int, dedupe: str) -> None:
+@pytest.mark.parametrize("layout,workers,dedupe,extra", [
+    ("wds", 1, "exact", ()), ("wds", 2, "exact", ()), ("hdf5", 2, "exact", ()), ("wds", 2, "near", ()),
+    ("wds", 2, "exact", ("--max-size", "24", "--reencode-quality", "80")),  # re-encoded: written in runs
+])
+def test_sigkill_and_rerun_is_byte_identical(
+    many_images: Path, tmp_path: Path, layout: str, workers: int, dedupe: str, extra: tuple[str, ...]
+) -> None:
     reference = tmp_path / "reference"
-    run_cli(*convert_args(many_images, reference, layout, workers, dedupe))
+    run_cli(*convert_args(many_images, reference, layout, workers, dedupe, *extra))
     out = tmp_path / "killed"
-    args = convert_args(many_images, out, layout, workers, dedupe)
+    args = convert_args(many_images, out, layout, workers, dedupe, *extra)
     killed_mid_way = 0
     for shards_done in (0, 3, 11, 25, 40):
         proc = _start(args)

@@ -1,5 +1,5 @@
 """Duplicates: exact ones (``--dedupe``: the same content hash) found before the shards are
-planned, and the record and report of the dropped (exact, or near: converters.near_pass).
+planned, and the record and report of the dropped (exact, or near: converters.in_runs).
 
 Exact: every item is hashed once in the engine's workers, in batches, and the caller decides in
 plan order, so the survivors are the same for any worker count: the first occurrence is kept.

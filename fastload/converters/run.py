@@ -25,11 +25,11 @@ from typing import Any, ClassVar
 from fastload import remote
 from fastload.converters.dedupe import Duplicate, draw_duplicates, find_duplicates
 from fastload.converters.engines import Engine, open_engine
+from fastload.converters.in_runs import convert_in_runs
 from fastload.converters.lock import locked_output
-from fastload.converters.near_pass import convert_near
 from fastload.converters.options import ConvertOptions
 from fastload.converters.partial import PARTIAL_DIR, ConversionConflict, check_partial, finished_result, save_result
-from fastload.converters.plan import assign_shards, order_items
+from fastload.converters.plan import ShardPlan, assign_shards, order_items
 from fastload.converters.sample import SourceItem
 from fastload.converters.shard import ShardResult, ShardTask, WrittenShards, naming, prepare_sample, sources_digest, write_shard
 from fastload.converters.sources import Source, open_source
@@ -190,12 +190,17 @@ def _convert(
         if options.near_threshold is not None:  # drops decided while the shards are written
             fingerprint["items_sha256"] = hashlib.sha256("\n".join(item.key for item in items).encode()).hexdigest()
             check_partial(partial, fingerprint)
-            duplicates, shards, decoded_shape = convert_near(source, items, runner, options, out, partial, url, bar.update)
-            if options.writer_options.hdf5_decoded and decoded_shape is None:
-                raise ValueError("no readable sample to take the decoded image shape from")
+            duplicates, shards, decoded_shape = convert_in_runs(source, items, runner, options, out, partial, url, bar.update)
         else:
             duplicates = find_duplicates(source, items, runner) if options.dedupe else []
-            shards, decoded_shape = _write_planned(source, items, duplicates, runner, options, out, partial, url, fingerprint, bar)
+            kept, plans = _plan(items, duplicates, options, partial, fingerprint)
+            if _costs_cpu(options):  # spread sample by sample: few shards still keep every worker busy
+                bar.update(len(items) - len(kept))
+                _, shards, decoded_shape = convert_in_runs(source, kept, runner, options, out, partial, url, bar.update)
+            else:
+                shards, decoded_shape = _write_planned(source, kept, plans, runner, options, out, partial, url, bar)
+        if options.writer_options.hdf5_decoded and decoded_shape is None:
+            raise ValueError("no readable sample to take the decoded image shape from")
     if report_png is not None:
         draw_duplicates(report_png, source, duplicates, f"{src}: duplicates dropped")
 
@@ -219,19 +224,34 @@ def _convert(
     )
 
 
-def _write_planned(
-    source: Source, items: list[SourceItem], duplicates: list[Duplicate], runner: Engine, options: ConvertOptions,
-    out: Path, partial: Path, url: str | None, fingerprint: dict[str, Any], bar,
-) -> tuple[WrittenShards, tuple[int, ...] | None]:
-    """Plan the shards of the items not in ``duplicates`` and write those a previous run did not
-    finish, on the engine's workers; returns them and, for decoded HDF5, the pixels' shape."""
+def _costs_cpu(options: ConvertOptions) -> bool:
+    """Whether preparing a sample re-encodes it (``--reencode-quality``, ``--max-size``): then the
+    work is spread sample by sample (converters.in_runs), else shard by shard (decoded HDF5 too:
+    its pixels would cross to the writing process)."""
+    return options.reencode_quality is not None or options.max_size is not None
+
+
+def _plan(
+    items: list[SourceItem], duplicates: list[Duplicate], options: ConvertOptions, partial: Path, fingerprint: dict[str, Any]
+) -> tuple[list[SourceItem], list[ShardPlan]]:
+    """The items not in ``duplicates`` and their shards, the plan recorded in (or checked against)
+    the partial folder's fingerprint."""
     if duplicates:
         dropped = {id(dup.item) for dup in duplicates}
         items = [item for item in items if id(item) not in dropped]
     plans = assign_shards(items, options.layout, options.shard_bytes, options.samples_per_shard)
-    decoded_shape = _decoded_shape(source, items, options) if options.writer_options.hdf5_decoded else None
     fingerprint["plan_sha256"] = hashlib.sha256("\n".join(f"{p.name} {i.key}" for p in plans for i in p.items).encode()).hexdigest()
     check_partial(partial, fingerprint)
+    return items, plans
+
+
+def _write_planned(
+    source: Source, items: list[SourceItem], plans: list[ShardPlan], runner: Engine, options: ConvertOptions,
+    out: Path, partial: Path, url: str | None, bar,
+) -> tuple[WrittenShards, tuple[int, ...] | None]:
+    """Write the planned shards a previous run did not finish, a shard a task on the engine's
+    workers; returns them and, for decoded HDF5, the pixels' shape."""
+    decoded_shape = _decoded_shape(source, items, options) if options.writer_options.hdf5_decoded else None
 
     results: dict[int, ShardResult] = {}
     shards = WrittenShards()

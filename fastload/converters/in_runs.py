@@ -1,8 +1,11 @@
-"""``--dedupe near`` in one pass over the sources: the engine's workers read each item once, sign
-it and prepare it for its shard, a run of RUN items a task; the caller takes the runs back in
-plan order, decides the drops (the first occurrence kept, fastload.near.search) and writes each
-kept sample into its shard behind that decision, so the signing overlaps the writing and its
-waits on the disk, and the survivors and bytes are the same for any worker count.
+"""A conversion in one pass of runs: the engine's workers read each item once and prepare it for
+its shard (and, for ``--dedupe near``, sign it), a run of RUN items a task; the caller takes the
+runs back in plan order, decides the near-duplicate drops (the first occurrence kept,
+fastload.near.search) and writes each kept sample into its shard behind that decision. The
+work is spread over the workers sample by sample rather than shard by shard, so a conversion
+whose samples cost CPU (re-encoding, resizing, decoding for HDF5) keeps every worker busy to the
+end however few its shards; the survivors and bytes are the same for any worker count, and the
+same as the shard-by-shard path's (fastload.converters.run) for the same options.
 
 Resumable like any conversion (fastload.converters.partial): each run's signatures are saved as
 it comes back and a finished shard leaves its result file; a rerun signs only the runs not saved,
@@ -62,7 +65,7 @@ class RunTask:
     sign: bool
 
 
-def sign_and_prepare(task: RunTask) -> tuple[list[int | None] | None, list[Prepared]]:
+def prepare_run(task: RunTask) -> tuple[list[int | None] | None, list[Prepared]]:
     """Each item's signature (None: no image, or it does not decode; the whole list None when
     not asked for) and its prepared sample (AsLoaded where preparing changed nothing) or the
     SampleError preparing it raised, from one read."""
@@ -167,33 +170,35 @@ def _loaded(source: Source, item: SourceItem, prepared: Prepared) -> PreparedSam
     return PreparedSample(sample.key, prepared.image_field, sample.image, sample.label, sample.extra)
 
 
-def convert_near(
+def convert_in_runs(
     source: Source, items: list[SourceItem], engine: Engine, options: ConvertOptions, out: Path, partial: Path, url: str | None,
     progress: Callable[[int], None],
 ) -> tuple[list[Duplicate], WrittenShards, tuple[int, ...] | None]:
-    """Drop the near duplicates of ``items`` and write the rest into shards under ``out`` (then
-    uploaded to ``url`` if given), telling ``progress`` how many items each run settled; returns
-    the duplicates in plan order, the shards and, for decoded HDF5, the pixels' shape."""
+    """Write ``items`` into shards under ``out`` (then uploaded to ``url`` if given), dropping their
+    near duplicates when ``options.near_threshold`` is set, telling ``progress`` how many items each
+    run settled; returns the duplicates in plan order, the shards and, for decoded HDF5, the
+    pixels' shape."""
     from fastload.near.search import FirstOccurrences
 
-    assert options.near_threshold is not None
     runs = [tuple(items[i : i + RUN]) for i in range(0, len(items), RUN)]
     digests = [sources_digest(run) for run in runs]
+    near = options.near_threshold is not None
     log = SignatureLog(partial)
-    saved = [log.saved(n, digest) for n, digest in enumerate(digests)]
-    tasks = [RunTask(source, run, options, sign=saved[n] is None) for n, run in enumerate(runs)]
-    decide = FirstOccurrences(options.near_threshold, len(items))
+    saved = [log.saved(n, digest) if near else None for n, digest in enumerate(digests)]
+    tasks = [RunTask(source, run, options, sign=near and saved[n] is None) for n, run in enumerate(runs)]
+    decide = FirstOccurrences(options.near_threshold, len(items)) if options.near_threshold is not None else None
     duplicates: list[Duplicate] = []
     shards = _ShardStream(out, partial, url, options)
     try:
-        for n, (signed, prepared) in in_plan_order(engine.map_unordered(sign_and_prepare, tasks)):
-            if signed is None:
-                signed = saved[n]
-            else:
+        for n, (signed, prepared) in in_plan_order(engine.map_unordered(prepare_run, tasks)):
+            if signed is not None:
                 log.save(n, digests[n], signed)
-            assert signed is not None
-            for offset, (item, signature, sample) in enumerate(zip(runs[n], signed, prepared, strict=True)):
-                match = decide.check(n * RUN + offset, signature)
+            signatures = signed if signed is not None else saved[n]
+            for offset, (item, sample) in enumerate(zip(runs[n], prepared, strict=True)):
+                match = None
+                if decide is not None:
+                    assert signatures is not None  # near: signed now, or saved by the run before
+                    match = decide.check(n * RUN + offset, signatures[offset])
                 if match is None:
                     shards.add(item, _loaded(source, item, sample))
                 else:
