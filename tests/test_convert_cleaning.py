@@ -120,6 +120,58 @@ def test_symlink_leaving_the_root_is_refused_unless_asked(tmp_path: Path) -> Non
     assert convert(str(tmp_path / "src"), str(tmp_path / "o2"), followed).index.num_samples == 2
 
 
+def test_linked_folders_are_read_or_refused_never_left_out(tmp_path: Path) -> None:
+    """A class folder linked from another disk is refused by name (dropping it would renumber the
+    classes after it) unless --follow-symlinks, then read like torchvision's ImageFolder does; a
+    folder linked within the root is read; a link back up to an ancestor is a loop, refused."""
+    src = tmp_path / "src"
+    for name, seed in (("ant", 1), ("cat", 2)):
+        (src / name).mkdir(parents=True)
+        (src / name / "0.jpg").write_bytes(jpeg_bytes(small_photo(seed)))
+    (tmp_path / "elsewhere" / "bee").mkdir(parents=True)
+    for n in range(2):
+        (tmp_path / "elsewhere" / "bee" / f"{n}.jpg").write_bytes(jpeg_bytes(small_photo(10 + n)))
+    os.symlink(tmp_path / "elsewhere" / "bee", src / "bee")
+    (src / "cat" / "real").mkdir()
+    (src / "cat" / "real" / "1.jpg").write_bytes(jpeg_bytes(small_photo(3)))
+    os.symlink("real", src / "cat" / "also")  # within the root
+    with pytest.raises(ValueError, match=r"src/bee: a folder linked from outside the source root .*--follow-symlinks"):
+        convert(str(src), str(tmp_path / "o1"), ConvertOptions(source="imagefolder"))
+    followed = ConvertOptions(source="imagefolder", source_options=SourceOptions(follow_symlinks=True))
+    index = convert(str(src), str(tmp_path / "o2"), followed).index
+    assert index.classes == ("ant", "bee", "cat") and index.class_counts == {"ant": 1, "bee": 2, "cat": 3}
+    os.symlink("..", src / "ant" / "up")
+    with pytest.raises(ValueError, match="symlink loop"):
+        convert(str(src), str(tmp_path / "o3"), followed)
+
+
+def test_max_size_refuses_to_shrink_an_image_whose_other_fields_are_drawn_in_its_pixels(tmp_path: Path) -> None:
+    """A sample with a mask (seg.png) or boxes (boxes.json) beside its image: --max-size would
+    leave them in the original frame, so it is refused naming them (skipped and reported with
+    --on-error skip); a caption and metadata json are no obstacle, nor an image already small."""
+    big, small = jpeg_bytes(small_photo(1, size=(200, 200))), jpeg_bytes(small_photo(2, size=(60, 60)))
+    members = {
+        "masked.jpg": big, "masked.seg.png": png_bytes(Image.new("L", (200, 200))),
+        "boxed.jpg": big, "boxed.boxes.json": b"[[100, 100, 150, 150]]",
+        "captioned.jpg": big, "captioned.txt": b"a photo", "captioned.json": b'{"url": "x"}',
+        "small.jpg": small, "small.boxes.json": b"[[1, 1, 5, 5]]",
+    }
+    tar_path = tmp_path / "in" / "data.tar"
+    tar_path.parent.mkdir()
+    with tarfile.open(tar_path, "w", format=tarfile.GNU_FORMAT) as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(SampleError, match=r"masked.*--max-size 100 would shrink the image but not its fields seg.png"):
+        convert(str(tar_path.parent), str(tmp_path / "o1"), ConvertOptions(source="wds", max_size=100))
+    out = tmp_path / "o2"
+    index = convert(str(tar_path.parent), str(out), ConvertOptions(source="wds", max_size=100, on_error="skip")).index
+    assert index.num_samples == 2  # captioned (shrunk) and small (already within the size)
+    reasons = {json.loads(line)["key"]: json.loads(line)["reason"] for line in (out / "skipped.jsonl").read_text().splitlines()}
+    assert sorted(reasons) == ["boxed", "masked"] and "fields boxes.json" in reasons["boxed"]
+
+
 def test_tar_members_with_dotdot_or_absolute_names_are_rejected(tmp_path: Path) -> None:
     data = jpeg_bytes(small_photo(5))
     tar_path = tmp_path / "in" / "evil.tar"

@@ -16,8 +16,9 @@ from fastload.converters.plan import ShardPlan
 from fastload.converters.sample import Sample, SourceItem
 from fastload.converters.sources import Source
 from fastload.converters.writers import PreparedSample, open_writer
+from fastload.decode.header import image_size
 from fastload.errors import SampleError
-from fastload.fields import JPEG_FIELD, LABEL_FIELD
+from fastload.fields import JPEG_FIELD, LABEL_FIELD, default_role
 from fastload.index import ShardInfo
 
 if TYPE_CHECKING:
@@ -73,6 +74,8 @@ def prepare_sample(sample: Sample, options: ConvertOptions, decoded_shape: tuple
         stored: bytes | np.ndarray = image if decoded else encode_png(image)
     else:
         field_name = check_image(image, sample.where, options.max_pixels)
+        if options.max_size is not None and max(image_size(image, sample.where, options.max_pixels)) > options.max_size:
+            check_nothing_in_pixels(sample, options.max_size)
         if options.reencode_quality is not None or options.max_size is not None:
             image = reencode_jpeg(image, sample.where, options.reencode_quality or 95, options.max_size, options.max_pixels)
             field_name = JPEG_FIELD
@@ -84,6 +87,21 @@ def prepare_sample(sample: Sample, options: ConvertOptions, decoded_shape: tuple
             stored = image
     check_decoded_shape(stored, sample.where, decoded_shape)
     return PreparedSample(key=sample.key, image_field=field_name, image=stored, label=sample.label, extra=sample.extra)
+
+
+_GEOMETRY_WORDS = ("box", "mask", "seg", "keypoint", "polygon", "point", "landmark")  # in a field's name: pixel coordinates, likely
+
+
+def check_nothing_in_pixels(sample: Sample, max_size: int) -> None:
+    """A SampleError when ``--max-size`` would shrink the image of a sample whose other fields are
+    drawn in its pixels: another image (a mask, a depth map) or a field named for boxes, masks,
+    keypoints. They would stay in the original frame, silently misplaced after the resize."""
+    drawn = sorted(name for name in sample.extra if default_role(name) == "image" or any(w in name.lower() for w in _GEOMETRY_WORDS))
+    if drawn:
+        raise SampleError(
+            sample.where, f"--max-size {max_size} would shrink the image but not its fields {', '.join(drawn)} (in its pixel frame); "
+            "convert without --max-size, or resize them first"
+        )
 
 
 def check_decoded_shape(stored: bytes | np.ndarray | None, where: str, decoded_shape: tuple[int, ...] | None) -> None:

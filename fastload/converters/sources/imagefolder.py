@@ -48,13 +48,20 @@ class ImageFolderSource:
             for key, (rel, label, stamp, link) in zip(keys, found)
         ]
 
-    def _scan(self, root: str, rel_dir: str, label: int, found: list[tuple[str, int, tuple[int, ...], bool]]) -> None:
+    def _scan(
+        self, root: str, rel_dir: str, label: int, found: list[tuple[str, int, tuple[int, ...], bool]], above: frozenset[str] = frozenset()
+    ) -> None:
+        here = os.path.realpath(f"{root}/{rel_dir}")
+        if here in above:
+            raise ValueError(f"{root}/{rel_dir}: a symlink loop (it leads back to {here})")
         with os.scandir(f"{root}/{rel_dir}") as it:
             entries = sorted(it, key=lambda e: e.name)
         for entry in entries:
             rel = f"{rel_dir}/{entry.name}"
-            if entry.is_dir(follow_symlinks=self.follow_symlinks):
-                self._scan(root, rel, label, found)
+            if entry.is_dir():
+                if entry.is_symlink():
+                    check_linked_folder(self.root, f"{root}/{rel}", self.follow_symlinks)
+                self._scan(root, rel, label, found, above | {here})
             elif os.path.splitext(entry.name)[1].lower() in IMAGE_EXTENSIONS:
                 try:
                     st = entry.stat()
@@ -77,18 +84,27 @@ class ImageFolderSource:
         return Sample(key=item.key, where=item.where, image=data, label=label)
 
 
+def check_linked_folder(root: Path, link: str, follow_symlinks: bool) -> None:
+    """A folder reached through a symlink is read where it stays inside ``root``, or anywhere
+    with ``follow_symlinks``; else a ValueError naming it (never left out unsaid: its images, or a
+    whole class, would be missing and the classes after it renumbered)."""
+    target = Path(os.path.realpath(link))
+    if not follow_symlinks and not target.is_relative_to(root):
+        raise ValueError(f"{link}: a folder linked from outside the source root (-> {target}); pass --follow-symlinks to convert it")
+
+
 def open_source(path: str, options: SourceOptions) -> ImageFolderSource:
-    """Open an image folder; its class folders are its immediate subdirectories."""
+    """Open an image folder; its class folders are its immediate subdirectories (linked ones
+    too: see check_linked_folder)."""
     root = Path(os.path.realpath(path))
     if not root.is_dir():
         raise FileNotFoundError(f"{path}: not a directory")
-    classes = tuple(
-        sorted(
-            entry.name
-            for entry in os.scandir(root)
-            if entry.is_dir(follow_symlinks=options.follow_symlinks) and not entry.name.startswith(".")
-        )
-    )
+    classes = []
+    for entry in os.scandir(root):
+        if entry.is_dir() and not entry.name.startswith("."):
+            if entry.is_symlink():
+                check_linked_folder(root, entry.path, options.follow_symlinks)
+            classes.append(entry.name)
     if not classes:
         raise ValueError(f"{path}: no class subfolders (expected ROOT/CLASS/IMAGE)")
-    return ImageFolderSource(root=root, classes=classes, follow_symlinks=options.follow_symlinks)
+    return ImageFolderSource(root=root, classes=tuple(sorted(classes)), follow_symlinks=options.follow_symlinks)
