@@ -85,3 +85,33 @@ def test_sigkill_and_rerun_is_byte_identical(
     assert tree_bytes(out) == tree_bytes(reference)
     verify = run_cli("verify", str(out))
     assert "OK" in verify.stdout
+
+
+def test_a_kill_while_the_bookkeeping_is_removed_never_lends_old_shards_to_other_options(
+    many_images: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The finished conversion's bookkeeping is renamed away before it is deleted: a kill part-way
+    through the deletion (simulated: the plan gone, then the process stops) leaves OUT finished,
+    and a rerun with other options is refused rather than keeping shards made with the old ones.
+    Shard results found without their plan are never trusted either."""
+    from fastload.converters import ConvertOptions, convert, partial
+    from fastload.converters.run import ConversionConflict
+
+    def killed_part_way(path: Path, ignore_errors: bool = False) -> None:
+        if path.name.endswith(partial.REMOVED_SUFFIX) and (path / "plan.json").exists():
+            (path / "plan.json").unlink()
+            raise KeyboardInterrupt("killed while deleting the bookkeeping")
+
+    out, small = tmp_path / "out", ConvertOptions(source="imagefolder", samples_per_shard=8, max_size=16, on_error="skip")
+    monkeypatch.setattr(partial.shutil, "rmtree", killed_part_way)
+    with pytest.raises(KeyboardInterrupt):
+        convert(str(many_images), str(out), small)
+    monkeypatch.undo()
+    assert (out / "index.json").exists() and not (out / partial.PARTIAL_DIR).exists()
+    with pytest.raises(ConversionConflict, match="other options"):
+        convert(str(many_images), str(out), ConvertOptions(source="imagefolder", samples_per_shard=8, on_error="skip"))
+    (out / partial.PARTIAL_DIR).mkdir()
+    (out / partial.PARTIAL_DIR / "shard-00000.tar.json").write_text("{}")
+    (out / "index.json").unlink()
+    with pytest.raises(ConversionConflict, match="without the plan"):
+        convert(str(many_images), str(out), small)

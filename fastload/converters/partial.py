@@ -9,6 +9,8 @@ shard (a result file is written after its shard's data was fsynced).
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from dataclasses import asdict
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from fastload.files import atomic_write_bytes
 from fastload.index import ShardInfo
 
 PARTIAL_DIR = ".fastload-partial"
+REMOVED_SUFFIX = ".removed"  # a partial folder being deleted
 
 
 class ConversionConflict(RuntimeError):
@@ -35,8 +38,22 @@ def check_partial(partial: Path, fingerprint: dict) -> None:
                 f"rerun it with the same options, or delete {partial} to start over"
             )
     else:
+        if partial.is_dir() and any(partial.iterdir()):  # bookkeeping no plan vouches for: never reused
+            raise ConversionConflict(
+                f"{partial} holds shard results without the plan they were made for; delete it to start over"
+            )
         partial.mkdir(parents=True, exist_ok=True)
         _write_json(plan_file, fingerprint)
+
+
+def remove_partial(partial: Path) -> None:
+    """Delete a finished conversion's bookkeeping: renamed away first (one atomic step), so a
+    kill part-way through never leaves shard results without their plan for a rerun to trust."""
+    if partial.exists():
+        doomed = partial.with_name(partial.name + REMOVED_SUFFIX)
+        shutil.rmtree(doomed, ignore_errors=True)  # a previous removal's remains
+        os.replace(partial, doomed)
+        shutil.rmtree(doomed)
 
 
 def _write_json(path: Path, obj: object) -> None:

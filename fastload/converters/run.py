@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -28,7 +27,14 @@ from fastload.converters.engines import Engine, open_engine
 from fastload.converters.in_runs import convert_in_runs
 from fastload.converters.lock import locked_output
 from fastload.converters.options import ConvertOptions
-from fastload.converters.partial import PARTIAL_DIR, ConversionConflict, check_partial, finished_result, save_result
+from fastload.converters.partial import (
+    PARTIAL_DIR,
+    ConversionConflict,
+    check_partial,
+    finished_result,
+    remove_partial,
+    save_result,
+)
 from fastload.converters.plan import ShardPlan, assign_shards, order_items
 from fastload.converters.sample import SourceItem
 from fastload.converters.shard import ShardResult, ShardTask, WrittenShards, naming, prepare_sample, sources_digest, write_shard
@@ -218,7 +224,7 @@ def _convert(
         _publish(out, url)
         for name in (INDEX_FILE, SKIPPED_REPORT, DUPLICATES_REPORT):
             (out / name).unlink(missing_ok=True)
-    shutil.rmtree(partial)
+    remove_partial(partial)
     return ConvertReport(
         index=index, shards_written=shards.written, shards_reused=shards.reused, already_complete=False, shards_changed=shards.changed
     )
