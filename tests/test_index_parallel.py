@@ -96,3 +96,15 @@ def test_a_truncated_tar_is_named_whichever_worker_reads_it(tars: Path, tmp_path
         index_tars(root, workers=2)
     with pytest.raises(ValueError, match="workers must be at least 1"):
         index_tars(root, workers=-1)
+
+
+def test_a_tar_cut_at_a_block_boundary_is_refused(tars: Path, tmp_path: Path) -> None:
+    """A copy cut short between members (a 512-byte boundary: an interrupted copy or download
+    often ends on one) has no end-of-archive block: refused by name, never indexed with its last
+    samples short of a field."""
+    root = copy_of(tars, tmp_path / "cut")
+    bad = root / "shard-002.tar"
+    bad.write_bytes(bad.read_bytes()[: header_at(bad, 5)])  # members 0-4 whole, nothing after
+    with pytest.raises(ValueError, match=r"shard-002\.tar: not a readable tar \(no end-of-archive block after member 5: cut short\?\)"):
+        index_tars(root, workers=2)
+    assert not (root / "index.json").exists()

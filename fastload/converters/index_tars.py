@@ -131,6 +131,7 @@ def _parse_headers(view: memoryview, path: str, members: list, positions: list[i
                 members.append((number, name, data, size))
             number += 1
         pos = data + -(-size // BLOCK) * BLOCK
+    raise ValueError(f"{path}: not a readable tar (no end-of-archive block after member {number}: cut short?)")
 
 
 CHECKED_AT_ONCE = 1 << 15  # headers summed per numpy call (16 MB of them)
