@@ -11,6 +11,7 @@ reading it (POSIX unlink semantics).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -104,7 +105,8 @@ class ShardCache:
                 f.truncate(file.bytes or 0)  # sparse: it only counts, it takes no disk
         try:
             remote.download(file.url, path, file.sha256, file.bytes, self.storage_options)
-            self._stamp(path)
+            with contextlib.suppress(FileNotFoundError):  # evicted at once by another process: path() fetches it again
+                self._stamp(path)
         finally:
             reservation.unlink(missing_ok=True)
 

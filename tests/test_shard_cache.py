@@ -78,6 +78,26 @@ def test_an_entry_evicted_by_another_process_after_its_check_is_fetched_again(
     assert again.read_bytes() == (tmp_path / "served" / "a.tar").read_bytes() and server.counts["a.tar"] == 2
 
 
+def test_an_entry_evicted_by_another_process_as_soon_as_it_is_downloaded_is_fetched_again(
+    server: DatasetServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The eviction can land between the download's rename into place and its stamp: fetched
+    again too, not a FileNotFoundError."""
+    cache = ShardCache(tmp_path / "cache", max_bytes=10**6)
+    a = remote(server, "a")
+    stamp, evictions = cache._stamp, [1]
+
+    def evicted_before_the_stamp(path: Path) -> None:
+        if evictions:
+            path.unlink()
+            evictions.pop()
+        stamp(path)
+
+    monkeypatch.setattr(cache, "_stamp", evicted_before_the_stamp)
+    got = cache.path(a)
+    assert got.read_bytes() == (tmp_path / "served" / "a.tar").read_bytes() and server.counts["a.tar"] == 2
+
+
 def test_a_modified_or_truncated_entry_is_fetched_again(server: DatasetServer, tmp_path: Path) -> None:
     cache = ShardCache(tmp_path / "cache", max_bytes=10**6)
     a, b = remote(server, "a"), remote(server, "b", checksum=False)
