@@ -62,6 +62,15 @@ def _json_line(obj: object) -> str:
     return json.dumps(obj, sort_keys=True) + "\n"
 
 
+def _within(entry: dict, root: str) -> dict:
+    """A report entry with its ``where`` relative to the source root: the reports travel with the
+    dataset (uploaded beside it), this machine's folders need not."""
+    where = entry.get("where")
+    if isinstance(where, str) and where.startswith(root + "/"):
+        return {**entry, "where": where[len(root) + 1 :]}
+    return entry
+
+
 def _decoded_shape(source: Source, items: list[SourceItem], options: ConvertOptions) -> tuple[int, ...]:
     """The fixed pixel shape of a decoded HDF5 dataset: that of the first sample that prepares."""
     for item in items:
@@ -213,9 +222,10 @@ def _convert(
     _remove_temporary_files(out)  # of task workers killed mid-shard (their retries used other names)
     ordered = shards.results
     index = _assemble_index(source, options, ordered, len(duplicates), decoded_shape)
-    skipped_lines = [_json_line(entry) for r in ordered for entry in r.skipped]
+    root = str(Path(src).absolute())
+    skipped_lines = [_json_line(_within(entry, root)) for r in ordered for entry in r.skipped]
     _write_report(out / SKIPPED_REPORT, skipped_lines)
-    dup_lines = [_json_line(dup.report_line(options.near_threshold is not None)) for dup in duplicates]
+    dup_lines = [_json_line(_within(dup.report_line(options.near_threshold is not None), root)) for dup in duplicates]
     _write_report(out / DUPLICATES_REPORT, dup_lines)
     fsync_dir(out)  # every shard's rename is durable before the index that lists it
     with naming(out / INDEX_FILE):
