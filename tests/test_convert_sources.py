@@ -314,6 +314,33 @@ def test_max_size_far_below_the_photo_decodes_at_a_dct_scale_and_looks_like_a_fu
     assert np.abs(np.asarray(shrunk, dtype=int) - np.asarray(full, dtype=int)).mean() < within
 
 
+def test_a_field_or_label_a_sample_lacks_is_absent_in_hdf5_as_in_tar(tmp_path: Path) -> None:
+    """A caption one sample lacks and a label another lacks: HDF5 shards leave them out as tar
+    shards do (they read as an empty caption and label -1 before), and an empty caption stays an
+    empty caption; fields= asking for one names the sample, whichever layout."""
+    import tarfile
+
+    import fastload
+    from fastload.errors import SampleError
+
+    members = {"s0.txt": b"a caption", "s0.cls": b"3", "s1.cls": b"4", "s2.txt": b"", "s2.cls": b"5", "s3.txt": b"unlabelled"}
+    with tarfile.open(tmp_path / "src.tar", "w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    read = {}
+    for layout in ("wds", "hdf5"):
+        convert(str(tmp_path / "src.tar"), str(tmp_path / layout), ConvertOptions(source="wds", layout=layout, samples_per_shard=10))
+        ds = fastload.open(tmp_path / layout)
+        read[layout] = [ds.raw(i)[:2] for i in range(len(ds))]
+        with pytest.raises(SampleError, match=r":s1: no field txt"):
+            list(fastload.DataLoader(ds, batch_size=4, num_workers=0, fields=["txt", "cls"]))
+    assert read["hdf5"] == read["wds"] == [
+        ("s0", {"txt": b"a caption", "cls": b"3"}), ("s1", {"cls": b"4"}), ("s2", {"txt": b"", "cls": b"5"}), ("s3", {"txt": b"unlabelled"}),
+    ]
+
+
 def test_rerun_of_finished_conversion_is_a_no_op_and_other_options_conflict(image_folder: Path, tmp_path: Path) -> None:
     from fastload.converters.run import ConversionConflict
 

@@ -41,10 +41,16 @@ class ByteColumn:
         import h5py
 
         self._vlen = None if isinstance(node, h5py.Group) else node
+        self.present: np.ndarray | None = None  # which rows hold a value (None: all of them)
         if self._vlen is not None:
             if not isinstance(node, h5py.Dataset) or h5py.check_vlen_dtype(node.dtype) != np.uint8 or node.shape != (rows,):
                 raise ShardError(f"{where}: not {rows} rows of bytes, as the index says")
             return
+        if "present" in node:
+            present = node["present"]
+            if not isinstance(present, h5py.Dataset) or present.shape != (rows,) or present.dtype.kind not in "iub":
+                raise ShardError(f"{where}: its present column is not {rows} rows, as the index says")
+            self.present = present[:].astype(bool)
         offsets, self._bytes = node["offsets"][:], node["bytes"]
         if (
             offsets.shape != (rows + 1,) or offsets.dtype.kind not in "iu"
@@ -202,16 +208,18 @@ class Hdf5ShardReader:
         return np.frombuffer(data, dtype=np.uint8).reshape(row_shape)
 
     def read(self, i: int) -> dict[str, bytes]:
-        """Encoded fields of row ``i``: the image under its format's extension, ``cls``, extras."""
+        """Encoded fields of row ``i``: the image under its format's extension, ``cls``, extras;
+        a field the sample does not have is left out, as a tar shard leaves it out."""
         columns = self._columns()
         out: dict[str, bytes] = {}
         try:
             if columns["image"] is not None and columns["image_format"][i]:  # "": this sample has no image
                 out[columns["image_format"][i]] = columns["image"][i]
-            if columns["labels"] is not None:
+            if columns["labels"] is not None and columns["labels"][i] >= 0:  # -1: this sample has no label
                 out[LABEL_FIELD] = format_label(int(columns["labels"][i]))
             for ext, column in columns["extra"].items():
-                out[ext] = column[i]
+                if column.present is None or column.present[i]:  # absent, as from a tar without the member
+                    out[ext] = column[i]
         except OSError as exc:
             raise ShardError(f"{self.path}: cannot read row {i} ({exc}; shard truncated?)") from None
         return out

@@ -25,13 +25,16 @@ ENCODED_DATASET = "image"
 DECODED_DATASET = "pixels"
 
 
-def write_byte_column(f: h5py.File, name: str, values: list[bytes]) -> None:
-    """Store byte strings flat as group ``name``: contiguous uint8 ``bytes`` and int64 ``offsets``."""
+def write_byte_column(f: h5py.File, name: str, values: list[bytes | None]) -> None:
+    """Store byte strings flat as group ``name``: contiguous uint8 ``bytes`` and int64 ``offsets``;
+    where a sample has none (None), a uint8 ``present`` column tells it from an empty value."""
     group = f.create_group(name)
     offsets = np.zeros(len(values) + 1, dtype=np.int64)
-    np.cumsum([len(v) for v in values], out=offsets[1:])
-    group.create_dataset("bytes", data=np.frombuffer(b"".join(values), dtype=np.uint8))  # contiguous: no chunks
+    np.cumsum([len(v or b"") for v in values], out=offsets[1:])
+    group.create_dataset("bytes", data=np.frombuffer(b"".join(v or b"" for v in values), dtype=np.uint8))  # contiguous: no chunks
     group.create_dataset("offsets", data=offsets)
+    if any(v is None for v in values):
+        group.create_dataset("present", data=np.array([v is not None for v in values], dtype=np.uint8))
 
 
 class Hdf5ShardWriter:
@@ -69,7 +72,7 @@ class Hdf5ShardWriter:
                 dtype=h5py.string_dtype(),
             )
         for ext in sorted({ext for s in self._samples for ext in s.extra}):
-            write_byte_column(f, f"extra/{ext}", [s.extra.get(ext, b"") for s in self._samples])
+            write_byte_column(f, f"extra/{ext}", [s.extra.get(ext) for s in self._samples])
 
     def finish(self) -> ShardInfo:
         """Write the file and its sample table under temporary names, then publish both."""
