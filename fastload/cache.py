@@ -160,14 +160,36 @@ class ShardCache:
         return out
 
     def _reserved(self) -> int:
-        """Bytes promised to downloads in progress."""
+        """Bytes promised to downloads in progress. A reservation whose entry lock nobody holds
+        was left by a process killed mid-download: it and that download's partial file are
+        removed rather than counted (they would shrink the cache for good)."""
         total = 0
         for path in self.root.glob(f".*{_RESERVED}"):
+            entry = self.root / path.name[1 : -len(_RESERVED)]
+            if self._abandoned(entry):
+                for leftover in (path, *self.root.glob(f".{entry.name}.part-*")):
+                    leftover.unlink(missing_ok=True)
+                continue
             try:
                 total += path.stat().st_size
             except FileNotFoundError:
                 pass
         return total
+
+    def _abandoned(self, entry: Path) -> bool:
+        """Whether no process holds ``entry``'s lock (every download holds it throughout; flock
+        locks go with their process, however it ends)."""
+        try:
+            fd = os.open(entry.with_name(entry.name + _LOCK), os.O_RDWR)
+        except FileNotFoundError:
+            return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)  # closing drops a lock this call took
+        return True
 
     def _make_room(self, incoming: int, keep: Path) -> None:
         """Evict least recently used entries until ``incoming`` more bytes fit under the limit."""

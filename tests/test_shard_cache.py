@@ -160,6 +160,31 @@ def test_a_download_in_progress_counts_against_the_limit(server: DatasetServer, 
     assert cached(cache, server) == {"b", "c"} and cache.size() == 2000
 
 
+def test_a_download_killed_mid_way_stops_counting_and_leaves_nothing(server: DatasetServer, tmp_path: Path) -> None:
+    """A process SIGKILLed while downloading b (slowly) leaves its reservation and partial file:
+    the next fetch finds nobody holding b's lock, removes both and counts neither, so a and c
+    both fit under 2000 (the reservation would have evicted a for good)."""
+    import signal
+    import subprocess
+    import sys
+
+    server.faults["b.tar"] = ["slow"]
+    code = (
+        "import sys; from fastload.cache import RemoteFile, ShardCache\n"
+        f"ShardCache(sys.argv[1], max_bytes=2000).path(RemoteFile(sys.argv[2], 'b.tar', None, 1000))"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "cache"), remote(server, "b").url], cwd=Path(__file__).parent.parent)
+    while server.counts["b.tar"] == 0 or not list((tmp_path / "cache").glob(".*.reserved")):
+        threading.Event().wait(0.01)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    cache = ShardCache(tmp_path / "cache", max_bytes=2000)
+    cache.path(remote(server, "a"))
+    cache.path(remote(server, "c"))
+    assert cached(cache, server) == {"a", "c"} and cache.size() == 2000
+    assert not [p.name for p in (tmp_path / "cache").iterdir() if ".reserved" in p.name or ".part-" in p.name]
+
+
 def test_only_entries_count_towards_the_size(server: DatasetServer, tmp_path: Path) -> None:
     """Stamps, locks, hidden files and the staging folder of conversions to a URL are not entries."""
     cache = ShardCache(tmp_path / "cache", max_bytes=10**6)
