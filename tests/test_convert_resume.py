@@ -115,3 +115,38 @@ def test_a_kill_while_the_bookkeeping_is_removed_never_lends_old_shards_to_other
     (out / "index.json").unlink()
     with pytest.raises(ConversionConflict, match="without the plan"):
         convert(str(many_images), str(out), small)
+
+
+def test_a_resumed_decoded_hdf5_conversion_whose_first_image_changed_equals_a_fresh_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--hdf5-decoded takes the dataset's pixel shape from its first image: replace it with one of
+    another size between a killed run and its rerun, and the shards kept from the first run (of
+    the old shape) are written again, so the output is a fresh conversion's, byte for byte."""
+    import numpy as np
+    from PIL import Image
+
+    from fastload.converters import ConvertOptions, WriterOptions, convert, run
+
+    def image(path: Path, side: int, value: int) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((side, side, 3), value, np.uint8)).save(path)
+
+    src = tmp_path / "src"
+    for i in range(3):
+        image(src / "c" / f"{i}.png", 8, 50 * (i + 1))
+    options = ConvertOptions(source="imagefolder", layout="hdf5", samples_per_shard=1, on_error="skip", writer_options=WriterOptions(hdf5_decoded=True))
+
+    def killed(*args: object) -> None:
+        raise KeyboardInterrupt("killed before index.json")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(run, "write_index", killed)
+        with pytest.raises(KeyboardInterrupt):
+            convert(str(src), str(tmp_path / "out"), options, quiet=True)
+    time.sleep(0.01)
+    image(src / "c" / "0.png", 16, 200)
+    report = convert(str(src), str(tmp_path / "out"), options, quiet=True)
+    assert report.index.decoded_shape == (16, 16, 3) and report.shards_changed == 3
+    convert(str(src), str(tmp_path / "fresh"), options, quiet=True)
+    assert tree_bytes(tmp_path / "out") == tree_bytes(tmp_path / "fresh")

@@ -139,7 +139,9 @@ class _ShardStream:
         shard, self._shard = self._shard, None
         if shard is None:
             return
-        earlier, changed = finished_result(self.out, self.partial, shard.path.name, sources_digest(tuple(shard.items)), self.url)
+        earlier, changed = finished_result(
+            self.out, self.partial, shard.path.name, sources_digest(tuple(shard.items)), self.url, self.decoded_shape
+        )
         self.done.changed += changed
         result: ShardResult
         if earlier is not None:

@@ -84,14 +84,18 @@ def _load_result(path: Path) -> ShardResult | None:
     return ShardResult(info=info, **data)
 
 
-def finished_result(out: Path, partial: Path, name: str, sources: str, url: str | None) -> tuple[ShardResult | None, bool]:
+def finished_result(
+    out: Path, partial: Path, name: str, sources: str, url: str | None, pixel_shape: tuple[int, ...] | None = None
+) -> tuple[ShardResult | None, bool]:
     """The result of shard ``name`` if a previous run finished it from the sources as they are now
-    (``sources``: their digest) and it is in place (the file under OUT, or the object of the right
-    size at the URL); and whether one was finished from sources that have changed since."""
+    (``sources``: their digest), holding pixels of ``pixel_shape`` if it holds any (the dataset's
+    shape comes from its first image, which may have changed), and it is in place (the file under
+    OUT, or the object of the right size at the URL); and whether one was finished from sources
+    that have changed since."""
     result = _load_result(partial / f"{name}.json")
     if result is None:
         return None, False
-    if result.sources != sources:
+    if result.sources != sources or (result.pixel_shape is not None and tuple(result.pixel_shape) != pixel_shape):
         return None, True
     if result.info is not None:
         if url is None and not (out / result.info.path).is_file():

@@ -272,7 +272,7 @@ def _write_planned(
     results: dict[int, ShardResult] = {}
     shards = WrittenShards()
     for plan in plans:
-        result, changed = finished_result(out, partial, plan.name, sources_digest(plan.items), url)
+        result, changed = finished_result(out, partial, plan.name, sources_digest(plan.items), url, decoded_shape)
         shards.changed += changed
         if result is not None:
             results[plan.number] = result

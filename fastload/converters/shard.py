@@ -19,6 +19,7 @@ from fastload.converters.writers import PreparedSample, open_writer
 from fastload.decode.header import image_size
 from fastload.errors import SampleError
 from fastload.fields import JPEG_FIELD, LABEL_FIELD, default_role
+from fastload.formats.table import TABLE_SUFFIX
 from fastload.index import ShardInfo
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ class ShardResult:
     fields: list[str] = field(default_factory=list)
     image_fields: list[str] = field(default_factory=list)
     sources: str = ""  # sources_digest of its items when it was written: resume redoes it if they changed
+    pixel_shape: list[int] | None = None  # of the decoded pixels it holds (HDF5 --hdf5-decoded), if any
 
 
 @dataclass
@@ -178,6 +180,8 @@ class ShardBuilder:
         if prepared.image_field is not None:
             self._fields.add(prepared.image_field)
             self._image_fields.add(prepared.image_field)
+        if self.result.pixel_shape is None and prepared.image is not None and not isinstance(prepared.image, bytes):
+            self.result.pixel_shape = list(prepared.image.shape)
 
     def finish(self, upload_to: str | None = None) -> ShardResult:
         """Publish the shard (none when every sample was skipped), upload it to ``upload_to`` if
@@ -186,6 +190,8 @@ class ShardBuilder:
         with naming(self.path):
             if len(self.items) == len(result.skipped):
                 self._writer.abort()
+                for stale in (self.path, self.path.with_suffix(".idx"), self.path.with_suffix(TABLE_SUFFIX)):
+                    stale.unlink(missing_ok=True)  # a previous run's copy, when its samples were readable then
             else:
                 result.info = self._writer.finish()
         result.sources = sources_digest(tuple(self.items))
