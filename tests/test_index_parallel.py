@@ -108,3 +108,36 @@ def test_a_tar_cut_at_a_block_boundary_is_refused(tars: Path, tmp_path: Path) ->
     with pytest.raises(ValueError, match=r"shard-002\.tar: not a readable tar \(no end-of-archive block after member 5: cut short\?\)"):
         index_tars(root, workers=2)
     assert not (root / "index.json").exists()
+
+
+def test_a_hard_linked_member_reads_as_the_file_it_links_to(tmp_path: Path) -> None:
+    """GNU tar stores a second link to a file as a hard-link member (type 1, no data): it is the
+    sample's field all the same, with the linked file's bytes (short and GNU long link names)."""
+    long_dir = "d" * 120  # past the 100 bytes of a header's name and link fields: GNU L and K records
+    photo, other = jpeg_bytes(small_photo(1)), jpeg_bytes(small_photo(2))
+    root = tmp_path / "linked"
+    root.mkdir()
+    with tarfile.open(root / "a.tar", "w", format=tarfile.GNU_FORMAT) as tar:
+        def add(name: str, data: bytes | None = None, link: str | None = None) -> None:
+            info = tarfile.TarInfo(name)
+            if link is None:
+                info.size = len(data or b"")
+                tar.addfile(info, io.BytesIO(data or b""))
+            else:
+                info.type, info.linkname = tarfile.LNKTYPE, link
+                tar.addfile(info)
+        add("s0.jpg", photo)
+        add("s0.cls", b"0")
+        add("s1.jpg", link="s0.jpg")
+        add("s1.cls", b"1")
+        add(f"{long_dir}/s2.jpg", other)
+        add(f"{long_dir}/s2.cls", b"2")
+        add(f"{long_dir}/s3.jpg", link=f"{long_dir}/s2.jpg")
+        add(f"{long_dir}/s3.cls", b"3")
+    index_tars(root, workers=1)
+    ds = fastload.open(root)
+    assert [(ds.raw(i)[0], ds.raw(i)[1]) for i in range(len(ds))] == [
+        ("s0", {"jpg": photo, "cls": b"0"}), ("s1", {"jpg": photo, "cls": b"1"}),
+        (f"{long_dir}/s2", {"jpg": other, "cls": b"2"}), (f"{long_dir}/s3", {"jpg": other, "cls": b"3"}),
+    ]
+    assert run_cli("verify", str(root)).returncode == 0

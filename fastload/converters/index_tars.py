@@ -99,6 +99,7 @@ def _members(view: memoryview, path: str) -> list[tuple[int, str, int, int]]:
 
 def _parse_headers(view: memoryview, path: str, members: list, positions: list[int], stored: list[int]) -> None:
     pos, number, pending = 0, 0, {}  # type: int, int, dict[str, str]
+    regular: dict[str, tuple[int, int]] = {}  # (data offset, size) of each regular file so far, by name: what hard links name
     end, where = len(view), str(path)
     while pos + BLOCK <= end:
         header = view[pos : pos + BLOCK].tobytes()
@@ -118,17 +119,23 @@ def _parse_headers(view: memoryview, path: str, members: list, positions: list[i
                 pending.update(_pax_records(bytes(view[data : data + size])))
             except ValueError:
                 raise ValueError(f"{path}: not a readable tar (a malformed pax header at byte {pos})") from None
-        elif kind == b"L":
-            pending["path"] = bytes(view[data : data + size]).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-        elif kind != b"g" and kind != b"K":
+        elif kind in (b"L", b"K"):  # GNU long name, long link target
+            pending["path" if kind == b"L" else "linkpath"] = bytes(view[data : data + size]).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+        elif kind != b"g":
             name = header[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
             if header[257:262] == b"ustar" and header[345:346] != b"\0":
                 name = header[345:500].split(b"\0", 1)[0].decode("utf-8", "surrogateescape") + "/" + name
+            link = header[157:257].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
             if pending:
-                name = pending.get("path", name)
+                name, link = pending.get("path", name), pending.get("linkpath", link)
                 pending = {}
             if kind in _REGULAR:
                 members.append((number, name, data, size))
+                regular[name] = (data, size)
+            elif kind == b"1":  # a hard link (GNU tar stores a file's second link so): the data of the earlier member it names
+                if link not in regular:
+                    raise ValueError(f"{path}: not a readable tar (member {number} links to {link!r}, not an earlier file)")
+                members.append((number, name, *regular[link]))
             number += 1
         pos = data + -(-size // BLOCK) * BLOCK
     raise ValueError(f"{path}: not a readable tar (no end-of-archive block after member {number}: cut short?)")

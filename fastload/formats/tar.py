@@ -129,15 +129,19 @@ class TarShardReader:
 
     def check(self) -> None:
         """Walk the tar's member headers and check them against the ``.idx``: the same field members
-        (others, such as a foreign tar's hidden or ``__*__`` files, are no sample's) in the same order, at the same data offsets with the same sizes, all inside the file."""
+        (others, such as a foreign tar's hidden or ``__*__`` files, are no sample's) in the same order, at the same data offsets with the same sizes, all inside the file
+        (a hard link at its target's)."""
         listed = self.members().members()
         found: list[tuple[str, int, int]] = []
         size = 0
         try:
             with os.fdopen(open_regular(self.path), "rb") as f, tarfile.open(fileobj=f, mode="r:") as tar:
                 size = os.fstat(f.fileno()).st_size
-                found = [(m.name, m.offset_data, m.size) for m in tar if m.isreg() and is_field_member(m.name)]
-        except (tarfile.TarError, OSError, EOFError, ValueError) as exc:  # EOF, bad headers, undecodable names
+                for m in tar:
+                    if is_field_member(m.name) and (m.isreg() or m.islnk()):
+                        data = tar.getmember(m.linkname) if m.islnk() else m  # a hard link: the data of the file it names
+                        found.append((m.name, data.offset_data, data.size))
+        except (tarfile.TarError, OSError, EOFError, ValueError, KeyError) as exc:  # EOF, bad headers, undecodable names, a link to nothing
             if listed:
                 raise ShardError(f"{self.path}: not a readable tar ({type(exc).__name__}) though its .idx lists {len(listed)} members") from None
         if len(found) != len(listed):
