@@ -38,7 +38,7 @@ def check_partial(partial: Path, fingerprint: dict) -> None:
                 f"rerun it with the same options, or delete {partial} to start over"
             )
     else:
-        if partial.is_dir() and any(partial.iterdir()):  # bookkeeping no plan vouches for: never reused
+        if any(partial.glob("shard-*.json")):  # results no plan vouches for: never reused (a plan's temporary file is no matter)
             raise ConversionConflict(
                 f"{partial} holds shard results without the plan they were made for; delete it to start over"
             )
