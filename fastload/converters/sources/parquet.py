@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from fastload.converters.sample import Sample, SourceItem, file_stamp
+from fastload.converters.sample import Sample, SourceItem, file_stamp, unique_keys
 from fastload.converters.sources import SourceOptions
 from fastload.errors import SampleError
 
@@ -47,7 +47,8 @@ class ParquetSource:
     classes: tuple[str, ...] | None
 
     def items(self) -> list[SourceItem]:
-        """One item per row, file by file, row group by row group."""
+        """One item per row, file by file, row group by row group, keyed by file name, group and row
+        (a name repeated in another folder: ``_1``, ``_2`` suffixes, as :func:`unique_keys` makes)."""
         pq = import_pyarrow_parquet()
         out = []
         for path in self.files:
@@ -59,7 +60,8 @@ class ParquetSource:
                 for row in range(rows):
                     key = f"{path.stem}_{group:04d}_{row:06d}".replace(".", "_")
                     out.append(SourceItem(key=key, where=f"{path}#group{group}/row{row}", size_hint=size, ref=(path, group, row), stamp=stamp))
-        return out
+        keys = unique_keys([item.key for item in out])
+        return [item if item.key == key else replace(item, key=key) for item, key in zip(out, keys)]
 
     def load(self, item: SourceItem) -> Sample:
         """The row's image bytes (from an ``{bytes, path}`` struct or a binary column) and label."""
