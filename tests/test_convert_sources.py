@@ -265,6 +265,21 @@ def test_parquet_files_of_one_name_in_two_folders_get_distinct_keys(parquet_dir:
     assert list(flat.sample_keys()) == [f"train-{part:05d}-of-00002_{row // 3:04d}_{row % 3:06d}" for part in range(2) for row in range(7)]
 
 
+def test_parquet_file_name_with_spaces_and_a_null_label(tmp_path: Path) -> None:
+    """Whitespace in a file name becomes _ in its keys (the .idx cannot hold it); a null label is none."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "src").mkdir()
+    images = [{"bytes": jpeg_bytes(small_photo(i)), "path": None} for i in range(2)]
+    pq.write_table(pa.table({"image": images, "label": pa.array([1, None], pa.int64())}), tmp_path / "src" / "my data.parquet")
+    convert(str(tmp_path / "src"), str(tmp_path / "out"), ConvertOptions(source="parquet"), quiet=True)
+    ds = fastload.open(str(tmp_path / "out"))
+    assert list(ds.sample_keys()) == ["my_data_0000_000000", "my_data_0000_000001"]
+    assert [int(v) for v in ds.sample_labels()] == [1, -1]
+    run_cli("verify", str(tmp_path / "out"))
+
+
 def test_shard_size_by_bytes(image_folder: Path, tmp_path: Path) -> None:
     index = convert(str(image_folder), str(tmp_path), ConvertOptions(source="imagefolder", shard_bytes=20_000)).index
     assert len(index.shards) > 3
