@@ -229,11 +229,13 @@ def write_tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
     [
         ([("my caption.txt", b"a"), ("my caption.cls", b"1")], "member name 'my caption.txt' holds whitespace, which the .idx format cannot hold"),
         ([("s0.txt", b"first"), ("s0.txt", b"second")], "member 's0.txt' repeats field 'txt' of its sample"),
+        ([("caf\udce9.txt", b"latin-1 name")], "member name 'caf\\udce9.txt' is not UTF-8, which the .idx format needs"),
     ],
 )
 def test_wds_source_refuses_names_the_idx_cannot_hold_and_repeated_fields(tmp_path: Path, members: list, reason: str) -> None:
     """Such a sample stops the conversion naming the tar and member (as `fastload index` refuses
-    the tar), or is skipped and reported; what is written is a dataset `fastload verify` accepts."""
+    the tar), or is skipped and reported; what is written is a dataset `fastload verify` accepts.
+    (A name that is not UTF-8, 0xE9 here, is read by tarfile with a surrogate escape.)"""
     src = write_tar(tmp_path / "src.tar", [*members, ("b.txt", b"kept")])
     with pytest.raises(SampleError, match=rf"src\.tar:[^:]+: rejected: {re.escape(reason)}"):
         convert(str(src), str(tmp_path / "raised"), ConvertOptions(source="wds"), quiet=True)

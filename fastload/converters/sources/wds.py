@@ -17,8 +17,8 @@ from fastload.index import read_index
 
 
 def unsafe_member_reason(name: str) -> str | None:
-    """Why a tar member name must not be used (absolute, climbing out with '..', or holding
-    whitespace, which the .idx format cannot hold), else None."""
+    """Why a tar member name must not be used (absolute, climbing out with '..', or what the .idx
+    format cannot hold: whitespace, bytes that are not UTF-8), else None."""
     path = PurePosixPath(name)
     if path.is_absolute() or name.startswith("/"):
         return f"absolute member name {name!r}"
@@ -26,7 +26,18 @@ def unsafe_member_reason(name: str) -> str | None:
         return f"member name {name!r} contains '..'"
     if _WHITESPACE.search(name):
         return f"member name {name!r} holds whitespace, which the .idx format cannot hold"
+    if not _is_utf8(name):
+        return f"member name {name!r} is not UTF-8, which the .idx format needs"
     return None
+
+
+def _is_utf8(name: str) -> bool:
+    """False for a name tarfile decoded with surrogate escapes (its bytes are not UTF-8)."""
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def scan_tar(path: Path) -> list[tuple[str, dict[str, tuple[int, int]], str | None]]:
@@ -69,8 +80,9 @@ class WdsSource:
         out = []
         for shard in self.shards:
             stamp = file_stamp(shard)
-            for key, fields, unsafe in scan_tar(shard):
+            for raw_key, fields, unsafe in scan_tar(shard):
                 size = sum(size for _, size in fields.values())
+                key = raw_key if _is_utf8(raw_key) else raw_key.encode(errors="surrogateescape").decode(errors="backslashreplace")
                 out.append(SourceItem(key=key, where=f"{shard}:{key}", size_hint=size, ref=(shard, fields, unsafe), stamp=stamp))
         return out
 
