@@ -52,9 +52,9 @@ class ParquetSource:
         ``_``), group and row; a name repeated in another folder gets ``_1``, ``_2`` suffixes."""
         pq = import_pyarrow_parquet()
         out = []
-        for path in self.files:
+        names = [_WHITESPACE.sub("_", path.stem.replace(".", "_")) for path in self.files]
+        for path, name in zip(self.files, names):
             stamp = file_stamp(path)
-            name = _WHITESPACE.sub("_", path.stem.replace(".", "_"))
             meta = pq.ParquetFile(path).metadata
             for group in range(meta.num_row_groups):
                 rows = meta.row_group(group).num_rows
@@ -62,6 +62,8 @@ class ParquetSource:
                 for row in range(rows):
                     key = f"{name}_{group:04d}_{row:06d}"
                     out.append(SourceItem(key=key, where=f"{path}#group{group}/row{row}", size_hint=size, ref=(path, group, row), stamp=stamp))
+        if len(set(names)) == len(names):
+            return out  # a key spells its file's name, group and row: unique unless a name repeats
         keys = unique_keys([item.key for item in out])
         return [item if item.key == key else replace(item, key=key) for item, key in zip(out, keys)]
 

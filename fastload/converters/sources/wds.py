@@ -19,6 +19,8 @@ from fastload.index import read_index
 def unsafe_member_reason(name: str) -> str | None:
     """Why a tar member name must not be used (absolute, climbing out with '..', or what the .idx
     format cannot hold: whitespace, bytes that are not UTF-8), else None."""
+    if name.isascii() and name[:1] != "/" and ".." not in name and not _WHITESPACE.search(name):
+        return None  # the usual name, judged without building a path (2 us a member)
     path = PurePosixPath(name)
     if path.is_absolute() or name.startswith("/"):
         return f"absolute member name {name!r}"
