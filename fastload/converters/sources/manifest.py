@@ -86,7 +86,7 @@ def _resolve_labels(raw_labels: list[object], manifest: Path, column: str) -> tu
     """Class indices for the label cells: numbers as the ints they spell, else names as sorted
     classes; an empty cell is no label; a column mixing numbers and names is refused."""
     given = [(row, value, _as_number(value)) for row, value in enumerate(raw_labels, start=1) if not _is_empty(value)]
-    numeric = given and given[0][2] is not None
+    numeric = bool(given) and given[0][2] is not None
     odd = next((row for row, _, number in given if (number is not None) != numeric), None)
     if odd is not None:
         kinds = ("a number", "a class name") if numeric else ("a class name", "a number")
@@ -99,7 +99,7 @@ def _resolve_labels(raw_labels: list[object], manifest: Path, column: str) -> tu
         for row, _, number in given:
             if isinstance(number, float) and not number.is_integer():
                 raise ValueError(f"{manifest}: row {row}'s label in column {column!r} is not a whole number (a class index)")
-            labels[row - 1] = int(number)  # type: ignore[arg-type]
+            labels[row - 1] = int(number)  # type: ignore[arg-type]  # every given cell is a number here (checked above)
         return labels, None
     classes = tuple(sorted({str(value) for _, value, _ in given}))
     lookup = {name: i for i, name in enumerate(classes)}
