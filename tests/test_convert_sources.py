@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import re
+import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,11 +13,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import fastload
 from fastload.converters import ConvertOptions, SourceOptions, WriterOptions, convert
 from fastload.converters.sources import open_source
+from fastload.errors import SampleError
 from fastload.formats import open_shard
 from fastload.index import read_index
-from tests.conftest import jpeg_bytes, small_photo
+from tests.conftest import jpeg_bytes, run_cli, small_photo
 
 
 def read_back(out: Path) -> list[tuple[str, dict[str, bytes]]]:
@@ -208,6 +212,74 @@ def test_wds_reshard_and_to_hdf5(image_folder: Path, tmp_path: Path) -> None:
         assert [f["jpg"] for _, f in samples] == [p.read_bytes() for p in files]
         assert [int(f["cls"]) for _, f in samples] == [i % 4 for i in range(len(files))]
         assert [json.loads(f["json"]) for _, f in samples] == [{"i": i} for i in range(len(files))]
+
+
+def write_tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
+    """A tar holding ``members`` (name, bytes) in order, as any WebDataset writer's."""
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("members", "reason"),
+    [
+        ([("my caption.txt", b"a"), ("my caption.cls", b"1")], "member name 'my caption.txt' holds whitespace, which the .idx format cannot hold"),
+        ([("s0.txt", b"first"), ("s0.txt", b"second")], "member 's0.txt' repeats field 'txt' of its sample"),
+        ([("caf\udce9.txt", b"latin-1 name")], "member name 'caf\\udce9.txt' is not UTF-8, which the .idx format needs"),
+    ],
+)
+def test_wds_source_refuses_names_the_idx_cannot_hold_and_repeated_fields(tmp_path: Path, members: list, reason: str) -> None:
+    """Such a sample stops the conversion naming the tar and member (as `fastload index` refuses
+    the tar), or is skipped and reported; what is written is a dataset `fastload verify` accepts.
+    (A name that is not UTF-8, 0xE9 here, is read by tarfile with a surrogate escape.)"""
+    src = write_tar(tmp_path / "src.tar", [*members, ("b.txt", b"kept")])
+    with pytest.raises(SampleError, match=rf"src\.tar:[^:]+: rejected: {re.escape(reason)}"):
+        convert(str(src), str(tmp_path / "raised"), ConvertOptions(source="wds"), quiet=True)
+    index = convert(str(src), str(tmp_path / "out"), ConvertOptions(source="wds", on_error="skip"), quiet=True).index
+    assert index.skipped == {"rejected": 1}
+    assert [(key, fields["txt"]) for key, fields in read_back(tmp_path / "out")] == [("b", b"kept")]
+    (skipped,) = [json.loads(line) for line in (tmp_path / "out" / "skipped.jsonl").read_text().splitlines()]
+    assert skipped["where"] == f"{src}:{skipped['key']}"
+    assert skipped["reason"].startswith(f"rejected: {reason}")
+    run_cli("verify", str(tmp_path / "out"))
+
+
+def test_parquet_files_of_one_name_in_two_folders_get_distinct_keys(parquet_dir: Path, tmp_path: Path) -> None:
+    """Same-named files in sub-folders: the later ones' keys get _N suffixes; a flat folder's keys are as before."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for split, label in (("a", 0), ("b", 1)):
+        (tmp_path / "src" / split).mkdir(parents=True)
+        images = [{"bytes": jpeg_bytes(small_photo(label * 10 + i)), "path": None} for i in range(2)]
+        pq.write_table(pa.table({"image": images, "label": [label, label]}), tmp_path / "src" / split / "data.parquet")
+    convert(str(tmp_path / "src"), str(tmp_path / "nested"), ConvertOptions(source="parquet"), quiet=True)
+    nested = fastload.open(str(tmp_path / "nested"))
+    assert list(nested.sample_keys()) == ["data_0000_000000", "data_0000_000001", "data_0000_000000_1", "data_0000_000001_1"]
+    assert [int(i) for i in nested.indices_of(["data_0000_000000_1"])] == [2]
+    assert [int(v) for v in nested.sample_labels()] == [0, 0, 1, 1]
+    convert(str(parquet_dir), str(tmp_path / "flat"), ConvertOptions(source="parquet"), quiet=True)
+    flat = fastload.open(str(tmp_path / "flat"))
+    assert list(flat.sample_keys()) == [f"train-{part:05d}-of-00002_{row // 3:04d}_{row % 3:06d}" for part in range(2) for row in range(7)]
+
+
+def test_parquet_file_name_with_spaces_and_a_null_label(tmp_path: Path) -> None:
+    """Whitespace in a file name becomes _ in its keys (the .idx cannot hold it); a null label is none."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "src").mkdir()
+    images = [{"bytes": jpeg_bytes(small_photo(i)), "path": None} for i in range(2)]
+    pq.write_table(pa.table({"image": images, "label": pa.array([1, None], pa.int64())}), tmp_path / "src" / "my data.parquet")
+    convert(str(tmp_path / "src"), str(tmp_path / "out"), ConvertOptions(source="parquet"), quiet=True)
+    ds = fastload.open(str(tmp_path / "out"))
+    assert list(ds.sample_keys()) == ["my_data_0000_000000", "my_data_0000_000001"]
+    assert [int(v) for v in ds.sample_labels()] == [1, -1]
+    run_cli("verify", str(tmp_path / "out"))
 
 
 def test_shard_size_by_bytes(image_folder: Path, tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +15,8 @@ from fastload.errors import SampleError
 
 @dataclass(frozen=True)
 class ManifestSource:
-    """Rows of (path, label); string labels become class indices in sorted order."""
+    """Rows of (path, label): numeric labels are class indices, names become indices in sorted
+    order, an empty label is none."""
 
     base: Path
     rows: tuple[tuple[str, int | None], ...]
@@ -61,12 +63,49 @@ def _read_rows(manifest: Path) -> list[dict]:
         return list(csv.DictReader(f, dialect=dialect))
 
 
-def _as_int(value: object) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool):
+_NUMERAL = re.compile(r"[+-]?[0-9]+(\.[0-9]*)?")  # "3", "-1", "3.0": what integer and float exports write
+
+
+def _as_number(value: object) -> int | float | None:
+    """The number a label cell spells ("3", 3, "3.0", 3.0), else None (a class name)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
         return value
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value)
+    if isinstance(value, str) and _NUMERAL.fullmatch(value.strip()):
+        text = value.strip()
+        return int(text) if text.lstrip("+-").isdigit() else float(text)
     return None
+
+
+def _is_empty(value: object) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
+def _resolve_labels(raw_labels: list[object], manifest: Path, column: str) -> tuple[list[int | None], tuple[str, ...] | None]:
+    """Class indices for the label cells: numbers as the ints they spell, else names as sorted
+    classes; an empty cell is no label; a column mixing numbers and names is refused."""
+    given = [(row, value, _as_number(value)) for row, value in enumerate(raw_labels, start=1) if not _is_empty(value)]
+    numeric = bool(given) and given[0][2] is not None
+    odd = next((row for row, _, number in given if (number is not None) != numeric), None)
+    if odd is not None:
+        kinds = ("a number", "a class name") if numeric else ("a class name", "a number")
+        raise ValueError(
+            f"{manifest}: column {column!r} mixes numbers and class names: row {given[0][0]}'s label is {kinds[0]}, "
+            f"row {odd}'s is {kinds[1]} (a label column holds class indices only or class names only)"
+        )
+    labels: list[int | None] = [None] * len(raw_labels)
+    if numeric:
+        for row, _, number in given:
+            if isinstance(number, float) and not number.is_integer():
+                raise ValueError(f"{manifest}: row {row}'s label in column {column!r} is not a whole number (a class index)")
+            labels[row - 1] = int(number)  # type: ignore[arg-type]  # every given cell is a number here (checked above)
+        return labels, None
+    classes = tuple(sorted({str(value) for _, value, _ in given}))
+    lookup = {name: i for i, name in enumerate(classes)}
+    for row, value, _ in given:
+        labels[row - 1] = lookup[str(value)]
+    return labels, classes or None
 
 
 def open_source(path: str, options: SourceOptions) -> ManifestSource:
@@ -81,15 +120,7 @@ def open_source(path: str, options: SourceOptions) -> ManifestSource:
                 f"{manifest}: no column {column!r}; columns are {sorted(rows[0])} "
                 f"(choose with --path-column / --label-column)"
             )
-    raw_labels = [row.get(options.label_column) for row in rows]
-    int_labels = [_as_int(v) for v in raw_labels]
-    classes: tuple[str, ...] | None
-    if all(v is not None for v in int_labels):
-        labels, classes = int_labels, None
-    else:
-        classes = tuple(sorted({str(v) for v in raw_labels}))
-        lookup = {name: i for i, name in enumerate(classes)}
-        labels = [lookup[str(v)] for v in raw_labels]
+    labels, classes = _resolve_labels([row.get(options.label_column) for row in rows], manifest, options.label_column)
     paths = [str(row[options.path_column]) for row in rows]
     return ManifestSource(
         base=manifest.parent.resolve(), rows=tuple(zip(paths, labels)), classes=classes, manifest=manifest

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from fastload.converters.sample import Sample, SourceItem, file_stamp
+from fastload.converters.index_tars import _WHITESPACE
+from fastload.converters.sample import Sample, SourceItem, file_stamp, unique_keys
 from fastload.converters.sources import SourceOptions
 from fastload.errors import SampleError
 
@@ -47,22 +48,27 @@ class ParquetSource:
     classes: tuple[str, ...] | None
 
     def items(self) -> list[SourceItem]:
-        """One item per row, file by file, row group by row group."""
+        """One item per row, file by file, row group by row group, keyed by file name (whitespace as
+        ``_``), group and row; a name repeated in another folder gets ``_1``, ``_2`` suffixes."""
         pq = import_pyarrow_parquet()
         out = []
-        for path in self.files:
+        names = [_WHITESPACE.sub("_", path.stem.replace(".", "_")) for path in self.files]
+        for path, name in zip(self.files, names):
             stamp = file_stamp(path)
             meta = pq.ParquetFile(path).metadata
             for group in range(meta.num_row_groups):
                 rows = meta.row_group(group).num_rows
                 size = meta.row_group(group).total_byte_size // max(rows, 1)
                 for row in range(rows):
-                    key = f"{path.stem}_{group:04d}_{row:06d}".replace(".", "_")
+                    key = f"{name}_{group:04d}_{row:06d}"
                     out.append(SourceItem(key=key, where=f"{path}#group{group}/row{row}", size_hint=size, ref=(path, group, row), stamp=stamp))
-        return out
+        if len(set(names)) == len(names):
+            return out  # a key spells its file's name, group and row: unique unless a name repeats
+        keys = unique_keys([item.key for item in out])
+        return [item if item.key == key else replace(item, key=key) for item, key in zip(out, keys)]
 
     def load(self, item: SourceItem) -> Sample:
-        """The row's image bytes (from an ``{bytes, path}`` struct or a binary column) and label."""
+        """The row's image bytes (from an ``{bytes, path}`` struct or a binary column) and label (a null: none)."""
         path, group, row = item.ref
         columns = (self.image_column,) + ((self.label_column,) if self.label_column else ())
         table = _row_group(path, group, columns)
@@ -70,8 +76,8 @@ class ParquetSource:
         data = value.get("bytes") if isinstance(value, dict) else value
         if not isinstance(data, (bytes, bytearray)):
             raise SampleError(item.where, f"column {self.image_column!r} holds no image bytes")
-        label = int(table[self.label_column][row]) if self.label_column else None
-        return Sample(key=item.key, where=item.where, image=bytes(data), label=label)
+        label = table[self.label_column][row] if self.label_column else None
+        return Sample(key=item.key, where=item.where, image=bytes(data), label=None if label is None else int(label))
 
 
 def open_source(path: str, options: SourceOptions) -> ParquetSource:

@@ -7,6 +7,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from fastload.converters.index_tars import _WHITESPACE
 from fastload.converters.sample import Sample, SourceItem, file_stamp
 from fastload.converters.sources import SourceOptions
 from fastload.errors import DatasetIndexError, SampleError
@@ -16,17 +17,33 @@ from fastload.index import read_index
 
 
 def unsafe_member_reason(name: str) -> str | None:
-    """Why a tar member name must not be used (absolute, or climbing out with '..'), else None."""
+    """Why a tar member name must not be used (absolute, climbing out with '..', or what the .idx
+    format cannot hold: whitespace, bytes that are not UTF-8), else None."""
+    if name.isascii() and name[:1] != "/" and ".." not in name and not _WHITESPACE.search(name):
+        return None  # the usual name, judged without building a path (2 us a member)
     path = PurePosixPath(name)
     if path.is_absolute() or name.startswith("/"):
         return f"absolute member name {name!r}"
     if ".." in path.parts:
         return f"member name {name!r} contains '..'"
+    if _WHITESPACE.search(name):
+        return f"member name {name!r} holds whitespace, which the .idx format cannot hold"
+    if not _is_utf8(name):
+        return f"member name {name!r} is not UTF-8, which the .idx format needs"
     return None
 
 
+def _is_utf8(name: str) -> bool:
+    """False for a name tarfile decoded with surrogate escapes (its bytes are not UTF-8)."""
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def scan_tar(path: Path) -> list[tuple[str, dict[str, tuple[int, int]], str | None]]:
-    """Group a tar's regular files into samples: (key, {ext: (data offset, size)}, unsafe reason)."""
+    """Group a tar's regular files into samples: (key, {ext: (data offset, size)}, why it is refused or None)."""
     samples: list[tuple[str, dict[str, tuple[int, int]], str | None]] = []
     try:
         file_size = path.stat().st_size
@@ -41,11 +58,13 @@ def scan_tar(path: Path) -> list[tuple[str, dict[str, tuple[int, int]], str | No
                 key, ext = split_member_name(member.name)
                 if not key or key.endswith("/"):
                     continue  # hidden files such as ./.DS_Store
-                if samples and samples[-1][0] == key:
-                    samples[-1][1][ext] = (member.offset_data, member.size)
-                    samples[-1] = (key, samples[-1][1], samples[-1][2] or unsafe_member_reason(member.name))
-                else:
-                    samples.append((key, {ext: (member.offset_data, member.size)}, unsafe_member_reason(member.name)))
+                if not samples or samples[-1][0] != key:
+                    samples.append((key, {}, None))
+                _, fields, refused = samples[-1]
+                if refused is None and ext in fields:
+                    refused = f"member {member.name!r} repeats field {ext!r} of its sample (one key, two .{ext} members)"
+                fields[ext] = (member.offset_data, member.size)
+                samples[-1] = (key, fields, refused or unsafe_member_reason(member.name))
     except (tarfile.TarError, OSError) as exc:
         raise ValueError(f"{path}: not a readable tar ({exc})") from None
     return samples
@@ -63,8 +82,9 @@ class WdsSource:
         out = []
         for shard in self.shards:
             stamp = file_stamp(shard)
-            for key, fields, unsafe in scan_tar(shard):
+            for raw_key, fields, unsafe in scan_tar(shard):
                 size = sum(size for _, size in fields.values())
+                key = raw_key if _is_utf8(raw_key) else raw_key.encode(errors="surrogateescape").decode(errors="backslashreplace")
                 out.append(SourceItem(key=key, where=f"{shard}:{key}", size_hint=size, ref=(shard, fields, unsafe), stamp=stamp))
         return out
 
