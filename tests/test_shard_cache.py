@@ -171,7 +171,7 @@ def test_a_download_killed_mid_way_stops_counting_and_leaves_nothing(server: Dat
     server.faults["b.tar"] = ["slow"]
     code = (
         "import sys; from fastload.cache import RemoteFile, ShardCache\n"
-        f"ShardCache(sys.argv[1], max_bytes=2000).path(RemoteFile(sys.argv[2], 'b.tar', None, 1000))"
+        "ShardCache(sys.argv[1], max_bytes=2000).path(RemoteFile(sys.argv[2], 'b.tar', None, 1000))"
     )
     child = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "cache"), remote(server, "b").url], cwd=Path(__file__).parent.parent)
     while server.counts["b.tar"] == 0 or not list((tmp_path / "cache").glob(".*.reserved")):

@@ -20,7 +20,6 @@ import hashlib
 import mmap
 import multiprocessing
 import os
-import re
 import sys
 import time
 from collections import Counter
@@ -35,7 +34,7 @@ import numpy as np
 from fastload.errors import DatasetIndexError, SampleError
 from fastload.fields import IMAGE_FIELDS, LABEL_FIELD, is_field_member, parse_label
 from fastload.files import atomic_write_bytes, check_relative_path, fsync_dir, open_regular
-from fastload.formats.idx import Member, format_dali_index, split_member_name
+from fastload.formats.idx import IDX_WHITESPACE, Member, format_dali_index, split_member_name
 from fastload.formats.table import MAX_LABEL_BYTES, TABLE_SUFFIX, tar_table
 from fastload.index import INDEX_FILE, DatasetIndex, ShardInfo, write_index
 
@@ -44,7 +43,6 @@ SOURCE_NAME = "wds-index"  # the index's ``source``: tars indexed in place, not 
 
 BLOCK = 512
 ZERO_BLOCK = bytes(BLOCK)
-_WHITESPACE = re.compile(r"\s")  # what str.isspace calls whitespace: the .idx format splits on it
 _REGULAR = (b"0", b"\0", b"7")  # regular file, old-style regular file, contiguous file
 
 
@@ -192,7 +190,7 @@ def _add_member(out: IndexedTar, keys: list[str], view: memoryview, number: int,
     if not is_field_member(name):
         return  # no extension, hidden, or webdataset's metadata members
     key, ext = split_member_name(name)
-    if _WHITESPACE.search(name):
+    if IDX_WHITESPACE.search(name):
         raise ValueError(f"{path}: member {number}'s name holds whitespace, which the .idx format cannot hold")
     try:
         name.encode()

@@ -64,6 +64,7 @@ class TarMembers:
         ]
 
 
+IDX_WHITESPACE = re.compile(r"\s")  # what str.isspace calls whitespace: the .idx format splits on it, so no key or field holds any
 _DALI_HEADER = re.compile(rf"{re.escape(DALI_INDEX_VERSION)} +([0-9]{{1,18}}) *")
 
 

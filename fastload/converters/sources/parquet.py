@@ -7,10 +7,10 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from fastload.converters.index_tars import _WHITESPACE
 from fastload.converters.sample import Sample, SourceItem, file_stamp, unique_keys
 from fastload.converters.sources import SourceOptions
 from fastload.errors import SampleError
+from fastload.formats.idx import IDX_WHITESPACE
 
 
 def import_pyarrow_parquet():
@@ -52,7 +52,7 @@ class ParquetSource:
         ``_``), group and row; a name repeated in another folder gets ``_1``, ``_2`` suffixes."""
         pq = import_pyarrow_parquet()
         out = []
-        names = [_WHITESPACE.sub("_", path.stem.replace(".", "_")) for path in self.files]
+        names = [IDX_WHITESPACE.sub("_", path.stem.replace(".", "_")) for path in self.files]
         for path, name in zip(self.files, names):
             stamp = file_stamp(path)
             meta = pq.ParquetFile(path).metadata

@@ -7,26 +7,25 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from fastload.converters.index_tars import _WHITESPACE
 from fastload.converters.sample import Sample, SourceItem, file_stamp
 from fastload.converters.sources import SourceOptions
 from fastload.errors import DatasetIndexError, SampleError
 from fastload.fields import LABEL_FIELD, image_field, parse_label
-from fastload.formats.idx import split_member_name
+from fastload.formats.idx import IDX_WHITESPACE, split_member_name
 from fastload.index import read_index
 
 
 def unsafe_member_reason(name: str) -> str | None:
     """Why a tar member name must not be used (absolute, climbing out with '..', or what the .idx
     format cannot hold: whitespace, bytes that are not UTF-8), else None."""
-    if name.isascii() and name[:1] != "/" and ".." not in name and not _WHITESPACE.search(name):
+    if name.isascii() and name[:1] != "/" and ".." not in name and not IDX_WHITESPACE.search(name):
         return None  # the usual name, judged without building a path (2 us a member)
     path = PurePosixPath(name)
     if path.is_absolute() or name.startswith("/"):
         return f"absolute member name {name!r}"
     if ".." in path.parts:
         return f"member name {name!r} contains '..'"
-    if _WHITESPACE.search(name):
+    if IDX_WHITESPACE.search(name):
         return f"member name {name!r} holds whitespace, which the .idx format cannot hold"
     if not _is_utf8(name):
         return f"member name {name!r} is not UTF-8, which the .idx format needs"
