@@ -57,7 +57,8 @@ Prepared = PreparedSample | AsLoaded | SampleError
 
 @dataclass(frozen=True)
 class RunTask:
-    """A run of consecutive items to prepare, and to sign unless ``sign`` is False (saved)."""
+    """A run of consecutive items to prepare, and to sign when ``sign`` (near dedupe, its
+    signatures not saved by an earlier run)."""
 
     source: Source
     items: tuple[SourceItem, ...]
