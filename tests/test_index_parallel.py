@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import fastload
+from fastload.converters import ConvertOptions, convert
 from fastload.converters.index_tars import index_tars
 from tests.conftest import jpeg_bytes, run_cli, small_photo, tree_bytes
 
@@ -112,7 +113,8 @@ def test_a_tar_cut_at_a_block_boundary_is_refused(tars: Path, tmp_path: Path) ->
 
 def test_a_hard_linked_member_reads_as_the_file_it_links_to(tmp_path: Path) -> None:
     """GNU tar stores a second link to a file as a hard-link member (type 1, no data): it is the
-    sample's field all the same, with the linked file's bytes (short and GNU long link names)."""
+    sample's field all the same, with the linked file's bytes (short and GNU long link names), to
+    `fastload index` and to `convert --from wds` alike."""
     long_dir = "d" * 120  # past the 100 bytes of a header's name and link fields: GNU L and K records
     photo, other = jpeg_bytes(small_photo(1)), jpeg_bytes(small_photo(2))
     root = tmp_path / "linked"
@@ -134,10 +136,16 @@ def test_a_hard_linked_member_reads_as_the_file_it_links_to(tmp_path: Path) -> N
         add(f"{long_dir}/s2.cls", b"2")
         add(f"{long_dir}/s3.jpg", link=f"{long_dir}/s2.jpg")
         add(f"{long_dir}/s3.cls", b"3")
+    source = tmp_path / "source"
+    source.mkdir()
+    shutil.copy(root / "a.tar", source / "a.tar")
     index_tars(root, workers=1)
-    ds = fastload.open(root)
-    assert [(ds.raw(i)[0], ds.raw(i)[1]) for i in range(len(ds))] == [
+    convert(str(source), str(tmp_path / "converted"), ConvertOptions(source="wds", samples_per_shard=10))  # convert --from wds too
+    expected = [
         ("s0", {"jpg": photo, "cls": b"0"}), ("s1", {"jpg": photo, "cls": b"1"}),
         (f"{long_dir}/s2", {"jpg": other, "cls": b"2"}), (f"{long_dir}/s3", {"jpg": other, "cls": b"3"}),
     ]
-    assert run_cli("verify", str(root)).returncode == 0
+    for folder in (root, tmp_path / "converted"):
+        ds = fastload.open(folder)
+        assert [(ds.raw(i)[0], ds.raw(i)[1]) for i in range(len(ds))] == expected
+        assert run_cli("verify", str(folder)).returncode == 0

@@ -42,7 +42,8 @@ def _is_utf8(name: str) -> bool:
 
 
 def scan_tar(path: Path) -> list[tuple[str, dict[str, tuple[int, int]], str | None]]:
-    """Group a tar's regular files into samples: (key, {ext: (data offset, size)}, why it is refused or None)."""
+    """Group a tar's regular files (and hard links, as the files they name) into samples:
+    (key, {ext: (data offset, size)}, why it is refused or None)."""
     samples: list[tuple[str, dict[str, tuple[int, int]], str | None]] = []
     try:
         file_size = path.stat().st_size
@@ -52,7 +53,10 @@ def scan_tar(path: Path) -> list[tuple[str, dict[str, tuple[int, int]], str | No
                     raise ValueError(
                         f"{path}: not a readable tar (member {member.name!r} claims {member.size} bytes, past the end of the file)"
                     )
-                if not member.isfile():
+                data = member
+                if member.islnk():  # a hard link (GNU tar's second link to a file): the data of the file it names
+                    data = tar.getmember(member.linkname)
+                elif not member.isfile():
                     continue
                 key, ext = split_member_name(member.name)
                 if not key or key.endswith("/"):
@@ -62,10 +66,12 @@ def scan_tar(path: Path) -> list[tuple[str, dict[str, tuple[int, int]], str | No
                 _, fields, refused = samples[-1]
                 if refused is None and ext in fields:
                     refused = f"member {member.name!r} repeats field {ext!r} of its sample (one key, two .{ext} members)"
-                fields[ext] = (member.offset_data, member.size)
+                fields[ext] = (data.offset_data, data.size)
                 samples[-1] = (key, fields, refused or unsafe_member_reason(member.name))
     except (tarfile.TarError, OSError) as exc:
         raise ValueError(f"{path}: not a readable tar ({exc})") from None
+    except KeyError:  # getmember: a hard link to no earlier file
+        raise ValueError(f"{path}: not a readable tar (a hard link to a file it does not hold)") from None
     return samples
 
 
