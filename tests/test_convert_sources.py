@@ -282,6 +282,23 @@ def test_parquet_file_name_with_spaces_and_a_null_label(tmp_path: Path) -> None:
     run_cli("verify", str(tmp_path / "out"))
 
 
+def test_parquet_float_labels_are_whole_class_indices_or_refused(tmp_path: Path) -> None:
+    """A float label column (an export's 3.0) gives the indices it spells; 2.5 names its row
+    rather than becoming class 2."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from fastload.errors import SampleError
+
+    (tmp_path / "src").mkdir()
+    images = [{"bytes": jpeg_bytes(small_photo(i)), "path": None} for i in range(3)]
+    pq.write_table(pa.table({"image": images, "label": pa.array([3.0, 0.0, 2.5])}), tmp_path / "src" / "data.parquet")
+    with pytest.raises(SampleError, match=r"data.parquet.*label 2.5 in column 'label' is not a whole class index"):
+        convert(str(tmp_path / "src"), str(tmp_path / "out"), ConvertOptions(source="parquet"), quiet=True)
+    index = convert(str(tmp_path / "src"), str(tmp_path / "skip"), ConvertOptions(source="parquet", on_error="skip"), quiet=True).index
+    assert index.num_samples == 2 and [int(v) for v in fastload.open(str(tmp_path / "skip")).sample_labels()] == [3, 0]
+
+
 def test_shard_size_by_bytes(image_folder: Path, tmp_path: Path) -> None:
     index = convert(str(image_folder), str(tmp_path), ConvertOptions(source="imagefolder", shard_bytes=20_000)).index
     assert len(index.shards) > 3

@@ -77,6 +77,8 @@ class ParquetSource:
         if not isinstance(data, (bytes, bytearray)):
             raise SampleError(item.where, f"column {self.image_column!r} holds no image bytes")
         label = table[self.label_column][row] if self.label_column else None
+        if isinstance(label, float) and not label.is_integer():
+            raise SampleError(item.where, f"label {label!r} in column {self.label_column!r} is not a whole class index")
         return Sample(key=item.key, where=item.where, image=bytes(data), label=None if label is None else int(label))
 
 
