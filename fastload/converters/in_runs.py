@@ -185,11 +185,11 @@ def convert_in_runs(
 
     runs = [tuple(items[i : i + RUN]) for i in range(0, len(items), RUN)]
     digests = [sources_digest(run) for run in runs]
-    near = options.near_threshold is not None
+    threshold = options.near_threshold
+    decide = FirstOccurrences(threshold, len(items)) if threshold is not None else None
     log = SignatureLog(partial)
-    saved = [log.saved(n, digest) if near else None for n, digest in enumerate(digests)]
-    tasks = [RunTask(source, run, options, sign=near and saved[n] is None) for n, run in enumerate(runs)]
-    decide = FirstOccurrences(options.near_threshold, len(items)) if options.near_threshold is not None else None
+    saved = [log.saved(n, digest) if decide is not None else None for n, digest in enumerate(digests)]
+    tasks = [RunTask(source, run, options, sign=decide is not None and saved[n] is None) for n, run in enumerate(runs)]
     duplicates: list[Duplicate] = []
     shards = _ShardStream(out, partial, url, options)
     try:

@@ -137,9 +137,12 @@ class TarShardReader:
         try:
             with os.fdopen(open_regular(self.path), "rb") as f, tarfile.open(fileobj=f, mode="r:") as tar:
                 size = os.fstat(f.fileno()).st_size
+                regular: dict[str, tarfile.TarInfo] = {}  # the files so far by name: what hard links name
                 for m in tar:
+                    if m.isreg():
+                        regular[m.name] = m
                     if is_field_member(m.name) and (m.isreg() or m.islnk()):
-                        data = tar.getmember(m.linkname) if m.islnk() else m  # a hard link: the data of the file it names
+                        data = regular[m.linkname] if m.islnk() else m  # a hard link: the data of the file it names
                         found.append((m.name, data.offset_data, data.size))
         except (tarfile.TarError, OSError, EOFError, ValueError, KeyError) as exc:  # EOF, bad headers, undecodable names, a link to nothing
             if listed:

@@ -17,10 +17,9 @@ import math
 from collections.abc import Sequence
 
 from fastload.extensions import load_extension
-from fastload.near.signature import BITS, COLOUR_TOLERANCE, colours_match, hash_bits
+from fastload.near.signature import BITS, COLOUR_TOLERANCE, colour_bits, colours_match, hash_bits
 
 native = load_extension("fastload.near._index", "near-duplicate index extension", "the search runs in Python (190x slower at 100,000 images)")
-_COLOUR_MASK = (1 << 64) - 1  # the colour bits of a signature, below its hash
 _NATIVE_COSTS = (30.0, 16)  # C: a lookup (two cache misses) ~30 candidate checks (measured at 12k-1.28M signatures); bands of at most 16 bits (_index.c)
 MAX_THRESHOLD = 24  # bits of 64: far past the useful range (16 already drops 1-2% of distinct photos: bench_near_dupes.py)
 
@@ -73,8 +72,9 @@ class MultiIndex:
         widths = _widths(choose_bands(threshold, size, *_NATIVE_COSTS) if native else choose_bands(threshold, size))
         self.radius = threshold // len(widths)  # bits a band's lookups reach
         self.bands = tuple((sum(widths[:b]), w) for b, w in enumerate(widths))  # (first hash bit, width) of each band
-        self._bands = [(shift, (1 << w) - 1, _flips(w, self.radius)) for shift, w in self.bands]
-        self._native = native.Index(threshold, COLOUR_TOLERANCE, [(shift, w, flips) for (shift, w), (_, _, flips) in zip(self.bands, self._bands, strict=True)]) if native else None
+        flips = [_flips(w, self.radius) for _, w in self.bands]
+        self._bands = [(shift, (1 << w) - 1, f) for (shift, w), f in zip(self.bands, flips, strict=True)]
+        self._native = native.Index(threshold, COLOUR_TOLERANCE, [(*band, f) for band, f in zip(self.bands, flips, strict=True)]) if native else None
         self._tables: list[dict[int, list[int]]] = [{} for _ in widths]
         self._signatures: dict[int, int] = {}
         self._hashes: dict[int, int] = {}  # the hash bits of each stored signature
@@ -83,7 +83,7 @@ class MultiIndex:
         """Store ``signature`` under the caller's ``ident`` (one signature per ident)."""
         bits = hash_bits(signature)
         if self._native is not None:
-            self._native.add(bits, signature & _COLOUR_MASK, ident)
+            self._native.add(bits, colour_bits(signature), ident)
             return
         self._signatures[ident] = signature
         self._hashes[ident] = bits
@@ -96,7 +96,7 @@ class MultiIndex:
         ident. None when there is none."""
         bits = hash_bits(signature)
         if self._native is not None:
-            return self._native.closest(bits, signature & _COLOUR_MASK)
+            return self._native.closest(bits, colour_bits(signature))
         seen: set[int] = set()
         for (shift, mask, flips), table in zip(self._bands, self._tables, strict=True):
             value, get = bits >> shift & mask, table.get

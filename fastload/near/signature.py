@@ -141,3 +141,8 @@ def colours_match(a: int, b: int) -> bool:
 def hash_bits(signature: int) -> int:
     """The 64-bit hash of a signature (what the multi-index bands cut)."""
     return signature >> _COLOUR_BITS
+
+
+def colour_bits(signature: int) -> int:
+    """The 64 colour bits of a signature (its quarters' chromaticity bytes)."""
+    return signature & ((1 << _COLOUR_BITS) - 1)

@@ -47,6 +47,7 @@ def scan_tar(path: Path) -> list[tuple[str, dict[str, tuple[int, int]], str | No
     samples: list[tuple[str, dict[str, tuple[int, int]], str | None]] = []
     try:
         file_size = path.stat().st_size
+        regular: dict[str, tarfile.TarInfo] = {}  # the files so far by name: what hard links name
         with tarfile.open(path, mode="r:") as tar:
             for member in tar:
                 if member.offset_data + member.size > file_size:  # e.g. a GNU base-256 size: nothing after it can be found
@@ -54,9 +55,11 @@ def scan_tar(path: Path) -> list[tuple[str, dict[str, tuple[int, int]], str | No
                         f"{path}: not a readable tar (member {member.name!r} claims {member.size} bytes, past the end of the file)"
                     )
                 data = member
-                if member.islnk():  # a hard link (GNU tar's second link to a file): the data of the file it names
-                    data = tar.getmember(member.linkname)
-                elif not member.isfile():
+                if member.isfile():
+                    regular[member.name] = member
+                elif member.islnk():  # a hard link (GNU tar's second link to a file): the data of the file it names
+                    data = regular[member.linkname]
+                else:
                     continue
                 key, ext = split_member_name(member.name)
                 if not key or key.endswith("/"):
@@ -70,7 +73,7 @@ def scan_tar(path: Path) -> list[tuple[str, dict[str, tuple[int, int]], str | No
                 samples[-1] = (key, fields, refused or unsafe_member_reason(member.name))
     except (tarfile.TarError, OSError) as exc:
         raise ValueError(f"{path}: not a readable tar ({exc})") from None
-    except KeyError:  # getmember: a hard link to no earlier file
+    except KeyError:  # a hard link to no earlier file
         raise ValueError(f"{path}: not a readable tar (a hard link to a file it does not hold)") from None
     return samples
 
