@@ -19,8 +19,8 @@ import numpy as np
 
 import fastload
 from fastload import transforms as T
+from fastload.backends.cpu.workers import plan_sample
 from fastload.decode.header import MAX_PIXELS
-from fastload.workers import plan_sample
 
 
 def load_build(path: Path, alias: str) -> ModuleType:

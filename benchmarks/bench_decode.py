@@ -16,9 +16,9 @@ import simplejpeg
 
 import fastload
 from fastload import transforms as T
+from fastload.backends.cpu.workers import plan_sample
 from fastload.decode.cpu import turbo as _turbo
 from fastload.decode.header import MAX_PIXELS
-from fastload.workers import plan_sample
 
 
 def per_image_ms(work: Callable[[], None], count: int) -> float:

@@ -35,17 +35,17 @@ def first_batch(order_kind: str, samples: int) -> dict:
     import numpy as np
 
     try:  # this checkout: orders evaluated per batch
-        from fastload.order_spec import OrderSpec
-    except ImportError:  # before: OrderSpec in fastload.sampling, orders as N-long arrays
-        from fastload.sampling import OrderSpec  # type: ignore[attr-defined,no-redef]
+        from fastload.orders.spec import OrderSpec
+    except ImportError:  # before: OrderSpec in fastload.orders.global_order, orders as N-long arrays
+        from fastload.orders.global_order import OrderSpec  # type: ignore[attr-defined,no-redef]
     shards = (SHARD,) * (samples // SHARD)
     streaming = order_kind == "streaming"
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     started = time.perf_counter()
     spec = OrderSpec(shards, 0, True, BATCH, 0, WORLD, False, streaming, 4096 if streaming else 1)
     if order_kind == "mixture":
-        from fastload.mixture import apportion
-        from fastload.mixture_order import MixtureOrder
+        from fastload.orders.mixture import MixtureOrder
+        from fastload.storage.mixture import apportion
 
         big = samples * 5 // 6 // SHARD
         members = ((SHARD,) * big, (SHARD,) * (samples // SHARD - big))

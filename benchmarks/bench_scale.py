@@ -48,7 +48,7 @@ def base_dataset(work: Path, photos: Path | None, max_size: int) -> Path:
             script = Path(__file__).with_name("make_photos.py")
             subprocess.run([sys.executable, str(script), str(photos), "--count", str(SHARD_SAMPLES)], check=True)
     subprocess.run(
-        [sys.executable, "-m", "fastload.cli", "convert", str(photos), str(base), "--from", "imagefolder", "--limit", str(SHARD_SAMPLES),
+        [sys.executable, "-m", "fastload.cli.command", "convert", str(photos), str(base), "--from", "imagefolder", "--limit", str(SHARD_SAMPLES),
          "--samples-per-shard", str(SHARD_SAMPLES), "--max-size", str(max_size), "--quiet"],
         check=True, env=checkout_env(),
     )

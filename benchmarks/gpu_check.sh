@@ -44,7 +44,7 @@ echo "machine: $gpu, $(nproc) CPU cores, python $(python3 -c 'import sys, torch;
 
 if [[ $parts == *" loader "* ]]; then
   echo "== gpu tests without DALI"
-  python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tail -3
+  python3 -m pytest -m gpu -q -p no:cacheprovider tests/backends/test_gpu.py 2>&1 | tail -3
   echo "== loader: fastload vs torch+Pillow (train(224), uint8, batch 256)"
   python3 -m fastload.cli bench /tmp/photos-wds --source data/gpu-photos --backends fastload-cpu,torch --workers 4,8,14 \
     --epochs 2 --json "$OUT/loader.json" --plot "$OUT/loader.png" 2>&1 | tail -9
@@ -62,7 +62,7 @@ if [[ $parts == *" dali "* ]]; then
   fi
   python3 -c "import nvidia.dali as d; print('dali', d.__version__)" || exit 1
   echo "== every gpu test"
-  timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py tests/test_dali_backend.py 2>&1 | tee "$OUT/pytest-gpu.log" | tail -4
+  timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/backends/test_gpu.py tests/backends/test_dali.py 2>&1 | tee "$OUT/pytest-gpu.log" | tail -4
   echo "== DALI on the GPU, train(224), batch 256, 20 epochs"
   timeout 150 python3 -m fastload.cli bench /tmp/photos-wds --backends fastload-dali,fastload-hybrid,dali-gpu,fastload-cpu \
     --workers 14 --transform train --epochs 20 --json "$OUT/dali-train.json" 2>&1 | tail -7

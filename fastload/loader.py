@@ -1,14 +1,14 @@
 """``fastload.DataLoader``: a drop-in for ``torch.utils.data.DataLoader``.
 
-Given any torch Dataset it *is* torch's DataLoader (same arguments, same batches; fastload.torch_mode).
+Given any torch Dataset it *is* torch's DataLoader (same arguments, same batches; fastload.loading.torch_mode).
 Given a converted dataset (or its path) it takes the fast path: workers read bytes by offset, decode
 with libjpeg-turbo at the smallest sufficient DCT scale, transform, and write pixels into shared
 memory; the main process keeps ``prefetch_factor`` batches in flight per worker, pins and moves
 batches to ``device``, and applies Normalize/ToDtype there on whole batches.
 
-The loader is its stages: options validated once (fastload.options), one training position
-(fastload.state), the orders (fastload.orders), and each backend's epoch (fastload.cpu_epoch,
-fastload.dali_epoch), which starts at the state's position and advances it.
+The loader is its stages: options validated once (fastload.loading.options), one training position
+(fastload.loading.state), the orders (fastload.loading.orders), and each backend's epoch (fastload.backends.cpu.epoch,
+fastload.backends.dali.epoch), which starts at the state's position and advances it.
 """
 
 from __future__ import annotations
@@ -24,21 +24,20 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from fastload.backend_choice import cached_rates, choose_backend, probe_key
-from fastload.cpu_epoch import CpuWorkers
-from fastload.dali_epoch import DaliPipeline, dali_refusal
-from fastload.dataset import ShardedDataset
+from fastload.backends.choice import cached_rates, choose_backend, probe_key
+from fastload.backends.cpu.epoch import CpuWorkers
+from fastload.backends.dali.epoch import DaliPipeline, dali_refusal
+from fastload.backends.hybrid.epoch import HybridEngine
 from fastload.dist import check_ranks_agree
-from fastload.epoch import Epoch, EpochInputs
 from fastload.fields import SampleSpec
-from fastload.frameworks import accelerate_device
-from fastload.hybrid_epoch import HybridEngine
-from fastload.layout import BatchLayout
-from fastload.options import LoaderOptions
-from fastload.orders import LoaderOrders, excluded_indices
-from fastload.provenance import StepDescription, describe_step
-from fastload.sample_decode import resolve_spec
-from fastload.samplers import (
+from fastload.loading.batch_outputs import BatchLayout
+from fastload.loading.epoch import Epoch, EpochInputs
+from fastload.loading.frameworks import accelerate_device
+from fastload.loading.options import LoaderOptions
+from fastload.loading.orders import LoaderOrders, excluded_indices
+from fastload.loading.provenance import StepDescription, describe_step
+from fastload.loading.sample_decode import resolve_spec
+from fastload.loading.samplers import (
     BatchIndices,
     BatchRequest,
     LoaderBatchSampler,
@@ -46,10 +45,11 @@ from fastload.samplers import (
     LoaderSampler,
     unwrap_subset,
 )
-from fastload.state import LoaderState, OrderSettings, read_state_dict
-from fastload.stats import LoaderStats
-from fastload.torch_mode import TorchMode
-from fastload.torchvision_specs import TorchvisionSteps, steps_as_map
+from fastload.loading.state import LoaderState, OrderSettings, read_state_dict
+from fastload.loading.stats import LoaderStats
+from fastload.loading.torch_mode import TorchMode
+from fastload.loading.torchvision_translation import TorchvisionSteps, steps_as_map
+from fastload.storage.dataset import ShardedDataset
 from fastload.transforms import Transform, batch_transform, output_size
 
 log = logging.getLogger("fastload")
@@ -83,7 +83,7 @@ class DataLoader(torch.utils.data.DataLoader):
     fastload dataset. Rank and world size are resolved when iteration starts.
 
     fastload's own: ``transform`` (specs from fastload.transforms, or a torchvision Compose, translated by
-    fastload.torchvision_specs), ``backend`` ("auto": by measurement, fastload.backend_choice; "cpu";
+    fastload.loading.torchvision_translation), ``backend`` ("auto": by measurement, fastload.backends.choice; "cpu";
     "dali"; "hybrid": each batch split between DALI and the CPU workers), ``device``,
     ``seed``, ``on_error`` ("raise" | "skip"), ``return_keys``, ``rank``/``world_size``,
     ``evaluation`` (every sample once across ranks, padding marked by a ``valid`` tensor),
@@ -91,7 +91,7 @@ class DataLoader(torch.utils.data.DataLoader):
     through a buffer; always used for remote datasets, with ``options.REMOTE_SHUFFLE_BUFFER`` by default) and
     ``hw_decoder_load`` (with DALI on a GPU: the share of JPEGs sent to the hardware decoder),
     ``exclude`` (keys, or a file of one key per line, left out of every epoch) and
-    ``class_weights`` / ``balanced`` (each class's share of an epoch; fastload.balance).
+    ``class_weights`` / ``balanced`` (each class's share of an epoch; fastload.orders.balanced).
     """
 
     use_stateful_dataloader = True  # Accelerate's save_state/load_state then save and load state_dict()
@@ -283,7 +283,7 @@ class DataLoader(torch.utils.data.DataLoader):
     def describe(self, step: int, epoch: int | None = None) -> StepDescription:
         """This rank's batch at ``step`` (counted from the epoch's start) of ``epoch`` (default: the
         current one): each sample's key, index and planned crop, flip and DCT scale, read from the
-        shards' indexes and image headers only (fastload.provenance). Steps run before an elastic
+        shards' indexes and image headers only (fastload.loading.provenance). Steps run before an elastic
         resume are described at the layout they ran at."""
         epoch = self.state.epoch if epoch is None else int(epoch)
         return describe_step(self.sharded, self.orders.spec(), self.state.layouts(epoch), epoch, int(step), self.sample_spec,
@@ -379,4 +379,4 @@ class DataLoader(torch.utils.data.DataLoader):
 
 class TorchDatasetLoader(TorchMode, DataLoader):
     """What ``fastload.DataLoader(torch_dataset, ...)`` makes: torch's loader with fastload's surface
-    (fastload.torch_mode), and a ``fastload.DataLoader``."""
+    (fastload.loading.torch_mode), and a ``fastload.DataLoader``."""

@@ -8,8 +8,8 @@ written into a scratch copy of the checkout, so worker processes and the CLI run
 mutant's tests run in a child forked from a process that has already imported torch, numpy and
 pytest (about 3 s saved per mutant on this 2-core machine).
 
-    python scripts/mutation.py fastload/sampling.py -- tests/test_sampling.py
-    python scripts/mutation.py fastload/converters/dedupe.py:find_duplicates -- tests/test_convert_sources.py -k dedupe
+    python scripts/mutation.py fastload/orders/global_order.py -- tests/orders/test_orders.py
+    python scripts/mutation.py fastload/converters/dedupe.py:find_duplicates -- tests/converters/test_sources.py -k dedupe
 
 Mutations: comparison operators (``<`` / ``<=``, ``==`` / ``!=``, ``in`` / ``not in``, ...),
 arithmetic and bitwise operators, ``and`` / ``or``, a dropped ``not`` or unary minus, an integer

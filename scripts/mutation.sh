@@ -22,22 +22,22 @@ mutate() {  # NAME TARGET PYTEST_ARGS...
 
 run_module() {
   case "$1" in
-    sampling) mutate sampling fastload/sampling.py tests/test_sampling.py tests/test_loader_fast.py \
+    sampling) mutate sampling fastload/orders/global_order.py tests/orders/test_orders.py tests/loading/test_fast_path.py \
                 -k "test_sampling or sample_streams or flip or train_crop or every_sample or state_dict or streaming or same_seed or epochs_differ" ;;
-    orderspec) mutate orderspec fastload/order_spec.py tests/test_sampling.py tests/test_sampling_bijection.py ;;
-    permutation) mutate permutation fastload/permutation.py tests/test_sampling_bijection.py ;;
-    transforms) mutate transforms fastload/transforms.py tests/test_transform_plans.py tests/test_loader_fast.py tests/test_fields.py \
+    orderspec) mutate orderspec fastload/orders/spec.py tests/orders/test_orders.py tests/orders/test_permutation.py ;;
+    permutation) mutate permutation fastload/orders/permutation.py tests/orders/test_permutation.py ;;
+    transforms) mutate transforms fastload/transforms.py tests/test_transform_plans.py tests/loading/test_fast_path.py tests/test_fields.py \
                 -k "plans or train_crop or offsets or flip or follows or val_preset or center_crop or crop_decoder or normalize or to_dtype or transform_spec or varying or mask_stays or boxes_enclose" ;;
-    index) mutate index fastload/index.py tests/test_index_bounds.py tests/test_untrusted_index.py tests/test_shard_columns.py ;;
-    idx) mutate idx fastload/formats/idx.py tests/test_index_bounds.py tests/test_shard_columns.py tests/test_untrusted_index.py \
+    index) mutate index fastload/formats/index.py tests/formats/test_index_bounds.py tests/test_untrusted_index.py tests/formats/test_shard_columns.py ;;
+    idx) mutate idx fastload/formats/idx.py tests/formats/test_index_bounds.py tests/formats/test_shard_columns.py tests/test_untrusted_index.py \
                 -k "idx or bounds or key or field_names or members or damaged or compact" ;;
-    files) mutate files fastload/files.py tests/test_index_bounds.py tests/test_untrusted_index.py ;;
-    cache) mutate cache fastload/cache.py tests/test_shard_cache.py tests/test_untrusted_index.py tests/test_remote.py \
+    files) mutate files fastload/files.py tests/formats/test_index_bounds.py tests/test_untrusted_index.py ;;
+    cache) mutate cache fastload/storage/cache.py tests/storage/test_cache.py tests/test_untrusted_index.py tests/storage/test_remote.py \
                 -k "cache or digest or http_dataset or corrupted" ;;
-    verify) mutate verify fastload/verify.py tests/test_verify_cli.py tests/test_untrusted_index.py -k "verify or climbing" ;;
-    plan) mutate plan fastload/converters/plan.py tests/test_convert_sources.py ;;
-    dedupe) mutate dedupe fastload/converters/dedupe.py:find_duplicates tests/test_convert_sources.py -k dedupe ;;
-    dedupe-hash) mutate dedupe-hash fastload/converters/dedupe.py:hash_items tests/test_convert_sources.py -k dedupe ;;
+    verify) mutate verify fastload/storage/verify.py tests/storage/test_verify.py tests/test_untrusted_index.py -k "verify or climbing" ;;
+    plan) mutate plan fastload/converters/plan.py tests/converters/test_sources.py ;;
+    dedupe) mutate dedupe fastload/converters/dedupe.py:find_duplicates tests/converters/test_sources.py -k dedupe ;;
+    dedupe-hash) mutate dedupe-hash fastload/converters/dedupe.py:hash_items tests/converters/test_sources.py -k dedupe ;;
     *) echo "unknown module '$1' (sampling orderspec permutation transforms index idx files cache verify plan dedupe dedupe-hash)" >&2; return 2 ;;
   esac
 }

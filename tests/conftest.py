@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from fastload.cli.demo import DEMO_CLASSES, synthetic_image
 from fastload.converters import ConvertOptions, convert
-from fastload.demo import DEMO_CLASSES, synthetic_image
 from fastload.formats.idx import parse_dali_index
-from fastload.index import read_index
+from fastload.formats.index import read_index
 
 
 def collection_page_faults() -> int:
@@ -70,7 +70,7 @@ def photo_folder(root: Path, count: int, size: tuple[int, int] = (64, 80), grow:
 
 def demo_dataset(root: Path, count: int, samples_per_shard: int | None = None) -> Path:
     """ROOT/wds: ``count`` demo images at ImageNet-like sizes (300-640 px), converted."""
-    from fastload.demo import make_demo_images
+    from fastload.cli.demo import make_demo_images
 
     convert(str(make_demo_images(root / "raw", count)), str(root / "wds"),
             ConvertOptions(source="imagefolder", samples_per_shard=samples_per_shard))

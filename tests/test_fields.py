@@ -16,7 +16,7 @@ import fastload
 from fastload import transforms as T
 from fastload.converters import ConvertOptions, convert
 from fastload.errors import SampleError
-from fastload.index import read_index
+from fastload.formats.index import read_index
 from tests.conftest import jpeg_bytes, png_bytes, run_cli, small_photo
 
 wds = pytest.importorskip("webdataset")

@@ -25,7 +25,7 @@ import fastload
 from fastload import transforms as T
 from fastload.converters import ConvertOptions, convert
 from fastload.errors import FastloadError
-from fastload.index import INDEX_FILE
+from fastload.formats.index import INDEX_FILE
 from tests.conftest import jpeg_bytes, small_photo
 
 SEED = int(os.environ.get("FASTLOAD_FUZZ_SEED", "1717"))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fastload.converters import ConvertOptions, WriterOptions, convert
-from fastload.index import read_index
+from fastload.formats.index import read_index
 
 
 def expected_samples(image_folder: Path) -> dict[str, tuple[bytes, int]]:

@@ -17,7 +17,7 @@ import torch
 
 import fastload
 from fastload import transforms as T
-from tests.test_remote import DatasetServer
+from tests.storage.test_remote import DatasetServer
 
 Batch = tuple[torch.Tensor, torch.Tensor, list[str]]
 EPOCH = 2

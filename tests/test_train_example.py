@@ -14,8 +14,8 @@ import psutil
 import pytest
 import torch
 
+from fastload.cli.demo import make_demo_images
 from fastload.converters import ConvertOptions, convert
-from fastload.demo import make_demo_images
 from tests.conftest import cli_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

@@ -22,15 +22,15 @@ import pytest
 
 import fastload
 from fastload import transforms as T
-from fastload.cache import RemoteFile
-from fastload.cli import main as cli_main
+from fastload.cli.command import main as cli_main
 from fastload.converters import ConvertOptions, WriterOptions, convert
 from fastload.errors import DatasetIndexError, SampleError, ShardError
 from fastload.formats.idx import format_dali_index, parse_dali_index
-from fastload.index import INDEX_FILE, read_index
+from fastload.formats.index import INDEX_FILE, read_index
+from fastload.storage.cache import RemoteFile
 from tests.conftest import drop_tables, run_cli
+from tests.storage.test_remote import DatasetServer
 from tests.test_fuzz_readers import exercise
-from tests.test_remote import DatasetServer
 
 pytestmark = pytest.mark.timeout(120)
 SECRET = "fastload-test-secret-0xC0FFEE"  # in the environment: it must never reach a message
@@ -224,7 +224,7 @@ def test_cache_entries_stay_in_the_cache_folder(tmp_path: Path) -> None:
     for name, digest in (("../../x.tar", "0" * 64), ("x.tar", "../../" + "0" * 58), ("x.tar", "0" * 64 + "/../y")):
         with pytest.raises(DatasetIndexError):
             RemoteFile("http://h/d/x.tar", name, digest, None)
-    from fastload.cache import ShardCache
+    from fastload.storage.cache import ShardCache
 
     cache = ShardCache(tmp_path / "cache")
     for file in (RemoteFile("http://h/d/a/b.tar", "a/b.tar", "0" * 64, 1), RemoteFile("http://h/d/x.idx", "x.idx", None, None)):

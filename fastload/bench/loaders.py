@@ -8,9 +8,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, cast
 
-from fastload.dataset import ShardedDataset
 from fastload.fields import LABEL_FIELD, image_field
 from fastload.formats import offsets_name
+from fastload.storage.dataset import ShardedDataset
 
 BACKENDS = ("fastload-cpu", "fastload-dali", "fastload-hybrid", "torch", "webdataset", "dali-cpu", "dali-gpu")
 LABEL_DIGITS = 8
@@ -70,7 +70,7 @@ class PillowImages:
         return Image.open(io.BytesIO(fields[field])), label
 
     def __getitem__(self, i: int) -> tuple[Any, int]:
-        from fastload.sampling import sample_rng
+        from fastload.orders.global_order import sample_rng
 
         image, label = self._open(i)
         with image:
@@ -135,7 +135,7 @@ def _dali_loader(ds: ShardedDataset, specs: tuple, batch_size: int, workers: int
     import torch
 
     from fastload import transforms as T
-    from fastload.dali.library import import_dali, torch_iterator
+    from fastload.backends.dali.library import import_dali, torch_iterator
 
     dali = import_dali()
     fn, types = dali.fn, dali.types

@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
-from fastload.dataset import ShardedDataset
 from fastload.fields import JPEG_FIELD
+from fastload.storage.dataset import ShardedDataset
 
 
 def _tree_rss() -> float:

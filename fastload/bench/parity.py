@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from fastload.dataset import ShardedDataset
 from fastload.fields import image_field
+from fastload.storage.dataset import ShardedDataset
 
 PARITY_TRANSFORMS = ("val", "decode", "train")
 

@@ -19,7 +19,7 @@ from typing import Any
 from fastload.bench.loaders import make_loader
 from fastload.bench.measure import ceiling_images, decode_rate, mean_image_bytes, time_batches
 from fastload.bench.training import data_stall
-from fastload.dataset import ShardedDataset
+from fastload.storage.dataset import ShardedDataset
 
 TRANSFORMS = ("train", "val", "decode")
 

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from fastload.stats import stall_verdict
+from fastload.loading.stats import stall_verdict
 
 WARMUP_STEPS = 3
 
@@ -19,7 +19,7 @@ class StepTimer:
     def __init__(self, model_name: str, num_classes: int, channels_last: bool = False, compile: bool = False) -> None:
         import torch
 
-        from fastload.models import build_model
+        from fastload.bench.models import build_model
 
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.model_name, self.num_classes = model_name, num_classes

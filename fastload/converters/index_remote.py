@@ -12,9 +12,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from fastload import remote
 from fastload.converters.index_tars import IndexedTar, check_tar_name, dataset_index, indexed_shard, scan_tar
-from fastload.index import INDEX_FILE, DatasetIndex, ShardInfo, write_index
+from fastload.formats.index import INDEX_FILE, DatasetIndex, ShardInfo, write_index
+from fastload.storage import remote
 
 TARS_IN_FLIGHT = 2
 

@@ -35,8 +35,8 @@ from fastload.errors import DatasetIndexError, SampleError
 from fastload.fields import IMAGE_FIELDS, LABEL_FIELD, is_field_member, parse_label
 from fastload.files import atomic_write_bytes, check_relative_path, fsync_dir, open_regular
 from fastload.formats.idx import IDX_WHITESPACE, Member, format_dali_index, split_member_name
+from fastload.formats.index import INDEX_FILE, DatasetIndex, ShardInfo, write_index
 from fastload.formats.table import MAX_LABEL_BYTES, TABLE_SUFFIX, tar_table
-from fastload.index import INDEX_FILE, DatasetIndex, ShardInfo, write_index
 
 SOURCE_NAME = "wds-index"  # the index's ``source``: tars indexed in place, not converted
 

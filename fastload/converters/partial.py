@@ -14,10 +14,10 @@ import shutil
 from dataclasses import asdict
 from pathlib import Path
 
-from fastload import remote
 from fastload.converters.shard import ShardResult, naming
 from fastload.files import atomic_write_bytes
-from fastload.index import ShardInfo
+from fastload.formats.index import ShardInfo
+from fastload.storage import remote
 
 PARTIAL_DIR = ".fastload-partial"
 REMOVED_SUFFIX = ".removed"  # a partial folder being deleted

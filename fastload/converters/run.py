@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from fastload import remote
 from fastload.converters.dedupe import Duplicate, draw_duplicates, find_duplicates
 from fastload.converters.engines import Engine, open_engine
 from fastload.converters.in_runs import convert_in_runs
@@ -41,7 +40,8 @@ from fastload.converters.shard import ShardResult, ShardTask, WrittenShards, nam
 from fastload.converters.sources import Source, open_source
 from fastload.errors import SampleError
 from fastload.files import atomic_write_bytes, fsync_dir
-from fastload.index import INDEX_FILE, SKIPPED_REPORT, DatasetIndex, read_index, write_index
+from fastload.formats.index import INDEX_FILE, SKIPPED_REPORT, DatasetIndex, read_index, write_index
+from fastload.storage import remote
 
 __all__ = ["PARTIAL_DIR", "ConversionConflict", "ConvertReport", "convert", "staging_dir"]
 DUPLICATES_REPORT = "duplicates.jsonl"
@@ -86,7 +86,7 @@ def _decoded_shape(source: Source, items: list[SourceItem], options: ConvertOpti
 
 def staging_dir(url: str) -> Path:
     """Where a conversion to ``url`` writes shards before uploading them (in the cache folder)."""
-    from fastload.cache import default_cache_dir
+    from fastload.storage.cache import default_cache_dir
 
     return default_cache_dir() / "staging" / hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
 
@@ -95,7 +95,7 @@ def _existing_index(out: Path, url: str | None) -> DatasetIndex | None:
     """The finished dataset's index at OUT, if there is one."""
     if url is None:
         return read_index(out) if (out / INDEX_FILE).exists() else None
-    from fastload.dataset import read_remote_index
+    from fastload.storage.dataset import read_remote_index
 
     return read_remote_index(url) if remote.size(remote.join(url, INDEX_FILE)) is not None else None
 

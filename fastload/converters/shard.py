@@ -19,8 +19,8 @@ from fastload.converters.writers import PreparedSample, open_writer
 from fastload.decode.header import image_size
 from fastload.errors import SampleError
 from fastload.fields import JPEG_FIELD, LABEL_FIELD, default_role
+from fastload.formats.index import ShardInfo
 from fastload.formats.table import TABLE_SUFFIX
-from fastload.index import ShardInfo
 
 if TYPE_CHECKING:
     import numpy as np
@@ -210,7 +210,7 @@ class ShardBuilder:
 def upload_shard(local_root: Path, info: ShardInfo, url: str) -> None:
     """Upload a finished shard (its offset index and sample table, then its data) to the dataset
     at ``url``, then delete the local copies: staging holds only shards in flight."""
-    from fastload import remote
+    from fastload.storage import remote
 
     names = [name for name in (info.offsets, info.table, info.path) if name]
     for name in names:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from fastload.errors import ShardError
 from fastload.files import open_regular_sized
-from fastload.index import DatasetIndex, ShardInfo
+from fastload.formats.index import DatasetIndex, ShardInfo
 
 if TYPE_CHECKING:
     import numpy as np

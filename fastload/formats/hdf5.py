@@ -14,11 +14,11 @@ from typing import cast
 
 import numpy as np
 
-from fastload.columns import PackedStrings, int_column
 from fastload.errors import ShardError
 from fastload.fields import LABEL_FIELD, format_label
 from fastload.files import open_regular
 from fastload.formats import this_process
+from fastload.formats.columns import PackedStrings, int_column
 
 # Decompressed chunks kept per process over its open files (h5py's default is 1 MB a file, a
 # handful of 64-row chunks, so shuffled reading of a compressed shard decompressed a chunk for

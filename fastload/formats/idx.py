@@ -12,8 +12,8 @@ import re
 
 import numpy as np
 
-from fastload.columns import PackedStrings, int_column
 from fastload.errors import DatasetIndexError
+from fastload.formats.columns import PackedStrings, int_column
 
 DALI_INDEX_VERSION = "v1.2"
 

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from fastload.dataset import ShardedDataset
 from fastload.errors import FastloadError, SampleError
 from fastload.fields import image_field
 from fastload.formats import PixelReader, ShardReader
 from fastload.near.search import MultiIndex
+from fastload.storage.dataset import ShardedDataset
 
 if TYPE_CHECKING:
     import numpy as np

@@ -12,7 +12,7 @@ from fastload.converters.sources import SourceOptions
 from fastload.errors import DatasetIndexError, SampleError
 from fastload.fields import LABEL_FIELD, image_field, parse_label
 from fastload.formats.idx import IDX_WHITESPACE, split_member_name
-from fastload.index import read_index
+from fastload.formats.index import read_index
 
 
 def unsafe_member_reason(name: str) -> str | None:

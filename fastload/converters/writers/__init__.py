@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from fastload.index import ShardInfo
+from fastload.formats.index import ShardInfo
 
 if TYPE_CHECKING:
     import numpy as np

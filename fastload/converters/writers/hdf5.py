@@ -18,8 +18,8 @@ import numpy as np
 from fastload.converters.writers import PreparedSample, WriterOptions, publish, temp_path
 from fastload.fields import LABEL_FIELD
 from fastload.files import file_sha256
+from fastload.formats.index import FORMAT_NAME, FORMAT_VERSION, ShardInfo
 from fastload.formats.table import TABLE_SUFFIX, encode_table
-from fastload.index import FORMAT_NAME, FORMAT_VERSION, ShardInfo
 
 ENCODED_DATASET = "image"
 DECODED_DATASET = "pixels"

@@ -10,8 +10,8 @@ from typing import BinaryIO
 from fastload.converters.writers import PreparedSample, WriterOptions, publish, temp_path
 from fastload.fields import LABEL_FIELD, format_label
 from fastload.formats.idx import Member, format_dali_index
+from fastload.formats.index import ShardInfo
 from fastload.formats.table import TABLE_SUFFIX, tar_table
-from fastload.index import ShardInfo
 
 BLOCK = tarfile.BLOCKSIZE
 RECORD = tarfile.RECORDSIZE

@@ -1,0 +1,299 @@
+"""The CPU path's epoch: batches split among libjpeg-turbo worker processes that write pixels into
+shared batch slots, handed out in order (lent without a copy where nothing is pinned).
+
+Workers run ahead across an epoch's end: once this epoch's last batch is handed out, the next
+epoch's first batch is submitted (its order from ``Position(epoch + 1)``, where a finished epoch
+leaves the loader), so it is being made while the caller finishes the epoch (a validation pass, a
+checkpoint). The next iteration adopts it when it starts exactly there and its first batch holds
+the same samples, and its stage stats then count from when that work began; anything else
+(set_epoch, load_state_dict, a break, another layout) discards it, so order, resume and each
+epoch's stats are those of a loader that never ran ahead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import numpy as np
+
+from fastload.backends.cpu.workers import BatchResult, WorkerConfig, WorkerError, WorkerPool, fill_fields, merge_parts
+from fastload.errors import SampleError, rebuild_error
+from fastload.loading.epoch import Epoch, EpochInputs
+from fastload.loading.field_batch import as_tensor, copied
+from fastload.loading.slots import BatchBuffers, spec_columns
+from fastload.loading.state import LoaderState, Position
+from fastload.loading.stats import StageCounters
+from fastload.orders.global_order import EpochOrder, RankBatches
+
+LENDABLE_SLOTS = 2  # batch slots beyond the workers' queue, for batches the caller still holds
+MIN_PART = 16  # the fewest samples a worker is given of a batch
+# The next epoch's batches made ahead: one has the first batch ready as the next iteration starts
+# (it submits the rest then) and wastes at most one batch after the last epoch.
+RUN_AHEAD_BATCHES = 1
+
+
+@dataclass
+class Dispatch:
+    """The batches of one run (an iteration, or the next epoch's run-ahead) in the workers' hands:
+    the tag its tasks carry, the next batch to submit, the slot of each batch submitted and not yet
+    handed out, the finished parts of batches not yet whole, and the whole ones."""
+
+    run: int
+    next_submit: int = 0
+    slots: dict[int, int] = field(default_factory=dict)  # batch number -> its slot
+    expected_parts: dict[int, int] = field(default_factory=dict)
+    parts: dict[int, list[BatchResult]] = field(default_factory=dict)
+    ready: dict[int, BatchResult] = field(default_factory=dict)
+
+    def submit(self, pool: WorkerPool, buffers: BatchBuffers, slot: int, epoch: int, indices: np.ndarray, workers: int) -> None:
+        """Give batch ``next_submit`` (``indices``) to the workers in ``slot``, split into one part per
+        worker (at least MIN_PART samples each): all workers work on the oldest batch, so a batch,
+        the first one included, is ready in 1/workers of the time."""
+        count = max(1, min(workers, len(indices) // MIN_PART))
+        bounds = np.linspace(0, len(indices), count + 1).astype(int)
+        buffers.filling[slot] = count
+        for start, end in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            pool.submit(self.run, self.next_submit, slot, epoch, start, indices[start:end])
+        self.expected_parts[self.next_submit] = count
+        self.slots[self.next_submit] = slot
+        self.next_submit += 1
+
+    def receive(self, got: BatchResult) -> None:
+        """File a finished part; a batch whose parts are all in is ready."""
+        parts = self.parts.setdefault(got.batch_no, [])
+        parts.append(got)
+        if len(parts) == self.expected_parts[got.batch_no]:
+            self.ready[got.batch_no] = merge_parts(self.parts.pop(got.batch_no))
+            del self.expected_parts[got.batch_no]
+
+    def take(self, batch_no: int) -> BatchResult:
+        """Batch ``batch_no``, ready: it leaves the run (its slot is the caller's now)."""
+        del self.slots[batch_no]
+        return self.ready.pop(batch_no)
+
+    def release(self, buffers: BatchBuffers) -> None:
+        """Nobody will take this run's batches: their slots are free now, or once the workers writing them are done."""
+        for slot in self.slots.values():
+            buffers.release(slot)
+        self.slots.clear()
+        self.expected_parts.clear()
+        self.parts.clear()
+        self.ready.clear()
+
+
+@dataclass
+class RunAhead:
+    """The next epoch's first batches, submitted as this epoch ended."""
+
+    start: Position  # where the next iteration must start to adopt them
+    plan: RankBatches
+    order: EpochOrder
+    dispatch: Dispatch
+    since: np.ndarray  # the workers' stage counters when they were submitted: the adopting epoch counts from there
+    submitted: list[np.ndarray] = field(default_factory=list)  # each batch's sample indices, checked on adoption
+
+    def submit_more(self, pool: WorkerPool, buffers: BatchBuffers, workers: int) -> None:
+        """Give free slots the next epoch's first RUN_AHEAD_BATCHES batches."""
+        while self.dispatch.next_submit < min(len(self.plan), RUN_AHEAD_BATCHES) and (slot := buffers.take()) is not None:
+            indices = self.order.indices(self.plan.positions(self.dispatch.next_submit))
+            self.submitted.append(indices)
+            self.dispatch.submit(pool, buffers, slot, self.start.epoch, indices, workers)
+
+
+class CpuWorkers:
+    """A loader's worker pool and batch slots, made on first use and kept across its epochs."""
+
+    def __init__(self) -> None:
+        self.pool: WorkerPool | None = None
+        self.buffers: BatchBuffers | None = None
+        self.counters: StageCounters | None = None  # the workers' (and inline work's) stage times
+        self.runs = 0  # runs started (epochs, run-aheads): tags worker tasks, so answers for an abandoned one are recognised
+        self.run_ahead: RunAhead | None = None  # the next epoch's first batches, made before it starts
+
+    def epoch(self, inputs: EpochInputs) -> CpuEpoch:
+        """An iterator over the next epoch's batches."""
+        return CpuEpoch(inputs, self)
+
+    def ensure(self, inputs: EpochInputs) -> tuple[BatchBuffers, WorkerPool | None, StageCounters]:
+        """The slots, (with num_workers > 0) the pool, started if not yet running, and the stage counters."""
+        options = inputs.options
+        if self.buffers is None:
+            in_flight = options.num_workers * (options.prefetch_factor or 0)
+            slots = in_flight + LENDABLE_SLOTS if in_flight else 1
+            self.buffers = BatchBuffers(slots, options.batch_size, spec_columns(inputs.sample_spec, inputs.image_shape))
+        if self.counters is None:
+            self.counters = StageCounters(options.num_workers)
+        if options.num_workers and self.pool is None:
+            config = WorkerConfig(inputs.dataset, options.transform, options.seed, options.on_error,
+                                  self.buffers, options.worker_init_fn, inputs.sample_spec, self.counters)
+            self.pool = WorkerPool(config, options.num_workers)
+        return self.buffers, self.pool, self.counters
+
+    def new_run(self) -> Dispatch:
+        """A run under a tag of its own."""
+        self.runs += 1
+        return Dispatch(self.runs)
+
+    def _stop_pool(self) -> None:
+        self.run_ahead = None
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
+    def discard_pool(self) -> None:
+        """Stop the workers after a failure: the next epoch starts fresh ones at once."""
+        self._stop_pool()
+        if self.buffers is not None:
+            self.buffers.forget_filling()  # nobody writes into those slots any more
+
+    def close(self) -> None:
+        """Stop the workers and release the shared memory."""
+        self._stop_pool()
+        if self.buffers is not None:
+            self.buffers.close()
+            self.buffers = None
+
+
+class CpuEpoch(Epoch):
+    """The CPU path: dispatches batches to the workers' free slots, yields them in order."""
+
+    RUNS_AHEAD = True  # submit the next epoch's first batches as this one's last is handed out
+
+    def __init__(self, inputs: EpochInputs, workers: CpuWorkers) -> None:
+        super().__init__(inputs)
+        self.workers = workers
+
+    def reset(self, state: LoaderState) -> None:
+        """Start at ``state``'s position with the loader's workers, adopting the batches made ahead
+        for it; slots still lent or being filled for an abandoned run stay out."""
+        self.buffers, self.pool, counters = self.workers.ensure(self.inputs)  # first: the epoch's stats start from its counters
+        self.inline_clock = counters.clock(-1)  # num_workers=0: this process times its own stages
+        super().reset(state)
+        ahead = self._adopt_run_ahead()
+        if ahead is not None:
+            self.stats_token = self.inputs.stats.count_from(self.stats_token, ahead.since)
+        self.dispatch = ahead.dispatch if ahead is not None else self.workers.new_run()
+        self.buffers.reclaim(held=self.dispatch.slots.values())
+        self._start_prefetch()
+
+    @property
+    def run(self) -> int:
+        """The tag of this epoch's worker tasks."""
+        return self.dispatch.run
+
+    def _adopt_run_ahead(self) -> RunAhead | None:
+        """The run-ahead when its batches are this epoch's first ones (same start, same samples), else None (discarded)."""
+        ahead = self.workers.run_ahead
+        if ahead is None:
+            return None
+        self.workers.run_ahead = None
+        if ahead.start == self.start and len(ahead.submitted) <= len(self.plan) and all(
+            np.array_equal(indices, self._indices(batch_no)) for batch_no, indices in enumerate(ahead.submitted)
+        ):
+            return ahead
+        ahead.dispatch.release(self.buffers)
+        return None
+
+    def _dispatched(self) -> int:
+        return self.dispatch.next_submit
+
+    def _stage_counters(self) -> StageCounters | None:
+        return self.workers.counters
+
+    def _indices(self, batch_no: int) -> np.ndarray:
+        """The samples the workers make of batch ``batch_no``: all of them here."""
+        return self.indices(batch_no)
+
+    def _submit_more(self, pool: WorkerPool) -> None:
+        """Give every free slot the next batch."""
+        workers, dispatch = self.inputs.options.num_workers, self.dispatch
+        while dispatch.next_submit < len(self.plan) and (slot := self.buffers.take()) is not None:
+            dispatch.submit(pool, self.buffers, slot, self.epoch, self._indices(dispatch.next_submit), workers)
+
+    def __next__(self) -> Any:
+        batch = super().__next__()
+        if self.finished and self.RUNS_AHEAD and self.pool is not None and not self.inputs.dataset.downloads:
+            self._run_ahead(self.pool)  # after the epoch's stats ended; remote shards (a mixture's remote members too) are fetched for the epoch that reads them
+        return batch
+
+    def _run_ahead(self, pool: WorkerPool) -> None:
+        """Submit the next epoch's first batches (the epoch has just handed out its last)."""
+        start = Position(self.epoch + 1)  # where LoaderState.finish() leaves the next iteration
+        orders, counters = self.inputs.orders, cast(StageCounters, self.workers.counters)  # ensure() made them
+        ahead = RunAhead(start, orders.batches(start), orders.order(start), self.workers.new_run(), counters.snapshot())
+        self.workers.run_ahead = ahead
+        ahead.submit_more(pool, self.buffers, self.inputs.options.num_workers)
+
+    def _run_inline(self) -> BatchResult:
+        slot = cast(int, self.buffers.take())  # never None: the inline path copies every batch out
+        indices = self._indices(self.next_yield)
+        result = BatchResult(run=self.run, batch_no=self.next_yield, slot=slot, count=len(indices))
+        options = self.inputs.options
+        try:
+            result.keys, result.skipped, result.values = fill_fields(
+                self.inputs.dataset, indices, self.inputs.sample_spec, options.transform, options.seed,
+                self.epoch, options.on_error, self.buffers.slot_columns(slot), self.inline_clock,
+            )
+        except BaseException:
+            self.buffers.give_back(slot)
+            raise
+        return result
+
+    def _await_ready(self, pool: WorkerPool) -> BatchResult:
+        """Wait for the next batch in order; answers for an abandoned run free their slots."""
+        self._submit_more(pool)
+        dispatch = self.dispatch
+        while self.next_yield not in dispatch.ready:
+            try:
+                got = pool.get(self.inputs.options.timeout)
+            except (WorkerError, TimeoutError):
+                self.workers.discard_pool()  # the next iteration starts fresh workers at once
+                self.close()
+                raise
+            self.buffers.part_done(got.slot)
+            if got.run != self.run:
+                continue
+            if got.error is not None:
+                self.close()
+                if got.bad_sample is not None:
+                    raise SampleError(*got.bad_sample) from WorkerError(got.error)
+                if got.failure is not None:
+                    raise rebuild_error(*got.failure) from WorkerError(got.error)
+                raise WorkerError(got.error)
+            dispatch.receive(got)
+        return dispatch.take(self.next_yield)
+
+    def _next_batch(self) -> Any:
+        stats = self.inputs.stats
+        if self.prefetcher is not None:
+            self.prefetcher.check()
+        with stats.waiting():
+            result = self._run_inline() if self.pool is None else self._await_ready(self.pool)
+        batch = self._deliver(result)
+        stats.record_batch(result.count)
+        return batch
+
+    def _deliver(self, result: BatchResult) -> Any:
+        """Hand a finished slot's columns out and finish the batch."""
+        return self._finish_batch(self._slot_columns(result), result.values, result.keys, result.skipped, self.next_yield)
+
+    def _slot_columns(self, result: BatchResult) -> dict[str, Any]:
+        """A finished slot's columns as tensors: lent without a copy when workers fill the slots and
+        nothing is pinned; else copied (into pinned memory when asked) and the slot given back."""
+        options, buffers, n = self.inputs.options, self.buffers, result.count
+        keep = options.num_workers * (options.prefetch_factor or 0)  # lending never thins the workers' queue
+        lent = None if options.pin_memory or self.pool is None else buffers.lend(result.slot, n, keep=keep)
+        if lent is not None:
+            # per-sample scalars (labels) are copied: a caller keeping them must not keep the slot
+            return {name: as_tensor(view if view.ndim > 1 else view.copy()) for name, view in lent.items()}
+        columns = {c.name: copied(buffers.column(result.slot, c.name)[:n], options.pin_memory) for c in buffers.columns}
+        buffers.give_back(result.slot)
+        return columns
+
+    def close(self) -> None:
+        """Abandon the epoch: batches in flight are not waited for; their slots come back as the
+        workers' answers arrive (recognised by the run they were asked for)."""
+        if self.started and not self.finished:
+            self.dispatch.release(self.buffers)
+        super().close()

@@ -1,0 +1,309 @@
+"""Worker processes that decode and transform whole batches straight into shared memory.
+
+The batch slots (fastload.loading.slots) are mapped before the workers fork. A worker gets a part of
+a batch (batch number, slot, first row, sample indices), writes those rows of every stacked field
+(pixels, masks, labels, fixed-shape arrays) in place, and answers with the keys, skip records and
+the fields that travel as lists (text, json, boxes, ragged arrays: parsed values, never shard
+bytes). Workers live as long as the loader, across epochs.
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+import queue
+import signal
+import time
+import traceback
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar, cast
+
+import numpy as np
+
+from fastload.errors import FastloadError, SampleError
+from fastload.fields import LABEL_FIELD, SampleSpec, classic_spec, image_field, parse_label
+from fastload.loading.sample_decode import PlannedSample, fill_sample, plan_image
+from fastload.loading.slots import BatchBuffers
+from fastload.loading.stats import BUSY, StageClock, StageCounters, untimed
+from fastload.orders.global_order import sample_rng
+from fastload.storage.dataset import ShardedDataset
+from fastload.transforms import Transform
+
+POLL_S = 0.2  # how often a waiting side checks that the other is still alive
+Attempted = TypeVar("Attempted")
+MAX_SUBSTITUTES = 64  # with on_error="skip": how many following samples to try in place of a bad one
+
+
+class WorkerError(FastloadError):
+    """A worker failed: it raised (traceback included) or died (signal or exit code named)."""
+
+
+def plan_sample(ds: ShardedDataset, index: int, specs: Sequence[Transform], seed: int, epoch: int) -> PlannedSample:
+    """Read sample ``index`` and plan its transforms from the image header (nothing decoded yet)."""
+    key, fields, pixels = ds.raw(index)
+    where = f"{ds.index.shards[ds.locate(index)[0]].path}:{key}"
+    label = parse_label(fields[LABEL_FIELD], where) if LABEL_FIELD in fields else -1
+    if pixels is None:
+        ext = image_field(fields)
+        if ext is None:
+            raise SampleError(where, f"no image field among {sorted(fields)}")
+        pixels_or_bytes: np.ndarray | bytes = fields[ext]
+    else:
+        pixels_or_bytes = pixels
+    return plan_image(key, where, label, pixels_or_bytes, specs, sample_rng(seed, epoch, index))
+
+
+def with_substitutes(
+    ds: ShardedDataset, index: int, on_error: str, skipped: list[tuple[str, str]], attempt: Callable[[int], Attempted]
+) -> Attempted:
+    """``attempt(index)``, or with ``on_error="skip"`` ``attempt`` of the next sample in dataset
+    order (:meth:`ShardedDataset.substitute`) that does not raise SampleError (each one passed over is appended to ``skipped`` as
+    (where, reason)), so a batch keeps its size whatever the number of workers."""
+    for offset in range(MAX_SUBSTITUTES + 1):
+        try:
+            return attempt(ds.substitute(index, offset))
+        except SampleError as exc:
+            if on_error == "raise":
+                raise
+            skipped.append((exc.where, exc.reason))
+    raise SampleError(ds.where(index), f"it and the {MAX_SUBSTITUTES} samples after it are all unreadable")
+
+
+@dataclass
+class BatchResult:
+    """A worker's answer for rows ``start`` to ``start + count`` of a batch: where they are, their
+    keys, skipped samples, or the error."""
+
+    run: int  # the iteration that asked for it (answers for an abandoned one are recognised)
+    batch_no: int
+    slot: int
+    count: int
+    start: int = 0
+    keys: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (where, reason)
+    values: dict[str, list] = field(default_factory=dict)  # fields batched as lists (text, json, boxes, ...), by name
+    error: str | None = None  # a worker traceback
+    bad_sample: tuple[str, str] | None = None  # (where, reason) of the SampleError that stopped it
+    failure: tuple[str, str] | None = None  # (class name, message) of another fastload error that stopped it
+
+
+def fill_fields(
+    ds: ShardedDataset,
+    indices: np.ndarray,
+    spec: SampleSpec,
+    specs: Sequence[Transform],
+    seed: int,
+    epoch: int,
+    on_error: str,
+    columns: dict[str, np.ndarray],
+    clock: StageClock | None = None,
+) -> tuple[list[str], list[tuple[str, str]], dict[str, list]]:
+    """Write the batch's stacked fields into ``columns`` (field key -> its rows); return keys,
+    skips and the other fields' values as lists. With ``on_error="skip"`` a bad sample is replaced
+    by the next readable one (:func:`with_substitutes`). Stage times go to ``clock`` when given."""
+    clock = clock or untimed()
+    keys: list[str] = []
+    skipped: list[tuple[str, str]] = []
+    values: dict[str, list] = {f.key: [] for f in spec.fields if f.key not in columns}
+    try:
+        for j, index in enumerate(indices.tolist()):
+            rows = {name: column[j, ...] for name, column in columns.items()}  # [j, ...]: a view even of a scalar row
+            key, sample_values = with_substitutes(
+                ds, index, on_error, skipped, lambda i: fill_sample(ds, i, spec, specs, seed, epoch, rows, clock)  # noqa: B023 - called at once
+            )
+            keys.append(key)
+            for name, value in sample_values.items():
+                values[name].append(value)
+    finally:
+        clock.flush()
+    return keys, skipped, values
+
+
+def fill_batch(
+    ds: ShardedDataset,
+    indices: np.ndarray,
+    specs: Sequence[Transform],
+    seed: int,
+    epoch: int,
+    on_error: str,
+    images: np.ndarray,
+    labels: np.ndarray,
+) -> tuple[list[str], list[tuple[str, str]]]:
+    """A classification batch: the samples' images into ``images`` (N,C,H,W), labels (-1 where
+    none) into ``labels``; return keys and skips (:func:`fill_fields` of the classic spec)."""
+    spec = classic_spec(ds.decoded)
+    image, label = spec.fields
+    keys, skipped, _ = fill_fields(ds, indices, spec, specs, seed, epoch, on_error, {image.key: images, label.key: labels})
+    return keys, skipped
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What every worker needs; inherited through fork, never pickled."""
+
+    dataset: ShardedDataset
+    specs: tuple[Transform, ...]
+    seed: int
+    on_error: str
+    buffers: BatchBuffers
+    worker_init_fn: Callable[[int], None] | None
+    sample: SampleSpec  # the fields to make of each sample
+    counters: StageCounters  # each worker times its stages into its row
+
+
+def _worker_main(worker_id: int, config: WorkerConfig, tasks: multiprocessing.Queue, results: multiprocessing.Queue, parent: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    # Objects inherited from the parent (torch, numpy, the index: ~40 MB) go to the permanent
+    # generation: a collection here would otherwise write to every one of them, copying all
+    # their pages (a fresh worker's first sample took ~100 ms and 11k page faults).
+    gc.freeze()
+    if config.worker_init_fn is not None:
+        try:
+            config.worker_init_fn(worker_id)
+        except BaseException:  # reported to the training process, which raises it
+            error = f"worker_init_fn raised in worker {worker_id} (pid {os.getpid()}):\n{traceback.format_exc()}"
+            results.put(BatchResult(run=0, batch_no=INIT_FAILED, slot=-1, count=0, error=error))
+            return
+    clock = config.counters.clock(worker_id)
+    while True:
+        try:
+            task = tasks.get(timeout=POLL_S * 5)
+        except queue.Empty:
+            if os.getppid() != parent:
+                return  # the main process is gone
+            continue
+        if task is None:
+            break
+        run, batch_no, slot, epoch, start, indices = task
+        result = BatchResult(run=run, batch_no=batch_no, slot=slot, count=len(indices), start=start)
+        began = time.perf_counter()
+        try:
+            columns = config.buffers.slot_columns(slot, slice(start, start + len(indices)))
+            result.keys, result.skipped, result.values = fill_fields(
+                config.dataset, indices, config.sample, config.specs, config.seed, epoch, config.on_error, columns, clock
+            )
+        except SampleError as exc:
+            result.bad_sample = (exc.where, exc.reason)
+            result.error = f"worker {worker_id} (pid {os.getpid()}):\n{traceback.format_exc()}"
+        except FastloadError as exc:  # a shard or a download that failed for good
+            result.failure = (type(exc).__name__, str(exc))
+            result.error = f"worker {worker_id} (pid {os.getpid()}):\n{traceback.format_exc()}"
+        except Exception:
+            result.error = f"worker {worker_id} (pid {os.getpid()}):\n{traceback.format_exc()}"
+        clock.count(BUSY, time.perf_counter() - began)
+        clock.flush()
+        results.put(result)
+    config.dataset.close()
+
+
+class WorkerPool:
+    """``num_workers`` forked processes serving batch tasks; detects dead workers promptly."""
+
+    def __init__(self, config: WorkerConfig, num_workers: int) -> None:
+        context = multiprocessing.get_context("fork")
+        self._tasks: multiprocessing.Queue = context.Queue()
+        self._results: multiprocessing.Queue = context.Queue()
+        self.processes = [
+            context.Process(
+                target=_worker_main, args=(i, config, self._tasks, self._results, os.getpid()),
+                name=f"fastload-worker-{i}", daemon=True,
+            )
+            for i in range(num_workers)
+        ]
+        for process in self.processes:
+            process.start()
+        # runs at close(), when the pool is garbage, or at exit - only in the process that made it
+        self._shutdown = weakref.finalize(self, _shutdown, os.getpid(), self.processes, self._tasks, self._results)
+
+    def submit(self, run: int, batch_no: int, slot: int, epoch: int, start: int, indices: np.ndarray) -> None:
+        """Queue rows ``start``.. of a batch (``indices``) of iteration ``run`` for whichever worker is free first."""
+        self._tasks.put((run, batch_no, slot, epoch, start, indices))
+
+    def get(self, timeout: float) -> BatchResult:
+        """The next finished batch; raises WorkerError if a worker died, TimeoutError after
+        ``timeout`` seconds (0 = wait forever)."""
+        waited = 0.0
+        while True:
+            for process in self.processes:  # a death is an error even if others cover its work
+                if process.exitcode is not None:
+                    raise WorkerError(self._death(process))
+            try:
+                result = self._results.get(timeout=POLL_S)
+            except queue.Empty:
+                waited += POLL_S
+            else:
+                if result.batch_no == INIT_FAILED:
+                    raise WorkerError(result.error)
+                return result
+            if timeout and waited >= timeout:
+                raise TimeoutError(f"no batch from the workers within {timeout} s (timeout=)")
+
+    def _death(self, process: multiprocessing.process.BaseProcess) -> str:
+        """What to say of a dead worker: worker_init_fn's traceback when that is what ended it."""
+        try:
+            while True:
+                result = self._results.get(timeout=POLL_S)
+                if result.batch_no == INIT_FAILED:
+                    return result.error
+        except queue.Empty:
+            pass
+        return f"{process.name} (pid {process.pid}) died: {_describe_exit(cast(int, process.exitcode))}"  # dead: it has an exit code
+
+    def close(self) -> None:
+        """Stop the workers: ask politely, then terminate, then kill."""
+        self._shutdown()
+
+
+INIT_FAILED = -1  # batch_no of the answer a worker sends when worker_init_fn raised
+
+
+def _shutdown(owner: int, processes: list, tasks: multiprocessing.Queue, results: multiprocessing.Queue) -> None:
+    if os.getpid() != owner:
+        return  # a forked child (another loader's worker) inherited the pool: not its to stop
+    try:
+        while True:
+            tasks.get_nowait()  # tasks no worker took yet (the next epoch's, made ahead): nobody waits for them
+    except (queue.Empty, ValueError, OSError):
+        pass
+    for _ in processes:
+        try:
+            tasks.put_nowait(None)
+        except (ValueError, OSError):
+            break
+    for process in processes:
+        process.join(timeout=2)
+        if process.exitcode is None:
+            process.terminate()
+            process.join(timeout=2)
+        if process.exitcode is None:
+            process.kill()
+            process.join()
+    for q in (tasks, results):
+        q.cancel_join_thread()
+        q.close()
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = " (out of memory?)" if name == "SIGKILL" else ""
+        return f"killed by {name}{hint}"
+    return f"exited with code {code}"
+
+
+def merge_parts(parts: list[BatchResult]) -> BatchResult:
+    """One batch's result from the results of its parts, in row order."""
+    parts = sorted(parts, key=lambda part: part.start)
+    merged = BatchResult(run=parts[0].run, batch_no=parts[0].batch_no, slot=parts[0].slot, count=sum(part.count for part in parts))
+    for part in parts:
+        merged.keys += part.keys
+        merged.skipped += part.skipped
+        for name, values in part.values.items():
+            merged.values.setdefault(name, []).extend(values)
+    return merged

@@ -1,0 +1,375 @@
+"""The ``fastload`` command: a thin argparse layer; each subcommand imports what it needs lazily."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+NEAR_THRESHOLD = 12  # bits of 64: benchmarks/bench_near_dupes.py measures recall and false drops by threshold
+NEAR_HELP = (
+    f"near duplicates differ in at most this many of 64 hash bits, and agree in colour (default {NEAR_THRESHOLD}, 0..24; "
+    "README: recall and false drops by threshold)"
+)
+
+def _add_convert(sub: argparse._SubParsersAction) -> None:
+    from fastload.converters.sources import SOURCE_MODULES
+
+    p = sub.add_parser("convert", help="convert a raw dataset into sharded WebDataset tar or HDF5")
+    p.add_argument("src", help="the raw dataset (folder or file)")
+    p.add_argument("out", help="output folder for shards and index.json, or a URL (s3://bucket/prefix, gs://..., any fsspec URL)")
+    p.add_argument("--from", dest="source", required=True, choices=sorted(SOURCE_MODULES))
+    p.add_argument("--to", dest="layout", default="wds", choices=["wds", "hdf5"])
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--shard-size", default="256MB", help="target shard size, e.g. 256MB, 1GiB (default 256MB)")
+    size.add_argument("--samples-per-shard", type=int, help="samples per shard instead of a size")
+    p.add_argument("--shuffle", action="store_true", help="shuffle samples (seeded) before sharding")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=1, help="worker processes; output is identical for any count")
+    p.add_argument("--limit", type=int, help="convert only the first N samples (after shuffling)")
+    p.add_argument(
+        "--dedupe", nargs="?", const="exact", choices=["exact", "near"],
+        help="drop duplicates, keeping the first: exact (content hash; the default) or near (perceptual signature)",
+    )
+    p.add_argument("--near-threshold", type=int, default=NEAR_THRESHOLD, metavar="BITS", help=NEAR_HELP)
+    p.add_argument("--report", metavar="PNG|HTML", help="with --dedupe: draw the duplicate groups side by side as thumbnails (a PNG, or an HTML page for a path ending .html)")
+    p.add_argument("--on-error", choices=["raise", "skip"], default="raise")
+    p.add_argument("--reencode-quality", type=int, metavar="Q", help="re-encode images as JPEG of quality Q")
+    p.add_argument("--max-size", type=int, metavar="PX", help="shrink images so the longer side is at most PX")
+    p.add_argument("--max-pixels", type=int, help="reject images with more pixels (bombs); default 89478485 (Pillow's), or FASTLOAD_MAX_PIXELS")
+    p.add_argument("--follow-symlinks", action="store_true", help="follow links that leave the source root")
+    p.add_argument("--path-column", default="path", help="manifest: column of image paths")
+    p.add_argument("--label-column", default="label", help="manifest/parquet: column of labels")
+    p.add_argument("--image-column", default="image", help="parquet: column of images")
+    p.add_argument("--split", default="train", choices=["train", "test"], help="cifar/mnist: which split")
+    p.add_argument("--hdf5-decoded", action="store_true", help="HDF5: store decoded uint8[N,H,W,C] pixels")
+    p.add_argument("--hdf5-compression", choices=["gzip", "lzf"], help="HDF5: compress decoded pixels")
+    p.add_argument("--engine", choices=["local", "ray"], default="local", help="local process pool, or a Ray cluster")
+    p.add_argument("--address", help="with --engine ray: 'auto' or ray://HOST:PORT (default: start a local Ray)")
+    p.add_argument("--staging", help="with a URL as OUT: local folder for shards awaiting upload (default: in FASTLOAD_CACHE_DIR)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(run=_run_convert)
+
+
+def _run_convert(args: argparse.Namespace) -> int:
+    from fastload.converters.options import ConvertOptions, parse_size
+    from fastload.converters.run import convert
+    from fastload.converters.sources import SourceOptions
+    from fastload.converters.writers import WriterOptions
+    from fastload.decode.header import MAX_PIXELS
+
+    options = ConvertOptions(
+        source=args.source,
+        layout=args.layout,
+        shard_bytes=None if args.samples_per_shard else parse_size(args.shard_size),
+        samples_per_shard=args.samples_per_shard,
+        shuffle=args.shuffle,
+        seed=args.seed,
+        workers=args.workers,
+        limit=args.limit,
+        dedupe=args.dedupe == "exact",
+        near_threshold=args.near_threshold if args.dedupe == "near" else None,
+        on_error=args.on_error,
+        reencode_quality=args.reencode_quality,
+        max_size=args.max_size,
+        max_pixels=MAX_PIXELS if args.max_pixels is None else args.max_pixels,
+        source_options=SourceOptions(
+            follow_symlinks=args.follow_symlinks,
+            path_column=args.path_column,
+            label_column=args.label_column,
+            image_column=args.image_column,
+            split=args.split,
+        ),
+        writer_options=WriterOptions(hdf5_decoded=args.hdf5_decoded, hdf5_compression=args.hdf5_compression),
+    )
+    start = time.perf_counter()
+    if args.address and args.engine != "ray":
+        raise ValueError("--address is for --engine ray")
+    if args.report and not args.dedupe:
+        raise ValueError("--report draws the duplicates --dedupe drops: give --dedupe")
+    report = convert(
+        args.src, args.out, options, engine=args.engine, quiet=args.quiet, address=args.address, staging=args.staging,
+        report_png=args.report,
+    )
+    seconds = time.perf_counter() - start
+    index = report.index
+    if report.already_complete:
+        print(f"{args.out}: already converted ({index.num_samples} samples in {len(index.shards)} shards)")
+        return 0
+    print(
+        f"{args.out}: {index.num_samples} samples in {len(index.shards)} {index.layout} shards, "
+        f"{index.total_bytes / 1e6:.1f} MB in {seconds:.1f}s ({index.total_bytes / 1e6 / max(seconds, 1e-9):.1f} MB/s); "
+        f"{report.shards_written} shards written, {report.shards_reused} resumed"
+        + (f" ({report.shards_changed} finished earlier rewritten: their sources changed)" if report.shards_changed else "")
+    )
+    if index.skipped:
+        print(f"skipped {sum(index.skipped.values())} bad samples {index.skipped}: see {args.out}/skipped.jsonl")
+    if index.duplicates:
+        print(f"dropped {index.duplicates} duplicates: see {args.out}/duplicates.jsonl")
+    return 0
+
+
+def _add_index(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("index", help="make a folder of existing WebDataset tars a dataset in place (.idx files, index.json)")
+    p.add_argument("dataset", help="a folder of .tar files (img2dataset's, any WebDataset writer's), or a writable URL "
+                                   "holding them (s3://bucket/prefix, gs://...); the tars are not rewritten")
+    p.add_argument("--force", action="store_true", help="replace an existing index.json")
+    p.add_argument("--scratch", help="for a URL: where each tar is downloaded to be indexed (default: the temp folder)")
+    p.add_argument("--workers", type=int, help="for a folder: processes indexing tars at once (default: one per CPU)")
+    p.set_defaults(run=_run_index)
+
+
+def _run_index(args: argparse.Namespace) -> int:
+    from fastload.storage.remote import is_url, redact
+
+    if is_url(args.dataset):
+        from fastload.converters.index_remote import index_remote
+
+        if args.workers is not None:
+            raise ValueError("--workers is for a folder: a URL's tars are downloaded and indexed two at a time")
+        index, seconds = index_remote(args.dataset, force=args.force, scratch=args.scratch)
+    else:
+        from fastload.converters.index_tars import index_tars
+
+        if args.scratch is not None:
+            raise ValueError("--scratch is for a URL: a folder's tars are indexed where they are")
+        index, seconds = index_tars(args.dataset, force=args.force, workers=args.workers)
+    print(
+        f"{redact(args.dataset)}: indexed {index.num_samples} samples in {len(index.shards)} tars, {index.total_bytes / 1e6:.1f} MB "
+        f"in {seconds:.1f}s ({index.total_bytes / 1e6 / max(seconds, 1e-9):.1f} MB/s); fields {', '.join(index.fields)}"
+    )
+    return 0
+
+
+def _add_inspect(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("inspect", help="summarise a converted dataset")
+    p.add_argument("dataset", help="a converted dataset folder or its URL")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(run=_run_inspect)
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    from fastload.storage.summary import summarize
+
+    summary = summarize(args.dataset)
+    if args.json:
+        print(json.dumps(summary, indent=1, sort_keys=True))
+        return 0
+    print(f"dataset   {args.dataset}")
+    print(f"layout    {summary['layout']} (from {summary['source'] or '?'})")
+    print(f"samples   {summary['samples']} in {summary['shards']} shards, {summary['bytes'] / 1e6:.1f} MB")
+    print(f"fields    {', '.join(summary['fields'])}")
+    if summary["decoded_shape"]:
+        print(f"pixels    {summary['decoded_shape']} uint8 per sample")
+    if summary["classes"] is not None or summary["class_counts"]:
+        _print_classes(summary["class_counts"], summary["classes"], summary["class_balance"])
+    print(f"skipped   {summary['skipped_total']} {summary['skipped'] or ''}")
+    for entry in summary["skipped_samples"][:20]:
+        print(f"  {entry['where']}: {entry['reason']}")
+    print(f"duplicates dropped {summary['duplicates']}")
+    return 0
+
+
+def _print_classes(counts: dict[str, int], classes: list[str] | None, balance: dict | None) -> None:
+    """The class histogram (largest classes first, 50 at most) and its imbalance."""
+    full = {name: counts.get(name, 0) for name in classes or counts}
+    print(f"classes   {len(full)}")
+    if balance is not None:
+        ratio = "inf (a class has no sample)" if balance["max_min_ratio"] is None else f"{balance['max_min_ratio']:.2f}"
+        print(
+            f"balance   largest/smallest {ratio}; entropy {balance['entropy_bits']:.3f} bits "
+            f"({balance['normalized_entropy']:.3f} of the {balance['classes']} classes' maximum)"
+        )
+    largest = max(full.values(), default=0) or 1
+    ranked = sorted(full.items(), key=lambda kv: (-kv[1], kv[0]))
+    width = max((len(name) for name, _ in ranked[:50]), default=0)
+    for name, count in ranked[:50]:
+        print(f"  {name:<{width}} {count:>9}  {'#' * round(40 * count / largest)}")
+    if len(ranked) > 50:
+        print(f"  ... {len(ranked) - 50} more")
+
+
+def _add_overlap(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("overlap", help="samples of dataset B that nearly duplicate samples of dataset A (train/val leakage)")
+    p.add_argument("a", help="the reference dataset (e.g. train): a converted folder or its URL")
+    p.add_argument("b", help="the dataset to check (e.g. validation): a converted folder or its URL")
+    p.add_argument("--near-threshold", type=int, default=NEAR_THRESHOLD, metavar="BITS", help=NEAR_HELP)
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes decoding (default: one per CPU)")
+    p.add_argument("--write-exclude", metavar="FILE", help="write B's overlapping keys, one a line, for the loader's exclude=")
+    p.add_argument("--report", metavar="PNG|HTML", help="draw each overlapping group side by side as thumbnails (a PNG, or an HTML page for a path ending .html)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(run=_run_overlap)
+
+
+def _run_overlap(args: argparse.Namespace) -> int:
+    from fastload.near.overlap import draw_overlap, find_overlap, write_exclude
+
+    start = time.perf_counter()
+    overlap = find_overlap(args.a, args.b, args.near_threshold, args.workers)
+    seconds = time.perf_counter() - start
+    if args.write_exclude:
+        write_exclude(args.write_exclude, overlap)
+    if args.report:
+        draw_overlap(args.report, overlap)
+    if args.json:
+        print(json.dumps(overlap.as_json(), indent=1, sort_keys=True))
+        return 0
+    print(
+        f"{args.b}: {len(overlap.matches)} of {overlap.b_samples} samples within {args.near_threshold} bits of one of "
+        f"{overlap.a_samples} in {args.a} ({seconds:.1f}s)"
+    )
+    for m in overlap.matches[:20]:
+        print(f"  {m.b_key}  ~  {m.a_key}  ({m.distance} bits)")
+    if len(overlap.matches) > 20:
+        print(f"  ... {len(overlap.matches) - 20} more" + ("" if args.write_exclude else ": --json or --write-exclude lists them all"))
+    for name, failed in overlap.unreadable.items():
+        for where, reason in failed[:20]:
+            print(f"unreadable in {name.upper()}: {where}: {reason}", file=sys.stderr)
+    if args.write_exclude:
+        print(f"wrote {args.write_exclude}: {len({m.b_key for m in overlap.matches})} keys of B to exclude")
+    return 0
+
+
+def _add_verify(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("verify", help="check every shard's checksum and sample count")
+    p.add_argument("dataset", help="a converted dataset folder or its URL (then every shard is downloaded)")
+    p.add_argument("--decode", action="store_true", help="also decode every image")
+    p.set_defaults(run=_run_verify)
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    from fastload.storage.verify import verify_dataset
+
+    report = verify_dataset(args.dataset, decode=args.decode)
+    for problem in report.problems:
+        print(f"BAD {problem}", file=sys.stderr)
+    status = "OK" if report.ok else f"FAILED ({len(report.problems)} problems)"
+    print(f"{args.dataset}: {report.shards} shards, {report.samples} samples verified{' and decoded' if args.decode else ''}: {status}")
+    return 0 if report.ok else 1
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    from fastload.bench import BACKENDS, TRANSFORMS
+
+    p = sub.add_parser("bench", help="loaders side by side on the same data; data-stall analysis")
+    p.add_argument("dataset", help="a converted dataset")
+    p.add_argument("--source", type=Path, help="the raw image folder it came from (for the torch baseline)")
+    p.add_argument("--backends", default="fastload-cpu,torch", help=f"comma-separated, from {','.join(BACKENDS)}")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--workers", default="2", help="comma-separated worker counts, e.g. 0,1,2,4")
+    p.add_argument("--transform", choices=TRANSFORMS, default="train")
+    p.add_argument("--size", type=int, default=224, help="the transform's output side (e.g. 32 for CIFAR-sized images)")
+    p.add_argument("--epochs", type=int, default=1, help="epochs per loader per round")
+    p.add_argument("--rounds", type=int, default=1, help="interleaved rounds; medians are reported")
+    p.add_argument("--model", choices=["resnet18", "resnet50", "resnet_small", "none"], default="none", help="data-stall analysis")
+    p.add_argument("--steps", type=int, default=20, help="training steps for the data-stall analysis")
+    p.add_argument("--gpu-price", type=float, metavar="USD_PER_HOUR", help="print time and cost per epoch")
+    p.add_argument("--dataset-size", type=int, help="images per epoch for --gpu-price (default: this dataset's)")
+    p.add_argument("--json", type=Path, help="write the results as JSON")
+    p.add_argument("--plot", type=Path, help="write throughput vs workers as PNG (needs matplotlib)")
+    p.set_defaults(run=_run_bench)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from fastload.bench import format_table, run_bench, write_outputs
+
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    workers = [int(w) for w in args.workers.split(",")]
+    report = run_bench(
+        args.dataset, args.source, backends, workers, args.batch_size, args.transform, args.epochs, args.rounds,
+        model=None if args.model == "none" else args.model, steps=args.steps, size=args.size,
+    )
+    size = args.dataset_size
+    if args.gpu_price is not None and size is None:
+        from fastload.formats.index import read_index
+
+        size = read_index(args.dataset).num_samples
+    print(format_table(report, args.gpu_price, size))
+    note = write_outputs(report, args.json, args.plot)
+    if note:
+        print(note)
+    return 0
+
+
+def _add_describe(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("describe", help="which samples, with which crop and flip, a training step's batch held")
+    p.add_argument("dataset", help="a converted dataset folder or its URL")
+    p.add_argument("--step", type=int, required=True, help="the step within the epoch, from 0")
+    p.add_argument("--state", type=Path, help="a saved loader.state_dict() (JSON, or a torch checkpoint holding it under 'loader'): "
+                   "seed, epoch, world size, batch size and earlier layouts come from it")
+    p.add_argument("--seed", type=int, help="the loader's seed= (default 0, or the state's)")
+    p.add_argument("--epoch", type=int, help="default: 0, or the state's")
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--world", type=int, help="world size (default 1, or the state's)")
+    p.add_argument("--batch-size", type=int, help="per rank (default 1, or the state's)")
+    p.add_argument("--no-shuffle", dest="shuffle", action="store_false", help="the loader ran with shuffle=False")
+    p.add_argument("--drop-last", action="store_true", help="the loader ran with drop_last=True")
+    p.add_argument("--shuffle-buffer", type=int, help="the loader's shuffle_buffer= (streaming order)")
+    p.add_argument("--take", type=Path, help="a text file of sample indices, one a line: the loader read a Subset of them")
+    p.add_argument("--exclude", type=Path, help="the loader's exclude= file (keys, one a line)")
+    p.add_argument("--balanced", action="store_true", help="the loader ran with balanced=True")
+    p.add_argument("--class-weights", type=json.loads, metavar="JSON",
+                   help='the loader\'s class_weights=, as a JSON object: \'{"cat": 2, "dog": 1}\'')
+    p.add_argument("--transform", choices=["train", "val", "none"], default="train", help="fastload.transforms.train/val(SIZE)")
+    p.add_argument("--size", type=int, default=224, help="the transform's output side")
+    p.add_argument("--json", action="store_true", help="print the description as JSON")
+    p.set_defaults(run=_run_describe)
+
+
+def _run_describe(args: argparse.Namespace) -> int:
+    from fastload.cli.describe import describe_from_arguments
+
+    description = describe_from_arguments(args)
+    if args.json:
+        print(json.dumps(description.as_dict(), indent=1))
+        return 0
+    print(f"epoch {description.epoch} step {description.step} rank {description.rank} of {description.world_size}, "
+          f"batch size {description.batch_size}")
+    for n, s in enumerate(description.samples):
+        geometry = "" if s.box is None else (
+            f" {s.source_size[0]}x{s.source_size[1]} crop ({s.box[0]:.1f}, {s.box[1]:.1f}, {s.box[2]:.1f}, {s.box[3]:.1f})"  # type: ignore[index]
+            f" -> {s.size[0]}x{s.size[1]}{' flipped' if s.flip else ''}{f' at DCT scale {s.dct_scale}' if s.dct_scale else ''}")  # type: ignore[index]
+        print(f"{n:>5} {s.index:>9} {s.shard}:{s.key}{'' if s.valid else ' (padding)'}{geometry}{f' PROBLEM {s.problem}' if s.problem else ''}")
+    return 0
+
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="build a small dataset, convert, verify, load and benchmark it")
+    p.add_argument("--workdir", default="data/demo", help="where to put the demo data (default data/demo)")
+    p.add_argument("--images", type=int, default=600, help="number of images to generate")
+    p.set_defaults(run=_run_demo)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from fastload.cli.demo import run_demo
+
+    return run_demo(args.workdir, args.images, main)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``fastload`` command."""
+    parser = argparse.ArgumentParser(prog="fastload", description="Fast data loading for PyTorch training.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_convert, _add_index, _add_inspect, _add_overlap, _add_verify, _add_describe, _add_bench, _add_demo):
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``fastload`` command; returns the exit status."""
+    from fastload.errors import FastloadError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (FastloadError, ValueError, OSError, RuntimeError, ImportError) as exc:  # OSError: disk full, permissions, ...
+        print(f"fastload {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"fastload {args.command}: interrupted", file=sys.stderr)
+        return 130
+

@@ -1,0 +1,195 @@
+"""One pass over a rank's batches, whatever the backend: where it starts (the loader's state), the
+batches it owes, downloads ahead for a remote dataset, accelerate's epoch hooks, and the finishing
+of each batch (device, Normalize/ToDtype, layout, then ``collate_fn=`` on its samples and
+``batch_map=`` on the whole batch). Backends subclass :class:`Epoch`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from fastload.fields import SampleSpec
+from fastload.loading.batch_outputs import BatchLayout, samples_of
+from fastload.loading.field_batch import shaped_batch
+from fastload.loading.frameworks import AccelerateEpoch
+from fastload.loading.options import LoaderOptions
+from fastload.loading.orders import LoaderOrders
+from fastload.loading.prefetch import ShardPrefetcher, shards_in_use_order
+from fastload.loading.state import LoaderState, Position
+from fastload.loading.stats import LoaderStats, StageCounters
+from fastload.orders.global_order import batch_generator
+from fastload.storage.dataset import ShardedDataset
+
+
+@dataclass(frozen=True)
+class EpochInputs:
+    """What an epoch reads from its loader, fixed when the iterator is made."""
+
+    dataset: ShardedDataset
+    options: LoaderOptions
+    sample_spec: SampleSpec  # the fields made of each sample (fields=, map=)
+    image_shape: tuple[int, int, int] | None  # None: the samples hold no image
+    device: torch.device | None  # device=, or the Accelerator's
+    batch_fn: Callable[[torch.Tensor], torch.Tensor] | None  # Normalize/ToDtype on whole batches
+    layout: BatchLayout
+    orders: LoaderOrders
+    state: LoaderState
+    stats: LoaderStats
+    accelerate: bool  # prepared by accelerate: report the epoch to its GradientState
+    before_start: Callable[[], None]  # the loader's checks as an epoch starts (a sampler's set_epoch, ranks agree)
+
+
+class Epoch:
+    """One pass over a rank's batches, in the epoch's order; subclasses produce the batches.
+
+    Nothing is read when the iterator is made: the first ``next()`` starts the epoch (``reset``),
+    taking the state's position, rank and world size then (torch's samplers are lazy alike). The
+    epoch is finished once its last batch is handed out, whether or not StopIteration is reached;
+    an iterator dropped or closed before that breaks it off (the next iteration starts it over).
+    """
+
+    def __init__(self, inputs: EpochInputs) -> None:
+        self.inputs = inputs
+        self.started = self.finished = False
+        self.next_yield = 0
+        self.prefetcher: ShardPrefetcher | None = None
+        self.accelerate: AccelerateEpoch | None = None
+
+    def reset(self, state: LoaderState) -> None:
+        """Start at ``state``'s upcoming position, which this epoch then advances batch by batch."""
+        self.loader_state = state
+        self.start = state.begin()
+        orders = self.inputs.orders
+        self.plan = orders.batches(self.start)
+        self.epoch, self.order = self.start.epoch, orders.order(self.start)
+        self.started = True
+        self.stats_token = self.inputs.stats.begin_epoch(self.epoch, self._stage_counters(), self.inputs.dataset.downloads)
+        if self.inputs.accelerate:
+            self.accelerate = AccelerateEpoch(self, orders.remainder(self.start))
+
+    def state(self) -> Position:
+        """Where this epoch is: the global samples consumed once the batches handed out so far count."""
+        return replace(self.start, consumed=self.plan.consumed_after(self.next_yield))
+
+    def _stage_counters(self) -> StageCounters | None:
+        """The counters this backend's workers time their stages into (None: it has none)."""
+        return None
+
+    def _start_prefetch(self) -> None:
+        """For a remote dataset (or a mixture's remote members), start downloading this rank's
+        shards ahead of use."""
+        dataset = self.inputs.dataset
+        if dataset.downloads and len(self.plan):
+            self.prefetcher = ShardPrefetcher(dataset, shards_in_use_order(dataset, map(self.indices, range(len(self.plan)))),
+                                              self._dispatched)
+
+    def _dispatched(self) -> int:
+        """Batches whose samples have been handed to the decoders so far."""
+        return self.next_yield
+
+    def _stop_prefetch(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.stop()
+            self.prefetcher = None
+
+    def indices(self, batch_no: int) -> np.ndarray:
+        """Sample indices of batch ``batch_no``."""
+        return self.order.indices(self.plan.positions(batch_no))
+
+    def valid(self, batch_no: int) -> np.ndarray:
+        """Which entries of batch ``batch_no`` are real samples (not padding)."""
+        valid = self.plan.valid(batch_no)
+        if (real := self.order.valid(self.plan.positions(batch_no))) is not None:
+            valid = valid & real
+        return valid
+
+    def __iter__(self) -> Epoch:
+        return self
+
+    def __next__(self) -> Any:
+        if not self.started:
+            if self.finished:  # closed before it started
+                raise StopIteration
+            self.inputs.before_start()
+            self.reset(self.inputs.state)
+        entered = time.perf_counter()
+        try:
+            return self._next()
+        finally:
+            stats = self.inputs.stats
+            stats.inside_s += time.perf_counter() - entered
+            if self.finished:  # its last batch handed out (or closed: then ended already, as broken off)
+                stats.end_epoch(self.stats_token, complete=True)
+
+    def _next(self) -> Any:
+        if self.next_yield >= len(self.plan):
+            self._finish()
+            self._end_accelerate()
+            raise StopIteration
+        if self.next_yield == len(self.plan) - 1 and self.accelerate is not None:
+            self.accelerate.last_batch()
+        batch = self._next_batch()
+        options = self.inputs.options
+        if options.collate_fn is not None:
+            batch = options.collate_fn(samples_of(batch))
+        if options.batch_map is not None:
+            batch = options.batch_map(batch, self._batch_generator())
+        self.next_yield += 1
+        if self.next_yield == len(self.plan):
+            self._finish()  # all handed out: the next iter() starts the next epoch
+        elif not self.finished:
+            self.loader_state.advance(self.state())
+        return batch
+
+    def _next_batch(self) -> Any:
+        raise NotImplementedError
+
+    def _batch_generator(self) -> torch.Generator:
+        """``batch_map``'s generator for the batch about to be handed out, on the batch's device."""
+        step = self.plan.start // self.plan.step + self.next_yield  # the global step: batches every rank took
+        return batch_generator(self.inputs.options.seed, self.epoch, step, self.inputs.orders.ranks()[0], self.inputs.device)
+
+    def _finish_batch(self, columns: Mapping[str, torch.Tensor | np.ndarray], values: dict[str, list], keys: list[str],
+                      skipped: list, batch_no: int) -> Any:
+        """Move the stacked fields to ``device`` (Normalize/ToDtype on images there), count skips and
+        shape the batch: ``(images, labels, ...)`` classically, else the ``fields=`` in their order."""
+        inputs = self.inputs
+        for where, reason in skipped:
+            inputs.stats.record_skip(where, reason)
+        with inputs.stats.to_device():
+            return shaped_batch(inputs.sample_spec, inputs.layout, dict(columns), values, keys, self.valid(batch_no),
+                                inputs.device, inputs.batch_fn)
+
+    def _end_accelerate(self) -> None:
+        if self.accelerate is not None:
+            self.accelerate.end()
+            self.accelerate = None
+
+    def _finish(self) -> None:
+        self._stop_prefetch()
+        if not self.finished:
+            self.finished = True
+            self.loader_state.finish()
+
+    def close(self) -> None:
+        """Abandon the epoch (a break, an exception, the iterator dropped): like torch, the next
+        iteration starts this epoch over; state_dict() still says where it stopped, so
+        load_state_dict resumes there."""
+        self._stop_prefetch()
+        self._end_accelerate()
+        if self.started and not self.finished:
+            self.loader_state.break_off()
+            self.inputs.stats.end_epoch(self.stats_token, complete=False)
+        self.finished = True
+
+    def __del__(self) -> None:
+        if not self.finished:
+            try:
+                self.close()
+            except Exception:
+                pass

@@ -1,0 +1,77 @@
+"""A ``fields=`` batch assembled in the training process: the stacked fields' slot columns as
+tensors (moved to the device; Normalize/ToDtype on images only, never on masks), the others as
+lists, in the order the fields were asked for."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from fastload.fields import SampleSpec
+from fastload.loading.batch_outputs import BatchLayout
+
+
+def as_tensor(array: np.ndarray) -> torch.Tensor | np.ndarray:
+    """``array`` as a tensor sharing its memory; a dtype torch lacks (strings, ...) stays numpy."""
+    try:
+        return torch.from_numpy(array)
+    except TypeError:
+        return array
+
+
+def copied(array: np.ndarray, pin_memory: bool) -> torch.Tensor | np.ndarray:
+    """A copy of a slot column's rows (into pinned memory when asked), so the slot can be refilled."""
+    try:
+        out = torch.empty(array.shape, dtype=torch.from_numpy(array[:0]).dtype, pin_memory=pin_memory)
+    except TypeError:
+        return array.copy()
+    np.copyto(out.numpy(), array)
+    return out
+
+
+def field_batch(
+    spec: SampleSpec,
+    columns: dict[str, torch.Tensor | np.ndarray],
+    values: dict[str, list],
+    device: torch.device | None,
+    image_fn: Callable[[torch.Tensor], torch.Tensor] | None,
+) -> tuple:
+    """The batch as a tuple in ``spec``'s field order: stacked columns on ``device`` (images through
+    ``image_fn``), boxes and ragged arrays as lists of tensors, other values as lists."""
+    out: list[Any] = []
+    for field in spec.fields:
+        if field.key in columns:
+            value = columns[field.key]
+            if device is not None and isinstance(value, torch.Tensor):
+                value = value.to(device, non_blocking=True)
+            if field.role == "image" and image_fn is not None and isinstance(value, torch.Tensor):
+                value = image_fn(value)
+            out.append(value)
+        elif field.role in ("boxes", "array"):
+            arrays = (np.asarray(v) for v in values[field.key])
+            out.append([as_tensor(a if a.flags.writeable else a.copy()) for a in arrays])
+        else:
+            out.append(values[field.key])
+    return tuple(out)
+
+
+def shaped_batch(
+    spec: SampleSpec,
+    layout: BatchLayout,
+    columns: dict[str, torch.Tensor | np.ndarray],
+    values: dict[str, list],
+    keys: list[str],
+    valid: np.ndarray,
+    device: torch.device | None,
+    image_fn: Callable[[torch.Tensor], torch.Tensor] | None,
+) -> Any:
+    """The batch as the loader hands it out: :func:`field_batch`'s parts in ``layout`` —
+    ``(images, labels, ...)`` for a classification spec, else the fields in their order."""
+    parts = field_batch(spec, columns, values, device, image_fn)
+    if spec.classic:
+        images, labels = parts
+        return layout.shape(images, labels, keys, valid)
+    return layout.shape_fields(parts, keys, valid)

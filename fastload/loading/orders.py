@@ -1,0 +1,127 @@
+"""A loader's epoch orders and this rank's batches at any training position: pure functions of
+the options, the dataset's shard sizes, rank and world size (read when asked) and the position.
+:class:`~fastload.orders.spec.OrderSpec` holds them as plain values; :class:`LoaderOrders` is one
+loader's; ``exclude=`` is read here."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from fastload.dist import resolve_rank_world
+from fastload.loading.options import LoaderOptions
+from fastload.loading.state import Layout, Position
+from fastload.orders.balanced import ClassMembers, class_members, class_weight_vector
+from fastload.orders.global_order import EpochOrder, RankBatches
+from fastload.orders.mixture import MemberPosition, MixtureOrder
+from fastload.orders.spec import OrderSpec
+from fastload.storage.dataset import ShardedDataset
+from fastload.storage.mixture import MixedDataset
+
+
+def read_exclude(exclude: Sequence[str] | str | os.PathLike[str]) -> list[str]:
+    """The keys of ``exclude=``: a sequence of keys, or a path to a UTF-8 file of one key per line
+    (as ``fastload overlap --write-exclude`` writes; blank lines ignored)."""
+    if not isinstance(exclude, (str, os.PathLike)):
+        return [str(key) for key in exclude]
+    path = Path(exclude)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"exclude=: cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"exclude=: {path} is not UTF-8 text (one key per line)") from None
+    return [line for line in text.splitlines() if line]
+
+
+def excluded_indices(dataset: ShardedDataset, exclude: Sequence[str] | str | os.PathLike[str] | None) -> tuple[int, ...] | None:
+    """The sorted indices of every sample holding one of ``exclude=``'s keys (a key repeated across
+    shards: all of them); a key the dataset lacks is refused by name."""
+    if exclude is None:
+        return None
+    try:
+        indices = dataset.indices_holding(read_exclude(exclude))
+    except KeyError as exc:
+        raise KeyError(f"exclude=: {exc.args[0]}") from None  # the dataset's error names it and the key
+    return tuple(indices.tolist())
+
+
+class LoaderOrders:
+    """The orders of one loader, the current epoch's cached (every backend and the sampler views
+    read the same one)."""
+
+    def __init__(self, dataset: ShardedDataset, options: LoaderOptions) -> None:
+        self.shard_sizes = tuple(shard.samples for shard in dataset.index.shards)
+        self.options = options
+        self.mixture = dataset if isinstance(dataset, MixedDataset) else None
+        if self.mixture is not None:
+            refuse_for_mixture(options)
+        self._cached: tuple[tuple[int, OrderSpec | MixtureOrder], EpochOrder] | None = None
+        self.classes: ClassMembers | None = None  # the class-balanced order's samples by label
+        self.class_weights: tuple[float, ...] | None = None
+        if options.balanced or options.class_weights is not None:
+            labels = dataset.sample_labels()
+            count = len(dataset.classes) if dataset.classes is not None else int(labels.max(initial=-1)) + 1
+            self.classes = class_members(labels, self._spec(0, 1, ()).selection(), count)
+            self.class_weights = class_weight_vector(options.class_weights, self.classes.counts, dataset.classes)
+
+    def ranks(self) -> tuple[int, int]:
+        """(rank, world size): rank=/world_size=, a DistributedSampler's, the process group's, the launcher's."""
+        return resolve_rank_world(self.options.rank, self.options.world_size)
+
+    def spec(self, generations: tuple[Layout, ...] = ()) -> OrderSpec | MixtureOrder:
+        """What the orders depend on, as plain values (DALI's workers get a copy)."""
+        spec = self._spec(*self.ranks(), generations)
+        return spec if self.mixture is None else self.mixture.order(spec)
+
+    def _spec(self, rank: int, world: int, generations: tuple[Layout, ...]) -> OrderSpec:
+        options = self.options
+        return OrderSpec(
+            self.shard_sizes, options.seed, options.shuffle, options.batch_size, rank, world,
+            options.drop_last, options.streaming, options.buffer_size, generations, options.take, options.drop_remainder,
+            options.exclude or (), self.class_weights,
+        )
+
+    def order(self, position: Position) -> EpochOrder:
+        """The order of the position's epoch (the same for every backend)."""
+        spec = self.spec(position.generations)
+        if self._cached is None or self._cached[0] != (position.epoch, spec):
+            self._cached = ((position.epoch, spec), spec.order(position.epoch, self.classes))
+        return self._cached[1]
+
+    def batches(self, position: Position) -> RankBatches:
+        """This rank's batches from the position to the end of its epoch."""
+        return self.spec(position.generations).batches(len(self.order(position)), position.consumed)
+
+    def member_positions(self, position: Position) -> tuple[MemberPosition, ...]:
+        """Where each member of a mixture is at ``position``."""
+        spec = self.spec(position.generations)
+        assert isinstance(spec, MixtureOrder), "only a mixture has members"
+        return spec.member_positions(position.epoch, position.consumed)
+
+    def remainder(self, position: Position) -> int:
+        """Real samples in the epoch's last global batch, as accelerate's ``remainder``: 0 when
+        every global batch is full, -1 when padding is not at the end (the streaming order)."""
+        if self.options.streaming:
+            return -1
+        if self.options.drop_last:
+            return 0
+        return len(self.order(position)) % self.batches(position).step
+
+
+def refuse_for_mixture(options: LoaderOptions) -> None:
+    """A ValueError naming the option a mixture's order cannot follow, if one was given."""
+    if options.take is not None:
+        raise ValueError("a Subset (or SubsetRandomSampler) of a mixture: give mix() the members' own datasets instead")
+    if options.shuffle_buffer is not None:
+        raise ValueError("shuffle_buffer= (the streaming order) with a mixture: its remote members already read their "
+                         "shards in sequence (fastload.orders.mixture)")
+    if options.evaluation:
+        raise ValueError("evaluation= reads every sample once, and a weighted mixture has no such pass: evaluate each member on its own")
+    if options.drop_remainder:
+        raise ValueError("a DistributedSampler(drop_last=True) with a mixture: give drop_last=True to the loader instead")
+    if options.exclude is not None:
+        raise ValueError("exclude= with a mixture: not yet; leave the keys out of the members' own datasets")
+    if options.balanced or options.class_weights is not None:
+        raise ValueError("class_weights=/balanced= with a mixture: the mixture's weights already set each member's share")

@@ -1,0 +1,187 @@
+"""Which samples were in a training step, with which augmentation: ``loader.describe(step)``.
+
+A batch is a pure function of (dataset, seed, epoch, rank, layout, step), and a sample's crop and
+flip of (seed, epoch, index) and its image's size. So a step is described without decoding
+anything: the order gives the indices, the shard indexes the keys, and for each encoded image
+only its header is read (a ``pread`` of the first HEAD_BYTES of a tar member, more only when
+the size marker lies further in; HDF5 shards read the sample's fields whole) to plan the crop
+exactly as a worker does. After an elastic resume the steps run before it are described at the
+layout (world size, batch size) they ran at, from the state's earlier layouts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from fastload.decode.cpu import turbo
+from fastload.decode.header import image_size, jpeg_size, png_size, sniff_image_format
+from fastload.errors import SampleError
+from fastload.fields import DECODED_FIELD, SampleSpec
+from fastload.formats.tar import TarShardReader
+from fastload.loading.state import Layout
+from fastload.orders.balanced import ClassMembers
+from fastload.orders.global_order import sample_rng
+from fastload.orders.mixture import MixtureOrder
+from fastload.orders.spec import OrderSpec
+from fastload.storage.dataset import ShardedDataset
+from fastload.transforms import Plan, Transform, plan
+
+HEAD_BYTES = 4096  # an image's first read; a JPEG whose size marker lies further (big EXIF) is read 4x more at a time
+
+
+@dataclass(frozen=True)
+class SampleDescription:
+    """One sample of a batch: where it is, and the geometry the workers apply to it."""
+
+    index: int  # the sample's global index in the dataset
+    key: str
+    shard: str
+    valid: bool  # False: padding that evens out the ranks' batches
+    source_size: tuple[int, int] | None = None  # (height, width) of the stored image
+    box: tuple[float, float, float, float] | None = None  # crop (x0, y0, x1, y1) in source pixels
+    size: tuple[int, int] | None = None  # output (height, width)
+    flip: bool = False
+    dct_scale: str | None = None  # libjpeg-turbo's decode scale ("1/8" .. "1"); None: not a JPEG decoded by it
+    bytes_read: int = 0  # what describing it read from the shard
+    problem: str | None = None  # why it could not be planned (the workers would raise, or skip it)
+
+
+@dataclass(frozen=True)
+class StepDescription:
+    """A rank's batch at one step of an epoch, and the layout that step ran at."""
+
+    epoch: int
+    step: int  # the step within the epoch, counted from its start over every layout it ran at
+    rank: int
+    world_size: int
+    batch_size: int
+    samples: tuple[SampleDescription, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values, for JSON."""
+        return asdict(self)
+
+    @property
+    def keys(self) -> list[str]:
+        """The samples' keys, in batch order."""
+        return [sample.key for sample in self.samples]
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """The sample indices of one step's batch and the layout it ran at."""
+
+    indices: np.ndarray
+    valid: np.ndarray
+    world_size: int
+    batch_size: int
+
+
+def step_batch(spec: OrderSpec | MixtureOrder, generations: Sequence[Layout], epoch: int, step: int, classes: ClassMembers | None = None) -> StepBatch:
+    """This rank's batch at ``step`` of ``epoch`` (``spec``: the current layout; ``generations``:
+    the earlier layouts of the epoch as (world size, batch size, samples consumed) when it left them;
+    ``classes``: as the class-balanced order needs)."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    first_step, start = 0, 0
+    segments: list[tuple[OrderSpec | MixtureOrder, int | None]] = [
+        (spec.at_layout(w, b, tuple(generations[:g])), end) for g, (w, b, end) in enumerate(generations)]
+    segments.append((spec.at_layout(spec.world_size, spec.batch_size, tuple(generations)), None))
+    for layout, end in segments:
+        order = layout.order(epoch, classes)
+        start = 0 if spec.streaming else start
+        # rank 0's batches (a rank's batches depend on its layout only): every rank has as many
+        counted = layout.at_layout(layout.world_size, layout.batch_size, (), rank=0).batches(len(order), start)
+        ran = len(counted) if end is None else min(len(counted), -(-(end - start) // counted.step))
+        if step < first_step + ran:
+            if spec.rank >= layout.world_size:
+                raise ValueError(f"rank {spec.rank} did not exist at steps {first_step}.. of epoch {epoch} (world size {layout.world_size})")
+            plan_, batch_no = layout.batches(len(order), start), step - first_step
+            positions = plan_.positions(batch_no)
+            valid = plan_.valid(batch_no)
+            if (real := order.valid(positions)) is not None:
+                valid = valid & real
+            return StepBatch(order.indices(positions), valid, layout.world_size, layout.batch_size)
+        first_step += ran
+        start = end if end is not None else start  # the global order's next layout continues here
+    raise IndexError(f"step {step} is past the end of epoch {epoch} ({first_step} steps)")
+
+
+def turbo_scale(plan_: Plan) -> str:
+    """The DCT scale libjpeg-turbo decodes a JPEG crop at: the smallest of 1/8, 1/4, 1/2, 1 keeping
+    the crop at least the output's size (as ``fastload/decode/_turbo.c: decode_crop`` chooses it)."""
+    x0, y0, x1, y1 = plan_.box
+    need = max(plan_.size[0] / (y1 - y0), plan_.size[1] / (x1 - x0))
+    m = 1
+    while m < 8 and m < need * 8 - 1e-9:
+        m *= 2
+    return "1" if m == 8 else f"1/{8 // m}"
+
+
+def _image_head(ds: ShardedDataset, index: int, spec: SampleSpec) -> tuple[bytes, int, bool]:
+    """(the primary image's first bytes, bytes read, whether they are all of it): a tar member's
+    header only (grown until its size can be read), an HDF5 sample's fields whole."""
+    shard, row = ds.locate(index)
+    reader = ds.reader(shard)
+    assert spec.primary is not None  # only called for specs with an image
+    where = ds.where(index)
+    if isinstance(reader, TarShardReader):
+        spans = reader.spans(row)
+        name = spec.primary.find(spans)
+        if name is None:
+            raise SampleError(where, f"no image field among {sorted(spans)}")
+        total, read, size = spans[name][1], 0, HEAD_BYTES
+        while True:
+            head = reader.read_head(row, name, size)
+            read += len(head)
+            fmt = sniff_image_format(head)
+            sized = jpeg_size(head) if fmt == "jpg" else png_size(head) if fmt == "png" else None
+            if sized is not None or len(head) >= total:
+                return head, read, len(head) >= total
+            size *= 4
+    fields = reader.read(row)
+    name = spec.primary.find(fields)
+    if name is None:
+        raise SampleError(where, f"no image field among {sorted(fields)}")
+    return fields[name], sum(len(value) for value in fields.values()), True
+
+
+def describe_sample(ds: ShardedDataset, index: int, valid: bool, spec: SampleSpec, transforms: Sequence[Transform],
+                    seed: int, epoch: int, cpu_decode: bool = True) -> SampleDescription:
+    """Sample ``index``'s key, shard and planned geometry, from its image header (nothing decoded);
+    the DCT scale only where libjpeg-turbo decodes it (``cpu_decode``: the CPU backend)."""
+    shard, _ = ds.locate(index)
+    base = SampleDescription(index, ds.key_of(index), ds.shard_name(shard), valid)
+    if spec.primary is None:
+        return base
+    read = 0
+    try:
+        if ds.decoded and DECODED_FIELD in spec.primary.alternatives:
+            height, width = ds.index.decoded_shape[:2]  # type: ignore[index]  # decoded: it has a shape
+            jpeg = False
+        else:
+            head, read, _ = _image_head(ds, index, spec)
+            width, height = image_size(head, f"{base.shard}:{base.key}")
+            jpeg = sniff_image_format(head) == "jpg"
+        planned = plan(transforms, height, width, sample_rng(seed, epoch, index))
+    except (SampleError, ValueError) as exc:
+        reason = exc.reason if isinstance(exc, SampleError) else str(exc)
+        return replace(base, bytes_read=read, problem=reason)
+    scale = turbo_scale(planned) if jpeg and cpu_decode and turbo is not None else None
+    return replace(base, source_size=(height, width), box=planned.box, size=planned.size, flip=planned.flip,
+                   dct_scale=scale, bytes_read=read)
+
+
+def describe_step(ds: ShardedDataset, order_spec: OrderSpec | MixtureOrder, generations: Sequence[Layout], epoch: int, step: int,
+                  spec: SampleSpec, transforms: Sequence[Transform], seed: int, cpu_decode: bool = True,
+                  classes: ClassMembers | None = None) -> StepDescription:
+    """This rank's batch at ``step`` of ``epoch``, every sample described (see the module docstring);
+    ``classes``: the class-balanced order's samples by label (LoaderOrders.classes)."""
+    batch = step_batch(order_spec, generations, epoch, step, classes)
+    samples = tuple(describe_sample(ds, index, bool(ok), spec, transforms, seed, epoch, cpu_decode)
+                    for index, ok in zip(batch.indices.tolist(), batch.valid.tolist()))
+    return StepDescription(epoch, step, order_spec.rank, batch.world_size, batch.batch_size, samples)

@@ -1,0 +1,147 @@
+"""The training position of a fast-path loader, owned by one :class:`LoaderState`, and the format
+of its ``state_dict()``: (seed, epoch, samples consumed), the dataset's identity, the layout
+(world size, batch size) and the earlier layouts of the epoch (what ``loader.describe`` needs to
+name the batches of steps run before an elastic resume; the streaming order also re-deals after each)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import Any
+
+STATE_VERSION = 3  # 2: the orders became seeded bijections (fastload.orders.permutation); 3: small permutations uniform, the order's settings recorded
+OLDER_ORDERS = {1: "the orders became seeded bijections", 2: "permutations of up to 4096 values became uniform"}
+
+
+@dataclass(frozen=True)
+class OrderSettings:
+    """What a position's meaning depends on beside seed and dataset: the order and its shuffling."""
+
+    streaming: bool
+    shuffle: bool
+    buffer_size: int  # the streaming order's shuffle buffer (1 for the global order)
+
+    def as_state(self) -> dict[str, Any]:
+        """The settings as a state_dict records them."""
+        return {"order": "streaming" if self.streaming else "global", "shuffle": self.shuffle,
+                **({"shuffle_buffer": self.buffer_size} if self.streaming else {})}
+
+Layout = tuple[int, int, int]  # (world size, batch size, samples consumed) of an earlier layout this epoch
+
+
+@dataclass(frozen=True)
+class Position:
+    """``consumed`` global samples of ``epoch``'s order, after the earlier ``generations`` of the
+    epoch (resumes at another layout: the streaming order re-deals the unseen samples after each and
+    counts ``consumed`` in the re-dealt order; the global order's positions run on across them)."""
+
+    epoch: int
+    consumed: int = 0
+    generations: tuple[Layout, ...] = ()
+
+
+class Phase(Enum):
+    """Where a loader is between and during iterations."""
+
+    IDLE = "idle"  # the next iteration starts at the position
+    RUNNING = "running"  # an iteration is under way; the position follows its batches
+    BROKEN_OFF = "broken off"  # an iteration stopped mid-epoch: the position says where, the next one starts over
+
+
+class LoaderState:
+    """A loader's training position: epochs take it when they start, advance it with each batch
+    handed out, and finish or break it off; ``state_dict()`` reports it, ``load_state_dict()``
+    sets it. Only batches handed to the caller count, never prefetched ones."""
+
+    def __init__(self, streaming: bool = False) -> None:
+        self.streaming = streaming  # a restarted epoch keeps its earlier layouts only in the streaming (re-dealt) order
+        self.position = Position(0)
+        self.phase = Phase.IDLE
+        self.finished_layouts: dict[int, tuple[Layout, ...]] = {}  # earlier layouts of epochs finished after a resume
+
+    def layouts(self, epoch: int) -> tuple[Layout, ...]:
+        """The earlier layouts ``epoch`` ran at, as far as this loader saw (the current epoch's, or a
+        finished one's; none for epochs that ran at one layout or before a loaded state)."""
+        return self.position.generations if epoch == self.position.epoch else self.finished_layouts.get(epoch, ())
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being iterated, or the next iteration's."""
+        return self.position.epoch
+
+    def upcoming(self) -> Position:
+        """Where the next iteration starts: an epoch under way or broken off starts over (a broken-off
+        one also forgets its earlier layouts, as a fresh epoch at the current layout)."""
+        if self.phase is Phase.RUNNING:
+            return replace(self.position, consumed=0, generations=self.position.generations if self.streaming else ())
+        if self.phase is Phase.BROKEN_OFF:
+            return Position(self.position.epoch)
+        return self.position
+
+    def begin(self) -> Position:
+        """An iteration starts: it runs from the upcoming position."""
+        self.position, self.phase = self.upcoming(), Phase.RUNNING
+        return self.position
+
+    def advance(self, position: Position) -> None:
+        """The running iteration has handed out the batches up to ``position``."""
+        self.position = position
+
+    def finish(self) -> None:
+        """The running epoch's batches are all handed out: the next iteration starts the next epoch."""
+        if self.position.generations:
+            self.finished_layouts[self.position.epoch] = self.position.generations
+        self.position, self.phase = Position(self.position.epoch + 1), Phase.IDLE
+
+    def break_off(self) -> None:
+        """The running iteration stopped before its last batch (a break, an error, the iterator dropped)."""
+        self.phase = Phase.BROKEN_OFF
+
+    def set_epoch(self, epoch: int) -> None:
+        """The next iteration yields ``epoch`` from its start; the epoch it is already at keeps its
+        position (a loaded state's)."""
+        self.position, self.phase = self.upcoming(), Phase.IDLE
+        if epoch != self.position.epoch:
+            self.position = Position(epoch)
+
+    def state_dict(self, seed: int, identity: str, layout: tuple[int, int], order: OrderSettings) -> dict[str, Any]:
+        """The position as a checkpoint, with the order's settings and the layout (world size,
+        batch size) it was reached at."""
+        position = self.position
+        state: dict[str, Any] = {"version": STATE_VERSION, "seed": seed, "epoch": position.epoch,
+                                 "samples_consumed": position.consumed, "dataset": identity, **order.as_state()}
+        state.update(world_size=layout[0], batch_size=layout[1], resumed_from=[list(g) for g in position.generations])
+        return state
+
+    def restore(self, position: Position) -> None:
+        """The next iteration starts at ``position`` (a loaded checkpoint's, see :func:`read_state_dict`)."""
+        self.position, self.phase = position, Phase.IDLE
+
+
+def read_state_dict(state: dict[str, Any], seed: int, identity: str, layout: tuple[int, int], order: OrderSettings) -> Position:
+    """The position of a checkpoint made for the same seed, dataset and order; saved at another
+    layout, the saved one is recorded as a generation (the streaming order then deals the unseen
+    samples anew, from position 0; the global order continues at the same position)."""
+    if state.get("version") in OLDER_ORDERS:
+        raise ValueError(f"this loader state (version {state['version']}) was saved by an older fastload whose shuffled "
+                         f"orders differ from this one's ({OLDER_ORDERS[state['version']]} since): resuming from it would "
+                         "repeat some samples and skip others. Finish that epoch with the older fastload, or start the "
+                         "epoch over (load nothing, set_epoch(epoch))")
+    if state.get("version") != STATE_VERSION:
+        raise ValueError(f"loader state version {state.get('version')} is not {STATE_VERSION}")
+    if state["seed"] != seed:
+        raise ValueError(f"state was saved with seed={state['seed']}, this loader has seed={seed}")
+    if state.get("dataset", identity) != identity:
+        raise ValueError(f"state was saved for another dataset (identity {state['dataset']}, this loader reads {identity})")
+    for name, value in order.as_state().items():
+        if state.get(name) != value:
+            raise ValueError(f"state was saved with {name}={state.get(name)!r}, this loader has {name}={value!r}: "
+                             "the same position would name other samples")
+    consumed = int(state["samples_consumed"])
+    generations = [(int(g[0]), int(g[1]), int(g[2])) for g in state.get("resumed_from", [])]
+    saved = (int(state.get("world_size", layout[0])), int(state.get("batch_size", layout[1])))
+    if consumed and saved != layout:
+        generations.append((*saved, consumed))
+        if order.streaming:
+            consumed = 0
+    return Position(int(state["epoch"]), consumed, tuple(generations))

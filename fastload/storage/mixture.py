@@ -1,0 +1,251 @@
+"""``fastload.mix``: several converted datasets sampled with given weights, as one dataset.
+
+A :class:`MixedDataset` is a sharded dataset whose shards are its members' shards, concatenated:
+sample indices run through member 0, then member 1, and so on. Its loader draws them in the
+mixture's own order (fastload.orders.mixture). A sample's key is the member's number in the
+mixture, a slash, and the member's own key (``"1/000042"``): :meth:`MixedDataset.member_key`
+splits it again.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import numbers
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from fastload.formats import ShardReader
+from fastload.formats.index import DatasetIndex
+from fastload.formats.table import SampleTable
+from fastload.orders.global_order import shards_of
+from fastload.orders.mixture import MemberPosition, MixtureOrder, apportion
+from fastload.orders.spec import OrderSpec
+from fastload.storage.dataset import ShardedDataset, open_shards_each
+
+if TYPE_CHECKING:
+    import numpy as np
+
+Member = str | os.PathLike[str] | ShardedDataset
+
+
+def compatible_index(members: tuple[ShardedDataset, ...]) -> DatasetIndex:
+    """One index describing every member's shards, after checking the members hold the same
+    fields (and image fields, decoded pixel shape, class names); else a ValueError naming the member."""
+    first = members[0].index
+    for number, member in enumerate(members[1:], start=1):
+        index = member.index
+        for what, mine, theirs in (
+            ("fields", sorted(index.fields), sorted(first.fields)),
+            ("image fields", sorted(index.image_fields), sorted(first.image_fields)),
+            ("decoded pixel shape", index.decoded_shape, first.decoded_shape),
+        ):
+            if mine != theirs:
+                raise ValueError(f"mix: member {number} ({member.location}) has {what} {mine}, member 0 "
+                                 f"({members[0].location}) has {theirs}: members must hold the same fields")
+        if None not in (index.classes, first.classes) and index.classes != first.classes:
+            raise ValueError(f"mix: member {number} ({member.location}) names its classes differently from member 0 "
+                             f"({members[0].location}): one label would mean two classes")
+    classes = next((m.index.classes for m in members if m.index.classes is not None), None)
+    shards = tuple(itertools.chain.from_iterable(m.index.shards for m in members))
+    return DatasetIndex(first.layout, shards, first.fields, classes, image_fields=first.image_fields,
+                        decoded_shape=first.decoded_shape)
+
+
+class MixedDataset(ShardedDataset):
+    """Members sampled with weights; see the module docstring. One *epoch* of a mixture is
+    ``samples_per_epoch`` samples (default: the members' sizes summed), of which member m gives
+    its weight's share exactly; each member runs through its own epochs, reshuffled, meanwhile."""
+
+    def __init__(self, members: tuple[ShardedDataset, ...], weights: tuple[float, ...], samples_per_epoch: int) -> None:
+        self.members, self.weights, self.samples_per_epoch = members, weights, samples_per_epoch
+        self.counts = apportion(samples_per_epoch, weights)
+        self.index = compatible_index(members)
+        self.url, self.root, self.cache = None, None, None  # remote members fetch through their own caches
+        self._offsets = list(itertools.accumulate((len(m) for m in members), initial=0))
+        self._first_shards = list(itertools.accumulate((len(m.index.shards) for m in members), initial=0))
+        self._starts = list(itertools.accumulate((s.samples for s in self.index.shards), initial=0))
+
+    def __len__(self) -> int:
+        return self._offsets[-1]
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{m.location!r}: {w:g}" for m, w in zip(self.members, self.weights, strict=True))
+        return f"fastload.mix({{{parts}}}): {self.samples_per_epoch} samples an epoch of {len(self)}"
+
+    @property
+    def location(self) -> str:
+        """The members' locations, as errors name the mixture."""
+        return "mix(" + ", ".join(m.location for m in self.members) + ")"
+
+    def member_of(self, i: int) -> tuple[int, int]:
+        """(member number, index in the member) of sample ``i``."""
+        if not 0 <= i < len(self):
+            raise IndexError(f"sample {i} out of range for {len(self)} samples")
+        member = bisect.bisect_right(self._offsets, i) - 1
+        return member, i - self._offsets[member]
+
+    @staticmethod
+    def member_key(key: str) -> tuple[int, str]:
+        """(member number, the member's own key) of a key this mixture gave."""
+        number, _, own = key.partition("/")
+        return int(number), own
+
+    def locate(self, i: int) -> tuple[int, int]:
+        """(shard number among all members' shards, row in shard) of sample ``i``."""
+        member, local = self.member_of(i)
+        shard, row = self.members[member].locate(local)
+        return self._first_shards[member] + shard, row
+
+    def shards_of(self, indices: np.ndarray) -> np.ndarray:
+        """Shard number (among all members' shards) of each sample index."""
+        return shards_of(self._starts, indices)
+
+    def _member_shard(self, shard: int) -> tuple[ShardedDataset, int]:
+        member = bisect.bisect_right(self._first_shards, shard) - 1
+        return self.members[member], shard - self._first_shards[member]
+
+    def reader(self, shard: int) -> ShardReader:
+        """The reader of shard number ``shard`` (among all members' shards), the member's own."""
+        member, local = self._member_shard(shard)
+        return member.reader(local)
+
+    @property
+    def downloads(self) -> bool:
+        """Whether a member is remote."""
+        return any(m.url is not None for m in self.members)
+
+    def is_remote(self, shard: int) -> bool:
+        """Whether shard number ``shard`` (among all members' shards) belongs to a remote member."""
+        member, _ = self._member_shard(shard)
+        return member.url is not None
+
+    def fetch(self, shard: int) -> tuple[Path, Path | None]:
+        """Local paths of a remote member's shard, as :meth:`ShardedDataset.fetch`."""
+        member, local = self._member_shard(shard)
+        return member.fetch(local)
+
+    def substitute(self, i: int, offset: int) -> int:
+        """The sample ``offset`` places after ``i`` within its member (wrapping there), so a skipped
+        sample is replaced from its own member and the weights hold."""
+        member, local = self.member_of(i)
+        return self._offsets[member] + (local + offset) % len(self.members[member])
+
+    def shard_name(self, shard: int) -> str:
+        """'<member location>/shard-00003.tar': shard number ``shard`` among all members' shards."""
+        member, local = self._member_shard(shard)
+        return f"{member.location}/{member.shard_name(local)}"
+
+    def key_of(self, i: int) -> str:
+        """The key of sample ``i``, prefixed by its member's number (as :meth:`raw` gives it)."""
+        member, local = self.member_of(i)
+        return f"{member}/{self.members[member].key_of(local)}"
+
+    def table(self, shard: int) -> SampleTable:
+        """The sample table of shard number ``shard`` (among all members' shards): its member's."""
+        member, local = self._member_shard(shard)
+        return member.table(local)
+
+    def sample_keys(self) -> Sequence[str]:
+        """Every sample's key (member-prefixed) by index: a view reading the members' tables as asked."""
+        return MixtureKeys(self)
+
+    def _keys_by_member(self, keys: list[str]) -> dict[int, tuple[list[int], list[str]]]:
+        """Member number -> (places in ``keys``, the member's own keys) of ``"member/key"`` keys;
+        a KeyError names one of another form."""
+        by_member: dict[int, tuple[list[int], list[str]]] = {}
+        for at, key in enumerate(keys):
+            number, _, own = key.partition("/")
+            if not number.isdigit() or int(number) >= len(self.members) or not own:
+                raise KeyError(f"{key!r}: not a key of {self.location} (keys are 'member/key', members 0..{len(self.members) - 1})")
+            places, own_keys = by_member.setdefault(int(number), ([], []))
+            places.append(at)
+            own_keys.append(own)
+        return by_member
+
+    def indices_of(self, keys: Iterable[str]) -> np.ndarray:
+        """The index of each of ``keys`` (``"member/key"``, as this mixture gives them), in their
+        order; a KeyError names the first key no member has."""
+        keys = list(keys)
+        out = np.empty(len(keys), dtype=np.int64)
+        for member, (places, own_keys) in self._keys_by_member(keys).items():
+            out[places] = self.members[member].indices_of(own_keys) + self._offsets[member]
+        return out
+
+    def indices_holding(self, keys: Iterable[str]) -> np.ndarray:
+        """The sorted indices of every sample holding one of ``keys`` (``"member/key"``)."""
+        parts = [self.members[member].indices_holding(own_keys) + self._offsets[member]
+                 for member, (_, own_keys) in self._keys_by_member(list(keys)).items()]
+        return np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+
+    def where(self, i: int) -> str:
+        """'<member location>/shard-00003.tar:key' — how errors name a sample."""
+        member, local = self.member_of(i)
+        return f"{self.members[member].location}/{self.members[member].where(local)}"
+
+    def raw(self, i: int) -> tuple[str, dict[str, bytes], np.ndarray | None]:
+        """(key prefixed by the member's number, encoded fields, decoded pixels or None) of sample ``i``."""
+        member, local = self.member_of(i)
+        key, fields, pixels = self.members[member].raw(local)
+        return f"{member}/{key}", fields, pixels
+
+    def order(self, loader: OrderSpec) -> MixtureOrder:
+        """The mixture's orders for a loader whose own orders would be ``loader``'s."""
+        return MixtureOrder(loader, tuple(tuple(s.samples for s in m.index.shards) for m in self.members), self.counts,
+                            tuple(m.url is not None for m in self.members))
+
+    def describe_positions(self, positions: tuple[MemberPosition, ...]) -> list[dict]:
+        """Each member's position as a state_dict records it (location, weight, epoch, samples consumed)."""
+        return [{"dataset": m.location, "weight": w, "epoch": p.epoch, "samples_consumed": p.consumed}
+                for m, w, p in zip(self.members, self.weights, positions, strict=True)]
+
+    def close(self) -> None:
+        """Close this process's shard files of every member."""
+        for member in self.members:
+            member.close()
+
+
+def mix(members: Mapping[Member, float], samples_per_epoch: int | None = None) -> MixedDataset:
+    """Datasets (paths, URLs or opened datasets) sampled with the given weights, as one dataset for
+    ``fastload.DataLoader``; an epoch is ``samples_per_epoch`` samples (default: all members' sizes).
+    Members given as paths or URLs split the process's open-shard cap between them."""
+    if not members:
+        raise ValueError("mix: give at least one dataset and its weight")
+    opened: list[ShardedDataset] = []
+    for member, weight in members.items():
+        if isinstance(member, MixedDataset):
+            raise ValueError(f"mix: {member.location} is a mixture itself: give its members, their weights multiplied")
+        dataset = member if isinstance(member, ShardedDataset) else ShardedDataset(member, max_open_shards=open_shards_each(len(members)))
+        if not isinstance(weight, numbers.Real) or isinstance(weight, bool) or not math.isfinite(weight) or weight <= 0:
+            raise ValueError(f"mix: the weight of {dataset.location} must be a positive number, got {weight!r}")
+        if not len(dataset):
+            raise ValueError(f"mix: {dataset.location} holds no samples")
+        opened.append(dataset)
+    total = sum(len(d) for d in opened) if samples_per_epoch is None else samples_per_epoch
+    if not isinstance(total, numbers.Integral) or isinstance(total, bool) or total < 1:
+        raise ValueError(f"mix: samples_per_epoch must be a positive integer, got {samples_per_epoch!r}")
+    return MixedDataset(tuple(opened), tuple(float(w) for w in members.values()), int(total))
+
+
+class MixtureKeys(Sequence[str]):
+    """A mixture's keys by index (``"member/key"``), read from the members' tables as asked."""
+
+    def __init__(self, mixture: MixedDataset) -> None:
+        self._mixture = mixture
+
+    def __len__(self) -> int:
+        return len(self._mixture)
+
+    def __getitem__(self, i: int) -> str:  # type: ignore[override]  # int only, as the members' views
+        if not isinstance(i, int):
+            raise TypeError("sample keys are indexed by one int")
+        return self._mixture.key_of(i % len(self) if -len(self) <= i < 0 else i)
+
+    def __iter__(self) -> Iterator[str]:
+        for number, member in enumerate(self._mixture.members):
+            yield from (f"{number}/{key}" for key in member.sample_keys())

@@ -1,0 +1,62 @@
+"""What ``fastload inspect`` shows: the index plus the skipped-sample report."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from fastload.formats.index import SKIPPED_REPORT, read_index
+from fastload.storage import remote
+from fastload.storage.dataset import read_remote_index
+
+
+def summarize(root: str | Path) -> dict:
+    """A JSON-ready summary of a converted dataset (a folder or a URL): sizes, fields, classes,
+    skipped samples."""
+    if remote.is_url(str(root)):
+        url = str(root)
+        index = read_remote_index(url)
+        report_text = (remote.read_if_exists(remote.join(url, SKIPPED_REPORT)) or b"").decode()
+    else:
+        index = read_index(root)
+        report = Path(root) / SKIPPED_REPORT
+        report_text = report.read_text() if report.exists() else ""
+    skipped_samples = [json.loads(line) for line in report_text.splitlines()]
+    return {
+        "layout": index.layout,
+        "source": index.source,
+        "samples": index.num_samples,
+        "shards": len(index.shards),
+        "bytes": index.total_bytes,
+        "fields": list(index.fields),
+        "decoded_shape": list(index.decoded_shape) if index.decoded_shape else None,
+        "classes": list(index.classes) if index.classes is not None else None,
+        "class_counts": index.class_counts,
+        "class_balance": class_balance(index.class_counts, index.classes),
+        "skipped": index.skipped,
+        "skipped_total": sum(index.skipped.values()),
+        "skipped_samples": skipped_samples,
+        "duplicates": index.duplicates,
+    }
+
+
+def class_balance(counts: dict[str, int], classes: tuple[str, ...] | None = None) -> dict | None:
+    """How unbalanced the classes are: the largest class over the smallest (None when a class of
+    ``classes`` has no sample), and the entropy of the class shares in bits, also as a share of
+    its maximum log2(classes) (1.0: perfectly balanced). None without classes."""
+    full = {name: counts.get(name, 0) for name in classes} if classes is not None else dict(counts)
+    full.update(counts)
+    total = sum(full.values())
+    if not full or total == 0:
+        return None
+    largest, smallest = max(full.values()), min(full.values())
+    entropy = sum(c / total * math.log2(total / c) for c in full.values() if c)
+    return {
+        "classes": len(full),
+        "largest": largest,
+        "smallest": smallest,
+        "max_min_ratio": largest / smallest if smallest else None,
+        "entropy_bits": entropy,
+        "normalized_entropy": entropy / math.log2(len(full)) if len(full) > 1 else 1.0,
+    }

@@ -1,0 +1,144 @@
+"""The CPU workers run ahead across an epoch's end (fastload.backends.cpu.epoch.RunAhead): the next epoch's
+first batches are made while this epoch's last ones are handed out. Order, pixels, state_dict and
+resume stay those of a loader that never runs ahead (the inline one), whether the next iteration
+adopts those batches (it starts where the epoch left off) or discards them (set_epoch,
+load_state_dict, a break). The data: conftest's ``clean`` (30 JPEGs in 4 tar shards)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import fastload
+from fastload import transforms as T
+from fastload.loading.stats import WORKER_STAGES
+
+BATCH = 4
+EPOCH_SAMPLES = 30
+MADE = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"fastload-run-ahead-{os.getpid()}.log")
+
+
+def count_made(sample: dict[str, Any], rng: Any) -> dict[str, Any]:
+    """A no-op map= that notes each sample a worker makes (one line each, appended)."""
+    with open(MADE, "a") as log:
+        log.write("x\n")
+    return sample
+
+
+def made() -> int:
+    try:
+        with open(MADE) as log:
+            return len(log.readlines())
+    except FileNotFoundError:
+        return 0
+
+
+def settled() -> int:
+    """made() once the workers have stopped making samples (the run-ahead's batches are all made)."""
+    deadline, count = time.monotonic() + 30, -1
+    while count != made() and time.monotonic() < deadline:
+        count = made()
+        time.sleep(0.5)
+    return count
+
+
+@pytest.fixture()
+def made_log() -> Iterator[None]:
+    if os.path.exists(MADE):
+        os.unlink(MADE)
+    yield
+    if os.path.exists(MADE):
+        os.unlink(MADE)
+
+
+def loader(clean: Path, workers: int) -> fastload.DataLoader:
+    return fastload.DataLoader(clean, batch_size=BATCH, shuffle=True, seed=3, transform=T.train(16), return_keys=True,
+                               num_workers=workers, backend="cpu", map=count_made)
+
+
+def taken(batches: Any, count: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor, list[str]]]:
+    """The batches as copies (the lent slots are freed at once, so the workers may run ahead)."""
+    return [(images.clone(), labels.clone(), list(keys)) for images, labels, keys in itertools.islice(batches, count)]
+
+
+def assert_same(got: list, expected: list) -> None:
+    assert [keys for *_, keys in got] == [keys for *_, keys in expected]
+    for (images, labels, _), (want_images, want_labels, _) in zip(got, expected):
+        assert torch.equal(images, want_images) and torch.equal(labels, want_labels)
+
+
+def test_the_next_epoch_is_made_before_it_starts_and_equals_a_loader_that_never_runs_ahead(clean: Path, made_log: None) -> None:
+    with loader(clean, 0) as inline:
+        expected = [taken(inline) for _ in range(3)]
+        want_state = inline.state_dict()
+    assert made() == 3 * EPOCH_SAMPLES
+    os.unlink(MADE)
+    with loader(clean, 2) as workers:
+        first = taken(workers)
+        assert settled() > EPOCH_SAMPLES, "no sample of epoch 1 was made before its iteration started"
+        held = list(workers)  # epoch 1's batches as lent (the first from the run-ahead's slot), copied only now
+        got = [first, taken(held), taken(workers)]
+        assert workers.state_dict() == want_state
+        made_in = [int(epoch.workers[:, len(WORKER_STAGES) + 1].sum()) for epoch in workers.stats.epochs]
+        assert made_in == [EPOCH_SAMPLES] * 3  # the batch made ahead counts to the epoch that used it
+    for batches, want in zip(got, expected):
+        assert_same(batches, want)
+
+
+def test_resume_mid_epoch_after_a_run_ahead(clean: Path, made_log: None) -> None:
+    with loader(clean, 0) as inline:
+        taken(inline)
+        want_before = taken(iter(inline), 3)
+        want_state = inline.state_dict()
+        want_after = taken(inline)  # the epoch starts over after the break: the whole of epoch 1
+    with loader(clean, 2) as workers:
+        taken(workers)  # epoch 0, which runs ahead into epoch 1
+        before = taken(iter(workers), 3)
+        state = workers.state_dict()
+    assert state == want_state and state["epoch"] == 1 and state["samples_consumed"] == 3 * BATCH
+    assert_same(before, want_before)
+    with loader(clean, 2) as resumed:
+        resumed.load_state_dict(state)
+        rest = taken(resumed)
+    assert_same(before + rest, want_after)
+
+
+def test_resume_at_an_epoch_boundary_and_positions_set_in_between(clean: Path, made_log: None) -> None:
+    with loader(clean, 0) as inline:
+        want = {epoch: (inline.set_epoch(epoch), taken(inline))[1] for epoch in (0, 1, 5)}
+    with loader(clean, 2) as workers:
+        taken(workers)
+        at_boundary = workers.state_dict()
+        assert at_boundary["epoch"] == 1 and at_boundary["samples_consumed"] == 0
+        with loader(clean, 2) as fresh:
+            fresh.load_state_dict(at_boundary)
+            assert_same(taken(fresh), want[1])
+        workers.load_state_dict(at_boundary)  # the position the run-ahead was made for: adopted
+        assert_same(taken(workers), want[1])
+        workers.set_epoch(5)  # another epoch than the one run ahead into: discarded
+        assert_same(taken(workers), want[5])
+        workers.set_epoch(0)
+        mid = taken(iter(workers), 2)
+        state = workers.state_dict()
+        workers.set_epoch(0)
+        taken(workers)  # epoch 0 whole, running ahead into epoch 1
+        workers.load_state_dict(state)  # back into epoch 0: the run-ahead is discarded
+        assert_same(mid + taken(workers), want[0])
+        assert_same(taken(workers), want[1])
+
+
+def test_a_break_after_the_run_ahead_starts_the_epoch_over(clean: Path, made_log: None) -> None:
+    with loader(clean, 0) as inline:
+        taken(inline)
+        want = taken(inline)
+    with loader(clean, 2) as workers:
+        taken(workers)
+        assert_same(taken(iter(workers), 2), want[:2])  # adopted, then broken off
+        assert_same(taken(workers), want)
