@@ -25,7 +25,7 @@ from PIL import Image
 import fastload
 from fastload import transforms as T
 from fastload.converters import ConvertOptions, WriterOptions, convert
-from fastload.orders.global_order import sample_rng
+from fastload.loading.rng import sample_rng
 from fastload.transforms import apply_plan, plan
 
 

@@ -36,8 +36,8 @@ def first_batch(order_kind: str, samples: int) -> dict:
 
     try:  # this checkout: orders evaluated per batch
         from fastload.orders.spec import OrderSpec
-    except ImportError:  # before: OrderSpec in fastload.orders.global_order, orders as N-long arrays
-        from fastload.orders.global_order import OrderSpec  # type: ignore[attr-defined,no-redef]
+    except ImportError:  # before: OrderSpec in fastload.sampling, orders as N-long arrays
+        from fastload.sampling import OrderSpec  # type: ignore[import-not-found,no-redef]
     shards = (SHARD,) * (samples // SHARD)
     streaming = order_kind == "streaming"
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -297,7 +297,7 @@ class SampleSpec:
     fields: tuple[FieldSpec, ...]
     map: SampleMap | None = None
     classic: bool = False
-    array_layouts: tuple[tuple[str, tuple[int, ...], str], ...] = ()  # (field name, shape, dtype) of stacked arrays
+    array_shapes: tuple[tuple[str, tuple[int, ...], str], ...] = ()  # (field name, shape, dtype) of stacked arrays
     wide_masks: tuple[str, ...] = ()  # mask fields stacked as uint16 (16-bit masks among the first samples)
 
     def __post_init__(self) -> None:
@@ -316,13 +316,13 @@ class SampleSpec:
         """The first image field: its header plans the geometry of every geometric field."""
         return next((f for f in self.fields if f.role == "image"), None)
 
-    def layout_of(self, name: str) -> tuple[tuple[int, ...], str] | None:
+    def shape_of(self, name: str) -> tuple[tuple[int, ...], str] | None:
         """(shape, dtype) of stacked array field ``name``; None: it is ragged (a list)."""
-        return next(((shape, dtype) for field, shape, dtype in self.array_layouts if field == name), None)
+        return next(((shape, dtype) for field, shape, dtype in self.array_shapes if field == name), None)
 
     def is_stacked(self, field: FieldSpec) -> bool:
         """Whether ``field``'s values go into the batch slots (arrays: when their shape is fixed)."""
-        return field.stacked and (field.role != "array" or self.layout_of(field.name) is not None)
+        return field.stacked and (field.role != "array" or self.shape_of(field.name) is not None)
 
 
 def classic_spec(decoded: bool, map: SampleMap | None = None) -> SampleSpec:

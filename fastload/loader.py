@@ -30,7 +30,7 @@ from fastload.backends.dali.epoch import DaliPipeline, dali_refusal
 from fastload.backends.hybrid.epoch import HybridEngine
 from fastload.dist import check_ranks_agree
 from fastload.fields import SampleSpec
-from fastload.loading.batch_outputs import BatchLayout
+from fastload.loading.batch_outputs import BatchOutputs
 from fastload.loading.epoch import Epoch, EpochInputs
 from fastload.loading.frameworks import accelerate_device
 from fastload.loading.options import LoaderOptions
@@ -184,7 +184,7 @@ class DataLoader(torch.utils.data.DataLoader):
             known = (rates["dali"], rates["cpu"]) if {"dali", "cpu"} <= rates.keys() else None
             self._engine = HybridEngine(choice.gpu, options.num_workers, known)
         self._batch_fn = batch_transform(options.transform)
-        self._batch_layout = BatchLayout(sharded.has_labels, options.return_keys, options.evaluation)
+        self._batch_outputs = BatchOutputs(sharded.has_labels, options.return_keys, options.evaluation)
         self._sampler_epoch_seen = None if options.distributed is None else options.distributed.epoch
         self._active: weakref.ref[Epoch] | None = None  # held weakly: an iterator dropped mid-epoch ends it
         self._agreed = False
@@ -249,7 +249,7 @@ class DataLoader(torch.utils.data.DataLoader):
         if previous is not None:
             previous.close()
         inputs = EpochInputs(
-            self.sharded, self.options, self.sample_spec, self.image_shape, self.device, self._batch_fn, self._batch_layout,
+            self.sharded, self.options, self.sample_spec, self.image_shape, self.device, self._batch_fn, self._batch_outputs,
             self.orders, self.state, self.stats, self._accelerate, self._before_epoch,
         )
         iterator = self._engine.epoch(inputs)
@@ -269,7 +269,7 @@ class DataLoader(torch.utils.data.DataLoader):
                 f"loader.batch_sampler batches with batch_map= on {device}: a torch DataLoader of this loader's parts "
                 "runs batch_map on the CPU, where its generator draws other numbers than the loader's on the device")
         request = BatchRequest(options.transform, options.seed, position.epoch, options.on_error, self.image_shape,
-                               self._batch_layout, self.sample_spec, self.orders.ranks()[0])
+                               self._batch_outputs, self.sample_spec, self.orders.ranks()[0])
         plan, order = self.orders.batches(position), self.orders.order(position)
         batches = []
         first_step = plan.start // plan.step
@@ -284,9 +284,9 @@ class DataLoader(torch.utils.data.DataLoader):
         """This rank's batch at ``step`` (counted from the epoch's start) of ``epoch`` (default: the
         current one): each sample's key, index and planned crop, flip and DCT scale, read from the
         shards' indexes and image headers only (fastload.loading.provenance). Steps run before an elastic
-        resume are described at the layout they ran at."""
+        resume are described at the topology they ran at."""
         epoch = self.state.epoch if epoch is None else int(epoch)
-        return describe_step(self.sharded, self.orders.spec(), self.state.layouts(epoch), epoch, int(step), self.sample_spec,
+        return describe_step(self.sharded, self.orders.spec(), self.state.resumed_from(epoch), epoch, int(step), self.sample_spec,
                              self.options.transform, self.options.seed, cpu_decode=self.backend == "cpu",
                              classes=self.orders.classes)
 
@@ -338,7 +338,7 @@ class DataLoader(torch.utils.data.DataLoader):
             )
             self._agreed = True
 
-    def _layout(self) -> tuple[int, int]:
+    def _topology(self) -> tuple[int, int]:
         """(world size, batch size): recorded in state_dict (the streaming order's positions depend on it)."""
         return self.world_size, self.options.batch_size
 
@@ -349,7 +349,7 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def state_dict(self) -> dict[str, Any]:
         """Where training is: only batches handed to the caller count, not prefetched ones."""
-        state = self.state.state_dict(self.options.seed, self.identity, self._layout(), self._order_settings())
+        state = self.state.state_dict(self.options.seed, self.identity, self._topology(), self._order_settings())
         if self.orders.mixture is not None:  # each member's own position, derived from the mixture's
             state["members"] = self.orders.mixture.describe_positions(self.orders.member_positions(self.state.position))
         return state
@@ -357,7 +357,7 @@ class DataLoader(torch.utils.data.DataLoader):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration yields exactly the samples of that epoch not yet consumed,
         at any world size (the streaming order then deals the unseen shards anew)."""
-        position = read_state_dict(state, self.options.seed, self.identity, self._layout(), self._order_settings())
+        position = read_state_dict(state, self.options.seed, self.identity, self._topology(), self._order_settings())
         self._settle_abandoned()
         self.state.restore(position)
 

@@ -25,7 +25,7 @@ from fastload.converters.options import ConvertOptions
 from fastload.converters.run import convert
 
 HERE = Path(__file__).parent / "frameworks"
-N = 43  # odd: every layout has a remainder
+N = 43  # odd: every topology has a remainder
 
 
 @pytest.fixture(scope="module")

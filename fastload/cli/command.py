@@ -300,7 +300,7 @@ def _add_describe(sub: argparse._SubParsersAction) -> None:
     p.add_argument("dataset", help="a converted dataset folder or its URL")
     p.add_argument("--step", type=int, required=True, help="the step within the epoch, from 0")
     p.add_argument("--state", type=Path, help="a saved loader.state_dict() (JSON, or a torch checkpoint holding it under 'loader'): "
-                   "seed, epoch, world size, batch size and earlier layouts come from it")
+                   "seed, epoch, world size, batch size and the topologies it was resumed from come from it")
     p.add_argument("--seed", type=int, help="the loader's seed= (default 0, or the state's)")
     p.add_argument("--epoch", type=int, help="default: 0, or the state's")
     p.add_argument("--rank", type=int, default=0)

@@ -47,6 +47,6 @@ def describe_from_arguments(args: argparse.Namespace) -> StepDescription:
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=args.shuffle, drop_last=args.drop_last, seed=seed,
                         transform=transform, rank=args.rank, world_size=world, shuffle_buffer=args.shuffle_buffer, backend="cpu",
                         exclude=args.exclude, balanced=args.balanced, class_weights=args.class_weights)
-    if state:  # at another --world than the state's: its steps so far ran at the state's layout, the rest at this one
+    if state:  # at another --world than the state's: its steps so far ran at the state's topology, the rest at this one
         loader.load_state_dict(state)
     return loader.describe(args.step, args.epoch)

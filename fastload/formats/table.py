@@ -133,7 +133,7 @@ def _row_fields(names: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
     return tuple((name, 2 + 2 * c) for c, name in enumerate(names))
 
 
-class TableLayout(NamedTuple):
+class TableSchema(NamedTuple):
     """Where a table's sections lie, from its header (checked against the file's size); a named
     tuple, as a frozen dataclass's construction cost a shard's first open ~1.5 us."""
 
@@ -147,12 +147,12 @@ class TableLayout(NamedTuple):
 
     @property
     def row(self) -> struct.Struct:
-        """One row's layout."""
+        """One row's schema."""
         return _row_struct(len(self.names))
 
     @classmethod
-    def parse(cls, read: Callable[[int, int], bytes], size: int, samples: int, where: str) -> TableLayout:
-        """The layout of a table file of ``size`` bytes (``read(offset, n)`` reads it, at most
+    def parse(cls, read: Callable[[int, int], bytes], size: int, samples: int, where: str) -> TableSchema:
+        """The schema of a table file of ``size`` bytes (``read(offset, n)`` reads it, at most
         twice: the header with the usual names, then longer names), for a shard the index says holds ``samples``."""
         head = read(0, min(size, HEAD_READ))
         if size < _HEADER.size or head[:8] != TABLE_MAGIC:
@@ -181,7 +181,7 @@ class _Missing(ShardError):
 
 class SampleTable:
     """A shard's table read by ``pread``: nothing per sample is held in memory. Opened by
-    :meth:`open`, closed by :meth:`close` (its layout stays, so reopening reads no header);
+    :meth:`open`, closed by :meth:`close` (its schema stays, so reopening reads no header);
     ``data`` holds a table built in memory (a read-only folder) instead of a file. Opening one
     costs an ``open``, an ``fstat`` and one ``pread`` (a shard's first read pays it)."""
 
@@ -193,12 +193,12 @@ class SampleTable:
         self._pid = -1
         self._row_cache: tuple[int, tuple[int, ...]] = (-1, ())
         size = len(data) if data is not None else self._open_file()[1]
-        self.layout = TableLayout.parse(self._read, size, samples, str(path))
-        self._row = self.layout.row
-        self._fields = _row_fields(self.layout.names)
+        self.schema = TableSchema.parse(self._read, size, samples, str(path))
+        self._row = self.schema.row
+        self._fields = _row_fields(self.schema.names)
 
     def __len__(self) -> int:
-        return self.layout.samples
+        return self.schema.samples
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -207,7 +207,7 @@ class SampleTable:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._row = self.layout.row
+        self._row = self.schema.row
 
     @classmethod
     def found(cls, path: str | Path, samples: int, root: str | None = None) -> SampleTable | None:
@@ -248,17 +248,17 @@ class SampleTable:
     def _values(self, i: int) -> tuple[int, ...]:
         cached, values = self._row_cache
         if cached != i:
-            values = self._row.unpack(self._read(self.layout.rows_at + i * self._row.size, self._row.size))
+            values = self._row.unpack(self._read(self.schema.rows_at + i * self._row.size, self._row.size))
             self._row_cache = (i, values)
         return values
 
     def key(self, i: int) -> str:
         """The key of sample ``i``."""
         start, end = self._values(i)[:2]
-        if not 0 <= start <= end <= self.layout.keys_bytes:
+        if not 0 <= start <= end <= self.schema.keys_bytes:
             raise ShardError(f"{self.path}: row {i}'s key lies outside the keys (tampered?)")
         try:
-            return self._read(self.layout.keys_at + start, end - start).decode()
+            return self._read(self.schema.keys_at + start, end - start).decode()
         except UnicodeDecodeError:
             raise ShardError(f"{self.path}: row {i}'s key is not UTF-8") from None
 
@@ -269,16 +269,16 @@ class SampleTable:
 
     def labels(self) -> np.ndarray:
         """Every sample's label (int64, -1 where none)."""
-        return np.frombuffer(self._read(self.layout.labels_at, 8 * len(self)), dtype="<i8").astype(np.int64)
+        return np.frombuffer(self._read(self.schema.labels_at, 8 * len(self)), dtype="<i8").astype(np.int64)
 
     def hashes(self) -> np.ndarray:
         """Every sample's key hash (see :func:`key_hashes`)."""
-        return np.frombuffer(self._read(self.layout.hashes_at, 8 * len(self)), dtype="<u8")
+        return np.frombuffer(self._read(self.schema.hashes_at, 8 * len(self)), dtype="<u8")
 
     def keys(self) -> list[str]:
         """Every sample's key."""
-        rows = np.frombuffer(self._read(self.layout.rows_at, self._row.size * len(self)), dtype="<i8").reshape(len(self), self._row.size // 8)
-        blob = self._read(self.layout.keys_at, self.layout.keys_bytes)
+        rows = np.frombuffer(self._read(self.schema.rows_at, self._row.size * len(self)), dtype="<i8").reshape(len(self), self._row.size // 8)
+        blob = self._read(self.schema.keys_at, self.schema.keys_bytes)
         starts, ends = rows[:, 0].tolist(), rows[:, 1].tolist()
         if any(not 0 <= s <= e <= len(blob) for s, e in zip(starts, ends)):
             raise ShardError(f"{self.path}: a key lies outside the keys (tampered?)")

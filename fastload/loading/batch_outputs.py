@@ -12,7 +12,7 @@ import torch
 
 
 @dataclass(frozen=True)
-class BatchLayout:
+class BatchOutputs:
     """The shape of a loader's batches; ``valid`` (evaluation mode only) marks padding entries."""
 
     has_labels: bool
@@ -20,7 +20,7 @@ class BatchLayout:
     evaluation: bool
 
     def shape(self, images: torch.Tensor, labels: torch.Tensor, keys: list[str], valid: np.ndarray) -> Any:
-        """One batch in this layout."""
+        """One batch with these outputs."""
         if self.has_labels:
             batch: Any = (images, labels, keys) if self.return_keys else (images, labels)
             return (*batch, torch.from_numpy(valid)) if self.evaluation else batch
@@ -37,7 +37,7 @@ class BatchLayout:
 
 
 def samples_of(batch: tuple | dict) -> list[tuple | dict]:
-    """The samples of a batch in the loader's layout, each of the batch's structure (a tuple, or a
+    """The samples of a batch as the loader hands it out, each of the batch's structure (a tuple, or a
     dict for an unlabelled dataset) holding its row of every part: a tensor row (a view), a list
     entry; 0-d rows (labels, ``valid``) as Python scalars, as a torch Dataset usually returns them.
     ``torch.utils.data.default_collate(samples_of(batch))`` gives back the stacked parts."""

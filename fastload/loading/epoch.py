@@ -1,6 +1,6 @@
 """One pass over a rank's batches, whatever the backend: where it starts (the loader's state), the
 batches it owes, downloads ahead for a remote dataset, accelerate's epoch hooks, and the finishing
-of each batch (device, Normalize/ToDtype, layout, then ``collate_fn=`` on its samples and
+of each batch (device, Normalize/ToDtype, the outputs' shape, then ``collate_fn=`` on its samples and
 ``batch_map=`` on the whole batch). Backends subclass :class:`Epoch`."""
 
 from __future__ import annotations
@@ -14,15 +14,16 @@ import numpy as np
 import torch
 
 from fastload.fields import SampleSpec
-from fastload.loading.batch_outputs import BatchLayout, samples_of
+from fastload.loading.batch_outputs import BatchOutputs, samples_of
 from fastload.loading.field_batch import shaped_batch
 from fastload.loading.frameworks import AccelerateEpoch
 from fastload.loading.options import LoaderOptions
 from fastload.loading.orders import LoaderOrders
 from fastload.loading.prefetch import ShardPrefetcher, shards_in_use_order
-from fastload.loading.state import LoaderState, Position
+from fastload.loading.rng import batch_generator
+from fastload.loading.state import LoaderState
 from fastload.loading.stats import LoaderStats, StageCounters
-from fastload.orders.global_order import batch_generator
+from fastload.orders.position import Position
 from fastload.storage.dataset import ShardedDataset
 
 
@@ -36,7 +37,7 @@ class EpochInputs:
     image_shape: tuple[int, int, int] | None  # None: the samples hold no image
     device: torch.device | None  # device=, or the Accelerator's
     batch_fn: Callable[[torch.Tensor], torch.Tensor] | None  # Normalize/ToDtype on whole batches
-    layout: BatchLayout
+    outputs: BatchOutputs
     orders: LoaderOrders
     state: LoaderState
     stats: LoaderStats
@@ -162,7 +163,7 @@ class Epoch:
         for where, reason in skipped:
             inputs.stats.record_skip(where, reason)
         with inputs.stats.to_device():
-            return shaped_batch(inputs.sample_spec, inputs.layout, dict(columns), values, keys, self.valid(batch_no),
+            return shaped_batch(inputs.sample_spec, inputs.outputs, dict(columns), values, keys, self.valid(batch_no),
                                 inputs.device, inputs.batch_fn)
 
     def _end_accelerate(self) -> None:

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from fastload.fields import SampleSpec
-from fastload.loading.batch_outputs import BatchLayout
+from fastload.loading.batch_outputs import BatchOutputs
 
 
 def as_tensor(array: np.ndarray) -> torch.Tensor | np.ndarray:
@@ -60,7 +60,7 @@ def field_batch(
 
 def shaped_batch(
     spec: SampleSpec,
-    layout: BatchLayout,
+    outputs: BatchOutputs,
     columns: dict[str, torch.Tensor | np.ndarray],
     values: dict[str, list],
     keys: list[str],
@@ -68,10 +68,10 @@ def shaped_batch(
     device: torch.device | None,
     image_fn: Callable[[torch.Tensor], torch.Tensor] | None,
 ) -> Any:
-    """The batch as the loader hands it out: :func:`field_batch`'s parts in ``layout`` —
+    """The batch as the loader hands it out: :func:`field_batch`'s parts as ``outputs`` shapes them —
     ``(images, labels, ...)`` for a classification spec, else the fields in their order."""
     parts = field_batch(spec, columns, values, device, image_fn)
     if spec.classic:
         images, labels = parts
-        return layout.shape(images, labels, keys, valid)
-    return layout.shape_fields(parts, keys, valid)
+        return outputs.shape(images, labels, keys, valid)
+    return outputs.shape_fields(parts, keys, valid)

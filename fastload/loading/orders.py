@@ -11,10 +11,11 @@ from pathlib import Path
 
 from fastload.dist import resolve_rank_world
 from fastload.loading.options import LoaderOptions
-from fastload.loading.state import Layout, Position
 from fastload.orders.balanced import ClassMembers, class_members, class_weight_vector
-from fastload.orders.global_order import EpochOrder, RankBatches
+from fastload.orders.epoch_order import EpochOrder
 from fastload.orders.mixture import MemberPosition, MixtureOrder
+from fastload.orders.position import Position, ResumedFrom
+from fastload.orders.rank_batches import RankBatches
 from fastload.orders.spec import OrderSpec
 from fastload.storage.dataset import ShardedDataset
 from fastload.storage.mixture import MixedDataset
@@ -70,33 +71,33 @@ class LoaderOrders:
         """(rank, world size): rank=/world_size=, a DistributedSampler's, the process group's, the launcher's."""
         return resolve_rank_world(self.options.rank, self.options.world_size)
 
-    def spec(self, generations: tuple[Layout, ...] = ()) -> OrderSpec | MixtureOrder:
+    def spec(self, resumed_from: tuple[ResumedFrom, ...] = ()) -> OrderSpec | MixtureOrder:
         """What the orders depend on, as plain values (DALI's workers get a copy)."""
-        spec = self._spec(*self.ranks(), generations)
+        spec = self._spec(*self.ranks(), resumed_from)
         return spec if self.mixture is None else self.mixture.order(spec)
 
-    def _spec(self, rank: int, world: int, generations: tuple[Layout, ...]) -> OrderSpec:
+    def _spec(self, rank: int, world: int, resumed_from: tuple[ResumedFrom, ...]) -> OrderSpec:
         options = self.options
         return OrderSpec(
             self.shard_sizes, options.seed, options.shuffle, options.batch_size, rank, world,
-            options.drop_last, options.streaming, options.buffer_size, generations, options.take, options.drop_remainder,
+            options.drop_last, options.streaming, options.buffer_size, resumed_from, options.take, options.drop_remainder,
             options.exclude or (), self.class_weights,
         )
 
     def order(self, position: Position) -> EpochOrder:
         """The order of the position's epoch (the same for every backend)."""
-        spec = self.spec(position.generations)
+        spec = self.spec(position.resumed_from)
         if self._cached is None or self._cached[0] != (position.epoch, spec):
             self._cached = ((position.epoch, spec), spec.order(position.epoch, self.classes))
         return self._cached[1]
 
     def batches(self, position: Position) -> RankBatches:
         """This rank's batches from the position to the end of its epoch."""
-        return self.spec(position.generations).batches(len(self.order(position)), position.consumed)
+        return self.spec(position.resumed_from).batches(len(self.order(position)), position.consumed)
 
     def member_positions(self, position: Position) -> tuple[MemberPosition, ...]:
         """Where each member of a mixture is at ``position``."""
-        spec = self.spec(position.generations)
+        spec = self.spec(position.resumed_from)
         assert isinstance(spec, MixtureOrder), "only a mixture has members"
         return spec.member_positions(position.epoch, position.consumed)
 

@@ -1,12 +1,12 @@
 """Which samples were in a training step, with which augmentation: ``loader.describe(step)``.
 
-A batch is a pure function of (dataset, seed, epoch, rank, layout, step), and a sample's crop and
+A batch is a pure function of (dataset, seed, epoch, rank, topology, step), and a sample's crop and
 flip of (seed, epoch, index) and its image's size. So a step is described without decoding
 anything: the order gives the indices, the shard indexes the keys, and for each encoded image
 only its header is read (a ``pread`` of the first HEAD_BYTES of a tar member, more only when
 the size marker lies further in; HDF5 shards read the sample's fields whole) to plan the crop
 exactly as a worker does. After an elastic resume the steps run before it are described at the
-layout (world size, batch size) they ran at, from the state's earlier layouts.
+topology (world size, batch size) they ran at, from the topologies the state was resumed from.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from fastload.decode.header import image_size, jpeg_size, png_size, sniff_image_
 from fastload.errors import SampleError
 from fastload.fields import DECODED_FIELD, SampleSpec
 from fastload.formats.tar import TarShardReader
-from fastload.loading.state import Layout
+from fastload.loading.rng import sample_rng
 from fastload.orders.balanced import ClassMembers
-from fastload.orders.global_order import sample_rng
 from fastload.orders.mixture import MixtureOrder
+from fastload.orders.position import ResumedFrom
 from fastload.orders.spec import OrderSpec
 from fastload.storage.dataset import ShardedDataset
 from fastload.transforms import Plan, Transform, plan
@@ -52,10 +52,10 @@ class SampleDescription:
 
 @dataclass(frozen=True)
 class StepDescription:
-    """A rank's batch at one step of an epoch, and the layout that step ran at."""
+    """A rank's batch at one step of an epoch, and the topology that step ran at."""
 
     epoch: int
-    step: int  # the step within the epoch, counted from its start over every layout it ran at
+    step: int  # the step within the epoch, counted from its start over every topology it ran at
     rank: int
     world_size: int
     batch_size: int
@@ -73,7 +73,7 @@ class StepDescription:
 
 @dataclass(frozen=True)
 class StepBatch:
-    """The sample indices of one step's batch and the layout it ran at."""
+    """The sample indices of one step's batch and the topology it ran at."""
 
     indices: np.ndarray
     valid: np.ndarray
@@ -81,33 +81,33 @@ class StepBatch:
     batch_size: int
 
 
-def step_batch(spec: OrderSpec | MixtureOrder, generations: Sequence[Layout], epoch: int, step: int, classes: ClassMembers | None = None) -> StepBatch:
-    """This rank's batch at ``step`` of ``epoch`` (``spec``: the current layout; ``generations``:
-    the earlier layouts of the epoch as (world size, batch size, samples consumed) when it left them;
+def step_batch(spec: OrderSpec | MixtureOrder, resumed_from: Sequence[ResumedFrom], epoch: int, step: int, classes: ClassMembers | None = None) -> StepBatch:
+    """This rank's batch at ``step`` of ``epoch`` (``spec``: the current topology; ``resumed_from``:
+    the topologies the epoch was resumed from as (world size, batch size, samples consumed) when it left them;
     ``classes``: as the class-balanced order needs)."""
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
     first_step, start = 0, 0
     segments: list[tuple[OrderSpec | MixtureOrder, int | None]] = [
-        (spec.at_layout(w, b, tuple(generations[:g])), end) for g, (w, b, end) in enumerate(generations)]
-    segments.append((spec.at_layout(spec.world_size, spec.batch_size, tuple(generations)), None))
-    for layout, end in segments:
-        order = layout.order(epoch, classes)
+        (spec.at_topology(w, b, tuple(resumed_from[:g])), end) for g, (w, b, end) in enumerate(resumed_from)]
+    segments.append((spec.at_topology(spec.world_size, spec.batch_size, tuple(resumed_from)), None))
+    for at, end in segments:
+        order = at.order(epoch, classes)
         start = 0 if spec.streaming else start
-        # rank 0's batches (a rank's batches depend on its layout only): every rank has as many
-        counted = layout.at_layout(layout.world_size, layout.batch_size, (), rank=0).batches(len(order), start)
+        # rank 0's batches (a rank's batches depend on its topology only): every rank has as many
+        counted = at.at_topology(at.world_size, at.batch_size, (), rank=0).batches(len(order), start)
         ran = len(counted) if end is None else min(len(counted), -(-(end - start) // counted.step))
         if step < first_step + ran:
-            if spec.rank >= layout.world_size:
-                raise ValueError(f"rank {spec.rank} did not exist at steps {first_step}.. of epoch {epoch} (world size {layout.world_size})")
-            plan_, batch_no = layout.batches(len(order), start), step - first_step
+            if spec.rank >= at.world_size:
+                raise ValueError(f"rank {spec.rank} did not exist at steps {first_step}.. of epoch {epoch} (world size {at.world_size})")
+            plan_, batch_no = at.batches(len(order), start), step - first_step
             positions = plan_.positions(batch_no)
             valid = plan_.valid(batch_no)
             if (real := order.valid(positions)) is not None:
                 valid = valid & real
-            return StepBatch(order.indices(positions), valid, layout.world_size, layout.batch_size)
+            return StepBatch(order.indices(positions), valid, at.world_size, at.batch_size)
         first_step += ran
-        start = end if end is not None else start  # the global order's next layout continues here
+        start = end if end is not None else start  # the global order's next topology continues here
     raise IndexError(f"step {step} is past the end of epoch {epoch} ({first_step} steps)")
 
 
@@ -176,12 +176,12 @@ def describe_sample(ds: ShardedDataset, index: int, valid: bool, spec: SampleSpe
                    dct_scale=scale, bytes_read=read)
 
 
-def describe_step(ds: ShardedDataset, order_spec: OrderSpec | MixtureOrder, generations: Sequence[Layout], epoch: int, step: int,
+def describe_step(ds: ShardedDataset, order_spec: OrderSpec | MixtureOrder, resumed_from: Sequence[ResumedFrom], epoch: int, step: int,
                   spec: SampleSpec, transforms: Sequence[Transform], seed: int, cpu_decode: bool = True,
                   classes: ClassMembers | None = None) -> StepDescription:
     """This rank's batch at ``step`` of ``epoch``, every sample described (see the module docstring);
     ``classes``: the class-balanced order's samples by label (LoaderOrders.classes)."""
-    batch = step_batch(order_spec, generations, epoch, step, classes)
+    batch = step_batch(order_spec, resumed_from, epoch, step, classes)
     samples = tuple(describe_sample(ds, index, bool(ok), spec, transforms, seed, epoch, cpu_decode)
                     for index, ok in zip(batch.indices.tolist(), batch.valid.tolist()))
     return StepDescription(epoch, step, order_spec.rank, batch.world_size, batch.batch_size, samples)

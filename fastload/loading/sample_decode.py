@@ -28,8 +28,8 @@ from fastload.fields import (
     decode_field,
     requested_spec,
 )
+from fastload.loading.rng import sample_generator, sample_rng
 from fastload.loading.stats import DECODE, MAP, READ, READ_BYTES, SAMPLES, TRANSFORM, StageClock, untimed
-from fastload.orders.global_order import sample_generator, sample_rng
 from fastload.storage.dataset import ShardedDataset
 from fastload.transforms import (
     GEOMETRIC,
@@ -268,7 +268,7 @@ def _run_map(sample_map: SampleMap, spec: SampleSpec, rows: dict[str, np.ndarray
 PROBED_SAMPLES = 8  # samples of the first shard that decide how array and mask fields are stacked
 
 
-def probe_layouts(ds: ShardedDataset, spec: SampleSpec) -> SampleSpec:
+def probe_array_shapes(ds: ShardedDataset, spec: SampleSpec) -> SampleSpec:
     """``spec`` with what the batch slots need to know of its arrays and masks, from up to
     PROBED_SAMPLES samples spread over the first shard (only that shard: a remote dataset fetches
     nothing more): each array field whose arrays share one shape and dtype is stacked (others are
@@ -295,18 +295,18 @@ def probe_layouts(ds: ShardedDataset, spec: SampleSpec) -> SampleSpec:
             name = f.find(stored)
             if name is not None and mask_dtype(stored[name]) == "uint16":
                 wide.add(f.name)
-    layouts = tuple((name, *next(iter(found))) for name, found in seen.items() if len(found) == 1)
-    return replace(spec, array_layouts=layouts, wide_masks=tuple(f.name for f in masks if f.name in wide))
+    shapes = tuple((name, *next(iter(found))) for name, found in seen.items() if len(found) == 1)
+    return replace(spec, array_shapes=shapes, wide_masks=tuple(f.name for f in masks if f.name in wide))
 
 
 def resolve_spec(
     ds: ShardedDataset, fields: Sequence[str] | Mapping[str, str] | None, map: SampleMap | None, transform: Sequence[Transform]
 ) -> SampleSpec:
     """What a loader's workers make of each sample of ``ds``, from its ``fields=`` and ``map=``:
-    :func:`fastload.fields.requested_spec`, with stacked arrays' layouts probed."""
+    :func:`fastload.fields.requested_spec`, with stacked arrays' shapes probed."""
     geometric = any(isinstance(t, (*GEOMETRIC, RandomHorizontalFlip)) for t in transform)
     images = bool(ds.index.image_fields) or geometric  # a transform: images are expected, whatever the index lists
-    spec = probe_layouts(ds, requested_spec(fields, ds.index.fields, ds.decoded, map, images))
+    spec = probe_array_shapes(ds, requested_spec(fields, ds.index.fields, ds.decoded, map, images))
     if spec.primary is None and geometric:
         raise ValueError(f"transform= crops and flips images; the fields asked for ({', '.join(f.name for f in spec.fields)}) hold none")
     return spec

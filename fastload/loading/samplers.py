@@ -22,10 +22,10 @@ from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler, Sub
 from torch.utils.data.distributed import DistributedSampler
 
 from fastload.fields import SampleSpec
-from fastload.loading.batch_outputs import BatchLayout, samples_of
+from fastload.loading.batch_outputs import BatchOutputs, samples_of
 from fastload.loading.field_batch import as_tensor, shaped_batch
+from fastload.loading.rng import batch_generator
 from fastload.loading.state import LoaderState
-from fastload.orders.global_order import batch_generator
 from fastload.storage.dataset import ShardedDataset
 
 if TYPE_CHECKING:
@@ -186,7 +186,7 @@ class BatchRequest:
     epoch: int
     on_error: str
     image_shape: tuple[int, int, int] | None  # None: the samples hold no image
-    layout: BatchLayout
+    outputs: BatchOutputs
     sample_spec: SampleSpec  # the fields made of each sample (fields=, map=)
     rank: int  # seeds batch_map='s generator with the step
 
@@ -230,7 +230,7 @@ class PlannedBatch:
 
 @dataclass(frozen=True)
 class LoaderCollate:
-    """``loader.collate_fn``: a :class:`PlannedBatch` in the loader's batch layout (Normalize/ToDtype
+    """``loader.collate_fn``: a :class:`PlannedBatch` in the loader's batch outputs (Normalize/ToDtype
     applied here, on the CPU), then through the loader's ``collate_fn=`` as its samples and its
     ``batch_map=`` (with the generator the loader gives that step); a list of samples through
     ``collate_fn=``, else torch's default_collate."""
@@ -244,7 +244,7 @@ class LoaderCollate:
         from fastload.transforms import batch_transform
 
         request = batch.request
-        shaped = shaped_batch(request.sample_spec, request.layout, batch.columns, batch.values, batch.keys, batch.valid,
+        shaped = shaped_batch(request.sample_spec, request.outputs, batch.columns, batch.values, batch.keys, batch.valid,
                               None, batch_transform(request.specs))
         if self.user is not None:
             shaped = self.user(samples_of(shaped))

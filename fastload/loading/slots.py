@@ -42,7 +42,7 @@ def spec_columns(spec: SampleSpec, image_shape: tuple[int, int, int] | None) -> 
         elif f.role == "label":
             columns.append(Column(f.key, (), "int64"))
         else:
-            shape, dtype = cast(tuple[tuple[int, ...], str], spec.layout_of(f.name))  # is_stacked: it has a layout
+            shape, dtype = cast(tuple[tuple[int, ...], str], spec.shape_of(f.name))  # is_stacked: it has a shape
             columns.append(Column(f.key, shape, dtype))
     return tuple(columns)
 

@@ -1,6 +1,6 @@
 """The training position of a fast-path loader, owned by one :class:`LoaderState`, and the format
-of its ``state_dict()``: (seed, epoch, samples consumed), the dataset's identity, the layout
-(world size, batch size) and the earlier layouts of the epoch (what ``loader.describe`` needs to
+of its ``state_dict()``: (seed, epoch, samples consumed), the dataset's identity, the topology
+(world size, batch size) and the topologies the epoch was resumed from (what ``loader.describe`` needs to
 name the batches of steps run before an elastic resume; the streaming order also re-deals after each)."""
 
 from __future__ import annotations
@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
+
+from fastload.orders.position import Position, ResumedFrom
 
 STATE_VERSION = 3  # 2: the orders became seeded bijections (fastload.orders.permutation); 3: small permutations uniform, the order's settings recorded
 OLDER_ORDERS = {1: "the orders became seeded bijections", 2: "permutations of up to 4096 values became uniform"}
@@ -26,20 +28,6 @@ class OrderSettings:
         return {"order": "streaming" if self.streaming else "global", "shuffle": self.shuffle,
                 **({"shuffle_buffer": self.buffer_size} if self.streaming else {})}
 
-Layout = tuple[int, int, int]  # (world size, batch size, samples consumed) of an earlier layout this epoch
-
-
-@dataclass(frozen=True)
-class Position:
-    """``consumed`` global samples of ``epoch``'s order, after the earlier ``generations`` of the
-    epoch (resumes at another layout: the streaming order re-deals the unseen samples after each and
-    counts ``consumed`` in the re-dealt order; the global order's positions run on across them)."""
-
-    epoch: int
-    consumed: int = 0
-    generations: tuple[Layout, ...] = ()
-
-
 class Phase(Enum):
     """Where a loader is between and during iterations."""
 
@@ -54,15 +42,15 @@ class LoaderState:
     sets it. Only batches handed to the caller count, never prefetched ones."""
 
     def __init__(self, streaming: bool = False) -> None:
-        self.streaming = streaming  # a restarted epoch keeps its earlier layouts only in the streaming (re-dealt) order
+        self.streaming = streaming  # a restarted epoch keeps the topologies it was resumed from only in the streaming (re-dealt) order
         self.position = Position(0)
         self.phase = Phase.IDLE
-        self.finished_layouts: dict[int, tuple[Layout, ...]] = {}  # earlier layouts of epochs finished after a resume
+        self._finished_resumed_from: dict[int, tuple[ResumedFrom, ...]] = {}  # of epochs finished after an elastic resume
 
-    def layouts(self, epoch: int) -> tuple[Layout, ...]:
-        """The earlier layouts ``epoch`` ran at, as far as this loader saw (the current epoch's, or a
-        finished one's; none for epochs that ran at one layout or before a loaded state)."""
-        return self.position.generations if epoch == self.position.epoch else self.finished_layouts.get(epoch, ())
+    def resumed_from(self, epoch: int) -> tuple[ResumedFrom, ...]:
+        """The topologies ``epoch`` was resumed from, as far as this loader saw (the current epoch's, or a
+        finished one's; none for epochs that ran at one topology or before a loaded state)."""
+        return self.position.resumed_from if epoch == self.position.epoch else self._finished_resumed_from.get(epoch, ())
 
     @property
     def epoch(self) -> int:
@@ -71,9 +59,9 @@ class LoaderState:
 
     def upcoming(self) -> Position:
         """Where the next iteration starts: an epoch under way or broken off starts over (a broken-off
-        one also forgets its earlier layouts, as a fresh epoch at the current layout)."""
+        one also forgets the topologies it was resumed from, as a fresh epoch at the current one)."""
         if self.phase is Phase.RUNNING:
-            return replace(self.position, consumed=0, generations=self.position.generations if self.streaming else ())
+            return replace(self.position, consumed=0, resumed_from=self.position.resumed_from if self.streaming else ())
         if self.phase is Phase.BROKEN_OFF:
             return Position(self.position.epoch)
         return self.position
@@ -89,8 +77,8 @@ class LoaderState:
 
     def finish(self) -> None:
         """The running epoch's batches are all handed out: the next iteration starts the next epoch."""
-        if self.position.generations:
-            self.finished_layouts[self.position.epoch] = self.position.generations
+        if self.position.resumed_from:
+            self._finished_resumed_from[self.position.epoch] = self.position.resumed_from
         self.position, self.phase = Position(self.position.epoch + 1), Phase.IDLE
 
     def break_off(self) -> None:
@@ -104,13 +92,13 @@ class LoaderState:
         if epoch != self.position.epoch:
             self.position = Position(epoch)
 
-    def state_dict(self, seed: int, identity: str, layout: tuple[int, int], order: OrderSettings) -> dict[str, Any]:
-        """The position as a checkpoint, with the order's settings and the layout (world size,
+    def state_dict(self, seed: int, identity: str, topology: tuple[int, int], order: OrderSettings) -> dict[str, Any]:
+        """The position as a checkpoint, with the order's settings and the topology (world size,
         batch size) it was reached at."""
         position = self.position
         state: dict[str, Any] = {"version": STATE_VERSION, "seed": seed, "epoch": position.epoch,
                                  "samples_consumed": position.consumed, "dataset": identity, **order.as_state()}
-        state.update(world_size=layout[0], batch_size=layout[1], resumed_from=[list(g) for g in position.generations])
+        state.update(world_size=topology[0], batch_size=topology[1], resumed_from=[list(g) for g in position.resumed_from])
         return state
 
     def restore(self, position: Position) -> None:
@@ -118,9 +106,9 @@ class LoaderState:
         self.position, self.phase = position, Phase.IDLE
 
 
-def read_state_dict(state: dict[str, Any], seed: int, identity: str, layout: tuple[int, int], order: OrderSettings) -> Position:
+def read_state_dict(state: dict[str, Any], seed: int, identity: str, topology: tuple[int, int], order: OrderSettings) -> Position:
     """The position of a checkpoint made for the same seed, dataset and order; saved at another
-    layout, the saved one is recorded as a generation (the streaming order then deals the unseen
+    topology, the saved one is recorded in ``resumed_from`` (the streaming order then deals the unseen
     samples anew, from position 0; the global order continues at the same position)."""
     if state.get("version") in OLDER_ORDERS:
         raise ValueError(f"this loader state (version {state['version']}) was saved by an older fastload whose shuffled "
@@ -138,10 +126,10 @@ def read_state_dict(state: dict[str, Any], seed: int, identity: str, layout: tup
             raise ValueError(f"state was saved with {name}={state.get(name)!r}, this loader has {name}={value!r}: "
                              "the same position would name other samples")
     consumed = int(state["samples_consumed"])
-    generations = [(int(g[0]), int(g[1]), int(g[2])) for g in state.get("resumed_from", [])]
-    saved = (int(state.get("world_size", layout[0])), int(state.get("batch_size", layout[1])))
-    if consumed and saved != layout:
-        generations.append((*saved, consumed))
+    resumed_from = [(int(g[0]), int(g[1]), int(g[2])) for g in state.get("resumed_from", [])]
+    saved = (int(state.get("world_size", topology[0])), int(state.get("batch_size", topology[1])))
+    if consumed and saved != topology:
+        resumed_from.append((*saved, consumed))
         if order.streaming:
             consumed = 0
-    return Position(int(state["epoch"]), consumed, tuple(generations))
+    return Position(int(state["epoch"]), consumed, tuple(resumed_from))

@@ -4,7 +4,7 @@ Workers time their stages per sample (reading, decoding, transform, the user's `
 their own row of a small float64 table in one anonymous shared mapping made before they fork, so
 nothing per sample travels through a pipe; a few ``perf_counter`` calls a sample (~1 us against
 ~1-5 ms of decoding). The main process times what it does for each batch: waiting for the
-workers, the hand-off (slot lending or copying, layout, ``collate_fn=``, ``batch_map=``) and the
+workers, the hand-off (slot lending or copying, shaping the outputs, ``collate_fn=``, ``batch_map=``) and the
 host-to-device copy (with Normalize/ToDtype there; a CUDA copy is asynchronous, so only its
 launch counts). What is left of an epoch's wall time is the training loop's own.
 """
@@ -101,7 +101,7 @@ class EpochStats:
     samples: int
     wall_s: float  # from its first batch asked for to its last handed out
     wait_s: float  # the training loop blocked on data
-    handoff_s: float  # slot lending or copying, layout, collate_fn=, batch_map=
+    handoff_s: float  # slot lending or copying, shaping the outputs, collate_fn=, batch_map=
     device_s: float  # host-to-device copy and Normalize/ToDtype
     workers: np.ndarray | None  # (processes + 1, COLUMNS) this epoch's counters; None: not measured (DALI)
     remote: bool  # reads come from a remote dataset's cache (and wait for its downloads)

@@ -23,7 +23,7 @@ from torch.utils.data import IterableDataset, RandomSampler
 from fastload.loading.options import fast_path_defaults
 from fastload.loading.state import STATE_VERSION
 from fastload.loading.stats import LoaderStats
-from fastload.orders.global_order import epoch_seed
+from fastload.orders.epoch_order import epoch_seed
 
 FAST_PATH_ONLY = fast_path_defaults()
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fastload.orders.global_order import EpochOrder, Selection
+from fastload.orders.epoch_order import EpochOrder, Selection
 from fastload.orders.permutation import Permutation, mix64, mix_key, permute
 
 BALANCE_KEY = 0xBA1A

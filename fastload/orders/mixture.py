@@ -21,9 +21,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from fastload.loading.state import Layout
 from fastload.orders.balanced import ClassMembers
-from fastload.orders.global_order import EpochOrder, RankBatches
+from fastload.orders.epoch_order import EpochOrder
+from fastload.orders.position import ResumedFrom
+from fastload.orders.rank_batches import RankBatches
 from fastload.orders.spec import OrderSpec
 
 MEMBER_BUFFER = 4096  # a remote member's shuffle buffer: it reads its shards in sequence (see MixtureOrder)
@@ -103,7 +104,7 @@ class MemberPosition:
 class MixtureOrder:
     """Everything a mixture's epoch orders and a rank's batches depend on, as plain values: the
     loader's :class:`~fastload.orders.global_order.OrderSpec` (seed, shuffle, rank, world and batch size),
-    which it stands in for (DALI's workers get a copy), and the members' layout.
+    which it stands in for (DALI's workers get a copy), and the members' shards.
 
     ``member_shards`` holds each member's shard sizes; a ``remote`` member reads its own epoch in
     shard order through a shuffle buffer (the streaming order of one lane), so the ranks work
@@ -135,10 +136,10 @@ class MixtureOrder:
         """False: a mixture's own order is global (its members' may stream)."""
         return False
 
-    def at_layout(self, world_size: int, batch_size: int, generations: tuple[Layout, ...], rank: int | None = None) -> MixtureOrder:
-        """This mixture's orders at another layout of the loader (world and batch size), for another
+    def at_topology(self, world_size: int, batch_size: int, resumed_from: tuple[ResumedFrom, ...], rank: int | None = None) -> MixtureOrder:
+        """This mixture's orders at another topology of the loader (world and batch size), for another
         ``rank`` if given."""
-        return replace(self, loader=self.loader.at_layout(world_size, batch_size, generations, rank))
+        return replace(self, loader=self.loader.at_topology(world_size, batch_size, resumed_from, rank))
 
     @property
     def sizes(self) -> tuple[int, ...]:

@@ -8,9 +8,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from fastload.loading.state import Layout
 from fastload.orders.balanced import BalancedOrder, ClassMembers
-from fastload.orders.global_order import EpochOrder, RankBatches, Selection, global_order, rank_batches
+from fastload.orders.epoch_order import EpochOrder, Selection
+from fastload.orders.global_order import global_order
+from fastload.orders.position import ResumedFrom
+from fastload.orders.rank_batches import RankBatches, rank_batches
 from fastload.orders.streaming import shard_groups, streaming_order, unseen_groups
 
 
@@ -28,7 +30,7 @@ class OrderSpec:
     drop_last: bool
     streaming: bool = False
     shuffle_buffer: int = 1
-    generations: tuple[Layout, ...] = ()  # (world, batch, consumed) of earlier layouts this epoch
+    resumed_from: tuple[ResumedFrom, ...] = ()  # (world, batch, consumed) where this epoch was left for another topology
     take: tuple[int, ...] | None = None  # the sample indices of a Subset, in its order; None: every sample
     drop_remainder: bool = False  # as DistributedSampler(drop_last=True): no padding to a multiple of the world size
     excluded: tuple[int, ...] = ()  # sample indices left out of every epoch (exclude=), sorted
@@ -40,7 +42,7 @@ class OrderSpec:
 
     def order(self, epoch: int, classes: ClassMembers | None = None) -> EpochOrder:
         """The epoch's order: global, class-balanced (``classes``: the selection's samples by label)
-        or streaming (re-dealt after each earlier layout's consumed part)."""
+        or streaming (re-dealt after each earlier topology's consumed part)."""
         selection = self.selection()
         if self.streaming:
             return self._streaming(epoch, selection)
@@ -56,23 +58,23 @@ class OrderSpec:
     def _streaming(self, epoch: int, selection: Selection) -> EpochOrder:
         starts = selection.ranks_from(np.cumsum([0, *self.shard_sizes]))  # each shard's first rank
         groups = shard_groups(starts, self.seed, epoch, self.shuffle)
-        layouts = [*self.generations, (self.world_size, self.batch_size, 0)]
-        for generation, (world, batch, consumed) in enumerate(layouts):
+        topologies = [*self.resumed_from, (self.world_size, self.batch_size, 0)]
+        for redeal, (world, batch, consumed) in enumerate(topologies):
             streamed = streaming_order(groups, world, batch, self.shuffle_buffer, self.drop_last, self.seed, epoch,
-                                       selection, generation)
-            if generation < len(self.generations):
+                                       selection, redeal)
+            if redeal < len(self.resumed_from):
                 groups = unseen_groups(streamed, consumed, starts)
         return streamed
 
-    def at_layout(self, world_size: int, batch_size: int, generations: tuple[Layout, ...], rank: int | None = None) -> OrderSpec:
-        """This spec at another layout (world and batch size; the epoch's earlier layouts, which
+    def at_topology(self, world_size: int, batch_size: int, resumed_from: tuple[ResumedFrom, ...], rank: int | None = None) -> OrderSpec:
+        """This spec at another topology (world and batch size; the topologies the epoch was resumed from, which
         only the streaming order depends on), for another ``rank`` if given."""
         return replace(self, world_size=world_size, batch_size=batch_size, rank=self.rank if rank is None else rank,
-                       generations=generations if self.streaming else ())
+                       resumed_from=resumed_from if self.streaming else ())
 
     def batches(self, order_length: int, start: int) -> RankBatches:
         """This rank's batches of an order of ``order_length`` positions, from position ``start``
-        (with ``drop_remainder``, a start past this layout's cut, saved at another world size,
+        (with ``drop_remainder``, a start past this topology's cut, saved at another world size,
         finds the epoch over)."""
         if self.drop_remainder:
             start = min(start, order_length)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fastload.orders.global_order import EpochOrder, Selection, shards_of
+from fastload.orders.epoch_order import EpochOrder, Selection, shards_of
 from fastload.orders.permutation import Permutation, mix64, mix_key, permute
 
 LANE_KEY = 0xB0FF  # tags the windows' keys, apart from the other orders'
@@ -184,15 +184,15 @@ class StreamingOrder(EpochOrder):
 
 def streaming_order(
     groups: list[Group], world_size: int, batch_size: int, buffer_size: int, drop_last: bool,
-    seed: int, epoch: int, selection: Selection, generation: int = 0,
+    seed: int, epoch: int, selection: Selection, redeal: int = 0,
 ) -> StreamingOrder:
     """The streaming order of ``groups`` for ``world_size`` ranks. The trade-off against a global
     permutation: samples close together in a lane come from the few shards its window spans, so a
-    buffer several shards deep keeps batches varied. ``generation`` counts resumes at another
+    buffer several shards deep keeps batches varied. ``redeal`` counts resumes at another
     world size within the epoch (each re-deals the unseen samples)."""
     if buffer_size < 1:
         raise ValueError("buffer_size must be >= 1")
-    lanes = [Lane(dealt, buffer_size, mix_key(seed, epoch, generation, lane, LANE_KEY))
+    lanes = [Lane(dealt, buffer_size, mix_key(seed, epoch, redeal, lane, LANE_KEY))
              for lane, dealt in enumerate(deal(groups, world_size))]
     every = Lane(groups if any(not lane.length for lane in lanes) else [], 1, 0)  # pads empty lanes only
     return StreamingOrder(lanes, every, batch_size, drop_last, selection)

@@ -143,13 +143,13 @@ class ShardedDataset:
 
     def shards_of(self, indices: np.ndarray) -> np.ndarray:
         """Shard number of each sample index."""
-        from fastload.orders.global_order import shards_of
+        from fastload.orders.epoch_order import shards_of
 
         return shards_of(self._starts, indices)
 
     def reader(self, shard: int) -> ShardReader:
         """The open reader of shard number ``shard``. At most ``max_open_shards`` stay open per
-        process, least recently used closed first (a local reader keeps its table's layout, so
+        process, least recently used closed first (a local reader keeps its table's schema, so
         reopening is two ``open`` calls); a remote dataset keeps at most
         ``MAX_OPEN_REMOTE_SHARDS`` and drops evicted readers, so evicted cache entries free their disk."""
         reader = self._open.get(shard)  # one lookup a read

@@ -23,7 +23,7 @@ import numpy as np
 from fastload.formats import ShardReader
 from fastload.formats.index import DatasetIndex
 from fastload.formats.table import SampleTable
-from fastload.orders.global_order import shards_of
+from fastload.orders.epoch_order import shards_of
 from fastload.orders.mixture import MemberPosition, MixtureOrder, apportion
 from fastload.orders.spec import OrderSpec
 from fastload.storage.dataset import ShardedDataset, open_shards_each

@@ -90,7 +90,7 @@ def test_dali_resume_and_rank_split_equal_the_cpu_path(wds: Path, workers: int, 
 
 
 def test_dali_workers_follow_a_streaming_resume_at_another_world_size(wds: Path) -> None:
-    """The re-dealt order of a resume at another world size (OrderSpec.generations) is computed in
+    """The re-dealt order of a resume at another world size (OrderSpec.resumed_from) is computed in
     DALI's worker processes exactly as in the loader."""
     kwargs = dict(batch_size=3, shuffle=True, seed=2, transform=T.val(16), shuffle_buffer=5)
     with fastload.DataLoader(wds, backend="cpu", rank=0, world_size=2, **kwargs) as loader:

@@ -109,7 +109,7 @@ def test_field_names_longer_than_the_first_header_read(tmp_path: Path) -> None:
     path = tmp_path / "long.table"
     path.write_bytes(data)
     table = SampleTable(path, 3)
-    assert table.layout.names == tuple(sorted(names))
+    assert table.schema.names == tuple(sorted(names))
     assert [table.key(i) for i in range(3)] == ["a", "b", "c"]
     assert table.spans(2) == spans[2] and table.labels().tolist() == [1, -1, 2]
     damaged = bytearray(data)
@@ -119,13 +119,13 @@ def test_field_names_longer_than_the_first_header_read(tmp_path: Path) -> None:
         SampleTable(path, 3)
 
 
-def test_tables_of_shards_sharing_field_names_keep_their_own_layout(clean: Path) -> None:
+def test_tables_of_shards_sharing_field_names_keep_their_own_schema(clean: Path) -> None:
     ds = fastload.open(clean)
-    layouts = [ds.table(s).layout for s in range(len(ds.index.shards))]
-    assert len({layout.names for layout in layouts}) == 1  # the names section parsed once, shared
-    assert [layout.samples for layout in layouts] == [s.samples for s in ds.index.shards]
+    schemas = [ds.table(s).schema for s in range(len(ds.index.shards))]
+    assert len({schema.names for schema in schemas}) == 1  # the names section parsed once, shared
+    assert [schema.samples for schema in schemas] == [s.samples for s in ds.index.shards]
     sizes = [(clean / s.table).stat().st_size for s in ds.index.shards if s.table is not None]
-    assert [layout.keys_at + layout.keys_bytes for layout in layouts] == sizes
+    assert [schema.keys_at + schema.keys_bytes for schema in schemas] == sizes
 
 
 FD_TABLE_CHILD = """

@@ -110,7 +110,7 @@ def test_a_described_crop_rerendered_by_pillow_matches_the_delivered_pixels(phot
 
 
 @pytest.mark.parametrize("streaming", [False, True])
-def test_after_an_elastic_resume_each_step_is_described_at_the_layout_it_ran_at(photos: Path, streaming: bool) -> None:
+def test_after_an_elastic_resume_each_step_is_described_at_the_topology_it_ran_at(photos: Path, streaming: bool) -> None:
     extra = dict(shuffle_buffer=6) if streaming else {}
     first = [loader_of(photos, batch_size=2, rank=r, world_size=3, **extra) for r in range(3)]
     before = [delivered(loader, stop_after=2) for loader in first]
@@ -127,12 +127,12 @@ def test_after_an_elastic_resume_each_step_is_described_at_the_layout_it_ran_at(
         for step, (_, keys) in enumerate(after[rank], start=2):
             description = loader.describe(step, 0)
             assert (description.keys, description.world_size, description.batch_size) == (keys, 2, 3)
-    wider = loader_of(photos, batch_size=3, rank=3, world_size=4, **extra)  # a rank the old layout did not have
+    wider = loader_of(photos, batch_size=3, rank=3, world_size=4, **extra)  # a rank the old topology did not have
     wider.load_state_dict(state)
     with pytest.raises(ValueError, match="rank 3 did not exist at steps 0.. of epoch 0 .world size 3."):
         wider.describe(0)
     assert wider.describe(2).world_size == 4
-    assert loader_of(photos, batch_size=2, rank=0, world_size=3, **extra).describe(0, 1).world_size == 3  # another epoch: one layout
+    assert loader_of(photos, batch_size=2, rank=0, world_size=3, **extra).describe(0, 1).world_size == 3  # another epoch: one topology
 
 
 def test_a_torch_dataloader_of_the_loaders_parts_delivers_the_described_batches(photos: Path) -> None:

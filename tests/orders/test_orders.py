@@ -8,7 +8,9 @@ import itertools
 import numpy as np
 import pytest
 
-from fastload.orders.global_order import EpochOrder, Selection, global_order, rank_batches, shards_of
+from fastload.orders.epoch_order import EpochOrder, Selection, shards_of
+from fastload.orders.global_order import global_order
+from fastload.orders.rank_batches import rank_batches
 from fastload.orders.spec import OrderSpec
 from fastload.orders.streaming import Group, deal, shard_groups, streaming_order, unseen_groups
 
@@ -207,12 +209,12 @@ def test_drop_remainder_cuts_the_order_to_a_multiple_of_the_world_size() -> None
     assert cut.tolist() == whole(order_spec(world_size=4, take=take).order(1))[0][:4].tolist()
 
 
-def test_drop_remainder_resumed_past_a_wider_layouts_cut_finds_the_epoch_over() -> None:
+def test_drop_remainder_resumed_past_a_wider_topologys_cut_finds_the_epoch_over() -> None:
     """30 samples saved at 29 consumed by one rank: on 4 ranks the cut epoch holds 28, so nothing is left
     (was: a ValueError naming the position), and at 24 consumed each of the 4 ranks gets one sample."""
     wide = order_spec(world_size=4, drop_remainder=True)
     assert len(wide.batches(len(wide.order(0)), 29)) == 0
-    rest = [wide.at_layout(4, 4, (), rank=r).batches(28, 24) for r in range(4)]
+    rest = [wide.at_topology(4, 4, (), rank=r).batches(28, 24) for r in range(4)]
     assert [sum(len(plan.positions(b)) for b in range(len(plan))) for plan in rest] == [1, 1, 1, 1]
 
 
@@ -223,7 +225,7 @@ def test_a_streaming_resume_at_another_world_size_reads_the_unseen_samples_once(
     before = order_spec(streaming=True, shuffle_buffer=4, world_size=2).order(2)
     samples, valid = whole(before)
     seen = samples[:consumed][valid[:consumed]].tolist()
-    after = order_spec(streaming=True, shuffle_buffer=4, generations=((2, 3, consumed),)).order(2)
+    after = order_spec(streaming=True, shuffle_buffer=4, resumed_from=((2, 3, consumed),)).order(2)
     rest, rest_valid = whole(after)
     assert sorted(seen + rest[rest_valid].tolist()) == list(range(30))
     assert rest.tolist() != samples.tolist()
@@ -237,7 +239,7 @@ def test_after_a_streaming_resume_at_more_ranks_each_shard_is_read_by_one_rank(c
     (a shard's first sample counted with its neighbour would be)."""
     sizes = (8, 8, 8, 6)
     starts = np.cumsum([0, *sizes])
-    resumed = order_spec(streaming=True, shuffle_buffer=4, world_size=2, generations=((1, 3, consumed),)).order(1)
+    resumed = order_spec(streaming=True, shuffle_buffer=4, world_size=2, resumed_from=((1, 3, consumed),)).order(1)
     shards_read = []
     for rank in range(2):
         samples, valid = lane(resumed, 2, 3, rank)

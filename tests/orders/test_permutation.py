@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 from fastload.orders.balanced import class_members, class_shares, class_weight_vector
-from fastload.orders.global_order import EpochOrder, Selection, global_order, rank_batches
+from fastload.orders.epoch_order import EpochOrder, Selection
+from fastload.orders.global_order import global_order
 from fastload.orders.permutation import Permutation, mix_key, permute
+from fastload.orders.rank_batches import rank_batches
 from fastload.orders.spec import OrderSpec
 
 PRIMES = [3, 5, 7, 11, 13, 101, 1009, 7919, 65521]

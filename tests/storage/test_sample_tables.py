@@ -248,8 +248,8 @@ def test_verify_compares_an_unlisted_table_with_its_shard(ds_root: Path) -> None
     assert fastload.verify_dataset(ds_root).ok
     table = ds_root / "shard-00002.table"
     data = bytearray(table.read_bytes())
-    layout = SampleTable(table, 8).layout
-    data[layout.labels_at] ^= 1  # sample 0's label
+    schema = SampleTable(table, 8).schema
+    data[schema.labels_at] ^= 1  # sample 0's label
     table.write_bytes(bytes(data))
     assert fastload.verify_dataset(ds_root).problems == ["shard-00002.table: disagrees with its shard (keys, labels or offsets)"]
 

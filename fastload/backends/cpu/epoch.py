@@ -6,7 +6,7 @@ epoch's first batch is submitted (its order from ``Position(epoch + 1)``, where 
 leaves the loader), so it is being made while the caller finishes the epoch (a validation pass, a
 checkpoint). The next iteration adopts it when it starts exactly there and its first batch holds
 the same samples, and its stage stats then count from when that work began; anything else
-(set_epoch, load_state_dict, a break, another layout) discards it, so order, resume and each
+(set_epoch, load_state_dict, a break, another topology) discards it, so order, resume and each
 epoch's stats are those of a loader that never ran ahead.
 """
 
@@ -22,9 +22,11 @@ from fastload.errors import SampleError, rebuild_error
 from fastload.loading.epoch import Epoch, EpochInputs
 from fastload.loading.field_batch import as_tensor, copied
 from fastload.loading.slots import BatchBuffers, spec_columns
-from fastload.loading.state import LoaderState, Position
+from fastload.loading.state import LoaderState
 from fastload.loading.stats import StageCounters
-from fastload.orders.global_order import EpochOrder, RankBatches
+from fastload.orders.epoch_order import EpochOrder
+from fastload.orders.position import Position
+from fastload.orders.rank_batches import RankBatches
 
 LENDABLE_SLOTS = 2  # batch slots beyond the workers' queue, for batches the caller still holds
 MIN_PART = 16  # the fewest samples a worker is given of a batch

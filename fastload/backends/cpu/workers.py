@@ -25,10 +25,10 @@ import numpy as np
 
 from fastload.errors import FastloadError, SampleError
 from fastload.fields import LABEL_FIELD, SampleSpec, classic_spec, image_field, parse_label
+from fastload.loading.rng import sample_rng
 from fastload.loading.sample_decode import PlannedSample, fill_sample, plan_image
 from fastload.loading.slots import BatchBuffers
 from fastload.loading.stats import BUSY, StageClock, StageCounters, untimed
-from fastload.orders.global_order import sample_rng
 from fastload.storage.dataset import ShardedDataset
 from fastload.transforms import Transform
 

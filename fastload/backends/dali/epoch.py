@@ -94,7 +94,7 @@ class DaliBatches:
         self.feed = DaliFeed(
             inputs.dataset, inputs.sample_spec, carried_stacked(inputs.sample_spec, inputs.image_shape),
             options.transform, options.seed, options.on_error,
-            inputs.orders.spec(epoch.start.generations), epoch.epoch, epoch.plan.start, shares=shares,
+            inputs.orders.spec(epoch.start.resumed_from), epoch.epoch, epoch.plan.start, shares=shares,
             classes=inputs.orders.classes,
         )
 

@@ -23,8 +23,9 @@ from fastload.fields import SampleSpec
 from fastload.loading.sample_decode import PlannedSample, fill_beside_primary
 from fastload.loading.slots import Column
 from fastload.orders.balanced import ClassMembers
-from fastload.orders.global_order import EpochOrder, RankBatches
+from fastload.orders.epoch_order import EpochOrder
 from fastload.orders.mixture import MixtureOrder
+from fastload.orders.rank_batches import RankBatches
 from fastload.orders.spec import OrderSpec
 from fastload.storage.dataset import ShardedDataset
 from fastload.transforms import Transform
