@@ -19,7 +19,7 @@ import numpy as np
 
 import fastload
 from fastload import transforms as T
-from fastload.backends.cpu.workers import plan_sample
+from fastload.bench.samples import plan_sample
 from fastload.decode.header import MAX_PIXELS
 
 

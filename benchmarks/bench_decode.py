@@ -16,7 +16,7 @@ import simplejpeg
 
 import fastload
 from fastload import transforms as T
-from fastload.backends.cpu.workers import plan_sample
+from fastload.bench.samples import plan_sample
 from fastload.decode.cpu import turbo as _turbo
 from fastload.decode.header import MAX_PIXELS
 

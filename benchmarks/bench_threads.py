@@ -16,7 +16,7 @@ import numpy as np
 
 import fastload
 from fastload import transforms as T
-from fastload.backends.cpu.workers import fill_batch
+from fastload.bench.samples import fill_batch
 
 
 def run_batches(path: str, batch_numbers: list[int], batch_size: int) -> int:

@@ -179,7 +179,7 @@ class BoxesCodec:
 
 class ImageCodec:
     """An encoded image (jpg, png, webp, ...): HWC uint8 RGB, decoded whole (the workers decode
-    only the crop instead: :mod:`fastload.field_decode`)."""
+    only the crop instead: :mod:`fastload.loading.sample_decode`)."""
 
     def decode(self, data: bytes, where: str, field: str) -> np.ndarray:
         """The HWC uint8 pixels."""

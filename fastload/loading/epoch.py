@@ -73,7 +73,7 @@ class Epoch:
         if self.inputs.accelerate:
             self.accelerate = AccelerateEpoch(self, orders.remainder(self.start))
 
-    def state(self) -> Position:
+    def position(self) -> Position:
         """Where this epoch is: the global samples consumed once the batches handed out so far count."""
         return replace(self.start, consumed=self.plan.consumed_after(self.next_yield))
 
@@ -123,7 +123,7 @@ class Epoch:
             return self._next()
         finally:
             stats = self.inputs.stats
-            stats.inside_s += time.perf_counter() - entered
+            stats.add_inside(time.perf_counter() - entered)
             if self.finished:  # its last batch handed out (or closed: then ended already, as broken off)
                 stats.end_epoch(self.stats_token, complete=True)
 
@@ -144,7 +144,7 @@ class Epoch:
         if self.next_yield == len(self.plan):
             self._finish()  # all handed out: the next iter() starts the next epoch
         elif not self.finished:
-            self.loader_state.advance(self.state())
+            self.loader_state.advance(self.position())
         return batch
 
     def _next_batch(self) -> Any:

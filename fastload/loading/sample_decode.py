@@ -60,14 +60,14 @@ class PlannedSample:
 
 
 def plan_image(
-    key: str, where: str, label: int, image: bytes | np.ndarray, specs: Sequence[Transform], rng: Any
+    key: str, where: str, label: int, image: bytes | np.ndarray, transforms: Sequence[Transform], rng: Any
 ) -> PlannedSample:
     """Plan the transforms of one image (encoded bytes: from the header; nothing decoded yet)."""
     if isinstance(image, np.ndarray):
         height, width = image.shape[:2]
-        return PlannedSample(key, where, label, plan(specs, height, width, rng), height, width, pixels=image)
+        return PlannedSample(key, where, label, plan(transforms, height, width, rng), height, width, pixels=image)
     width, height = image_size(image, where)  # a bomb or an empty image is a SampleError here
-    return PlannedSample(key, where, label, plan(specs, height, width, rng), height, width, data=image)
+    return PlannedSample(key, where, label, plan(transforms, height, width, rng), height, width, data=image)
 
 
 def decode_planned(sample: PlannedSample, out: np.ndarray) -> None:
@@ -120,19 +120,19 @@ def check_size(size: tuple[int, ...], holds: tuple[int, ...], where: str) -> Non
 
 
 def fill_sample(
-    ds: ShardedDataset, index: int, spec: SampleSpec, specs: Sequence[Transform], seed: int, epoch: int,
+    ds: ShardedDataset, index: int, sample_spec: SampleSpec, transforms: Sequence[Transform], seed: int, epoch: int,
     rows: dict[str, np.ndarray], clock: StageClock,
 ) -> tuple[str, dict[str, Any]]:
     """Read sample ``index``, write its stacked fields into ``rows`` (field key -> this sample's
     row of the batch slot) and return (sample key, the other fields' values by field key); the
     stages' time goes to ``clock`` (decoding includes the resample libjpeg-turbo fuses with it)."""
     clock.start()
-    key, planned, values = fill_beside_primary(ds, index, spec, specs, seed, epoch, rows, clock)
-    if planned is not None and spec.primary is not None:
-        decode_planned(planned, rows[spec.primary.key])
+    key, planned, values = fill_beside_primary(ds, index, sample_spec, transforms, seed, epoch, rows, clock)
+    if planned is not None and sample_spec.primary is not None:
+        decode_planned(planned, rows[sample_spec.primary.key])
         clock.lap(DECODE)
-    if spec.map is not None:
-        values = _run_map(spec.map, spec, rows, values, _where(ds, index, key), sample_generator(seed, epoch, index))
+    if sample_spec.map is not None:
+        values = _run_map(sample_spec.map, sample_spec, rows, values, _where(ds, index, key), sample_generator(seed, epoch, index))
         clock.lap(MAP)
     clock.count(SAMPLES, 1)
     return key, values
@@ -144,7 +144,7 @@ def _where(ds: ShardedDataset, index: int, key: str) -> str:
 
 
 def fill_beside_primary(
-    ds: ShardedDataset, index: int, spec: SampleSpec, specs: Sequence[Transform], seed: int, epoch: int,
+    ds: ShardedDataset, index: int, sample_spec: SampleSpec, transforms: Sequence[Transform], seed: int, epoch: int,
     rows: dict[str, np.ndarray], clock: StageClock | None = None,
 ) -> tuple[str, PlannedSample | None, dict[str, Any]]:
     """Read sample ``index``, plan its primary image (not decoded: DALI's feed hands it on as it
@@ -157,14 +157,14 @@ def fill_beside_primary(
     clock.count(READ_BYTES, sum(map(len, stored.values())) + (pixels.nbytes if pixels is not None else 0))
     where = _where(ds, index, key)
     present: dict[str, Any] = stored if pixels is None else {**stored, DECODED_FIELD: pixels}
-    names = {field.name: _stored_name(field, present, where) for field in spec.fields}
+    names = {field.name: _stored_name(field, present, where) for field in sample_spec.fields}
     values: dict[str, Any] = {}
     planned = None
-    primary = spec.primary
+    primary = sample_spec.primary
     if primary is not None:
         image = present[cast(str, names[primary.name])]  # the primary image is never optional: found or raised
-        planned = plan_image(key, where, -1, image, specs, sample_rng(seed, epoch, index))
-    for field in spec.fields:
+        planned = plan_image(key, where, -1, image, transforms, sample_rng(seed, epoch, index))
+    for field in sample_spec.fields:
         name = names[field.name]
         if name is None:  # an optional label the sample lacks
             rows[field.key][...] = -1
@@ -237,11 +237,11 @@ def _copy_array(array: np.ndarray, row: np.ndarray, where: str, name: str) -> No
     np.copyto(row, array)
 
 
-def _run_map(sample_map: SampleMap, spec: SampleSpec, rows: dict[str, np.ndarray], values: dict[str, Any], where: str, rng: np.random.Generator) -> dict[str, Any]:
+def _run_map(sample_map: SampleMap, sample_spec: SampleSpec, rows: dict[str, np.ndarray], values: dict[str, Any], where: str, rng: np.random.Generator) -> dict[str, Any]:
     """Apply the user's map to the decoded sample (stacked fields as their writable batch rows);
     what it returns for a stacked field is copied into the row. Any exception is a SampleError
     naming the sample, its traceback text carried in the chained cause."""
-    sample = {field.key: rows[field.key] if field.key in rows else values[field.key] for field in spec.fields}
+    sample = {field.key: rows[field.key] if field.key in rows else values[field.key] for field in sample_spec.fields}
     try:
         result = sample_map(sample, rng)
     except Exception as exc:  # the user's traceback travels as the cause (a worker sends its text along)
@@ -250,7 +250,7 @@ def _run_map(sample_map: SampleMap, spec: SampleSpec, rows: dict[str, np.ndarray
         got = sorted(result) if isinstance(result, dict) else type(result).__name__
         raise SampleError(where, f"map= must return the sample's dict with the keys {sorted(sample)}, got {got}")
     out: dict[str, Any] = {}
-    for field in spec.fields:
+    for field in sample_spec.fields:
         value = result[field.key]
         if field.key not in rows:
             out[field.key] = value
@@ -268,15 +268,15 @@ def _run_map(sample_map: SampleMap, spec: SampleSpec, rows: dict[str, np.ndarray
 PROBED_SAMPLES = 8  # samples of the first shard that decide how array and mask fields are stacked
 
 
-def probe_array_shapes(ds: ShardedDataset, spec: SampleSpec) -> SampleSpec:
-    """``spec`` with what the batch slots need to know of its arrays and masks, from up to
+def probe_array_shapes(ds: ShardedDataset, sample_spec: SampleSpec) -> SampleSpec:
+    """``sample_spec`` with what the batch slots need to know of its arrays and masks, from up to
     PROBED_SAMPLES samples spread over the first shard (only that shard: a remote dataset fetches
     nothing more): each array field whose arrays share one shape and dtype is stacked (others are
     ragged, batched as lists); a mask field holding 16-bit masks is stacked as uint16."""
-    arrays = [f for f in spec.fields if f.role == "array"]
-    masks = [f for f in spec.fields if f.role == "mask"]
+    arrays = [f for f in sample_spec.fields if f.role == "array"]
+    masks = [f for f in sample_spec.fields if f.role == "mask"]
     if not (arrays or masks) or not len(ds):
-        return spec
+        return sample_spec
     first = ds.index.shards[0].samples
     positions = sorted({int(p) for p in np.linspace(0, max(first, 1) - 1, min(first, PROBED_SAMPLES) or 1)})
     seen: dict[str, set[tuple[tuple[int, ...], str]]] = {f.name: set() for f in arrays}
@@ -296,7 +296,7 @@ def probe_array_shapes(ds: ShardedDataset, spec: SampleSpec) -> SampleSpec:
             if name is not None and mask_dtype(stored[name]) == "uint16":
                 wide.add(f.name)
     shapes = tuple((name, *next(iter(found))) for name, found in seen.items() if len(found) == 1)
-    return replace(spec, array_shapes=shapes, wide_masks=tuple(f.name for f in masks if f.name in wide))
+    return replace(sample_spec, array_shapes=shapes, wide_masks=tuple(f.name for f in masks if f.name in wide))
 
 
 def resolve_spec(
@@ -306,7 +306,7 @@ def resolve_spec(
     :func:`fastload.fields.requested_spec`, with stacked arrays' shapes probed."""
     geometric = any(isinstance(t, (*GEOMETRIC, RandomHorizontalFlip)) for t in transform)
     images = bool(ds.index.image_fields) or geometric  # a transform: images are expected, whatever the index lists
-    spec = probe_array_shapes(ds, requested_spec(fields, ds.index.fields, ds.decoded, map, images))
-    if spec.primary is None and geometric:
-        raise ValueError(f"transform= crops and flips images; the fields asked for ({', '.join(f.name for f in spec.fields)}) hold none")
-    return spec
+    sample_spec = probe_array_shapes(ds, requested_spec(fields, ds.index.fields, ds.decoded, map, images))
+    if sample_spec.primary is None and geometric:
+        raise ValueError(f"transform= crops and flips images; the fields asked for ({', '.join(f.name for f in sample_spec.fields)}) hold none")
+    return sample_spec

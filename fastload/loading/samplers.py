@@ -181,7 +181,7 @@ class BatchRequest:
     """How the fast path makes the batches of one loader epoch: enough for any process that holds
     the dataset (a torch worker) to make the same batch."""
 
-    specs: tuple[Transform, ...]
+    transforms: tuple[Transform, ...]
     seed: int
     epoch: int
     on_error: str
@@ -204,13 +204,13 @@ class BatchIndices(list):
 
     def fill(self, dataset: ShardedDataset) -> PlannedBatch:
         """Read, decode and transform this batch's fields as the loader's workers do."""
-        from fastload.backends.cpu.workers import fill_fields
+        from fastload.loading.batch_fill import fill_fields
         from fastload.loading.slots import spec_columns
 
         request = self.request
         columns = {c.name: np.empty((len(self), *c.shape), dtype=c.dtype)
                    for c in spec_columns(request.sample_spec, request.image_shape)}
-        keys, _, values = fill_fields(dataset, np.asarray(self, dtype=np.int64), request.sample_spec, request.specs,
+        keys, _, values = fill_fields(dataset, np.asarray(self, dtype=np.int64), request.sample_spec, request.transforms,
                                       request.seed, request.epoch, request.on_error, columns)
         tensors = {name: as_tensor(column) for name, column in columns.items()}
         return PlannedBatch(tensors, values, keys, np.asarray(self.valid), request, self.step)
@@ -245,7 +245,7 @@ class LoaderCollate:
 
         request = batch.request
         shaped = shaped_batch(request.sample_spec, request.outputs, batch.columns, batch.values, batch.keys, batch.valid,
-                              None, batch_transform(request.specs))
+                              None, batch_transform(request.transforms))
         if self.user is not None:
             shaped = self.user(samples_of(shaped))
         if self.batch_map is not None:

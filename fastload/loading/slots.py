@@ -79,7 +79,7 @@ class BatchBuffers:
             ) from None
         self._free = list(range(slots))
         self._lent: set[int] = set()
-        self.filling: dict[int, int] = {}  # slot -> parts still being written by workers
+        self._filling: dict[int, int] = {}  # slot -> parts still being written by workers
         self._orphans: set[int] = set()  # filling slots whose batch nobody waits for any more
 
     def take(self) -> int | None:
@@ -91,33 +91,37 @@ class BatchBuffers:
         if slot not in self._free:
             self._free.append(slot)
 
+    def start_filling(self, slot: int, parts: int) -> None:
+        """``slot`` (taken) is being written by ``parts`` worker tasks."""
+        self._filling[slot] = parts
+
     def part_done(self, slot: int) -> None:
         """A worker finished writing one part of ``slot``; an orphaned slot is free once all are in."""
-        left = self.filling[slot] - 1
+        left = self._filling[slot] - 1
         if left:
-            self.filling[slot] = left
+            self._filling[slot] = left
             return
-        del self.filling[slot]
+        del self._filling[slot]
         if slot in self._orphans:
             self._orphans.discard(slot)
             self.give_back(slot)
 
     def release(self, slot: int) -> None:
         """Nobody needs this slot's batch: free now, or once the workers writing it are done."""
-        if slot in self.filling:
+        if slot in self._filling:
             self._orphans.add(slot)
         else:
             self.give_back(slot)
 
     def forget_filling(self) -> None:
         """The workers are gone: nothing is being written any more."""
-        self.filling.clear()
+        self._filling.clear()
         self._orphans.clear()
 
     def reclaim(self, held: Collection[int] = ()) -> None:
         """At an epoch's start: every slot neither lent, nor still being written, nor ``held`` (the
         epoch's batches made ahead) is free."""
-        self._free = [slot for slot in range(self.slots) if slot not in self._lent and slot not in self.filling and slot not in held]
+        self._free = [slot for slot in range(self.slots) if slot not in self._lent and slot not in self._filling and slot not in held]
 
     def lend(self, slot: int, count: int, keep: int) -> dict[str, np.ndarray] | None:
         """The first ``count`` rows of every column of ``slot`` as views that free the slot when

@@ -199,6 +199,14 @@ class LoaderStats:
         self.batches += 1
         self.samples += samples
 
+    def add_inside(self, seconds: float) -> None:
+        """Count time spent inside the loader's ``next()``."""
+        self.inside_s += seconds
+
+    def record_redone_on_cpu(self) -> None:
+        """Count one batch DALI could not decode, redone on the CPU path."""
+        self.redone_on_cpu += 1
+
     def record_skip(self, where: str, reason: str) -> None:
         """Count one sample replaced under on_error='skip'."""
         self.skipped.add(key=where.rsplit(":", 1)[-1], where=where, reason=reason)

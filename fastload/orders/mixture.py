@@ -7,11 +7,11 @@ seeded draw (shuffle) or spread evenly (no shuffle). The arrangement is made par
 before, follow from the halvings above the position's leaf and the leaf alone, so any batch is
 evaluated without an array of the epoch's length (:meth:`MixtureOrder.indices`). Member m's k-th position
 over the whole run takes the sample at position ``k % size`` of the member's own epoch
-``k // size``, an order seeded per member (:class:`~fastload.orders.global_order.OrderSpec`), so a member
+``k // size``, an order seeded per member (:class:`~fastload.orders.spec.OrderSpec`), so a member
 that runs out starts its next epoch with its own reshuffle while the others carry on.
 
 The mixture is one index space (members concatenated), its order a global order like any other:
-ranks take their slices of global steps (:func:`~fastload.orders.global_order.rank_batches`), and a resume
+ranks take their slices of global steps (:func:`~fastload.orders.rank_batches.rank_batches`), and a resume
 at any world size continues from the samples consumed, every member where it was.
 """
 
@@ -103,7 +103,7 @@ class MemberPosition:
 @dataclass(frozen=True)
 class MixtureOrder:
     """Everything a mixture's epoch orders and a rank's batches depend on, as plain values: the
-    loader's :class:`~fastload.orders.global_order.OrderSpec` (seed, shuffle, rank, world and batch size),
+    loader's :class:`~fastload.orders.spec.OrderSpec` (seed, shuffle, rank, world and batch size),
     which it stands in for (DALI's workers get a copy), and the members' shards.
 
     ``member_shards`` holds each member's shard sizes; a ``remote`` member reads its own epoch in

@@ -17,8 +17,9 @@ from typing import Any, cast
 
 import numpy as np
 
-from fastload.backends.cpu.workers import BatchResult, WorkerConfig, WorkerError, WorkerPool, fill_fields, merge_parts
+from fastload.backends.cpu.workers import BatchResult, WorkerConfig, WorkerError, WorkerPool, merge_parts
 from fastload.errors import SampleError, rebuild_error
+from fastload.loading.batch_fill import fill_fields
 from fastload.loading.epoch import Epoch, EpochInputs
 from fastload.loading.field_batch import as_tensor, copied
 from fastload.loading.slots import BatchBuffers, spec_columns
@@ -54,7 +55,7 @@ class Dispatch:
         the first one included, is ready in 1/workers of the time."""
         count = max(1, min(workers, len(indices) // MIN_PART))
         bounds = np.linspace(0, len(indices), count + 1).astype(int)
-        buffers.filling[slot] = count
+        buffers.start_filling(slot, count)
         for start, end in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
             pool.submit(self.run, self.next_submit, slot, epoch, start, indices[start:end])
         self.expected_parts[self.next_submit] = count
@@ -111,7 +112,7 @@ class CpuWorkers:
         self.buffers: BatchBuffers | None = None
         self.counters: StageCounters | None = None  # the workers' (and inline work's) stage times
         self.runs = 0  # runs started (epochs, run-aheads): tags worker tasks, so answers for an abandoned one are recognised
-        self.run_ahead: RunAhead | None = None  # the next epoch's first batches, made before it starts
+        self._run_ahead: RunAhead | None = None  # the next epoch's first batches, made before it starts
 
     def epoch(self, inputs: EpochInputs) -> CpuEpoch:
         """An iterator over the next epoch's batches."""
@@ -132,13 +133,22 @@ class CpuWorkers:
             self.pool = WorkerPool(config, options.num_workers)
         return self.buffers, self.pool, self.counters
 
+    def keep_run_ahead(self, ahead: RunAhead) -> None:
+        """Hold the next epoch's first batches until the next iteration adopts or discards them."""
+        self._run_ahead = ahead
+
+    def take_run_ahead(self) -> RunAhead | None:
+        """The batches made ahead, if any, now the caller's to adopt or discard."""
+        ahead, self._run_ahead = self._run_ahead, None
+        return ahead
+
     def new_run(self) -> Dispatch:
         """A run under a tag of its own."""
         self.runs += 1
         return Dispatch(self.runs)
 
     def _stop_pool(self) -> None:
-        self.run_ahead = None
+        self._run_ahead = None
         if self.pool is not None:
             self.pool.close()
             self.pool = None
@@ -186,10 +196,9 @@ class CpuEpoch(Epoch):
 
     def _adopt_run_ahead(self) -> RunAhead | None:
         """The run-ahead when its batches are this epoch's first ones (same start, same samples), else None (discarded)."""
-        ahead = self.workers.run_ahead
+        ahead = self.workers.take_run_ahead()
         if ahead is None:
             return None
-        self.workers.run_ahead = None
         if ahead.start == self.start and len(ahead.submitted) <= len(self.plan) and all(
             np.array_equal(indices, self._indices(batch_no)) for batch_no, indices in enumerate(ahead.submitted)
         ):
@@ -224,7 +233,7 @@ class CpuEpoch(Epoch):
         start = Position(self.epoch + 1)  # where LoaderState.finish() leaves the next iteration
         orders, counters = self.inputs.orders, cast(StageCounters, self.workers.counters)  # ensure() made them
         ahead = RunAhead(start, orders.batches(start), orders.order(start), self.workers.new_run(), counters.snapshot())
-        self.workers.run_ahead = ahead
+        self.workers.keep_run_ahead(ahead)
         ahead.submit_more(pool, self.buffers, self.inputs.options.num_workers)
 
     def _run_inline(self) -> BatchResult:

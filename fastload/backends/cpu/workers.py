@@ -17,59 +17,25 @@ import signal
 import time
 import traceback
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar, cast
+from typing import cast
 
 import numpy as np
 
 from fastload.errors import FastloadError, SampleError
-from fastload.fields import LABEL_FIELD, SampleSpec, classic_spec, image_field, parse_label
-from fastload.loading.rng import sample_rng
-from fastload.loading.sample_decode import PlannedSample, fill_sample, plan_image
+from fastload.fields import SampleSpec
+from fastload.loading.batch_fill import fill_fields
 from fastload.loading.slots import BatchBuffers
-from fastload.loading.stats import BUSY, StageClock, StageCounters, untimed
+from fastload.loading.stats import BUSY, StageCounters
 from fastload.storage.dataset import ShardedDataset
 from fastload.transforms import Transform
 
 POLL_S = 0.2  # how often a waiting side checks that the other is still alive
-Attempted = TypeVar("Attempted")
-MAX_SUBSTITUTES = 64  # with on_error="skip": how many following samples to try in place of a bad one
 
 
 class WorkerError(FastloadError):
     """A worker failed: it raised (traceback included) or died (signal or exit code named)."""
-
-
-def plan_sample(ds: ShardedDataset, index: int, specs: Sequence[Transform], seed: int, epoch: int) -> PlannedSample:
-    """Read sample ``index`` and plan its transforms from the image header (nothing decoded yet)."""
-    key, fields, pixels = ds.raw(index)
-    where = f"{ds.index.shards[ds.locate(index)[0]].path}:{key}"
-    label = parse_label(fields[LABEL_FIELD], where) if LABEL_FIELD in fields else -1
-    if pixels is None:
-        ext = image_field(fields)
-        if ext is None:
-            raise SampleError(where, f"no image field among {sorted(fields)}")
-        pixels_or_bytes: np.ndarray | bytes = fields[ext]
-    else:
-        pixels_or_bytes = pixels
-    return plan_image(key, where, label, pixels_or_bytes, specs, sample_rng(seed, epoch, index))
-
-
-def with_substitutes(
-    ds: ShardedDataset, index: int, on_error: str, skipped: list[tuple[str, str]], attempt: Callable[[int], Attempted]
-) -> Attempted:
-    """``attempt(index)``, or with ``on_error="skip"`` ``attempt`` of the next sample in dataset
-    order (:meth:`ShardedDataset.substitute`) that does not raise SampleError (each one passed over is appended to ``skipped`` as
-    (where, reason)), so a batch keeps its size whatever the number of workers."""
-    for offset in range(MAX_SUBSTITUTES + 1):
-        try:
-            return attempt(ds.substitute(index, offset))
-        except SampleError as exc:
-            if on_error == "raise":
-                raise
-            skipped.append((exc.where, exc.reason))
-    raise SampleError(ds.where(index), f"it and the {MAX_SUBSTITUTES} samples after it are all unreadable")
 
 
 @dataclass
@@ -90,67 +56,17 @@ class BatchResult:
     failure: tuple[str, str] | None = None  # (class name, message) of another fastload error that stopped it
 
 
-def fill_fields(
-    ds: ShardedDataset,
-    indices: np.ndarray,
-    spec: SampleSpec,
-    specs: Sequence[Transform],
-    seed: int,
-    epoch: int,
-    on_error: str,
-    columns: dict[str, np.ndarray],
-    clock: StageClock | None = None,
-) -> tuple[list[str], list[tuple[str, str]], dict[str, list]]:
-    """Write the batch's stacked fields into ``columns`` (field key -> its rows); return keys,
-    skips and the other fields' values as lists. With ``on_error="skip"`` a bad sample is replaced
-    by the next readable one (:func:`with_substitutes`). Stage times go to ``clock`` when given."""
-    clock = clock or untimed()
-    keys: list[str] = []
-    skipped: list[tuple[str, str]] = []
-    values: dict[str, list] = {f.key: [] for f in spec.fields if f.key not in columns}
-    try:
-        for j, index in enumerate(indices.tolist()):
-            rows = {name: column[j, ...] for name, column in columns.items()}  # [j, ...]: a view even of a scalar row
-            key, sample_values = with_substitutes(
-                ds, index, on_error, skipped, lambda i: fill_sample(ds, i, spec, specs, seed, epoch, rows, clock)  # noqa: B023 - called at once
-            )
-            keys.append(key)
-            for name, value in sample_values.items():
-                values[name].append(value)
-    finally:
-        clock.flush()
-    return keys, skipped, values
-
-
-def fill_batch(
-    ds: ShardedDataset,
-    indices: np.ndarray,
-    specs: Sequence[Transform],
-    seed: int,
-    epoch: int,
-    on_error: str,
-    images: np.ndarray,
-    labels: np.ndarray,
-) -> tuple[list[str], list[tuple[str, str]]]:
-    """A classification batch: the samples' images into ``images`` (N,C,H,W), labels (-1 where
-    none) into ``labels``; return keys and skips (:func:`fill_fields` of the classic spec)."""
-    spec = classic_spec(ds.decoded)
-    image, label = spec.fields
-    keys, skipped, _ = fill_fields(ds, indices, spec, specs, seed, epoch, on_error, {image.key: images, label.key: labels})
-    return keys, skipped
-
-
 @dataclass(frozen=True)
 class WorkerConfig:
     """What every worker needs; inherited through fork, never pickled."""
 
     dataset: ShardedDataset
-    specs: tuple[Transform, ...]
+    transforms: tuple[Transform, ...]
     seed: int
     on_error: str
     buffers: BatchBuffers
     worker_init_fn: Callable[[int], None] | None
-    sample: SampleSpec  # the fields to make of each sample
+    sample_spec: SampleSpec  # the fields to make of each sample
     counters: StageCounters  # each worker times its stages into its row
 
 
@@ -183,7 +99,7 @@ def _worker_main(worker_id: int, config: WorkerConfig, tasks: multiprocessing.Qu
         try:
             columns = config.buffers.slot_columns(slot, slice(start, start + len(indices)))
             result.keys, result.skipped, result.values = fill_fields(
-                config.dataset, indices, config.sample, config.specs, config.seed, epoch, config.on_error, columns, clock
+                config.dataset, indices, config.sample_spec, config.transforms, config.seed, epoch, config.on_error, columns, clock
             )
         except SampleError as exc:
             result.bad_sample = (exc.where, exc.reason)

@@ -11,11 +11,11 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from fastload.backends.cpu.workers import fill_fields
 from fastload.backends.dali.feed import DaliFeed
 from fastload.backends.dali.protocol import carried_stacked, read_carried
 from fastload.backends.dali.shares import DaliShares
 from fastload.fields import FieldSpec, SampleSpec
+from fastload.loading.batch_fill import fill_fields
 from fastload.loading.epoch import Epoch, EpochInputs
 from fastload.loading.field_batch import as_tensor
 from fastload.loading.slots import spec_columns
@@ -113,7 +113,7 @@ class DaliBatches:
                 raise
             log.warning("fastload: DALI failed on batch %d of epoch %d, redoing it on the CPU: %s",
                         batch_no, self.epoch_no, (str(exc).strip().splitlines() or ["RuntimeError"])[-1][:300])
-            self.inputs.stats.redone_on_cpu += 1
+            self.inputs.stats.record_redone_on_cpu()
             parts = self._on_cpu(indices)
             following = batch_no + 1
             self.decoder.start(replace(self.feed, first_batch=following), self.total - following)

@@ -15,11 +15,11 @@ from typing import Any, cast
 
 import numpy as np
 
-from fastload.backends.cpu.workers import with_substitutes
 from fastload.backends.dali.protocol import carried_fields, empty_feed_columns, encode_note, row_bytes, stored_form
 from fastload.backends.dali.shares import DaliShares
 from fastload.errors import SampleError
 from fastload.fields import SampleSpec
+from fastload.loading.batch_fill import with_substitutes
 from fastload.loading.sample_decode import PlannedSample, fill_beside_primary
 from fastload.loading.slots import Column
 from fastload.orders.balanced import ClassMembers
@@ -37,15 +37,15 @@ PLACEHOLDER_SIDE = 8
 class DaliFeed:
     """Batch ``info.iteration`` of DALI epoch ``info.epoch_idx``. DALI's epoch 0 is ``first_epoch``
     from order position ``start``, skipping its first ``first_batch`` batches (already delivered);
-    each later DALI epoch (after a reset) is the next epoch from its beginning. ``spec``'s fields
+    each later DALI epoch (after a reset) is the next epoch from its beginning. ``sample_spec``'s fields
     other than the primary image are carried beside it, the ``stacked`` ones as slot rows. With
 ``shares`` (the hybrid backend) a batch is its first samples only, as many as the training
 process published for it; the CPU workers make the rest."""
 
     dataset: ShardedDataset
-    spec: SampleSpec
+    sample_spec: SampleSpec
     stacked: tuple[Column, ...]  # the carried fields batched as fixed-shape rows (labels, masks, ...)
-    specs: tuple[Transform, ...]
+    transforms: tuple[Transform, ...]
     seed: int
     on_error: str
     orders: OrderSpec | MixtureOrder
@@ -80,15 +80,15 @@ process published for it; the CPU workers make the rest."""
         indices = order.indices(batches.positions(batch_no)).tolist()
         if self.shares is not None:
             indices = indices[: self.shares.wait(batch_no)]
-        columns, carried = empty_feed_columns(carried_fields(self.spec))
+        columns, carried = empty_feed_columns(carried_fields(self.sample_spec))
         stacked = {c.name: np.zeros((len(indices), *c.shape), c.dtype) for c in self.stacked}
-        roles = {f.key: f.role for f in self.spec.fields}
+        roles = {f.key: f.role for f in self.sample_spec.fields}
         for j, index in enumerate(indices):
             rows = {name: column[j, ...] for name, column in stacked.items()}  # [j, ...]: a view even of a scalar row
             skipped: list[tuple[str, str]] = []
             try:
                 key, planned, values = with_substitutes(self.dataset, index, self.on_error, skipped, lambda i: fill_beside_primary(
-                    self.dataset, i, self.spec, self.specs, self.seed, epoch, rows))  # noqa: B023 - called at once
+                    self.dataset, i, self.sample_spec, self.transforms, self.seed, epoch, rows))  # noqa: B023 - called at once
             except SampleError as exc:  # DALI's workers cannot raise it intact: it travels as a note
                 columns.jpegs.append(placeholder_jpeg())
                 region = decode_region((0.0, 0.0, PLACEHOLDER_SIDE, PLACEHOLDER_SIDE), PLACEHOLDER_SIDE, PLACEHOLDER_SIDE, (1, 1))

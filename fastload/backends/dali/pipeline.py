@@ -62,7 +62,7 @@ class DaliBatchDecoder:
         parallel = self.workers > 0
         start_method = "spawn" if cuda_initialized() else "fork"
         pool = {"py_num_workers": self.workers, "py_start_method": start_method} if parallel else {}
-        carried = carried_fields(feed.spec)  # passed through untouched, after the decoded columns
+        carried = carried_fields(feed.sample_spec)  # passed through untouched, after the decoded columns
 
         @dali.pipeline_def(
             batch_size=self.batch_size, num_threads=self.num_threads, device_id=self.device_id, prefetch_queue_depth=2, **pool
