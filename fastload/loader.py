@@ -7,8 +7,9 @@ memory; the main process keeps ``prefetch_factor`` batches in flight per worker,
 batches to ``device``, and applies Normalize/ToDtype there on whole batches.
 
 The loader is its stages: options validated once (fastload.loading.options), one training position
-(fastload.loading.state), the orders (fastload.loading.orders), and each backend's epoch (fastload.backends.cpu.epoch,
-fastload.backends.dali.epoch), which starts at the state's position and advances it.
+(fastload.loading.state), the orders (fastload.loading.orders), and the engine that makes its epochs
+(fastload.backends.engines: the CPU workers, DALI or both), each starting at the state's position
+and advancing it.
 """
 
 from __future__ import annotations
@@ -24,10 +25,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from fastload.backends.choice import cached_rates, choose_backend, probe_key
-from fastload.backends.cpu.epoch import CpuWorkers
-from fastload.backends.dali.epoch import DaliPipeline, dali_refusal
-from fastload.backends.hybrid.epoch import HybridEngine
+from fastload.backends.engines import make_engine
 from fastload.dist import check_ranks_agree
 from fastload.fields import SampleSpec
 from fastload.loading.batch_outputs import BatchOutputs
@@ -166,9 +164,7 @@ class DataLoader(torch.utils.data.DataLoader):
         self.sample_spec = with_torchvision_steps(
             resolve_spec(sharded, options.fields, options.map, options.transform), options.torchvision_steps)
         self.image_shape = self._image_shape()
-        key = probe_key(options.transform, options.num_workers, options.batch_size)
-        choice = choose_backend(options.backend, sharded.decoded, dali_refusal(self.sample_spec, options.torchvision_steps),
-                                key, self._probe_loader, options.num_workers)
+        choice, self._engine = make_engine(options, self.sample_spec, sharded.decoded, self._probe_loader)
         self.backend = choice.name
         if (choice.name, choice.why) not in _logged:
             _logged.add((choice.name, choice.why))
@@ -176,13 +172,6 @@ class DataLoader(torch.utils.data.DataLoader):
         self.stats = LoaderStats()
         self.state = LoaderState(options.streaming)
         self.orders = LoaderOrders(sharded, options)
-        self._engine: CpuWorkers | DaliPipeline | HybridEngine = CpuWorkers()
-        if choice.engine == "dali":
-            self._engine = DaliPipeline(gpu=choice.gpu)
-        elif choice.engine == "hybrid":
-            rates = choice.rates or cached_rates(key) or {}  # an earlier probe's, else the split starts even
-            known = (rates["dali"], rates["cpu"]) if {"dali", "cpu"} <= rates.keys() else None
-            self._engine = HybridEngine(choice.gpu, options.num_workers, known)
         self._batch_fn = batch_transform(options.transform)
         self._batch_outputs = BatchOutputs(sharded.has_labels, options.return_keys, options.evaluation)
         self._sampler_epoch_seen = None if options.distributed is None else options.distributed.epoch

@@ -243,7 +243,7 @@ def test_cache_entries_stay_in_the_cache_folder(tmp_path: Path) -> None:
         (set_shard(1, samples=2**64), "shards[1].samples"),
         (set_shard(1, bytes=None), "shards[1].bytes"),
         (set_shard(1, path=["shard-00001.tar"]), "shards[1].path"),
-        (lambda d: d.update(decoded_shape=[32, 32, 3]), "decoded_shape: only an hdf5 dataset"),  # an AttributeError
+        (lambda d: d.update(decoded_shape=[32, 32, 3]), "decoded_shape: a wds dataset holds no decoded pixels"),  # an AttributeError
         (lambda d: d.update(version=True), "version"),
         (lambda d: d.update(layout=["wds"]), "layout"),
         (lambda d: d.update(fields="jpg"), "fields"),

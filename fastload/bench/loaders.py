@@ -96,7 +96,7 @@ def pillow_transform(image: Any, specs: tuple, rng: Any) -> Any:
 
 def _local_tars(ds: ShardedDataset, reader: str) -> Path:
     """The folder of ``ds``'s tar shards; other readers' pipelines need local tars."""
-    if ds.index.layout != "wds" or ds.root is None:
+    if not ds.layout.offsets_beside or ds.root is None:
         raise ValueError(f"{reader} reads local tar shards")
     return ds.root
 

@@ -17,13 +17,15 @@ NEAR_HELP = (
 )
 
 def _add_convert(sub: argparse._SubParsersAction) -> None:
+    from fastload.converters.engines import ENGINES
     from fastload.converters.sources import SOURCE_MODULES
+    from fastload.converters.writers import WRITER_MODULES
 
     p = sub.add_parser("convert", help="convert a raw dataset into sharded WebDataset tar or HDF5")
     p.add_argument("src", help="the raw dataset (folder or file)")
     p.add_argument("out", help="output folder for shards and index.json, or a URL (s3://bucket/prefix, gs://..., any fsspec URL)")
     p.add_argument("--from", dest="source", required=True, choices=sorted(SOURCE_MODULES))
-    p.add_argument("--to", dest="layout", default="wds", choices=["wds", "hdf5"])
+    p.add_argument("--to", dest="layout", default="wds", choices=sorted(WRITER_MODULES))
     size = p.add_mutually_exclusive_group()
     size.add_argument("--shard-size", default="256MB", help="target shard size, e.g. 256MB, 1GiB (default 256MB)")
     size.add_argument("--samples-per-shard", type=int, help="samples per shard instead of a size")
@@ -48,7 +50,7 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--split", default="train", choices=["train", "test"], help="cifar/mnist: which split")
     p.add_argument("--hdf5-decoded", action="store_true", help="HDF5: store decoded uint8[N,H,W,C] pixels")
     p.add_argument("--hdf5-compression", choices=["gzip", "lzf"], help="HDF5: compress decoded pixels")
-    p.add_argument("--engine", choices=["local", "ray"], default="local", help="local process pool, or a Ray cluster")
+    p.add_argument("--engine", choices=ENGINES, default="local", help="local process pool, or a Ray cluster")
     p.add_argument("--address", help="with --engine ray: 'auto' or ray://HOST:PORT (default: start a local Ray)")
     p.add_argument("--staging", help="with a URL as OUT: local folder for shards awaiting upload (default: in FASTLOAD_CACHE_DIR)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -6,7 +6,7 @@ import random
 from dataclasses import dataclass
 
 from fastload.converters.sample import SourceItem
-from fastload.converters.writers import SHARD_SUFFIX
+from fastload.formats.shard_formats import shard_format
 
 TAR_OVERHEAD_PER_MEMBER = 1024  # header + average padding, for planning tar shards by bytes
 
@@ -30,7 +30,7 @@ def order_items(items: list[SourceItem], shuffle: bool, seed: int, limit: int | 
 
 def shard_name(number: int, layout: str) -> str:
     """File name of shard ``number``: shard-00000.tar, shard-00001.h5, ..."""
-    return f"shard-{number:05d}{SHARD_SUFFIX[layout]}"
+    return f"shard-{number:05d}{shard_format(layout).suffix}"
 
 
 class ShardCutter:

@@ -1,4 +1,5 @@
-"""Read side of each shard layout: random access to one sample's raw fields by position."""
+"""Read side of each shard layout (the table in ``shard_formats``): random access to one sample's
+raw fields by position, every file confined to the dataset root."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 from fastload.errors import ShardError
 from fastload.files import open_regular_sized
 from fastload.formats.index import DatasetIndex, ShardInfo
+from fastload.formats.shard_formats import shard_format
 
 if TYPE_CHECKING:
     import numpy as np
@@ -133,10 +135,10 @@ def open_shard(root: Path, index: DatasetIndex, shard: ShardInfo, table: SampleT
     """A reader for one shard of a dataset under ``root``, by its layout; its files must lie
     inside ``root`` once symlinks are followed (a tar's ``.idx`` is checked only where it is
     read: where no ``table`` is given)."""
-    base = str(root)
-    offsets = dataset_path(base, offsets_name(shard)) if index.layout == "wds" and table is None else None
+    base, layout = str(root), shard_format(index.layout)
+    offsets = dataset_path(base, offsets_name(shard)) if layout.offsets_beside and table is None else None
     files = len(index.shards) if open_files is None else open_files
-    data = root_file(base, shard.path) if index.layout == "wds" else dataset_path(base, shard.path)  # h5py opens by path: checked first
+    data = dataset_path(base, shard.path) if layout.opened_by_path else root_file(base, shard.path)  # checked before a library opens it
     return open_shard_files(index, shard, data, offsets, files, table, base)
 
 
@@ -153,12 +155,4 @@ def open_shard_files(
     cache: ``root`` None); ``open_files``: how many shards a process may hold open at once (sizes
     HDF5's chunk cache); ``table``: a tar shard's sample table (else its ``.idx`` at ``offsets``
     is parsed into memory)."""
-    if index.layout == "wds":
-        from fastload.formats.tar import TarShardReader
-
-        if offsets is None and table is None:
-            raise ValueError(f"{data}: a tar shard is read through its sample table or its offset index; neither given")
-        return TarShardReader(data, offsets, shard.samples, table, root)
-    from fastload.formats.hdf5 import Hdf5ShardReader, chunk_cache_bytes
-
-    return Hdf5ShardReader(Path(data), shard.samples, index.decoded_shape, chunk_cache_bytes(open_files))
+    return shard_format(index.layout).open_reader(index, shard, data, offsets, open_files, table, root)

@@ -14,10 +14,10 @@ import os
 from dataclasses import MISSING, asdict, dataclass, field
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
-from typing import Literal
 
 from fastload.errors import DatasetIndexError
 from fastload.files import atomic_write_bytes, check_relative_path, is_sha256, read_file
+from fastload.formats.shard_formats import LAYOUTS, shard_format
 
 FORMAT_NAME = "fastload"
 FORMAT_VERSION = 3  # 2: HDF5 byte columns stored flat (a group of `bytes` + `offsets`); 3: per-shard sample tables
@@ -25,8 +25,6 @@ READABLE_VERSIONS = (1, 2, 3)
 INDEX_FILE = "index.json"
 SKIPPED_REPORT = "skipped.jsonl"
 
-Layout = Literal["wds", "hdf5"]
-LAYOUTS: tuple[str, ...] = ("wds", "hdf5")
 
 
 MAX_INT = 2**63 - 1  # counts, sizes and labels all fit an int64
@@ -125,8 +123,8 @@ class DatasetIndex:
         if not isinstance(self.conversion, dict):
             raise DatasetIndexError("conversion: must be an object")
         if self.decoded_shape is not None:
-            if self.layout != "hdf5":
-                raise DatasetIndexError("decoded_shape: only an hdf5 dataset holds decoded pixels")
+            if not shard_format(self.layout).holds_pixels:
+                raise DatasetIndexError(f"decoded_shape: a {self.layout} dataset holds no decoded pixels")
             if not isinstance(self.decoded_shape, tuple) or len(self.decoded_shape) != 3:
                 raise DatasetIndexError("decoded_shape: must be [height, width, channels]")
             for side in self.decoded_shape:

@@ -1,14 +1,15 @@
-"""One pass over a rank's batches, whatever the backend: where it starts (the loader's state), the
+r"""One pass over a rank's batches, whatever the backend: where it starts (the loader's state), the
 batches it owes, downloads ahead for a remote dataset, accelerate's epoch hooks, and the finishing
 of each batch (device, Normalize/ToDtype, the outputs' shape, then ``collate_fn=`` on its samples and
-``batch_map=`` on the whole batch). Backends subclass :class:`Epoch`."""
+``batch_map=`` on the whole batch). Backends subclass :class:`Epoch`, and their engines (what
+lasts across epochs: worker processes, a pipeline) are :class:`Engine`\ s."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -194,3 +195,14 @@ class Epoch:
                 self.close()
             except Exception:
                 pass
+
+
+class Engine(Protocol):
+    """What makes a loader's epochs, kept across them (worker processes, a DALI pipeline) and
+    closed with the loader. fastload.backends.engines makes one per loader."""
+
+    def epoch(self, inputs: EpochInputs) -> Epoch:
+        """An iterator over the next epoch's batches."""
+
+    def close(self) -> None:
+        """Stop what the engine runs and release its memory."""

@@ -15,6 +15,7 @@ from fastload.fields import LABEL_FIELD, decode_field, image_field
 from fastload.files import reserve_descriptors
 from fastload.formats import PixelReader, ShardReader, offsets_name, open_shard, open_shard_files, table_name, this_process
 from fastload.formats.index import INDEX_FILE, DatasetIndex, read_index
+from fastload.formats.shard_formats import ShardFormat, shard_format
 from fastload.formats.table import SampleTable
 from fastload.storage.remote import is_url
 from fastload.storage.sample_tables import (
@@ -107,6 +108,11 @@ class ShardedDataset:
     def __len__(self) -> int:
         return self._starts[-1]
 
+    @property
+    def layout(self) -> ShardFormat:
+        """Its shards' layout: the row of fastload.formats.shard_formats that index.json names."""
+        return shard_format(self.index.layout)
+
     def __repr__(self) -> str:
         return f"fastload.open({self.location!r}): {len(self)} samples, {len(self.index.shards)} {self.index.layout} shards"
 
@@ -177,7 +183,7 @@ class ShardedDataset:
 
     def _open_local(self, shard: int) -> ShardReader:
         info, root = self.index.shards[shard], cast(Path, self.root)
-        table = local_table(root, self.index, info) if self.index.layout == "wds" else None
+        table = local_table(root, self.index, info) if self.layout.reads_through_table else None
         return open_shard(root, self.index, info, table, open_files=min(len(self.index.shards), self.max_open_shards))
 
     def _open_cached(self, shard: int) -> ShardReader:
@@ -194,7 +200,7 @@ class ShardedDataset:
 
     def _open_files(self, shard: int, data: Path, offsets: Path | None, table: Path | None) -> ShardReader:
         info = self.index.shards[shard]
-        samples = SampleTable(table, info.samples) if table is not None and self.index.layout == "wds" else None
+        samples = SampleTable(table, info.samples) if table is not None and self.layout.reads_through_table else None
         reader = open_shard_files(self.index, info, data, offsets, min(len(self.index.shards), MAX_OPEN_REMOTE_SHARDS), samples)
         reader.open()
         return reader
@@ -218,7 +224,7 @@ class ShardedDataset:
             raise ValueError(f"{self.location} is a local dataset: nothing to fetch")
         info = self.index.shards[shard]
         offsets = None
-        if self.index.layout == "wds":
+        if self.layout.offsets_beside:
             name = offsets_name(info)
             offsets = self.cache.path(RemoteFile(join(self.url, name), name, info.offsets_sha256, None))
         data = self.cache.path(RemoteFile(join(self.url, info.path), info.path, info.sha256, info.bytes))

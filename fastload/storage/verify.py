@@ -14,6 +14,7 @@ from fastload.fields import decode_field, default_role, image_field
 from fastload.files import file_sha256, read_file
 from fastload.formats import ShardReader, dataset_file, offsets_name, open_shard, open_shard_files, table_name
 from fastload.formats.index import DatasetIndex, ShardInfo, read_index
+from fastload.formats.shard_formats import shard_format
 from fastload.storage.remote import is_url
 
 
@@ -46,7 +47,7 @@ def _check_shard(root: Path, index: DatasetIndex, shard: ShardInfo, decode: bool
         if file_sha256(path) != shard.sha256:
             report.problems.append(f"{shard.path}: sha256 mismatch (corrupted)")
             return
-        if index.layout == "wds" and shard.offsets_sha256 and not _file_matches(dataset_file(root, offsets_name(shard)), shard.offsets_sha256):
+        if shard_format(index.layout).offsets_beside and shard.offsets_sha256 and not _file_matches(dataset_file(root, offsets_name(shard)), shard.offsets_sha256):
             report.problems.append(f"{offsets_name(shard)}: missing or sha256 mismatch (the shard's offset index is corrupted)")
             return
         table = dataset_file(root, table_name(shard))

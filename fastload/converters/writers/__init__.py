@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     import numpy as np
 
 WRITER_MODULES: dict[str, str] = {"wds": "fastload.converters.writers.wds", "hdf5": "fastload.converters.writers.hdf5"}
-SHARD_SUFFIX: dict[str, str] = {"wds": ".tar", "hdf5": ".h5"}
 
 
 @dataclass

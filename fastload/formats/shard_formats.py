@@ -1,0 +1,64 @@
+"""The shard layouts a dataset can be stored in, as one table (index.json's ``layout`` names the
+row): the shard file's suffix, the files beside it, and how a reader is opened. To add a layout:
+its reader module under ``formats/``, its row here, its writer in ``converters/writers/``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from fastload.formats import ShardReader
+    from fastload.formats.index import DatasetIndex, ShardInfo
+    from fastload.formats.table import SampleTable
+
+
+class OpenReader(Protocol):
+    """Opens a reader over one shard's files (see :func:`fastload.formats.open_shard_files`)."""
+
+    def __call__(self, index: DatasetIndex, shard: ShardInfo, data: str | Path, offsets: str | Path | None,
+                 open_files: int, table: SampleTable | None, root: str | None) -> ShardReader: ...
+
+
+@dataclass(frozen=True)
+class ShardFormat:
+    """One shard layout as stored."""
+
+    layout: str  # its name in index.json
+    suffix: str  # the shard file's ending
+    offsets_beside: bool  # a DALI ``.idx`` beside each shard (read where the shard has no sample table)
+    reads_through_table: bool  # its reader finds samples through the shard's sample table (else its own columns)
+    opened_by_path: bool  # its library opens the file by path (h5py): the path is checked against the root first
+    holds_pixels: bool  # may store decoded pixels (index.json's decoded_shape) instead of encoded images
+    open_reader: OpenReader
+
+
+def _open_tar(index: DatasetIndex, shard: ShardInfo, data: str | Path, offsets: str | Path | None,
+              open_files: int, table: SampleTable | None, root: str | None) -> ShardReader:
+    from fastload.formats.tar import TarShardReader
+
+    if offsets is None and table is None:
+        raise ValueError(f"{data}: a tar shard is read through its sample table or its offset index; neither given")
+    return TarShardReader(data, offsets, shard.samples, table, root)
+
+
+def _open_hdf5(index: DatasetIndex, shard: ShardInfo, data: str | Path, offsets: str | Path | None,
+               open_files: int, table: SampleTable | None, root: str | None) -> ShardReader:
+    from fastload.formats.hdf5 import Hdf5ShardReader, chunk_cache_bytes
+
+    return Hdf5ShardReader(Path(data), shard.samples, index.decoded_shape, chunk_cache_bytes(open_files))
+
+
+SHARD_FORMATS: dict[str, ShardFormat] = {
+    "wds": ShardFormat("wds", ".tar", offsets_beside=True, reads_through_table=True, opened_by_path=False,
+                       holds_pixels=False, open_reader=_open_tar),
+    "hdf5": ShardFormat("hdf5", ".h5", offsets_beside=False, reads_through_table=False, opened_by_path=True,
+                        holds_pixels=True, open_reader=_open_hdf5),
+}
+LAYOUTS: tuple[str, ...] = tuple(SHARD_FORMATS)
+
+
+def shard_format(layout: str) -> ShardFormat:
+    """The row of ``layout`` (an index's, already checked against :data:`LAYOUTS`)."""
+    return SHARD_FORMATS[layout]

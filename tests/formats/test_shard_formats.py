@@ -1,0 +1,30 @@
+"""One way to add a shard layout: its row in fastload.formats.shard_formats, a writer of that
+name, and converted shards that carry its suffix and the files the row says lie beside them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import fastload
+from fastload.converters import ConvertOptions, convert
+from fastload.converters.writers import WRITER_MODULES
+from fastload.formats import offsets_name
+from fastload.formats.shard_formats import LAYOUTS, SHARD_FORMATS
+
+
+def test_every_layout_has_a_writer() -> None:
+    assert set(LAYOUTS) == set(WRITER_MODULES)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_shards_are_as_their_row_says(image_folder: Path, tmp_path: Path, layout: str) -> None:
+    convert(str(image_folder), str(tmp_path), ConvertOptions(source="imagefolder", layout=layout, samples_per_shard=5), quiet=True)
+    ds = fastload.open(tmp_path)
+    row = SHARD_FORMATS[layout]
+    assert ds.layout is row
+    for shard in ds.index.shards:
+        assert shard.path.endswith(row.suffix)
+        assert (tmp_path / offsets_name(shard)).exists() == row.offsets_beside
+    assert len(ds) == sum(1 for _ in map(ds.raw, range(len(ds))))
