@@ -18,13 +18,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import mmap
-import multiprocessing
 import os
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -37,6 +35,7 @@ from fastload.files import atomic_write_bytes, check_relative_path, fsync_dir, o
 from fastload.formats.idx import IDX_WHITESPACE, Member, format_dali_index, split_member_name
 from fastload.formats.index import INDEX_FILE, DatasetIndex, ShardInfo, write_index
 from fastload.formats.table import MAX_LABEL_BYTES, TABLE_SUFFIX, tar_table
+from fastload.processes import forked_pool
 
 SOURCE_NAME = "wds-index"  # the index's ``source``: tars indexed in place, not converted
 
@@ -231,8 +230,7 @@ def index_tars(root: str | Path, force: bool = False, workers: int | None = None
     if workers == 1:
         done = [index_tar(tar) for tar in tars]
     else:
-        context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        with forked_pool(workers) as pool:
             futures = [pool.submit(index_tar, tar) for tar in tars]
             try:
                 done = [future.result() for future in futures]  # the first bad tar in name order is the one named

@@ -10,9 +10,7 @@ queries. Samples that cannot be read or decoded are listed, never fatal.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -21,6 +19,7 @@ from fastload.errors import FastloadError, SampleError
 from fastload.fields import image_field
 from fastload.formats import PixelReader, ShardReader
 from fastload.near.search import MultiIndex
+from fastload.processes import forked_pool
 from fastload.storage.dataset import ShardedDataset
 
 if TYPE_CHECKING:
@@ -135,8 +134,7 @@ def dataset_signatures(path: str | Path, workers: int = 1) -> Signed:
     if workers <= 1:
         parts = [_sign_rows(task) for task in tasks]
     else:
-        context = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(workers, mp_context=context) as pool:
+        with forked_pool(workers) as pool:
             parts = list(pool.map(_sign_rows, tasks))
     ds.close()
     return Signed(

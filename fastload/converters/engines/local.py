@@ -2,30 +2,14 @@
 
 from __future__ import annotations
 
-import ctypes
-import multiprocessing
-import os
-import signal
-import sys
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import TypeVar
+
+from fastload.processes import forked_pool
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-def die_with_parent(parent: int) -> None:
-    """Pool worker initializer: the kernel SIGKILLs this worker when ``parent`` (the forking
-    thread's process) dies, even by SIGKILL, so no orphan keeps converting or holds the caller's
-    stdout open; exit at once if the parent is already gone. Linux only (elsewhere a no-op)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:
-        os._exit(1)
-
 
 class LocalEngine:
     """Runs tasks in ``workers`` forked processes, keeping at most 2 per worker queued."""
@@ -41,8 +25,7 @@ class LocalEngine:
             return
         pending: dict[Future, int] = {}
         todo = iter(enumerate(tasks))
-        context = multiprocessing.get_context("fork")  # workers are forked by this thread, up front
-        with ProcessPoolExecutor(self.workers, mp_context=context, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
+        with forked_pool(self.workers) as pool:  # workers are forked by this thread, up front
             try:
                 while True:
                     for position, task in todo:
