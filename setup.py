@@ -3,7 +3,7 @@ near-duplicate index (fastload.near._index); everything else is in pyproject.tom
 compiler or libjpeg headers the build skips them, says so, and fastload decodes through
 simplejpeg/Pillow (slower train-time crops, same results within rounding) and searches near
 duplicates in Python (slower, the same answers).
-Wheels that carry their own libjpeg-turbo: scripts/build_wheel.sh, or cibuildwheel (README)."""
+Wheels that carry their own libjpeg-turbo: scripts/build_wheel.sh, or cibuildwheel (docs/wheels.md)."""
 
 import sys
 

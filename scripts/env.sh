@@ -30,7 +30,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
       python -m pip install -q "torch==2.13.0" ${FASTLOAD_TORCH_INDEX:+--index-url "$FASTLOAD_TORCH_INDEX"}
     fi
   fi
-  python -m pip install -q -e "$ROOT[dali,test]"
+  python -m pip install -q -e "$ROOT[dali,test,docs]"
   python -c "import sys; from fastload.decode.cpu import turbo; sys.exit(turbo is None)" 2>/dev/null \
     || echo "note: fastload's libjpeg-turbo extension was not built (it needs a C compiler and libjpeg-dev); decoding falls back to simplejpeg/Pillow" >&2
   echo "$want" > "$stamp"

@@ -50,7 +50,7 @@ def test_every_backend_is_near_the_reference_on_every_photo(real_photos: Path, b
 
 def test_train_plans_give_dali_and_the_cpu_path_the_same_region(real_photos: Path) -> None:
     """The same crop plan (RandomResizedCrop's box and flip, from seed, epoch and index) through both
-    decoders: what is left is their decoders' and resamplers' rounding (README: median 0.003, max 0.6)."""
+    decoders: what is left is their decoders' and resamplers' rounding (docs/performance.md, Pixels: median 0.003, max 0.6)."""
     dataset = fastload.open(real_photos)
     _, cpu = backend_pixels(dataset, "cpu", "train", 224, batch_size=16)
     agreement = measure_agreement(dataset, "dali", cpu, "train", 224)

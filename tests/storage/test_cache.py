@@ -218,7 +218,7 @@ def test_the_limit_must_be_positive(tmp_path: Path) -> None:
 
 
 def test_cache_folder_and_limit_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """As the README says: FASTLOAD_CACHE_DIR, else $XDG_CACHE_HOME/fastload, else ~/.cache/fastload;
+    """As docs/object-storage.md says: FASTLOAD_CACHE_DIR, else $XDG_CACHE_HOME/fastload, else ~/.cache/fastload;
     FASTLOAD_CACHE_SIZE, else 50 GB."""
     for name in ("FASTLOAD_CACHE_DIR", "XDG_CACHE_HOME", "FASTLOAD_CACHE_SIZE"):
         monkeypatch.delenv(name, raising=False)
