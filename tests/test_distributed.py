@@ -111,6 +111,7 @@ def test_streaming_order_gives_each_rank_its_own_whole_shards(dataset_1001: Path
         assert set(seen) == set(all_keys(dataset_1001))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_after", [3, 2])
 @pytest.mark.parametrize("streaming", [False, True])
 def test_mid_epoch_resume_same_and_other_world_size(dataset_1001: Path, tmp_path: Path, world_after: int, streaming: bool) -> None:

@@ -192,6 +192,7 @@ def test_resume_at_another_world_size_delivers_every_remaining_sample_once(membe
     assert finished[0]["epoch"] == 1 and finished[0]["samples_consumed"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_resume_of_gloo_ranks_at_another_world_size_delivers_every_remaining_sample_once(members: dict[str, Path],
                                                                                         tmp_path: Path) -> None:
