@@ -21,11 +21,11 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     from fastload.converters.sources import SOURCE_MODULES
     from fastload.converters.writers import WRITER_MODULES
 
-    p = sub.add_parser("convert", help="convert a raw dataset into sharded WebDataset tar or HDF5")
+    p = sub.add_parser("convert", help="convert a raw dataset into sharded WebDataset tar or HDF5, or documents into token shards")
     p.add_argument("src", help="the raw dataset (folder or file)")
     p.add_argument("out", help="output folder for shards and index.json, or a URL (s3://bucket/prefix, gs://..., any fsspec URL)")
     p.add_argument("--from", dest="source", required=True, choices=sorted(SOURCE_MODULES))
-    p.add_argument("--to", dest="layout", default="wds", choices=sorted(WRITER_MODULES))
+    p.add_argument("--to", dest="layout", choices=sorted(WRITER_MODULES), help="default: wds, or tokens with --tokenizer")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--shard-size", default="256MB", help="target shard size, e.g. 256MB, 1GiB (default 256MB)")
     size.add_argument("--samples-per-shard", type=int, help="samples per shard instead of a size")
@@ -48,6 +48,15 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--label-column", default="label", help="manifest/parquet: column of labels")
     p.add_argument("--image-column", default="image", help="parquet: column of images")
     p.add_argument("--split", default="train", choices=["train", "test"], help="cifar/mnist: which split")
+    text = p.add_argument_group("documents into token shards (--from jsonl, text; parquet and wds with --text-field)")
+    text.add_argument("--tokenizer", metavar="PATH", help="a local Hugging Face tokenizer.json, or a transformers tokenizer folder")
+    text.add_argument("--text-field", help="jsonl: the key of the text (default text); parquet: its column; wds: its member's extension (txt)")
+    text.add_argument("--append-eos", action="store_true", help="end every document with the tokenizer's eos token")
+    text.add_argument("--bos", action="store_true", help="start every document with the tokenizer's bos token")
+    text.add_argument("--bos-token", metavar="TEXT", help="the bos token's text, where the tokenizer's config names none")
+    text.add_argument("--eos-token", metavar="TEXT", help="the eos token's text, where the tokenizer's config names none")
+    text.add_argument("--min-tokens", type=int, default=1, metavar="N", help="leave out (and count) documents of fewer tokens")
+    text.add_argument("--shard-tokens", default="100M", metavar="N", help="tokens a shard holds, about (e.g. 100M, 2G; default 100M)")
     p.add_argument("--hdf5-decoded", action="store_true", help="HDF5: store decoded uint8[N,H,W,C] pixels")
     p.add_argument("--hdf5-compression", choices=["gzip", "lzf"], help="HDF5: compress decoded pixels")
     p.add_argument("--engine", choices=ENGINES, default="local", help="local process pool, or a Ray cluster")
@@ -57,16 +66,32 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_run_convert)
 
 
+def parse_count(text: str, name: str) -> int:
+    """A count as people write it: 100M, 2G, 1.5K or 500000 (decimal)."""
+    from fastload.converters.options import parse_size
+
+    if text.strip().upper().endswith(("IB", "B")):
+        raise ValueError(f"{name}: a count of tokens (e.g. 100M), not a size in bytes")
+    return parse_size(text)
+
+
 def _run_convert(args: argparse.Namespace) -> int:
-    from fastload.converters.options import ConvertOptions, parse_size
+    from fastload.converters.options import TOKENS_LAYOUT, ConvertOptions, TokenizeOptions, parse_size
     from fastload.converters.run import convert
     from fastload.converters.sources import SourceOptions
     from fastload.converters.writers import WriterOptions
     from fastload.decode.header import MAX_PIXELS
 
+    tokens = None
+    if args.tokenizer is not None:
+        tokens = TokenizeOptions(
+            tokenizer=args.tokenizer, append_eos=args.append_eos, bos=args.bos, min_tokens=args.min_tokens,
+            shard_tokens=parse_count(args.shard_tokens, "--shard-tokens"), bos_token=args.bos_token, eos_token=args.eos_token,
+        )
     options = ConvertOptions(
         source=args.source,
-        layout=args.layout,
+        layout=args.layout or (TOKENS_LAYOUT if tokens is not None else "wds"),
+        tokens=tokens,
         shard_bytes=None if args.samples_per_shard else parse_size(args.shard_size),
         samples_per_shard=args.samples_per_shard,
         shuffle=args.shuffle,
@@ -85,6 +110,7 @@ def _run_convert(args: argparse.Namespace) -> int:
             label_column=args.label_column,
             image_column=args.image_column,
             split=args.split,
+            text_field=args.text_field,
         ),
         writer_options=WriterOptions(hdf5_decoded=args.hdf5_decoded, hdf5_compression=args.hdf5_compression),
     )
@@ -102,12 +128,17 @@ def _run_convert(args: argparse.Namespace) -> int:
     if report.already_complete:
         print(f"{args.out}: already converted ({index.num_samples} samples in {len(index.shards)} shards)")
         return 0
-    print(
-        f"{args.out}: {index.num_samples} samples in {len(index.shards)} {index.layout} shards, "
-        f"{index.total_bytes / 1e6:.1f} MB in {seconds:.1f}s ({index.total_bytes / 1e6 / max(seconds, 1e-9):.1f} MB/s); "
-        f"{report.shards_written} shards written, {report.shards_reused} resumed"
-        + (f" ({report.shards_changed} finished earlier rewritten: their sources changed)" if report.shards_changed else "")
-    )
+    if index.tokenizer is not None:
+        print(f"{args.out}: {index.num_samples} documents, {index.num_tokens} tokens ({index.tokenizer.dtype}) in {len(index.shards)} "
+              f"token shards in {seconds:.1f}s ({index.num_tokens / max(seconds, 1e-9) / 1e6:.2f}M tokens/s); "
+              f"{report.shards_written} shards written, {report.shards_reused} resumed")
+    else:
+        print(
+            f"{args.out}: {index.num_samples} samples in {len(index.shards)} {index.layout} shards, "
+            f"{index.total_bytes / 1e6:.1f} MB in {seconds:.1f}s ({index.total_bytes / 1e6 / max(seconds, 1e-9):.1f} MB/s); "
+            f"{report.shards_written} shards written, {report.shards_reused} resumed"
+            + (f" ({report.shards_changed} finished earlier rewritten: their sources changed)" if report.shards_changed else "")
+        )
     if index.skipped:
         print(f"skipped {sum(index.skipped.values())} bad samples {index.skipped}: see {args.out}/skipped.jsonl")
     if index.duplicates:
@@ -165,6 +196,8 @@ def _run_inspect(args: argparse.Namespace) -> int:
     print(f"layout    {summary['layout']} (from {summary['source'] or '?'})")
     print(f"samples   {summary['samples']} in {summary['shards']} shards, {summary['bytes'] / 1e6:.1f} MB")
     print(f"fields    {', '.join(summary['fields'])}")
+    if summary["tokens"] is not None:
+        _print_tokens(summary["tokens"])
     if summary["decoded_shape"]:
         print(f"pixels    {summary['decoded_shape']} uint8 per sample")
     if summary["classes"] is not None or summary["class_counts"]:
@@ -174,6 +207,23 @@ def _run_inspect(args: argparse.Namespace) -> int:
         print(f"  {entry['where']}: {entry['reason']}")
     print(f"duplicates dropped {summary['duplicates']}")
     return 0
+
+
+def _print_tokens(tokens: dict) -> None:
+    """A token dataset's tokenizer, document lengths and most frequent ids."""
+    tokenizer = tokens["tokenizer"]
+    print(f"tokens    {tokens['tokens']} ({tokenizer['dtype']}), tokenizer {tokenizer['kind']} sha256 {tokenizer['sha256'][:12]}, "
+          f"vocabulary {tokenizer['vocab_size']}, bos {tokenizer['bos_id']}, eos {tokenizer['eos_id']}, pad {tokenizer['pad_id']}")
+    if "length_histogram" not in tokens:
+        return
+    quantiles = ", ".join(f"{q} {v}" for q, v in tokens["length_quantiles"].items())
+    print(f"lengths   mean {tokens['mean_length']:.1f} tokens a document; {quantiles}")
+    largest = max(tokens["length_histogram"].values(), default=1)
+    for span, count in tokens["length_histogram"].items():
+        print(f"  {span:>15} {count:>9}  {'#' * round(40 * count / largest)}")
+    names = {v: k for k, v in tokenizer["special"].items()}
+    top = ", ".join(f"{t['id']}{' ' + repr(names[t['id']]) if t['id'] in names else ''} {100 * t['share']:.1f}%" for t in tokens["top_ids"][:10])
+    print(f"top ids   {top} (of {tokens['ids_sampled']} sampled)")
 
 
 def _print_classes(counts: dict[str, int], classes: list[str] | None, balance: dict | None) -> None:

@@ -2,15 +2,39 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
-from fastload.converters.sources import SOURCE_MODULES, SourceOptions
+from fastload.converters.sources import SOURCE_MODULES, TEXT_ONLY, SourceOptions
 from fastload.converters.writers import WRITER_MODULES, WriterOptions
 from fastload.decode.header import MAX_PIXELS
 from fastload.errors import check_on_error
 from fastload.sizes import parse_size
 
-__all__ = ["ConvertOptions", "parse_size"]
+__all__ = ["ConvertOptions", "TokenizeOptions", "parse_size"]
+TOKENS_LAYOUT = "tokens"
+CHUNK_BYTES = 8 << 20  # the most text bytes of a plain JSONL file an item holds
+CHUNKS_PER_SHARD = 16  # ... and at least a shard's estimated bytes over this many (shards filled to within a chunk)
+MIN_CHUNK_BYTES = 64 << 10
+
+
+@dataclass(frozen=True)
+class TokenizeOptions:
+    """Turning documents into token shards: the tokenizer (a local ``tokenizer.json`` or
+    ``transformers`` folder), what is added to each document, which are kept, how big a shard is."""
+
+    tokenizer: str
+    append_eos: bool = False  # end every document with the tokenizer's eos id
+    bos: bool = False  # start every document with its bos id
+    min_tokens: int = 1  # documents with fewer tokens (after bos/eos) are left out and counted
+    shard_tokens: int = 100_000_000  # about this many tokens a shard (planned from text bytes: see converters.tokens)
+    bos_token: str | None = None  # the bos/eos token's text, where the tokenizer's config does not name it
+    eos_token: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.min_tokens < 1:
+            raise ValueError("min_tokens must be >= 1 (empty documents are never kept)")
+        if self.shard_tokens < 1:
+            raise ValueError("shard_tokens must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -33,6 +57,7 @@ class ConvertOptions:
     max_pixels: int = MAX_PIXELS  # the one limit every decode path applies (fastload.decode.header)
     source_options: SourceOptions = field(default_factory=SourceOptions)
     writer_options: WriterOptions = field(default_factory=WriterOptions)
+    tokens: TokenizeOptions | None = None  # documents into token shards (layout "tokens")
 
     def __post_init__(self) -> None:
         if self.source not in SOURCE_MODULES:
@@ -64,6 +89,24 @@ class ConvertOptions:
                 raise ValueError("choose exact (dedupe) or near (near_threshold) deduplication, not both")
         if self.writer_options.hdf5_decoded and self.layout != "hdf5":
             raise ValueError("decoded pixel storage is an HDF5 option (--to hdf5)")
+        self._check_tokens()
+
+    def _check_tokens(self) -> None:
+        """Documents become token shards exactly when a tokenizer is given, from a source of documents."""
+        if (self.layout == TOKENS_LAYOUT) != (self.tokens is not None):
+            raise ValueError("token shards (--to tokens) are made with a tokenizer (--tokenizer), and a tokenizer makes only them")
+        if self.tokens is None:
+            if self.source in TEXT_ONLY:
+                raise ValueError(f"--from {self.source} holds documents: give --tokenizer to make token shards")
+            return
+        if self.source not in TEXT_ONLY and self.source_options.text_field is None:
+            raise ValueError(f"--from {self.source} with a tokenizer needs --text-field (the column or member holding the text)")
+        if self.near_threshold is not None:
+            raise ValueError("documents are deduplicated exactly (--dedupe), not by near-duplicate image signatures")
+        if self.reencode_quality is not None or self.max_size is not None:
+            raise ValueError("--reencode-quality and --max-size are image options, not for token shards")
+        chunk = min(CHUNK_BYTES, max(MIN_CHUNK_BYTES, 4 * self.tokens.shard_tokens // CHUNKS_PER_SHARD))  # ~4 bytes a token
+        object.__setattr__(self, "source_options", replace(self.source_options, chunk_bytes=chunk))
 
     def fingerprint(self) -> dict:
         """The settings that determine the output bytes (not ``workers``), for resume checks."""

@@ -37,8 +37,8 @@ class ShardCutter:
     """Cuts ordered items into consecutive shards one item at a time, by count or by estimated
     bytes: ``starts_shard(item)`` says whether ``item`` opens a new shard."""
 
-    def __init__(self, shard_bytes: int | None, samples_per_shard: int | None) -> None:
-        self.shard_bytes, self.samples_per_shard = shard_bytes or 0, samples_per_shard
+    def __init__(self, shard_bytes: int | None, samples_per_shard: int | None, overhead: int = 2 * TAR_OVERHEAD_PER_MEMBER) -> None:
+        self.shard_bytes, self.samples_per_shard, self.overhead = shard_bytes or 0, samples_per_shard, overhead
         self._count = self._size = 0
         self._first = True
 
@@ -48,7 +48,7 @@ class ShardCutter:
             new = self._count % self.samples_per_shard == 0
             self._count += 1
             return new
-        cost = item.size_hint + 2 * TAR_OVERHEAD_PER_MEMBER
+        cost = item.size_hint + self.overhead
         new = self._first or self._size + cost > self.shard_bytes
         if new:
             self._first, self._size = False, 0
@@ -57,10 +57,12 @@ class ShardCutter:
 
 
 def assign_shards(
-    items: list[SourceItem], layout: str, shard_bytes: int | None, samples_per_shard: int | None
+    items: list[SourceItem], layout: str, shard_bytes: int | None, samples_per_shard: int | None,
+    overhead: int = 2 * TAR_OVERHEAD_PER_MEMBER,
 ) -> list[ShardPlan]:
-    """Cut the ordered items into consecutive shards by count or by estimated bytes."""
-    cutter = ShardCutter(shard_bytes, samples_per_shard)
+    """Cut the ordered items into consecutive shards by count or by estimated bytes (``overhead``:
+    what each item adds to its size_hint in the shard)."""
+    cutter = ShardCutter(shard_bytes, samples_per_shard, overhead)
     groups: list[list[SourceItem]] = []
     for item in items:
         if cutter.starts_shard(item):

@@ -19,7 +19,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from fastload.converters.dedupe import Duplicate, draw_duplicates, find_duplicates
 from fastload.converters.engines import Engine, open_engine
@@ -37,10 +37,27 @@ from fastload.converters.partial import (
 from fastload.converters.plan import ShardPlan, assign_shards, order_items
 from fastload.converters.sample import SourceItem
 from fastload.converters.shard import ShardResult, ShardTask, WrittenShards, naming, prepare_sample, sources_digest, write_shard
-from fastload.converters.sources import Source, open_source
+from fastload.converters.sources import Source, TextSource, open_source
+from fastload.converters.tokens import (
+    DocumentDuplicates,
+    TokenShardTask,
+    find_duplicate_documents,
+    plan_token_shards,
+    tokenizer_identity,
+    write_token_shard,
+)
 from fastload.errors import SampleError
 from fastload.files import atomic_write_bytes, fsync_dir
-from fastload.formats.index import INDEX_FILE, SKIPPED_REPORT, DatasetIndex, read_index, write_index
+from fastload.formats.index import (
+    FORMAT_VERSION,
+    INDEX_FILE,
+    SKIPPED_REPORT,
+    TOKENS_VERSION,
+    DatasetIndex,
+    TokenizerIdentity,
+    read_index,
+    write_index,
+)
 from fastload.storage import remote
 
 __all__ = ["PARTIAL_DIR", "ConversionConflict", "ConvertReport", "convert", "staging_dir"]
@@ -62,12 +79,12 @@ def _json_line(obj: object) -> str:
     return json.dumps(obj, sort_keys=True) + "\n"
 
 
-def _within(entry: dict, root: str) -> dict:
-    """A report entry with its ``where`` relative to the source root: the reports travel with the
-    dataset (uploaded beside it), this machine's folders need not."""
-    where = entry.get("where")
+def _within(entry: dict, root: str, name: str = "where") -> dict:
+    """A report entry with its ``name`` (a place) relative to the source root: the reports travel
+    with the dataset (uploaded beside it), this machine's folders need not."""
+    where = entry.get(name)
     if isinstance(where, str) and where.startswith(root + "/"):
-        return {**entry, "where": where[len(root) + 1 :]}
+        return {**entry, name: where[len(root) + 1 :]}
     return entry
 
 
@@ -101,7 +118,8 @@ def _existing_index(out: Path, url: str | None) -> DatasetIndex | None:
 
 
 def _assemble_index(
-    source: Source, options: ConvertOptions, results: list[ShardResult], duplicates: int, decoded_shape: tuple[int, ...] | None
+    source: Source | TextSource, options: ConvertOptions, results: list[ShardResult], duplicates: int,
+    decoded_shape: tuple[int, ...] | None, tokenizer: TokenizerIdentity | None = None,
 ) -> DatasetIndex:
     class_counts: Counter[int] = Counter()
     skipped: Counter[str] = Counter()
@@ -109,7 +127,9 @@ def _assemble_index(
     image_fields: set[str] = set()
     for result in results:
         class_counts.update(result.class_counts)
-        skipped.update(entry["reason"].split(":")[0] for entry in result.skipped)
+        skipped.update(entry["reason"].split(":")[0].split(" (")[0] for entry in result.skipped)
+        if result.filtered:
+            skipped[f"fewer than {options.tokens.min_tokens if options.tokens else 0} tokens"] += result.filtered
         fields.update(result.fields)
         image_fields.update(result.image_fields)
     classes = source.classes
@@ -118,8 +138,7 @@ def _assemble_index(
     def label_name(label: int) -> str:
         return names[label] if names is not None and 0 <= label < len(names) else str(label)
 
-    conversion = options.fingerprint()
-    conversion.pop("source_options")
+    conversion = _recorded_options(options)
     return DatasetIndex(
         layout=options.layout,
         shards=tuple(r.info for r in results if r.info is not None),
@@ -132,7 +151,18 @@ def _assemble_index(
         duplicates=duplicates,
         source=options.source,
         conversion=conversion,
+        tokenizer=tokenizer,
+        version=TOKENS_VERSION if tokenizer is not None else FORMAT_VERSION,
     )
+
+
+def _recorded_options(options: ConvertOptions) -> dict[str, Any]:
+    """The options index.json records (where the source and the tokenizer were on this machine: not)."""
+    conversion = options.fingerprint()
+    conversion.pop("source_options")
+    if conversion.get("tokens") is not None:
+        conversion["tokens"].pop("tokenizer")  # its identity is recorded instead
+    return conversion
 
 
 class _NoProgress:
@@ -189,9 +219,7 @@ def _convert(
     fingerprint: dict[str, Any] = {"options": options.fingerprint()}
     existing = _existing_index(out, url) if not partial.exists() else None
     if existing is not None:
-        wanted = options.fingerprint()
-        wanted.pop("source_options")
-        if existing.conversion != wanted:
+        if existing.conversion != _recorded_options(options):
             raise ConversionConflict(f"{remote.redact(url) if url else out} already holds a dataset converted with other options; choose another OUT")
         return ConvertReport(index=existing, shards_written=0, shards_reused=len(existing.shards), already_complete=True)
 
@@ -201,8 +229,19 @@ def _convert(
     items = order_items(source.items(), options.shuffle, options.seed, options.limit)
     if not items:
         raise ValueError(f"{src}: the source holds no samples")
+    tokenizer: TokenizerIdentity | None = None
+    dup_lines: list[dict] = []
     with _progress(len(items), quiet) as bar:
-        if options.near_threshold is not None:  # drops decided while the shards are written
+        if options.tokens is not None:  # documents into token shards (fastload.converters.tokens)
+            tokenizer = tokenizer_identity(options.tokens)
+            fingerprint["tokenizer_sha256"] = tokenizer.sha256
+            text = cast(TextSource, source)
+            found = find_duplicate_documents(text, items, runner) if options.dedupe else DocumentDuplicates({}, [])
+            dup_lines = found.lines
+            shards = _write_token_shards(text, items, found, tokenizer, runner, options, out, partial, url, fingerprint, bar)
+            duplicates: list[Duplicate] = []
+            decoded_shape = None
+        elif options.near_threshold is not None:  # drops decided while the shards are written
             fingerprint["items_sha256"] = hashlib.sha256("\n".join(item.key for item in items).encode()).hexdigest()
             check_partial(partial, fingerprint)
             duplicates, shards, decoded_shape = convert_in_runs(source, items, runner, options, out, partial, url, bar.update)
@@ -221,12 +260,12 @@ def _convert(
 
     _remove_temporary_files(out)  # of task workers killed mid-shard (their retries used other names)
     ordered = shards.results
-    index = _assemble_index(source, options, ordered, len(duplicates), decoded_shape)
+    index = _assemble_index(source, options, ordered, len(duplicates) + len(dup_lines), decoded_shape, tokenizer)
     root = str(Path(src).absolute())
     skipped_lines = [_json_line(_within(entry, root)) for r in ordered for entry in r.skipped]
     _write_report(out / SKIPPED_REPORT, skipped_lines)
-    dup_lines = [_json_line(_within(dup.report_line(options.near_threshold is not None), root)) for dup in duplicates]
-    _write_report(out / DUPLICATES_REPORT, dup_lines)
+    dup_lines += [dup.report_line(options.near_threshold is not None) for dup in duplicates]
+    _write_report(out / DUPLICATES_REPORT, [_json_line(_within(_within(line, root, "duplicate_of"), root)) for line in dup_lines])
     fsync_dir(out)  # every shard's rename is durable before the index that lists it
     with naming(out / INDEX_FILE):
         write_index(out, index)
@@ -292,6 +331,38 @@ def _write_planned(
     shards.written = len(todo)
     shards.results = [results[plan.number] for plan in plans]
     return shards, decoded_shape
+
+
+def _write_token_shards(
+    source: TextSource, items: list[SourceItem], duplicates: DocumentDuplicates, tokenizer: TokenizerIdentity, runner: Engine,
+    options: ConvertOptions, out: Path, partial: Path, url: str | None, fingerprint: dict[str, Any], bar,
+) -> WrittenShards:
+    """Plan the token shards (recorded in, or checked against, the partial folder), then write those
+    a previous run did not finish, a shard a task on the engine's workers."""
+    assert options.tokens is not None
+    plans = plan_token_shards(source, items, options.tokens)
+    fingerprint["plan_sha256"] = hashlib.sha256("\n".join(f"{p.name} {i.key}" for p in plans for i in p.items).encode()).hexdigest()
+    check_partial(partial, fingerprint)
+    position = {item.key: number for number, item in enumerate(items)}
+    results: dict[int, ShardResult] = {}
+    shards = WrittenShards()
+    for plan in plans:
+        result, changed = finished_result(out, partial, plan.name, sources_digest(plan.items), url)
+        shards.changed += changed
+        if result is not None:
+            results[plan.number] = result
+    shards.reused = len(results)
+    todo = [plan for plan in plans if plan.number not in results]
+    tasks = [TokenShardTask(source, plan, str(out), options, tokenizer, tuple(duplicates.drops.get(position[i.key], ()) for i in plan.items),
+                            upload_to=url) for plan in todo]
+    bar.update(sum(len(plans[n].items) for n in results))
+    for at, result in runner.map_unordered(write_token_shard, tasks):
+        results[result.number] = result
+        save_result(partial, todo[at].name, result)  # bookkeeping, after the shard's data is durable
+        bar.update(len(todo[at].items))
+    shards.written = len(todo)
+    shards.results = [results[plan.number] for plan in plans]
+    return shards
 
 
 def _remove_temporary_files(out: Path) -> None:

@@ -50,6 +50,7 @@ class ShardResult:
     image_fields: list[str] = field(default_factory=list)
     sources: str = ""  # sources_digest of its items when it was written: resume redoes it if they changed
     pixel_shape: list[int] | None = None  # of the decoded pixels it holds (HDF5 --hdf5-decoded), if any
+    filtered: int = 0  # token shards: documents left out for having fewer than --min-tokens tokens
 
 
 @dataclass

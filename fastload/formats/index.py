@@ -21,7 +21,10 @@ from fastload.formats.shard_formats import LAYOUTS, shard_format
 
 FORMAT_NAME = "fastload"
 FORMAT_VERSION = 3  # 2: HDF5 byte columns stored flat (a group of `bytes` + `offsets`); 3: per-shard sample tables
-READABLE_VERSIONS = (1, 2, 3)
+# 4: token datasets (layout "tokens": the tokenizer, tokens per shard). Only they are written as 4, so a reader
+# of versions 1-3 still reads every image dataset and refuses a token dataset by its version.
+TOKENS_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 INDEX_FILE = "index.json"
 SKIPPED_REPORT = "skipped.jsonl"
 
@@ -64,12 +67,15 @@ class ShardInfo:
     sha256: str
     offsets: str | None = None  # the DALI .idx beside a tar shard
     offsets_sha256: str | None = None  # its checksum (fetched .idx files are checked too)
-    table: str | None = None  # the shard's sample table (fastload.formats.table)
+    table: str | None = None  # the shard's sample table (fastload.formats.table; a token shard's document table)
     table_sha256: str | None = None  # its checksum (fetched tables are checked too)
+    tokens: int | None = None  # a token shard's tokens (its ``samples`` are documents)
 
     def __post_init__(self) -> None:
         check_relative_path(self.path, "path")
         _check_int(self.samples, "samples")
+        if self.tokens is not None:
+            _check_int(self.tokens, "tokens")
         _check_int(self.bytes, "bytes")
         _check_sha256(self.sha256, "sha256")
         if self.offsets is not None:
@@ -78,6 +84,48 @@ class ShardInfo:
         if self.table is not None:
             check_relative_path(self.table, "table")
         _check_sha256(self.table_sha256, "table_sha256", optional=True)
+
+
+TOKEN_DTYPES = {"uint16": 2**16, "uint32": 2**32}  # a token shard's dtype -> the ids it can hold
+
+
+def token_dtype(vocab_size: int) -> str:
+    """The smallest dtype holding every id of a vocabulary of ``vocab_size``."""
+    return "uint16" if vocab_size <= TOKEN_DTYPES["uint16"] else "uint32"
+
+
+@dataclass(frozen=True)
+class TokenizerIdentity:
+    """The tokenizer a token dataset was made with: the sha256 of its file (of its files, for a
+    ``transformers`` folder), its vocabulary size (every id is below it), its special ids, and
+    the dtype the shards store ids in."""
+
+    sha256: str
+    vocab_size: int
+    dtype: str
+    kind: str = "tokenizer.json"  # or "transformers" (a folder read by transformers.AutoTokenizer)
+    bos_id: int | None = None
+    eos_id: int | None = None
+    pad_id: int | None = None
+    special: dict[str, int] = field(default_factory=dict)  # every special token's id by its text
+
+    def __post_init__(self) -> None:
+        _check_sha256(self.sha256, "tokenizer.sha256")
+        _check_int(self.vocab_size, "tokenizer.vocab_size", minimum=1)
+        if self.dtype not in TOKEN_DTYPES or self.vocab_size > TOKEN_DTYPES[self.dtype]:
+            raise DatasetIndexError(f"tokenizer.dtype: must be one of {sorted(TOKEN_DTYPES)} holding ids below vocab_size")
+        if self.kind not in ("tokenizer.json", "transformers"):
+            raise DatasetIndexError("tokenizer.kind: must be 'tokenizer.json' or 'transformers'")
+        for name in ("bos_id", "eos_id", "pad_id"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_int(value, f"tokenizer.{name}")
+                if value >= self.vocab_size:
+                    raise DatasetIndexError(f"tokenizer.{name}: must be below vocab_size")
+        if not isinstance(self.special, dict) or not all(isinstance(k, str) for k in self.special):
+            raise DatasetIndexError("tokenizer.special: must be an object of ids")
+        for value in self.special.values():
+            _check_int(value, "tokenizer.special")
 
 
 @dataclass(frozen=True)
@@ -95,6 +143,7 @@ class DatasetIndex:
     duplicates: int = 0
     source: str = ""  # the source kind it was converted from
     conversion: dict = field(default_factory=dict)  # the options that produced it
+    tokenizer: TokenizerIdentity | None = None  # a token dataset's tokenizer (layout "tokens")
     format: str = FORMAT_NAME
     version: int = FORMAT_VERSION
 
@@ -102,11 +151,7 @@ class DatasetIndex:
         """Check every field with its type (an index may come from anyone)."""
         if self.format != FORMAT_NAME:
             raise DatasetIndexError("format: not a fastload index")
-        _check_int(self.version, "version")
-        if self.version not in READABLE_VERSIONS:
-            raise DatasetIndexError(
-                f"index version {self.version} is not supported (this fastload reads {READABLE_VERSIONS})"
-            )
+        check_version(self.version)
         if self.layout not in LAYOUTS:
             raise DatasetIndexError(f"layout: must be one of {LAYOUTS}")
         if not isinstance(self.shards, tuple) or not all(isinstance(s, ShardInfo) for s in self.shards):
@@ -131,6 +176,28 @@ class DatasetIndex:
                 _check_int(side, "decoded_shape", minimum=1)
         if self.num_samples > MAX_INT:
             raise DatasetIndexError("shards: more than 2**63 - 1 samples in all")
+        self._check_tokens()
+
+    def _check_tokens(self) -> None:
+        """A token dataset (and only one) names its tokenizer, is of version 4 and counts each shard's tokens."""
+        tokens = shard_format(self.layout).holds_tokens
+        if tokens != (self.tokenizer is not None):
+            raise DatasetIndexError(f"tokenizer: {'missing' if tokens else 'only a token dataset names one'}")
+        if tokens != (self.version >= TOKENS_VERSION):
+            raise DatasetIndexError(f"version: a {'token' if tokens else 'non-token'} dataset is of version "
+                                    f"{'4' if tokens else '1 to 3'}")
+        if self.tokenizer is not None and not isinstance(self.tokenizer, TokenizerIdentity):
+            raise DatasetIndexError("tokenizer: must be an object")
+        for number, shard in enumerate(self.shards):
+            if tokens != (shard.tokens is not None):
+                raise DatasetIndexError(f"shards[{number}].tokens: {'missing' if tokens else 'only a token shard counts tokens'}")
+        if self.num_tokens > MAX_INT:
+            raise DatasetIndexError("shards: more than 2**63 - 1 tokens in all")
+
+    @property
+    def num_tokens(self) -> int:
+        """Total tokens over all shards (0 for a dataset of other samples)."""
+        return sum(s.tokens or 0 for s in self.shards)
 
     @property
     def num_samples(self) -> int:
@@ -146,6 +213,12 @@ class DatasetIndex:
         """Serialise deterministically (sorted keys, no timestamps) so reruns are byte-identical."""
         data = asdict(self)
         data["num_samples"] = self.num_samples
+        if self.tokenizer is None:
+            del data["tokenizer"]  # the same bytes as before token datasets existed
+            for shard in data["shards"]:
+                del shard["tokens"]
+        else:
+            data["num_tokens"] = self.num_tokens
         return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
     @classmethod
@@ -159,8 +232,11 @@ class DatasetIndex:
         except (ValueError, RecursionError) as exc:  # JSONDecodeError says where, not what
             raise DatasetIndexError(f"{where}: not JSON ({type(exc).__name__}: {exc})") from None
         try:
+            if isinstance(data, dict) and "version" in data:  # a newer index is refused by its version, before its fields
+                check_version(data["version"])
             _check_keys(cls, data, "the index")
             total = data.pop("num_samples", None)
+            total_tokens = data.pop("num_tokens", None)
             if not isinstance(data.get("shards"), list):
                 raise DatasetIndexError("shards: must be a list of shards")
             shards = []
@@ -174,14 +250,29 @@ class DatasetIndex:
             for name in ("fields", "image_fields", "classes", "decoded_shape"):
                 data[name] = _as_tuple(data.get(name))
             data["image_fields"] = data["image_fields"] or ()  # absent or null: none
+            if data.get("tokenizer") is not None:
+                _check_keys(TokenizerIdentity, data["tokenizer"], "tokenizer")
+                data["tokenizer"] = TokenizerIdentity(**data["tokenizer"])
             index = cls(**data)
             if total is not None:
                 _check_int(total, "num_samples")
                 if total != index.num_samples:
                     raise DatasetIndexError(f"num_samples: says {total}, the shards hold {index.num_samples}")
+            if total_tokens is not None:
+                _check_int(total_tokens, "num_tokens")
+                if total_tokens != index.num_tokens:
+                    raise DatasetIndexError(f"num_tokens: says {total_tokens}, the shards hold {index.num_tokens}")
             return index
         except DatasetIndexError as exc:
             raise DatasetIndexError(f"{where}: {exc}") from None
+
+
+def check_version(version: object) -> None:
+    """A DatasetIndexError unless ``version`` is one this fastload reads (checked before anything
+    else, so a newer index is refused by its version rather than by the fields it added)."""
+    _check_int(version, "version")
+    if version not in READABLE_VERSIONS:
+        raise DatasetIndexError(f"index version {version} is not supported (this fastload reads {READABLE_VERSIONS})")
 
 
 def _check_keys(cls: type, data: object, name: str) -> None:
@@ -189,7 +280,7 @@ def _check_keys(cls: type, data: object, name: str) -> None:
     repeated: they are the file's content)."""
     if not isinstance(data, dict):
         raise DatasetIndexError(f"{name}: must be an object")
-    known = {f.name for f in dataclass_fields(cls)} | ({"num_samples"} if cls is DatasetIndex else set())
+    known = {f.name for f in dataclass_fields(cls)} | ({"num_samples", "num_tokens"} if cls is DatasetIndex else set())
     unknown = sum(1 for key in data if key not in known)
     if unknown:
         raise DatasetIndexError(f"{name}: {unknown} unknown field(s)")

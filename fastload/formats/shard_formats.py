@@ -32,6 +32,8 @@ class ShardFormat:
     opened_by_path: bool  # its library opens the file by path (h5py): the path is checked against the root first
     holds_pixels: bool  # may store decoded pixels (index.json's decoded_shape) instead of encoded images
     open_reader: OpenReader
+    holds_tokens: bool = False  # token ids of documents (fastload.formats.tokens), its table their boundaries
+    sample_tables: bool = True  # a fastload sample table (fastload.formats.table) beside each shard
 
 
 def _open_tar(index: DatasetIndex, shard: ShardInfo, data: str | Path, offsets: str | Path | None,
@@ -50,11 +52,21 @@ def _open_hdf5(index: DatasetIndex, shard: ShardInfo, data: str | Path, offsets:
     return Hdf5ShardReader(Path(data), shard.samples, index.decoded_shape, chunk_cache_bytes(open_files))
 
 
+def _open_tokens(index: DatasetIndex, shard: ShardInfo, data: str | Path, offsets: str | Path | None,
+                 open_files: int, table: SampleTable | None, root: str | None) -> ShardReader:
+    from fastload.formats.tokens import TokenShardReader, documents_path
+
+    assert index.tokenizer is not None  # a token index names its tokenizer (checked when read)
+    return TokenShardReader(data, documents_path(data, shard), shard, index.tokenizer, root)
+
+
 SHARD_FORMATS: dict[str, ShardFormat] = {
     "wds": ShardFormat("wds", ".tar", offsets_beside=True, reads_through_table=True, opened_by_path=False,
                        holds_pixels=False, open_reader=_open_tar),
     "hdf5": ShardFormat("hdf5", ".h5", offsets_beside=False, reads_through_table=False, opened_by_path=True,
                         holds_pixels=True, open_reader=_open_hdf5),
+    "tokens": ShardFormat("tokens", ".bin", offsets_beside=False, reads_through_table=False, opened_by_path=False,
+                          holds_pixels=False, open_reader=_open_tokens, holds_tokens=True, sample_tables=False),
 }
 LAYOUTS: tuple[str, ...] = tuple(SHARD_FORMATS)
 

@@ -6,7 +6,11 @@ import json
 import math
 from pathlib import Path
 
-from fastload.formats.index import SKIPPED_REPORT, read_index
+import numpy as np
+
+from fastload.formats import open_shard
+from fastload.formats.index import SKIPPED_REPORT, DatasetIndex, read_index
+from fastload.formats.tokens import TokenShardReader
 from fastload.storage import remote
 from fastload.storage.dataset import read_remote_index
 
@@ -23,7 +27,13 @@ def summarize(root: str | Path) -> dict:
         report = Path(root) / SKIPPED_REPORT
         report_text = report.read_text() if report.exists() else ""
     skipped_samples = [json.loads(line) for line in report_text.splitlines()]
+    tokens = None
+    if index.tokenizer is not None:
+        tokens = {"tokens": index.num_tokens, "tokenizer": dict(vars(index.tokenizer))}
+        if not remote.is_url(str(root)):  # the histograms read the shards
+            tokens.update(token_histograms(Path(root), index))
     return {
+        "tokens": tokens,
         "layout": index.layout,
         "source": index.source,
         "samples": index.num_samples,
@@ -59,4 +69,41 @@ def class_balance(counts: dict[str, int], classes: tuple[str, ...] | None = None
         "max_min_ratio": largest / smallest if smallest else None,
         "entropy_bits": entropy,
         "normalized_entropy": entropy / math.log2(len(full)) if len(full) > 1 else 1.0,
+    }
+
+
+LENGTH_BINS = 24  # document lengths in powers of two: 1, 2-3, 4-7, ... up to 2**23 and more
+SAMPLED_TOKENS = 1 << 22  # token ids counted for the histogram of ids: spread over the shards
+TOP_IDS = 20
+
+
+def token_histograms(root: Path, index: DatasetIndex) -> dict:
+    """A token dataset's document lengths in powers of two (every document, from the document
+    tables), their mean and quantiles, and its most frequent token ids (among SAMPLED_TOKENS
+    read evenly from its shards)."""
+    bins = np.zeros(LENGTH_BINS, dtype=np.int64)
+    ids: np.ndarray = np.zeros(0, dtype=np.int64)
+    lengths_seen: list[np.ndarray] = []
+    per_shard = max(1, SAMPLED_TOKENS // max(len(index.shards), 1))
+    for shard in index.shards:
+        reader = open_shard(root, index, shard)
+        assert isinstance(reader, TokenShardReader)
+        try:
+            lengths = np.diff(reader.checked_offsets(0, len(reader)))
+            bins += np.bincount(np.minimum(np.log2(np.maximum(lengths, 1)).astype(np.int64), LENGTH_BINS - 1), minlength=LENGTH_BINS)
+            lengths_seen.append(lengths[:: max(1, len(lengths) // 4096)])  # a spread of them, for the quantiles
+            count = min(per_shard, reader.tokens)
+            ids = np.concatenate([ids, reader.read_tokens(0, count).astype(np.int64)])
+        finally:
+            reader.close()
+    sample = np.concatenate(lengths_seen) if lengths_seen else np.zeros(1, dtype=np.int64)
+    counts = np.bincount(ids) if len(ids) else np.zeros(0, dtype=np.int64)
+    top = np.argsort(-counts, kind="stable")[:TOP_IDS]
+    return {
+        "length_histogram": {f"{2**b}-{2 ** (b + 1) - 1}" if b < LENGTH_BINS - 1 else f"{2**b}+": int(n)
+                             for b, n in enumerate(bins.tolist()) if n},
+        "mean_length": index.num_tokens / max(index.num_samples, 1),
+        "length_quantiles": {f"p{q}": int(np.percentile(sample, q)) for q in (50, 90, 99)},
+        "top_ids": [{"id": int(i), "share": float(counts[i] / max(len(ids), 1))} for i in top.tolist() if counts[i]],
+        "ids_sampled": len(ids),
     }

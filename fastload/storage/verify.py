@@ -57,7 +57,7 @@ def _check_shard(root: Path, index: DatasetIndex, shard: ShardInfo, decode: bool
     except (FastloadError, OSError) as exc:
         report.problems.append(f"{shard.path}: {exc}")
         return
-    tables = table if table.exists() else None
+    tables = table if table.exists() and shard_format(index.layout).sample_tables else None
     _check_contents(lambda: open_shard(root, index, shard), shard, decode, report, bool(index.image_fields), tables)
 
 
@@ -65,7 +65,8 @@ def _check_contents(
     open_reader: Callable[[], ShardReader], shard: ShardInfo, decode: bool, report: VerifyReport, images: bool, table: Path | None
 ) -> None:
     """The shard's structure against the index (sample count; a tar's member headers against its
-    .idx; HDF5 columns against the row count), its sample ``table`` against the shard (the table
+    .idx; HDF5 columns against the row count; a token shard's document table and every id below
+    the tokenizer's vocabulary), its sample ``table`` against the shard (the table
     built afresh from it, byte for byte) and, with ``decode``, every field (``images``: every
     sample must have an image)."""
     try:
@@ -136,7 +137,8 @@ def _verify_remote(url: str, decode: bool) -> VerifyReport:
             except (FastloadError, OSError) as exc:  # a failed download, a full disk
                 report.problems.append(f"{shard.path}: {exc}")
                 continue
-            _check_contents(lambda: open_shard_files(ds.index, shard, data, offsets), shard, decode, report, bool(ds.index.image_fields), table)  # noqa: B023
+            tables = table if ds.layout.sample_tables else None
+            _check_contents(lambda: open_shard_files(ds.index, shard, data, offsets), shard, decode, report, bool(ds.index.image_fields), tables)  # noqa: B023
             for path in (data, offsets, table):
                 if path is not None:
                     path.unlink()

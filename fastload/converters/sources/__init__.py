@@ -7,6 +7,7 @@ gives the same items in the same order.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -20,7 +21,10 @@ SOURCE_MODULES: dict[str, str] = {
     "npz": "fastload.converters.sources.arrays",
     "parquet": "fastload.converters.sources.parquet",
     "wds": "fastload.converters.sources.wds",
+    "jsonl": "fastload.converters.sources.jsonl",
+    "text": "fastload.converters.sources.text",
 }
+TEXT_ONLY = ("jsonl", "text")  # sources of documents only; parquet and wds hold documents with --text-field
 
 
 @dataclass(frozen=True)
@@ -32,10 +36,16 @@ class SourceOptions:
     label_column: str = "label"  # manifest, parquet
     image_column: str = "image"  # parquet
     split: str = "train"  # cifar, mnist: "train" or "test"
+    text_field: str | None = None  # documents: jsonl's key ("text" if None), parquet's column, wds's member extension
+    chunk_bytes: int = 8 << 20  # jsonl: a plain file's items hold about this many bytes of lines (set from --shard-tokens)
 
     def __post_init__(self) -> None:
         if self.split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {self.split!r}")
+        if self.text_field is not None and not self.text_field:
+            raise ValueError("text_field must name a field")
+        if self.chunk_bytes < 1:
+            raise ValueError("chunk_bytes must be >= 1")
 
 
 class Source(Protocol):
@@ -48,6 +58,47 @@ class Source(Protocol):
 
     def load(self, item: SourceItem) -> Sample:
         """Read one sample; raises SampleError naming ``item.where`` when it cannot."""
+
+
+@dataclass(frozen=True)
+class Document:
+    """One document of a text source: its text, or (``text`` None) why it cannot be read."""
+
+    where: str  # the file and line or row, for errors
+    text: str | None
+    problem: str | None = None
+
+
+class TextSource(Protocol):
+    """What a source of documents returns from ``open_source`` (with ``text_field`` for parquet and
+    wds): items are chunks of documents (a span of a file, a row group, a tar), each read whole."""
+
+    classes: tuple[str, ...] | None
+
+    def items(self) -> list[SourceItem]:
+        """Every chunk's reference, in the source's canonical order; ``size_hint``: its text bytes (about)."""
+
+    def documents(self, item: SourceItem) -> Iterator[Document]:
+        """The chunk's documents in order (a problem reported per document, never raised)."""
+
+
+def text_problem(value: object, field: str) -> str | None:
+    """Why a document's ``field`` value is no text to tokenize (missing, not a string, empty), else None."""
+    if value is None:
+        return f"no {field!r} field (or null)"
+    if not isinstance(value, str):
+        return f"field {field!r} is a {type(value).__name__}, not a string"
+    if not value:
+        return f"empty document (field {field!r})"
+    return None
+
+
+def decode_text(data: bytes) -> tuple[str | None, str | None]:
+    """(text, None) of UTF-8 ``data``, else (None, why): invalid UTF-8 is named by its byte offset."""
+    try:
+        return data.decode("utf-8"), None
+    except UnicodeDecodeError as exc:
+        return None, f"invalid UTF-8 at byte {exc.start}"
 
 
 def open_source(kind: str, path: str, options: SourceOptions = SourceOptions()) -> Source:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fastload.converters.sample import Sample, SourceItem, file_stamp, unique_keys
-from fastload.converters.sources import SourceOptions
+from fastload.converters.sources import Document, SourceOptions, text_problem
 from fastload.errors import SampleError
 from fastload.formats.idx import IDX_WHITESPACE
 
@@ -82,14 +83,55 @@ class ParquetSource:
         return Sample(key=item.key, where=item.where, image=bytes(data), label=None if label is None else int(label))
 
 
-def open_source(path: str, options: SourceOptions) -> ParquetSource:
-    """Open a .parquet file or a folder of them (sorted by name)."""
-    pq = import_pyarrow_parquet()
+@dataclass(frozen=True)
+class ParquetTextSource:
+    """Documents in a string column of Parquet files (``--text-field``), a row group an item."""
+
+    files: tuple[Path, ...]
+    text_column: str
+    classes: tuple[str, ...] | None = None
+
+    def items(self) -> list[SourceItem]:
+        """One item per row group, file by file."""
+        pq = import_pyarrow_parquet()
+        out = []
+        names = unique_keys([IDX_WHITESPACE.sub("_", path.stem.replace(".", "_")) for path in self.files])
+        for path, name in zip(self.files, names):
+            stamp, meta = file_stamp(path), pq.ParquetFile(path).metadata
+            for group in range(meta.num_row_groups):
+                size = meta.row_group(group).total_byte_size
+                out.append(SourceItem(key=f"{name}_{group:04d}", where=f"{path}#group{group}", size_hint=size, ref=(path, group), stamp=stamp))
+        return out
+
+    def documents(self, item: SourceItem) -> Iterator[Document]:
+        """Each row's text (a null, a non-string or an empty one reported, not raised)."""
+        path, group = item.ref
+        pq = import_pyarrow_parquet()
+        values = pq.ParquetFile(path).read_row_group(group, columns=[self.text_column]).column(0).to_pylist()
+        for row, value in enumerate(values):
+            where = f"{path}#group{group}/row{row}"
+            problem = text_problem(value, self.text_column)
+            yield Document(where, None, problem) if problem else Document(where, value)
+
+
+def _parquet_files(path: str) -> tuple[Path, ...]:
     p = Path(path)
     files = tuple(sorted(p.rglob("*.parquet"))) if p.is_dir() else (p,)
     if not files or not files[0].is_file():
         raise FileNotFoundError(f"{path}: no .parquet files")
+    return files
+
+
+def open_source(path: str, options: SourceOptions) -> ParquetSource | ParquetTextSource:
+    """Open a .parquet file or a folder of them (sorted by name): images and labels, or with
+    ``text_field`` the documents of that column."""
+    pq = import_pyarrow_parquet()
+    files = _parquet_files(path)
     schema = pq.ParquetFile(files[0]).schema_arrow
+    if options.text_field is not None:
+        if options.text_field not in schema.names:
+            raise ValueError(f"{files[0]}: no column {options.text_field!r}; columns are {schema.names} (--text-field)")
+        return ParquetTextSource(files=files, text_column=options.text_field)
     if options.image_column not in schema.names:
         raise ValueError(f"{files[0]}: no column {options.image_column!r}; columns are {schema.names} (--image-column)")
     label_column = options.label_column if options.label_column in schema.names else None

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import tarfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from fastload.converters.sample import Sample, SourceItem, file_stamp
-from fastload.converters.sources import SourceOptions
+from fastload.converters.sources import Document, SourceOptions, decode_text
 from fastload.errors import DatasetIndexError, SampleError
 from fastload.fields import LABEL_FIELD, image_field, parse_label
 from fastload.formats.idx import IDX_WHITESPACE, split_member_name
@@ -117,12 +118,50 @@ class WdsSource:
         return Sample(key=item.key, where=item.where, image=image, label=label, extra=values)
 
 
-def open_source(path: str, options: SourceOptions) -> WdsSource:
-    """Open a .tar file or a folder of .tar shards (sorted); classes come from its index.json if any."""
+@dataclass(frozen=True)
+class WdsTextSource:
+    """Documents of tar shards: each sample's member of extension ``text_field`` (``txt``), a tar an item."""
+
+    shards: tuple[Path, ...]
+    text_field: str
+    classes: tuple[str, ...] | None = None
+
+    def items(self) -> list[SourceItem]:
+        """One item per tar."""
+        return [SourceItem(key=shard.stem, where=str(shard), size_hint=shard.stat().st_size, ref=shard, stamp=file_stamp(shard))
+                for shard in self.shards]
+
+    def documents(self, item: SourceItem) -> Iterator[Document]:
+        """Each sample's text in tar order (a sample without the member, an unsafe name or
+        invalid UTF-8 reported, not raised)."""
+        shard = item.ref
+        fd = os.open(shard, os.O_RDONLY)
+        try:
+            for key, fields, unsafe in scan_tar(shard):
+                where = f"{shard}:{key}"
+                if unsafe:
+                    yield Document(where, None, f"rejected: {unsafe}")
+                elif self.text_field not in fields:
+                    yield Document(where, None, f"no .{self.text_field} member (fields {', '.join(sorted(fields))})")
+                else:
+                    offset, size = fields[self.text_field]
+                    text, problem = decode_text(os.pread(fd, size, offset))
+                    if text is not None and not text:
+                        text, problem = None, f"empty document (member .{self.text_field})"
+                    yield Document(where, text, problem)
+        finally:
+            os.close(fd)
+
+
+def open_source(path: str, options: SourceOptions) -> WdsSource | WdsTextSource:
+    """Open a .tar file or a folder of .tar shards (sorted); classes come from its index.json if
+    any; with ``text_field``, the documents in that member of each sample."""
     p = Path(path)
     shards = tuple(sorted(p.glob("*.tar"))) if p.is_dir() else (p,)
     if not shards or not shards[0].is_file():
         raise FileNotFoundError(f"{path}: no .tar shards")
+    if options.text_field is not None:
+        return WdsTextSource(shards=shards, text_field=options.text_field)
     classes = None
     if p.is_dir():
         try:

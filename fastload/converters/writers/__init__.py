@@ -16,7 +16,11 @@ from fastload.formats.index import ShardInfo
 if TYPE_CHECKING:
     import numpy as np
 
-WRITER_MODULES: dict[str, str] = {"wds": "fastload.converters.writers.wds", "hdf5": "fastload.converters.writers.hdf5"}
+WRITER_MODULES: dict[str, str] = {
+    "wds": "fastload.converters.writers.wds",
+    "hdf5": "fastload.converters.writers.hdf5",
+    "tokens": "fastload.converters.writers.tokens",  # written from documents (fastload.converters.tokens), not samples
+}
 
 
 @dataclass
@@ -51,6 +55,7 @@ class WriterOptions:
 
     hdf5_decoded: bool = False  # store uint8[N,H,W,C] pixels instead of encoded bytes
     hdf5_compression: str | None = None  # "gzip" | "lzf" | None, for decoded pixels
+    token_dtype: str = "uint16"  # token shards: the dtype of their ids (the tokenizer's, fastload.formats.index.token_dtype)
 
 
 def open_writer(layout: str, path: Path, options: WriterOptions) -> ShardWriter:

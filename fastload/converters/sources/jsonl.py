@@ -1,0 +1,127 @@
+"""JSON Lines documents (``--from jsonl``): one JSON object a line, its text under ``--text-field``
+(default ``text``). Plain files are cut into chunks of about ``chunk_bytes`` at line ends, so one big
+file converts on every worker; ``.gz`` and ``.zst`` files are read as they stream, one item each
+(a compressed stream cannot be entered in the middle)."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import itertools
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, cast
+
+from fastload.converters.sample import SourceItem, file_stamp, make_key
+from fastload.converters.sources import Document, SourceOptions, decode_text, text_problem
+
+SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".ndjson")
+COMPRESSED_RATIO = 4  # a compressed file's size_hint: its bytes times this (text compresses about 3-5x)
+
+
+def _compression(path: Path) -> str | None:
+    return {".gz": "gzip", ".zst": "zstd"}.get(path.suffix)
+
+
+def _open_stream(path: Path) -> IO[bytes]:
+    """The decompressed bytes of ``path`` as a stream (nothing decompressed ahead of reading)."""
+    kind = _compression(path)
+    if kind == "gzip":
+        return cast(IO[bytes], gzip.open(path, "rb"))
+    if kind == "zstd":
+        try:
+            import zstandard
+        except ImportError:
+            raise ImportError(f"{path}: reading .zst needs zstandard: pip install 'fastload[text]'") from None
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))
+    return open(path, "rb")
+
+
+def _line_ends(path: Path, size: int, chunk: int) -> list[int]:
+    """Byte offsets cutting a plain file into chunks of about ``chunk`` bytes, each just after a newline."""
+    cuts = [0]
+    with open(path, "rb") as f:
+        while cuts[-1] + chunk < size:
+            f.seek(cuts[-1] + chunk)
+            rest = f.readline()
+            if not rest.endswith(b"\n"):
+                break  # the last line runs to the end of the file
+            cuts.append(f.tell())
+    return [*cuts, size] if cuts[-1] < size else cuts
+
+
+@dataclass(frozen=True)
+class JsonlSource:
+    """JSON Lines files (a file, or a folder's, sorted by path) as documents."""
+
+    files: tuple[Path, ...]
+    root: Path
+    text_field: str
+    chunk_bytes: int
+    classes: tuple[str, ...] | None = None
+
+    def items(self) -> list[SourceItem]:
+        """Each plain file's chunks, each compressed file whole, in path order."""
+        out = []
+        for path in self.files:
+            stamp, name = file_stamp(path), make_key(path.relative_to(self.root).as_posix() if path != self.root else path.name)
+            size = path.stat().st_size
+            if _compression(path) is not None:
+                out.append(SourceItem(key=name, where=str(path), size_hint=size * COMPRESSED_RATIO, ref=(path, 0, -1), stamp=stamp))
+                continue
+            cuts = _line_ends(path, size, self.chunk_bytes)
+            for n, (start, end) in enumerate(itertools.pairwise(cuts)):
+                out.append(SourceItem(key=f"{name}_{n:05d}", where=f"{path} (bytes {start}..{end})", size_hint=end - start,
+                                      ref=(path, start, end), stamp=stamp))
+        return out
+
+    def documents(self, item: SourceItem) -> Iterator[Document]:
+        """Each non-blank line's text (lines named by their number in a stream, by their byte offset in a chunk)."""
+        path, start, end = item.ref
+        if end < 0:
+            with _open_stream(path) as stream:
+                for number, line in enumerate(stream, start=1):
+                    if line.strip():
+                        yield self._document(f"{path}:{number}", line)
+            return
+        with open(path, "rb") as f:
+            f.seek(start)
+            data = f.read(end - start)
+        offset = start
+        for line in data.splitlines(keepends=True):
+            if line.strip():
+                yield self._document(f"{path}: line at byte {offset}", line)
+            offset += len(line)
+
+    def _document(self, where: str, line: bytes) -> Document:
+        text, problem = decode_text(line)
+        if text is None:
+            return Document(where, None, problem)
+        try:
+            record = json.loads(text)
+        except ValueError as exc:
+            return Document(where, None, f"not JSON ({type(exc).__name__} at column {getattr(exc, 'colno', '?')})")
+        if not isinstance(record, dict):
+            return Document(where, None, f"a JSON {type(record).__name__}, not an object with a {self.text_field!r} field")
+        value = record.get(self.text_field)
+        problem = text_problem(value, self.text_field)
+        return Document(where, None, problem) if problem else Document(where, value)
+
+
+def open_source(path: str, options: SourceOptions) -> JsonlSource:
+    """Open a JSON Lines file or a folder of them (``.jsonl``, ``.json``, ``.ndjson``, compressed ``.gz``/``.zst``)."""
+    p = Path(path)
+    if p.is_dir():
+        files = tuple(sorted(f for f in p.rglob("*") if f.is_file() and any(f.name.endswith(s) for s in SUFFIXES)))
+        root = p
+    else:
+        files, root = (p,), p.parent
+    if not files or not files[0].is_file():
+        raise FileNotFoundError(f"{path}: no JSON Lines files ({', '.join(SUFFIXES)})")
+    for f in files:
+        if not os.access(f, os.R_OK):
+            raise PermissionError(f"{f}: cannot read it")
+    return JsonlSource(files=files, root=root, text_field=options.text_field or "text", chunk_bytes=options.chunk_bytes)

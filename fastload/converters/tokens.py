@@ -1,0 +1,264 @@
+"""Documents into token shards, on the conversion's engine: the plan (items cut into shards of
+about ``shard_tokens`` tokens), exact deduplication of documents, and one shard's work.
+
+Shards are planned before anything is tokenized, so the plan (and every shard's bytes) stays a
+pure function of the input and the options, whatever the engine and the number of workers: each
+item's tokens are estimated from its size, at the tokens per byte measured on the first item's
+first SAMPLE_BYTES of text (tokenized one text at a time in the driver, so the workers it forks
+keep their tokenizers' thread pools). A shard then holds about ``shard_tokens`` tokens, within
+an item's worth (a plain JSONL chunk: CHUNK_BYTES; a compressed file or a Parquet row group: all of it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from fastload.converters.engines import Engine
+from fastload.converters.options import ConvertOptions, TokenizeOptions
+from fastload.converters.plan import ShardPlan, assign_shards
+from fastload.converters.sample import SourceItem
+from fastload.converters.shard import ShardResult, naming, sources_digest, upload_shard
+from fastload.converters.sources import TextSource
+from fastload.converters.writers import WriterOptions, open_writer
+from fastload.converters.writers.tokens import TokenShardWriter
+from fastload.errors import SampleError
+from fastload.formats.index import TokenizerIdentity
+from fastload.formats.table import TABLE_SUFFIX
+from fastload.formats.tokens import DOCS_SUFFIX, TOKENS_FIELD
+from fastload.text.tokenizer import TextTokenizer
+
+SAMPLE_BYTES = 1 << 18  # text tokenized to estimate tokens per byte
+SCAN_BYTES = 64 << 20  # the most of the first item's text read to measure its share of the item's bytes
+BATCH_DOCUMENTS = 2048  # documents tokenized at once (encode_batch_fast spreads them over the cores)
+BATCH_BYTES = 4 << 20  # ... or fewer, once their text holds this many bytes
+
+
+@lru_cache(maxsize=2)
+def _tokenizer(options: TokenizeOptions) -> TextTokenizer:
+    """This process's tokenizer (loaded once per process and options)."""
+    return TextTokenizer(options.tokenizer, options.bos_token, options.eos_token)
+
+
+def tokenizer_identity(options: TokenizeOptions) -> TokenizerIdentity:
+    """The identity of the tokenizer ``options`` name, checked for what the options ask of it."""
+    identity = _tokenizer(options).identity
+    for wanted, name, value in ((options.bos, "bos", identity.bos_id), (options.append_eos, "eos", identity.eos_id)):
+        if wanted and value is None:
+            raise ValueError(f"{options.tokenizer}: the tokenizer names no {name} token; give --{name}-token TEXT")
+    return identity
+
+
+def tokens_per_byte(source: TextSource, first: SourceItem, options: TokenizeOptions) -> float:
+    """Tokens per byte of item size, measured on ``first``: its first SAMPLE_BYTES of text
+    tokenized, and its text's share of its size (from up to SCAN_BYTES of its text)."""
+    sample: list[str] = []
+    sampled = text_bytes = 0
+    complete = True
+    for document in source.documents(first):
+        if document.text is None:
+            continue
+        size = len(document.text.encode())
+        text_bytes += size
+        if sampled < SAMPLE_BYTES:
+            sample.append(document.text)
+            sampled += size
+        if text_bytes >= SCAN_BYTES:
+            complete = False
+            break
+    if not sampled:
+        return 1 / 4  # no readable text up front: English averages about 4 bytes a token
+    share = text_bytes / first.size_hint if complete and first.size_hint else 1.0
+    return _tokenizer(options).count_tokens(sample) / sampled * share
+
+
+def plan_token_shards(source: TextSource, items: list[SourceItem], options: TokenizeOptions) -> list[ShardPlan]:
+    """The items cut into consecutive shards of about ``options.shard_tokens`` estimated tokens."""
+    rate = tokens_per_byte(source, items[0], options)
+    estimated = [replace(item, size_hint=math.ceil(item.size_hint * rate)) for item in items]
+    return assign_shards(estimated, "tokens", options.shard_tokens, None, overhead=0)
+
+
+@dataclass(frozen=True)
+class HashTask:
+    """One item's documents to hash (picklable)."""
+
+    source: TextSource
+    item: SourceItem
+
+
+def document_hashes(task: HashTask) -> np.ndarray:
+    """A 128-bit blake2b digest of each document's text (an unreadable one: of its ``where``,
+    unlike any text), as (documents, 16) uint8."""
+    digests = [hashlib.blake2b(d.text.encode() if d.text is not None else b"\0" + d.where.encode(), digest_size=16).digest()
+               for d in task.source.documents(task.item)]
+    return np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(len(digests), 16)
+
+
+@dataclass(frozen=True)
+class DocumentDuplicates:
+    """Documents whose text came earlier in the conversion: per item, the numbers of its dropped
+    documents, and a report line for each (the document, and the first with its text)."""
+
+    drops: dict[int, tuple[int, ...]]  # item position -> its dropped documents' numbers
+    lines: list[dict]
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+
+def find_duplicate_documents(source: TextSource, items: list[SourceItem], runner: Engine) -> DocumentDuplicates:
+    """Every document whose exact text an earlier document (in plan order) has: hashed on the
+    engine, compared here (16 bytes a document)."""
+    per_item: dict[int, np.ndarray] = dict(runner.map_unordered(document_hashes, [HashTask(source, item) for item in items]))
+    counts = np.array([len(per_item[p]) for p in range(len(items))], dtype=np.int64)
+    hashes = np.concatenate([per_item[p] for p in range(len(items))]) if len(items) else np.zeros((0, 16), np.uint8)
+    _, first, inverse = np.unique(hashes.view("V16").ravel(), return_index=True, return_inverse=True)
+    originals = first[inverse.ravel()]
+    duplicate = np.flatnonzero(originals != np.arange(len(hashes)))
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    drops: dict[int, list[int]] = {}
+    lines = []
+    for at in duplicate.tolist():
+        item = int(np.searchsorted(starts, at, side="right") - 1)
+        origin = int(originals[at])
+        origin_item = int(np.searchsorted(starts, origin, side="right") - 1)
+        drops.setdefault(item, []).append(at - int(starts[item]))
+        lines.append({"where": items[item].where, "document": at - int(starts[item]), "duplicate_of": items[origin_item].where,
+                      "duplicate_of_document": origin - int(starts[origin_item])})
+    return DocumentDuplicates({item: tuple(numbers) for item, numbers in drops.items()}, lines)
+
+
+@dataclass(frozen=True)
+class TokenShardTask:
+    """Everything a worker needs to write one token shard, picklable."""
+
+    source: TextSource
+    plan: ShardPlan
+    out_dir: str
+    options: ConvertOptions
+    identity: TokenizerIdentity  # the tokenizer's, as the driver read it
+    drops: tuple[tuple[int, ...], ...] = ()  # per item of the plan, the documents dropped as duplicates
+    upload_to: str | None = None
+
+
+def write_token_shard(task: TokenShardTask) -> ShardResult:
+    """Tokenize the plan's documents into one shard; bad documents raise or, with
+    ``on_error="skip"``, are left out and reported."""
+    path = Path(task.out_dir) / task.plan.name
+    with naming(path):
+        builder = TokenShardBuilder(task, path)
+        try:
+            for number, item in enumerate(task.plan.items):
+                dropped = set(task.drops[number]) if task.drops else set()
+                for n, document in enumerate(task.source.documents(item)):
+                    if n in dropped:
+                        continue
+                    if document.text is None:
+                        builder.reject(item, document.where, document.problem or "unreadable")
+                    else:
+                        builder.add(item, document.where, document.text)
+            return builder.finish()
+        except BaseException:
+            builder.writer.abort()
+            raise
+
+
+class TokenShardBuilder:
+    """One token shard filled document by document: texts gathered into batches, each tokenized
+    at once, given bos/eos, filtered by length and appended to the writer."""
+
+    def __init__(self, task: TokenShardTask, path: Path) -> None:
+        self.task, self.path, self.options = task, path, task.options
+        tokens = task.options.tokens
+        assert tokens is not None  # a token shard task is made for token conversions only
+        self.tokens = tokens
+        self.tokenizer = _tokenizer(tokens)
+        if self.tokenizer.identity.sha256 != task.identity.sha256:
+            raise ValueError(f"{tokens.tokenizer}: the tokenizer changed while the conversion ran (its sha256 differs)")
+        self.writer: TokenShardWriter = open_writer("tokens", path, WriterOptions(token_dtype=task.identity.dtype))  # type: ignore[assignment]
+        self.result = ShardResult(number=task.plan.number, info=None, fields=[TOKENS_FIELD])
+        self._texts: list[str] = []
+        self._where: list[str] = []
+        self._keys: list[str] = []
+        self._bytes = 0
+
+    def reject(self, item: SourceItem, where: str, reason: str) -> None:
+        """A document that cannot be used: raised, or skipped and reported (``on_error``)."""
+        if self.options.on_error == "raise":
+            raise SampleError(where, reason)
+        self.result.skipped.append({"key": item.key, "where": where, "reason": reason})
+
+    def add(self, item: SourceItem, where: str, text: str) -> None:
+        """Queue one document's text; a full batch is tokenized and written."""
+        self._texts.append(text)
+        self._where.append(where)
+        self._keys.append(item.key)
+        self._bytes += len(text)
+        if len(self._texts) >= BATCH_DOCUMENTS or self._bytes >= BATCH_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._texts:
+            return
+        ids, lengths = self.tokenizer.encode_arrays(self._texts)
+        identity, tokens = self.task.identity, self.tokens
+        ids, lengths = with_specials(ids, lengths, identity.bos_id if tokens.bos else None,
+                                     identity.eos_id if tokens.append_eos else None)
+        keep = np.ones(len(lengths), dtype=bool)
+        added = int(tokens.bos) + int(tokens.append_eos)
+        for at in np.flatnonzero((lengths <= added) | (lengths > tokens.shard_tokens)).tolist():
+            item = SourceItem(self._keys[at], self._where[at], 0)
+            if lengths[at] <= added:
+                self.reject(item, self._where[at], "empty document (no tokens)")
+            else:
+                self.reject(item, self._where[at], f"{int(lengths[at])} tokens, more than a shard holds (--shard-tokens {tokens.shard_tokens})")
+            keep[at] = False
+        short = keep & (lengths < tokens.min_tokens)
+        self.result.filtered += int(short.sum())
+        keep &= ~short
+        if not keep.all():
+            ids = ids[np.repeat(keep, lengths)]
+            lengths = lengths[keep]
+        self.writer.add_documents(ids, lengths)
+        self._texts, self._where, self._keys, self._bytes = [], [], [], 0
+
+    def finish(self) -> ShardResult:
+        """Publish the shard (none when no document was kept) and upload it where asked."""
+        self._flush()
+        result = self.result
+        if self.writer.tokens == 0:
+            self.writer.abort()
+            for stale in (self.path, self.path.with_suffix(DOCS_SUFFIX), self.path.with_suffix(TABLE_SUFFIX)):
+                stale.unlink(missing_ok=True)  # a previous run's copy
+        else:
+            result.info = self.writer.finish()
+        result.sources = sources_digest(self.task.plan.items)
+        if self.task.upload_to is not None and result.info is not None:
+            upload_shard(Path(self.task.out_dir), result.info, self.task.upload_to)
+        return result
+
+
+def with_specials(ids: np.ndarray, lengths: np.ndarray, bos: int | None, eos: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Documents (ids back to back, each one's count) with ``bos`` put before and ``eos`` after each."""
+    extra = (bos is not None) + (eos is not None)
+    if not extra:
+        return ids, lengths
+    new_lengths = lengths + extra
+    ends = np.cumsum(new_lengths)
+    starts = ends - new_lengths
+    out = np.empty(int(ends[-1]) if len(ends) else 0, dtype=ids.dtype)
+    body = np.ones(len(out), dtype=bool)
+    if bos is not None:
+        out[starts] = bos
+        body[starts] = False
+    if eos is not None:
+        out[ends - 1] = eos
+        body[ends - 1] = False
+    out[body] = ids
+    return out, new_lengths

@@ -1,0 +1,192 @@
+"""Token shards (layout ``tokens``): a shard is two files, written by
+:mod:`fastload.converters.writers.tokens` and read here.
+
+``shard-00000.bin`` holds the token ids of its documents back to back, little-endian, in the
+dataset's dtype (``uint16`` up to 65,536 ids, else ``uint32``), nothing else: nanoGPT's and
+Megatron's ``.bin``, so ``numpy.memmap`` reads it as it is. ``shard-00000.docs`` holds where each
+document starts:
+
+======================  =====================================================================
+bytes 0-7               magic ``b"FLTOKDOC"``
+8-15, 16-23             N documents (uint64), T tokens (uint64)
+24-31                   bytes per token id (uint64: 2 or 4)
+32-63                   zero
+offsets                 N + 1 uint64: document i is tokens ``offsets[i]:offsets[i + 1]``;
+                        ``offsets[0]`` is 0, ``offsets[N]`` is T
+======================  =====================================================================
+
+Chosen by measurement (docs/tokens.md): a span of any document, or of several consecutive ones,
+is one ``pread`` of the ``.bin`` at ``start * itemsize``, and the table is memory-mapped, so a
+process holds nothing per document and the page cache one copy for every worker. Every length
+read from either file is checked against the index and the file sizes before it is used.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from fastload.errors import ShardError
+from fastload.formats import open_in_root, this_process
+from fastload.formats.index import ShardInfo, TokenizerIdentity
+
+DOCS_MAGIC = b"FLTOKDOC"
+DOCS_SUFFIX = ".docs"
+_HEADER = struct.Struct("<8sQQQ32x")
+TOKENS_FIELD = "tokens"  # the field a token dataset's samples (documents) hold
+CHECK_BLOCK = 1 << 24  # tokens checked against the vocabulary at a time by ``check``
+
+
+def documents_path(data: str | Path, shard: ShardInfo) -> str:
+    """The document table beside the token file ``data`` (the index's ``table``, else ``.docs``)."""
+    name = shard.table if shard.table is not None else Path(shard.path).with_suffix(DOCS_SUFFIX).name
+    return str(Path(data).with_name(Path(name).name))
+
+
+def encode_documents(offsets: np.ndarray, itemsize: int) -> bytes:
+    """The document table of a shard whose document i spans tokens ``offsets[i]:offsets[i + 1]``."""
+    offsets = np.asarray(offsets, dtype="<u8")
+    header = _HEADER.pack(DOCS_MAGIC, len(offsets) - 1, int(offsets[-1]), itemsize)
+    return header + offsets.tobytes()
+
+
+class TokenShardReader:
+    """One token shard read by ``pread`` (tokens) and ``mmap`` (document starts), opened lazily in
+    each process; every length checked against ``shard`` (the index's entry) before use."""
+
+    def __init__(self, data: str | Path, docs: str | Path, shard: ShardInfo, tokenizer: TokenizerIdentity,
+                 root: str | None = None) -> None:
+        self.data, self.docs, self.shard, self.root = data, docs, shard, root
+        self.dtype = np.dtype(tokenizer.dtype).newbyteorder("<")
+        self.vocab_size = tokenizer.vocab_size
+        self.checks_ids = tokenizer.vocab_size < 2 ** (8 * self.dtype.itemsize)  # ids the dtype holds may lie past the vocabulary
+        self.tokens = shard.tokens or 0
+        self._fd: int | None = None
+        self._pid = -1
+        self._map: mmap.mmap | None = None
+        self._offsets: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return self.shard.samples
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_fd"], state["_pid"], state["_map"], state["_offsets"] = None, -1, None, None
+        return state
+
+    def _fail(self, what: str) -> ShardError:
+        return ShardError(f"{self.shard.path}: {what}")
+
+    def open(self) -> None:
+        """Open the token file and map the document table in this process (checked against the index)."""
+        if self._fd is not None and self._pid == this_process():
+            return
+        self._fd = self._map = self._offsets = None  # inherited across a fork: this process opens its own
+        try:
+            fd, size, self.data = open_in_root(self.data, self.root)
+        except OSError as exc:
+            raise self._fail(f"cannot open the token file ({exc.strerror})") from None
+        try:
+            if size != self.tokens * self.dtype.itemsize:
+                raise self._fail(f"holds {size} bytes, the index says {self.tokens} tokens of {self.dtype.itemsize} bytes")
+            self._offsets = self._map_documents()
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd, self._pid = fd, this_process()
+
+    def _map_documents(self) -> np.ndarray:
+        """The document table's offsets, memory-mapped, after its header and size are checked."""
+        name = Path(self.docs).name
+        try:
+            fd, size, self.docs = open_in_root(self.docs, self.root)
+        except OSError as exc:
+            raise self._fail(f"cannot open its document table {name} ({exc.strerror})") from None
+        try:
+            expected = _HEADER.size + 8 * (self.shard.samples + 1)
+            if size != expected:
+                raise self._fail(f"its document table {name} holds {size} bytes, {expected} for the index's {self.shard.samples} documents")
+            self._map = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        magic, documents, tokens, itemsize = _HEADER.unpack_from(self._map)
+        if magic != DOCS_MAGIC:
+            raise self._fail(f"{name} is not a fastload document table (bad magic)")
+        if (documents, tokens, itemsize) != (self.shard.samples, self.tokens, self.dtype.itemsize):
+            raise self._fail(f"{name} describes {documents} documents, {tokens} tokens of {itemsize} bytes; the index "
+                             f"{self.shard.samples}, {self.tokens} of {self.dtype.itemsize}")
+        offsets = np.frombuffer(self._map, dtype="<u8", offset=_HEADER.size)
+        if offsets[0] != 0 or offsets[-1] != self.tokens:
+            raise self._fail(f"{name}: its offsets do not run from 0 to the shard's {self.tokens} tokens")
+        return offsets
+
+    def offsets(self) -> np.ndarray:
+        """Every document's first token, then the shard's token count (uint64, memory-mapped: not
+        copied); a caller checks the part it uses with :meth:`checked_offsets`."""
+        self.open()
+        assert self._offsets is not None
+        return self._offsets
+
+    def checked_offsets(self, first: int, last: int) -> np.ndarray:
+        """Offsets ``first..last`` (inclusive) as int64, refused unless they ascend within the shard."""
+        part = self.offsets()[first : last + 1].astype(np.int64)
+        if len(part) and (np.any(np.diff(part) < 0) or part[0] < 0 or part[-1] > self.tokens):
+            raise self._fail(f"its document table's offsets {first}..{last} do not ascend within its {self.tokens} tokens (tampered?)")
+        return part
+
+    def bounds(self, i: int) -> tuple[int, int]:
+        """Document ``i``'s first token and the token after its last."""
+        if not 0 <= i < len(self):
+            raise IndexError(f"{self.shard.path}: document {i} of {len(self)}")
+        start, end = self.checked_offsets(i, i + 1).tolist()
+        return start, end
+
+    def read_tokens(self, start: int, count: int) -> np.ndarray:
+        """Tokens ``start`` to ``start + count`` of the shard, in one ``pread`` (ids checked against the vocabulary)."""
+        if not (start >= 0 and count >= 0 and start + count <= self.tokens):
+            raise self._fail(f"tokens {start}..{start + count} lie outside its {self.tokens} tokens")
+        self.open()
+        size = count * self.dtype.itemsize
+        data = os.pread(self._fd, size, start * self.dtype.itemsize)  # type: ignore[arg-type]  # open() set it
+        if len(data) != size:
+            raise self._fail("cut short (truncated since it was opened?)")
+        ids = np.frombuffer(data, dtype=self.dtype)
+        if self.checks_ids and count and int(ids.max()) >= self.vocab_size:
+            raise self._fail(f"token id {int(ids.max())} at or beyond the tokenizer's vocabulary of {self.vocab_size} (tokens {start}..{start + count})")
+        return ids
+
+    def document(self, i: int) -> np.ndarray:
+        """Document ``i``'s token ids."""
+        start, end = self.bounds(i)
+        return self.read_tokens(start, end - start)
+
+    def key(self, i: int) -> str:
+        """Document ``i``'s key: its number in the shard."""
+        if not 0 <= i < len(self):
+            raise IndexError(f"{self.shard.path}: document {i} of {len(self)}")
+        return str(i)
+
+    def read(self, i: int) -> dict[str, bytes]:
+        """Document ``i`` as a sample: its ids' little-endian bytes under ``tokens``."""
+        return {TOKENS_FIELD: self.document(i).tobytes()}
+
+    def check(self) -> None:
+        """The whole shard against its index: the table's offsets ascend, every id is below the
+        vocabulary (for ``verify``); a ShardError naming the shard if not."""
+        self.checked_offsets(0, len(self))
+        for start in range(0, self.tokens, CHECK_BLOCK):
+            self.read_tokens(start, min(CHECK_BLOCK, self.tokens - start))
+
+    def sample_table(self) -> bytes:
+        """Token shards have no sample table: their document table stands in for it."""
+        raise ShardError(f"{self.shard.path}: a token shard has no sample table (its document table is {Path(self.docs).name})")
+
+    def close(self) -> None:
+        """Close this process's token file (the table's mapping goes with the last reference)."""
+        if self._fd is not None and self._pid == this_process():
+            os.close(self._fd)
+        self._fd, self._map, self._offsets = None, None, None

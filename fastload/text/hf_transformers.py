@@ -1,0 +1,45 @@
+"""A local ``transformers`` tokenizer folder without a ``tokenizer.json`` (a slow tokenizer):
+the only module importing transformers. Never downloads (``local_files_only``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def load_tokenizer_folder(path: Path) -> Any:
+    """``AutoTokenizer`` of the folder ``path``, offline; a ValueError naming it where it cannot load."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise ImportError(f"{path}: a tokenizer folder without tokenizer.json needs transformers: pip install 'fastload[text]'") from None
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:  # transformers raises OSError, ValueError, KeyError, ... for a folder it cannot read
+        raise ValueError(f"{path}: not a tokenizer folder transformers can read offline ({type(exc).__name__})") from None
+
+
+def vocabulary(tokenizer: Any) -> dict[str, int]:
+    """Every token's id, added tokens included."""
+    return dict(tokenizer.get_vocab())
+
+
+def special_tokens(tokenizer: Any) -> dict[str, int]:
+    """The special tokens (bos, eos, pad, ... and additional ones) by text."""
+    return {text: int(tokenizer.convert_tokens_to_ids(text)) for text in tokenizer.all_special_tokens}
+
+
+def named_special(tokenizer: Any, name: str) -> str | None:
+    """The text of the tokenizer's ``bos``, ``eos`` or ``pad`` token, if it has one."""
+    value = getattr(tokenizer, f"{name}_token", None)
+    return value if isinstance(value, str) else None
+
+
+def encode(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    """Each text's ids, no special tokens added."""
+    return tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+
+def count(tokenizer: Any, text: str) -> int:
+    """How many ids ``text`` encodes to."""
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])

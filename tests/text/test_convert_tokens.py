@@ -1,0 +1,172 @@
+"""Documents into token shards through ``fastload convert``: every source, the index's tokenizer
+and counts, byte-reproducible output at any worker count, resume, dedupe, verify and inspect."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fastload.cli.command import main
+from fastload.converters import ConvertOptions, convert
+from fastload.converters.options import TokenizeOptions
+from fastload.formats import open_shard
+from fastload.formats.index import read_index
+from fastload.formats.tokens import TokenShardReader
+from fastload.storage.summary import summarize
+from fastload.storage.verify import verify_dataset
+from fastload.text.tokenizer import TextTokenizer
+from tests.text.conftest import real_paragraphs, write_jsonl
+
+
+def token_options(tokenizer: Path, source: str = "jsonl", workers: int = 1, text_field: str | None = None, **tokens) -> ConvertOptions:
+    from fastload.converters.sources import SourceOptions
+
+    return ConvertOptions(source=source, layout="tokens", workers=workers, source_options=SourceOptions(text_field=text_field),
+                          tokens=TokenizeOptions(str(tokenizer), **{"shard_tokens": 40_000, **tokens}))
+
+
+def documents(root: Path) -> list[list[int]]:
+    """Every document's ids, shard by shard, read through the public reader."""
+    index = read_index(root)
+    out = []
+    for shard in index.shards:
+        reader = open_shard(root, index, shard)
+        assert isinstance(reader, TokenShardReader)
+        out += [reader.document(i).tolist() for i in range(len(reader))]
+        reader.close()
+    return out
+
+
+def test_jsonl_documents_become_token_shards_sized_by_tokens(corpus: Path, tokenizer_file: Path, tmp_path: Path) -> None:
+    report = convert(str(corpus), str(tmp_path / "out"), token_options(tokenizer_file, append_eos=True), quiet=True)
+    index = report.index
+    texts = real_paragraphs()
+    expected = [[*ids, index.tokenizer.eos_id] for ids in TextTokenizer(str(tokenizer_file)).encode(texts)]
+    assert documents(tmp_path / "out") == expected  # every document, in source order, each ending in eos
+    assert index.version == 4 and index.layout == "tokens" and index.fields == ("tokens",)
+    assert index.tokenizer.vocab_size == 2000 and index.tokenizer.dtype == "uint16" and index.tokenizer.eos_id == 0
+    assert index.num_samples == len(texts) and index.num_tokens == sum(map(len, expected))
+    assert len(index.shards) >= 3 and sum(s.tokens for s in index.shards) == index.num_tokens
+    assert all(s.tokens <= 2 * 40_000 for s in index.shards)  # about --shard-tokens each (within a chunk)
+    assert all(s.bytes == 2 * s.tokens for s in index.shards)  # uint16 on disk
+    assert all(s.path.endswith(".bin") and (tmp_path / "out" / s.table).is_file() for s in index.shards)
+    assert verify_dataset(tmp_path / "out").ok
+    summary = summarize(tmp_path / "out")["tokens"]
+    assert sum(summary["length_histogram"].values()) == len(texts) and summary["top_ids"]
+
+
+def test_output_is_byte_identical_for_any_worker_count(corpus: Path, tokenizer_file: Path, tmp_path: Path) -> None:
+    one = convert(str(corpus), str(tmp_path / "one"), token_options(tokenizer_file, workers=1), quiet=True)
+    two = convert(str(corpus), str(tmp_path / "two"), token_options(tokenizer_file, workers=2), quiet=True)
+    assert (tmp_path / "one" / "index.json").read_bytes() == (tmp_path / "two" / "index.json").read_bytes()
+    for shard in one.index.shards:
+        for name in (shard.path, shard.table):
+            assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
+    assert two.shards_written == len(two.index.shards)
+
+
+@pytest.mark.slow
+def test_ray_output_is_byte_identical_to_local(corpus: Path, tokenizer_file: Path, tmp_path: Path) -> None:
+    convert(str(corpus), str(tmp_path / "local"), token_options(tokenizer_file, workers=2), quiet=True)
+    convert(str(corpus), str(tmp_path / "ray"), token_options(tokenizer_file, workers=2), engine="ray", quiet=True)
+    for path in sorted((tmp_path / "local").iterdir()):
+        assert path.read_bytes() == (tmp_path / "ray" / path.name).read_bytes(), path.name
+
+
+def test_compressed_jsonl_streams_give_the_same_tokens(corpus: Path, tokenizer_file: Path, tmp_path: Path) -> None:
+    import zstandard
+
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    shutil.copy(corpus / "a.jsonl", plain / "a.jsonl")
+    packed = tmp_path / "packed"
+    packed.mkdir()
+    data = (corpus / "a.jsonl").read_bytes()
+    half = data.index(b"\n", len(data) // 2) + 1
+    (packed / "a1.jsonl.gz").write_bytes(gzip.compress(data[:half]))
+    (packed / "a2.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(data[half:]))
+    convert(str(plain), str(tmp_path / "p"), token_options(tokenizer_file), quiet=True)
+    convert(str(packed), str(tmp_path / "c"), token_options(tokenizer_file), quiet=True)
+    assert documents(tmp_path / "p") == documents(tmp_path / "c")
+
+
+def test_text_parquet_and_wds_sources_hold_the_same_documents(tokenizer_file: Path, tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = real_paragraphs()[:200]
+    folder = tmp_path / "txt"
+    folder.mkdir()
+    for n, text in enumerate(texts):
+        (folder / f"doc{n:04d}.txt").write_text(text)
+    pq.write_table(pa.table({"content": texts, "n": list(range(len(texts)))}), tmp_path / "docs.parquet", row_group_size=64)
+    with tarfile.open(tmp_path / "docs.tar", "w") as tar:
+        for n, text in enumerate(texts):
+            info = tarfile.TarInfo(f"doc{n:04d}.txt")
+            info.size = len(text.encode())
+            tar.addfile(info, fileobj=__import__("io").BytesIO(text.encode()))
+    write_jsonl(tmp_path / "docs.jsonl", texts, field="body")
+    expected = TextTokenizer(str(tokenizer_file)).encode(texts)
+    for source, src, field in (("text", folder, None), ("parquet", tmp_path / "docs.parquet", "content"),
+                               ("wds", tmp_path / "docs.tar", "txt"), ("jsonl", tmp_path / "docs.jsonl", "body")):
+        out = tmp_path / f"out-{source}"
+        convert(str(src), str(out), token_options(tokenizer_file, source=source, text_field=field), quiet=True)
+        assert documents(out) == expected, source
+
+
+def test_exact_duplicates_are_dropped_keeping_the_first(tokenizer_file: Path, tmp_path: Path) -> None:
+    texts = real_paragraphs()[:300]
+    write_jsonl(tmp_path / "a.jsonl", texts + texts[:50])
+    write_jsonl(tmp_path / "b.jsonl", texts[100:120])
+    options = ConvertOptions(source="jsonl", layout="tokens", dedupe=True, tokens=TokenizeOptions(str(tokenizer_file), shard_tokens=5000))
+    report = convert(str(tmp_path), str(tmp_path / "out"), options, quiet=True)
+    assert report.index.duplicates == 70 and report.index.num_samples == 300
+    assert documents(tmp_path / "out") == TextTokenizer(str(tokenizer_file)).encode(texts)
+    lines = [json.loads(line) for line in (tmp_path / "out" / "duplicates.jsonl").read_text().splitlines()]
+    assert len(lines) == 70 and lines[0]["duplicate_of_document"] == 0
+
+
+def test_bos_and_min_tokens(corpus: Path, tokenizer_file: Path, tmp_path: Path) -> None:
+    texts = ["a b", "a much longer paragraph of several words than the first", "x"]
+    write_jsonl(tmp_path / "a.jsonl", texts)
+    report = convert(str(tmp_path / "a.jsonl"), str(tmp_path / "out"),
+                     token_options(tokenizer_file, bos=True, bos_token="<|pad|>", append_eos=True, min_tokens=5), quiet=True)
+    (kept,) = documents(tmp_path / "out")
+    assert kept[0] == 1 and kept[-1] == 0 and kept[1:-1] == TextTokenizer(str(tokenizer_file)).encode([texts[1]])[0]
+    assert report.index.skipped == {"fewer than 5 tokens": 2}
+
+
+def test_an_interrupted_conversion_resumes_and_rewrites_only_what_changed(tokenizer_file: Path, tmp_path: Path) -> None:
+    texts = real_paragraphs()[:1200]
+    src = tmp_path / "src"
+    src.mkdir()
+    write_jsonl(src / "a.jsonl", texts[:600])
+    good_b = write_jsonl(src / "b.jsonl", texts[600:]).read_bytes()
+    (src / "b.jsonl").write_bytes(good_b + b'{"text": 3}\n')  # a bad last document stops the first run
+    options = token_options(tokenizer_file, shard_tokens=10_000)
+    with pytest.raises(Exception, match=r"b.jsonl: line at byte \d+: field 'text' is a int, not a string"):
+        convert(str(src), str(tmp_path / "out"), options, quiet=True)
+    (src / "b.jsonl").write_bytes(good_b)
+    report = convert(str(src), str(tmp_path / "out"), options, quiet=True)
+    assert report.shards_reused >= 1 and report.shards_written >= 1
+    convert(str(src), str(tmp_path / "clean"), options, quiet=True)
+    assert (tmp_path / "out" / "index.json").read_bytes() == (tmp_path / "clean" / "index.json").read_bytes()
+
+
+def test_the_command_converts_verifies_and_inspects(corpus: Path, tokenizer_file: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    assert main(["convert", str(corpus), str(out), "--from", "jsonl", "--tokenizer", str(tokenizer_file), "--append-eos",
+                 "--shard-tokens", "50K", "--workers", "2", "--quiet"]) == 0
+    assert "token shards" in capsys.readouterr().out
+    assert main(["verify", str(out)]) == 0
+    assert main(["inspect", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert "tokens" in shown and "uint16" in shown and "'<|endoftext|>'" in shown and "64-127" in shown
+    data = np.fromfile(out / "shard-00000.bin", dtype="<u2")  # a plain .bin: numpy reads it as nanoGPT does
+    assert data.size == read_index(out).shards[0].tokens
