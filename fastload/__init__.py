@@ -12,6 +12,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "DataLoader": "fastload.loader",
+    "TokenDataLoader": "fastload.token_loader",
     "open": "fastload.storage.dataset",
     "ShardedDataset": "fastload.storage.dataset",
     "mix": "fastload.storage.mixture",

@@ -48,6 +48,7 @@ from fastload.loading.stats import LoaderStats
 from fastload.loading.torch_mode import TorchMode
 from fastload.loading.torchvision_translation import TorchvisionSteps, steps_as_map
 from fastload.storage.dataset import ShardedDataset
+from fastload.token_loader import TokenDataLoader
 from fastload.transforms import Transform, batch_transform, output_size
 
 log = logging.getLogger("fastload")
@@ -95,6 +96,8 @@ class DataLoader(torch.utils.data.DataLoader):
     use_stateful_dataloader = True  # Accelerate's save_state/load_state then save and load state_dict()
 
     def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> DataLoader:
+        if cls is DataLoader and "seq_len" in kwargs:  # a token dataset: its own loader (not a subclass: __init__ is not called again)
+            return TokenDataLoader(dataset, *args, **kwargs)  # type: ignore[return-value]
         if cls is DataLoader and not is_fastload_dataset(dataset):
             return super().__new__(TorchDatasetLoader)
         return super().__new__(cls)

@@ -169,6 +169,7 @@ class LoaderStats:
 
     batches: int = 0
     samples: int = 0
+    tokens: int = 0  # a token loader's real (not padding) tokens delivered
     wait_s: float = 0.0
     inside_s: float = 0.0  # time in the loader's next(): waiting, hand-off and device copy
     device_s: float = 0.0
@@ -198,6 +199,10 @@ class LoaderStats:
         """Count one delivered batch."""
         self.batches += 1
         self.samples += samples
+
+    def record_tokens(self, tokens: int) -> None:
+        """Count the real tokens of one delivered batch (a token loader's)."""
+        self.tokens += tokens
 
     def add_inside(self, seconds: float) -> None:
         """Count time spent inside the loader's ``next()``."""

@@ -51,10 +51,13 @@ def compatible_index(members: tuple[ShardedDataset, ...]) -> DatasetIndex:
         if None not in (index.classes, first.classes) and index.classes != first.classes:
             raise ValueError(f"mix: member {number} ({member.location}) names its classes differently from member 0 "
                              f"({members[0].location}): one label would mean two classes")
+        if index.layout != first.layout or (index.tokenizer and index.tokenizer.sha256) != (first.tokenizer and first.tokenizer.sha256):
+            raise ValueError(f"mix: member {number} ({member.location}) is not of member 0's layout and tokenizer "
+                             f"({members[0].location}): one id would mean two tokens")
     classes = next((m.index.classes for m in members if m.index.classes is not None), None)
     shards = tuple(itertools.chain.from_iterable(m.index.shards for m in members))
     return DatasetIndex(first.layout, shards, first.fields, classes, image_fields=first.image_fields,
-                        decoded_shape=first.decoded_shape)
+                        decoded_shape=first.decoded_shape, tokenizer=first.tokenizer, version=first.version)
 
 
 class MixedDataset(ShardedDataset):
@@ -62,8 +65,9 @@ class MixedDataset(ShardedDataset):
     ``samples_per_epoch`` samples (default: the members' sizes summed), of which member m gives
     its weight's share exactly; each member runs through its own epochs, reshuffled, meanwhile."""
 
-    def __init__(self, members: tuple[ShardedDataset, ...], weights: tuple[float, ...], samples_per_epoch: int) -> None:
-        self.members, self.weights, self.samples_per_epoch = members, weights, samples_per_epoch
+    def __init__(self, members: tuple[ShardedDataset, ...], weights: tuple[float, ...], samples_per_epoch: int,
+                 by: str = "samples") -> None:
+        self.members, self.weights, self.samples_per_epoch, self.by = members, weights, samples_per_epoch, by
         self.counts = apportion(samples_per_epoch, weights)
         self.index = compatible_index(members)
         self.url, self.root, self.cache = None, None, None  # remote members fetch through their own caches
@@ -77,6 +81,11 @@ class MixedDataset(ShardedDataset):
     def __repr__(self) -> str:
         parts = ", ".join(f"{m.location!r}: {w:g}" for m, w in zip(self.members, self.weights, strict=True))
         return f"fastload.mix({{{parts}}}): {self.samples_per_epoch} samples an epoch of {len(self)}"
+
+    @property
+    def first_shards(self) -> list[int]:
+        """Each member's first shard among all members' shards, then their count."""
+        return self._first_shards
 
     @property
     def location(self) -> str:
@@ -210,12 +219,16 @@ class MixedDataset(ShardedDataset):
             member.close()
 
 
-def mix(members: Mapping[Member, float], samples_per_epoch: int | None = None) -> MixedDataset:
+def mix(members: Mapping[Member, float], samples_per_epoch: int | None = None, by: str = "samples") -> MixedDataset:
     """Datasets (paths, URLs or opened datasets) sampled with the given weights, as one dataset for
     ``fastload.DataLoader``; an epoch is ``samples_per_epoch`` samples (default: all members' sizes).
-    Members given as paths or URLs split the process's open-shard cap between them."""
+    ``by="tokens"``: token datasets, each weight a share of the rows (hence of the tokens) delivered,
+    spread evenly (fastload.text.token_order.mixture_members). Members given as paths or URLs split
+    the process's open-shard cap between them."""
     if not members:
         raise ValueError("mix: give at least one dataset and its weight")
+    if by not in ("samples", "tokens"):
+        raise ValueError(f"mix: by must be 'samples' or 'tokens', got {by!r}")
     opened: list[ShardedDataset] = []
     for member, weight in members.items():
         if isinstance(member, MixedDataset):
@@ -229,7 +242,9 @@ def mix(members: Mapping[Member, float], samples_per_epoch: int | None = None) -
     total = sum(len(d) for d in opened) if samples_per_epoch is None else samples_per_epoch
     if not isinstance(total, numbers.Integral) or isinstance(total, bool) or total < 1:
         raise ValueError(f"mix: samples_per_epoch must be a positive integer, got {samples_per_epoch!r}")
-    return MixedDataset(tuple(opened), tuple(float(w) for w in members.values()), int(total))
+    if (by == "tokens") != any(d.index.tokenizer is not None for d in opened):
+        raise ValueError("mix: token datasets are mixed by='tokens', and only they")
+    return MixedDataset(tuple(opened), tuple(float(w) for w in members.values()), int(total), by)
 
 
 class MixtureKeys(Sequence[str]):
