@@ -3,10 +3,11 @@ about ``shard_tokens`` tokens), exact deduplication of documents, and one shard'
 
 Shards are planned before anything is tokenized, so the plan (and every shard's bytes) stays a
 pure function of the input and the options, whatever the engine and the number of workers: each
-item's tokens are estimated from its size, at the tokens per byte measured on the first item's
-first SAMPLE_BYTES of text (tokenized one text at a time in the driver, so the workers it forks
-keep their tokenizers' thread pools). A shard then holds about ``shard_tokens`` tokens, within
-an item's worth (a plain JSONL chunk: CHUNK_BYTES; a compressed file or a Parquet row group: all of it).
+item's tokens are estimated from its size, at the tokens per byte measured on SAMPLE_BYTES of
+text from items spread over the plan (tokenized one text at a time in the driver, so the workers
+it forks keep their tokenizers' thread pools). A shard then holds about ``shard_tokens`` tokens
+as far as the text's tokens per byte holds across the corpus, within an item's worth (a plain
+JSONL chunk; a compressed file or a Parquet row group: all of it).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from fastload.formats.tokens import DOCS_SUFFIX, TOKENS_FIELD
 from fastload.text.tokenizer import TextTokenizer
 
 SAMPLE_BYTES = 1 << 18  # text tokenized to estimate tokens per byte
-SCAN_BYTES = 64 << 20  # the most of the first item's text read to measure its share of the item's bytes
+SCAN_BYTES = 16 << 20  # the most of a sampled item's text read to measure its share of the item's bytes
+SAMPLED_ITEMS = 16  # items the estimate samples, spread evenly over the plan
 BATCH_DOCUMENTS = 2048  # documents tokenized at once (encode_batch_fast spreads them over the cores)
 BATCH_BYTES = 4 << 20  # ... or fewer, once their text holds this many bytes
 
@@ -54,32 +56,36 @@ def tokenizer_identity(options: TokenizeOptions) -> TokenizerIdentity:
     return identity
 
 
-def tokens_per_byte(source: TextSource, first: SourceItem, options: TokenizeOptions) -> float:
-    """Tokens per byte of item size, measured on ``first``: its first SAMPLE_BYTES of text
-    tokenized, and its text's share of its size (from up to SCAN_BYTES of its text)."""
+def tokens_per_byte(source: TextSource, items: list[SourceItem], options: TokenizeOptions) -> float:
+    """Tokens per byte of item size, measured on up to SAMPLED_ITEMS items spread evenly over
+    ``items``: the first SAMPLE_BYTES / SAMPLED_ITEMS of each one's text tokenized, and the share
+    of each one's size that is text (from up to SCAN_BYTES of its text)."""
     sample: list[str] = []
-    sampled = text_bytes = 0
-    complete = True
-    for document in source.documents(first):
-        if document.text is None:
-            continue
-        size = len(document.text.encode())
-        text_bytes += size
-        if sampled < SAMPLE_BYTES:
-            sample.append(document.text)
-            sampled += size
-        if text_bytes >= SCAN_BYTES:
-            complete = False
-            break
+    sampled = text_bytes = sizes = 0
+    chosen = sorted({round(i * (len(items) - 1) / max(SAMPLED_ITEMS - 1, 1)) for i in range(min(SAMPLED_ITEMS, len(items)))})
+    for item in (items[i] for i in chosen):
+        taken = read = 0
+        for document in source.documents(item):
+            if document.text is None:
+                continue
+            size = len(document.text.encode())
+            read += size
+            if taken < SAMPLE_BYTES // SAMPLED_ITEMS:
+                sample.append(document.text)
+                taken += size
+            if read >= SCAN_BYTES:
+                break
+        sampled += taken
+        text_bytes += read
+        sizes += item.size_hint if read < SCAN_BYTES else read  # an item read in part: its text counts as its size
     if not sampled:
-        return 1 / 4  # no readable text up front: English averages about 4 bytes a token
-    share = text_bytes / first.size_hint if complete and first.size_hint else 1.0
-    return _tokenizer(options).count_tokens(sample) / sampled * share
+        return 1 / 4  # no readable text where sampled: English averages about 4 bytes a token
+    return _tokenizer(options).count_tokens(sample) / sampled * (text_bytes / max(sizes, 1))
 
 
 def plan_token_shards(source: TextSource, items: list[SourceItem], options: TokenizeOptions) -> list[ShardPlan]:
     """The items cut into consecutive shards of about ``options.shard_tokens`` estimated tokens."""
-    rate = tokens_per_byte(source, items[0], options)
+    rate = tokens_per_byte(source, items, options)
     estimated = [replace(item, size_hint=math.ceil(item.size_hint * rate)) for item in items]
     return assign_shards(estimated, "tokens", options.shard_tokens, None, overhead=0)
 
