@@ -7,7 +7,9 @@ reStructuredText sources and the Debian Reference, prose and code):
    text, and a byte-level BPE tokenizer (32,000 ids) trained on it (WORK/tokenizer.json);
 2. conversion: the tokenizer's own ``encode_batch`` (and ``encode_batch_fast``) on all cores over
    the same texts held in memory, against ``fastload convert --from jsonl --tokenizer`` (2 workers),
-   and LitData's ``optimize()`` writing the same tokens where it is installed;
+   and LitData's ``optimize()`` writing the same tokens where it is installed (``pip install litdata
+   "torch==2.13.0"``; it brings torchvision, which the project's main venv must not hold: its
+   torchvision tests run in a venv of their own, so install it in a separate venv);
 3. loading: delivered tokens/s at L = 2048 and 8192 of a NumPy memmap random-window loop over a
    nanoGPT-style ``.bin`` of the same tokens (the floor), against ``fastload.DataLoader(...,
    seq_len=L, packing="concat")``.
