@@ -155,4 +155,4 @@ def open_shard_files(
     cache: ``root`` None); ``open_files``: how many shards a process may hold open at once (sizes
     HDF5's chunk cache); ``table``: a tar shard's sample table (else its ``.idx`` at ``offsets``
     is parsed into memory)."""
-    return shard_format(index.layout).open_reader(index, shard, data, offsets, open_files, table, root)
+    return shard_format(index.layout).open_reader(data, offsets, shard.samples, index.decoded_shape, open_files, table, root)

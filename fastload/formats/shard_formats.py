@@ -10,14 +10,15 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from fastload.formats import ShardReader
-    from fastload.formats.index import DatasetIndex, ShardInfo
     from fastload.formats.table import SampleTable
 
 
 class OpenReader(Protocol):
-    """Opens a reader over one shard's files (see :func:`fastload.formats.open_shard_files`)."""
+    """Opens a reader over one shard's files (see :func:`fastload.formats.open_shard_files`):
+    ``samples`` it holds, the dataset's ``decoded_shape`` (pixels stored decoded), how many shards a
+    process may hold open, its sample table, the dataset root its files must stay inside."""
 
-    def __call__(self, index: DatasetIndex, shard: ShardInfo, data: str | Path, offsets: str | Path | None,
+    def __call__(self, data: str | Path, offsets: str | Path | None, samples: int, decoded_shape: tuple[int, ...] | None,
                  open_files: int, table: SampleTable | None, root: str | None) -> ShardReader: ...
 
 
@@ -36,20 +37,20 @@ class ShardFormat:
     sample_tables: bool = True  # a fastload sample table (fastload.formats.table) beside each shard
 
 
-def _open_tar(index: DatasetIndex, shard: ShardInfo, data: str | Path, offsets: str | Path | None,
+def _open_tar(data: str | Path, offsets: str | Path | None, samples: int, decoded_shape: tuple[int, ...] | None,
               open_files: int, table: SampleTable | None, root: str | None) -> ShardReader:
     from fastload.formats.tar import TarShardReader
 
     if offsets is None and table is None:
         raise ValueError(f"{data}: a tar shard is read through its sample table or its offset index; neither given")
-    return TarShardReader(data, offsets, shard.samples, table, root)
+    return TarShardReader(data, offsets, samples, table, root)
 
 
-def _open_hdf5(index: DatasetIndex, shard: ShardInfo, data: str | Path, offsets: str | Path | None,
-               open_files: int, table: SampleTable | None, root: str | None) -> ShardReader:
+def _open_hdf5(data: str | Path, offsets: str | Path | None, samples: int, decoded_shape: tuple[int, ...] | None,
+                open_files: int, table: SampleTable | None, root: str | None) -> ShardReader:
     from fastload.formats.hdf5 import Hdf5ShardReader, chunk_cache_bytes
 
-    return Hdf5ShardReader(Path(data), shard.samples, index.decoded_shape, chunk_cache_bytes(open_files))
+    return Hdf5ShardReader(Path(data), samples, decoded_shape, chunk_cache_bytes(open_files))
 
 
 def _open_tokens(index: DatasetIndex, shard: ShardInfo, data: str | Path, offsets: str | Path | None,
