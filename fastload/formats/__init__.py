@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 from fastload.errors import ShardError
 from fastload.files import open_regular_sized
 from fastload.formats.index import DatasetIndex, ShardInfo
-from fastload.formats.shard_formats import shard_format
+from fastload.formats.shard_formats import ShardTokens, shard_format
 
 if TYPE_CHECKING:
     import numpy as np
@@ -136,7 +136,11 @@ def open_shard(root: Path, index: DatasetIndex, shard: ShardInfo, table: SampleT
     inside ``root`` once symlinks are followed (a tar's ``.idx`` is checked only where it is
     read: where no ``table`` is given)."""
     base, layout = str(root), shard_format(index.layout)
-    offsets = dataset_path(base, offsets_name(shard)) if layout.offsets_beside and table is None else None
+    offsets = None
+    if layout.offsets_beside and table is None:
+        offsets = dataset_path(base, offsets_name(shard))
+    elif layout.holds_tokens:
+        offsets = dataset_path(base, table_name(shard))  # a token shard's document table
     files = len(index.shards) if open_files is None else open_files
     data = dataset_path(base, shard.path) if layout.opened_by_path else root_file(base, shard.path)  # checked before a library opens it
     return open_shard_files(index, shard, data, offsets, files, table, base)
@@ -154,5 +158,7 @@ def open_shard_files(
     """A reader over ``shard``'s files wherever they are (the dataset folder ``root``, or a local
     cache: ``root`` None); ``open_files``: how many shards a process may hold open at once (sizes
     HDF5's chunk cache); ``table``: a tar shard's sample table (else its ``.idx`` at ``offsets``
-    is parsed into memory)."""
-    return shard_format(index.layout).open_reader(data, offsets, shard.samples, index.decoded_shape, open_files, table, root)
+    is parsed into memory); a token shard's document table is at ``offsets``."""
+    tokenizer = index.tokenizer
+    tokens = None if tokenizer is None else ShardTokens(shard.tokens or 0, tokenizer.dtype, tokenizer.vocab_size)
+    return shard_format(index.layout).open_reader(data, offsets, shard.samples, index.decoded_shape, open_files, table, root, tokens)

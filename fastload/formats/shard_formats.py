@@ -13,13 +13,25 @@ if TYPE_CHECKING:
     from fastload.formats.table import SampleTable
 
 
+@dataclass(frozen=True)
+class ShardTokens:
+    """What a token shard's reader checks its files against: the tokens the index counts in it, the
+    dataset's token dtype and its tokenizer's vocabulary size."""
+
+    tokens: int
+    dtype: str
+    vocab_size: int
+
+
 class OpenReader(Protocol):
     """Opens a reader over one shard's files (see :func:`fastload.formats.open_shard_files`):
-    ``samples`` it holds, the dataset's ``decoded_shape`` (pixels stored decoded), how many shards a
-    process may hold open, its sample table, the dataset root its files must stay inside."""
+    ``offsets``, the file beside it that locates its samples (a tar's ``.idx``, a token shard's
+    document table), ``samples`` it holds, the dataset's ``decoded_shape`` (pixels stored decoded),
+    how many shards a process may hold open, its sample table, the dataset root its files must stay
+    inside, and for a token shard its :class:`ShardTokens`."""
 
     def __call__(self, data: str | Path, offsets: str | Path | None, samples: int, decoded_shape: tuple[int, ...] | None,
-                 open_files: int, table: SampleTable | None, root: str | None) -> ShardReader: ...
+                 open_files: int, table: SampleTable | None, root: str | None, tokens: ShardTokens | None) -> ShardReader: ...
 
 
 @dataclass(frozen=True)
@@ -33,12 +45,12 @@ class ShardFormat:
     opened_by_path: bool  # its library opens the file by path (h5py): the path is checked against the root first
     holds_pixels: bool  # may store decoded pixels (index.json's decoded_shape) instead of encoded images
     open_reader: OpenReader
-    holds_tokens: bool = False  # token ids of documents (fastload.formats.tokens), its table their boundaries
+    holds_tokens: bool = False  # token ids of documents (fastload.formats.tokens), its table (the offsets beside it) their boundaries
     sample_tables: bool = True  # a fastload sample table (fastload.formats.table) beside each shard
 
 
 def _open_tar(data: str | Path, offsets: str | Path | None, samples: int, decoded_shape: tuple[int, ...] | None,
-              open_files: int, table: SampleTable | None, root: str | None) -> ShardReader:
+              open_files: int, table: SampleTable | None, root: str | None, tokens: ShardTokens | None) -> ShardReader:
     from fastload.formats.tar import TarShardReader
 
     if offsets is None and table is None:
@@ -47,18 +59,19 @@ def _open_tar(data: str | Path, offsets: str | Path | None, samples: int, decode
 
 
 def _open_hdf5(data: str | Path, offsets: str | Path | None, samples: int, decoded_shape: tuple[int, ...] | None,
-                open_files: int, table: SampleTable | None, root: str | None) -> ShardReader:
+               open_files: int, table: SampleTable | None, root: str | None, tokens: ShardTokens | None) -> ShardReader:
     from fastload.formats.hdf5 import Hdf5ShardReader, chunk_cache_bytes
 
     return Hdf5ShardReader(Path(data), samples, decoded_shape, chunk_cache_bytes(open_files))
 
 
-def _open_tokens(index: DatasetIndex, shard: ShardInfo, data: str | Path, offsets: str | Path | None,
-                 open_files: int, table: SampleTable | None, root: str | None) -> ShardReader:
-    from fastload.formats.tokens import TokenShardReader, documents_path
+def _open_tokens(data: str | Path, offsets: str | Path | None, samples: int, decoded_shape: tuple[int, ...] | None,
+                 open_files: int, table: SampleTable | None, root: str | None, tokens: ShardTokens | None) -> ShardReader:
+    from fastload.formats.tokens import TokenShardReader
 
-    assert index.tokenizer is not None  # a token index names its tokenizer (checked when read)
-    return TokenShardReader(data, documents_path(data, shard), shard, index.tokenizer, root)
+    if offsets is None or tokens is None:
+        raise ValueError(f"{data}: a token shard is read with its document table and its token counts; not given")
+    return TokenShardReader(data, offsets, samples, tokens, root)
 
 
 SHARD_FORMATS: dict[str, ShardFormat] = {

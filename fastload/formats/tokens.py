@@ -32,19 +32,13 @@ import numpy as np
 
 from fastload.errors import ShardError
 from fastload.formats import open_in_root, this_process
-from fastload.formats.index import ShardInfo, TokenizerIdentity
+from fastload.formats.shard_formats import ShardTokens
 
 DOCS_MAGIC = b"FLTOKDOC"
 DOCS_SUFFIX = ".docs"
 _HEADER = struct.Struct("<8sQQQ32x")
 TOKENS_FIELD = "tokens"  # the field a token dataset's samples (documents) hold
 CHECK_BLOCK = 1 << 24  # tokens checked against the vocabulary at a time by ``check``
-
-
-def documents_path(data: str | Path, shard: ShardInfo) -> str:
-    """The document table beside the token file ``data`` (the index's ``table``, else ``.docs``)."""
-    name = shard.table if shard.table is not None else Path(shard.path).with_suffix(DOCS_SUFFIX).name
-    return str(Path(data).with_name(Path(name).name))
 
 
 def encode_documents(offsets: np.ndarray, itemsize: int) -> bytes:
@@ -55,23 +49,23 @@ def encode_documents(offsets: np.ndarray, itemsize: int) -> bytes:
 
 
 class TokenShardReader:
-    """One token shard read by ``pread`` (tokens) and ``mmap`` (document starts), opened lazily in
-    each process; every length checked against ``shard`` (the index's entry) before use."""
+    """One token shard read by ``pread`` (tokens) and ``mmap`` (its document table ``docs``),
+    opened lazily in each process; every length checked against the index's ``samples`` and
+    ``counts`` before use."""
 
-    def __init__(self, data: str | Path, docs: str | Path, shard: ShardInfo, tokenizer: TokenizerIdentity,
-                 root: str | None = None) -> None:
-        self.data, self.docs, self.shard, self.root = data, docs, shard, root
-        self.dtype = np.dtype(tokenizer.dtype).newbyteorder("<")
-        self.vocab_size = tokenizer.vocab_size
-        self.checks_ids = tokenizer.vocab_size < 2 ** (8 * self.dtype.itemsize)  # ids the dtype holds may lie past the vocabulary
-        self.tokens = shard.tokens or 0
+    def __init__(self, data: str | Path, docs: str | Path, samples: int, counts: ShardTokens, root: str | None = None) -> None:
+        self.data, self.docs, self.samples, self.root = data, docs, samples, root
+        self.dtype = np.dtype(counts.dtype).newbyteorder("<")
+        self.vocab_size = counts.vocab_size
+        self.checks_ids = counts.vocab_size < 2 ** (8 * self.dtype.itemsize)  # ids the dtype holds may lie past the vocabulary
+        self.tokens = counts.tokens
         self._fd: int | None = None
         self._pid = -1
         self._map: mmap.mmap | None = None
         self._offsets: np.ndarray | None = None
 
     def __len__(self) -> int:
-        return self.shard.samples
+        return self.samples
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -79,7 +73,7 @@ class TokenShardReader:
         return state
 
     def _fail(self, what: str) -> ShardError:
-        return ShardError(f"{self.shard.path}: {what}")
+        return ShardError(f"{self.data}: {what}")
 
     def open(self) -> None:
         """Open the token file and map the document table in this process (checked against the index)."""
@@ -107,18 +101,18 @@ class TokenShardReader:
         except OSError as exc:
             raise self._fail(f"cannot open its document table {name} ({exc.strerror})") from None
         try:
-            expected = _HEADER.size + 8 * (self.shard.samples + 1)
+            expected = _HEADER.size + 8 * (self.samples + 1)
             if size != expected:
-                raise self._fail(f"its document table {name} holds {size} bytes, {expected} for the index's {self.shard.samples} documents")
+                raise self._fail(f"its document table {name} holds {size} bytes, {expected} for the index's {self.samples} documents")
             self._map = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
         finally:
             os.close(fd)
         magic, documents, tokens, itemsize = _HEADER.unpack_from(self._map)
         if magic != DOCS_MAGIC:
             raise self._fail(f"{name} is not a fastload document table (bad magic)")
-        if (documents, tokens, itemsize) != (self.shard.samples, self.tokens, self.dtype.itemsize):
+        if (documents, tokens, itemsize) != (self.samples, self.tokens, self.dtype.itemsize):
             raise self._fail(f"{name} describes {documents} documents, {tokens} tokens of {itemsize} bytes; the index "
-                             f"{self.shard.samples}, {self.tokens} of {self.dtype.itemsize}")
+                             f"{self.samples}, {self.tokens} of {self.dtype.itemsize}")
         offsets = np.frombuffer(self._map, dtype="<u8", offset=_HEADER.size)
         if offsets[0] != 0 or offsets[-1] != self.tokens:
             raise self._fail(f"{name}: its offsets do not run from 0 to the shard's {self.tokens} tokens")
@@ -141,7 +135,7 @@ class TokenShardReader:
     def bounds(self, i: int) -> tuple[int, int]:
         """Document ``i``'s first token and the token after its last."""
         if not 0 <= i < len(self):
-            raise IndexError(f"{self.shard.path}: document {i} of {len(self)}")
+            raise IndexError(f"{self.data}: document {i} of {len(self)}")
         start, end = self.checked_offsets(i, i + 1).tolist()
         return start, end
 
@@ -167,7 +161,7 @@ class TokenShardReader:
     def key(self, i: int) -> str:
         """Document ``i``'s key: its number in the shard."""
         if not 0 <= i < len(self):
-            raise IndexError(f"{self.shard.path}: document {i} of {len(self)}")
+            raise IndexError(f"{self.data}: document {i} of {len(self)}")
         return str(i)
 
     def read(self, i: int) -> dict[str, bytes]:
@@ -183,7 +177,7 @@ class TokenShardReader:
 
     def sample_table(self) -> bytes:
         """Token shards have no sample table: their document table stands in for it."""
-        raise ShardError(f"{self.shard.path}: a token shard has no sample table (its document table is {Path(self.docs).name})")
+        raise ShardError(f"{self.data}: a token shard has no sample table (its document table is {Path(self.docs).name})")
 
     def close(self) -> None:
         """Close this process's token file (the table's mapping goes with the last reference)."""

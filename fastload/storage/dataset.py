@@ -215,8 +215,9 @@ class ShardedDataset:
         return self.url is not None
 
     def fetch(self, shard: int) -> tuple[Path, Path | None]:
-        """Local paths of a remote shard's files (data, offset index), downloading what the cache
-        lacks (its sample table too); several processes asking at once download it once."""
+        """Local paths of a remote shard's files (data, offset index: a token shard's document
+        table), downloading what the cache lacks (its sample table too); several processes asking at
+        once download it once."""
         from fastload.storage.cache import RemoteFile
         from fastload.storage.remote import join
 
@@ -228,8 +229,8 @@ class ShardedDataset:
             name = offsets_name(info)
             offsets = self.cache.path(RemoteFile(join(self.url, name), name, info.offsets_sha256, None))
         data = self.cache.path(RemoteFile(join(self.url, info.path), info.path, info.sha256, info.bytes))
-        self.fetch_table(shard)
-        return data, offsets
+        table = self.fetch_table(shard)
+        return data, table if self.layout.holds_tokens else offsets
 
     def fetch_table(self, shard: int) -> Path | None:
         """The local path of a remote shard's sample table (checked against its sha256), None when

@@ -139,7 +139,7 @@ def _verify_remote(url: str, decode: bool) -> VerifyReport:
                 continue
             tables = table if ds.layout.sample_tables else None
             _check_contents(lambda: open_shard_files(ds.index, shard, data, offsets), shard, decode, report, bool(ds.index.image_fields), tables)  # noqa: B023
-            for path in (data, offsets, table):
+            for path in dict.fromkeys((data, offsets, table)):  # once each: a token shard's offsets are its table
                 if path is not None:
                     path.unlink()
     return report
