@@ -20,74 +20,20 @@ from __future__ import annotations
 import hashlib
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
 import torch
 
+from fastload.backends.cpu.token_epoch import TokenEpoch, TokenEpochInputs, TokenWorkers
 from fastload.dist import check_ranks_agree, resolve_rank_world
+from fastload.loading.frameworks import accelerate_device
 from fastload.loading.options import LoaderOptions
 from fastload.loading.state import LoaderState, OrderSettings, read_state_dict
 from fastload.loading.stats import LoaderStats
-from fastload.loading.token_batch import IGNORE_INDEX, assemble
-from fastload.loading.token_rows import BestFitRows, Packing, PaddedRows, Row, Segment, StreamRows, TokenCorpus
-from fastload.orders.mixture import member_seed
-from fastload.orders.position import Position
+from fastload.loading.token_batch import BatchFiller
+from fastload.loading.token_rows import BLOCK_TOKENS, IGNORE_INDEX, Packing, TokenOptions, TokenRows
 from fastload.storage.dataset import ShardedDataset
 from fastload.storage.mixture import MixedDataset
-from fastload.text.token_order import mixture_members
-
-BLOCK_TOKENS = 1 << 16  # the stream's blocks: documents are shuffled within one, blocks within the epoch
-
-
-@dataclass(frozen=True)
-class TokenOptions:
-    """What rows are made of: their length, the packing, the stream's block size, the ignore index."""
-
-    seq_len: int
-    packing: Packing = Packing.CONCAT
-    block_tokens: int = BLOCK_TOKENS
-    ignore_index: int = IGNORE_INDEX
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.seq_len, int) or self.seq_len < 1:
-            raise ValueError(f"seq_len must be a positive number of tokens, got {self.seq_len!r}")
-        object.__setattr__(self, "packing", Packing(self.packing))
-        if self.block_tokens < self.seq_len and self.packing is Packing.BEST_FIT:
-            raise ValueError("best-fit packs a block of the stream at a time: block_tokens must be at least seq_len")
-        if self.block_tokens < 1:
-            raise ValueError("block_tokens must be >= 1")
-
-
-class MixtureRows:
-    """Rows of a mixture by tokens: row k from the member :func:`mixture_members` gives it, that
-    member's rows (concat) running through its own epochs, each with its own seed."""
-
-    def __init__(self, mixture: MixedDataset, corpus: TokenCorpus, options: TokenOptions, seed: int, epoch: int, shuffle: bool) -> None:
-        self.mixture, self.options, self.seed, self.shuffle = mixture, options, seed, shuffle
-        self.corpora = [TokenCorpus(member) for member in mixture.members]
-        self.sizes = [-(-c.total // options.seq_len) for c in self.corpora]
-        self.bases = [int(corpus.token_starts[first]) for first in mixture.first_shards[:-1]]
-        self.length = sum(self.sizes)
-        self.epoch = epoch
-        self._streams: dict[tuple[int, int], StreamRows] = {}
-
-    def __len__(self) -> int:
-        return self.length
-
-    def row(self, k: int) -> Row:
-        """Row ``k`` of the mixture epoch (in the mixture's global token space)."""
-        (member,), (local,) = mixture_members(np.array([self.epoch * self.length + k]), self.mixture.weights)
-        member_epoch, row = divmod(int(local), self.sizes[member])
-        stream = self._streams.get((member, member_epoch))
-        if stream is None:
-            stream = StreamRows(self.corpora[member], self.options.seq_len, self.options.block_tokens,
-                                member_seed(self.seed, member), member_epoch, self.shuffle)
-            self._streams = {key: s for key, s in self._streams.items() if key[0] != member}
-            self._streams[(member, member_epoch)] = stream
-        base = self.bases[member]
-        return [replace(segment, start=segment.start + base) for segment in stream.row(row)]
 
 
 class TokenDataLoader(torch.utils.data.DataLoader):
@@ -97,105 +43,92 @@ class TokenDataLoader(torch.utils.data.DataLoader):
     (documents packed by best-fit decreasing within each block of the stream, long ones split) or
     ``"pad"`` (a document a row, cut or padded to ``seq_len``). ``dataset``: a token dataset's
     folder, URL or ``fastload.open``, or ``fastload.mix({...}, by="tokens")`` (concat rows).
+    ``num_workers`` processes make the batches (``prefetch_factor`` each ahead) into shared memory,
+    handed out without a copy; with 0 the training process makes them.
     """
+
+    use_stateful_dataloader = True  # Accelerate's save_state/load_state then save and load state_dict()
 
     def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool | None = True, num_workers: int = 0, drop_last: bool = False,
                  *, seq_len: int, packing: str = "concat", seed: int = 0, rank: int | None = None, world_size: int | None = None,
-                 device: str | torch.device | None = None, block_tokens: int = BLOCK_TOKENS, ignore_index: int = IGNORE_INDEX) -> None:
+                 device: str | torch.device | None = None, block_tokens: int = BLOCK_TOKENS, ignore_index: int = IGNORE_INDEX,
+                 prefetch_factor: int | None = None, pin_memory: bool = False, timeout: float = 0,
+                 worker_init_fn: Any = None, persistent_workers: bool = False) -> None:
         sharded = dataset if isinstance(dataset, ShardedDataset) else ShardedDataset(dataset)
-        self.corpus = TokenCorpus(sharded)
         self.tokens = TokenOptions(seq_len, Packing(packing), block_tokens, ignore_index)
         self.options = LoaderOptions(batch_size=batch_size, shuffle=bool(shuffle), num_workers=num_workers, drop_last=drop_last, seed=seed,
-                                     rank=rank, world_size=world_size,
+                                     rank=rank, world_size=world_size, prefetch_factor=prefetch_factor, pin_memory=pin_memory,
+                                     timeout=timeout, worker_init_fn=worker_init_fn, persistent_workers=persistent_workers,
                                      device=torch.device(device) if device is not None else None)
+        self.rows = TokenRows(sharded, self.tokens, seed, bool(shuffle))
+        self.corpus = self.rows.corpus
         self.mixture = sharded if isinstance(sharded, MixedDataset) else None
-        if self.mixture is not None and self.tokens.packing is not Packing.CONCAT:
-            raise ValueError("a mixture by tokens is made of concat rows (every row seq_len tokens of one member): packing='concat'")
+        tokenizer = self.corpus.tokenizer
+        self.pad_id = next(i for i in (tokenizer.pad_id, tokenizer.eos_id, 0) if i is not None)
+        self.filler = BatchFiller(self.corpus, seq_len, self.pad_id, ignore_index)
+        # torch's names, with torch's meanings (frameworks read them)
         self.dataset, self.sharded = sharded, sharded  # type: ignore[assignment]  # torch annotates a map-style Dataset
         self.batch_size, self.drop_last, self.num_workers, self.seed = batch_size, drop_last, num_workers, seed
         self.shuffle, self.device, self.seq_len = bool(shuffle), self.options.device, seq_len
         self.sampler, self.batch_sampler, self.collate_fn = None, None, None  # type: ignore[assignment]  # order is the loader's own
-        self.pin_memory, self.timeout, self.prefetch_factor, self.persistent_workers = False, 0, None, False
-        self.worker_init_fn, self.generator, self.multiprocessing_context, self.in_order = None, None, None, True
-        tokenizer = self.corpus.tokenizer
-        self.pad_id = next(i for i in (tokenizer.pad_id, tokenizer.eos_id, 0) if i is not None)
+        self.pin_memory, self.timeout, self.prefetch_factor = self.options.pin_memory, timeout, self.options.prefetch_factor
+        self.persistent_workers, self.worker_init_fn = persistent_workers, worker_init_fn
+        self.generator, self.multiprocessing_context, self.in_order = None, None, True
         self.state = LoaderState()
         self.stats = LoaderStats()
-        self._rows: tuple[int, Any] | None = None  # (epoch, its rows)
-        self._cursor: tuple[int, tuple[int, int]] | None = None  # a loaded best-fit cursor: (epoch, (block, first row))
+        self._engine = TokenWorkers()
         self._active: weakref.ref[TokenEpoch] | None = None
         self._agreed = False
+        self._accelerate = False
 
     # the surface torch's loader and the frameworks read --------------------------------------------
 
     @property
     def _is_accelerate_prepared(self) -> bool:
-        """Read by accelerate's ``prepare()``: True keeps this loader (it shards by rank itself)."""
+        """Read by accelerate's ``prepare()``: True keeps this loader (it shards by rank itself);
+        batches then go to the Accelerator's device unless ``device=`` was given, and epochs report
+        to its GradientState."""
+        if not self._accelerate:
+            self._accelerate = True
+            if self.device is None:
+                self.device = accelerate_device()
         return True
 
     @_is_accelerate_prepared.setter
     def _is_accelerate_prepared(self, value: bool) -> None:  # accelerate's prepare() also sets it
-        pass
+        if value:
+            _ = self._is_accelerate_prepared
 
     def ranks(self) -> tuple[int, int]:
         """(rank, world size), resolved when asked (rank=/world_size=, the process group, the launcher's environment)."""
         return resolve_rank_world(self.options.rank, self.options.world_size)
 
-    def rows(self, epoch: int) -> StreamRows | PaddedRows | BestFitRows | MixtureRows:
-        """The rows of ``epoch`` (the current epoch's kept, with its best-fit cursor)."""
-        if self._rows is None or self._rows[0] != epoch:
-            seed, shuffle, tokens = self.seed, self.shuffle, self.tokens
-            rows: StreamRows | PaddedRows | BestFitRows | MixtureRows
-            if self.mixture is not None:
-                rows = MixtureRows(self.mixture, self.corpus, tokens, seed, epoch, shuffle)
-            elif tokens.packing is Packing.CONCAT:
-                rows = StreamRows(self.corpus, tokens.seq_len, tokens.block_tokens, seed, epoch, shuffle)
-            elif tokens.packing is Packing.PAD:
-                rows = PaddedRows(self.corpus, tokens.seq_len, seed, epoch, shuffle)
-            else:
-                cursor = self._cursor[1] if self._cursor is not None and self._cursor[0] == epoch else (0, 0)
-                rows = BestFitRows(self.corpus, tokens.seq_len, tokens.block_tokens, seed, epoch, shuffle, cursor)
-            self._rows = (epoch, rows)
-        return self._rows[1]
-
-    def row(self, epoch: int, k: int) -> Row | None:
-        """Row ``k`` of ``epoch`` (None past the epoch's end)."""
-        rows = self.rows(epoch)
-        if isinstance(rows, BestFitRows):
-            return rows.row(k)
-        return rows.row(k) if k < len(rows) else None
-
-    def steps(self, epoch: int, consumed: int) -> int | None:
-        """Global steps left in ``epoch`` after ``consumed`` rows (None for best-fit: found as it goes)."""
-        rows = self.rows(epoch)
-        if isinstance(rows, BestFitRows):
-            return None
-        step = self.options.batch_size * self.ranks()[1]
-        left = max(len(rows) - consumed, 0)
-        return left // step if self.drop_last else -(-left // step)
-
     def __len__(self) -> int:
-        position = self.state.upcoming()
-        steps = self.steps(position.epoch, 0)
-        if steps is None:  # best-fit: every block of the epoch packed once to count its rows
-            rows = self.rows(position.epoch)
-            assert isinstance(rows, BestFitRows)
-            step = self.options.batch_size * self.ranks()[1]
-            total = rows.count()
-            steps = total // step if self.drop_last else -(-total // step)
-        return steps
+        """This rank's steps in the upcoming epoch from its start (best-fit: every block counted, once per loader)."""
+        total = self.rows.length(self.state.upcoming().epoch)
+        step = self.options.batch_size * self.ranks()[1]
+        return total // step if self.drop_last else -(-total // step)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:  # type: ignore[override]
         previous = self._active() if self._active is not None else None
         if previous is not None:
             previous.close()
-        epoch = TokenEpoch(self)
+        inputs = TokenEpochInputs(self.sharded, self.rows, self.filler, self.options, self.device, self.state, self.stats,
+                                  self._accelerate, self._check_agree, self.ranks)
+        epoch = self._engine.epoch(inputs)
         self._active = weakref.ref(epoch)
         return epoch
 
     def set_epoch(self, epoch: int) -> None:
         """The next iteration yields ``epoch`` from its start (as torch's DistributedSampler.set_epoch)."""
-        self.state.set_epoch(epoch)
+        self._settle_abandoned()
+        self.state.set_epoch(int(epoch))
+
+    def _settle_abandoned(self) -> None:
+        """Close an epoch left in progress (a break) before the caller sets another position."""
+        active = self._active() if self._active is not None else None
+        if active is not None and active.started and not active.finished:
+            active.close()
 
     @property
     def identity(self) -> str:
@@ -212,43 +145,55 @@ class TokenDataLoader(torch.utils.data.DataLoader):
         return OrderSettings(False, self.shuffle, 1)
 
     def state_dict(self) -> dict[str, Any]:
-        """Where training is: (seed, epoch, rows consumed), the topology, and best-fit's cursor."""
+        """Where training is: (seed, epoch, rows consumed), the topology, and for best-fit the block
+        holding the next row with that block's first row (so a resume packs on from there)."""
         state = self.state.state_dict(self.seed, self.identity, (self.ranks()[1], self.options.batch_size), self._settings())
-        rows = self._rows[1] if self._rows is not None and self._rows[0] == self.state.position.epoch else None
-        if isinstance(rows, BestFitRows) and rows.cursor[1] <= self.state.position.consumed:
-            state["packing_cursor"] = list(rows.cursor)  # the block holding a row not yet consumed, and its first row
+        position = self.state.position
+        cursor = self.rows.locate(position.epoch, position.consumed) if position.consumed else None
+        if cursor is not None:
+            state["packing_cursor"] = list(cursor)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration yields the rows of that epoch not yet consumed, at any world size."""
         position = read_state_dict(state, self.seed, self.identity, (self.ranks()[1], self.options.batch_size), self._settings())
-        active = self._active() if self._active is not None else None
-        if active is not None:
-            active.close()
+        self._settle_abandoned()
         self.state.restore(position)
         cursor = state.get("packing_cursor")
-        self._cursor = (position.epoch, (int(cursor[0]), int(cursor[1]))) if cursor is not None else None
-        self._rows = None
+        if cursor is not None and self.tokens.packing is Packing.BEST_FIT:
+            self.rows.of(position.epoch, (int(cursor[0]), int(cursor[1])))
+
+    def _first_row(self, step: int, epoch: int) -> tuple[int, int] | None:
+        """(first row, rows) of this rank's batch at global ``step`` of ``epoch``: steps run before an
+        elastic resume at the topology they ran at (None where this rank did not exist)."""
+        rank, world = self.ranks()
+        steps_before, rows_before = 0, 0
+        for saved_world, saved_batch, consumed in self.state.resumed_from(epoch):
+            steps = -(-(consumed - rows_before) // (saved_world * saved_batch))
+            if step < steps_before + steps:
+                if rank >= saved_world:
+                    return None
+                return rows_before + (step - steps_before) * saved_world * saved_batch + rank * saved_batch, saved_batch
+            steps_before, rows_before = steps_before + steps, consumed
+        batch = self.options.batch_size
+        return rows_before + (step - steps_before) * world * batch + rank * batch, batch
 
     def describe(self, step: int, epoch: int | None = None) -> list[list[dict[str, Any]]]:
-        """This rank's batch at ``step`` of ``epoch`` (default: the current one): each row's
-        segments, each named by its shard, document number, first token in the document and length."""
-        epoch = self.state.epoch if epoch is None else epoch
-        rank, world = self.ranks()
-        first = step * world * self.options.batch_size + rank * self.options.batch_size
-        out = []
-        for k in range(first, first + self.options.batch_size):
-            row = self.row(epoch, k) or []
-            out.append([self._describe_segment(segment) for segment in row])
+        """This rank's batch at global ``step`` of ``epoch`` (default: the current one; steps before an
+        elastic resume at the topology they ran at): each row's segments, each named by its shard,
+        document number, first token in the document and length."""
+        epoch = self.state.epoch if epoch is None else int(epoch)
+        found = self._first_row(int(step), epoch)
+        if found is None:
+            return []
+        first, count = found
+        segments = self.rows.segments(epoch, first, count)
+        out: list[list[dict[str, Any]]] = [[] for _ in range(count)]
+        for start, length, row in zip(segments.start.tolist(), segments.length.tolist(), segments.row.tolist()):
+            shard, document = self.corpus.where(start)
+            offset = start - self.corpus.document_start(shard, document)
+            out[row].append({"shard": self.sharded.shard_name(shard), "document": document, "offset": offset, "tokens": length})
         return out
-
-    def _describe_segment(self, segment: Segment) -> dict[str, Any]:
-        _, document = self.corpus.where(segment.start)
-        shard = self.corpus.shard_of(segment.start)
-        shard_name = self.sharded.shard_name(shard)  # a mixture's: its member's location before it
-        reader = self.corpus.reader(shard)
-        first = int(self.corpus.token_starts[shard]) + int(reader.offsets()[document])
-        return {"shard": shard_name, "document": document, "offset": segment.start - first, "tokens": segment.length}
 
     def _check_agree(self) -> None:
         if not self._agreed:
@@ -258,10 +203,12 @@ class TokenDataLoader(torch.utils.data.DataLoader):
             self._agreed = True
 
     def close(self) -> None:
-        """End the iteration under way and close this process's shard files."""
+        """End the iteration under way, stop the workers and close this process's shard files."""
         active = self._active() if self._active is not None else None
         if active is not None:
             active.close()
+        self._active = None
+        self._engine.close()
         self.sharded.close()
 
     def __enter__(self) -> TokenDataLoader:
@@ -269,82 +216,3 @@ class TokenDataLoader(torch.utils.data.DataLoader):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class TokenEpoch:
-    """One pass over this rank's steps of an epoch, from the loader's position; advances it with
-    each batch handed out (only those count), finishes it with the last, breaks it off if closed early."""
-
-    def __init__(self, loader: TokenDataLoader) -> None:
-        self.loader = loader
-        self.started = self.finished = False
-        self.token: object = None
-
-    def __iter__(self) -> TokenEpoch:
-        return self
-
-    def _start(self) -> None:
-        loader = self.loader
-        loader._check_agree()
-        self.start: Position = loader.state.begin()
-        self.rank, self.world = loader.ranks()
-        self.step_rows = loader.options.batch_size * self.world
-        self.left = loader.steps(self.start.epoch, self.start.consumed)
-        self.done = 0
-        self.started = True
-        self.token = loader.stats.begin_epoch(self.start.epoch, None, loader.sharded.downloads)
-
-    def _has_step(self) -> bool:
-        if self.left is not None:
-            return self.done < self.left
-        first = self.start.consumed + self.done * self.step_rows  # best-fit: while the step's first (or last) row exists
-        probe = first + (self.step_rows - 1 if self.loader.drop_last else 0)
-        return self.loader.row(self.start.epoch, probe) is not None
-
-    def __next__(self) -> dict[str, torch.Tensor]:
-        loader = self.loader
-        if self.finished:
-            raise StopIteration
-        if not self.started:
-            self._start()
-        if not self._has_step():
-            self._finish()
-            raise StopIteration
-        with loader.stats.waiting():
-            first = self.start.consumed + self.done * self.step_rows + self.rank * loader.options.batch_size
-            rows = [loader.row(self.start.epoch, k) or [] for k in range(first, first + loader.options.batch_size)]
-            arrays = assemble(rows, loader.tokens.seq_len, loader.corpus, loader.pad_id, loader.tokens.ignore_index)
-        batch = {name: torch.from_numpy(value) for name, value in arrays.items()}
-        if loader.device is not None:
-            with loader.stats.to_device():
-                batch = {name: value.to(loader.device, non_blocking=True) for name, value in batch.items()}
-        loader.stats.record_batch(sum(1 for row in rows if row))
-        loader.stats.record_tokens(int(arrays["attention_mask"].sum()))
-        self.done += 1
-        position = replace(self.start, consumed=self.start.consumed + self.done * self.step_rows)
-        if self.left is not None and self.done >= self.left:
-            loader.state.advance(position)
-            self._finish()
-        else:
-            loader.state.advance(position)
-        return batch
-
-    def _finish(self) -> None:
-        if not self.finished:
-            self.finished = True
-            self.loader.state.finish()
-            self.loader.stats.end_epoch(self.token, complete=True)
-
-    def close(self) -> None:
-        """Abandon the epoch: the next iteration starts it over; state_dict() still says where it stopped."""
-        if self.started and not self.finished:
-            self.loader.state.break_off()
-            self.loader.stats.end_epoch(self.token, complete=False)
-        self.finished = True
-
-    def __del__(self) -> None:
-        if not self.finished:
-            try:
-                self.close()
-            except Exception:
-                pass

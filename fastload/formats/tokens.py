@@ -125,6 +125,12 @@ class TokenShardReader:
         assert self._offsets is not None
         return self._offsets
 
+    def descriptor(self) -> int:
+        """This process's descriptor of the token file (opened here if need be), for reads into a caller's buffer."""
+        self.open()
+        assert self._fd is not None
+        return self._fd
+
     def checked_offsets(self, first: int, last: int) -> np.ndarray:
         """Offsets ``first..last`` (inclusive) as int64, refused unless they ascend within the shard."""
         part = self.offsets()[first : last + 1].astype(np.int64)

@@ -1,8 +1,11 @@
-r"""One pass over a rank's batches, whatever the backend: where it starts (the loader's state), the
-batches it owes, downloads ahead for a remote dataset, accelerate's epoch hooks, and the finishing
-of each batch (device, Normalize/ToDtype, the outputs' shape, then ``collate_fn=`` on its samples and
-``batch_map=`` on the whole batch). Backends subclass :class:`Epoch`, and their engines (what
-lasts across epochs: worker processes, a pipeline) are :class:`Engine`\ s."""
+r"""One pass over a rank's batches: :class:`EpochLifecycle` (whatever makes the batches, image or
+token rows: where it starts from the loader's state, advancing it batch by batch, finishing or
+breaking off, accelerate's epoch hooks, the epoch's stats) and :class:`Epoch`, the image path's
+(downloads ahead for a remote dataset, and the finishing of each batch: device, Normalize/ToDtype,
+the outputs' shape, then ``collate_fn=`` on its samples and ``batch_map=`` on the whole batch).
+Image backends subclass :class:`Epoch`, and their engines (what lasts across epochs: worker
+processes, a pipeline) are :class:`Engine`\ s; the token loader's epoch subclasses
+:class:`EpochLifecycle` (fastload.backends.cpu.token_epoch)."""
 
 from __future__ import annotations
 
@@ -46,8 +49,10 @@ class EpochInputs:
     before_start: Callable[[], None]  # the loader's checks as an epoch starts (a sampler's set_epoch, ranks agree)
 
 
-class Epoch:
-    """One pass over a rank's batches, in the epoch's order; subclasses produce the batches.
+class EpochLifecycle:
+    """One pass over a rank's batches, whatever makes them (images, token rows): where it starts
+    (the loader's state), its batches handed out one by one, each advancing the state, accelerate's
+    epoch hooks, and the epoch's stats. Subclasses plan the batches and make them.
 
     Nothing is read when the iterator is made: the first ``next()`` starts the epoch (``reset``),
     taking the state's position, rank and world size then (torch's samplers are lazy alike). The
@@ -55,32 +60,137 @@ class Epoch:
     an iterator dropped or closed before that breaks it off (the next iteration starts it over).
     """
 
-    def __init__(self, inputs: EpochInputs) -> None:
-        self.inputs = inputs
+    def __init__(self, state: LoaderState, stats: LoaderStats, accelerate: bool, remote: bool,
+                 before_start: Callable[[], None]) -> None:
+        self.state, self.stats, self.remote, self.before_start = state, stats, remote, before_start
+        self.reports_to_accelerate = accelerate  # prepared by accelerate: report the epoch to its GradientState
         self.started = self.finished = False
         self.next_yield = 0
-        self.prefetcher: ShardPrefetcher | None = None
         self.accelerate: AccelerateEpoch | None = None
 
     def reset(self, state: LoaderState) -> None:
         """Start at ``state``'s upcoming position, which this epoch then advances batch by batch."""
         self.loader_state = state
         self.start = state.begin()
-        orders = self.inputs.orders
-        self.plan = orders.batches(self.start)
-        self.epoch, self.order = self.start.epoch, orders.order(self.start)
+        self.epoch = self.start.epoch
+        self._plan(self.start)
         self.started = True
-        self.stats_token = self.inputs.stats.begin_epoch(self.epoch, self._stage_counters(), self.inputs.dataset.downloads)
-        if self.inputs.accelerate:
-            self.accelerate = AccelerateEpoch(self, orders.remainder(self.start))
+        self.stats_token = self.stats.begin_epoch(self.epoch, self._stage_counters(), self.remote)
+        if self.reports_to_accelerate:
+            self.accelerate = AccelerateEpoch(self, self._remainder())
+
+    def _plan(self, start: Position) -> None:
+        """Plan this rank's batches from ``start``."""
+        raise NotImplementedError
+
+    def _has_batch(self, batch_no: int) -> bool:
+        """Whether the epoch holds a batch ``batch_no`` for this rank."""
+        raise NotImplementedError
+
+    def _remainder(self) -> int:
+        """The real samples in the epoch's last global batch (accelerate's ``remainder``), -1 when unknown."""
+        raise NotImplementedError
 
     def position(self) -> Position:
-        """Where this epoch is: the global samples consumed once the batches handed out so far count."""
-        return replace(self.start, consumed=self.plan.consumed_after(self.next_yield))
+        """Where this epoch is once the batches handed out so far count."""
+        raise NotImplementedError
 
     def _stage_counters(self) -> StageCounters | None:
         """The counters this backend's workers time their stages into (None: it has none)."""
         return None
+
+    def _next_batch(self) -> Any:
+        raise NotImplementedError
+
+    def _handed_out(self, batch: Any) -> Any:
+        """The batch as the caller gets it (the image path applies ``collate_fn=`` and ``batch_map=`` here)."""
+        return batch
+
+    def __iter__(self) -> EpochLifecycle:
+        return self
+
+    def __next__(self) -> Any:
+        if not self.started:
+            if self.finished:  # closed before it started
+                raise StopIteration
+            self.before_start()
+            self.reset(self.state)
+        entered = time.perf_counter()
+        try:
+            return self._next()
+        finally:
+            self.stats.add_inside(time.perf_counter() - entered)
+            if self.finished:  # its last batch handed out (or closed: then ended already, as broken off)
+                self.stats.end_epoch(self.stats_token, complete=True)
+
+    def _next(self) -> Any:
+        if not self._has_batch(self.next_yield):
+            self._finish()
+            self._end_accelerate()
+            raise StopIteration
+        last = not self._has_batch(self.next_yield + 1)
+        if last and self.accelerate is not None:
+            self.accelerate.last_batch()
+        batch = self._handed_out(self._next_batch())
+        self.next_yield += 1
+        if last:
+            self._finish()  # all handed out: the next iter() starts the next epoch
+        elif not self.finished:
+            self.loader_state.advance(self.position())
+        return batch
+
+    def _end_accelerate(self) -> None:
+        if self.accelerate is not None:
+            self.accelerate.end()
+            self.accelerate = None
+
+    def _finish(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self.loader_state.finish()
+
+    def close(self) -> None:
+        """Abandon the epoch (a break, an exception, the iterator dropped): like torch, the next
+        iteration starts this epoch over; state_dict() still says where it stopped, so
+        load_state_dict resumes there."""
+        self._end_accelerate()
+        if self.started and not self.finished:
+            self.loader_state.break_off()
+            self.stats.end_epoch(self.stats_token, complete=False)
+        self.finished = True
+
+    def __del__(self) -> None:
+        if not self.finished:
+            try:
+                self.close()
+            except Exception:
+                pass
+
+
+class Epoch(EpochLifecycle):
+    """An image loader's pass (the CPU, DALI and hybrid backends subclass it): its batches are
+    positions of the epoch's order (fastload.loading.orders), a remote dataset's shards are
+    downloaded ahead, and each batch is finished here (device, outputs, ``collate_fn=``, ``batch_map=``)."""
+
+    def __init__(self, inputs: EpochInputs) -> None:
+        super().__init__(inputs.state, inputs.stats, inputs.accelerate, inputs.dataset.downloads, inputs.before_start)
+        self.inputs = inputs
+        self.prefetcher: ShardPrefetcher | None = None
+
+    def _plan(self, start: Position) -> None:
+        orders = self.inputs.orders
+        self.plan = orders.batches(start)
+        self.order = orders.order(start)
+
+    def _has_batch(self, batch_no: int) -> bool:
+        return batch_no < len(self.plan)
+
+    def _remainder(self) -> int:
+        return self.inputs.orders.remainder(self.start)
+
+    def position(self) -> Position:
+        """Where this epoch is: the global samples consumed once the batches handed out so far count."""
+        return replace(self.start, consumed=self.plan.consumed_after(self.next_yield))
 
     def _start_prefetch(self) -> None:
         """For a remote dataset (or a mixture's remote members), start downloading this rank's
@@ -110,46 +220,13 @@ class Epoch:
             valid = valid & real
         return valid
 
-    def __iter__(self) -> Epoch:
-        return self
-
-    def __next__(self) -> Any:
-        if not self.started:
-            if self.finished:  # closed before it started
-                raise StopIteration
-            self.inputs.before_start()
-            self.reset(self.inputs.state)
-        entered = time.perf_counter()
-        try:
-            return self._next()
-        finally:
-            stats = self.inputs.stats
-            stats.add_inside(time.perf_counter() - entered)
-            if self.finished:  # its last batch handed out (or closed: then ended already, as broken off)
-                stats.end_epoch(self.stats_token, complete=True)
-
-    def _next(self) -> Any:
-        if self.next_yield >= len(self.plan):
-            self._finish()
-            self._end_accelerate()
-            raise StopIteration
-        if self.next_yield == len(self.plan) - 1 and self.accelerate is not None:
-            self.accelerate.last_batch()
-        batch = self._next_batch()
+    def _handed_out(self, batch: Any) -> Any:
         options = self.inputs.options
         if options.collate_fn is not None:
             batch = options.collate_fn(samples_of(batch))
         if options.batch_map is not None:
             batch = options.batch_map(batch, self._batch_generator())
-        self.next_yield += 1
-        if self.next_yield == len(self.plan):
-            self._finish()  # all handed out: the next iter() starts the next epoch
-        elif not self.finished:
-            self.loader_state.advance(self.position())
         return batch
-
-    def _next_batch(self) -> Any:
-        raise NotImplementedError
 
     def _batch_generator(self) -> torch.Generator:
         """``batch_map``'s generator for the batch about to be handed out, on the batch's device."""
@@ -167,34 +244,13 @@ class Epoch:
             return shaped_batch(inputs.sample_spec, inputs.outputs, dict(columns), values, keys, self.valid(batch_no),
                                 inputs.device, inputs.batch_fn)
 
-    def _end_accelerate(self) -> None:
-        if self.accelerate is not None:
-            self.accelerate.end()
-            self.accelerate = None
-
     def _finish(self) -> None:
         self._stop_prefetch()
-        if not self.finished:
-            self.finished = True
-            self.loader_state.finish()
+        super()._finish()
 
     def close(self) -> None:
-        """Abandon the epoch (a break, an exception, the iterator dropped): like torch, the next
-        iteration starts this epoch over; state_dict() still says where it stopped, so
-        load_state_dict resumes there."""
         self._stop_prefetch()
-        self._end_accelerate()
-        if self.started and not self.finished:
-            self.loader_state.break_off()
-            self.inputs.stats.end_epoch(self.stats_token, complete=False)
-        self.finished = True
-
-    def __del__(self) -> None:
-        if not self.finished:
-            try:
-                self.close()
-            except Exception:
-                pass
+        super().close()
 
 
 class Engine(Protocol):

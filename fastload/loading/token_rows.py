@@ -1,31 +1,47 @@
-"""Which token spans each row of an epoch holds, for the three packing modes, read from a token
-dataset's document tables (memory-mapped) and the pure orders of fastload.text.
+"""Which token spans the rows of an epoch hold, for the three packing modes and mixtures by tokens,
+as NumPy arrays (:class:`Segments`) computed for a whole batch at once from a token dataset's
+document tables (memory-mapped) and the pure orders of fastload.text.
 
-A row is a list of :class:`Segment` s: a run of one document's tokens (``start``: its first
-global token), and whether that document goes on after it (then the segment's last label is the
-document's next token; otherwise, as across documents, the ignore index).
+A segment is a run of one document's tokens in a row (``start``: its first global token), and
+whether that document goes on after it (then the segment's last label is the document's next
+token; otherwise, as across documents, the ignore index). A row's segments lie back to back from
+its first column; what is left of the row is padding.
 
 - ``concat``: row k is tokens ``k*L .. (k+1)*L`` of the epoch's stream (fastload.text.token_order);
 - ``best-fit``: each block's pieces packed by best-fit decreasing (fastload.text.packing), blocks
-  in stream order: row numbers run on from block to block, so finding row k packs the blocks
-  before it; :class:`BestFitRows` keeps a cursor (the block holding the next row and its first
-  row), which ``state_dict`` saves, so a resume never packs from the epoch's start;
-- ``pad``: row k is the k-th document of a seeded permutation of all documents, its first L tokens.
+  in stream order: row numbers run on from block to block, so finding row k needs the row counts
+  of the blocks before it. A block's row count does not depend on the seed or the epoch (the
+  packing sorts its pieces by length), so the counts are kept by block number; :class:`BestFitRows`
+  locates rows forward from a cursor (the block holding a row and that block's first row), which
+  ``state_dict`` saves, so a resume never counts from the epoch's start;
+- ``pad``: row k is the k-th document of a seeded permutation of all documents, its first L tokens;
+- a mixture by tokens (:class:`MixtureRows`): row k from the member :func:`mixture_members` gives
+  it, each member's rows cut from its stream of epochs one after another, so every row is L
+  tokens of one member and each member's share of tokens is its share of rows.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
+import os
 from dataclasses import dataclass
 from enum import Enum
 
 import numpy as np
 
+from fastload.errors import ShardError
 from fastload.formats.tokens import TokenShardReader
+from fastload.orders.mixture import member_seed
 from fastload.orders.permutation import Permutation, mix_key
 from fastload.storage.dataset import ShardedDataset
+from fastload.storage.mixture import MixedDataset
 from fastload.text.packing import best_fit_decreasing, split_long
-from fastload.text.token_order import ROW_KEY, TokenStream, block_pieces
+from fastload.text.token_order import ROW_KEY, TokenStream, block_pieces, mixture_members
+
+BLOCKS_KEPT = 8  # a stream's most recent blocks kept (their pieces, or their packed rows)
+BLOCK_TOKENS = 1 << 16  # the stream's blocks: documents are shuffled within one, blocks within the epoch
+IGNORE_INDEX = -100  # what torch's cross_entropy and Hugging Face models ignore in labels
 
 
 class Packing(Enum):
@@ -37,15 +53,59 @@ class Packing(Enum):
 
 
 @dataclass(frozen=True)
-class Segment:
-    """A run of one document's tokens in a row."""
+class TokenOptions:
+    """What rows are made of: their length, the packing, the stream's block size, the ignore index."""
 
-    start: int  # its first token in the dataset's global token space
-    length: int
-    continues: bool  # the document has a next token after it (the segment's last label)
+    seq_len: int
+    packing: Packing = Packing.CONCAT
+    block_tokens: int = BLOCK_TOKENS
+    ignore_index: int = IGNORE_INDEX
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.seq_len, int) or self.seq_len < 1:
+            raise ValueError(f"seq_len must be a positive number of tokens, got {self.seq_len!r}")
+        object.__setattr__(self, "packing", Packing(self.packing))
+        if self.block_tokens < 1:
+            raise ValueError("block_tokens must be >= 1")
+        if self.block_tokens < self.seq_len and self.packing is Packing.BEST_FIT:
+            raise ValueError("best-fit packs a block of the stream at a time: block_tokens must be at least seq_len")
 
 
-Row = list[Segment]
+@dataclass(frozen=True)
+class Segments:
+    """A batch's token spans, row by row (``row`` ascending; a row's segments back to back from column 0)."""
+
+    start: np.ndarray  # int64: each segment's first token in the dataset's global token space
+    length: np.ndarray  # int64
+    continues: np.ndarray  # bool: its document has a next token after it
+    row: np.ndarray  # int64: the batch row holding it
+
+    @staticmethod
+    def join(parts: list[Segments]) -> Segments:
+        """The segments of ``parts`` one after another (their rows already numbered in the batch)."""
+        if not parts:
+            empty = np.zeros(0, dtype=np.int64)
+            return Segments(empty, empty, np.zeros(0, dtype=bool), empty)
+        return Segments(*(np.concatenate([getattr(p, name) for p in parts]) for name in ("start", "length", "continues", "row")))
+
+    def shifted(self, tokens: int, rows: int) -> Segments:
+        """These segments ``tokens`` further in the global token space and ``rows`` further down the batch."""
+        return Segments(self.start + tokens, self.length, self.continues, self.row + rows)
+
+
+def cut_into_rows(starts: np.ndarray, lengths: np.ndarray, continues: np.ndarray, seq_len: int) -> Segments:
+    """Pieces laid back to back from the start of row 0, cut wherever a row of ``seq_len`` ends
+    (a piece cut there goes on in the next row: its part before the cut continues)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    offsets = np.cumsum(lengths) - lengths
+    first_row, last_row = offsets // seq_len, (offsets + lengths - 1) // seq_len
+    parts = np.maximum(last_row - first_row + 1, 0)
+    owner = np.repeat(np.arange(len(lengths)), parts)
+    row = first_row[owner] + np.arange(len(owner)) - np.repeat(np.cumsum(parts) - parts, parts)
+    begin = np.maximum(offsets[owner], row * seq_len)
+    end = np.minimum(offsets[owner] + lengths[owner], (row + 1) * seq_len)
+    goes_on = np.where(end < offsets[owner] + lengths[owner], True, continues[owner])
+    return Segments(starts[owner] + begin - offsets[owner], end - begin, goes_on, row)
 
 
 class TokenCorpus:
@@ -56,6 +116,7 @@ class TokenCorpus:
             raise ValueError(f"{dataset.location} holds no tokens (convert documents with --tokenizer)")
         self.dataset = dataset
         self.tokenizer = dataset.index.tokenizer
+        self.dtype = np.dtype(self.tokenizer.dtype)
         self.token_starts = np.array(list(itertools.accumulate((s.tokens or 0 for s in dataset.index.shards), initial=0)), dtype=np.int64)
         self.doc_starts = np.array(list(itertools.accumulate((s.samples for s in dataset.index.shards), initial=0)), dtype=np.int64)
 
@@ -85,11 +146,12 @@ class TokenCorpus:
         first, last = self.shard_of(start), self.shard_of(max(end - 1, start))
         for shard in range(first, last + 1):
             base = int(self.token_starts[shard])
-            offsets = self.reader(shard).offsets()
+            reader = self.reader(shard)
+            offsets = reader.offsets()
             lo = int(np.searchsorted(offsets, max(start - base, 0), side="right"))
             hi = int(np.searchsorted(offsets, end - base, side="left"))
             if hi > lo:
-                part = self.reader(shard).checked_offsets(lo, hi - 1) + base
+                part = reader.checked_offsets(lo, hi - 1) + base
                 found.append(part[(part > start) & (part < end)])
         return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
@@ -103,24 +165,74 @@ class TokenCorpus:
         at = int(np.searchsorted(offsets, local, side="left"))
         return at < len(offsets) and int(offsets[at]) == local
 
+    def documents_at(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(first global token, tokens) of documents ``indices`` (numbered across the shards)."""
+        shards = np.searchsorted(self.doc_starts, indices, side="right") - 1
+        starts, lengths = np.empty(len(indices), dtype=np.int64), np.empty(len(indices), dtype=np.int64)
+        for shard in np.unique(shards).tolist():
+            at = shards == shard
+            reader = self.reader(shard)
+            local = indices[at] - self.doc_starts[shard]
+            offsets = reader.offsets()
+            first, end = offsets[local].astype(np.int64), offsets[local + 1].astype(np.int64)
+            if np.any(end < first) or np.any(end > reader.tokens):
+                raise ShardError(f"{reader.data}: its document table's offsets do not ascend within its {reader.tokens} tokens (tampered?)")
+            starts[at], lengths[at] = first + self.token_starts[shard], end - first
+        return starts, lengths
+
     def read(self, start: int, count: int) -> np.ndarray:
         """Global tokens ``start`` to ``start + count`` (within one shard: a document's), one ``pread``."""
         shard = self.shard_of(start)
         return self.reader(shard).read_tokens(start - int(self.token_starts[shard]), count)
 
-    def document(self, index: int) -> tuple[int, int, int, int]:
-        """(shard, document number in it, its first global token, its length) of document ``index``."""
-        shard = int(np.searchsorted(self.doc_starts, index, side="right") - 1)
-        row = index - int(self.doc_starts[shard])
-        first, end = self.reader(shard).bounds(row)
-        return shard, row, int(self.token_starts[shard]) + first, end - first
+    def read_into(self, buffer: np.ndarray, segments: Segments, destinations: np.ndarray, extra: np.ndarray) -> np.ndarray:
+        """Each segment's tokens into ``buffer`` (of the dataset's dtype) at its destination, one
+        ``preadv`` a segment (with the document's next token, where it continues, which is also
+        returned: the next segment may overwrite it); every id is checked against the vocabulary."""
+        shards = np.searchsorted(self.token_starts, segments.start, side="right") - 1
+        local = segments.start - self.token_starts[shards]
+        counts = segments.length + extra
+        sizes = np.asarray([s.tokens or 0 for s in self.dataset.index.shards], dtype=np.int64)[shards]
+        if np.any(local < 0) or np.any(local + counts > sizes):
+            raise ShardError(f"{self.dataset.location}: a span read lies outside its shard (a tampered document table?)")
+        itemsize = self.dtype.itemsize
+        raw = buffer.data.cast("B")
+        nexts = np.zeros(len(counts), dtype=np.int64)
+        descriptors = {shard: self.reader(shard).descriptor() for shard in set(shards.tolist())}
+        for i, (shard, first, count, dest, more) in enumerate(zip(shards.tolist(), (local * itemsize).tolist(), (counts * itemsize).tolist(),
+                                                                   (destinations * itemsize).tolist(), extra.tolist())):
+            if os.preadv(descriptors[shard], [raw[dest : dest + count]], first) != count:
+                raise ShardError(f"{self.reader(shard).data}: cut short (truncated since it was opened?)")
+            if more:
+                nexts[i] = buffer[(dest + count) // itemsize - 1]
+        if self.tokenizer.vocab_size < 2 ** (8 * itemsize):
+            self._check_ids(buffer, segments, destinations, nexts, shards)
+        return nexts
 
-    def where(self, token: int) -> tuple[str, int]:
-        """(shard file, document number in it) holding global token ``token``."""
+    def _check_ids(self, buffer: np.ndarray, segments: Segments, destinations: np.ndarray, nexts: np.ndarray, shards: np.ndarray) -> None:
+        """Refuse ids at or beyond the vocabulary, naming the shard and the tokens holding one."""
+        vocab = self.tokenizer.vocab_size
+        end = int((destinations + segments.length).max(initial=0))
+        if int(buffer[:end].max(initial=0)) < vocab and int(nexts.max(initial=0)) < vocab:
+            return
+        for i in range(len(shards)):
+            dest, n = int(destinations[i]), int(segments.length[i])
+            worst = max(int(buffer[dest : dest + n].max(initial=0)), int(nexts[i]))
+            if worst >= vocab:
+                reader = self.reader(int(shards[i]))
+                first = int(segments.start[i] - self.token_starts[shards[i]])
+                raise ShardError(f"{reader.data}: token id {worst} at or beyond the tokenizer's vocabulary of {vocab} "
+                                 f"(tokens {first}..{first + n + 1})")
+
+    def where(self, token: int) -> tuple[int, int]:
+        """(shard number, document number in it) holding global token ``token``."""
         shard = self.shard_of(token)
         local = token - int(self.token_starts[shard])
-        row = int(np.searchsorted(self.reader(shard).offsets(), local, side="right") - 1)
-        return self.dataset.index.shards[shard].path, row
+        return shard, int(np.searchsorted(self.reader(shard).offsets(), local, side="right") - 1)
+
+    def document_start(self, shard: int, document: int) -> int:
+        """The first global token of document ``document`` of shard ``shard``."""
+        return int(self.token_starts[shard]) + self.reader(shard).bounds(document)[0]
 
 
 class StreamRows:
@@ -130,42 +242,67 @@ class StreamRows:
         self.corpus, self.seq_len = corpus, seq_len
         self.stream = TokenStream(corpus.total, block, seed, epoch, shuffle)
         self._pieces: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._spans: dict[int, tuple[int, int, int]] = {}
 
     def __len__(self) -> int:
         return -(-self.corpus.total // self.seq_len)
 
+    def block_span(self, index: int) -> tuple[int, int, int]:
+        """(block number, first global token, tokens) of block ``index`` of the stream (the last few kept)."""
+        span = self._spans.get(index)
+        if span is None:
+            span = self.stream.block_span(index)
+            if len(self._spans) >= BLOCKS_KEPT:
+                self._spans.pop(next(iter(self._spans)))
+            self._spans[index] = span
+        return span
+
     def block(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Block ``index`` of the stream: its pieces' first tokens, lengths, ends in the block and
         whether each one's document goes on after it (only the piece at the block's end may; the
-        last few blocks cached)."""
+        last few blocks kept)."""
         cached = self._pieces.get(index)
         if cached is None:
-            number, start, length = self.stream.block_span(index)
+            number, start, length = self.block_span(index)
             starts, lengths = block_pieces(self.stream, number, start, length, self.corpus.starts_inside(start, start + length))
             continues = np.zeros(len(starts), dtype=bool)
             continues[starts + lengths == start + length] = not self.corpus.starts_document(start + length)
             cached = (starts, lengths, np.cumsum(lengths), continues)
-            if len(self._pieces) >= 8:
+            if len(self._pieces) >= BLOCKS_KEPT:
                 self._pieces.pop(next(iter(self._pieces)))
             self._pieces[index] = cached
         return cached
 
-    def row(self, k: int) -> Row:
-        """Row ``k``: stream tokens ``k*seq_len`` up to ``(k+1)*seq_len`` (fewer in the last row)."""
+    def span(self, begin: int, end: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The pieces of stream tokens ``begin`` to ``end`` in stream order, the first and last cut
+        to fit: (first global tokens, lengths, whether each one's document goes on after it)."""
         block = self.stream.block
-        position, end = k * self.seq_len, min((k + 1) * self.seq_len, self.corpus.total)
-        segments: Row = []
-        while position < end:
-            index = position // block
+        parts = []
+        for index in range(begin // block, -(-end // block)):
             starts, lengths, ends, continues = self.block(index)
-            offset = position - index * block
-            piece = int(np.searchsorted(ends, offset, side="right"))
-            into = offset - int(ends[piece] - lengths[piece])
-            take = min(int(lengths[piece]) - into, end - position)
-            last_of_piece = into + take == int(lengths[piece])
-            segments.append(Segment(int(starts[piece]) + into, take, not last_of_piece or bool(continues[piece])))
-            position += take
-        return segments
+            lo, hi = max(begin - index * block, 0), min(end - index * block, int(ends[-1]))
+            first, last = int(np.searchsorted(ends, lo, side="right")), int(np.searchsorted(ends, hi, side="left"))
+            starts, lengths, ends, continues = starts[first : last + 1], lengths[first : last + 1], ends[first : last + 1], continues[first : last + 1]
+            into = lo - (int(ends[0]) - int(lengths[0]))  # tokens of the first piece before the span
+            cut = int(ends[-1]) - hi  # tokens of the last piece after it
+            starts, lengths, continues = starts.copy(), lengths.copy(), continues.copy()
+            starts[0] += into
+            lengths[0] -= into
+            lengths[-1] -= cut
+            if cut:
+                continues[-1] = True
+            parts.append((starts, lengths, continues))
+        if not parts:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
+        starts, lengths, continues = (np.concatenate(column) for column in zip(*parts))
+        return starts, lengths, continues
+
+    def segments(self, first: int, count: int) -> Segments:
+        """Rows ``first`` to ``first + count`` (past the stream's end: empty), rows numbered from 0."""
+        begin, end = first * self.seq_len, min((first + count) * self.seq_len, self.corpus.total)
+        if begin >= end:
+            return Segments.join([])
+        return cut_into_rows(*self.span(begin, end), self.seq_len)
 
 
 class PaddedRows:
@@ -178,61 +315,209 @@ class PaddedRows:
     def __len__(self) -> int:
         return self.corpus.documents
 
-    def row(self, k: int) -> Row:
-        """Row ``k``: its document's first ``seq_len`` tokens."""
-        _, _, start, length = self.corpus.document(int(self.permutation(np.array([k]))[0]))
-        take = min(length, self.seq_len)
-        return [Segment(start, take, take < length)]
+    def segments(self, first: int, count: int) -> Segments:
+        """Rows ``first`` to ``first + count`` (past the last document: empty): each its document's first ``seq_len`` tokens."""
+        rows = np.arange(first, min(first + count, len(self)), dtype=np.int64)
+        starts, lengths = self.corpus.documents_at(self.permutation(rows))
+        take = np.minimum(lengths, self.seq_len)
+        keep = take > 0
+        return Segments(starts[keep], take[keep], (take < lengths)[keep], (rows - first)[keep])
 
 
 class BestFitRows:
-    """Rows packed by best-fit decreasing, a block of the stream at a time; ``cursor`` is the block
-    holding the rows asked for last and the number of its first row."""
+    """Rows packed by best-fit decreasing, a block of the stream at a time. Blocks' row counts are
+    kept by block number in ``counts`` (shared by every epoch: they depend on neither seed nor
+    epoch); ``firsts`` holds the first row of blocks ``base`` onwards, as far as located."""
 
     def __init__(self, corpus: TokenCorpus, seq_len: int, block: int, seed: int, epoch: int, shuffle: bool,
-                 cursor: tuple[int, int] = (0, 0)) -> None:
+                 counts: dict[int, int], cursor: tuple[int, int] = (0, 0)) -> None:
         self.corpus, self.seq_len = corpus, seq_len
         self.stream = StreamRows(corpus, seq_len, block, seed, epoch, shuffle)
         self.seed, self.epoch, self.shuffle = seed, epoch, shuffle
-        self.cursor = cursor
-        self._rows: dict[int, list[Row]] = {}  # packed blocks at and after the cursor
+        self.counts = counts
+        self.base, self.firsts = cursor[0], [cursor[1]]
+        self._packed: dict[int, Segments] = {}
 
-    def block_rows(self, index: int, keep: bool = True) -> list[Row]:
-        """The rows packed from block ``index`` of the stream, in their seeded order (``keep``: cached)."""
-        rows = self._rows.get(index)
-        if rows is None:
-            starts, lengths, _, piece_continues = self.stream.block(index)
-            ends, goes_on = starts + lengths, starts[piece_continues] + lengths[piece_continues]
-            starts, lengths = split_long(starts, lengths, self.seq_len)
-            continues = ~np.isin(starts + lengths, ends) | np.isin(starts + lengths, goes_on)
-            packed = best_fit_decreasing(lengths, self.seq_len)
-            number = self.stream.stream.block_span(index)[0]
-            order = Permutation(len(packed), mix_key(self.seed, self.epoch, ROW_KEY, number), self.shuffle)(np.arange(len(packed)))
-            rows = [[Segment(int(starts[p]), int(lengths[p]), bool(continues[p])) for p in packed[r]] for r in order.tolist()]
-            if keep:
-                self._rows[index] = rows
+    def _pieces(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Block ``index``'s pieces, those longer than a row cut into row-long parts: first
+        tokens, lengths, whether each goes on (in its next part, or past the block)."""
+        starts, lengths, _, piece_continues = self.stream.block(index)
+        piece_ends = starts + lengths
+        parts, part_lengths, owner = split_long(starts, lengths, self.seq_len)
+        return parts, part_lengths, (parts + part_lengths < piece_ends[owner]) | piece_continues[owner]
+
+    def count(self, index: int) -> int:
+        """Rows packed from block ``index``."""
+        number = self.stream.block_span(index)[0]
+        if number not in self.counts:
+            self.counts[number] = len(best_fit_decreasing(self._pieces(index)[1], self.seq_len))
+        return self.counts[number]
+
+    def block_rows(self, index: int) -> Segments:
+        """Block ``index``'s rows, in their seeded order (numbered from 0)."""
+        packed = self._packed.get(index)
+        if packed is None:
+            starts, lengths, continues = self._pieces(index)
+            rows = best_fit_decreasing(lengths, self.seq_len)
+            number = self.stream.block_span(index)[0]
+            order = Permutation(len(rows), mix_key(self.seed, self.epoch, ROW_KEY, number), self.shuffle)(np.arange(len(rows)))
+            pieces = np.fromiter(itertools.chain.from_iterable(rows[r] for r in order.tolist()), dtype=np.int64, count=len(lengths))
+            row_of = np.repeat(np.arange(len(rows)), [len(rows[r]) for r in order.tolist()])
+            packed = Segments(starts[pieces], lengths[pieces], continues[pieces], row_of)
+            self.counts.setdefault(number, len(rows))
+            if len(self._packed) >= BLOCKS_KEPT:
+                self._packed.pop(next(iter(self._packed)))
+            self._packed[index] = packed
+        return packed
+
+    def locate(self, k: int) -> tuple[int, int] | None:
+        """(block, its first row) of the block holding row ``k`` (None past the epoch's end),
+        counting forward from the blocks located so far (from the epoch's start for a row before them)."""
+        if k < self.firsts[0]:
+            self.base, self.firsts = 0, [0]
+        blocks = self.stream.stream.blocks
+        while k >= self.firsts[-1] and self.base + len(self.firsts) - 1 < blocks:
+            self.firsts.append(self.firsts[-1] + self.count(self.base + len(self.firsts) - 1))
+        at = bisect.bisect_right(self.firsts, k) - 1
+        if at == len(self.firsts) - 1:  # past the last block's rows
+            return None
+        return self.base + at, self.firsts[at]
+
+    def segments(self, first: int, count: int, cursor: tuple[int, int] | None) -> Segments:
+        """Rows ``first`` to ``first + count`` (past the epoch's end: empty), rows numbered from 0;
+        ``cursor``: the block holding row ``first`` and its first row (else located here)."""
+        cursor = cursor if cursor is not None else self.locate(first)
+        if cursor is None:
+            return Segments.join([])
+        index, block_first = cursor
+        parts = []
+        while index < self.stream.stream.blocks and block_first < first + count:
+            rows = self.block_rows(index)
+            rows_in_block = self.counts[self.stream.block_span(index)[0]]
+            lo, hi = max(first - block_first, 0), min(first + count - block_first, rows_in_block)
+            take = (rows.row >= lo) & (rows.row < hi)
+            parts.append(Segments(rows.start[take], rows.length[take], rows.continues[take], rows.row[take] + block_first - first))
+            index, block_first = index + 1, block_first + rows_in_block
+        return Segments.join(parts)
+
+    def total(self) -> int:
+        """Rows in the whole epoch (every block counted once per loader: for ``len()``)."""
+        return sum(self.count(index) for index in range(self.stream.stream.blocks))
+
+
+class MixtureRows:
+    """Rows of a mixture by tokens: row k from the member :func:`mixture_members` gives it (an
+    epoch is ``length`` rows of the endless schedule); a member's j-th row is tokens ``j*L`` to
+    ``(j+1)*L`` of its epochs' streams one after another (each epoch with the member's own seed),
+    so every row is L tokens of one member."""
+
+    def __init__(self, mixture: MixedDataset, corpus: TokenCorpus, seq_len: int, block: int, seed: int, epoch: int, shuffle: bool) -> None:
+        self.mixture, self.seq_len, self.block, self.seed, self.epoch, self.shuffle = mixture, seq_len, block, seed, epoch, shuffle
+        self.corpora = [TokenCorpus(member) for member in mixture.members]
+        self.bases = [int(corpus.token_starts[first]) for first in mixture.first_shards[:-1]]
+        self.length = sum(c.total for c in self.corpora) // seq_len
+        self._streams: dict[tuple[int, int], StreamRows] = {}
+
+    def __len__(self) -> int:
+        return self.length
+
+    def _stream(self, member: int, epoch: int) -> StreamRows:
+        """Member ``member``'s stream of its epoch ``epoch`` (each member's latest kept)."""
+        stream = self._streams.get((member, epoch))
+        if stream is None:
+            stream = StreamRows(self.corpora[member], self.seq_len, self.block, member_seed(self.seed, member), epoch, self.shuffle)
+            self._streams = {key: s for key, s in self._streams.items() if key[0] != member}
+            self._streams[(member, epoch)] = stream
+        return stream
+
+    def members(self, first: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each of rows ``first`` to ``first + count`` (within the epoch): its member and its row number in that member's rows."""
+        rows = np.arange(first, min(first + count, self.length), dtype=np.int64)
+        return mixture_members(self.epoch * self.length + rows, self.mixture.weights)
+
+    def segments(self, first: int, count: int) -> Segments:
+        """Rows ``first`` to ``first + count`` (past the epoch's end: empty), rows numbered from 0,
+        in the mixture's global token space; consecutive rows of one member read as one run."""
+        members, local = self.members(first, count)
+        parts = []
+        run = 0
+        while run < len(members):
+            member, j = int(members[run]), int(local[run])
+            end = run + 1
+            while end < len(members) and members[end] == member and local[end] == j + end - run:
+                end += 1
+            parts.append(self._member_rows(member, j, end - run).shifted(self.bases[member], run))
+            run = end
+        return Segments.join(parts)
+
+    def _member_rows(self, member: int, first: int, count: int) -> Segments:
+        """Member ``member``'s rows ``first`` to ``first + count``, across its epochs, rows from 0."""
+        total, begin, end = self.corpora[member].total, first * self.seq_len, (first + count) * self.seq_len
+        starts, lengths, continues = [], [], []
+        while begin < end:
+            epoch, into = divmod(begin, total)
+            take = min(end - begin, total - into)
+            piece = self._stream(member, epoch).span(into, into + take)
+            starts.append(piece[0])
+            lengths.append(piece[1])
+            continues.append(piece[2])
+            begin += take
+        return cut_into_rows(np.concatenate(starts), np.concatenate(lengths), np.concatenate(continues), self.seq_len)
+
+
+EpochRows = StreamRows | PaddedRows | BestFitRows | MixtureRows
+
+
+class TokenRows:
+    """The rows of every epoch of a token dataset (or a mixture by tokens) for one loader's
+    options: each epoch's rows made when first asked for (the latest kept), best-fit's row counts
+    kept across epochs. The loader and each of its workers hold their own."""
+
+    def __init__(self, dataset: ShardedDataset, options: TokenOptions, seed: int, shuffle: bool) -> None:
+        self.corpus = TokenCorpus(dataset)
+        self.options, self.seed, self.shuffle = options, seed, shuffle
+        self.mixture = dataset if isinstance(dataset, MixedDataset) else None
+        if self.mixture is not None and options.packing is not Packing.CONCAT:
+            raise ValueError("a mixture by tokens is made of concat rows (every row seq_len tokens of one member): packing='concat'")
+        self._counts: dict[int, int] = {}  # best-fit: rows of each block, by block number
+        self._latest: tuple[int, EpochRows] | None = None
+
+    def of(self, epoch: int, cursor: tuple[int, int] | None = None) -> EpochRows:
+        """The rows of ``epoch``; for best-fit, ``cursor`` (a block of the stream and its first row) is where locating starts."""
+        if self._latest is not None and self._latest[0] == epoch and cursor is None:
+            return self._latest[1]
+        options, corpus = self.options, self.corpus
+        rows: EpochRows
+        if self.mixture is not None:
+            rows = MixtureRows(self.mixture, corpus, options.seq_len, options.block_tokens, self.seed, epoch, self.shuffle)
+        elif options.packing is Packing.CONCAT:
+            rows = StreamRows(corpus, options.seq_len, options.block_tokens, self.seed, epoch, self.shuffle)
+        elif options.packing is Packing.PAD:
+            rows = PaddedRows(corpus, options.seq_len, self.seed, epoch, self.shuffle)
+        else:
+            rows = BestFitRows(corpus, options.seq_len, options.block_tokens, self.seed, epoch, self.shuffle, self._counts, cursor or (0, 0))
+        self._latest = (epoch, rows)
         return rows
 
-    def row(self, k: int) -> Row | None:
-        """Row ``k`` of the epoch (None past its end), packing forward from the cursor (and from
-        the epoch's start, for a row before it)."""
-        index, first = self.cursor if k >= self.cursor[1] else (0, 0)
-        blocks = self.stream.stream.blocks
-        while index < blocks:
-            rows = self.block_rows(index)
-            if k < first + len(rows):
-                if k >= self.cursor[1]:
-                    self._advance(index, first)
-                return rows[k - first]
-            index, first = index + 1, first + len(rows)
-        return None
+    def length(self, epoch: int) -> int:
+        """Rows in ``epoch`` (for best-fit, every block's rows counted: once per loader)."""
+        rows = self.of(epoch)
+        return rows.total() if isinstance(rows, BestFitRows) else len(rows)
 
-    def _advance(self, index: int, first: int) -> None:
-        """Move the cursor to block ``index`` (whose first row is ``first``), forgetting the blocks before it."""
-        self.cursor = (index, first)
-        for done in [i for i in self._rows if i < index]:
-            del self._rows[done]
+    def segments(self, epoch: int, first: int, count: int, cursor: tuple[int, int] | None = None) -> Segments:
+        """Rows ``first`` to ``first + count`` of ``epoch`` (past its end: empty), numbered from 0;
+        ``cursor``: best-fit's block holding row ``first`` and that block's first row, when known."""
+        rows = self.of(epoch)
+        if isinstance(rows, BestFitRows):
+            return rows.segments(first, count, cursor)
+        return rows.segments(first, count)
 
-    def count(self) -> int:
-        """Rows in the whole epoch (packs every block: for ``len()``, not for iteration)."""
-        return sum(len(self.block_rows(index, keep=False)) for index in range(self.stream.stream.blocks))
+    def locate(self, epoch: int, row: int) -> tuple[int, int] | None:
+        """Best-fit: the block holding ``row`` of ``epoch`` and its first row (None past the end); other packings: None."""
+        rows = self.of(epoch)
+        return rows.locate(row) if isinstance(rows, BestFitRows) else None
+
+    def exists(self, epoch: int, row: int) -> bool:
+        """Whether ``epoch`` holds a row ``row``."""
+        rows = self.of(epoch)
+        return rows.locate(row) is not None if isinstance(rows, BestFitRows) else row < len(rows)

@@ -13,35 +13,37 @@ import bisect
 import numpy as np
 
 
-def split_long(starts: np.ndarray, lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
-    """Pieces no longer than ``capacity``: each longer one cut into ``capacity``-long parts and the rest, in order."""
+def split_long(starts: np.ndarray, lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pieces no longer than ``capacity``: each longer one cut into ``capacity``-long parts and the
+    rest, in order; with, for each part, the piece it was cut from."""
     parts = -(-lengths // capacity)
     if (parts <= 1).all():
-        return starts, lengths
+        return starts, lengths, np.arange(len(lengths))
     owner = np.repeat(np.arange(len(lengths)), parts)
     within = np.arange(len(owner)) - np.repeat(np.cumsum(parts) - parts, parts)
     new_starts = starts[owner] + within * capacity
     new_lengths = np.minimum(lengths[owner] - within * capacity, capacity)
-    return new_starts, new_lengths
+    return new_starts, new_lengths, owner
 
 
 def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[list[int]]:
     """Rows of piece indices (each piece at most ``capacity`` long): longest first, each into the
     row with the least free space that still holds it (ties: the earliest row), else a new row."""
-    order = np.argsort(-np.asarray(lengths), kind="stable").tolist()
+    lengths = np.asarray(lengths)
+    order = np.argsort(-lengths, kind="stable")
     rows: list[list[int]] = []
-    free: list[tuple[int, int]] = []  # (free space, row number), sorted
-    for piece in order:
-        size = int(lengths[piece])
-        at = bisect.bisect_left(free, (size, -1))
+    base = len(lengths) + 1  # a row's free space and number in one sortable int: space * base + row
+    free: list[int] = []
+    for piece, size in zip(order.tolist(), lengths[order].tolist()):
+        at = bisect.bisect_left(free, size * base)
         if at < len(free):
-            space, row = free.pop(at)
+            space, row = divmod(free.pop(at), base)
         else:
             space, row = capacity, len(rows)
             rows.append([])
         rows[row].append(piece)
-        if space - size > 0:
-            bisect.insort(free, (space - size, row))
+        if space > size:
+            bisect.insort(free, (space - size) * base + row)
     return rows
 
 

@@ -17,8 +17,7 @@ import torch.multiprocessing as mp
 import fastload
 from fastload.converters import ConvertOptions, convert
 from fastload.converters.options import TokenizeOptions
-from fastload.loading.token_rows import BestFitRows, TokenCorpus
-from fastload.text.packing import best_fit_decreasing, padding_fraction, split_long
+from fastload.text.packing import padding_fraction
 from tests.text.conftest import real_paragraphs, write_jsonl
 
 SEQ = 128
@@ -102,19 +101,53 @@ def test_concat_rows_are_full_and_pad_rows_one_document_each(tokens: Path) -> No
     assert rows.count(1) == docs and set(rows) <= {0, 1}
 
 
-def test_best_fit_padding_is_the_offline_best_fit_decreasing_of_each_block(tokens: Path) -> None:
+def offline_best_fit_decreasing(lengths: list[int], capacity: int) -> int:
+    """The rows an offline best-fit decreasing packs ``lengths`` into (a plain reference: each
+    item, longest first, into the open row it leaves least room in, else a new row)."""
+    free: list[int] = []
+    for size in sorted(lengths, reverse=True):
+        fits = [r for r, room in enumerate(free) if room >= size]
+        if fits:
+            best = min(fits, key=lambda r: free[r])
+            free[best] -= size
+        else:
+            free.append(capacity - size)
+    return len(free)
+
+
+def window_pieces(path: Path, window: int, capacity: int) -> list[list[int]]:
+    """Each window of ``window`` tokens of the dataset (shards one after another): the lengths of
+    the documents' parts inside it, those longer than ``capacity`` cut into ``capacity``-long parts."""
+    ds = fastload.open(path)
+    bounds, base = [np.zeros(1, dtype=np.int64)], 0
+    for number, shard in enumerate(ds.index.shards):
+        bounds.append(ds.reader(number).offsets()[1:].astype(np.int64) + base)
+        base += shard.tokens
+    edges = np.concatenate(bounds)
+    starts, ends = edges[:-1], edges[1:]
+    windows = []
+    for lo in range(0, base, window):
+        inside = np.minimum(ends, lo + window) - np.maximum(starts, lo)
+        pieces: list[int] = []
+        for piece in inside[inside > 0].tolist():
+            pieces += [capacity] * (piece // capacity) + ([piece % capacity] if piece % capacity else [])
+        windows.append(pieces)
+    return windows
+
+
+def test_best_fit_padding_is_within_a_point_of_an_offline_best_fit_decreasing_over_the_same_windows(tokens: Path) -> None:
     ld = loader(tokens, packing="best-fit")
-    rows = BestFitRows(TokenCorpus(fastload.open(tokens)), SEQ, BLOCK, 3, 0, True)
-    packed = 0
-    for index in range(rows.stream.stream.blocks):
-        starts, lengths, _, _ = rows.stream.block(index)
-        parts = split_long(starts, lengths, SEQ)[1]
-        offline = best_fit_decreasing(np.sort(parts)[::-1], SEQ)
-        assert len(rows.block_rows(index)) == len(offline)
-        packed += len(offline)
-    total = fastload.open(tokens).index.num_tokens
-    assert len(ld) == -(-packed // 4)
-    assert 1 - total / (packed * SEQ) < 0.05  # a few percent of padding (Grain's packers side by side: benchmarks/bench_tokens.py)
+    rows = real = 0
+    for batch in ld:
+        mask = batch["attention_mask"]
+        rows += int(mask.any(dim=1).sum())
+        real += int(mask.sum())
+    delivered = 1 - real / (rows * SEQ)
+    windows = window_pieces(tokens, BLOCK, SEQ)
+    offline_rows = sum(offline_best_fit_decreasing(pieces, SEQ) for pieces in windows)
+    offline = 1 - sum(map(sum, windows)) / (offline_rows * SEQ)
+    assert real == fastload.open(tokens).index.num_tokens
+    assert abs(delivered - offline) <= 0.01, (delivered, offline)
     assert padding_fraction([[0]], np.array([SEQ // 2]), SEQ) == 0.5
 
 
@@ -136,80 +169,143 @@ def test_resume_mid_epoch_continues_exactly(tokens: Path, packing: str) -> None:
     assert not all(torch.equal(a, b) for a, b in zip(nxt, whole))
 
 
-def _rank_main(rank: int, world: int, init: str, path: str, out: str, kwargs: dict, state: dict | None, stop_after: int | None) -> None:
+def _rank_main(rank: int, world: int, init: str, path: str | list, out: str, kwargs: dict, state: dict | None,
+               stop_after: int | None) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
-    ld = fastload.DataLoader(path, **kwargs)
+    dataset = fastload.mix({p: w for p, w in path}, by="tokens") if isinstance(path, list) else path
+    ld = fastload.DataLoader(dataset, **kwargs)
+    step = 0
     if state is not None:
-        ld.load_state_dict(state)
-    spans, batches, saved = [], 0, None
+        ld.load_state_dict(state["loader"])
+        step = state["step"]
+    delivered, saved = [], None
     for batch in ld:
-        step = torch.ones(1)
-        dist.all_reduce(step)  # a collective a step, as DDP: hangs if the ranks' step counts differ
-        spans.append(batch["input_ids"][batch["attention_mask"].bool()].tolist())
-        batches += 1
-        if stop_after is not None and batches == stop_after:
-            saved = ld.state_dict()
+        ones = torch.ones(1)
+        dist.all_reduce(ones)  # a collective a step, as DDP: hangs if the ranks' step counts differ
+        for r, segments in enumerate(ld.describe(step, 0)):  # the positions each row holds, with the ids delivered there
+            row, column = [], 0
+            for s in segments:
+                row.append([s["shard"], s["document"], s["offset"], batch["input_ids"][r, column : column + s["tokens"]].tolist()])
+                column += s["tokens"]
+            assert int(batch["attention_mask"][r].sum()) == column
+            delivered.append(row)
+        step += 1
+        if stop_after is not None and step == stop_after:
+            saved = {"loader": ld.state_dict(), "step": step}
             break
-    Path(out, f"rank{rank}.json").write_text(json.dumps({"tokens": spans, "batches": batches, "state": saved}))
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"delivered": delivered, "batches": step, "state": saved}))
     ld.close()
     dist.barrier()
     dist.destroy_process_group()
 
 
-def run_ranks(tmp_path: Path, world: int, path: Path, kwargs: dict, state: dict | None = None, stop_after: int | None = None) -> list[dict]:
+def run_ranks(tmp_path: Path, world: int, path: Path | list, kwargs: dict, state: dict | None = None, stop_after: int | None = None) -> list[dict]:
     out = tmp_path / f"run-{len(list(tmp_path.glob('run-*')))}"
     out.mkdir()
-    mp.spawn(_rank_main, args=(world, str(out / "init"), str(path), str(out), kwargs, state, stop_after), nprocs=world, join=True)
+    mp.spawn(_rank_main, args=(world, str(out / "init"), path, str(out), kwargs, state, stop_after), nprocs=world, join=True)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def positions_and_ids(runs: list[dict]) -> tuple[Counter, dict]:
+    """Every (shard, document, offset) the runs' batches hold, counted, and the id delivered at each."""
+    seen: Counter = Counter()
+    ids: dict = {}
+    for run in runs:
+        for row in run["delivered"]:
+            for shard, document, offset, tokens in row:
+                for i, token in enumerate(tokens):
+                    seen[(shard, document, offset + i)] += 1
+                    ids[(shard, document, offset + i)] = token
+    return seen, ids
+
+
+def every_position(path: Path) -> dict:
+    """Each (shard, document, offset) of the dataset and the id stored there."""
+    ds = fastload.open(path)
+    out = {}
+    for number, shard in enumerate(ds.index.shards):
+        reader = ds.reader(number)
+        for d in range(len(reader)):
+            for i, token in enumerate(reader.document(d).tolist()):
+                out[(shard.path, d, i)] = token
+    return out
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("packing", ["concat", "best-fit"])
-def test_saved_with_4_gloo_ranks_resumed_with_3_every_token_once(tokens: Path, tmp_path: Path, packing: str) -> None:
-    kwargs = {"batch_size": 2, "seq_len": SEQ, "packing": packing, "block_tokens": BLOCK, "seed": 5}
+@pytest.mark.parametrize(("packing", "num_workers"), [("concat", 0), ("best-fit", 2)])
+def test_saved_with_4_gloo_ranks_resumed_with_3_every_token_position_once(tokens: Path, tmp_path: Path, packing: str, num_workers: int) -> None:
+    kwargs = {"batch_size": 2, "seq_len": SEQ, "packing": packing, "block_tokens": BLOCK, "seed": 5, "num_workers": num_workers}
     first = run_ranks(tmp_path, 4, tokens, kwargs, stop_after=6)
     assert len({r["batches"] for r in first}) == 1
     second = run_ranks(tmp_path, 3, tokens, kwargs, state=first[0]["state"])
     assert len({r["batches"] for r in second}) == 1  # every rank the same number of steps
-    delivered = Counter(t for r in first + second for batch in r["tokens"] for t in batch)
-    ds = fastload.open(tokens)
-    expected = Counter(int(t) for n in range(len(ds.index.shards)) for t in ds.reader(n).read_tokens(0, ds.index.shards[n].tokens))
-    assert delivered == expected  # every token of the epoch exactly once (as ids: their multiset)
+    seen, ids = positions_and_ids(first + second)
+    stored = every_position(tokens)
+    assert set(seen) == set(stored) and set(seen.values()) == {1}  # every token position of the epoch exactly once
+    assert ids == stored  # and the id delivered at each is the one stored there
 
 
-def test_mixing_by_tokens_gives_each_its_share_evenly_and_resumes(tokens: Path, tokenizer_file: Path, tmp_path: Path) -> None:
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_mixture_by_tokens_saved_with_4_gloo_ranks_resumes_with_3_exactly(tokens: Path, tokenizer_file: Path, tmp_path: Path) -> None:
+    second_member = token_member(tokenizer_file, tmp_path)
+    members = [[str(tokens), 0.3], [str(second_member), 0.7]]
+    kwargs = {"batch_size": 2, "seq_len": SEQ, "block_tokens": BLOCK, "seed": 5, "num_workers": 1}
+    first = run_ranks(tmp_path, 4, members, kwargs, stop_after=5)
+    resumed = run_ranks(tmp_path, 3, members, kwargs, state=first[0]["state"])
+    assert len({r["batches"] for r in resumed}) == 1
+    whole = run_ranks(tmp_path, 1, members, kwargs)  # the same epoch on one rank
+    rows = lambda runs: Counter(tuple((s[0], s[1], s[2], tuple(s[3])) for s in row) for run in runs for row in run["delivered"] if row)  # noqa: E731
+    assert rows(first + resumed) == rows(whole)  # the epoch's rows, each exactly once, whatever the topology
+
+
+def token_member(tokenizer_file: Path, tmp_path: Path) -> Path:
+    """A second token dataset: the real paragraphs backwards, the last 800."""
     write_jsonl(tmp_path / "b.jsonl", real_paragraphs()[::-1][:800])
     convert(str(tmp_path / "b.jsonl"), str(tmp_path / "b"), ConvertOptions(
         source="jsonl", layout="tokens", tokens=TokenizeOptions(str(tokenizer_file), shard_tokens=20_000)), quiet=True)
-    mixture = fastload.mix({str(tokens): 0.3, str(tmp_path / "b"): 0.7}, by="tokens")
-    ld = fastload.DataLoader(mixture, batch_size=8, seq_len=SEQ, block_tokens=BLOCK)
-    members = []
-    for step in range(len(ld)):
-        for row in ld.describe(step):
-            members.append(0 if row and row[0]["shard"].startswith(str(tokens)) else 1)
-    first_member = np.asarray(members) == 0
-    prefix = np.cumsum(first_member) - 0.3 * np.arange(1, len(members) + 1)
-    assert np.abs(prefix).max() <= 1  # after any number of rows, within a row of 30%: +-0.5 pp over any 200 rows
-    window = 200
-    counts = np.convolve(first_member, np.ones(window), "valid")
-    assert np.abs(counts / window - 0.3).max() <= 0.01
-    first = fastload.DataLoader(mixture, batch_size=8, seq_len=SEQ, block_tokens=BLOCK)
+    return tmp_path / "b"
+
+
+@pytest.mark.slow
+def test_mixing_by_tokens_keeps_each_share_within_half_a_point_over_every_10m_tokens(tokens: Path, tokenizer_file: Path, tmp_path: Path) -> None:
+    second = token_member(tokenizer_file, tmp_path)
+    mixture = fastload.mix({str(tokens): 0.3, str(second): 0.7}, by="tokens")
+    seq = 2048
+    ld = fastload.DataLoader(mixture, batch_size=64, seq_len=seq, num_workers=2)
+    member_tokens: list[tuple[int, int]] = []  # (member, tokens) of each row delivered, in order
+    epoch = 0
+    while len(member_tokens) * seq < 25_000_000:  # the members hold ~0.8M tokens: dozens of member epochs
+        for step, b in enumerate(ld):
+            for row, segments in zip(b["attention_mask"].sum(dim=1).tolist(), ld.describe(step, epoch)):
+                if row:
+                    owners = {0 if s["shard"].startswith(str(tokens)) else 1 for s in segments}
+                    assert len(owners) == 1 and row == seq  # every row seq_len tokens of one member
+                    member_tokens.append((owners.pop(), row))
+        epoch += 1
+    ld.close()
+    first = np.asarray([t if m == 0 else 0 for m, t in member_tokens], dtype=np.float64)
+    every = np.asarray([t for _, t in member_tokens], dtype=np.float64)
+    window = int(10_000_000 // seq)  # rows of 10M tokens
+    share = np.convolve(first, np.ones(window), "valid") / np.convolve(every, np.ones(window), "valid")
+    assert len(share) > window and np.abs(share - 0.3).max() <= 0.005  # every window of 10M tokens, sliding by a row
+    prefix = np.cumsum(first) / seq - 0.3 * np.arange(1, len(first) + 1)
+    assert np.abs(prefix).max() <= 1  # after any number of rows, within a row of 30%
+
+
+def test_a_mixture_resumes_mid_epoch_exactly(tokens: Path, tokenizer_file: Path, tmp_path: Path) -> None:
+    mixture = fastload.mix({str(tokens): 0.3, str(token_member(tokenizer_file, tmp_path)): 0.7}, by="tokens")
+    whole = [b["input_ids"] for b in fastload.DataLoader(mixture, batch_size=8, seq_len=SEQ, block_tokens=BLOCK)]
+    first = fastload.DataLoader(mixture, batch_size=8, seq_len=SEQ, block_tokens=BLOCK, num_workers=2)
     it = iter(first)
     for _ in range(6):
         next(it)
     state = first.state_dict()
     again = fastload.DataLoader(mixture, batch_size=8, seq_len=SEQ, block_tokens=BLOCK)
     again.load_state_dict(state)
-    assert torch.equal(next(iter(again))["input_ids"], next(iter(loader_from(mixture, 6))))
-
-
-def loader_from(mixture, skip: int):
-    ld = fastload.DataLoader(mixture, batch_size=8, seq_len=SEQ, block_tokens=BLOCK)
-    it = iter(ld)
-    for _ in range(skip):
-        next(it)
-    return (b["input_ids"] for b in it)
+    rest = [b["input_ids"] for b in again]
+    assert len(rest) == len(whole) - 6 and all(torch.equal(a, b) for a, b in zip(rest, whole[6:]))
 
 
 def test_stats_count_tokens_and_seq_len_needs_a_token_dataset(tokens: Path) -> None:

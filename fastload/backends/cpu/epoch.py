@@ -17,8 +17,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from fastload.backends.cpu.workers import BatchResult, WorkerConfig, WorkerError, WorkerPool, merge_parts
-from fastload.errors import SampleError, rebuild_error
+from fastload.backends.cpu.workers import BatchResult, WorkerConfig, WorkerError, WorkerPool, merge_parts, raise_failure
 from fastload.loading.batch_fill import fill_fields
 from fastload.loading.epoch import Epoch, EpochInputs
 from fastload.loading.field_batch import as_tensor, copied
@@ -36,6 +35,15 @@ MIN_PART = 16  # the fewest samples a worker is given of a batch
 RUN_AHEAD_BATCHES = 1
 
 
+def image_parts(indices: np.ndarray, workers: int) -> list[tuple[int, int, np.ndarray]]:
+    """An image batch's samples split into one part per worker (at least MIN_PART samples each):
+    all workers work on the oldest batch, so a batch, the first one included, is ready in
+    1/workers of the time."""
+    count = max(1, min(workers, len(indices) // MIN_PART))
+    bounds = np.linspace(0, len(indices), count + 1).astype(int)
+    return [(start, end - start, indices[start:end]) for start, end in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
+
+
 @dataclass
 class Dispatch:
     """The batches of one run (an iteration, or the next epoch's run-ahead) in the workers' hands:
@@ -49,16 +57,13 @@ class Dispatch:
     parts: dict[int, list[BatchResult]] = field(default_factory=dict)
     ready: dict[int, BatchResult] = field(default_factory=dict)
 
-    def submit(self, pool: WorkerPool, buffers: BatchBuffers, slot: int, epoch: int, indices: np.ndarray, workers: int) -> None:
-        """Give batch ``next_submit`` (``indices``) to the workers in ``slot``, split into one part per
-        worker (at least MIN_PART samples each): all workers work on the oldest batch, so a batch,
-        the first one included, is ready in 1/workers of the time."""
-        count = max(1, min(workers, len(indices) // MIN_PART))
-        bounds = np.linspace(0, len(indices), count + 1).astype(int)
-        buffers.start_filling(slot, count)
-        for start, end in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-            pool.submit(self.run, self.next_submit, slot, epoch, start, indices[start:end])
-        self.expected_parts[self.next_submit] = count
+    def submit(self, pool: WorkerPool, buffers: BatchBuffers, slot: int, epoch: int, parts: list[tuple[int, int, Any]]) -> None:
+        """Give batch ``next_submit`` to the workers in ``slot``, as ``parts`` (each its first row,
+        its rows and their work), which any free worker takes."""
+        buffers.start_filling(slot, len(parts))
+        for start, count, work in parts:
+            pool.submit(self.run, self.next_submit, slot, epoch, start, count, work)
+        self.expected_parts[self.next_submit] = len(parts)
         self.slots[self.next_submit] = slot
         self.next_submit += 1
 
@@ -69,6 +74,20 @@ class Dispatch:
         if len(parts) == self.expected_parts[got.batch_no]:
             self.ready[got.batch_no] = merge_parts(self.parts.pop(got.batch_no))
             del self.expected_parts[got.batch_no]
+
+    def wait(self, pool: WorkerPool, buffers: BatchBuffers, batch_no: int, timeout: float) -> BatchResult:
+        """Collect the workers' answers until batch ``batch_no`` is whole, and take it; answers for
+        an abandoned run free their slots. A failed part comes back as it is (the caller raises
+        its error); a dead worker or the timeout raise from the pool."""
+        while batch_no not in self.ready:
+            got = pool.get(timeout)
+            buffers.part_done(got.slot)
+            if got.run != self.run:
+                continue
+            if got.error is not None:
+                return got
+            self.receive(got)
+        return self.take(batch_no)
 
     def take(self, batch_no: int) -> BatchResult:
         """Batch ``batch_no``, ready: it leaves the run (its slot is the caller's now)."""
@@ -101,7 +120,7 @@ class RunAhead:
         while self.dispatch.next_submit < min(len(self.plan), RUN_AHEAD_BATCHES) and (slot := buffers.take()) is not None:
             indices = self.order.indices(self.plan.positions(self.dispatch.next_submit))
             self.submitted.append(indices)
-            self.dispatch.submit(pool, buffers, slot, self.start.epoch, indices, workers)
+            self.dispatch.submit(pool, buffers, slot, self.start.epoch, image_parts(indices, workers))
 
 
 class CpuWorkers:
@@ -220,7 +239,7 @@ class CpuEpoch(Epoch):
         """Give every free slot the next batch."""
         workers, dispatch = self.inputs.options.num_workers, self.dispatch
         while dispatch.next_submit < len(self.plan) and (slot := self.buffers.take()) is not None:
-            dispatch.submit(pool, self.buffers, slot, self.epoch, self._indices(dispatch.next_submit), workers)
+            dispatch.submit(pool, self.buffers, slot, self.epoch, image_parts(self._indices(dispatch.next_submit), workers))
 
     def __next__(self) -> Any:
         batch = super().__next__()
@@ -252,28 +271,18 @@ class CpuEpoch(Epoch):
         return result
 
     def _await_ready(self, pool: WorkerPool) -> BatchResult:
-        """Wait for the next batch in order; answers for an abandoned run free their slots."""
+        """Wait for the next batch in order."""
         self._submit_more(pool)
-        dispatch = self.dispatch
-        while self.next_yield not in dispatch.ready:
-            try:
-                got = pool.get(self.inputs.options.timeout)
-            except (WorkerError, TimeoutError):
-                self.workers.discard_pool()  # the next iteration starts fresh workers at once
-                self.close()
-                raise
-            self.buffers.part_done(got.slot)
-            if got.run != self.run:
-                continue
-            if got.error is not None:
-                self.close()
-                if got.bad_sample is not None:
-                    raise SampleError(*got.bad_sample) from WorkerError(got.error)
-                if got.failure is not None:
-                    raise rebuild_error(*got.failure) from WorkerError(got.error)
-                raise WorkerError(got.error)
-            dispatch.receive(got)
-        return dispatch.take(self.next_yield)
+        try:
+            got = self.dispatch.wait(pool, self.buffers, self.next_yield, self.inputs.options.timeout)
+        except (WorkerError, TimeoutError):
+            self.workers.discard_pool()  # the next iteration starts fresh workers at once
+            self.close()
+            raise
+        if got.error is not None:
+            self.close()
+            raise_failure(got)
+        return got
 
     def _next_batch(self) -> Any:
         stats = self.inputs.stats

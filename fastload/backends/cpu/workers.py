@@ -1,10 +1,13 @@
-"""Worker processes that decode and transform whole batches straight into shared memory.
+"""Worker processes that make whole batches straight into shared memory.
 
 The batch slots (fastload.loading.slots) are mapped before the workers fork. A worker gets a part of
-a batch (batch number, slot, first row, sample indices), writes those rows of every stacked field
-(pixels, masks, labels, fixed-shape arrays) in place, and answers with the keys, skip records and
-the fields that travel as lists (text, json, boxes, ragged arrays: parsed values, never shard
-bytes). Workers live as long as the loader, across epochs.
+a batch (batch number, slot, first row, rows, their work), makes those rows of every column in
+place as its :class:`WorkerJob` says, and answers with what does not travel in the slot. An image
+loader's job (:class:`WorkerConfig`) decodes and transforms samples (pixels, masks, labels,
+fixed-shape arrays in the slot; keys, skip records and the fields that travel as lists: text,
+json, boxes, ragged arrays, parsed values, never shard bytes); a token loader's
+(fastload.backends.cpu.token_epoch) reads and packs token rows. Workers live as long as the loader,
+across epochs.
 """
 
 from __future__ import annotations
@@ -19,15 +22,15 @@ import traceback
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, NoReturn, Protocol, cast
 
 import numpy as np
 
-from fastload.errors import FastloadError, SampleError
+from fastload.errors import FastloadError, SampleError, rebuild_error
 from fastload.fields import SampleSpec
 from fastload.loading.batch_fill import fill_fields
 from fastload.loading.slots import BatchBuffers
-from fastload.loading.stats import BUSY, StageCounters
+from fastload.loading.stats import BUSY, StageClock, StageCounters
 from fastload.storage.dataset import ShardedDataset
 from fastload.transforms import Transform
 
@@ -56,9 +59,35 @@ class BatchResult:
     failure: tuple[str, str] | None = None  # (class name, message) of another fastload error that stopped it
 
 
+Filled = tuple[list[str], list[tuple[str, str]], dict[str, list]]  # a part's keys, skips and list-batched values
+
+
+class WorkerJob(Protocol):
+    """What a pool's workers do: fill rows of a batch slot from a task's work (an image batch's
+    sample indices, a token batch's rows); inherited through fork, never pickled."""
+
+    @property
+    def buffers(self) -> BatchBuffers:
+        """The batch slots the workers write into."""
+
+    @property
+    def worker_init_fn(self) -> Callable[[int], None] | None:
+        """Run in each worker as it starts (torch's worker_init_fn)."""
+
+    @property
+    def counters(self) -> StageCounters:
+        """The stage counters each worker times its stages into (its own row)."""
+
+    def fill(self, columns: dict[str, np.ndarray], epoch: int, work: Any, clock: StageClock) -> Filled:
+        """Make ``work`` into ``columns`` (the part's rows of the slot)."""
+
+    def close(self) -> None:
+        """Release what the worker opened (its shard files)."""
+
+
 @dataclass(frozen=True)
 class WorkerConfig:
-    """What every worker needs; inherited through fork, never pickled."""
+    """An image loader's workers: decode and transform samples into the slot (fastload.loading.batch_fill)."""
 
     dataset: ShardedDataset
     transforms: tuple[Transform, ...]
@@ -69,8 +98,16 @@ class WorkerConfig:
     sample_spec: SampleSpec  # the fields to make of each sample
     counters: StageCounters  # each worker times its stages into its row
 
+    def fill(self, columns: dict[str, np.ndarray], epoch: int, work: Any, clock: StageClock) -> Filled:
+        """The samples ``work`` (indices) decoded and transformed into ``columns``."""
+        return fill_fields(self.dataset, work, self.sample_spec, self.transforms, self.seed, epoch, self.on_error, columns, clock)
 
-def _worker_main(worker_id: int, config: WorkerConfig, tasks: multiprocessing.Queue, results: multiprocessing.Queue, parent: int) -> None:
+    def close(self) -> None:
+        """Close this worker's shard files."""
+        self.dataset.close()
+
+
+def _worker_main(worker_id: int, config: WorkerJob, tasks: multiprocessing.Queue, results: multiprocessing.Queue, parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     # Objects inherited from the parent (torch, numpy, the index: ~40 MB) go to the permanent
     # generation: a collection here would otherwise write to every one of them, copying all
@@ -93,14 +130,12 @@ def _worker_main(worker_id: int, config: WorkerConfig, tasks: multiprocessing.Qu
             continue
         if task is None:
             break
-        run, batch_no, slot, epoch, start, indices = task
-        result = BatchResult(run=run, batch_no=batch_no, slot=slot, count=len(indices), start=start)
+        run, batch_no, slot, epoch, start, count, work = task
+        result = BatchResult(run=run, batch_no=batch_no, slot=slot, count=count, start=start)
         began = time.perf_counter()
         try:
-            columns = config.buffers.slot_columns(slot, slice(start, start + len(indices)))
-            result.keys, result.skipped, result.values = fill_fields(
-                config.dataset, indices, config.sample_spec, config.transforms, config.seed, epoch, config.on_error, columns, clock
-            )
+            columns = config.buffers.slot_columns(slot, slice(start, start + count))
+            result.keys, result.skipped, result.values = config.fill(columns, epoch, work, clock)
         except SampleError as exc:
             result.bad_sample = (exc.where, exc.reason)
             result.error = f"worker {worker_id} (pid {os.getpid()}):\n{traceback.format_exc()}"
@@ -112,13 +147,13 @@ def _worker_main(worker_id: int, config: WorkerConfig, tasks: multiprocessing.Qu
         clock.count(BUSY, time.perf_counter() - began)
         clock.flush()
         results.put(result)
-    config.dataset.close()
+    config.close()
 
 
 class WorkerPool:
     """``num_workers`` forked processes serving batch tasks; detects dead workers promptly."""
 
-    def __init__(self, config: WorkerConfig, num_workers: int) -> None:
+    def __init__(self, config: WorkerJob, num_workers: int) -> None:
         context = multiprocessing.get_context("fork")
         self._tasks: multiprocessing.Queue = context.Queue()
         self._results: multiprocessing.Queue = context.Queue()
@@ -132,20 +167,25 @@ class WorkerPool:
         for process in self.processes:
             process.start()
         # runs at close(), when the pool is garbage, or at exit - only in the process that made it
+        self._next_check = 0.0  # when get() next checks that every worker is alive
         self._shutdown = weakref.finalize(self, _shutdown, os.getpid(), self.processes, self._tasks, self._results)
 
-    def submit(self, run: int, batch_no: int, slot: int, epoch: int, start: int, indices: np.ndarray) -> None:
-        """Queue rows ``start``.. of a batch (``indices``) of iteration ``run`` for whichever worker is free first."""
-        self._tasks.put((run, batch_no, slot, epoch, start, indices))
+    def submit(self, run: int, batch_no: int, slot: int, epoch: int, start: int, count: int, work: Any) -> None:
+        """Queue rows ``start`` to ``start + count`` of a batch (made of ``work``) of iteration ``run``
+        for whichever worker is free first."""
+        self._tasks.put((run, batch_no, slot, epoch, start, count, work))
 
     def get(self, timeout: float) -> BatchResult:
         """The next finished batch; raises WorkerError if a worker died, TimeoutError after
         ``timeout`` seconds (0 = wait forever)."""
         waited = 0.0
         while True:
-            for process in self.processes:  # a death is an error even if others cover its work
-                if process.exitcode is not None:
-                    raise WorkerError(self._death(process))
+            now = time.monotonic()
+            if now >= self._next_check:  # a death is an error even if others cover its work (checked every POLL_S:
+                self._next_check = now + POLL_S  # a check is a waitpid a worker, as dear as a small batch's hand-off)
+                for process in self.processes:
+                    if process.exitcode is not None:
+                        raise WorkerError(self._death(process))
             try:
                 result = self._results.get(timeout=POLL_S)
             except queue.Empty:
@@ -211,6 +251,16 @@ def _describe_exit(code: int) -> str:
         hint = " (out of memory?)" if name == "SIGKILL" else ""
         return f"killed by {name}{hint}"
     return f"exited with code {code}"
+
+
+def raise_failure(result: BatchResult) -> NoReturn:
+    """Raise here what stopped a worker's part: the SampleError or fastload error it raised (the
+    worker's traceback as its cause), else a WorkerError holding that traceback."""
+    if result.bad_sample is not None:
+        raise SampleError(*result.bad_sample) from WorkerError(result.error)
+    if result.failure is not None:
+        raise rebuild_error(*result.failure) from WorkerError(result.error)
+    raise WorkerError(result.error)
 
 
 def merge_parts(parts: list[BatchResult]) -> BatchResult:

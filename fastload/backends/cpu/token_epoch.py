@@ -1,0 +1,241 @@
+"""The token loader's engine and epoch: packed token rows made by the CPU worker pool (the image
+path's, fastload.backends.cpu.workers) into shared batch slots and lent to the caller without a
+copy, or made in the training process with ``num_workers=0``.
+
+Each task is a whole batch: its first global row (and, for best-fit, the block holding it), which
+the worker turns into segments (fastload.loading.token_rows) and fills (fastload.loading.token_batch)
+from its own shard readers. Workers run ``prefetch_factor`` batches ahead each; the training
+process only hands out finished slots and submits the next batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numpy as np
+import torch
+
+from fastload.backends.cpu.epoch import LENDABLE_SLOTS, Dispatch
+from fastload.backends.cpu.workers import BatchResult, Filled, WorkerError, WorkerPool, raise_failure
+from fastload.loading.epoch import EpochLifecycle
+from fastload.loading.field_batch import copied
+from fastload.loading.options import LoaderOptions
+from fastload.loading.slots import BatchBuffers, Column
+from fastload.loading.state import LoaderState
+from fastload.loading.stats import READ_BYTES, SAMPLES, TRANSFORM, LoaderStats, StageClock, StageCounters
+from fastload.loading.token_batch import TOKEN_COLUMNS, BatchBounds, BatchFiller
+from fastload.loading.token_rows import Packing, Segments, TokenRows
+from fastload.orders.position import Position
+from fastload.storage.dataset import ShardedDataset
+
+BatchWork = tuple[int, tuple[int, int] | None]  # a batch's first global row, and best-fit's block holding it with that block's first row
+
+
+@dataclass(frozen=True)
+class TokenJob:
+    """A token loader's workers: each task's rows made into the slot (a worker's own readers and rows)."""
+
+    rows: TokenRows
+    filler: BatchFiller
+    buffers: BatchBuffers
+    worker_init_fn: Callable[[int], None] | None
+    counters: StageCounters
+
+    def fill(self, columns: dict[str, np.ndarray], epoch: int, work: BatchWork, clock: StageClock) -> Filled:
+        """The batch whose first row is ``work[0]`` packed into ``columns``; its bounds come back as a value."""
+        first, cursor = work
+        count = len(columns[TOKEN_COLUMNS[0]])
+        clock.start()
+        segments = self.rows.segments(epoch, first, count, cursor)
+        bounds = self.filler.fill(segments, columns)
+        clock.lap(TRANSFORM)
+        clock.count(SAMPLES, bounds.rows)
+        clock.count(READ_BYTES, bounds.tokens * self.rows.corpus.dtype.itemsize)
+        return [], [], {"bounds": [bounds]}
+
+    def close(self) -> None:
+        """Close this worker's shard files."""
+        self.rows.corpus.dataset.close()
+
+
+@dataclass(frozen=True)
+class TokenEpochInputs:
+    """What a token epoch reads from its loader, fixed when the iterator is made."""
+
+    dataset: ShardedDataset
+    rows: TokenRows
+    filler: BatchFiller
+    options: LoaderOptions
+    device: torch.device | None
+    state: LoaderState
+    stats: LoaderStats
+    accelerate: bool
+    before_start: Callable[[], None]
+    ranks: Callable[[], tuple[int, int]]  # (rank, world size), resolved when the epoch starts
+
+
+class TokenWorkers:
+    """A token loader's engine: its worker pool and batch slots, made on first use and kept across
+    epochs (the ``Engine`` protocol's shape: ``epoch(inputs)``, ``close()``)."""
+
+    def __init__(self) -> None:
+        self.pool: WorkerPool | None = None
+        self.buffers: BatchBuffers | None = None
+        self.counters: StageCounters | None = None
+        self.runs = 0
+
+    def epoch(self, inputs: TokenEpochInputs) -> TokenEpoch:
+        """An iterator over the next epoch's batches."""
+        return TokenEpoch(inputs, self)
+
+    def ensure(self, inputs: TokenEpochInputs) -> tuple[BatchBuffers | None, WorkerPool | None, StageCounters]:
+        """With num_workers > 0 the slots and the pool, started if not yet running; the stage counters."""
+        options = inputs.options
+        if self.counters is None:
+            self.counters = StageCounters(options.num_workers)
+        if options.num_workers and self.pool is None:
+            if self.buffers is None:
+                seq_len = inputs.filler.seq_len
+                slots = options.num_workers * cast(int, options.prefetch_factor) + LENDABLE_SLOTS
+                self.buffers = BatchBuffers(slots, options.batch_size, [Column(name, (seq_len,), "int64") for name in TOKEN_COLUMNS])
+            job = TokenJob(inputs.rows, inputs.filler, self.buffers, options.worker_init_fn, self.counters)
+            self.pool = WorkerPool(job, options.num_workers)
+        return self.buffers, self.pool, self.counters
+
+    def new_run(self) -> Dispatch:
+        """A run under a tag of its own (answers for an abandoned one are recognised)."""
+        self.runs += 1
+        return Dispatch(self.runs)
+
+    def discard_pool(self) -> None:
+        """Stop the workers after a failure: the next epoch starts fresh ones."""
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+        if self.buffers is not None:
+            self.buffers.forget_filling()
+
+    def close(self) -> None:
+        """Stop the workers and release the shared memory."""
+        self.discard_pool()
+        if self.buffers is not None:
+            self.buffers.close()
+            self.buffers = None
+
+
+class TokenEpoch(EpochLifecycle):
+    """One pass over this rank's steps: every global step is ``world_size * batch_size`` rows of
+    the epoch, rank r taking the r-th ``batch_size`` of them; rows past the epoch's end are padding,
+    so every rank makes the same number of steps (of full ones only, with ``drop_last``)."""
+
+    def __init__(self, inputs: TokenEpochInputs, engine: TokenWorkers) -> None:
+        super().__init__(inputs.state, inputs.stats, inputs.accelerate, inputs.dataset.downloads, inputs.before_start)
+        self.inputs, self.engine = inputs, engine
+
+    def _plan(self, start: Position) -> None:
+        self.buffers, self.pool, self.counters = self.engine.ensure(self.inputs)
+        self.inline_clock = self.counters.clock(-1)
+        self.rank, self.world = self.inputs.ranks()
+        self.batch_size = self.inputs.options.batch_size
+        self.step_rows = self.batch_size * self.world
+        rows = self.inputs.rows
+        self.length = None if rows.options.packing is Packing.BEST_FIT else rows.length(self.epoch)  # best-fit: found as it goes
+        self.dispatch = self.engine.new_run()
+        if self.buffers is not None:
+            self.buffers.reclaim()
+
+    def _first_row(self, batch_no: int) -> int:
+        """The epoch row this rank's batch ``batch_no`` starts at."""
+        return self.start.consumed + batch_no * self.step_rows + self.rank * self.batch_size
+
+    def _has_batch(self, batch_no: int) -> bool:
+        first = self.start.consumed + batch_no * self.step_rows  # the step's first row (with drop_last: its last)
+        probe = first + (self.step_rows - 1 if self.inputs.options.drop_last else 0)
+        if self.length is not None:
+            return probe < self.length
+        return self.inputs.rows.exists(self.epoch, probe)
+
+    def _remainder(self) -> int:
+        """Real rows in the epoch's last global batch, as the image path's (0: every global batch
+        full or the tail dropped), -1 for best-fit (its rows are counted as it goes)."""
+        if self.length is None:
+            return -1
+        return 0 if self.inputs.options.drop_last else self.length % self.step_rows
+
+    def position(self) -> Position:
+        """Where this epoch is: the rows consumed once the batches handed out so far count."""
+        return Position(self.epoch, self.start.consumed + self.next_yield * self.step_rows, self.start.resumed_from)
+
+    def _stage_counters(self) -> StageCounters | None:
+        return self.counters
+
+    def _work(self, batch_no: int) -> BatchWork:
+        first = self._first_row(batch_no)
+        return first, self.inputs.rows.locate(self.epoch, first)
+
+    def _submit_more(self, pool: WorkerPool, buffers: BatchBuffers) -> None:
+        """Give every free slot the next batch of the epoch."""
+        dispatch = self.dispatch
+        while self._has_batch(dispatch.next_submit) and (slot := buffers.take()) is not None:
+            dispatch.submit(pool, buffers, slot, self.epoch, [(0, self.batch_size, self._work(dispatch.next_submit))])
+
+    def _made_here(self) -> tuple[dict[str, np.ndarray], BatchBounds]:
+        """num_workers=0: the batch made in this process, into arrays of its own."""
+        clock = self.inline_clock
+        clock.start()
+        first, cursor = self._work(self.next_yield)
+        segments: Segments = self.inputs.rows.segments(self.epoch, first, self.batch_size, cursor)
+        arrays, bounds = self.inputs.filler.batch(segments, self.batch_size)
+        clock.lap(TRANSFORM)
+        clock.count(SAMPLES, bounds.rows)
+        clock.flush()
+        return arrays, bounds
+
+    def _made_by_workers(self, pool: WorkerPool, buffers: BatchBuffers) -> tuple[dict[str, Any], BatchBounds]:
+        """The next batch from the workers: its slot's arrays lent (or copied, when the caller holds
+        too many slots or pinned memory is asked for)."""
+        self._submit_more(pool, buffers)
+        try:
+            got: BatchResult = self.dispatch.wait(pool, buffers, self.next_yield, self.inputs.options.timeout)
+        except (WorkerError, TimeoutError):
+            self.engine.discard_pool()
+            self.close()
+            raise
+        if got.error is not None:
+            self.close()
+            raise_failure(got)
+        options = self.inputs.options
+        keep = options.num_workers * cast(int, options.prefetch_factor)  # lending never thins the workers' queue
+        lent = None if options.pin_memory else buffers.lend(got.slot, self.batch_size, keep=keep)
+        if lent is not None:
+            return dict(lent), got.values["bounds"][0]
+        columns = {name: copied(buffers.column(got.slot, name), options.pin_memory) for name in TOKEN_COLUMNS}
+        buffers.give_back(got.slot)
+        return columns, got.values["bounds"][0]
+
+    def _next_batch(self) -> dict[str, torch.Tensor]:
+        stats = self.inputs.stats
+        with stats.waiting():
+            if self.pool is None or self.buffers is None:
+                arrays, bounds = self._made_here()
+            else:
+                arrays, bounds = self._made_by_workers(self.pool, self.buffers)
+        batch = {name: value if isinstance(value, torch.Tensor) else torch.from_numpy(value) for name, value in arrays.items()}
+        batch["cu_seqlens"] = torch.frombuffer(bounds.cu_seqlens, dtype=torch.int32)
+        batch["max_seqlen"] = torch.tensor(bounds.max_seqlen)
+        device = self.inputs.device
+        if device is not None:
+            with stats.to_device():
+                batch = {name: value.to(device, non_blocking=True) for name, value in batch.items()}
+        stats.record_batch(bounds.rows)
+        stats.record_tokens(bounds.tokens)
+        return batch
+
+    def close(self) -> None:
+        """Abandon the epoch: batches in flight are not waited for; their slots come back as the
+        workers' answers arrive (recognised by the run they were asked for)."""
+        if self.started and not self.finished and self.buffers is not None:
+            self.dispatch.release(self.buffers)
+        super().close()
