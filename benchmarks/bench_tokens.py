@@ -242,7 +242,7 @@ def floor_batches(binfile: str, seq_len: int, batch: int, workers: int):
 
     class Windows(torch.utils.data.Dataset):
         def __init__(self) -> None:
-            self.data = None
+            self.data: np.ndarray | None = None  # mapped in the process that reads (after the fork)
 
         def __len__(self) -> int:
             return 1 << 40
@@ -292,15 +292,15 @@ class DocumentParts:
         within = np.arange(len(owner)) - np.repeat(np.cumsum(parts) - parts, parts)
         self.starts = doc_starts[owner] + within * seq_len
         self.ends = np.minimum(self.starts + seq_len, doc_ends[owner])
-        self.data = None
+        self.data: np.ndarray | None = None  # mapped in the process that reads
 
     def __len__(self) -> int:
         return len(self.starts)
 
     def __getitem__(self, i: int):
-        if self.data is None:
-            self.data = np.memmap(self.binfile, dtype=np.uint16, mode="r")
-        return {"inputs": np.asarray(self.data[self.starts[i] : self.ends[i]], dtype=np.int32)}
+        data = self.data if self.data is not None else np.memmap(self.binfile, dtype=np.uint16, mode="r")
+        self.data = data
+        return {"inputs": np.asarray(data[self.starts[i] : self.ends[i]], dtype=np.int32)}
 
 
 def with_labels(batch: dict) -> dict:
