@@ -28,10 +28,12 @@ from fastload.backends.cpu.token_epoch import TokenEpoch, TokenEpochInputs, Toke
 from fastload.dist import check_ranks_agree, resolve_rank_world
 from fastload.loading.frameworks import accelerate_device
 from fastload.loading.options import LoaderOptions
+from fastload.loading.samplers import LoaderBatchSampler, LoaderSampler
 from fastload.loading.state import LoaderState, OrderSettings, read_state_dict
 from fastload.loading.stats import LoaderStats
-from fastload.loading.token_batch import BatchFiller
+from fastload.loading.token_batch import BatchFiller, BatchFormat
 from fastload.loading.token_rows import BLOCK_TOKENS, IGNORE_INDEX, Packing, TokenOptions, TokenRows
+from fastload.loading.token_samplers import TokenBatchIndices, TokenBatchRequest, token_collate
 from fastload.storage.dataset import ShardedDataset
 from fastload.storage.mixture import MixedDataset
 
@@ -43,8 +45,12 @@ class TokenDataLoader(torch.utils.data.DataLoader):
     (documents packed by best-fit decreasing within each block of the stream, long ones split) or
     ``"pad"`` (a document a row, cut or padded to ``seq_len``). ``dataset``: a token dataset's
     folder, URL or ``fastload.open``, or ``fastload.mix({...}, by="tokens")`` (concat rows).
-    ``num_workers`` processes make the batches (``prefetch_factor`` each ahead) into shared memory,
-    handed out without a copy; with 0 the training process makes them.
+    ``batch_format``: ``"next-token"`` (labels are the next tokens; with ``attention_mask``,
+    ``cu_seqlens``, ``max_seqlen``) or ``"transformers"`` (labels lined up with ``input_ids``, as a
+    Hugging Face model shifts them itself, and no attention mask: the model keeps a row's documents
+    apart by their ``position_ids``); fastload.loading.token_batch. ``num_workers`` processes make
+    the batches (``prefetch_factor`` each ahead) into shared memory, handed out without a copy;
+    with 0 the training process makes them.
     """
 
     use_stateful_dataloader = True  # Accelerate's save_state/load_state then save and load state_dict()
@@ -52,8 +58,8 @@ class TokenDataLoader(torch.utils.data.DataLoader):
     def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool | None = True, num_workers: int = 0, drop_last: bool = False,
                  *, seq_len: int, packing: str = "concat", seed: int = 0, rank: int | None = None, world_size: int | None = None,
                  device: str | torch.device | None = None, block_tokens: int = BLOCK_TOKENS, ignore_index: int = IGNORE_INDEX,
-                 prefetch_factor: int | None = None, pin_memory: bool = False, timeout: float = 0,
-                 worker_init_fn: Any = None, persistent_workers: bool = False) -> None:
+                 batch_format: str = "next-token", prefetch_factor: int | None = None, pin_memory: bool = False,
+                 timeout: float = 0, worker_init_fn: Any = None, persistent_workers: bool = False) -> None:
         sharded = dataset if isinstance(dataset, ShardedDataset) else ShardedDataset(dataset)
         self.tokens = TokenOptions(seq_len, Packing(packing), block_tokens, ignore_index)
         self.options = LoaderOptions(batch_size=batch_size, shuffle=bool(shuffle), num_workers=num_workers, drop_last=drop_last, seed=seed,
@@ -65,12 +71,14 @@ class TokenDataLoader(torch.utils.data.DataLoader):
         self.mixture = sharded if isinstance(sharded, MixedDataset) else None
         tokenizer = self.corpus.tokenizer
         self.pad_id = next(i for i in (tokenizer.pad_id, tokenizer.eos_id, 0) if i is not None)
-        self.filler = BatchFiller(self.corpus, seq_len, self.pad_id, ignore_index)
+        self.filler = BatchFiller(self.corpus, seq_len, self.pad_id, ignore_index, BatchFormat(batch_format))
         # torch's names, with torch's meanings (frameworks read them)
         self.dataset, self.sharded = sharded, sharded  # type: ignore[assignment]  # torch annotates a map-style Dataset
         self.batch_size, self.drop_last, self.num_workers, self.seed = batch_size, drop_last, num_workers, seed
         self.shuffle, self.device, self.seq_len = bool(shuffle), self.options.device, seq_len
-        self.sampler, self.batch_sampler, self.collate_fn = None, None, None  # type: ignore[assignment]  # order is the loader's own
+        self.sampler = LoaderSampler(weakref.proxy(self))  # the views refer to this loader weakly
+        self.batch_sampler = LoaderBatchSampler(weakref.proxy(self))
+        self.collate_fn = token_collate
         self.pin_memory, self.timeout, self.prefetch_factor = self.options.pin_memory, timeout, self.options.prefetch_factor
         self.persistent_workers, self.worker_init_fn = persistent_workers, worker_init_fn
         self.generator, self.multiprocessing_context, self.in_order = None, None, True
@@ -99,6 +107,16 @@ class TokenDataLoader(torch.utils.data.DataLoader):
         if value:
             _ = self._is_accelerate_prepared
 
+    @property
+    def rank(self) -> int:
+        """This process's rank, resolved like :meth:`ranks`."""
+        return self.ranks()[0]
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks sharing the dataset, resolved like :meth:`ranks`."""
+        return self.ranks()[1]
+
     def ranks(self) -> tuple[int, int]:
         """(rank, world size), resolved when asked (rank=/world_size=, the process group, the launcher's environment)."""
         return resolve_rank_world(self.options.rank, self.options.world_size)
@@ -118,6 +136,22 @@ class TokenDataLoader(torch.utils.data.DataLoader):
         epoch = self._engine.epoch(inputs)
         self._active = weakref.ref(epoch)
         return epoch
+
+    def upcoming_batches(self, from_start: bool) -> list[TokenBatchIndices]:
+        """This rank's batches of the upcoming epoch (from its start, or from a loaded state's
+        position) as row numbers: what ``loader.sampler`` and ``loader.batch_sampler`` yield."""
+        position = self.state.upcoming()
+        epoch, first = position.epoch, 0 if from_start else position.consumed
+        rank, world = self.ranks()
+        batch = self.options.batch_size
+        batches = []
+        while self.rows.holds_step(epoch, first, batch * world, self.drop_last):
+            mine = first + rank * batch
+            request = TokenBatchRequest(self.tokens, self.filler.format, self.seed, self.shuffle, self.pad_id, epoch, mine,
+                                        self.rows.locate(epoch, mine))
+            batches.append(TokenBatchIndices(range(mine, mine + batch), request))
+            first += batch * world
+        return batches
 
     def set_epoch(self, epoch: int) -> None:
         """The next iteration yields ``epoch`` from its start (as torch's DistributedSampler.set_epoch)."""

@@ -130,7 +130,7 @@ class EpochLifecycle:
             raise StopIteration
         last = not self._has_batch(self.next_yield + 1)
         if last and self.accelerate is not None:
-            self.accelerate.last_batch()
+            self.accelerate.last_batch(self._remainder())  # known by now where rows are counted as they come
         batch = self._handed_out(self._next_batch())
         self.next_yield += 1
         if last:

@@ -34,9 +34,9 @@ class AccelerateEpoch:
         if self._gradient_state is not None:
             self._gradient_state._add_dataloader(iterator)
 
-    def last_batch(self) -> None:
-        """Called just before the epoch's last batch is handed out."""
-        self.iterator.end_of_dataloader = True
+    def last_batch(self, remainder: int) -> None:
+        """Called just before the epoch's last batch is handed out, with the real samples in the last global batch."""
+        self.iterator.end_of_dataloader, self.iterator.remainder = True, remainder
 
     def end(self) -> None:
         """The epoch is over (finished or abandoned)."""

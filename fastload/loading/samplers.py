@@ -98,7 +98,8 @@ def adopt_sampler(sampler: Any, size: int) -> SamplerChoice:
 
 
 class SamplingLoader(Protocol):
-    """What the sampler views read from their loader (a fast-path ``fastload.DataLoader``)."""
+    """What the sampler views read from their loader (a fast-path ``fastload.DataLoader``, or a
+    ``TokenDataLoader``: its batches are lists of rows, fastload.loading.token_samplers)."""
 
     dataset: Any
     batch_size: int
@@ -116,7 +117,7 @@ class SamplingLoader(Protocol):
 
     def set_epoch(self, epoch: int) -> None: ...
 
-    def upcoming_batches(self, from_start: bool) -> list[BatchIndices]: ...
+    def upcoming_batches(self, from_start: bool) -> Sequence[list[int]]: ...
 
 
 class LoaderSampler(DistributedSampler):

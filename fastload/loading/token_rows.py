@@ -521,3 +521,8 @@ class TokenRows:
         """Whether ``epoch`` holds a row ``row``."""
         rows = self.of(epoch)
         return rows.locate(row) is not None if isinstance(rows, BestFitRows) else row < len(rows)
+
+    def holds_step(self, epoch: int, first: int, rows: int, drop_last: bool) -> bool:
+        """Whether ``epoch`` holds the global step of ``rows`` rows from row ``first``: its first
+        row (with ``drop_last``, its last: a step past the epoch's end is padding, or dropped)."""
+        return self.exists(epoch, first + (rows - 1 if drop_last else 0))

@@ -101,6 +101,29 @@ def test_concat_rows_are_full_and_pad_rows_one_document_each(tokens: Path) -> No
     assert rows.count(1) == docs and set(rows) <= {0, 1}
 
 
+@pytest.mark.parametrize("packing", ["concat", "best-fit", "pad"])
+def test_worker_processes_make_the_same_batches_as_the_training_process(tokens: Path, packing: str) -> None:
+    inline = list(loader(tokens, packing=packing))
+    with loader(tokens, packing=packing, num_workers=2, prefetch_factor=3) as ld:
+        made = list(ld)
+        pool = ld._engine.pool
+        assert pool is not None and all(p.is_alive() for p in pool.processes) and len(pool.processes) == 2
+        assert ld.stats.epochs[-1].busy_processes() == 2  # both workers made batches; none were made here
+        assert len(made) == len(inline) and all(
+            a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a) for a, b in zip(made, inline))
+
+
+def test_the_transformers_format_lines_labels_up_with_the_inputs(tokens: Path) -> None:
+    nt = next(iter(loader(tokens, packing="best-fit")))
+    tf = next(iter(loader(tokens, packing="best-fit", batch_format="transformers", num_workers=1)))
+    assert set(tf) == {"input_ids", "labels", "position_ids"}  # no attention mask: the model separates documents by position
+    assert torch.equal(tf["input_ids"], nt["input_ids"]) and torch.equal(tf["position_ids"], nt["position_ids"])
+    first = tf["position_ids"] == 0  # each segment's (and the padding's) first token
+    assert torch.equal(tf["labels"], torch.where(first | (nt["attention_mask"] == 0), -100, tf["input_ids"]))
+    inside = ~first[:, 1:]  # the model shifts them: its targets are the next-token labels, within each segment
+    assert torch.equal(tf["labels"][:, 1:][inside], nt["labels"][:, :-1][inside])
+
+
 def offline_best_fit_decreasing(lengths: list[int], capacity: int) -> int:
     """The rows an offline best-fit decreasing packs ``lengths`` into (a plain reference: each
     item, longest first, into the open row it leaves least room in, else a new row)."""

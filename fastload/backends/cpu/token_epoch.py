@@ -25,7 +25,7 @@ from fastload.loading.options import LoaderOptions
 from fastload.loading.slots import BatchBuffers, Column
 from fastload.loading.state import LoaderState
 from fastload.loading.stats import READ_BYTES, SAMPLES, TRANSFORM, LoaderStats, StageClock, StageCounters
-from fastload.loading.token_batch import TOKEN_COLUMNS, BatchBounds, BatchFiller
+from fastload.loading.token_batch import BatchBounds, BatchFiller, BatchFormat
 from fastload.loading.token_rows import Packing, Segments, TokenRows
 from fastload.orders.position import Position
 from fastload.storage.dataset import ShardedDataset
@@ -46,7 +46,7 @@ class TokenJob:
     def fill(self, columns: dict[str, np.ndarray], epoch: int, work: BatchWork, clock: StageClock) -> Filled:
         """The batch whose first row is ``work[0]`` packed into ``columns``; its bounds come back as a value."""
         first, cursor = work
-        count = len(columns[TOKEN_COLUMNS[0]])
+        count = len(columns["input_ids"])
         clock.start()
         segments = self.rows.segments(epoch, first, count, cursor)
         bounds = self.filler.fill(segments, columns)
@@ -99,7 +99,8 @@ class TokenWorkers:
             if self.buffers is None:
                 seq_len = inputs.filler.seq_len
                 slots = options.num_workers * cast(int, options.prefetch_factor) + LENDABLE_SLOTS
-                self.buffers = BatchBuffers(slots, options.batch_size, [Column(name, (seq_len,), "int64") for name in TOKEN_COLUMNS])
+                columns = [Column(name, (seq_len,), "int64") for name in inputs.filler.format.columns]
+                self.buffers = BatchBuffers(slots, options.batch_size, columns)
             job = TokenJob(inputs.rows, inputs.filler, self.buffers, options.worker_init_fn, self.counters)
             self.pool = WorkerPool(job, options.num_workers)
         return self.buffers, self.pool, self.counters
@@ -151,15 +152,15 @@ class TokenEpoch(EpochLifecycle):
         return self.start.consumed + batch_no * self.step_rows + self.rank * self.batch_size
 
     def _has_batch(self, batch_no: int) -> bool:
-        first = self.start.consumed + batch_no * self.step_rows  # the step's first row (with drop_last: its last)
-        probe = first + (self.step_rows - 1 if self.inputs.options.drop_last else 0)
-        if self.length is not None:
-            return probe < self.length
-        return self.inputs.rows.exists(self.epoch, probe)
+        first = self.start.consumed + batch_no * self.step_rows  # the global step's first row
+        held = self.inputs.rows.holds_step(self.epoch, first, self.step_rows, self.inputs.options.drop_last)
+        if not held and self.length is None:  # best-fit has located the epoch's end: its rows are counted
+            self.length = self.inputs.rows.length(self.epoch)
+        return held
 
     def _remainder(self) -> int:
         """Real rows in the epoch's last global batch, as the image path's (0: every global batch
-        full or the tail dropped), -1 for best-fit (its rows are counted as it goes)."""
+        full or the tail dropped); -1 for best-fit until its last step is found (its rows are counted as it goes)."""
         if self.length is None:
             return -1
         return 0 if self.inputs.options.drop_last else self.length % self.step_rows
@@ -211,7 +212,7 @@ class TokenEpoch(EpochLifecycle):
         lent = None if options.pin_memory else buffers.lend(got.slot, self.batch_size, keep=keep)
         if lent is not None:
             return dict(lent), got.values["bounds"][0]
-        columns = {name: copied(buffers.column(got.slot, name), options.pin_memory) for name in TOKEN_COLUMNS}
+        columns = {name: copied(buffers.column(got.slot, name), options.pin_memory) for name in self.inputs.filler.format.columns}
         buffers.give_back(got.slot)
         return columns, got.values["bounds"][0]
 
@@ -223,8 +224,9 @@ class TokenEpoch(EpochLifecycle):
             else:
                 arrays, bounds = self._made_by_workers(self.pool, self.buffers)
         batch = {name: value if isinstance(value, torch.Tensor) else torch.from_numpy(value) for name, value in arrays.items()}
-        batch["cu_seqlens"] = torch.frombuffer(bounds.cu_seqlens, dtype=torch.int32)
-        batch["max_seqlen"] = torch.tensor(bounds.max_seqlen)
+        if self.inputs.filler.format is BatchFormat.NEXT_TOKEN:
+            batch["cu_seqlens"] = torch.frombuffer(bounds.cu_seqlens, dtype=torch.int32)
+            batch["max_seqlen"] = torch.tensor(bounds.max_seqlen)
         device = self.inputs.device
         if device is not None:
             with stats.to_device():

@@ -1,0 +1,63 @@
+"""torch's sampling surface over the token loader, as fastload.loading.samplers gives the image
+loader: ``loader.sampler`` (fastload.loading.samplers.LoaderSampler, a ``DistributedSampler`` of
+this rank's rows, so Lightning leaves the loader as it is and its ``set_epoch`` reaches it) and
+``loader.batch_sampler`` (LoaderBatchSampler), whose batches are :class:`TokenBatchIndices`: lists
+of row numbers that a token dataset's ``__getitems__`` makes into the loader's very batch, so a
+torch DataLoader built from the loader's parts (Accelerate's ``skip_first_batches``, which Hugging
+Face's ``Trainer`` uses to resume) yields the same tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fastload.loading.token_batch import BatchFiller, BatchFormat
+from fastload.loading.token_rows import TokenOptions, TokenRows
+from fastload.storage.dataset import ShardedDataset
+
+
+@dataclass(frozen=True)
+class TokenBatchRequest:
+    """How the token loader makes one batch: enough for any process holding the dataset."""
+
+    options: TokenOptions
+    batch_format: BatchFormat
+    seed: int
+    shuffle: bool
+    pad_id: int
+    epoch: int
+    first: int  # the batch's first row of the epoch
+    cursor: tuple[int, int] | None  # best-fit: the block holding that row and the block's first row
+
+
+class TokenBatchIndices(list):
+    """One batch's row numbers (a list, as torch's batch samplers yield; rows past the epoch's end
+    are padding) that a token dataset's ``__getitems__`` makes into the loader's batch."""
+
+    def __init__(self, rows: Sequence[int], request: TokenBatchRequest) -> None:
+        super().__init__(rows)
+        self.request = request
+
+    def __reduce__(self) -> tuple:
+        return (TokenBatchIndices, (list(self), self.request))
+
+    def fill(self, dataset: ShardedDataset) -> dict[str, torch.Tensor]:
+        """The batch as the loader makes it, made here from ``dataset``."""
+        request = self.request
+        rows = TokenRows(dataset, request.options, request.seed, request.shuffle)
+        filler = BatchFiller(rows.corpus, request.options.seq_len, request.pad_id, request.options.ignore_index, request.batch_format)
+        arrays, bounds = filler.batch(rows.segments(request.epoch, request.first, len(self), request.cursor), len(self))
+        batch = {name: torch.from_numpy(value) for name, value in arrays.items()}
+        if request.batch_format is BatchFormat.NEXT_TOKEN:
+            batch["cu_seqlens"] = torch.frombuffer(bounds.cu_seqlens, dtype=torch.int32)
+            batch["max_seqlen"] = torch.tensor(bounds.max_seqlen)
+        return batch
+
+
+def token_collate(batch: Any) -> Any:
+    """``loader.collate_fn``: a batch :meth:`TokenBatchIndices.fill` made is already whole; anything else goes to torch's default_collate."""
+    return batch if isinstance(batch, dict) else torch.utils.data.default_collate(batch)
