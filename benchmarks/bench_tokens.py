@@ -16,10 +16,12 @@ prose and code):
    ``concat`` and ``best-fit``, LitData's ``TokensLoader`` under its ``StreamingDataLoader``, and
    Grain's best-fit packing pipeline (documents from the same ``.bin``, shuffled, packed, batched,
    the labels made, in Grain's workers with ``mp_prefetch``);
-4. padding at L = 2048 and 8192 over one epoch: fastload best-fit's delivered batches, an offline
-   best-fit decreasing over the same windows (the stream's blocks), and Grain's best-fit and
-   first-fit packers with as many bins as a window holds rows, on the same documents (those longer
-   than L cut into L-long parts, as Grain requires and fastload does).
+4. padding at L = 2048 and 8192 over one epoch: fastload best-fit's delivered batches (shuffled,
+   and in token order, whose windows are consecutive 4M-token spans), an offline best-fit
+   decreasing over those same spans (documents cut at the 64K-token blocks' edges, as fastload
+   cuts them), and Grain's best-fit and first-fit packers with as many bins
+   as a window holds rows, on the same documents (those longer than L cut into L-long parts, as
+   Grain requires and fastload does).
 
 LitData and Grain run in a venv of their own, made here (WORK/peers-venv: ``pip install litdata
 grain "torch==2.13.0"``), as LitData brings torchvision, which the project's venv must not hold.
@@ -52,7 +54,8 @@ SEQ_LENS = (2048, 8192)
 WORKER_COUNTS = (0, 2)
 LOADERS = ("floor", "fastload concat", "fastload best-fit", "litdata TokensLoader", "grain best-fit")
 PEERS = ("litdata TokensLoader", "grain best-fit")
-WINDOW_TOKENS = 1 << 16  # fastload's stream blocks (best-fit's window)
+WINDOW_TOKENS = 1 << 22  # fastload best-fit's window (fastload.loading.token_rows.PACKING_WINDOW)
+BLOCK_TOKENS = 1 << 16  # fastload's stream blocks (documents are cut at their edges)
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -364,21 +367,25 @@ def run_padding(args: argparse.Namespace) -> dict:
     import fastload
     from fastload.text.packing import best_fit_decreasing
 
-    loader = fastload.DataLoader(args.dataset, batch_size=64, seq_len=L, packing="best-fit", block_tokens=WINDOW_TOKENS)
-    rows = real = 0
-    for batch in loader:
-        mask = batch["attention_mask"]
-        rows += int(mask.any(dim=1).sum())
-        real += int(mask.sum())
+    out = {}
+    for name, shuffle in (("fastload best-fit", True), ("fastload best-fit in token order", False)):
+        loader = fastload.DataLoader(args.dataset, batch_size=64, seq_len=L, packing="best-fit", shuffle=shuffle, packing_window=WINDOW_TOKENS)
+        rows = real = 0
+        for batch in loader:
+            mask = batch["attention_mask"]
+            rows += int(mask.any(dim=1).sum())
+            real += int(mask.sum())
+        out[name] = 1 - real / (rows * L)
     ends = np.load(args.ends)
     starts, total = np.concatenate([[0], ends[:-1]]), int(ends[-1])
     offline_rows = 0
-    for lo in range(0, total, WINDOW_TOKENS):
-        inside = np.minimum(ends, lo + WINDOW_TOKENS) - np.maximum(starts, lo)
+    for lo in range(0, total, WINDOW_TOKENS):  # a span's documents cut at the stream's block edges, as fastload's are
+        block_edges = np.arange(lo, min(lo + WINDOW_TOKENS, total), BLOCK_TOKENS)
+        inside = np.concatenate([np.minimum(ends, b + BLOCK_TOKENS) - np.maximum(starts, b) for b in block_edges])
         inside = inside[inside > 0]
         parts = np.concatenate([np.full(int(n // L), L) for n in inside] + [inside[inside % L > 0] % L])
         offline_rows += len(best_fit_decreasing(np.sort(parts)[::-1], L))
-    return {"fastload best-fit": 1 - real / (rows * L), "offline best-fit decreasing": 1 - total / (offline_rows * L)}
+    return {**out, "offline best-fit decreasing over the same spans": 1 - total / (offline_rows * L)}
 
 
 def child(python: Path, args: list[str]) -> dict:

@@ -82,7 +82,7 @@ def mean_over_ranks(value: torch.Tensor) -> float:
 
 def main() -> None:
     args = parse_args()
-    device, rank, world = setup()
+    device, rank, _ = setup()
     on_gpu = device.type == "cuda"
     loader = fastload.DataLoader(args.data, batch_size=args.batch_size, seq_len=args.seq_len, packing="best-fit",
                                  num_workers=args.workers, seed=args.seed, pin_memory=on_gpu, device=device)

@@ -32,7 +32,7 @@ from fastload.loading.samplers import LoaderBatchSampler, LoaderSampler
 from fastload.loading.state import LoaderState, OrderSettings, read_state_dict
 from fastload.loading.stats import LoaderStats
 from fastload.loading.token_batch import BatchFiller, BatchFormat
-from fastload.loading.token_rows import BLOCK_TOKENS, IGNORE_INDEX, Packing, TokenOptions, TokenRows
+from fastload.loading.token_rows import BLOCK_TOKENS, IGNORE_INDEX, PACKING_WINDOW, Packing, TokenOptions, TokenRows
 from fastload.loading.token_samplers import TokenBatchIndices, TokenBatchRequest, token_collate
 from fastload.storage.dataset import ShardedDataset
 from fastload.storage.mixture import MixedDataset
@@ -42,7 +42,8 @@ class TokenDataLoader(torch.utils.data.DataLoader):
     """Packed rows of ``seq_len`` tokens, ``batch_size`` a batch; see the module docstring.
 
     ``packing``: ``"concat"`` (the shuffled stream cut into rows, no padding), ``"best-fit"``
-    (documents packed by best-fit decreasing within each block of the stream, long ones split) or
+    (documents packed by best-fit decreasing within each window of ``packing_window`` tokens of
+    the stream, long ones split) or
     ``"pad"`` (a document a row, cut or padded to ``seq_len``). ``dataset``: a token dataset's
     folder, URL or ``fastload.open``, or ``fastload.mix({...}, by="tokens")`` (concat rows).
     ``batch_format``: ``"next-token"`` (labels are the next tokens; with ``attention_mask``,
@@ -58,10 +59,10 @@ class TokenDataLoader(torch.utils.data.DataLoader):
     def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool | None = True, num_workers: int = 0, drop_last: bool = False,
                  *, seq_len: int, packing: str = "concat", seed: int = 0, rank: int | None = None, world_size: int | None = None,
                  device: str | torch.device | None = None, block_tokens: int = BLOCK_TOKENS, ignore_index: int = IGNORE_INDEX,
-                 batch_format: str = "next-token", prefetch_factor: int | None = None, pin_memory: bool = False,
+                 packing_window: int = PACKING_WINDOW, batch_format: str = "next-token", prefetch_factor: int | None = None, pin_memory: bool = False,
                  timeout: float = 0, worker_init_fn: Any = None, persistent_workers: bool = False) -> None:
         sharded = dataset if isinstance(dataset, ShardedDataset) else ShardedDataset(dataset)
-        self.tokens = TokenOptions(seq_len, Packing(packing), block_tokens, ignore_index)
+        self.tokens = TokenOptions(seq_len, Packing(packing), block_tokens, ignore_index, packing_window)
         self.options = LoaderOptions(batch_size=batch_size, shuffle=bool(shuffle), num_workers=num_workers, drop_last=drop_last, seed=seed,
                                      rank=rank, world_size=world_size, prefetch_factor=prefetch_factor, pin_memory=pin_memory,
                                      timeout=timeout, worker_init_fn=worker_init_fn, persistent_workers=persistent_workers,
@@ -170,7 +171,10 @@ class TokenDataLoader(torch.utils.data.DataLoader):
         digest = hashlib.sha256()
         for shard in self.sharded.index.shards:
             digest.update(f"{shard.path}|{shard.tokens}|{shard.sha256};".encode())
-        digest.update(f"{self.tokens.seq_len}|{self.tokens.packing.value}|{self.tokens.block_tokens}".encode())
+        options = self.tokens
+        digest.update(f"{options.seq_len}|{options.packing.value}|{options.block_tokens}".encode())
+        if options.packing is Packing.BEST_FIT:
+            digest.update(f"|{options.window_blocks}".encode())
         if self.mixture is not None:
             digest.update(f"mix{self.mixture.weights}".encode())
         return digest.hexdigest()[:16]

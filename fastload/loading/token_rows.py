@@ -8,12 +8,12 @@ token; otherwise, as across documents, the ignore index). A row's segments lie b
 its first column; what is left of the row is padding.
 
 - ``concat``: row k is tokens ``k*L .. (k+1)*L`` of the epoch's stream (fastload.text.token_order);
-- ``best-fit``: each block's pieces packed by best-fit decreasing (fastload.text.packing), blocks
-  in stream order: row numbers run on from block to block, so finding row k needs the row counts
-  of the blocks before it. A block's row count does not depend on the seed or the epoch (the
-  packing sorts its pieces by length), so the counts are kept by block number; :class:`BestFitRows`
-  locates rows forward from a cursor (the block holding a row and that block's first row), which
-  ``state_dict`` saves, so a resume never counts from the epoch's start;
+- ``best-fit``: the pieces of each window of the stream (``packing_window`` tokens: whole blocks,
+  in stream order) packed by best-fit decreasing (fastload.text.packing), windows one after
+  another: row numbers run on from window to window, so finding row k needs the row counts of the
+  windows before it; :class:`BestFitRows` locates rows forward from a cursor (the window holding
+  a row and that window's first row), which ``state_dict`` saves, so a resume never counts from
+  the epoch's start;
 - ``pad``: row k is the k-th document of a seeded permutation of all documents, its first L tokens;
 - a mixture by tokens (:class:`MixtureRows`): row k from the member :func:`mixture_members` gives
   it, each member's rows cut from its stream of epochs one after another, so every row is L
@@ -39,8 +39,10 @@ from fastload.storage.mixture import MixedDataset
 from fastload.text.packing import best_fit_decreasing, split_long
 from fastload.text.token_order import ROW_KEY, TokenStream, block_pieces, mixture_members
 
-BLOCKS_KEPT = 8  # a stream's most recent blocks kept (their pieces, or their packed rows)
+BLOCKS_KEPT = 8  # a stream's most recent blocks kept (their pieces)
+WINDOWS_KEPT = 2  # best-fit's most recent windows kept (their packed rows)
 BLOCK_TOKENS = 1 << 16  # the stream's blocks: documents are shuffled within one, blocks within the epoch
+PACKING_WINDOW = 1 << 22  # best-fit's window: on the Debian text of benchmarks/bench_tokens.py, 0.8% padding at L = 2048 (10% a block)
 IGNORE_INDEX = -100  # what torch's cross_entropy and Hugging Face models ignore in labels
 
 
@@ -60,6 +62,7 @@ class TokenOptions:
     packing: Packing = Packing.CONCAT
     block_tokens: int = BLOCK_TOKENS
     ignore_index: int = IGNORE_INDEX
+    packing_window: int = PACKING_WINDOW  # best-fit: tokens packed at once (whole blocks of the stream, at least one)
 
     def __post_init__(self) -> None:
         if not isinstance(self.seq_len, int) or self.seq_len < 1:
@@ -67,8 +70,13 @@ class TokenOptions:
         object.__setattr__(self, "packing", Packing(self.packing))
         if self.block_tokens < 1:
             raise ValueError("block_tokens must be >= 1")
-        if self.block_tokens < self.seq_len and self.packing is Packing.BEST_FIT:
-            raise ValueError("best-fit packs a block of the stream at a time: block_tokens must be at least seq_len")
+        if self.packing_window < self.seq_len and self.packing is Packing.BEST_FIT:
+            raise ValueError("best-fit packs a window of the stream at a time: packing_window must be at least seq_len")
+
+    @property
+    def window_blocks(self) -> int:
+        """Best-fit's window in blocks of the stream."""
+        return max(1, self.packing_window // self.block_tokens)
 
 
 @dataclass(frozen=True)
@@ -325,84 +333,82 @@ class PaddedRows:
 
 
 class BestFitRows:
-    """Rows packed by best-fit decreasing, a block of the stream at a time. Blocks' row counts are
-    kept by block number in ``counts`` (shared by every epoch: they depend on neither seed nor
-    epoch); ``firsts`` holds the first row of blocks ``base`` onwards, as far as located."""
+    """Rows packed by best-fit decreasing, a window of ``window`` consecutive blocks of the stream
+    at a time; ``counts`` holds each window's rows as counted, ``firsts`` the first row of windows
+    ``base`` onwards, as far as located."""
 
-    def __init__(self, corpus: TokenCorpus, seq_len: int, block: int, seed: int, epoch: int, shuffle: bool,
-                 counts: dict[int, int], cursor: tuple[int, int] = (0, 0)) -> None:
-        self.corpus, self.seq_len = corpus, seq_len
+    def __init__(self, corpus: TokenCorpus, seq_len: int, block: int, window: int, seed: int, epoch: int, shuffle: bool,
+                 cursor: tuple[int, int] = (0, 0)) -> None:
+        self.corpus, self.seq_len, self.window = corpus, seq_len, window
         self.stream = StreamRows(corpus, seq_len, block, seed, epoch, shuffle)
+        self.windows = -(-self.stream.stream.blocks // window)
         self.seed, self.epoch, self.shuffle = seed, epoch, shuffle
-        self.counts = counts
+        self.counts: dict[int, int] = {}
         self.base, self.firsts = cursor[0], [cursor[1]]
         self._packed: dict[int, Segments] = {}
 
     def _pieces(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Block ``index``'s pieces, those longer than a row cut into row-long parts: first
-        tokens, lengths, whether each goes on (in its next part, or past the block)."""
-        starts, lengths, _, piece_continues = self.stream.block(index)
-        piece_ends = starts + lengths
+        """Window ``index``'s pieces (its blocks' in stream order), those longer than a row cut into
+        row-long parts: first tokens, lengths, whether each goes on (in its next part, or past its block)."""
+        blocks = [self.stream.block(b) for b in range(index * self.window, min((index + 1) * self.window, self.stream.stream.blocks))]
+        starts, lengths = np.concatenate([b[0] for b in blocks]), np.concatenate([b[1] for b in blocks])
+        piece_continues = np.concatenate([b[3] for b in blocks])
         parts, part_lengths, owner = split_long(starts, lengths, self.seq_len)
-        return parts, part_lengths, (parts + part_lengths < piece_ends[owner]) | piece_continues[owner]
+        return parts, part_lengths, (parts + part_lengths < (starts + lengths)[owner]) | piece_continues[owner]
 
     def count(self, index: int) -> int:
-        """Rows packed from block ``index``."""
-        number = self.stream.block_span(index)[0]
-        if number not in self.counts:
-            self.counts[number] = len(best_fit_decreasing(self._pieces(index)[1], self.seq_len))
-        return self.counts[number]
+        """Rows packed from window ``index``."""
+        if index not in self.counts:
+            self.counts[index] = len(best_fit_decreasing(self._pieces(index)[1], self.seq_len))
+        return self.counts[index]
 
-    def block_rows(self, index: int) -> Segments:
-        """Block ``index``'s rows, in their seeded order (numbered from 0)."""
+    def window_rows(self, index: int) -> Segments:
+        """Window ``index``'s rows, in their seeded order (numbered from 0; the last couple of windows kept)."""
         packed = self._packed.get(index)
         if packed is None:
             starts, lengths, continues = self._pieces(index)
             rows = best_fit_decreasing(lengths, self.seq_len)
-            number = self.stream.block_span(index)[0]
-            order = Permutation(len(rows), mix_key(self.seed, self.epoch, ROW_KEY, number), self.shuffle)(np.arange(len(rows)))
-            pieces = np.fromiter(itertools.chain.from_iterable(rows[r] for r in order.tolist()), dtype=np.int64, count=len(lengths))
-            row_of = np.repeat(np.arange(len(rows)), [len(rows[r]) for r in order.tolist()])
+            order = Permutation(len(rows), mix_key(self.seed, self.epoch, ROW_KEY, index), self.shuffle)(np.arange(len(rows))).tolist()
+            pieces = np.fromiter(itertools.chain.from_iterable(rows[r] for r in order), dtype=np.int64, count=len(lengths))
+            row_of = np.repeat(np.arange(len(rows)), [len(rows[r]) for r in order])
             packed = Segments(starts[pieces], lengths[pieces], continues[pieces], row_of)
-            self.counts.setdefault(number, len(rows))
-            if len(self._packed) >= BLOCKS_KEPT:
+            self.counts[index] = len(rows)
+            if len(self._packed) >= WINDOWS_KEPT:
                 self._packed.pop(next(iter(self._packed)))
             self._packed[index] = packed
         return packed
 
     def locate(self, k: int) -> tuple[int, int] | None:
-        """(block, its first row) of the block holding row ``k`` (None past the epoch's end),
-        counting forward from the blocks located so far (from the epoch's start for a row before them)."""
+        """(window, its first row) of the window holding row ``k`` (None past the epoch's end),
+        counting forward from the windows located so far (from the epoch's start for a row before them)."""
         if k < self.firsts[0]:
             self.base, self.firsts = 0, [0]
-        blocks = self.stream.stream.blocks
-        while k >= self.firsts[-1] and self.base + len(self.firsts) - 1 < blocks:
+        while k >= self.firsts[-1] and self.base + len(self.firsts) - 1 < self.windows:
             self.firsts.append(self.firsts[-1] + self.count(self.base + len(self.firsts) - 1))
         at = bisect.bisect_right(self.firsts, k) - 1
-        if at == len(self.firsts) - 1:  # past the last block's rows
+        if at == len(self.firsts) - 1:  # past the last window's rows
             return None
         return self.base + at, self.firsts[at]
 
     def segments(self, first: int, count: int, cursor: tuple[int, int] | None) -> Segments:
         """Rows ``first`` to ``first + count`` (past the epoch's end: empty), rows numbered from 0;
-        ``cursor``: the block holding row ``first`` and its first row (else located here)."""
+        ``cursor``: the window holding row ``first`` and its first row (else located here)."""
         cursor = cursor if cursor is not None else self.locate(first)
         if cursor is None:
             return Segments.join([])
-        index, block_first = cursor
+        index, window_first = cursor
         parts = []
-        while index < self.stream.stream.blocks and block_first < first + count:
-            rows = self.block_rows(index)
-            rows_in_block = self.counts[self.stream.block_span(index)[0]]
-            lo, hi = max(first - block_first, 0), min(first + count - block_first, rows_in_block)
+        while index < self.windows and window_first < first + count:
+            rows = self.window_rows(index)
+            lo, hi = max(first - window_first, 0), min(first + count - window_first, self.counts[index])
             take = (rows.row >= lo) & (rows.row < hi)
-            parts.append(Segments(rows.start[take], rows.length[take], rows.continues[take], rows.row[take] + block_first - first))
-            index, block_first = index + 1, block_first + rows_in_block
+            parts.append(Segments(rows.start[take], rows.length[take], rows.continues[take], rows.row[take] + window_first - first))
+            index, window_first = index + 1, window_first + self.counts[index]
         return Segments.join(parts)
 
     def total(self) -> int:
-        """Rows in the whole epoch (every block counted once per loader: for ``len()``)."""
-        return sum(self.count(index) for index in range(self.stream.stream.blocks))
+        """Rows in the whole epoch (every window counted, once: for ``len()``)."""
+        return sum(self.count(index) for index in range(self.windows))
 
 
 class MixtureRows:
@@ -470,8 +476,8 @@ EpochRows = StreamRows | PaddedRows | BestFitRows | MixtureRows
 
 class TokenRows:
     """The rows of every epoch of a token dataset (or a mixture by tokens) for one loader's
-    options: each epoch's rows made when first asked for (the latest kept), best-fit's row counts
-    kept across epochs. The loader and each of its workers hold their own."""
+    options: each epoch's rows made when first asked for (the latest kept, with best-fit's counts
+    of rows). The loader and each of its workers hold their own."""
 
     def __init__(self, dataset: ShardedDataset, options: TokenOptions, seed: int, shuffle: bool) -> None:
         self.corpus = TokenCorpus(dataset)
@@ -479,11 +485,10 @@ class TokenRows:
         self.mixture = dataset if isinstance(dataset, MixedDataset) else None
         if self.mixture is not None and options.packing is not Packing.CONCAT:
             raise ValueError("a mixture by tokens is made of concat rows (every row seq_len tokens of one member): packing='concat'")
-        self._counts: dict[int, int] = {}  # best-fit: rows of each block, by block number
         self._latest: tuple[int, EpochRows] | None = None
 
     def of(self, epoch: int, cursor: tuple[int, int] | None = None) -> EpochRows:
-        """The rows of ``epoch``; for best-fit, ``cursor`` (a block of the stream and its first row) is where locating starts."""
+        """The rows of ``epoch``; for best-fit, ``cursor`` (a window of the stream and its first row) is where locating starts."""
         if self._latest is not None and self._latest[0] == epoch and cursor is None:
             return self._latest[1]
         options, corpus = self.options, self.corpus
@@ -495,25 +500,26 @@ class TokenRows:
         elif options.packing is Packing.PAD:
             rows = PaddedRows(corpus, options.seq_len, self.seed, epoch, self.shuffle)
         else:
-            rows = BestFitRows(corpus, options.seq_len, options.block_tokens, self.seed, epoch, self.shuffle, self._counts, cursor or (0, 0))
+            rows = BestFitRows(corpus, options.seq_len, options.block_tokens, options.window_blocks, self.seed, epoch, self.shuffle,
+                               cursor or (0, 0))
         self._latest = (epoch, rows)
         return rows
 
     def length(self, epoch: int) -> int:
-        """Rows in ``epoch`` (for best-fit, every block's rows counted: once per loader)."""
+        """Rows in ``epoch`` (for best-fit, every window's rows counted, once per epoch)."""
         rows = self.of(epoch)
         return rows.total() if isinstance(rows, BestFitRows) else len(rows)
 
     def segments(self, epoch: int, first: int, count: int, cursor: tuple[int, int] | None = None) -> Segments:
         """Rows ``first`` to ``first + count`` of ``epoch`` (past its end: empty), numbered from 0;
-        ``cursor``: best-fit's block holding row ``first`` and that block's first row, when known."""
+        ``cursor``: best-fit's window holding row ``first`` and that window's first row, when known."""
         rows = self.of(epoch)
         if isinstance(rows, BestFitRows):
             return rows.segments(first, count, cursor)
         return rows.segments(first, count)
 
     def locate(self, epoch: int, row: int) -> tuple[int, int] | None:
-        """Best-fit: the block holding ``row`` of ``epoch`` and its first row (None past the end); other packings: None."""
+        """Best-fit: the window holding ``row`` of ``epoch`` and its first row (None past the end); other packings: None."""
         rows = self.of(epoch)
         return rows.locate(row) if isinstance(rows, BestFitRows) else None
 
