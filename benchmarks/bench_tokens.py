@@ -8,7 +8,8 @@ prose and code):
    text, and a byte-level BPE tokenizer (32,000 ids) trained on it (WORK/tokenizer.json);
 2. conversion: the tokenizer's own ``encode_batch`` on all cores over the same texts held in
    memory, against ``fastload convert --from jsonl --tokenizer`` (2 workers, the process's start
-   included), and LitData's ``optimize()`` writing the same tokens (2 workers);
+   included), and LitData's ``optimize()`` writing the same tokens (2 workers; the call alone, and
+   its script as a command, its process's start included as fastload's is);
 3. loading, delivered tokens/s (``batch * seq_len`` a batch) at L = 2048 and 8192, batch 8, with 0
    and 2 workers, each loader in a fresh process: the floor (nanoGPT's ``get_batch``, random
    windows of a NumPy memmap of a ``.bin`` of the same tokens: in the training process with 0
@@ -206,19 +207,24 @@ if __name__ == "__main__":
     litdata.optimize(fn=tokenize, inputs=parts, output_dir=out, num_workers=workers, chunk_bytes="64MB", item_loader=TokensLoader())
     seconds = time.perf_counter() - start
     n = sum(len(tok.encode(json.loads(l)["text"], add_special_tokens=False).ids) + 1 for l in lines)
-    print(n / seconds)
+    print(n / seconds, n)
 """
 
 
-def time_litdata_optimize(work: Path, python: Path, corpus: Path, tokenizer_path: Path, workers: int) -> float:
-    """Tokens/s of LitData's ``optimize()`` tokenizing the same corpus into its token chunks (WORK/litdata-tokens)."""
+def time_litdata_optimize(work: Path, python: Path, corpus: Path, tokenizer_path: Path, workers: int) -> tuple[float, float]:
+    """Tokens/s of LitData's ``optimize()`` tokenizing the same corpus into its token chunks
+    (WORK/litdata-tokens): of the call alone, and of its script as a command (its process's start
+    included, as fastload convert's is)."""
     out = work / "litdata-tokens"
     shutil.rmtree(out, ignore_errors=True)
     script = work / "litdata_optimize.py"
     script.write_text(LITDATA_OPTIMIZE)
+    start = time.perf_counter()
     done = subprocess.run([str(python), str(script), str(tokenizer_path), str(corpus), str(out), str(workers)],
                           capture_output=True, text=True, check=True)
-    return float(done.stdout.strip().splitlines()[-1])
+    seconds = time.perf_counter() - start
+    call_rate, tokens = (float(x) for x in done.stdout.strip().splitlines()[-1].split())
+    return call_rate, tokens / seconds
 
 
 # ---- loading: each loader in a child process ---------------------------------------------------
@@ -463,7 +469,8 @@ def main() -> None:
         if "convert" in parts:
             row["encode_batch"] = time_encode(corpus, tokenizer_path)
             row["fastload convert"], _ = time_fastload_convert(work, corpus, tokenizer_path, args.convert_workers)
-            row["litdata optimize"] = time_litdata_optimize(work, peers, corpus, tokenizer_path, args.convert_workers)
+            row["litdata optimize()"], row["litdata optimize script"] = time_litdata_optimize(work, peers, corpus, tokenizer_path,
+                                                                                            args.convert_workers)
         if "load" in parts:
             for L in SEQ_LENS:
                 for W in WORKER_COUNTS:
@@ -484,7 +491,8 @@ def main() -> None:
     ratios: dict[str, list[float]] = {}
     if "convert" in parts:
         ratios["convert / encode_batch"] = [r["fastload convert"] / r["encode_batch"] for r in rounds]
-        ratios["convert / litdata optimize"] = [r["fastload convert"] / r["litdata optimize"] for r in rounds]
+        ratios["convert / litdata optimize()"] = [r["fastload convert"] / r["litdata optimize()"] for r in rounds]
+        ratios["convert / litdata optimize script"] = [r["fastload convert"] / r["litdata optimize script"] for r in rounds]
     if "load" in parts:
         for L in SEQ_LENS:
             for W in WORKER_COUNTS:

@@ -5,6 +5,7 @@ with 3), best-fit's padding against an offline best-fit decreasing, mixing by to
 from __future__ import annotations
 
 import json
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -17,7 +18,9 @@ import torch.multiprocessing as mp
 import fastload
 from fastload.converters import ConvertOptions, convert
 from fastload.converters.options import TokenizeOptions
+from fastload.storage.verify import verify_dataset
 from fastload.text.packing import padding_fraction
+from tests.storage.test_remote import DatasetServer
 from tests.text.conftest import real_paragraphs, write_jsonl
 
 SEQ = 128
@@ -34,8 +37,8 @@ def tokens(tokenizer_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     return root / "ds"
 
 
-def loader(path: Path, **kwargs) -> fastload.TokenDataLoader:
-    return fastload.DataLoader(str(path), **{"batch_size": 4, "seq_len": SEQ, "block_tokens": BLOCK, "seed": 3, **kwargs})
+def loader(path, **kwargs) -> fastload.TokenDataLoader:  # type: ignore[no-untyped-def]  # a folder, or an opened dataset
+    return fastload.DataLoader(str(path) if isinstance(path, Path) else path, **{"batch_size": 4, "seq_len": SEQ, "block_tokens": BLOCK, "seed": 3, **kwargs})
 
 
 def covered(ld, epoch: int, steps: int, world: int) -> Counter:
@@ -122,6 +125,22 @@ def test_the_transformers_format_lines_labels_up_with_the_inputs(tokens: Path) -
     assert torch.equal(tf["labels"], torch.where(first | (nt["attention_mask"] == 0), -100, tf["input_ids"]))
     inside = ~first[:, 1:]  # the model shifts them: its targets are the next-token labels, within each segment
     assert torch.equal(tf["labels"][:, 1:][inside], nt["labels"][:, :-1][inside])
+
+
+def test_a_token_dataset_over_http_loads_as_the_local_one_and_verifies(tokens: Path, tmp_path: Path) -> None:
+    root = tmp_path / "served"
+    shutil.copytree(tokens, root)
+    server = DatasetServer(root)
+    try:
+        report = verify_dataset(server.url)
+        assert report.ok and report.shards == len(fastload.open(tokens).index.shards)  # each shard and its document table fetched, checked
+        remote = fastload.open(server.url, cache_dir=tmp_path / "cache")
+        got = [b["input_ids"] for b in loader(remote, packing="best-fit", num_workers=2)]
+        want = [b["input_ids"] for b in loader(tokens, packing="best-fit")]
+        assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def offline_best_fit_decreasing(lengths: list[int], capacity: int) -> int:
