@@ -41,11 +41,14 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--report", metavar="PNG|HTML", help="with --dedupe: draw the duplicate groups side by side as thumbnails (a PNG, or an HTML page for a path ending .html)")
     p.add_argument("--on-error", choices=["raise", "skip"], default="raise")
     p.add_argument("--reencode-quality", type=int, metavar="Q", help="re-encode images as JPEG of quality Q")
-    p.add_argument("--max-size", type=int, metavar="PX", help="shrink images so the longer side is at most PX")
+    p.add_argument("--max-size", type=int, metavar="PX", help="shrink images (and videos, re-encoded) so the longer side is at most PX")
+    p.add_argument("--reencode", action="store_true", help="videos: re-encode to H.264 with a keyframe every --keyframe-interval frames")
+    p.add_argument("--keyframe-interval", type=int, default=32, metavar="N", help="with --reencode: frames between keyframes (default 32)")
     p.add_argument("--max-pixels", type=int, help="reject images with more pixels (bombs); default 89478485 (Pillow's), or FASTLOAD_MAX_PIXELS")
     p.add_argument("--follow-symlinks", action="store_true", help="follow links that leave the source root")
     p.add_argument("--path-column", default="path", help="manifest: column of image paths")
-    p.add_argument("--label-column", default="label", help="manifest/parquet: column of labels")
+    p.add_argument("--label-column", default="label", help="manifest/parquet/videos: column of labels")
+    p.add_argument("--caption-column", default="caption", help="videos manifest: column of captions (stored as txt), if present")
     p.add_argument("--image-column", default="image", help="parquet: column of images")
     p.add_argument("--split", default="train", choices=["train", "test"], help="cifar/mnist: which split")
     p.add_argument("--hdf5-decoded", action="store_true", help="HDF5: store decoded uint8[N,H,W,C] pixels")
@@ -78,12 +81,15 @@ def _run_convert(args: argparse.Namespace) -> int:
         on_error=args.on_error,
         reencode_quality=args.reencode_quality,
         max_size=args.max_size,
+        reencode_video=args.reencode,
+        keyframe_interval=args.keyframe_interval,
         max_pixels=MAX_PIXELS if args.max_pixels is None else args.max_pixels,
         source_options=SourceOptions(
             follow_symlinks=args.follow_symlinks,
             path_column=args.path_column,
             label_column=args.label_column,
             image_column=args.image_column,
+            caption_column=args.caption_column,
             split=args.split,
         ),
         writer_options=WriterOptions(hdf5_decoded=args.hdf5_decoded, hdf5_compression=args.hdf5_compression),
@@ -167,6 +173,11 @@ def _run_inspect(args: argparse.Namespace) -> int:
     print(f"fields    {', '.join(summary['fields'])}")
     if summary["decoded_shape"]:
         print(f"pixels    {summary['decoded_shape']} uint8 per sample")
+    if summary["videos"]:
+        v = summary["videos"]
+        print(f"videos    {v['count']}, {', '.join(f'{c} {n}' for c, n in v['codecs'].items())}; {v['seconds']:.1f} s, "
+              f"{v['frames_min']}-{v['frames_max']} frames, a keyframe every {v['mean_frames_per_keyframe']} frames; "
+              f"{v['smallest'][0]}x{v['smallest'][1]} to {v['largest'][0]}x{v['largest'][1]}; {v['with_audio']} with audio")
     if summary["classes"] is not None or summary["class_counts"]:
         _print_classes(summary["class_counts"], summary["classes"], summary["class_balance"])
     print(f"skipped   {summary['skipped_total']} {summary['skipped'] or ''}")
