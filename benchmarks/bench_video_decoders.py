@@ -19,6 +19,7 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -52,7 +53,7 @@ def run_pyav(videos: list[tuple[bytes, StreamFacts]], jobs: list, reduced: bool)
     return time.perf_counter() - began
 
 
-def run_torchcodec(videos: list[tuple[bytes, StreamFacts]], jobs: list, seek_mode: str) -> float:
+def run_torchcodec(videos: list[tuple[bytes, StreamFacts]], jobs: list, seek_mode: Literal["exact", "approximate"]) -> float:
     from torchcodec.decoders import VideoDecoder
 
     out = np.empty((CLIP.frames, 3, 224, 224), np.uint8)

@@ -368,8 +368,13 @@ def requested_spec(
     ``images``: the caller expects them) or, with ``clip``, videos; else every field of the
     dataset in its index's order."""
     if fields is None:
-        if clip is not None and video_fields(dataset_fields):
+        videos = video_fields(dataset_fields)
+        if videos and (clip is not None or not (decoded or has_images(dataset_fields))):
+            if clip is None:
+                raise ValueError(f"field {videos[0]} is a video: give clip=fastload.Clip(frames=..., stride=...) to say which frames to take")
             return classic_spec(decoded, map, clip)
+        if clip is not None:
+            raise ValueError("clip= takes frames of videos; the fields asked for hold none")
         if images or decoded or has_images(dataset_fields):
             return classic_spec(decoded, map)
         fields = list(dataset_fields)

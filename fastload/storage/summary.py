@@ -50,7 +50,10 @@ def video_summary(root: str | Path) -> dict:
 
     ds = ShardedDataset(root)
     codecs: Counter[str] = Counter()
-    frames, seconds, gaps, sides, audio = [], 0.0, [], [], 0
+    frames: list[int] = []
+    gaps: list[float] = []
+    sides: list[tuple[int, int]] = []
+    seconds, audio = 0.0, 0
     for i in range(len(ds)):
         for facts in ds.stream_facts(i).values():
             codecs[facts.codec] += 1
@@ -65,9 +68,13 @@ def video_summary(root: str | Path) -> dict:
     return {
         "count": len(frames), "codecs": dict(codecs.most_common()), "frames_min": min(frames), "frames_max": max(frames),
         "seconds": round(seconds, 1), "mean_frames_per_keyframe": round(sum(gaps) / len(gaps), 1),
-        "smallest": list(min(sides, key=lambda s: s[0] * s[1])), "largest": list(max(sides, key=lambda s: s[0] * s[1])),
+        "smallest": list(min(sides, key=_area)), "largest": list(max(sides, key=_area)),
         "with_audio": audio,
     }
+
+
+def _area(side: tuple[int, int]) -> int:
+    return side[0] * side[1]
 
 
 def class_balance(counts: dict[str, int], classes: tuple[str, ...] | None = None) -> dict | None:

@@ -74,9 +74,8 @@ def _check_contents(
         reader = open_reader()
         try:
             reader.check()
-            stored = read_file(table) if table is not None else None
             facts = recorded_facts(table, shard.samples) if table is not None else []
-            if stored is not None and stored != reader.sample_table(facts):
+            if table is not None and read_file(table) != reader.sample_table(facts):
                 report.problems.append(f"{table.name}: disagrees with its shard (keys, labels or offsets)")
                 return
             if decode:

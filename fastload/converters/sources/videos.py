@@ -42,10 +42,11 @@ class VideoSource:
         if extension not in VIDEO_FIELDS:
             raise SampleError(item.where, f"not a video file name (expected one of .{', .'.join(VIDEO_FIELDS)})")
         read = self.files.load(item)
+        assert isinstance(read.image, bytes)  # a folder's and a manifest's samples are the file's bytes
         extra = {extension: read.image}
         if item.key in self.captions:
             extra["txt"] = self.captions[item.key].encode()
-        return Sample(key=item.key, where=item.where, image=None, label=read.label, extra=extra)  # type: ignore[dict-item]  # read.image: the file's bytes
+        return Sample(key=item.key, where=item.where, image=None, label=read.label, extra=extra)
 
 
 def open_source(path: str, options: SourceOptions) -> VideoSource:
