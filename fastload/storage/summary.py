@@ -65,10 +65,11 @@ def video_summary(root: str | Path) -> dict:
     ds.close()
     if not frames:
         return {"count": 0}
+    smallest, largest = min(sides, key=_area), max(sides, key=_area)
     return {
         "count": len(frames), "codecs": dict(codecs.most_common()), "frames_min": min(frames), "frames_max": max(frames),
         "seconds": round(seconds, 1), "mean_frames_per_keyframe": round(sum(gaps) / len(gaps), 1),
-        "smallest": list(min(sides, key=_area)), "largest": list(max(sides, key=_area)),
+        "smallest": [*smallest], "largest": [*largest],
         "with_audio": audio,
     }
 
