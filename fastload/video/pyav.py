@@ -40,8 +40,9 @@ def _av() -> Any:
     return av
 
 
-def _open(data: bytes, where: str) -> Any:
-    """An input container over ``data``, with its first video stream decoded on one thread."""
+def _open(data: bytes, where: str, max_pixels: int = MAX_PIXELS) -> Any:
+    """An input container over ``data``, with its first video stream decoded on one thread; a
+    SampleError for no video stream, no decoder for it, or a frame size over ``max_pixels``."""
     av = _av()
     if not data:
         raise SampleError(where, "empty video: zero bytes")
@@ -49,12 +50,18 @@ def _open(data: bytes, where: str) -> Any:
         container = av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
     except (av.error.FFmpegError, ValueError, OSError) as exc:
         raise SampleError(where, f"not a readable video ({type(exc).__name__})") from None
-    if not container.streams.video:
+    try:
+        if not container.streams.video:
+            raise SampleError(where, "holds no video stream")
+        stream = container.streams.video[0]
+        if stream.codec_context is None:
+            raise SampleError(where, f"no decoder for its video codec ({getattr(stream, 'codec_tag', '') or 'unknown'!r}) in this FFmpeg")
+        stream.thread_type = "SLICE"  # a worker is one process: no frame threads (their latency and memory)
+        stream.codec_context.thread_count = 1
+        _check_header_size(stream.codec_context.width, stream.codec_context.height, where, max_pixels)
+    except BaseException:
         container.close()
-        raise SampleError(where, "holds no video stream")
-    stream = container.streams.video[0]
-    stream.thread_type = "SLICE"  # a worker is one process: no frame threads (their latency and memory)
-    stream.codec_context.thread_count = 1
+        raise
     return container
 
 
@@ -62,13 +69,10 @@ def probe(data: bytes, where: str, max_pixels: int = MAX_PIXELS) -> StreamFacts:
     """The stream facts of the video in ``data``: its packets' timestamps demuxed (nothing decoded
     but the first frame, which proves the codec decodes and gives the true frame size)."""
     av = _av()
-    container = _open(data, where)
+    container = _open(data, where, max_pixels)
     try:
         stream = container.streams.video[0]
         context = stream.codec_context
-        if context is None or context.codec is None:
-            raise SampleError(where, f"no decoder for its video codec in this FFmpeg ({stream.codec_context.name if stream.codec_context else 'unknown'})")
-        _check_header_size(context.width, context.height, where, max_pixels)
         stamps: list[int] = []
         keys: list[int] = []
         try:
@@ -142,7 +146,7 @@ def decode_frames(
     if not wanted:
         return
     facts.check_size(where, max_pixels)
-    container = _open(data, where)
+    container = _open(data, where, max_pixels)
     reformatter = av.video.reformatter.VideoReformatter()  # one scaler for the clip: FFmpeg's context is set up once
     try:
         stream = container.streams.video[0]
@@ -181,11 +185,10 @@ def reencode_h264(data: bytes, where: str, gop: int, max_size: int | None, max_p
     """The video in ``data`` as H.264 in MP4 (yuv420p, a keyframe every ``gop`` frames, its longer
     side at most ``max_size``), its first audio stream dropped; a SampleError when it does not decode."""
     av = _av()
-    source = _open(data, where)
+    source = _open(data, where, max_pixels)
     out = io.BytesIO()
     try:
         stream = source.streams.video[0]
-        _check_header_size(stream.codec_context.width, stream.codec_context.height, where, max_pixels)
         rate = stream.average_rate or stream.guessed_rate or Fraction(30)
         with av.open(out, mode="w", format="mp4") as target:
             encoded = None
