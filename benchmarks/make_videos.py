@@ -60,7 +60,9 @@ def make_videos(out: Path, count: int, sources: dict[str, Path], seconds: float,
         path = out / name / f"{i:06d}.mp4"
         path.parent.mkdir(parents=True, exist_ok=True)
         scale = f"scale='if(lt(iw,ih),{short_side},-2)':'if(lt(iw,ih),-2,{short_side})'"
-        subprocess.run(["ffmpeg", "-v", "error", "-y", "-ss", f"{start:.3f}", "-t", str(seconds), "-i", str(sources[name]),
+        # fatal only: seeking into a source logs slice errors for the frames before the seek point, which ffmpeg
+        # decodes and drops (every output decodes without error: ffmpeg -v error -i OUT -f null -)
+        subprocess.run(["ffmpeg", "-v", "fatal", "-y", "-ss", f"{start:.3f}", "-t", str(seconds), "-i", str(sources[name]),
                         "-vf", scale, "-an", "-c:v", "libx264", "-pix_fmt", "yuv420p", "-g", str(gop),
                         "-keyint_min", str(gop), "-sc_threshold", "0", "-threads", "1", str(path)], check=True)
         written.append(path)

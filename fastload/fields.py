@@ -280,6 +280,9 @@ class FieldSpec:
         object.__setattr__(self, "key", self.key or self.name)
         if not isinstance(self.name, str) or not self.name or any(not part for part in self.name.split(";")):
             raise ValueError(f"a field name must be a non-empty string such as 'jpg' or 'jpg;png', got {self.name!r}")
+        if self.role == "audio":
+            raise ValueError(f"field {self.name}: audio beside clips is not supported yet (the stream facts record each video's "
+                             "audio track: fastload inspect shows them); ask for the video as 'bytes' and decode its audio yourself")
         if self.role not in ROLES:
             raise ValueError(f"field {self.name}: role must be one of {ROLES}, got {self.role!r}")
         if self.optional and self.role != "label":

@@ -12,7 +12,6 @@ import bisect
 from dataclasses import dataclass
 
 from fastload.decode.header import MAX_PIXELS, check_pixels
-from fastload.errors import SampleError
 
 MAX_CODEC_NAME = 16  # bytes a codec's name takes in a sample table
 MAX_FRAMES = 1 << 24  # ~6 days at 30 fps: more is a damaged or hostile container
@@ -69,8 +68,3 @@ class StreamFacts:
     def check_size(self, where: str, max_pixels: int = MAX_PIXELS) -> None:
         """A SampleError naming ``where`` when a frame has more pixels than ``max_pixels``."""
         check_pixels(self.width, self.height, where, max_pixels)
-
-    def check_frames(self, frames: int, where: str) -> None:
-        """A SampleError naming ``where`` unless the video holds ``frames`` frames (a clip needs them)."""
-        if frames > self.frames:
-            raise SampleError(where, f"a clip needs {frames} frames, the video has {self.frames}")

@@ -101,3 +101,26 @@ def test_inspect_summarises_the_videos_and_verify_decode_checks_their_facts(vide
     assert verify_dataset(copy).ok
     problems = verify_dataset(copy, decode=True).problems
     assert len(problems) == 1 and problems[0].endswith("field mp4: its stream facts in the sample table disagree with the video (tampered table?)")
+
+
+def test_a_damaged_video_table_is_a_shard_error_never_a_crash(video_dataset: Path, tmp_path: Path) -> None:
+    import numpy as np
+
+    from fastload.errors import ShardError
+    from fastload.formats.table import SampleTable
+    from tests.hostile_data import mutate
+
+    index = read_index(video_dataset)
+    data = (video_dataset / index.shards[0].table).read_bytes()
+    rng = np.random.default_rng(0)
+    outcomes = {"read": 0, "refused": 0}
+    for _ in range(300):
+        damaged = mutate(data, rng, keep=8)
+        try:
+            table = SampleTable(tmp_path / "t.table", index.shards[0].samples, damaged)
+            for i in range(len(table)):
+                table.key(i), table.spans(i), table.stream_facts(i)
+            outcomes["read"] += 1
+        except ShardError:
+            outcomes["refused"] += 1
+    assert outcomes["refused"] > 100 and sum(outcomes.values()) == 300

@@ -170,3 +170,11 @@ def test_clip_and_video_fields_are_asked_for_together(video_dataset: Path, clean
     fields = fastload.DataLoader(video_dataset, batch_size=2, fields=["mp4", "cls"], clip=Clip(frames=2), transform=T.train(16))
     clips, labels = next(iter(fields))
     assert clips.shape == (2, 2, 3, 16, 16) and labels.shape == (2,)
+
+
+def test_audio_beside_clips_is_refused_by_name(video_dataset: Path) -> None:
+    with pytest.raises(ValueError, match="field mp4: audio beside clips is not supported yet"):
+        fastload.DataLoader(video_dataset, batch_size=2, fields={"mp4": "audio"}, clip=Clip(frames=2), transform=T.train(16))
+    raw = fastload.DataLoader(video_dataset, batch_size=2, fields={"mp4": "bytes"})
+    (videos,) = next(iter(raw))
+    assert isinstance(videos[0], bytes) and videos[0][4:8] == b"ftyp"  # the file, for audio decoded elsewhere
