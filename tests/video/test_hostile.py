@@ -136,3 +136,19 @@ def test_a_decode_past_its_time_limit_is_a_bad_sample(video_dataset: Path) -> No
     loader = fastload.DataLoader(video_dataset, batch_size=2, clip=Clip(frames=4, timeout_s=1e-9), transform=T.train(16))
     with pytest.raises(fastload.SampleError, match=r"shard-0000\d.tar:c\d/v\d\d: decoding took longer than its time limit \(at frame \d+\)"):
         next(iter(loader))
+
+
+def test_clips_of_tars_indexed_in_place_are_refused_naming_the_missing_facts(tmp_path: Path) -> None:
+    import tarfile
+
+    from fastload.cli import main
+
+    with tarfile.open(tmp_path / "part-0.tar", "w") as tar:
+        for name, data in (("a.mp4", video(9, 12)), ("a.cls", b"0")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    assert main(["index", str(tmp_path)]) == 0
+    loader = fastload.DataLoader(tmp_path, batch_size=1, clip=Clip(frames=2), transform=T.train(16))
+    with pytest.raises(fastload.SampleError, match="part-0.tar:a: field mp4: no stream facts in its shard's sample table"):
+        next(iter(loader))
