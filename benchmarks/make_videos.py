@@ -1,8 +1,8 @@
 """Build a benchmark video folder from real footage shipped in Debian packages.
 
 Sources (fetched with ``apt-get download`` and unpacked with ``dpkg -x``, as make_photos.py does
-for its wallpapers): the phone video of ``forensics-samples-files`` (a dog; its other video has
-damaged H.264 slices), ``python3-imageio`` (a cockatoo), ``python3-mecavideo`` (a bouncing ball) and the
+for its wallpapers): the phone video of ``forensics-samples-files`` (a dog; its other video, a
+screen recording, is left out), ``python3-imageio`` (a cockatoo), ``python3-mecavideo`` (a bouncing ball) and the
 animation of ``openboard-common``. Each output video is a window of ``--seconds`` of one source
 at a random start, scaled to a short side of ``--short-side`` px and encoded by ffmpeg's x264
 (yuv420p, a keyframe every ``--gop`` frames, no B-frame pyramid changes: x264's defaults
