@@ -20,22 +20,25 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from fastload.errors import SampleError
+from fastload.video.clips import Clip
 
 if TYPE_CHECKING:
     import numpy as np
 
-Role = Literal["image", "mask", "boxes", "label", "text", "json", "array", "bytes"]
-ROLES: tuple[str, ...] = ("image", "mask", "boxes", "label", "text", "json", "array", "bytes")
+Role = Literal["image", "mask", "boxes", "label", "text", "json", "array", "video", "bytes"]
+ROLES: tuple[str, ...] = ("image", "mask", "boxes", "label", "text", "json", "array", "video", "bytes")
 GEOMETRIC_ROLES: tuple[str, ...] = ("image", "mask", "boxes")  # follow the primary image's crop, resize and flip
 DECLARED_ROLES: tuple[str, ...] = ("mask", "boxes")  # never defaulted from an extension
 
 IMAGE_FIELDS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm")
+VIDEO_FIELDS: tuple[str, ...] = ("mp4", "webm", "mkv", "mov", "avi", "ogv", "m4v")  # containers FFmpeg demuxes
 LABEL_FIELD = "cls"
 JPEG_FIELD = "jpg"  # where a re-encoded image is stored
 DECODED_FIELD = "pixels"  # HDF5 shards of decoded pixels: the image, already decoded
 ARRAY_FIELD = "npy"
 _DEFAULT_ROLES: dict[str, Role] = {
     **{ext: "image" for ext in IMAGE_FIELDS},
+    **{ext: "video" for ext in VIDEO_FIELDS},
     DECODED_FIELD: "image",
     LABEL_FIELD: "label",
     "txt": "text",
@@ -70,6 +73,11 @@ def image_field(fields: Iterable[str]) -> str | None:
 def has_images(fields: Iterable[str]) -> bool:
     """Whether any of these field names is an image by default."""
     return any(default_role(name) == "image" for name in fields)
+
+
+def video_fields(fields: Iterable[str]) -> list[str]:
+    """Those of these field names that are videos by default, in their order."""
+    return [name for name in fields if default_role(name) == "video"]
 
 
 def parse_label(data: bytes, where: str) -> int:
@@ -220,6 +228,15 @@ class MaskCodec:
             raise SampleError(where, f"field {field}: cannot decode mask: {type(exc).__name__}") from None
 
 
+class VideoCodec:
+    """A video file (mp4, webm, ...): its bytes; the workers decode only a clip's frames
+    (:mod:`fastload.loading.clip_decode`), planned from its stream facts in the sample table."""
+
+    def decode(self, data: bytes, where: str, field: str) -> bytes:
+        """The encoded video, as stored."""
+        return data
+
+
 class BytesCodec:
     """Anything else: the stored bytes, untouched."""
 
@@ -236,6 +253,7 @@ CODECS: dict[str, Codec] = {
     "text": TextCodec(),
     "json": JsonCodec(),
     "array": ArrayCodec(),
+    "video": VideoCodec(),
     "bytes": BytesCodec(),
 }
 
@@ -262,6 +280,9 @@ class FieldSpec:
         object.__setattr__(self, "key", self.key or self.name)
         if not isinstance(self.name, str) or not self.name or any(not part for part in self.name.split(";")):
             raise ValueError(f"a field name must be a non-empty string such as 'jpg' or 'jpg;png', got {self.name!r}")
+        if self.role == "audio":
+            raise ValueError(f"field {self.name}: audio beside clips is not supported yet (the stream facts record each video's "
+                             "audio track: fastload inspect shows them); ask for the video as 'bytes' and decode its audio yourself")
         if self.role not in ROLES:
             raise ValueError(f"field {self.name}: role must be one of {ROLES}, got {self.role!r}")
         if self.optional and self.role != "label":
@@ -282,7 +303,7 @@ class FieldSpec:
     @property
     def stacked(self) -> bool:
         """Whether values are batched in shared memory (fixed shape), else as a list."""
-        return self.role in ("image", "mask", "label", "array")
+        return self.role in ("image", "mask", "label", "array", "video")
 
 
 SampleMap = Callable[[dict, "np.random.Generator"], dict]
@@ -297,6 +318,7 @@ class SampleSpec:
     fields: tuple[FieldSpec, ...]
     map: SampleMap | None = None
     classic: bool = False
+    clip: Clip | None = None  # what a video field's rows hold (its sampling decided)
     array_shapes: tuple[tuple[str, tuple[int, ...], str], ...] = ()  # (field name, shape, dtype) of stacked arrays
     wide_masks: tuple[str, ...] = ()  # mask fields stacked as uint16 (16-bit masks among the first samples)
 
@@ -310,6 +332,11 @@ class SampleSpec:
             raise TypeError(f"map= must be a callable (sample dict, numpy Generator) -> sample dict, got {type(self.map).__name__}")
         if any(f.role in DECLARED_ROLES for f in self.fields) and self.primary is None:
             raise ValueError("a mask or boxes field follows an image's crop: fields= must name an image field too")
+        videos = [f.name for f in self.fields if f.role == "video"]
+        if videos and self.clip is None:
+            raise ValueError(f"field {videos[0]} is a video: give clip=fastload.Clip(frames=..., stride=...) to say which frames to take")
+        if self.clip is not None and not videos:
+            raise ValueError("clip= takes frames of videos; the fields asked for hold none")
 
     @functools.cached_property
     def primary(self) -> FieldSpec | None:
@@ -325,21 +352,32 @@ class SampleSpec:
         return field.stacked and (field.role != "array" or self.shape_of(field.name) is not None)
 
 
-def classic_spec(decoded: bool, map: SampleMap | None = None) -> SampleSpec:
-    """Today's classification sample: the image (whatever its extension) and an optional label,
-    seen by ``map`` as ``image`` and ``label``."""
-    image = FieldSpec(DECODED_FIELD if decoded else ";".join(IMAGE_FIELDS), "image", key="image")
-    return SampleSpec(fields=(image, FieldSpec(LABEL_FIELD, "label", optional=True, key="label")), map=map, classic=True)
+def classic_spec(decoded: bool, map: SampleMap | None = None, clip: Clip | None = None) -> SampleSpec:
+    """Today's classification sample: the image (whatever its extension; with ``clip``, the video)
+    and an optional label, seen by ``map`` as ``image`` (``video``) and ``label``."""
+    if clip is not None:
+        first = FieldSpec(";".join(VIDEO_FIELDS), "video", key="video")
+    else:
+        first = FieldSpec(DECODED_FIELD if decoded else ";".join(IMAGE_FIELDS), "image", key="image")
+    return SampleSpec(fields=(first, FieldSpec(LABEL_FIELD, "label", optional=True, key="label")), map=map, classic=True, clip=clip)
 
 
 def requested_spec(
     fields: Sequence[str] | Mapping[str, str] | None, dataset_fields: Sequence[str], decoded: bool,
-    map: SampleMap | None = None, images: bool = False,
+    map: SampleMap | None = None, images: bool = False, clip: Clip | None = None,
 ) -> SampleSpec:
-    """The SampleSpec of a loader's ``fields=`` (a sequence of names, or a mapping name -> role)
-    and ``map=``. Without ``fields=``: the classic layout when the dataset has images (or
-    ``images``: the caller expects them), else every field of the dataset in its index's order."""
+    """The SampleSpec of a loader's ``fields=`` (a sequence of names, or a mapping name -> role),
+    ``map=`` and ``clip=``. Without ``fields=``: the classic layout when the dataset has images (or
+    ``images``: the caller expects them) or, with ``clip``, videos; else every field of the
+    dataset in its index's order."""
     if fields is None:
+        videos = video_fields(dataset_fields)
+        if videos and (clip is not None or not (decoded or has_images(dataset_fields))):
+            if clip is None:
+                raise ValueError(f"field {videos[0]} is a video: give clip=fastload.Clip(frames=..., stride=...) to say which frames to take")
+            return classic_spec(decoded, map, clip)
+        if clip is not None:
+            raise ValueError("clip= takes frames of videos; the fields asked for hold none")
         if images or decoded or has_images(dataset_fields):
             return classic_spec(decoded, map)
         fields = list(dataset_fields)
@@ -347,4 +385,4 @@ def requested_spec(
         raise TypeError(f"fields= takes a list of field names or a mapping name -> role, got the string {fields!r}")
     roles = dict(fields) if isinstance(fields, Mapping) else {name: None for name in fields}
     specs = tuple(FieldSpec(name, role or default_role(name.split(";")[0])) for name, role in roles.items())
-    return SampleSpec(specs, map=map)
+    return SampleSpec(specs, map=map, clip=clip)

@@ -49,6 +49,7 @@ from fastload.loading.torch_mode import TorchMode
 from fastload.loading.torchvision_translation import TorchvisionSteps, steps_as_map
 from fastload.storage.dataset import ShardedDataset
 from fastload.transforms import Transform, batch_transform, output_size
+from fastload.video.clips import Clip
 
 log = logging.getLogger("fastload")
 _logged: set[tuple[str, str]] = set()
@@ -133,6 +134,7 @@ class DataLoader(torch.utils.data.DataLoader):
         exclude: Sequence[str] | str | os.PathLike[str] | None = None,
         class_weights: Mapping[str | int, float] | None = None,
         balanced: bool = False,
+        clip: Clip | None = None,
     ) -> None:
         if isinstance(dataset, (str, os.PathLike)):
             dataset = ShardedDataset(dataset)
@@ -146,6 +148,7 @@ class DataLoader(torch.utils.data.DataLoader):
             transform=transform, backend=backend, device=device, on_error=on_error, return_keys=return_keys,
             evaluation=evaluation, shuffle_buffer=shuffle_buffer, hw_decoder_load=hw_decoder_load, fields=fields, map=map,
             batch_map=batch_map, exclude=excluded_indices(sharded, exclude), class_weights=class_weights, balanced=balanced,
+            clip=clip,
         )
         self.dataset = dataset
         self.sharded: ShardedDataset = sharded
@@ -162,7 +165,7 @@ class DataLoader(torch.utils.data.DataLoader):
         self.device = options.device
         # fields= and map=: what the workers make of a sample (a torchvision transform's rest first)
         self.sample_spec = with_torchvision_steps(
-            resolve_spec(sharded, options.fields, options.map, options.transform), options.torchvision_steps)
+            resolve_spec(sharded, options.fields, options.map, options.transform, options.clip), options.torchvision_steps)
         self.image_shape = self._image_shape()
         choice, self._engine = make_engine(options, self.sample_spec, sharded.decoded, self._probe_loader)
         self.backend = choice.name
@@ -184,10 +187,10 @@ class DataLoader(torch.utils.data.DataLoader):
         options = self.options
         return DataLoader(self.dataset, batch_size=options.batch_size, shuffle=True, num_workers=options.num_workers,
                           transform=options.transform, backend=backend, fields=options.fields, on_error=options.on_error,
-                          hw_decoder_load=options.hw_decoder_load)
+                          hw_decoder_load=options.hw_decoder_load, clip=options.clip)
 
     def _image_shape(self) -> tuple[int, int, int] | None:
-        if self.sample_spec.primary is None:
+        if self.sample_spec.primary is None and self.sample_spec.clip is None:
             return None  # nothing to decode: no transform needed
         ds = self.sharded
         size = output_size(self.options.transform)
@@ -197,8 +200,8 @@ class DataLoader(torch.utils.data.DataLoader):
             size = size or (height, width)
         if size is None:
             raise ValueError(
-                "images of this dataset vary in size: give a transform with a fixed output size, "
-                "e.g. transform=fastload.transforms.val(224)"
+                f"{'videos' if self.sample_spec.primary is None else 'images'} of this dataset vary in size: give a transform "
+                "with a fixed output size, e.g. transform=fastload.transforms.val(224)"
             )
         return (channels, size[0], size[1])
 

@@ -41,11 +41,14 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--report", metavar="PNG|HTML", help="with --dedupe: draw the duplicate groups side by side as thumbnails (a PNG, or an HTML page for a path ending .html)")
     p.add_argument("--on-error", choices=["raise", "skip"], default="raise")
     p.add_argument("--reencode-quality", type=int, metavar="Q", help="re-encode images as JPEG of quality Q")
-    p.add_argument("--max-size", type=int, metavar="PX", help="shrink images so the longer side is at most PX")
+    p.add_argument("--max-size", type=int, metavar="PX", help="shrink images (and videos, re-encoded) so the longer side is at most PX")
+    p.add_argument("--reencode", action="store_true", help="videos: re-encode to H.264 with a keyframe every --keyframe-interval frames")
+    p.add_argument("--keyframe-interval", type=int, default=32, metavar="N", help="with --reencode: frames between keyframes (default 32)")
     p.add_argument("--max-pixels", type=int, help="reject images with more pixels (bombs); default 89478485 (Pillow's), or FASTLOAD_MAX_PIXELS")
     p.add_argument("--follow-symlinks", action="store_true", help="follow links that leave the source root")
     p.add_argument("--path-column", default="path", help="manifest: column of image paths")
-    p.add_argument("--label-column", default="label", help="manifest/parquet: column of labels")
+    p.add_argument("--label-column", default="label", help="manifest/parquet/videos: column of labels")
+    p.add_argument("--caption-column", default="caption", help="videos manifest: column of captions (stored as txt), if present")
     p.add_argument("--image-column", default="image", help="parquet: column of images")
     p.add_argument("--split", default="train", choices=["train", "test"], help="cifar/mnist: which split")
     p.add_argument("--hdf5-decoded", action="store_true", help="HDF5: store decoded uint8[N,H,W,C] pixels")
@@ -78,12 +81,15 @@ def _run_convert(args: argparse.Namespace) -> int:
         on_error=args.on_error,
         reencode_quality=args.reencode_quality,
         max_size=args.max_size,
+        reencode_video=args.reencode,
+        keyframe_interval=args.keyframe_interval,
         max_pixels=MAX_PIXELS if args.max_pixels is None else args.max_pixels,
         source_options=SourceOptions(
             follow_symlinks=args.follow_symlinks,
             path_column=args.path_column,
             label_column=args.label_column,
             image_column=args.image_column,
+            caption_column=args.caption_column,
             split=args.split,
         ),
         writer_options=WriterOptions(hdf5_decoded=args.hdf5_decoded, hdf5_compression=args.hdf5_compression),
@@ -167,6 +173,11 @@ def _run_inspect(args: argparse.Namespace) -> int:
     print(f"fields    {', '.join(summary['fields'])}")
     if summary["decoded_shape"]:
         print(f"pixels    {summary['decoded_shape']} uint8 per sample")
+    if summary["videos"]:
+        v = summary["videos"]
+        print(f"videos    {v['count']}, {', '.join(f'{c} {n}' for c, n in v['codecs'].items())}; {v['seconds']:.1f} s, "
+              f"{v['frames_min']}-{v['frames_max']} frames, a keyframe every {v['mean_frames_per_keyframe']} frames; "
+              f"{v['smallest'][0]}x{v['smallest'][1]} to {v['largest'][0]}x{v['largest'][1]}; {v['with_audio']} with audio")
     if summary["classes"] is not None or summary["class_counts"]:
         _print_classes(summary["class_counts"], summary["classes"], summary["class_balance"])
     print(f"skipped   {summary['skipped_total']} {summary['skipped'] or ''}")
@@ -318,6 +329,8 @@ def _add_describe(sub: argparse._SubParsersAction) -> None:
                    help='the loader\'s class_weights=, as a JSON object: \'{"cat": 2, "dog": 1}\'')
     p.add_argument("--transform", choices=["train", "val", "none"], default="train", help="fastload.transforms.train/val(SIZE)")
     p.add_argument("--size", type=int, default=224, help="the transform's output side")
+    p.add_argument("--clip", metavar="FRAMES[:STRIDE[:CLIPS]]", help="a video dataset: the loader's clip=fastload.Clip(FRAMES, STRIDE, CLIPS)")
+    p.add_argument("--sampling", choices=["random", "uniform"], help="with --clip: the clip's sampling (default: random when shuffled)")
     p.add_argument("--json", action="store_true", help="print the description as JSON")
     p.set_defaults(run=_run_describe)
 
@@ -335,7 +348,8 @@ def _run_describe(args: argparse.Namespace) -> int:
         geometry = "" if s.box is None else (
             f" {s.source_size[0]}x{s.source_size[1]} crop ({s.box[0]:.1f}, {s.box[1]:.1f}, {s.box[2]:.1f}, {s.box[3]:.1f})"  # type: ignore[index]
             f" -> {s.size[0]}x{s.size[1]}{' flipped' if s.flip else ''}{f' at DCT scale {s.dct_scale}' if s.dct_scale else ''}")  # type: ignore[index]
-        print(f"{n:>5} {s.index:>9} {s.shard}:{s.key}{'' if s.valid else ' (padding)'}{geometry}{f' PROBLEM {s.problem}' if s.problem else ''}")
+        clips = "".join(f" frames {a}-{b} ({t0:.2f}-{t1:.2f} s)" for a, b, t0, t1 in s.clips)
+        print(f"{n:>5} {s.index:>9} {s.shard}:{s.key}{'' if s.valid else ' (padding)'}{clips}{geometry}{f' PROBLEM {s.problem}' if s.problem else ''}")
     return 0
 
 

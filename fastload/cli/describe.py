@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from fastload.loading.provenance import StepDescription
+from fastload.video.clips import Clip
 
 
 def read_saved_state(path: Path) -> dict[str, Any]:
@@ -26,6 +27,18 @@ def read_saved_state(path: Path) -> dict[str, Any]:
     if not isinstance(state, dict) or "samples_consumed" not in state:
         raise ValueError(f"{path}: holds no loader state_dict (saved from loader.state_dict(), or under 'loader')")
     return state
+
+
+def parse_clip(text: str, sampling: str | None) -> Clip:
+    """``FRAMES[:STRIDE[:CLIPS]]`` (``--clip 16:2``) as a Clip."""
+    try:
+        numbers = [int(part) for part in text.split(":")]
+    except ValueError:
+        raise ValueError(f"--clip {text}: expected FRAMES[:STRIDE[:CLIPS]], whole numbers") from None
+    if not 1 <= len(numbers) <= 3:
+        raise ValueError(f"--clip {text}: expected FRAMES[:STRIDE[:CLIPS]]")
+    frames, stride, clips = (*numbers, 1, 1)[:3]
+    return Clip(frames, stride, clips, sampling)  # type: ignore[arg-type]  # a choice of the command's parser
 
 
 def describe_from_arguments(args: argparse.Namespace) -> StepDescription:
@@ -46,7 +59,8 @@ def describe_from_arguments(args: argparse.Namespace) -> StepDescription:
         dataset = torch.utils.data.Subset(dataset, np.loadtxt(args.take, dtype=np.int64, ndmin=1).tolist())
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=args.shuffle, drop_last=args.drop_last, seed=seed,
                         transform=transform, rank=args.rank, world_size=world, shuffle_buffer=args.shuffle_buffer, backend="cpu",
-                        exclude=args.exclude, balanced=args.balanced, class_weights=args.class_weights)
+                        exclude=args.exclude, balanced=args.balanced, class_weights=args.class_weights,
+                        clip=parse_clip(args.clip, args.sampling) if args.clip else None)
     if state:  # at another --world than the state's: its steps so far ran at the state's topology, the rest at this one
         loader.load_state_dict(state)
     return loader.describe(args.step, args.epoch)

@@ -90,7 +90,8 @@ def prepare_run(task: RunTask) -> tuple[list[int | None] | None, list[Prepared]]
         except SampleError as exc:
             prepared.append(exc)
             continue
-        prepared.append(AsLoaded(ready.image_field) if ready.image is sample.image else ready)
+        unchanged = ready.image is sample.image and ready.extra is sample.extra  # a video re-encoded or probed: sent as prepared
+        prepared.append(AsLoaded(ready.image_field) if unchanged else ready)
     return (signer.signatures() if signer is not None else None), prepared
 
 

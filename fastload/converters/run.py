@@ -40,7 +40,15 @@ from fastload.converters.shard import ShardResult, ShardTask, WrittenShards, nam
 from fastload.converters.sources import Source, open_source
 from fastload.errors import SampleError
 from fastload.files import atomic_write_bytes, fsync_dir
-from fastload.formats.index import INDEX_FILE, SKIPPED_REPORT, DatasetIndex, read_index, write_index
+from fastload.formats.index import (
+    FORMAT_VERSION,
+    INDEX_FILE,
+    SKIPPED_REPORT,
+    VIDEO_FORMAT_VERSION,
+    DatasetIndex,
+    read_index,
+    write_index,
+)
 from fastload.storage import remote
 
 __all__ = ["PARTIAL_DIR", "ConversionConflict", "ConvertReport", "convert", "staging_dir"]
@@ -120,7 +128,9 @@ def _assemble_index(
 
     conversion = options.fingerprint()
     conversion.pop("source_options")
+    has_video = any(result.video for result in results)
     return DatasetIndex(
+        version=VIDEO_FORMAT_VERSION if has_video else FORMAT_VERSION,
         layout=options.layout,
         shards=tuple(r.info for r in results if r.info is not None),
         fields=tuple(sorted(fields)),
@@ -244,7 +254,7 @@ def _costs_cpu(options: ConvertOptions) -> bool:
     """Whether preparing a sample re-encodes it (``--reencode-quality``, ``--max-size``): then the
     work is spread sample by sample (converters.in_runs), else shard by shard (decoded HDF5 too:
     its pixels would cross to the writing process)."""
-    return options.reencode_quality is not None or options.max_size is not None
+    return options.reencode_quality is not None or options.max_size is not None or options.reencode_video
 
 
 def _plan(

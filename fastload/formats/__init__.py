@@ -15,9 +15,11 @@ from fastload.formats.index import DatasetIndex, ShardInfo
 from fastload.formats.shard_formats import shard_format
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import numpy as np
 
-    from fastload.formats.table import SampleTable
+    from fastload.formats.table import Facts, SampleTable
 
 
 _pid = os.getpid()
@@ -58,8 +60,12 @@ class ShardReader(Protocol):
     def close(self) -> None:
         """Release file handles."""
 
-    def sample_table(self) -> bytes:
-        """The shard's sample table (:mod:`fastload.formats.table`), built from its contents."""
+    def sample_table(self, facts: Sequence[Facts] = ()) -> bytes:
+        """The shard's sample table (:mod:`fastload.formats.table`), built from its contents, with
+        its videos' stream ``facts`` (read at conversion: none are probed here)."""
+
+    def stream_facts(self, i: int) -> Facts:
+        """The stream facts of sample ``i``'s videos, from the shard's sample table (empty: none)."""
 
 
 class PixelReader(ShardReader, Protocol):

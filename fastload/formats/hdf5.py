@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -19,6 +20,9 @@ from fastload.fields import LABEL_FIELD, format_label
 from fastload.files import open_regular
 from fastload.formats import this_process
 from fastload.formats.columns import PackedStrings, int_column
+
+if TYPE_CHECKING:
+    from fastload.formats.table import Facts
 
 # Decompressed chunks kept per process over its open files (h5py's default is 1 MB a file, a
 # handful of 64-row chunks, so shuffled reading of a compressed shard decompressed a chunk for
@@ -179,13 +183,20 @@ class Hdf5ShardReader:
         """The key of row ``i``."""
         return self._columns()["key"][i]
 
-    def sample_table(self) -> bytes:
-        """The shard's sample table: keys and labels (its byte columns are found through h5py)."""
+    def sample_table(self, facts: Sequence[Facts] = ()) -> bytes:
+        """The shard's sample table: keys and labels (its byte columns are found through h5py);
+        HDF5 shards hold no videos, so ``facts`` must be empty."""
         from fastload.formats.table import encode_table
 
+        if any(facts):
+            raise ValueError(f"{self.path}: HDF5 shards hold no videos: no stream facts to record")
         columns = self._columns()
         labels = columns["labels"] if columns["labels"] is not None else np.full(self.rows, -1, np.int64)
         return encode_table([columns["key"][i] for i in range(self.rows)], [{}] * self.rows, labels)
+
+    def stream_facts(self, i: int) -> Facts:
+        """HDF5 shards hold no videos: no stream facts."""
+        return {}
 
     @property
     def decoded(self) -> bool:

@@ -21,7 +21,8 @@ from fastload.formats.shard_formats import LAYOUTS, shard_format
 
 FORMAT_NAME = "fastload"
 FORMAT_VERSION = 3  # 2: HDF5 byte columns stored flat (a group of `bytes` + `offsets`); 3: per-shard sample tables
-READABLE_VERSIONS = (1, 2, 3)
+VIDEO_FORMAT_VERSION = 4  # 4: sample tables of version 2, with videos' stream facts (written only for a dataset holding videos)
+READABLE_VERSIONS = (1, 2, 3, 4)
 INDEX_FILE = "index.json"
 SKIPPED_REPORT = "skipped.jsonl"
 

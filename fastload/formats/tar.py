@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import tarfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from fastload.errors import DatasetIndexError, SampleError, ShardError
@@ -13,7 +14,7 @@ from fastload.fields import is_field_member
 from fastload.files import open_regular, read_file
 from fastload.formats import open_in_root, this_process
 from fastload.formats.idx import TarMembers, parse_dali_index
-from fastload.formats.table import SampleTable, encode_table, tar_labels
+from fastload.formats.table import Facts, SampleTable, encode_table, tar_labels
 
 MAX_GAP = 4096  # read a sample's fields in one pread when they are at most this far apart in all
 
@@ -120,12 +121,18 @@ class TarShardReader:
             out[ext] = data
         return out
 
-    def sample_table(self) -> bytes:
-        """The shard's sample table, from its ``.idx`` (labels read from its ``cls`` members)."""
+    def sample_table(self, facts: Sequence[Facts] = ()) -> bytes:
+        """The shard's sample table, from its ``.idx`` (labels read from its ``cls`` members) and
+        its videos' stream ``facts``."""
         members = self._samples if isinstance(self._samples, TarMembers) else self.members()
         keys = [members.key(i) for i in range(len(members))]
         spans = [members.spans(i) for i in range(len(members))]
-        return encode_table(keys, spans, tar_labels(self.path, keys, spans))
+        return encode_table(keys, spans, tar_labels(self.path, keys, spans), facts)
+
+    def stream_facts(self, i: int) -> Facts:
+        """The stream facts of sample ``i``'s videos: from the sample table (a shard read through its
+        ``.idx`` alone has none)."""
+        return self._samples.stream_facts(i) if isinstance(self._samples, SampleTable) else {}
 
     def check(self) -> None:
         """Walk the tar's member headers and check them against the ``.idx``: the same field members

@@ -17,6 +17,7 @@ from fastload.errors import OnError, check_on_error
 from fastload.loading.samplers import adopt_sampler
 from fastload.loading.torchvision_translation import TorchvisionSteps, is_torchvision_pipeline, translate
 from fastload.transforms import Transform, validate
+from fastload.video.clips import Clip
 
 Backend = Literal["auto", "cpu", "dali", "hybrid"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
@@ -67,6 +68,7 @@ class LoaderOptions:
     exclude: tuple[int, ...] | None = fast_path_only(None)
     class_weights: Mapping[str | int, float] | None = fast_path_only(None)  # class name or label -> share (fastload.orders.balanced)
     balanced: bool = fast_path_only(False)  # every class an equal share of each epoch
+    clip: Clip | None = fast_path_only(None)  # which frames of each video (fastload.video.clips); stored with its sampling decided
     take: tuple[int, ...] | None = None  # the sample indices a Subset / SubsetRandomSampler selects
     drop_remainder: bool = False  # as DistributedSampler(drop_last=True)
     distributed: DistributedSampler | None = None  # a sampler= whose set_epoch the loader follows
@@ -105,6 +107,10 @@ class LoaderOptions:
             raise TypeError(f"map= must be a callable (sample: dict, rng: numpy.random.Generator) -> dict, got {self.map!r}")
         if self.rank is not None and self.world_size is not None:
             resolve_rank_world(self.rank, self.world_size)  # refuse an impossible pair now
+        if self.clip is not None:
+            if not isinstance(self.clip, Clip):
+                raise TypeError(f"clip= takes a fastload.Clip, got {type(self.clip).__name__}")
+            object.__setattr__(self, "clip", self.clip.resolved(self.shuffle and not self.evaluation))
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.backend == "hybrid" and self.num_workers == 0:

@@ -16,7 +16,7 @@ from fastload.files import reserve_descriptors
 from fastload.formats import PixelReader, ShardReader, offsets_name, open_shard, open_shard_files, table_name, this_process
 from fastload.formats.index import INDEX_FILE, DatasetIndex, read_index
 from fastload.formats.shard_formats import ShardFormat, shard_format
-from fastload.formats.table import SampleTable
+from fastload.formats.table import Facts, SampleTable
 from fastload.storage.remote import is_url
 from fastload.storage.sample_tables import (
     DatasetKeys,
@@ -262,6 +262,12 @@ class ShardedDataset:
         reader = self.reader(shard)
         pixels = cast(PixelReader, reader).pixels(row) if self.decoded else None  # only HDF5 shards hold decoded pixels
         return reader.key(row), reader.read(row), pixels
+
+    def stream_facts(self, i: int) -> Facts:
+        """The stream facts of sample ``i``'s videos by field (its shard's sample table; nothing
+        of the video is read)."""
+        shard, row = self.locate(i)
+        return self.reader(shard).stream_facts(row)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         key, fields, pixels = self.raw(i)

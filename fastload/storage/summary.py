@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
-from fastload.formats.index import SKIPPED_REPORT, read_index
+from fastload.formats.index import SKIPPED_REPORT, VIDEO_FORMAT_VERSION, read_index
 from fastload.storage import remote
 from fastload.storage.dataset import read_remote_index
 
@@ -38,7 +39,43 @@ def summarize(root: str | Path) -> dict:
         "skipped_total": sum(index.skipped.values()),
         "skipped_samples": skipped_samples,
         "duplicates": index.duplicates,
+        "videos": video_summary(root) if index.version == VIDEO_FORMAT_VERSION else None,
     }
+
+
+def video_summary(root: str | Path) -> dict:
+    """The videos' stream facts over the dataset, from its sample tables (no video is opened):
+    how many, their codecs, frames, seconds, sizes, keyframe spacing and audio."""
+    from fastload.storage.dataset import ShardedDataset
+
+    ds = ShardedDataset(root)
+    codecs: Counter[str] = Counter()
+    frames: list[int] = []
+    gaps: list[float] = []
+    sides: list[tuple[int, int]] = []
+    seconds, audio = 0.0, 0
+    for i in range(len(ds)):
+        for facts in ds.stream_facts(i).values():
+            codecs[facts.codec] += 1
+            frames.append(facts.frames)
+            seconds += facts.seconds
+            gaps.append(facts.frames / len(facts.keyframes))
+            sides.append((facts.width, facts.height))
+            audio += facts.audio_rate > 0
+    ds.close()
+    if not frames:
+        return {"count": 0}
+    smallest, largest = min(sides, key=_area), max(sides, key=_area)
+    return {
+        "count": len(frames), "codecs": dict(codecs.most_common()), "frames_min": min(frames), "frames_max": max(frames),
+        "seconds": round(seconds, 1), "mean_frames_per_keyframe": round(sum(gaps) / len(gaps), 1),
+        "smallest": [*smallest], "largest": [*largest],
+        "with_audio": audio,
+    }
+
+
+def _area(side: tuple[int, int]) -> int:
+    return side[0] * side[1]
 
 
 def class_balance(counts: dict[str, int], classes: tuple[str, ...] | None = None) -> dict | None:

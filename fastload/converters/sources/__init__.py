@@ -20,6 +20,7 @@ SOURCE_MODULES: dict[str, str] = {
     "npz": "fastload.converters.sources.arrays",
     "parquet": "fastload.converters.sources.parquet",
     "wds": "fastload.converters.sources.wds",
+    "videos": "fastload.converters.sources.videos",
 }
 
 
@@ -31,6 +32,7 @@ class SourceOptions:
     path_column: str = "path"  # manifest
     label_column: str = "label"  # manifest, parquet
     image_column: str = "image"  # parquet
+    caption_column: str = "caption"  # videos (a manifest): stored as each sample's txt, where the column exists
     split: str = "train"  # cifar, mnist: "train" or "test"
 
     def __post_init__(self) -> None:

@@ -35,6 +35,7 @@ class ImageFolderSource:
     root: Path
     classes: tuple[str, ...]
     follow_symlinks: bool
+    extensions: frozenset[str] = IMAGE_EXTENSIONS  # the files it lists (lower case, with the dot)
 
     def items(self) -> list[SourceItem]:
         """Every image file, class by class, in sorted path order."""
@@ -62,7 +63,7 @@ class ImageFolderSource:
                 if entry.is_symlink():
                     check_linked_folder(self.root, f"{root}/{rel}", self.follow_symlinks)
                 self._scan(root, rel, label, found, above | {here})
-            elif os.path.splitext(entry.name)[1].lower() in IMAGE_EXTENSIONS:
+            elif os.path.splitext(entry.name)[1].lower() in self.extensions:
                 try:
                     st = entry.stat()
                     stamp: tuple[int, ...] = (st.st_size, st.st_mtime_ns)
@@ -93,9 +94,9 @@ def check_linked_folder(root: Path, link: str, follow_symlinks: bool) -> None:
         raise ValueError(f"{link}: a folder linked from outside the source root (-> {target}); pass --follow-symlinks to convert it")
 
 
-def open_source(path: str, options: SourceOptions) -> ImageFolderSource:
-    """Open an image folder; its class folders are its immediate subdirectories (linked ones
-    too: see check_linked_folder)."""
+def open_source(path: str, options: SourceOptions, extensions: frozenset[str] = IMAGE_EXTENSIONS) -> ImageFolderSource:
+    """Open an image folder (files of ``extensions``); its class folders are its immediate
+    subdirectories (linked ones too: see check_linked_folder)."""
     root = Path(os.path.realpath(path))
     if not root.is_dir():
         raise FileNotFoundError(f"{path}: not a directory")
@@ -106,5 +107,5 @@ def open_source(path: str, options: SourceOptions) -> ImageFolderSource:
                 check_linked_folder(root, entry.path, options.follow_symlinks)
             classes.append(entry.name)
     if not classes:
-        raise ValueError(f"{path}: no class subfolders (expected ROOT/CLASS/IMAGE)")
-    return ImageFolderSource(root=root, classes=tuple(sorted(classes)), follow_symlinks=options.follow_symlinks)
+        raise ValueError(f"{path}: no class subfolders (expected ROOT/CLASS/FILE)")
+    return ImageFolderSource(root=root, classes=tuple(sorted(classes)), follow_symlinks=options.follow_symlinks, extensions=extensions)

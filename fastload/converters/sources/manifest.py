@@ -48,7 +48,8 @@ class ManifestSource:
         return Sample(key=item.key, where=item.where, image=data, label=label)
 
 
-def _read_rows(manifest: Path) -> list[dict]:
+def read_rows(manifest: Path) -> list[dict]:
+    """Every row of a CSV, TSV or JSON-lines manifest, as a dict by column."""
     if manifest.suffix.lower() in (".jsonl", ".ndjson", ".json"):
         rows = []
         for lineno, line in enumerate(manifest.read_text().splitlines(), start=1):
@@ -111,7 +112,7 @@ def _resolve_labels(raw_labels: list[object], manifest: Path, column: str) -> tu
 def open_source(path: str, options: SourceOptions) -> ManifestSource:
     """Read the whole manifest (it is small) and resolve labels to class indices."""
     manifest = Path(path)
-    rows = _read_rows(manifest)
+    rows = read_rows(manifest)
     if not rows:
         raise ValueError(f"{manifest}: the manifest has no rows")
     for column in (options.path_column, options.label_column):

@@ -16,6 +16,8 @@ from fastload.formats.index import ShardInfo
 if TYPE_CHECKING:
     import numpy as np
 
+    from fastload.video.facts import StreamFacts
+
 WRITER_MODULES: dict[str, str] = {"wds": "fastload.converters.writers.wds", "hdf5": "fastload.converters.writers.hdf5"}
 
 
@@ -30,6 +32,7 @@ class PreparedSample:
     image: bytes | np.ndarray | None
     label: int | None = None
     extra: dict[str, bytes] = field(default_factory=dict)
+    facts: dict[str, StreamFacts] = field(default_factory=dict)  # each video field's stream facts (for the sample table)
 
 
 class ShardWriter(Protocol):

@@ -11,7 +11,7 @@ from fastload.converters.writers import PreparedSample, WriterOptions, publish, 
 from fastload.fields import LABEL_FIELD, format_label
 from fastload.formats.idx import Member, format_dali_index
 from fastload.formats.index import ShardInfo
-from fastload.formats.table import TABLE_SUFFIX, tar_table
+from fastload.formats.table import TABLE_SUFFIX, Facts, tar_table
 
 BLOCK = tarfile.BLOCKSIZE
 RECORD = tarfile.RECORDSIZE
@@ -64,6 +64,7 @@ class WdsShardWriter:
         self._sha = hashlib.sha256()
         self._pos = 0
         self._samples: list[list[Member]] = []
+        self._facts: list[Facts] = []
 
     def _write(self, data: bytes) -> None:
         self._file.write(data)
@@ -90,6 +91,7 @@ class WdsShardWriter:
             pos += len(data) + padding
         self._write(b"".join(parts))  # one write and one hash update per sample
         self._samples.append(members)
+        self._facts.append(sample.facts)
 
     def finish(self) -> ShardInfo:
         """End the archive (two zero blocks, padded to a 10 KiB record), then publish idx, sample
@@ -103,7 +105,7 @@ class WdsShardWriter:
         idx_tmp.write_bytes(idx_bytes)
         publish(idx_tmp, self.idx_path)
         table_tmp = temp_path(self.table_path)
-        table_bytes = tar_table(self._tmp, self._samples)
+        table_bytes = tar_table(self._tmp, self._samples, self._facts)
         table_tmp.write_bytes(table_bytes)
         publish(table_tmp, self.table_path)
         publish(self._tmp, self.path)
