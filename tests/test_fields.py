@@ -16,6 +16,7 @@ import fastload
 from fastload import transforms as T
 from fastload.converters import ConvertOptions, convert
 from fastload.errors import SampleError
+from fastload.fields import MAX_JSON_DEPTH
 from fastload.formats.index import read_index
 from tests.conftest import jpeg_bytes, png_bytes, run_cli, small_photo
 
@@ -287,6 +288,54 @@ def test_verify_decode_parses_every_field_by_its_role(bad_tars: Path, clip_tars:
     assert proc.returncode == 1
     assert ":s002: field json: bad JSON" in proc.stderr and ":s005: field npy: a .npy of Python objects" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 2  # the wrong-size mask is a mask only once declared
+
+
+def nested(depth: int) -> bytes:
+    """A JSON value of lists and an object nested ``depth`` levels deep."""
+    return b"[" * (depth - 1) + b'{"a": 1}' + b"]" * (depth - 1)
+
+
+@pytest.fixture(scope="module")
+def deep_json_tars(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Six text + json samples; s002's json is nested 700 deep (it parses, but cannot be pickled
+    back from a worker), s004's exactly MAX_JSON_DEPTH deep (allowed)."""
+    samples = [{"__key__": f"s{i:03d}", "txt": f"t{i}", "json": json.dumps({"i": i}).encode()} for i in range(6)]
+    samples[2]["json"] = nested(700)
+    samples[4]["json"] = nested(MAX_JSON_DEPTH)
+    root = write_tars(tmp_path_factory.mktemp("deep-json"), samples, per_tar=6)
+    run_cli("index", str(root))
+    return root
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_json_nested_too_deep_is_a_sample_error_never_a_hang(deep_json_tars: Path, workers: int) -> None:
+    kwargs = dict(batch_size=3, num_workers=workers, fields=["txt", "json"], timeout=30)  # a hang would time out, failing the test
+    with pytest.raises(SampleError) as caught:
+        list(loader(deep_json_tars, **kwargs))
+    assert caught.value.where.endswith(":s002") and caught.value.reason == f"field json: JSON nested deeper than {MAX_JSON_DEPTH} levels"
+    with loader(deep_json_tars, on_error="skip", return_keys=True, **kwargs) as dl:
+        got = {key: meta for _, metas, keys in dl for meta, key in zip(metas, keys, strict=True)}
+        assert [entry["key"] for entry in dl.stats.skipped.entries] == ["s002"]
+    assert sorted(got) == ["s000", "s001", "s003", "s004", "s005"]
+    assert json.dumps(got["s004"]).encode().replace(b" ", b"") == nested(MAX_JSON_DEPTH).replace(b" ", b"")
+
+
+def unpicklable(sample: dict, rng: np.random.Generator) -> dict:
+    """A user map that gives one sample's caption a value pickle cannot send (a generator)."""
+    if sample["txt"] == "t3":
+        sample["txt"] = (c for c in "t3")
+    return sample
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_value_a_worker_cannot_send_back_is_an_error_naming_the_sample(tmp_path: Path, workers: int, on_error: str) -> None:
+    root = write_tars(tmp_path / "tars", [{"__key__": f"s{i:03d}", "txt": f"t{i}"} for i in range(6)], per_tar=3)
+    run_cli("index", str(root))
+    with pytest.raises(SampleError) as caught:  # not skippable: the sample was read; map='s value is the user's
+        list(loader(root, batch_size=3, num_workers=workers, fields=["txt"], map=unpicklable, on_error=on_error, timeout=30))
+    assert caught.value.where == "00001.tar:s003"
+    assert caught.value.reason.startswith("field txt: its value cannot be sent from the worker (TypeError:")
 
 
 def jitter(sample: dict, rng: np.random.Generator) -> dict:
