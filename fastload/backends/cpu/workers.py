@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
-import pickle
 import os
+import pickle
 import queue
 import signal
 import time
@@ -65,6 +65,7 @@ class WorkerConfig:
     transforms: tuple[Transform, ...]
     seed: int
     on_error: str
+    skip_limit: int  # the most bad samples one search for a readable sample passes (fastload.loading.batch_fill.Substitutes)
     buffers: BatchBuffers
     worker_init_fn: Callable[[int], None] | None
     sample_spec: SampleSpec  # the fields to make of each sample
@@ -100,7 +101,8 @@ def _worker_main(worker_id: int, config: WorkerConfig, tasks: multiprocessing.Qu
         try:
             columns = config.buffers.slot_columns(slot, slice(start, start + len(indices)))
             result.keys, result.skipped, result.values = fill_fields(
-                config.dataset, indices, config.sample_spec, config.transforms, config.seed, epoch, config.on_error, columns, clock
+                config.dataset, indices, config.sample_spec, config.transforms, config.seed, epoch, config.on_error, columns, clock,
+                config.skip_limit,
             )
         except SampleError as exc:
             result.bad_sample = (exc.where, exc.reason)
