@@ -63,9 +63,9 @@ class LoaderOrders:
         self.class_weights: tuple[float, ...] | None = None
         if options.balanced or options.class_weights is not None:
             labels = dataset.sample_labels()
-            count = len(dataset.classes) if dataset.classes is not None else int(labels.max(initial=-1)) + 1
+            count = len(dataset.classes) if dataset.classes is not None else None
             self.classes = class_members(labels, self._spec(0, 1, ()).selection(), count)
-            self.class_weights = class_weight_vector(options.class_weights, self.classes.counts, dataset.classes)
+            self.class_weights = class_weight_vector(options.class_weights, self.classes.counts, dataset.classes, self.classes.labels)
 
     def ranks(self) -> tuple[int, int]:
         """(rank, world size): rank=/world_size=, a DistributedSampler's, the process group's, the launcher's."""

@@ -13,6 +13,8 @@ import pytest
 
 import fastload
 from fastload.converters import ConvertOptions, convert
+from tests.conftest import png_bytes, small_photo
+from tests.hostile_data import run_limited, write_raw_dataset
 
 COUNTS = [300, 120, 60, 20]  # samples of each class: unbalanced
 BATCH = 5
@@ -165,3 +167,16 @@ def test_dalis_feed_follows_the_same_balanced_order_without_the_excluded(unbalan
             it.set_epoch(1)
             orders.append(keys_and_labels(it)[0])
     assert orders[0] == orders[1] and "00000004" not in orders[0]
+
+
+def test_balanced_memory_follows_the_samples_not_the_largest_label(tmp_path: Path) -> None:
+    """One label of 10**9 among 12 samples: the balanced order holds the 12 samples and 4 classes
+    (it needed ~7.5 GiB, a count for every label value up to the largest), under a 3 GiB address space."""
+    labels = [0, 1, 7, 10**9] * 3
+    write_raw_dataset(tmp_path / "ds", [(f"s{i:02d}", "png", png_bytes(small_photo(i, size=(8, 8))), label) for i, label in enumerate(labels)])
+    got = run_limited(f"""
+        import json, fastload
+        loader = fastload.DataLoader({str(tmp_path / "ds")!r}, batch_size=4, shuffle=True, balanced=True, transform=[fastload.transforms.CenterCrop(8)])
+        print(json.dumps(sorted(label for _, batch in loader for label in batch.tolist())))
+    """)
+    assert got == sorted(labels)  # 4 classes, 3 samples each: each class its equal share

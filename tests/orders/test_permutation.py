@@ -206,3 +206,15 @@ def test_class_weights_must_be_finite_and_huge_ones_do_not_overflow() -> None:
         class_weight_vector({1: float("nan")}, counts, None)
     huge = class_weight_vector({0: 1e308, 1: 1e308, 2: 5e307}, counts, None)
     assert class_shares(huge, 10).tolist() == [4, 4, 2]
+
+
+def test_sparse_labels_are_classes_by_what_is_present() -> None:
+    labels = np.array([5, 10**12, 5, 5, -1, 10**12, 5, 5])
+    classes = class_members(labels, Selection(len(labels)))
+    assert classes.labels.tolist() == [5, 10**12] and classes.counts.tolist() == [5, 2]
+    weights = class_weight_vector({10**12: 3, 7: 0}, classes.counts, None, classes.labels)
+    assert weights == (1.0, 3.0)
+    with pytest.raises(ValueError, match="no sample"):
+        class_weight_vector({7: 1}, classes.counts, None, classes.labels)
+    drawn = every(spec(shard_sizes=(len(labels),), class_weights=weights).order(0, classes))
+    assert np.bincount(labels[drawn] == 10**12).tolist() == [2, 5]  # the 7 labelled positions shared 1:3 (1.75, 5.25)
