@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, cast
 from fastload.errors import FastloadError, SampleError
 from fastload.fields import image_field
 from fastload.formats import PixelReader, ShardReader
+from fastload.formats.key_list import format_keys
 from fastload.near.search import MultiIndex
 from fastload.processes import forked_pool
 from fastload.storage.dataset import ShardedDataset
@@ -168,9 +169,10 @@ def find_overlap(a: str | Path, b: str | Path, threshold: int, workers: int = os
 
 
 def write_exclude(path: str | Path, overlap: Overlap) -> int:
-    """B's overlapping keys, one a line (UTF-8), each once, in B's order; returns how many."""
+    """B's overlapping keys, one a line (UTF-8; fastload.formats.key_list), each once, in B's
+    order; returns how many."""
     keys = list(dict.fromkeys(m.b_key for m in overlap.matches))
-    Path(path).write_text("".join(f"{key}\n" for key in keys), encoding="utf-8")
+    Path(path).write_text(format_keys(keys), encoding="utf-8")
     return len(keys)
 
 
