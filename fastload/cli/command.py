@@ -368,8 +368,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (FastloadError, ValueError, OSError, RuntimeError, ImportError) as exc:  # OSError: disk full, permissions, ...
-        print(f"fastload {args.command}: error: {exc}", file=sys.stderr)
+    except (FastloadError, ValueError, OSError, RuntimeError, ImportError, LookupError) as exc:  # OSError: disk full, permissions, ...
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc  # a KeyError's str() is its repr
+        print(f"fastload {args.command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"fastload {args.command}: interrupted", file=sys.stderr)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import io
 import re
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,8 +58,8 @@ def _load(path: Path) -> ArraySet:
     """The images, labels and other arrays of ``path``, checked to have one row per sample."""
     try:
         arrays = _arrays_of(path)
-    except ValueError as exc:  # an object array: allow_pickle=False refuses it
-        raise ValueError(f"{path}: cannot read its arrays without pickle ({exc})") from None
+    except (ValueError, EOFError, zipfile.BadZipFile) as exc:  # an object array (allow_pickle=False refuses it), a cut file
+        raise ValueError(f"{path}: cannot read its arrays ({type(exc).__name__}: {str(exc)[:100]})") from None
     if not arrays:
         raise ValueError(f"{path}: no arrays (.npy files or .npz members)")
     lone = path.suffix == ".npy"
