@@ -43,7 +43,8 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reencode-quality", type=int, metavar="Q", help="re-encode images as JPEG of quality Q")
     p.add_argument("--max-size", type=int, metavar="PX", help="shrink images so the longer side is at most PX")
     p.add_argument("--max-pixels", type=int, help="reject images with more pixels (bombs); default 89478485 (Pillow's), or FASTLOAD_MAX_PIXELS")
-    p.add_argument("--follow-symlinks", action="store_true", help="follow links that leave the source root")
+    p.add_argument("--follow-symlinks", action="store_true",
+                   help="read files outside the source root: links leading out of it, manifest paths that are absolute or climb out with ..")
     p.add_argument("--path-column", default="path", help="manifest: column of image paths")
     p.add_argument("--label-column", default="label", help="manifest/parquet: column of labels")
     p.add_argument("--image-column", default="image", help="parquet: column of images")

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from fastload.converters.sample import Sample, SourceItem, file_stamp
-from fastload.converters.sources import SourceOptions
+from fastload.converters.sources import SourceOptions, inside_source
 from fastload.fields import ARRAY_FIELD
 
 IMAGE_NAMES = ("images", "x", "data", "X", "x_train")
@@ -122,5 +122,7 @@ def open_source(path: str, options: SourceOptions) -> ArraySource:
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"{path}: no such file or directory")
+    for f in sorted(p.glob("*.npy")) if p.is_dir() else ():
+        inside_source(p, f, options.follow_symlinks)
     _load(p)  # validate now, in the driver, with a clear message
     return ArraySource(path=p)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from fastload.converters.sample import Sample, SourceItem, file_stamp, make_key, unique_keys
-from fastload.converters.sources import SourceOptions
+from fastload.converters.sources import SourceOptions, inside_source
 
 # The only globals a CIFAR batch references: how numpy rebuilds an array and its dtype, and how
 # protocol-2 pickles written by Python 3 spell a bytes object. None of them can run code.
@@ -107,6 +107,8 @@ def open_source(path: str, options: SourceOptions) -> CifarSource:
     for variant, meta_name, names_key in (("cifar10", "batches.meta", "label_names"), ("cifar100", "meta", "fine_label_names")):
         files = [root / name for name in _SPLITS[variant][options.split]]
         if all(f.is_file() for f in files):
+            for f in [*files, root / meta_name]:
+                inside_source(root, f, options.follow_symlinks)
             meta = root / meta_name
             classes = None
             if meta.is_file():
