@@ -101,18 +101,18 @@ def _run_convert(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     index = report.index
     if report.already_complete:
-        print(f"{args.out}: already converted ({index.num_samples} samples in {len(index.shards)} shards)")
+        print(f"{_shown(args.out)}: already converted ({index.num_samples} samples in {len(index.shards)} shards)")
         return 0
     print(
-        f"{args.out}: {index.num_samples} samples in {len(index.shards)} {index.layout} shards, "
+        f"{_shown(args.out)}: {index.num_samples} samples in {len(index.shards)} {index.layout} shards, "
         f"{index.total_bytes / 1e6:.1f} MB in {seconds:.1f}s ({index.total_bytes / 1e6 / max(seconds, 1e-9):.1f} MB/s); "
         f"{report.shards_written} shards written, {report.shards_reused} resumed"
         + (f" ({report.shards_changed} finished earlier rewritten: their sources changed)" if report.shards_changed else "")
     )
     if index.skipped:
-        print(f"skipped {sum(index.skipped.values())} bad samples {index.skipped}: see {args.out}/skipped.jsonl")
+        print(f"skipped {sum(index.skipped.values())} bad samples {index.skipped}: see {_shown(args.out)}/skipped.jsonl")
     if index.duplicates:
-        print(f"dropped {index.duplicates} duplicates: see {args.out}/duplicates.jsonl")
+        print(f"dropped {index.duplicates} duplicates: see {_shown(args.out)}/duplicates.jsonl")
     return 0
 
 
@@ -162,7 +162,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=1, sort_keys=True))
         return 0
-    print(f"dataset   {args.dataset}")
+    print(f"dataset   {_shown(args.dataset)}")
     print(f"layout    {summary['layout']} (from {summary['source'] or '?'})")
     print(f"samples   {summary['samples']} in {summary['shards']} shards, {summary['bytes'] / 1e6:.1f} MB")
     print(f"fields    {', '.join(summary['fields'])}")
@@ -222,8 +222,8 @@ def _run_overlap(args: argparse.Namespace) -> int:
         print(json.dumps(overlap.as_json(), indent=1, sort_keys=True))
         return 0
     print(
-        f"{args.b}: {len(overlap.matches)} of {overlap.b_samples} samples within {args.near_threshold} bits of one of "
-        f"{overlap.a_samples} in {args.a} ({seconds:.1f}s)"
+        f"{_shown(args.b)}: {len(overlap.matches)} of {overlap.b_samples} samples within {args.near_threshold} bits of one of "
+        f"{overlap.a_samples} in {_shown(args.a)} ({seconds:.1f}s)"
     )
     for m in overlap.matches[:20]:
         print(f"  {m.b_key}  ~  {m.a_key}  ({m.distance} bits)")
@@ -251,7 +251,7 @@ def _run_verify(args: argparse.Namespace) -> int:
     for problem in report.problems:
         print(f"BAD {problem}", file=sys.stderr)
     status = "OK" if report.ok else f"FAILED ({len(report.problems)} problems)"
-    print(f"{args.dataset}: {report.shards} shards, {report.samples} samples verified{' and decoded' if args.decode else ''}: {status}")
+    print(f"{_shown(args.dataset)}: {report.shards} shards, {report.samples} samples verified{' and decoded' if args.decode else ''}: {status}")
     return 0 if report.ok else 1
 
 
@@ -351,6 +351,13 @@ def _run_demo(args: argparse.Namespace) -> int:
     from fastload.cli.demo import run_demo
 
     return run_demo(args.workdir, args.images, main)
+
+
+def _shown(location: str) -> str:
+    """A dataset's folder or URL as the command prints it: a URL without its credentials."""
+    from fastload.storage.remote import redact
+
+    return redact(str(location))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -22,6 +22,7 @@ from fastload.formats.key_list import format_keys
 from fastload.near.search import MultiIndex
 from fastload.processes import forked_pool
 from fastload.storage.dataset import ShardedDataset
+from fastload.storage.remote import redact
 
 if TYPE_CHECKING:
     import numpy as np
@@ -65,7 +66,7 @@ class Overlap:
     def as_json(self) -> dict:
         """A JSON-ready form (``--json``)."""
         return {
-            "a": self.a, "b": self.b, "threshold": self.threshold, "a_samples": self.a_samples, "b_samples": self.b_samples,
+            "a": redact(self.a), "b": redact(self.b), "threshold": self.threshold, "a_samples": self.a_samples, "b_samples": self.b_samples,
             "overlapping": len(self.matches),
             "matches": [{"b_key": m.b_key, "a_key": m.a_key, "distance": m.distance} for m in self.matches],
             "unreadable": {name: [{"where": w, "reason": r} for w, r in failed] for name, failed in self.unreadable.items()},
