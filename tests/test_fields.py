@@ -184,20 +184,25 @@ def rectangle_sample(i: int, rng: np.random.Generator) -> dict:
     return {"__key__": f"r{i:04d}", "png": png_bytes(Image.fromarray(pixels)), "boxes.json": json.dumps(boxes).encode()}
 
 
-def test_boxes_enclose_their_rectangle_after_crop_and_flip(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("size", "backend"), [((40, 40), "cpu"), ((24, 56), "cpu"), ((56, 24), "cpu"), ((24, 56), "dali")])
+def test_boxes_enclose_their_rectangle_after_crop_and_flip(tmp_path: Path, size: tuple[int, int], backend: str) -> None:
+    """Square and non-square outputs (height, width): a flipped box is mirrored about the output's width."""
+    if backend == "dali":
+        pytest.importorskip("nvidia.dali")
     rng = np.random.default_rng(11)
     root = write_tars(tmp_path / "boxes", [rectangle_sample(i, rng) for i in range(20)])
     run_cli("index", str(root))
-    transform = (T.RandomResizedCrop(40, scale=(0.2, 1.0)), T.RandomHorizontalFlip())
+    transform = (T.RandomResizedCrop(size, scale=(0.2, 1.0)), T.RandomHorizontalFlip())
     visible = dropped = 0
     for epoch in range(3):
-        dl = loader(root, batch_size=5, num_workers=2, transform=transform, shuffle=True, seed=epoch, fields={"png": "image", "boxes.json": "boxes"})
+        dl = loader(root, batch_size=5, num_workers=2, transform=transform, shuffle=True, seed=epoch, fields={"png": "image", "boxes.json": "boxes"},
+                    backend=backend)
         for images, boxes in dl:
-            assert isinstance(boxes, list) and len(boxes) == len(images)
+            assert isinstance(boxes, list) and len(boxes) == len(images) and images.shape[2:] == size
             for image, sample_boxes in zip(images.numpy(), boxes):
                 assert sample_boxes.dtype == torch.float32 and sample_boxes.ndim == 2 and sample_boxes.shape[1] == 4
                 assert ((sample_boxes[:, 2] > sample_boxes[:, 0]) & (sample_boxes[:, 3] > sample_boxes[:, 1])).all()
-                assert (sample_boxes >= 0).all() and (sample_boxes <= 40).all()  # clipped to the output
+                assert (sample_boxes >= 0).all() and (sample_boxes[:, [0, 2]] <= size[1]).all() and (sample_boxes[:, [1, 3]] <= size[0]).all()
                 dropped += 2 - len(sample_boxes)
                 ys, xs = np.nonzero(image.min(axis=0) > 200)  # the rectangle's clearly bright pixels
                 if len(xs) == 0:
