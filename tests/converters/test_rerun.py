@@ -89,7 +89,7 @@ def test_a_conversion_is_the_same_whatever_order_a_folder_is_listed_in(tmp_path:
         with monkeypatch.context() as patch:
             if listing == "reversed":
                 real = os.scandir
-                patch.setattr(os, "scandir", lambda path=".": ReversedListing(real(path)))
+                patch.setattr(os, "scandir", lambda path=".", real=real: ReversedListing(real(path)))
                 natural = [entry.name for entry in real(sources["imagefolder"] / "c0")]
                 assert [entry.name for entry in os.scandir(sources["imagefolder"] / "c0")] == natural[::-1] != natural
             for name, src in sources.items():
