@@ -65,7 +65,8 @@ def describe_from_arguments(args: argparse.Namespace) -> StepDescription:
 
         dataset = torch.utils.data.Subset(dataset, read_take(args.take))
     quiet = logging.getLogger("fastload")
-    level, quiet.level = quiet.level, logging.ERROR  # the loader's note on its backend (the CPU, always) is not the answer
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # the loader's note on its backend (the CPU, always) is not the answer
     try:
         loader = DataLoader(dataset, batch_size=batch_size, shuffle=args.shuffle, drop_last=args.drop_last, seed=seed,
                             transform=transform, rank=args.rank, world_size=world, shuffle_buffer=args.shuffle_buffer, backend="cpu",
