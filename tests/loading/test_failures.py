@@ -110,6 +110,42 @@ def test_max_skipped_refuses_what_is_neither_a_count_nor_a_share(clean: Path, va
         fastload.DataLoader(clean, batch_size=4, transform=T.val(16), on_error="skip", max_skipped=value)
 
 
+def test_max_skipped_of_none_all_or_nothing(corrupt: tuple[Path, set[str]]) -> None:
+    """0: the first bad sample ends the epoch, named; 1.0 (the whole epoch) and None: both skipped."""
+    path, bad = corrupt
+    kwargs = dict(batch_size=4, transform=T.val(16), on_error="skip")
+    with pytest.raises(SampleError, match=r"more than max_skipped= lets on_error='skip' pass over \(0\)$") as info:
+        list(fastload.DataLoader(path, max_skipped=0, **kwargs))
+    assert info.value.where.split(":", 1)[1] in bad
+    for everything in (1.0, None):
+        loader = fastload.DataLoader(path, max_skipped=everything, **kwargs)
+        assert sum(len(images) for images, _ in loader) == 30 and len(loader.stats.skipped) == 2
+
+
+@pytest.fixture(scope="module")
+def bad_in_rank_0(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """40 photos in one shard; samples 0, 8 and 16 with a garbage JPEG header: with a batch of 4
+    over two ranks (in order), all three are rank 0's, among its 20 samples."""
+    root = tmp_path_factory.mktemp("rank0")
+    convert(str(photo_folder(root / "raw", 40, (24, 32))), str(root / "ds"), ConvertOptions(source="imagefolder", samples_per_shard=40))
+    index = read_index(root / "ds")
+    members = parse_dali_index((root / "ds" / index.shards[0].offsets).read_text(), "idx")
+    shard = root / "ds" / index.shards[0].path
+    data = bytearray(shard.read_bytes())
+    for row in (0, 8, 16):
+        offset, _ = members.spans(row)["jpg"]
+        data[offset : offset + 16] = b"\xab" * 16
+    shard.write_bytes(bytes(data))
+    return root / "ds"
+
+
+def test_a_share_of_max_skipped_is_of_the_ranks_epoch(bad_in_rank_0: Path) -> None:
+    kwargs = dict(batch_size=4, transform=T.val(16), on_error="skip", rank=0, world_size=2)
+    with pytest.raises(SampleError, match=r"has skipped 3 samples this epoch, more than max_skipped=0.1 allows \(2\)$"):
+        list(fastload.DataLoader(bad_in_rank_0, max_skipped=0.1, **kwargs))  # a tenth of rank 0's 20 samples: 2
+    assert sum(len(images) for images, _ in fastload.DataLoader(bad_in_rank_0, max_skipped=0.15, **kwargs)) == 20
+
+
 def test_killed_worker_raises_within_seconds(clean: Path) -> None:
     loader = fastload.DataLoader(clean, batch_size=2, num_workers=2, transform=T.val(16), prefetch_factor=1)
     it = iter(loader)
