@@ -300,13 +300,22 @@ def nested(depth: int) -> bytes:
     return b"[" * (depth - 1) + b'{"a": 1}' + b"]" * (depth - 1)
 
 
+def beside_many(depth: int) -> bytes:
+    """A list holding a value ``depth - 1`` deep and 150 small lists: ``depth`` deep, more
+    brackets than MAX_JSON_DEPTH (so the depth is walked, not told by the bracket count)."""
+    return b"[" + nested(depth - 1) + b"," + b",".join(b"[%d]" % i for i in range(150)) + b"]"
+
+
 @pytest.fixture(scope="module")
 def deep_json_tars(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Six text + json samples; s002's json is nested 700 deep (it parses, but cannot be pickled
-    back from a worker), s004's exactly MAX_JSON_DEPTH deep (allowed)."""
+    back from a worker), s003's one level deeper than MAX_JSON_DEPTH, s004's exactly that deep,
+    s001's two deep with 151 lists (all three among many brackets)."""
     samples = [{"__key__": f"s{i:03d}", "txt": f"t{i}", "json": json.dumps({"i": i}).encode()} for i in range(6)]
+    samples[1]["json"] = beside_many(2)
     samples[2]["json"] = nested(700)
-    samples[4]["json"] = nested(MAX_JSON_DEPTH)
+    samples[3]["json"] = beside_many(MAX_JSON_DEPTH + 1)
+    samples[4]["json"] = beside_many(MAX_JSON_DEPTH)
     root = write_tars(tmp_path_factory.mktemp("deep-json"), samples, per_tar=6)
     run_cli("index", str(root))
     return root
@@ -317,12 +326,15 @@ def test_json_nested_too_deep_is_a_sample_error_never_a_hang(deep_json_tars: Pat
     kwargs = dict(batch_size=3, num_workers=workers, fields=["txt", "json"], timeout=30)  # a hang would time out, failing the test
     with pytest.raises(SampleError) as caught:
         list(loader(deep_json_tars, **kwargs))
-    assert caught.value.where.endswith(":s002") and caught.value.reason == f"field json: JSON nested deeper than {MAX_JSON_DEPTH} levels"
-    with loader(deep_json_tars, on_error="skip", return_keys=True, **kwargs) as dl:
+    assert caught.value.where[-5:] in (":s002", ":s003")  # the workers' first error, whichever batch it is in
+    assert caught.value.reason == f"field json: JSON nested deeper than {MAX_JSON_DEPTH} levels"
+    with loader(deep_json_tars, on_error="skip", max_skipped=None, return_keys=True, **kwargs) as dl:
         got = {key: meta for _, metas, keys in dl for meta, key in zip(metas, keys, strict=True)}
-        assert [entry["key"] for entry in dl.stats.skipped.entries] == ["s002"]
-    assert sorted(got) == ["s000", "s001", "s003", "s004", "s005"]
-    assert json.dumps(got["s004"]).encode().replace(b" ", b"") == nested(MAX_JSON_DEPTH).replace(b" ", b"")
+        assert sorted(entry["key"] for entry in dl.stats.skipped.entries) == ["s002", "s003"]
+        assert dl.stats.skipped.entries[-1]["reason"] == f"field json: JSON nested deeper than {MAX_JSON_DEPTH} levels"
+    assert sorted(got) == ["s000", "s001", "s004", "s005"]
+    for key, value in (("s001", beside_many(2)), ("s004", beside_many(MAX_JSON_DEPTH))):
+        assert json.dumps(got[key]).encode().replace(b" ", b"") == value.replace(b" ", b"")
 
 
 def unpicklable(sample: dict, rng: np.random.Generator) -> dict:

@@ -24,7 +24,8 @@ def bad(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A good dataset (``ds``, 12 photos) and, beside it, damaged files of every kind the commands read."""
     root = tmp_path_factory.mktemp("bad-inputs")
     convert(str(photo_folder(root / "raw", 12, (24, 32))), str(root / "ds"), ConvertOptions(source="imagefolder", samples_per_shard=6))
-    for name, text in (("skip-json", "{not json\n"), ("skip-list", '["where", "reason"]\n'), ("skip-fields", '{"where": 1}\n')):
+    good = '{"where": "a.jpg", "reason": "bad"}\n'
+    for name, text in (("skip-json", good + "{not json\n"), ("skip-list", '["where", "reason"]\n'), ("skip-fields", good + '{"where": 1}\n')):
         shutil.copytree(root / "ds", root / name)
         (root / name / "skipped.jsonl").write_text(text)
     shutil.copytree(root / "ds", root / "bad-index")
@@ -106,3 +107,9 @@ def test_a_bad_input_is_exit_status_2_and_one_line(bad: Path, case: str, capsys:
     assert status == 2, err
     assert len(err.splitlines()) == 1 and err.startswith(f"fastload {args[0]}: error: "), err
     assert "Traceback" not in err and "JUNK-BYTES" not in err and "not a tar" not in err  # never a file's bytes
+
+
+def test_a_malformed_skipped_report_is_named_by_file_and_line(bad: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", str(bad / "skip-json")]) == 2
+    assert capsys.readouterr().err.strip().endswith("skip-json/skipped.jsonl: line 2 is not a skipped-sample entry "
+                                                    "(a JSON object with 'where' and 'reason' strings)")
