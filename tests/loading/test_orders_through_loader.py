@@ -125,6 +125,33 @@ def test_a_resume_at_another_world_size_delivers_exactly_the_rest(unbalanced: Pa
     assert Counter(seen) == Counter(everything[: 2 * BATCH * taken])  # the order's first global steps
 
 
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_resumed_epoch_resumed_again_at_a_third_world_size_delivers_exactly_the_rest(unbalanced: Path, streaming: bool) -> None:
+    """Two ranks take a batch each and save; three ranks resume, take a batch each and save (their
+    state carries the first topology in resumed_from); one rank resumes that: the three runs make up
+    the uninterrupted epoch, sample for sample."""
+    kwargs: dict = {"shuffle_buffer": 40} if streaming else {}
+    with loader(unbalanced, **kwargs) as whole:
+        whole.set_epoch(1)
+        everything, _ = keys_and_labels(whole)
+    seen, state = [], None
+    for world in (2, 3):
+        for rank in range(world):
+            with loader(unbalanced, rank=rank, world_size=world, **kwargs) as it:
+                if state is None:
+                    it.set_epoch(1)
+                else:
+                    it.load_state_dict(state)
+                seen += keys_and_labels(itertools.islice(iter(it), 1))[0]
+                next_state = it.state_dict()
+        state = next_state
+    assert [list(step) for step in state["resumed_from"]] == [[2, BATCH, 2 * BATCH]]
+    with loader(unbalanced, **kwargs) as it:
+        it.load_state_dict(state)
+        rest = keys_and_labels(it)[0]
+    assert Counter(seen + rest) == Counter(everything)
+
+
 @pytest.mark.parametrize("version", [1, 2])
 def test_a_state_of_an_old_order_is_refused(unbalanced: Path, version: int) -> None:
     with loader(unbalanced) as it:
