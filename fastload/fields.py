@@ -47,6 +47,9 @@ _DEFAULT_ROLES: dict[str, Role] = {
     ARRAY_FIELD: "array",
 }
 MAX_INT = 2**63 - 1  # labels fit an int64
+# How deep a JSON field may nest (lists and objects): deeper values parse, but a worker cannot
+# pickle them back (Python's recursion limit; ~600 levels already failed), and no metadata needs it.
+MAX_JSON_DEPTH = 100
 _NPY_MAGIC = b"\x93NUMPY"
 
 
@@ -126,14 +129,31 @@ class TextCodec:
 
 
 class JsonCodec:
-    """``json``: parsed with the json module only (never anything that can run code)."""
+    """``json``: parsed with the json module only (never anything that can run code), at most
+    MAX_JSON_DEPTH levels deep."""
 
     def decode(self, data: bytes, where: str, field: str) -> Any:
         """The parsed value."""
         try:
-            return json.loads(data)
+            value = json.loads(data)
         except (ValueError, RecursionError) as exc:  # JSONDecodeError names the line and column, not the text
             raise SampleError(where, f"field {field}: bad JSON ({type(exc).__name__}: {str(exc)[:80]})") from None
+        if data.count(b"[") + data.count(b"{") > MAX_JSON_DEPTH and _nests_deeper(value, MAX_JSON_DEPTH):
+            raise SampleError(where, f"field {field}: JSON nested deeper than {MAX_JSON_DEPTH} levels")
+        return value
+
+
+def _nests_deeper(value: Any, limit: int) -> bool:
+    """Whether ``value`` (parsed JSON) holds lists or objects more than ``limit`` levels deep;
+    walked with a stack of its own (no recursion, whatever the depth)."""
+    stack = [(value, 1)] if isinstance(value, (list, dict)) else []
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (list, dict)))
+    return False
 
 
 class ArrayCodec:

@@ -30,6 +30,13 @@ def check_relative_path(value: object, name: str) -> str:
     return value
 
 
+def resolved_inside(root: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path | None:
+    """``path`` with every symlink resolved, or None where that lies outside ``root`` (resolved
+    too). Paths are compared part by part, never as strings: ``ds-private/x`` is not inside ``ds``."""
+    real = Path(os.path.realpath(path))
+    return real if real.is_relative_to(os.path.realpath(root)) else None
+
+
 def is_sha256(value: object) -> bool:
     """Whether ``value`` is a sha256 hex digest as the writers record it (64 lowercase hex digits)."""
     return isinstance(value, str) and _SHA256.fullmatch(value) is not None

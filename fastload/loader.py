@@ -27,6 +27,7 @@ import torch
 
 from fastload.backends.engines import make_engine
 from fastload.dist import check_ranks_agree
+from fastload.errors import DEFAULT_MAX_SKIPPED
 from fastload.fields import SampleSpec
 from fastload.loading.batch_outputs import BatchOutputs
 from fastload.loading.epoch import Epoch, EpochInputs
@@ -84,7 +85,8 @@ class DataLoader(torch.utils.data.DataLoader):
     fastload's own: ``transform`` (specs from fastload.transforms, or a torchvision Compose, translated by
     fastload.loading.torchvision_translation), ``backend`` ("auto": by measurement, fastload.backends.choice; "cpu";
     "dali"; "hybrid": each batch split between DALI and the CPU workers), ``device``,
-    ``seed``, ``on_error`` ("raise" | "skip"), ``return_keys``, ``rank``/``world_size``,
+    ``seed``, ``on_error`` ("raise" | "skip"), ``max_skipped`` (with "skip": at most this many samples
+    skipped an epoch, an int, or this share of the rank's epoch, a float; None: no limit), ``return_keys``, ``rank``/``world_size``,
     ``evaluation`` (every sample once across ranks, padding marked by a ``valid`` tensor),
     ``shuffle_buffer`` (streaming order: each rank reads its own shuffled shards in sequence
     through a buffer; always used for remote datasets, with ``options.REMOTE_SHUFFLE_BUFFER`` by default) and
@@ -122,6 +124,7 @@ class DataLoader(torch.utils.data.DataLoader):
         device: str | torch.device | None = None,
         seed: int = 0,
         on_error: str = "raise",
+        max_skipped: int | float | None = DEFAULT_MAX_SKIPPED,
         return_keys: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
@@ -145,7 +148,7 @@ class DataLoader(torch.utils.data.DataLoader):
             generator=generator, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
             batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory, drop_last=drop_last, timeout=timeout,
             worker_init_fn=worker_init_fn, collate_fn=collate_fn, prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
-            transform=transform, backend=backend, device=device, on_error=on_error, return_keys=return_keys,
+            transform=transform, backend=backend, device=device, on_error=on_error, max_skipped=max_skipped, return_keys=return_keys,
             evaluation=evaluation, shuffle_buffer=shuffle_buffer, hw_decoder_load=hw_decoder_load, fields=fields, map=map,
             batch_map=batch_map, exclude=excluded_indices(sharded, exclude), class_weights=class_weights, balanced=balanced,
             clip=clip,
@@ -187,7 +190,7 @@ class DataLoader(torch.utils.data.DataLoader):
         options = self.options
         return DataLoader(self.dataset, batch_size=options.batch_size, shuffle=True, num_workers=options.num_workers,
                           transform=options.transform, backend=backend, fields=options.fields, on_error=options.on_error,
-                          hw_decoder_load=options.hw_decoder_load, clip=options.clip)
+                          max_skipped=options.max_skipped, hw_decoder_load=options.hw_decoder_load, clip=options.clip)
 
     def _image_shape(self) -> tuple[int, int, int] | None:
         if self.sample_spec.primary is None and self.sample_spec.clip is None:

@@ -45,7 +45,8 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reencode", action="store_true", help="videos: re-encode to H.264 with a keyframe every --keyframe-interval frames")
     p.add_argument("--keyframe-interval", type=int, default=32, metavar="N", help="with --reencode: frames between keyframes (default 32)")
     p.add_argument("--max-pixels", type=int, help="reject images with more pixels (bombs); default 89478485 (Pillow's), or FASTLOAD_MAX_PIXELS")
-    p.add_argument("--follow-symlinks", action="store_true", help="follow links that leave the source root")
+    p.add_argument("--follow-symlinks", action="store_true",
+                   help="read files outside the source root: links leading out of it, manifest paths that are absolute or climb out with ..")
     p.add_argument("--path-column", default="path", help="manifest: column of image paths")
     p.add_argument("--label-column", default="label", help="manifest/parquet/videos: column of labels")
     p.add_argument("--caption-column", default="caption", help="videos manifest: column of captions (stored as txt), if present")
@@ -106,18 +107,18 @@ def _run_convert(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     index = report.index
     if report.already_complete:
-        print(f"{args.out}: already converted ({index.num_samples} samples in {len(index.shards)} shards)")
+        print(f"{_shown(args.out)}: already converted ({index.num_samples} samples in {len(index.shards)} shards)")
         return 0
     print(
-        f"{args.out}: {index.num_samples} samples in {len(index.shards)} {index.layout} shards, "
+        f"{_shown(args.out)}: {index.num_samples} samples in {len(index.shards)} {index.layout} shards, "
         f"{index.total_bytes / 1e6:.1f} MB in {seconds:.1f}s ({index.total_bytes / 1e6 / max(seconds, 1e-9):.1f} MB/s); "
         f"{report.shards_written} shards written, {report.shards_reused} resumed"
         + (f" ({report.shards_changed} finished earlier rewritten: their sources changed)" if report.shards_changed else "")
     )
     if index.skipped:
-        print(f"skipped {sum(index.skipped.values())} bad samples {index.skipped}: see {args.out}/skipped.jsonl")
+        print(f"skipped {sum(index.skipped.values())} bad samples {index.skipped}: see {_shown(args.out)}/skipped.jsonl")
     if index.duplicates:
-        print(f"dropped {index.duplicates} duplicates: see {args.out}/duplicates.jsonl")
+        print(f"dropped {index.duplicates} duplicates: see {_shown(args.out)}/duplicates.jsonl")
     return 0
 
 
@@ -167,7 +168,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=1, sort_keys=True))
         return 0
-    print(f"dataset   {args.dataset}")
+    print(f"dataset   {_shown(args.dataset)}")
     print(f"layout    {summary['layout']} (from {summary['source'] or '?'})")
     print(f"samples   {summary['samples']} in {summary['shards']} shards, {summary['bytes'] / 1e6:.1f} MB")
     print(f"fields    {', '.join(summary['fields'])}")
@@ -232,8 +233,8 @@ def _run_overlap(args: argparse.Namespace) -> int:
         print(json.dumps(overlap.as_json(), indent=1, sort_keys=True))
         return 0
     print(
-        f"{args.b}: {len(overlap.matches)} of {overlap.b_samples} samples within {args.near_threshold} bits of one of "
-        f"{overlap.a_samples} in {args.a} ({seconds:.1f}s)"
+        f"{_shown(args.b)}: {len(overlap.matches)} of {overlap.b_samples} samples within {args.near_threshold} bits of one of "
+        f"{overlap.a_samples} in {_shown(args.a)} ({seconds:.1f}s)"
     )
     for m in overlap.matches[:20]:
         print(f"  {m.b_key}  ~  {m.a_key}  ({m.distance} bits)")
@@ -261,7 +262,7 @@ def _run_verify(args: argparse.Namespace) -> int:
     for problem in report.problems:
         print(f"BAD {problem}", file=sys.stderr)
     status = "OK" if report.ok else f"FAILED ({len(report.problems)} problems)"
-    print(f"{args.dataset}: {report.shards} shards, {report.samples} samples verified{' and decoded' if args.decode else ''}: {status}")
+    print(f"{_shown(args.dataset)}: {report.shards} shards, {report.samples} samples verified{' and decoded' if args.decode else ''}: {status}")
     return 0 if report.ok else 1
 
 
@@ -366,6 +367,13 @@ def _run_demo(args: argparse.Namespace) -> int:
     return run_demo(args.workdir, args.images, main)
 
 
+def _shown(location: str) -> str:
+    """A dataset's folder or URL as the command prints it: a URL without its credentials."""
+    from fastload.storage.remote import redact
+
+    return redact(str(location))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``fastload`` command."""
     parser = argparse.ArgumentParser(prog="fastload", description="Fast data loading for PyTorch training.")
@@ -382,8 +390,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (FastloadError, ValueError, OSError, RuntimeError, ImportError) as exc:  # OSError: disk full, permissions, ...
-        print(f"fastload {args.command}: error: {exc}", file=sys.stderr)
+    except (FastloadError, ValueError, OSError, RuntimeError, ImportError, LookupError) as exc:  # OSError: disk full, permissions, ...
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc  # a KeyError's str() is its repr
+        print(f"fastload {args.command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"fastload {args.command}: interrupted", file=sys.stderr)

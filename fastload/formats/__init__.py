@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from fastload.errors import ShardError
-from fastload.files import open_regular_sized
+from fastload.files import open_regular_sized, resolved_inside
 from fastload.formats.index import DatasetIndex, ShardInfo
 from fastload.formats.shard_formats import shard_format
 
@@ -109,10 +109,10 @@ def dataset_path(root: str, name: str) -> str:
 
 def inside_root(root: str, path: str) -> str:
     """``path`` once symlinks are followed, refused with a ShardError where that leaves ``root``."""
-    real = os.path.realpath(path)
-    if not Path(real).is_relative_to(os.path.realpath(root)):
+    real = resolved_inside(root, path)
+    if real is None:
         raise ShardError(f"{path}: a symlink leads outside the dataset root; refusing to read it")
-    return real
+    return str(real)
 
 
 def root_file(root: str, name: str) -> str:

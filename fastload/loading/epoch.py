@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from fastload.errors import SampleError, skip_allowance
 from fastload.fields import SampleSpec
 from fastload.loading.batch_outputs import BatchOutputs, samples_of
 from fastload.loading.field_batch import shaped_batch
@@ -45,6 +46,11 @@ class EpochInputs:
     accelerate: bool  # prepared by accelerate: report the epoch to its GradientState
     before_start: Callable[[], None]  # the loader's checks as an epoch starts (a sampler's set_epoch, ranks agree)
 
+    @property
+    def skip_limit(self) -> int:
+        """The most bad samples one search for a readable sample passes: ``max_skipped`` of the dataset."""
+        return skip_allowance(self.options.max_skipped, len(self.dataset))
+
 
 class Epoch:
     """One pass over a rank's batches, in the epoch's order; subclasses produce the batches.
@@ -69,6 +75,8 @@ class Epoch:
         orders = self.inputs.orders
         self.plan = orders.batches(self.start)
         self.epoch, self.order = self.start.epoch, orders.order(self.start)
+        world = self.plan.step // self.plan.batch_size
+        self.skip_budget = skip_allowance(self.inputs.options.max_skipped, -(-self.plan.order_length // world))  # of this rank's epoch
         self.started = True
         self.stats_token = self.inputs.stats.begin_epoch(self.epoch, self._stage_counters(), self.inputs.dataset.downloads)
         if self.inputs.accelerate:
@@ -162,7 +170,10 @@ class Epoch:
         shape the batch: ``(images, labels, ...)`` classically, else the ``fields=`` in their order."""
         inputs = self.inputs
         for where, reason in skipped:
-            inputs.stats.record_skip(where, reason)
+            if inputs.stats.record_skip(where, reason) > self.skip_budget:
+                self.close()
+                raise SampleError(where, f"{reason}; and on_error='skip' has skipped {self.skip_budget + 1} samples this epoch, "
+                                  f"more than max_skipped={inputs.options.max_skipped!r} allows ({self.skip_budget})")
         with inputs.stats.to_device():
             return shaped_batch(inputs.sample_spec, inputs.outputs, dict(columns), values, keys, self.valid(batch_no),
                                 inputs.device, inputs.batch_fn)

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data.distributed import DistributedSampler
 
 from fastload.dist import resolve_rank_world
-from fastload.errors import OnError, check_on_error
+from fastload.errors import DEFAULT_MAX_SKIPPED, OnError, check_max_skipped, check_on_error
 from fastload.loading.samplers import adopt_sampler
 from fastload.loading.torchvision_translation import TorchvisionSteps, is_torchvision_pipeline, translate
 from fastload.transforms import Transform, validate
@@ -55,6 +55,7 @@ class LoaderOptions:
     backend: Backend = fast_path_only("auto")
     device: torch.device | None = fast_path_only(None)  # a str is accepted too; stored as a torch.device
     on_error: OnError = fast_path_only("raise")
+    max_skipped: int | float | None = fast_path_only(DEFAULT_MAX_SKIPPED)  # on_error="skip"'s budget an epoch (fastload.errors.skip_allowance)
     return_keys: bool = fast_path_only(False)
     rank: int | None = fast_path_only(None)
     world_size: int | None = fast_path_only(None)
@@ -94,6 +95,7 @@ class LoaderOptions:
         if not 0 <= self.hw_decoder_load <= 1:
             raise ValueError("hw_decoder_load is a share of images, between 0 and 1")
         check_on_error(self.on_error)
+        check_max_skipped(self.max_skipped)
         if is_torchvision_pipeline(self.transform):
             translation = translate(self.transform)  # logs the steps left to torchvision
             object.__setattr__(self, "transform", translation.specs)

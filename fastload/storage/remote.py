@@ -57,13 +57,12 @@ def is_url(path: object) -> bool:
 
 
 def redact(url: str) -> str:
-    """``url`` without a ``user:password@`` part, for messages."""
+    """``url`` without its credentials (``user:password@``, or a token alone: ``TOKEN@``), for
+    messages; the host is kept as written (an IPv6 address keeps its brackets)."""
     parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
+    if "@" not in parts.netloc:
         return url
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit(parts._replace(netloc=netloc))
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 def join(url: str, *names: str) -> str:

@@ -18,12 +18,13 @@ def summarize(root: str | Path) -> dict:
     if remote.is_url(str(root)):
         url = str(root)
         index = read_remote_index(url)
-        report_text = (remote.read_if_exists(remote.join(url, SKIPPED_REPORT)) or b"").decode()
+        report_name = remote.redact(remote.join(url, SKIPPED_REPORT))
+        report_bytes = remote.read_if_exists(remote.join(url, SKIPPED_REPORT)) or b""
     else:
         index = read_index(root)
         report = Path(root) / SKIPPED_REPORT
-        report_text = report.read_text() if report.exists() else ""
-    skipped_samples = [json.loads(line) for line in report_text.splitlines()]
+        report_name, report_bytes = str(report), report.read_bytes() if report.exists() else b""
+    skipped_samples = read_skipped_report(report_bytes, report_name)
     return {
         "layout": index.layout,
         "source": index.source,
@@ -76,6 +77,21 @@ def video_summary(root: str | Path) -> dict:
 
 def _area(side: tuple[int, int]) -> int:
     return side[0] * side[1]
+
+
+def read_skipped_report(data: bytes, where: str) -> list[dict[str, str]]:
+    """The entries of a ``skipped.jsonl`` (one JSON object with ``where`` and ``reason`` strings a
+    line); a line that is not one is a ValueError naming ``where`` and the line."""
+    entries = []
+    for number, line in enumerate(data.splitlines(), 1):
+        try:
+            entry = json.loads(line)
+        except ValueError:  # bad JSON or UTF-8
+            entry = None
+        if not (isinstance(entry, dict) and isinstance(entry.get("where"), str) and isinstance(entry.get("reason"), str)):
+            raise ValueError(f"{where}: line {number} is not a skipped-sample entry (a JSON object with 'where' and 'reason' strings)")
+        entries.append(entry)
+    return entries
 
 
 def class_balance(counts: dict[str, int], classes: tuple[str, ...] | None = None) -> dict | None:

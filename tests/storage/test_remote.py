@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import shutil
 import socket
 import struct
@@ -314,3 +315,31 @@ def test_index_url_names_the_bad_tar_by_its_url(s3_endpoint, tmp_path: Path) -> 
     proc = run_cli("index", "s3://fastload-test/badtar", check=False)
     assert proc.returncode == 2 and "error: s3://fastload-test/badtar/a.tar: a tar header holds a malformed number" in proc.stderr
     assert str(tmp_path) not in proc.stderr and "fastload-index-" not in proc.stderr
+
+
+@pytest.mark.parametrize("credential", ["SECRETTOKEN@", "user:SECRETPW@", ":SECRETPW@"])
+def test_errors_and_logs_never_show_a_urls_credentials(served, tmp_path: Path, credential: str,  # type: ignore[no-untyped-def]
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """A URL carrying a token alone (``https://TOKEN@host/...``) or a user and password: the
+    dataset's name, a retried download's log lines and a failure's message name the URL without it."""
+    server, root = served
+    url = server.url.replace("http://", f"http://{credential}")
+    ds = fastload.open(url, cache_dir=tmp_path / "cache")
+    assert ds.location == server.url.rstrip("/") and "SECRET" not in repr(ds)
+    (root / "shard-00001.tar").unlink()  # gone from the server: a failure naming it
+    with caplog.at_level(logging.INFO, logger="fastload"), pytest.raises(RemoteError) as failed:
+        ds.fetch(1)
+    assert "shard-00001.tar" in str(failed.value) and "SECRET" not in str(failed.value)
+    assert "SECRET" not in caplog.text
+    (root / "shard-00001.tar").write_bytes(b"")  # back, damaged: verify reports it
+    for args in (["inspect", url], ["verify", url], ["overlap", url, url, "--json"]):
+        proc = run_cli(*args, check=False)
+        assert proc.stdout + proc.stderr and "SECRET" not in proc.stdout + proc.stderr, args
+
+
+@pytest.mark.parametrize("url", ["http://SECRETTOKEN@[::1]:9/ds", "http://u:SECRETPW@[::1]:9/ds"])
+def test_redacting_keeps_an_ipv6_host_as_written(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FASTLOAD_RETRY_DELAY", "0.01")
+    with pytest.raises(RemoteError) as failed:
+        fastload.open(url)  # nothing listens on port 9
+    assert str(failed.value).startswith("http://[::1]:9/ds/index.json: ") and "SECRET" not in str(failed.value)

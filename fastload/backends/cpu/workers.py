@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
+import pickle
 import queue
 import signal
 import time
@@ -64,6 +65,7 @@ class WorkerConfig:
     transforms: tuple[Transform, ...]
     seed: int
     on_error: str
+    skip_limit: int  # the most bad samples one search for a readable sample passes (fastload.loading.batch_fill.Substitutes)
     buffers: BatchBuffers
     worker_init_fn: Callable[[int], None] | None
     sample_spec: SampleSpec  # the fields to make of each sample
@@ -81,7 +83,7 @@ def _worker_main(worker_id: int, config: WorkerConfig, tasks: multiprocessing.Qu
             config.worker_init_fn(worker_id)
         except BaseException:  # reported to the training process, which raises it
             error = f"worker_init_fn raised in worker {worker_id} (pid {os.getpid()}):\n{traceback.format_exc()}"
-            results.put(BatchResult(run=0, batch_no=INIT_FAILED, slot=-1, count=0, error=error))
+            results.put(_dumps(BatchResult(run=0, batch_no=INIT_FAILED, slot=-1, count=0, error=error)))
             return
     clock = config.counters.clock(worker_id)
     while True:
@@ -99,7 +101,8 @@ def _worker_main(worker_id: int, config: WorkerConfig, tasks: multiprocessing.Qu
         try:
             columns = config.buffers.slot_columns(slot, slice(start, start + len(indices)))
             result.keys, result.skipped, result.values = fill_fields(
-                config.dataset, indices, config.sample_spec, config.transforms, config.seed, epoch, config.on_error, columns, clock
+                config.dataset, indices, config.sample_spec, config.transforms, config.seed, epoch, config.on_error, columns, clock,
+                config.skip_limit,
             )
         except SampleError as exc:
             result.bad_sample = (exc.where, exc.reason)
@@ -111,8 +114,46 @@ def _worker_main(worker_id: int, config: WorkerConfig, tasks: multiprocessing.Qu
             result.error = f"worker {worker_id} (pid {os.getpid()}):\n{traceback.format_exc()}"
         clock.count(BUSY, time.perf_counter() - began)
         clock.flush()
-        results.put(result)
+        results.put(_packed(result, config.dataset, indices, worker_id))
     config.dataset.close()
+
+
+def _packed(result: BatchResult, ds: ShardedDataset, indices: np.ndarray, worker_id: int) -> bytes:
+    """``result`` pickled here, in the worker: a value that cannot travel (one ``map=`` returned,
+    a structure too deep to pickle) makes it an error naming the sample. Left to the queue, the
+    pickling would fail in its feeder thread, which only prints it: the batch would never come."""
+    try:
+        return _dumps(result)
+    except Exception as exc:  # PicklingError, TypeError, RecursionError, ...: whatever the value raises
+        failed = BatchResult(run=result.run, batch_no=result.batch_no, slot=result.slot, count=result.count, start=result.start)
+        failed.bad_sample = _unsendable(result, ds, indices, exc)
+        failed.error = f"worker {worker_id} (pid {os.getpid()}): {failed.bad_sample[1]}"
+        return _dumps(failed)
+
+
+def _dumps(result: BatchResult) -> bytes:
+    return pickle.dumps(result, pickle.HIGHEST_PROTOCOL)
+
+
+def _unsendable(result: BatchResult, ds: ShardedDataset, indices: np.ndarray, exc: Exception) -> tuple[str, str]:
+    """(where, reason) of the first sample whose value cannot be pickled back to the training process."""
+    for name, values in result.values.items():
+        for row, (key, value) in enumerate(zip(result.keys, values, strict=True)):
+            try:
+                pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+            except Exception as failure:
+                reason = f"field {name}: its value cannot be sent from the worker ({type(failure).__name__}: {str(failure)[:80]})"
+                return _where_of(ds, int(indices[row]), key), reason
+    return f"batch {result.batch_no}", f"its result cannot be sent from the worker ({type(exc).__name__}: {str(exc)[:80]})"
+
+
+def _where_of(ds: ShardedDataset, index: int, key: str) -> str:
+    """How errors name the sample of ``key`` made for ``index``: it, or the readable one that stood in for it."""
+    for offset in range(len(ds)):
+        sample = ds.substitute(index, offset)
+        if ds.key_of(sample) == key:
+            return f"{ds.shard_name(ds.locate(sample)[0])}:{key}"
+    return key
 
 
 class WorkerPool:
@@ -147,7 +188,7 @@ class WorkerPool:
                 if process.exitcode is not None:
                     raise WorkerError(self._death(process))
             try:
-                result = self._results.get(timeout=POLL_S)
+                result = pickle.loads(self._results.get(timeout=POLL_S))
             except queue.Empty:
                 waited += POLL_S
             else:
@@ -161,7 +202,7 @@ class WorkerPool:
         """What to say of a dead worker: worker_init_fn's traceback when that is what ended it."""
         try:
             while True:
-                result = self._results.get(timeout=POLL_S)
+                result = pickle.loads(self._results.get(timeout=POLL_S))
                 if result.batch_no == INIT_FAILED:
                     return result.error
         except queue.Empty:

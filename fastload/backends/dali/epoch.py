@@ -111,7 +111,7 @@ class DaliBatches:
         self.columns = spec_columns(inputs.sample_spec, inputs.image_shape)
         self.feed = DaliFeed(
             inputs.dataset, inputs.sample_spec, carried_stacked(inputs.sample_spec, inputs.image_shape),
-            options.transform, options.seed, options.on_error,
+            options.transform, options.seed, options.on_error, inputs.skip_limit,
             inputs.orders.spec(epoch.start.resumed_from), epoch.epoch, epoch.plan.start, shares=shares,
             classes=inputs.orders.classes,
         )
@@ -146,7 +146,7 @@ class DaliBatches:
         options = self.inputs.options
         columns = {c.name: np.empty((len(indices), *c.shape), dtype=c.dtype) for c in self.columns}
         keys, skipped, values = fill_fields(self.inputs.dataset, indices, self.inputs.sample_spec, options.transform,
-                                            options.seed, self.epoch_no, options.on_error, columns)
+                                            options.seed, self.epoch_no, options.on_error, columns, skip_limit=self.inputs.skip_limit)
         return columns, values, keys, skipped
 
 

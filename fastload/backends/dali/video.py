@@ -21,7 +21,7 @@ import torch
 from fastload.backends.dali.library import images_as_torch, import_dali
 from fastload.errors import SampleError
 from fastload.fields import FieldSpec, SampleSpec, decode_field
-from fastload.loading.batch_fill import fill_fields, with_substitutes
+from fastload.loading.batch_fill import Substitutes, fill_fields
 from fastload.loading.clip_decode import plan_video
 from fastload.loading.epoch import Epoch, EpochInputs
 from fastload.loading.field_batch import as_tensor
@@ -126,9 +126,9 @@ class DaliVideoEpoch(Epoch):
         video = next(f for f in spec.fields if f.role == "video")
         label = next((f for f in spec.fields if f.role == "label"), None)
         clip = cast(Clip, spec.clip)
-        skipped: list[tuple[str, str]] = []
-        planned = [with_substitutes(inputs.dataset, index, inputs.options.on_error, skipped,
-                                    lambda i: self._plan(i, video, label, clip)) for index in indices.tolist()]
+        substitutes = Substitutes(inputs.dataset, inputs.options.on_error, inputs.skip_limit)
+        planned = [substitutes.first_readable(index, lambda i: self._plan(i, video, label, clip)) for index in indices.tolist()]
+        skipped = substitutes.skipped
         keys = [p[0] for p in planned]
         clips = self.decoder.decode([p[1] for p in planned], [p[2] for p in planned], [p[3] for p in planned], [p[4] for p in planned])
         columns: dict[str, Any] = {video.key: clips.reshape(len(indices), *clip.shape(), *clips.shape[-3:])}
@@ -159,5 +159,5 @@ class DaliVideoEpoch(Epoch):
         inputs, options = self.inputs, self.inputs.options
         columns = {c.name: np.empty((len(indices), *c.shape), dtype=c.dtype) for c in spec_columns(inputs.sample_spec, inputs.image_shape)}
         keys, skipped, _ = fill_fields(inputs.dataset, indices, inputs.sample_spec, options.transform, options.seed, self.epoch,
-                                       options.on_error, columns)
+                                       options.on_error, columns, skip_limit=inputs.skip_limit)
         return dict(columns), keys, skipped

@@ -7,10 +7,13 @@ gives the same items in the same order.
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from fastload.converters.sample import Sample, SourceItem
+from fastload.files import resolved_inside
 
 SOURCE_MODULES: dict[str, str] = {
     "imagefolder": "fastload.converters.sources.imagefolder",
@@ -28,7 +31,7 @@ SOURCE_MODULES: dict[str, str] = {
 class SourceOptions:
     """Options of the raw sources; each source reads the ones that concern it."""
 
-    follow_symlinks: bool = False  # imagefolder: follow links that leave the source root
+    follow_symlinks: bool = False  # read files outside the source root (links leading out, manifest paths): inside_source
     path_column: str = "path"  # manifest
     label_column: str = "label"  # manifest, parquet
     image_column: str = "image"  # parquet
@@ -58,3 +61,12 @@ def open_source(kind: str, path: str, options: SourceOptions = SourceOptions()) 
         raise ValueError(f"unknown source {kind!r}; expected one of {sorted(SOURCE_MODULES)}")
     module = importlib.import_module(SOURCE_MODULES[kind])
     return module.open_source(path, options)
+
+
+def inside_source(root: str | os.PathLike[str], path: Path, follow_symlinks: bool) -> Path:
+    """``path``, a file a source reads under its ``root``, where it stays inside ``root`` once
+    symlinks are resolved (compared part by part: ``ds-private`` is not inside ``ds``), or
+    anywhere with ``follow_symlinks``; else a ValueError naming it. Every source reads through it."""
+    if not follow_symlinks and resolved_inside(root, path) is None:
+        raise ValueError(f"{path}: leads outside the source root (-> {os.path.realpath(path)}); pass --follow-symlinks to read it")
+    return path

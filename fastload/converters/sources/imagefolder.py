@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastload.converters.sample import Sample, SourceItem, make_key, unique_keys
-from fastload.converters.sources import SourceOptions
+from fastload.converters.sources import SourceOptions, inside_source
 from fastload.errors import SampleError
+from fastload.files import resolved_inside
 
 IMAGE_EXTENSIONS = frozenset(
     {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".pbm"}
@@ -74,10 +75,11 @@ class ImageFolderSource:
     def load(self, item: SourceItem) -> Sample:
         """Read the file's bytes as they are."""
         _, label, link = item.ref
-        if link and not self.follow_symlinks:
-            target = Path(os.path.realpath(item.where))
-            if not target.is_relative_to(self.root):
-                raise SampleError(item.where, f"symlink leaves the source root (-> {target}); pass --follow-symlinks")
+        if link:
+            try:
+                inside_source(self.root, Path(item.where), self.follow_symlinks)
+            except ValueError:
+                raise SampleError(item.where, f"symlink leaves the source root (-> {os.path.realpath(item.where)}); pass --follow-symlinks") from None
         try:
             data = read_file(item.where, item.size_hint)
         except OSError as exc:
@@ -89,9 +91,8 @@ def check_linked_folder(root: Path, link: str, follow_symlinks: bool) -> None:
     """A folder reached through a symlink is read where it stays inside ``root``, or anywhere
     with ``follow_symlinks``; else a ValueError naming it (never left out unsaid: its images, or a
     whole class, would be missing and the classes after it renumbered)."""
-    target = Path(os.path.realpath(link))
-    if not follow_symlinks and not target.is_relative_to(root):
-        raise ValueError(f"{link}: a folder linked from outside the source root (-> {target}); pass --follow-symlinks to convert it")
+    if not follow_symlinks and resolved_inside(root, link) is None:
+        raise ValueError(f"{link}: a folder linked from outside the source root (-> {os.path.realpath(link)}); pass --follow-symlinks to convert it")
 
 
 def open_source(path: str, options: SourceOptions, extensions: frozenset[str] = IMAGE_EXTENSIONS) -> ImageFolderSource:

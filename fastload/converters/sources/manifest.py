@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from fastload.converters.sample import Sample, SourceItem, file_stamp, make_key, unique_keys
-from fastload.converters.sources import SourceOptions
+from fastload.converters.sources import SourceOptions, inside_source
 from fastload.errors import SampleError
 
 
@@ -22,6 +23,7 @@ class ManifestSource:
     rows: tuple[tuple[str, int | None], ...]
     classes: tuple[str, ...] | None
     manifest: Path
+    follow_symlinks: bool = False  # read listed files outside the manifest's folder (.., absolute paths, links out)
 
     def items(self) -> list[SourceItem]:
         """One item per manifest row, in file order."""
@@ -41,6 +43,11 @@ class ManifestSource:
     def load(self, item: SourceItem) -> Sample:
         """Read the listed file's bytes."""
         path, label = item.ref
+        try:
+            inside_source(self.base, self.base / path, self.follow_symlinks)
+        except ValueError:
+            raise SampleError(item.where, f"outside the manifest's folder (-> {os.path.realpath(self.base / path)}); "
+                              "pass --follow-symlinks to read it") from None
         try:
             data = (self.base / path).read_bytes()
         except OSError as exc:
@@ -124,5 +131,6 @@ def open_source(path: str, options: SourceOptions) -> ManifestSource:
     labels, classes = _resolve_labels([row.get(options.label_column) for row in rows], manifest, options.label_column)
     paths = [str(row[options.path_column]) for row in rows]
     return ManifestSource(
-        base=manifest.parent.resolve(), rows=tuple(zip(paths, labels)), classes=classes, manifest=manifest
+        base=manifest.parent.resolve(), rows=tuple(zip(paths, labels)), classes=classes, manifest=manifest,
+        follow_symlinks=options.follow_symlinks,
     )

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fastload.converters.sample import Sample, SourceItem, file_stamp, unique_keys
-from fastload.converters.sources import SourceOptions
+from fastload.converters.sources import SourceOptions, inside_source
 from fastload.errors import SampleError
 from fastload.formats.idx import IDX_WHITESPACE
 
@@ -86,7 +86,7 @@ def open_source(path: str, options: SourceOptions) -> ParquetSource:
     """Open a .parquet file or a folder of them (sorted by name)."""
     pq = import_pyarrow_parquet()
     p = Path(path)
-    files = tuple(sorted(p.rglob("*.parquet"))) if p.is_dir() else (p,)
+    files = tuple(inside_source(p, f, options.follow_symlinks) for f in sorted(p.rglob("*.parquet"))) if p.is_dir() else (p,)
     if not files or not files[0].is_file():
         raise FileNotFoundError(f"{path}: no .parquet files")
     schema = pq.ParquetFile(files[0]).schema_arrow

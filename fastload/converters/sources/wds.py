@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from fastload.converters.sample import Sample, SourceItem, file_stamp
-from fastload.converters.sources import SourceOptions
+from fastload.converters.sources import SourceOptions, inside_source
 from fastload.errors import DatasetIndexError, SampleError
 from fastload.fields import LABEL_FIELD, image_field, parse_label
 from fastload.formats.idx import IDX_WHITESPACE, split_member_name
@@ -120,7 +120,7 @@ class WdsSource:
 def open_source(path: str, options: SourceOptions) -> WdsSource:
     """Open a .tar file or a folder of .tar shards (sorted); classes come from its index.json if any."""
     p = Path(path)
-    shards = tuple(sorted(p.glob("*.tar"))) if p.is_dir() else (p,)
+    shards = tuple(inside_source(p, f, options.follow_symlinks) for f in sorted(p.glob("*.tar"))) if p.is_dir() else (p,)
     if not shards or not shards[0].is_file():
         raise FileNotFoundError(f"{path}: no .tar shards")
     classes = None
