@@ -291,9 +291,4 @@ def dataset_index(shards: list[ShardInfo], scans: list[IndexedTar]) -> DatasetIn
 
 def _write_file(path: Path, data: bytes) -> None:
     """``path`` replaced atomically by ``data``, fsynced (the folder is fsynced once by the caller)."""
-    atomic_write_bytes(path, data, durable=False)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    atomic_write_bytes(path, data, sync_folder=False)

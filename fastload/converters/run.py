@@ -36,10 +36,10 @@ from fastload.converters.partial import (
 )
 from fastload.converters.plan import ShardPlan, assign_shards, order_items
 from fastload.converters.sample import SourceItem
-from fastload.converters.shard import ShardResult, ShardTask, WrittenShards, naming, prepare_sample, sources_digest, write_shard
+from fastload.converters.shard import ShardResult, ShardTask, WrittenShards, prepare_sample, sources_digest, write_shard
 from fastload.converters.sources import Source, open_source
 from fastload.errors import SampleError
-from fastload.files import atomic_write_bytes, fsync_dir
+from fastload.files import atomic_write_bytes, fsync_dir, naming
 from fastload.formats.index import INDEX_FILE, SKIPPED_REPORT, DatasetIndex, read_index, write_index
 from fastload.storage import remote
 

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from fastload.errors import RemoteError
+from fastload.files import temporary_beside
 
 T = TypeVar("T")
 CHUNK = 4 << 20
@@ -202,15 +203,15 @@ def download(
     download each time); one that still mismatches after the last attempt raises, naming the URL.
     """
     fs, path = filesystem(url, storage_options)
-    tmp = dest.with_name(f".{dest.name}.part-{os.getpid()}")
     streaming = url.startswith(("http://", "https://"))
 
     def fetch() -> None:
         digest = hashlib.sha256()
         got = 0
         kwargs: dict[str, Any] = {"block_size": 0, "size": expected_bytes or None} if streaming else {}
+        fd, tmp = temporary_beside(dest)  # a fresh name each attempt, never through a link
         try:
-            with fs.open(path, "rb", **kwargs) as src, open(tmp, "wb") as out:
+            with os.fdopen(fd, "wb") as out, fs.open(path, "rb", **kwargs) as src:
                 while block := src.read(CHUNK):
                     digest.update(block)
                     out.write(block)
