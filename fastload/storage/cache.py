@@ -58,12 +58,14 @@ def default_cache_bytes() -> int:
 @dataclass(frozen=True)
 class RemoteFile:
     """One file of a remote dataset: where it is and what the index says it holds. ``name`` and
-    ``sha256`` name its cache entry, so they are checked here too (as the index checks them)."""
+    ``sha256`` name its cache entry, so they are checked here too (as the index checks them).
+    Its download is cut off past ``bytes``, or past ``max_bytes`` where the index gives no size."""
 
     url: str
     name: str  # the path relative to the dataset root, for the cache entry's name
     sha256: str | None
     bytes: int | None
+    max_bytes: int = remote.MAX_UNSIZED_BYTES
 
     def __post_init__(self) -> None:
         check_relative_path(self.name, f"{remote.redact(self.url)}: name")
@@ -116,7 +118,7 @@ class ShardCache:
             finally:
                 os.close(fd)
         try:
-            remote.download(file.url, path, file.sha256, file.bytes, self.storage_options)
+            remote.download(file.url, path, file.sha256, file.bytes, self.storage_options, file.max_bytes)
             with contextlib.suppress(FileNotFoundError):  # evicted at once by another process: path() fetches it again
                 self._stamp(path)
         finally:
