@@ -5,15 +5,15 @@ beside it, parsed into memory) gives every member's position, so reading a sampl
 from __future__ import annotations
 
 import os
-import tarfile
 from pathlib import Path
 
 from fastload.errors import DatasetIndexError, SampleError, ShardError
 from fastload.fields import is_field_member
-from fastload.files import open_regular, read_file
+from fastload.files import read_file
 from fastload.formats import open_in_root, this_process
 from fastload.formats.idx import TarMembers, parse_dali_index
 from fastload.formats.table import SampleTable, encode_table, tar_labels
+from fastload.formats.tar_headers import TarDamage, read_tar_members
 
 MAX_GAP = 4096  # read a sample's fields in one pread when they are at most this far apart in all
 
@@ -128,32 +128,24 @@ class TarShardReader:
         return encode_table(keys, spans, tar_labels(self.path, keys, spans))
 
     def check(self) -> None:
-        """Walk the tar's member headers and check them against the ``.idx``: the same field members
-        (others, such as a foreign tar's hidden or ``__*__`` files, are no sample's) in the same order, at the same data offsets with the same sizes, all inside the file
-        (a hard link at its target's)."""
+        """Walk the tar's member headers (:mod:`fastload.formats.tar_headers`) and check them against
+        the ``.idx``: the same field members (others, such as a foreign tar's hidden or ``__*__``
+        files, are no sample's) in the same order, at the same data offsets with the same sizes, all
+        inside the file (a hard link at its target's)."""
         listed = self.members().members()
-        found: list[tuple[str, int, int]] = []
-        size = 0
         try:
-            with os.fdopen(open_regular(self.path), "rb") as f, tarfile.open(fileobj=f, mode="r:") as tar:
-                size = os.fstat(f.fileno()).st_size
-                regular: dict[str, tarfile.TarInfo] = {}  # the files so far by name: what hard links name
-                for m in tar:
-                    if m.isreg():
-                        regular[m.name] = m
-                    if is_field_member(m.name) and (m.isreg() or m.islnk()):
-                        data = regular[m.linkname] if m.islnk() else m  # a hard link: the data of the file it names
-                        found.append((m.name, data.offset_data, data.size))
-        except (tarfile.TarError, OSError, EOFError, ValueError, KeyError) as exc:  # EOF, bad headers, undecodable names, a link to nothing
+            found = [(name, offset, length) for _, name, offset, length in read_tar_members(self.path) if is_field_member(name)]
+        except TarDamage as exc:
             if listed:
-                raise ShardError(f"{self.path}: not a readable tar ({type(exc).__name__}) though its .idx lists {len(listed)} members") from None
+                raise ShardError(f"{self.path}: not a readable tar ({exc.reason}) though its .idx lists {len(listed)} members") from None
+            found = []
+        except OSError as exc:
+            raise ShardError(f"{self.path}: cannot read it ({exc.strerror})") from None
         if len(found) != len(listed):
             raise ShardError(f"{self.path}: the tar holds {len(found)} members, its .idx lists {len(listed)}")
-        for number, ((name, offset, length), want) in enumerate(zip(found, listed)):
-            if (name, offset, length) != want:
+        for number, (member, want) in enumerate(zip(found, listed)):
+            if member != want:
                 raise ShardError(f"{self.path}: member {number} disagrees with the .idx (name, data offset or size)")
-            if offset + length > size:
-                raise ShardError(f"{self.path}: member {number} runs past the end of the file")
 
     def close(self) -> None:
         """Close the descriptor of this process."""
