@@ -44,6 +44,7 @@ _DEFAULT_ROLES: dict[str, Role] = {
     ARRAY_FIELD: "array",
 }
 MAX_INT = 2**63 - 1  # labels fit an int64
+MAX_NPY_DIMS = 64  # numpy's own limit on an array's dimensions
 _NPY_MAGIC = b"\x93NUMPY"
 
 
@@ -130,7 +131,9 @@ class JsonCodec:
 
 class ArrayCodec:
     """``npy``: one NumPy array of any dtype but object (``allow_pickle=False``), read from its
-    header so a header claiming more data than the field holds is refused before allocating."""
+    header, whose every claim is checked before the array is made (sides, item size, the bytes it
+    promises against those the field holds): a header that lies is a SampleError, never numpy's
+    ValueError (which ``on_error="skip"`` could not skip)."""
 
     def decode(self, data: bytes, where: str, field: str) -> np.ndarray:
         """The array (read-only: a view of the field's bytes)."""
@@ -145,6 +148,15 @@ class ArrayCodec:
             raise SampleError(where, f"field {field}: not a .npy array ({type(exc).__name__})") from None
         if dtype.hasobject:
             raise SampleError(where, f"field {field}: a .npy of Python objects (needs pickle, which fastload never runs)")
+        if dtype.itemsize == 0 or dtype.subdtype is not None:
+            raise SampleError(where, f"field {field}: a .npy of zero-sized or sub-array items ({dtype.str}), which numpy.save never writes")
+        if len(shape) > MAX_NPY_DIMS or any(side < 0 for side in shape):
+            raise SampleError(where, f"field {field}: its .npy header gives a shape of negative sides or over {MAX_NPY_DIMS} of them")
+        extent = dtype.itemsize  # what numpy checks: the sides but zeros, times the item size, must fit an index
+        for side in shape:
+            extent *= max(side, 1)
+        if extent > MAX_INT:
+            raise SampleError(where, f"field {field}: its .npy header gives a shape too big for any array")
         count = 1
         for side in shape:
             count *= side
