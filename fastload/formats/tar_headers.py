@@ -31,7 +31,6 @@ CHECKED_AT_ONCE = 1 << 15  # headers summed per numpy call (16 MB of them)
 _REGULAR = (b"0", b"\0", b"7")  # regular file, old-style regular file, contiguous file
 _HARD_LINK = b"1"
 _EXTENDED = (b"x", b"g", b"L", b"K")  # pax header, pax global header, GNU long name, GNU long link target
-_OCTAL = frozenset(b"01234567")
 
 TarMember = tuple[int, str, int, int]  # (member number, name, data offset, size) of a regular file or a hard link to one
 
@@ -54,9 +53,14 @@ def _number(raw: bytes) -> int:
     if raw[:1] == b"\x80":
         return int.from_bytes(raw[1:], "big")
     digits = raw.split(b"\0", 1)[0].strip(b" ")
-    if not _OCTAL.issuperset(digits):
-        raise ValueError("a tar header holds a malformed number")
-    return int(digits, 8) if digits else 0
+    if not digits:
+        return 0
+    try:
+        if digits.isdigit():  # int() alone would take a sign, inner spaces or underscores
+            return int(digits, 8)  # and refuse 8 and 9
+    except ValueError:
+        pass
+    raise ValueError("a tar header holds a malformed number")
 
 
 def _pax_records(data: bytes) -> dict[str, str]:
