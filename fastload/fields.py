@@ -328,6 +328,11 @@ class SampleSpec:
         """The first image field: its header plans the geometry of every geometric field."""
         return next((f for f in self.fields if f.role == "image"), None)
 
+    @functools.cached_property
+    def stored_names(self) -> frozenset[str]:
+        """Every stored field name its fields may take: what a sample's read needs, no more."""
+        return frozenset(name for f in self.fields for name in f.alternatives)
+
     def shape_of(self, name: str) -> tuple[tuple[int, ...], str] | None:
         """(shape, dtype) of stacked array field ``name``; None: it is ragged (a list)."""
         return next(((shape, dtype) for field, shape, dtype in self.array_shapes if field == name), None)

@@ -5,6 +5,7 @@ beside it, parsed into memory) gives every member's position, so reading a sampl
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from pathlib import Path
 
 from fastload.errors import DatasetIndexError, SampleError, ShardError
@@ -97,13 +98,18 @@ class TarShardReader:
         if offset < 0 or not 0 <= size <= self._size - offset:
             raise SampleError(f"{self.path}:{self.key(i)}", "its offset index entry gives a negative offset or size, or one past the end of the shard")
 
-    def read(self, i: int) -> dict[str, bytes]:
-        """Every field of sample ``i``: one ``pread`` over all of them (a sample's members are
-        neighbours in the tar, a tar header apart), else one per field."""
+    def read(self, i: int, fields: Collection[str] | None = None) -> dict[str, bytes]:
+        """The fields of sample ``i`` (those named in ``fields`` when given: the others are not
+        read): one ``pread`` over all of them (a sample's members are neighbours in the tar, a
+        tar header apart), else one per field."""
         fd = self._descriptor()
         spans = self._samples.spans(i)
         if not spans:  # every sample has a member: an index row without one was tampered with
             raise SampleError(f"{self.path}:{self.key(i)}", "its index entry lists no field")
+        if fields is not None:
+            spans = {ext: span for ext, span in spans.items() if ext in fields}
+            if not spans:
+                return {}
         for offset, size in spans.values():
             self._check_span(i, offset, size)
         start = min(offset for offset, _ in spans.values())

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from fastload.errors import ShardError
-from fastload.fields import LABEL_FIELD, decode_field, image_field
+from fastload.fields import DECODED_FIELD, LABEL_FIELD, decode_field, image_field
 from fastload.files import reserve_descriptors
 from fastload.formats import PixelReader, ShardReader, offsets_name, open_shard, open_shard_files, table_name, this_process
 from fastload.formats.index import INDEX_FILE, DatasetIndex, ShardInfo, read_index
@@ -29,7 +29,7 @@ from fastload.storage.sample_tables import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator, Sequence
+    from collections.abc import Collection, Iterable, Iterator, Sequence
 
     import numpy as np
 
@@ -256,12 +256,14 @@ class ShardedDataset:
         shard, row = self.locate(i)
         return f"{self.index.shards[shard].path}:{self.reader(shard).key(row)}"
 
-    def raw(self, i: int) -> tuple[str, dict[str, bytes], np.ndarray | None]:
-        """(key, encoded fields, decoded pixels or None) of sample ``i``, without decoding."""
+    def raw(self, i: int, fields: Collection[str] | None = None) -> tuple[str, dict[str, bytes], np.ndarray | None]:
+        """(key, encoded fields, decoded pixels or None) of sample ``i``, without decoding; only the
+        fields named in ``fields`` when given (decoded pixels: ``pixels``), the others not read."""
         shard, row = self.locate(i)
         reader = self.reader(shard)
-        pixels = cast(PixelReader, reader).pixels(row) if self.decoded else None  # only HDF5 shards hold decoded pixels
-        return reader.key(row), reader.read(row), pixels
+        wants_pixels = self.decoded and (fields is None or DECODED_FIELD in fields)
+        pixels = cast(PixelReader, reader).pixels(row) if wants_pixels else None  # only HDF5 shards hold decoded pixels
+        return reader.key(row), reader.read(row, fields), pixels
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         key, fields, pixels = self.raw(i)

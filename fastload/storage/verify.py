@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fastload.errors import FastloadError
+from fastload.errors import FastloadError, SampleError
 from fastload.fields import decode_field, default_role, image_field
 from fastload.files import file_sha256, read_file
 from fastload.formats import ShardReader, dataset_file, offsets_name, open_shard, open_shard_files, table_name
@@ -93,12 +93,20 @@ def _file_matches(path: Path, sha256: str) -> bool:
 
 
 def _decode_all(reader, shard: ShardInfo, report: VerifyReport, images: bool) -> None:
-    """Decode every field by its default role (images whole and strictly; labels, text, JSON and
-    .npy arrays parsed); decoded pixels need no decoding, the checksum covers them."""
+    """Read every sample and decode every field by its default role (images whole and strictly;
+    labels, text, JSON and .npy arrays parsed; decoded pixels read, within the pixel limit); a
+    sample that cannot be read or decoded is a problem naming it, and the next one is checked."""
+    decoded = getattr(reader, "decoded", False)
     for i in range(len(reader)):
-        fields = reader.read(i)
         where = f"{shard.path}:{reader.key(i)}"
-        if images and image_field(fields) is None and not getattr(reader, "decoded", False):
+        try:
+            fields = reader.read(i)
+            if decoded:
+                reader.pixels(i)
+        except SampleError as exc:
+            report.problems.append(f"{where}: {exc.reason}")
+            continue
+        if images and image_field(fields) is None and not decoded:
             report.problems.append(f"{where}: no image field among {sorted(fields)}")
         for name, data in fields.items():
             try:

@@ -371,5 +371,5 @@ def test_index_foreign_tars_in_s3_in_place(s3_endpoint, tmp_path: Path) -> None:
 def test_index_url_names_the_bad_tar_by_its_url(s3_endpoint, tmp_path: Path) -> None:
     s3_endpoint.pipe("fastload-test/badtar/a.tar", b"x" * 2048)
     proc = run_cli("index", "s3://fastload-test/badtar", check=False)
-    assert proc.returncode == 2 and "error: s3://fastload-test/badtar/a.tar: a tar header holds a malformed number" in proc.stderr
+    assert proc.returncode == 2 and "error: s3://fastload-test/badtar/a.tar: not a readable tar (a tar header holds a malformed number)" in proc.stderr
     assert str(tmp_path) not in proc.stderr and "fastload-index-" not in proc.stderr

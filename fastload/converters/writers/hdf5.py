@@ -19,9 +19,11 @@ import numpy as np
 from fastload.converters.writers import PreparedSample, WriterOptions, publish, write_beside
 from fastload.fields import LABEL_FIELD
 from fastload.files import file_sha256, temporary_beside
+from fastload.formats.hdf5 import MAX_DECOMPRESSED_BYTES
 from fastload.formats.index import FORMAT_NAME, FORMAT_VERSION, ShardInfo
 from fastload.formats.table import TABLE_SUFFIX, encode_table
 
+CHUNK_ROWS = 64  # rows of decoded pixels a compressed chunk holds
 ENCODED_DATASET = "image"
 DECODED_DATASET = "pixels"
 
@@ -64,8 +66,10 @@ class Hdf5ShardWriter:
         if self.options.hdf5_decoded:
             pixels = np.stack([np.asarray(s.image) for s in self._samples]) if n else np.zeros((0, 0, 0, 0), np.uint8)
             compression = self.options.hdf5_compression
-            # compressed: chunks of 64 rows; else contiguous, so a row is one pread at a known offset
-            chunks = (min(max(n, 1), 64), *pixels.shape[1:]) if n and compression else None
+            # compressed: chunks of 64 rows, fewer where that would pass what a reader decompresses at once;
+            # else contiguous, so a row is one pread at a known offset
+            rows = min(n, CHUNK_ROWS, max(1, MAX_DECOMPRESSED_BYTES // max(1, pixels[0].nbytes))) if n else 0
+            chunks = (rows, *pixels.shape[1:]) if n and compression else None
             f.create_dataset(DECODED_DATASET, data=pixels, chunks=chunks, compression=compression)
         elif any(s.image is not None for s in self._samples):  # a sample without one: empty bytes, format ""
             write_byte_column(f, ENCODED_DATASET, [s.image if isinstance(s.image, bytes) else b"" for s in self._samples])
