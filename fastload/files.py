@@ -5,12 +5,13 @@ planted symlinks), atomic and durable writes, sha256 digests."""
 from __future__ import annotations
 
 import errno
+import glob
 import hashlib
 import os
 import re
 import secrets
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -85,6 +86,16 @@ def temporary_beside(path: str | os.PathLike[str]) -> tuple[int, Path]:
         except FileExistsError:
             continue  # 64 random bits taken: only by something that lists the folder and races us
     raise FileExistsError(errno.EEXIST, "no free temporary name beside it", str(path))
+
+
+def remove_temporaries(folder: Path, names: Iterable[str] | None = None) -> None:
+    """Delete the temporaries (:func:`temporary_beside`) in ``folder`` of the files ``names`` (None:
+    of any file) that a failed or killed writer left; call it only while no writer is live there
+    (holding the folder's lock)."""
+    patterns = [f".*{TEMPORARY_MARK}*"] if names is None else [f".{glob.escape(name)}{TEMPORARY_MARK}*" for name in names]
+    for pattern in patterns:
+        for stale in folder.glob(pattern):
+            stale.unlink(missing_ok=True)
 
 
 def open_lock_file(path: str | os.PathLike[str]) -> int:

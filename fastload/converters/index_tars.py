@@ -25,9 +25,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fastload.converters.lock import locked_output
 from fastload.errors import DatasetIndexError, SampleError
 from fastload.fields import IMAGE_FIELDS, LABEL_FIELD, is_field_member, parse_label
-from fastload.files import atomic_write_bytes, check_relative_path, fsync_dir
+from fastload.files import atomic_write_bytes, check_relative_path, fsync_dir, remove_temporaries
 from fastload.formats.idx import IDX_WHITESPACE, Member, format_dali_index, split_member_name
 from fastload.formats.index import INDEX_FILE, DatasetIndex, ShardInfo, write_index
 from fastload.formats.table import MAX_LABEL_BYTES, TABLE_SUFFIX, tar_table
@@ -90,7 +91,8 @@ def _add_member(out: IndexedTar, keys: list[str], view: memoryview, number: int,
 def index_tars(root: str | Path, force: bool = False, workers: int | None = None) -> tuple[DatasetIndex, float]:
     """Write a ``.idx`` and a sample table beside every ``*.tar`` in ``root`` and then ``root/index.json``, the tars
     indexed by ``workers`` processes (default: one per CPU; 1: in this process); refuses to replace an existing
-    index.json unless ``force``. Returns the index and the seconds it took."""
+    index.json unless ``force``. One run at a time holds the folder (as a conversion holds its OUT), and
+    removes the temporary files a failed or killed run left. Returns the index and the seconds it took."""
     start = time.perf_counter()
     root = Path(root)
     if not root.is_dir():
@@ -105,20 +107,22 @@ def index_tars(root: str | Path, force: bool = False, workers: int | None = None
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
     workers = min(workers or os.cpu_count() or 1, len(tars))
-    if workers == 1:
-        done = [index_tar(tar) for tar in tars]
-    else:
-        with forked_pool(workers) as pool:
-            futures = [pool.submit(index_tar, tar) for tar in tars]
-            try:
-                done = [future.result() for future in futures]  # the first bad tar in name order is the one named
-            except BaseException:
-                for future in futures:
-                    future.cancel()
-                raise
-    fsync_dir(root)  # the .idx renames, once for all, before index.json names them
-    index = dataset_index([info for info, _ in done], [scanned for _, scanned in done])
-    write_index(root, index)
+    with locked_output(root):  # one run at a time: what another left is no live writer's
+        remove_temporaries(root, [INDEX_FILE, *(name for tar in tars for name in (tar.with_suffix(".idx").name, tar.with_suffix(TABLE_SUFFIX).name))])
+        if workers == 1:
+            done = [index_tar(tar) for tar in tars]
+        else:
+            with forked_pool(workers) as pool:
+                futures = [pool.submit(index_tar, tar) for tar in tars]
+                try:
+                    done = [future.result() for future in futures]  # the first bad tar in name order is the one named
+                except BaseException:
+                    for future in futures:
+                        future.cancel()
+                    raise
+        fsync_dir(root)  # the .idx renames, once for all, before index.json names them
+        index = dataset_index([info for info, _ in done], [scanned for _, scanned in done])
+        write_index(root, index)
     return index, time.perf_counter() - start
 
 
