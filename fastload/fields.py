@@ -144,7 +144,7 @@ class ArrayCodec:
             version = np.lib.format.read_magic(stream)
             read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
             shape, fortran, dtype = read_header(stream)
-        except (ValueError, OSError, EOFError, SyntaxError, TypeError) as exc:
+        except Exception as exc:  # numpy's header reader raises many types for bad data (ValueError, SyntaxError, tokenize's TokenError, ...)
             raise SampleError(where, f"field {field}: not a .npy array ({type(exc).__name__})") from None
         if dtype.hasobject:
             raise SampleError(where, f"field {field}: a .npy of Python objects (needs pickle, which fastload never runs)")
