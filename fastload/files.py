@@ -113,7 +113,8 @@ def open_lock_file(path: str | os.PathLike[str]) -> int:
         except FileNotFoundError:
             continue  # removed by its holder between the two opens: create it again
         except OSError as exc:
-            raise OSError(exc.errno, f"cannot use it as a lock file ({exc.strerror}; a symlink?)", str(path)) from None
+            link = " (a symlink)" if exc.errno == errno.ELOOP else ""
+            raise OSError(exc.errno, f"cannot use it as a lock file{link}: {exc.strerror}", str(path)) from None
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
             os.close(fd)
