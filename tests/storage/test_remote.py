@@ -205,22 +205,22 @@ def test_permanent_failures_raise_naming_the_url(served, tmp_path: Path, monkeyp
         fastload.open(server.url + "nothing-here/", cache_dir=tmp_path / "c3")
 
 
-def test_an_endless_shard_download_stops_at_the_size_the_index_declares(served, tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["shard-00001.tar", "shard-00001.idx", "shard-00001.table"])
+def test_an_endless_shard_download_stops_at_the_size_the_index_declares(served, tmp_path: Path, name: str) -> None:
+    """A shard by its declared size; its .idx and table, which the index gives no size, by 64 MiB."""
     server, root = served
-    server.faults["shard-00001.tar"] = ["endless"]
+    server.faults[name] = ["endless"]
     ds = fastload.open(server.url, cache_dir=tmp_path / "cache")
     start = time.perf_counter()
     with pytest.raises(RemoteError) as caught:
         ds.fetch(1)
-    declared = ds.index.shards[1].bytes
-    assert str(caught.value) == (
-        f"{server.url}shard-00001.tar: the server sent more than {declared} bytes, the most expected of it; download stopped"
-    )
-    assert time.perf_counter() - start < 20 and server.counts["shard-00001.tar"] == 1  # cut off at once, not asked again
+    bound = ds.index.shards[1].bytes if name.endswith(".tar") else 64 << 20
+    assert str(caught.value) == f"{server.url}{name}: the server sent more than {bound} bytes, the most expected of it; download stopped"
+    assert time.perf_counter() - start < 20 and server.counts[name] == 1  # cut off at once, not asked again
     left = [p for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".lock")]
     assert all(".tmp-" not in p.name and ".reserved" not in p.name for p in left), left  # the partial file is gone
     assert sum(p.stat().st_size for p in left) < 2 * max(p.stat().st_size for p in root.glob("*.tar"))
-    assert len(ds.raw(9)[1]) > 0  # the next request gets the real shard
+    assert len(ds.raw(9)[1]) > 0  # the next request gets the real file
 
 
 def test_an_endless_index_json_stops_at_its_cap_in_bounded_memory(served, tmp_path: Path) -> None:
