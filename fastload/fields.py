@@ -50,6 +50,7 @@ MAX_INT = 2**63 - 1  # labels fit an int64
 # How deep a JSON field may nest (lists and objects): deeper values parse, but a worker cannot
 # pickle them back (Python's recursion limit; ~600 levels already failed), and no metadata needs it.
 MAX_JSON_DEPTH = 100
+MAX_NPY_DIMS = 64  # numpy's own limit on an array's dimensions
 _NPY_MAGIC = b"\x93NUMPY"
 
 
@@ -158,7 +159,9 @@ def _nests_deeper(value: Any, limit: int) -> bool:
 
 class ArrayCodec:
     """``npy``: one NumPy array of any dtype but object (``allow_pickle=False``), read from its
-    header so a header claiming more data than the field holds is refused before allocating."""
+    header, whose every claim is checked before the array is made (sides, item size, the bytes it
+    promises against those the field holds): a header that lies is a SampleError, never numpy's
+    ValueError (which ``on_error="skip"`` could not skip)."""
 
     def decode(self, data: bytes, where: str, field: str) -> np.ndarray:
         """The array (read-only: a view of the field's bytes)."""
@@ -169,10 +172,19 @@ class ArrayCodec:
             version = np.lib.format.read_magic(stream)
             read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
             shape, fortran, dtype = read_header(stream)
-        except (ValueError, OSError, EOFError, SyntaxError, TypeError) as exc:
+        except Exception as exc:  # numpy's header reader raises many types for bad data (ValueError, SyntaxError, tokenize's TokenError, ...)
             raise SampleError(where, f"field {field}: not a .npy array ({type(exc).__name__})") from None
         if dtype.hasobject:
             raise SampleError(where, f"field {field}: a .npy of Python objects (needs pickle, which fastload never runs)")
+        if dtype.itemsize == 0 or dtype.subdtype is not None:
+            raise SampleError(where, f"field {field}: a .npy of zero-sized or sub-array items ({dtype.str}), which numpy.save never writes")
+        if len(shape) > MAX_NPY_DIMS or any(side < 0 for side in shape):
+            raise SampleError(where, f"field {field}: its .npy header gives a shape of negative sides or over {MAX_NPY_DIMS} of them")
+        extent = dtype.itemsize  # what numpy checks: the sides but zeros, times the item size, must fit an index
+        for side in shape:
+            extent *= max(side, 1)
+        if extent > MAX_INT:
+            raise SampleError(where, f"field {field}: its .npy header gives a shape too big for any array")
         count = 1
         for side in shape:
             count *= side
@@ -362,6 +374,11 @@ class SampleSpec:
     def primary(self) -> FieldSpec | None:
         """The first image field: its header plans the geometry of every geometric field."""
         return next((f for f in self.fields if f.role == "image"), None)
+
+    @functools.cached_property
+    def stored_names(self) -> frozenset[str]:
+        """Every stored field name its fields may take: what a sample's read needs, no more."""
+        return frozenset(name for f in self.fields for name in f.alternatives)
 
     def shape_of(self, name: str) -> tuple[tuple[int, ...], str] | None:
         """(shape, dtype) of stacked array field ``name``; None: it is ragged (a list)."""

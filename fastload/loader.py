@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from fastload.backends.engines import make_engine
+from fastload.decode.header import check_pixels
 from fastload.dist import check_ranks_agree
 from fastload.errors import DEFAULT_MAX_SKIPPED
 from fastload.fields import SampleSpec
@@ -200,7 +201,9 @@ class DataLoader(torch.utils.data.DataLoader):
         channels = 3
         if ds.index.decoded_shape is not None:  # ds.decoded
             height, width, channels = ds.index.decoded_shape
-            size = size or (height, width)
+            if size is None:  # batches of the stored pixels: their slots are sized by what the index declares
+                check_pixels(width, height, f"{ds.location}: index.json decoded_shape")
+                size = (height, width)
         if size is None:
             raise ValueError(
                 f"{'videos' if self.sample_spec.primary is None else 'images'} of this dataset vary in size: give a transform "

@@ -353,6 +353,37 @@ def test_a_value_a_worker_cannot_send_back_is_an_error_naming_the_sample(tmp_pat
         list(loader(root, batch_size=3, num_workers=workers, fields=["txt"], map=unpicklable, on_error=on_error, timeout=30))
     assert caught.value.where == "00001.tar:s003"
     assert caught.value.reason.startswith("field txt: its value cannot be sent from the worker (TypeError:")
+def npy_header(descr: str, shape: tuple, body: bytes = b"") -> bytes:
+    """A .npy whose header says exactly this (numpy's own header layout), followed by ``body``."""
+    text = repr({"descr": descr, "fortran_order": False, "shape": shape}).encode()
+    text += b" " * (-(10 + len(text) + 1) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text + body
+
+
+LYING_NPY = {  # headers numpy reads without complaint, whose arrays numpy then refuses to make
+    "itemsize 0": npy_header("|V0", (5,)),
+    "shape (2**62, 0)": npy_header("<f4", (2**62, 0)),
+    "negative sides": npy_header("<f4", (-2, -4), bytes(32)),
+    "a side past int64": npy_header("<f4", (2**64, 0)),
+    "sub-array items": npy_header("(2,3)<f4", (2,), bytes(48)),
+}
+
+
+@pytest.mark.parametrize("lie", sorted(LYING_NPY))
+def test_npy_headers_that_look_valid_are_skippable_sample_errors_and_verify_names_them(tmp_path: Path, lie: str) -> None:
+    samples = [{"__key__": f"s{i:03d}", "npy": npy(np.full(3, i, np.float32)), "cls": str(i).encode()} for i in range(6)]
+    samples[3]["npy"] = LYING_NPY[lie]
+    root = write_tars(tmp_path / "npy", samples)
+    run_cli("index", str(root))
+    for workers in (0, 2):
+        with pytest.raises(SampleError) as caught:
+            list(loader(root, batch_size=3, num_workers=workers, fields=["npy", "cls"]))
+        assert caught.value.where.endswith(":s003") and caught.value.reason.startswith("field npy: ")
+        kept = [k for batch in loader(root, batch_size=3, num_workers=workers, fields=["npy", "cls"], on_error="skip", return_keys=True)
+                for k in batch[-1]]
+        assert len(kept) == 6 and "s003" not in kept
+    proc = run_cli("verify", str(root), "--decode", check=False)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and ":s003: field npy: " in proc.stderr, proc.stderr
 
 
 def jitter(sample: dict, rng: np.random.Generator) -> dict:

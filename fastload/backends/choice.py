@@ -20,6 +20,7 @@ from typing import cast
 
 import torch
 
+from fastload.files import atomic_write_bytes
 from fastload.transforms import GEOMETRIC, Transform, output_size
 
 log = logging.getLogger("fastload")
@@ -112,9 +113,7 @@ def store_rates(key: str, rates: dict[str, float], path: Path | None = None) -> 
     except (OSError, ValueError, KeyError, AttributeError):
         probes = {}
     probes[key] = rates
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    temporary.write_text(json.dumps({"version": PROBE_CACHE_VERSION, "probes": probes}, indent=1))
-    os.replace(temporary, path)
+    atomic_write_bytes(path, json.dumps({"version": PROBE_CACHE_VERSION, "probes": probes}, indent=1).encode(), durable=False)
 
 
 def probed_choice(key: str, make_loader: Callable[[str], Iterable], candidates: Sequence[str], gpu: bool,

@@ -32,13 +32,13 @@ from fastload.converters.shard import (
     ShardResult,
     WrittenShards,
     check_decoded_shape,
-    naming,
     prepare_sample,
     sources_digest,
 )
 from fastload.converters.sources import Source
 from fastload.converters.writers import PreparedSample
 from fastload.errors import SampleError
+from fastload.files import naming
 
 RUN = 64  # items a task: small enough to keep both workers busy to the end, and the results in flight small
 Result = TypeVar("Result")

@@ -36,10 +36,10 @@ from fastload.converters.partial import (
 )
 from fastload.converters.plan import ShardPlan, assign_shards, order_items
 from fastload.converters.sample import SourceItem
-from fastload.converters.shard import ShardResult, ShardTask, WrittenShards, naming, prepare_sample, sources_digest, write_shard
+from fastload.converters.shard import ShardResult, ShardTask, WrittenShards, prepare_sample, sources_digest, write_shard
 from fastload.converters.sources import Source, open_source
 from fastload.errors import SampleError
-from fastload.files import atomic_write_bytes, fsync_dir
+from fastload.files import atomic_write_bytes, fsync_dir, naming, remove_temporaries
 from fastload.formats.index import (
     FORMAT_VERSION,
     INDEX_FILE,
@@ -205,7 +205,7 @@ def _convert(
             raise ConversionConflict(f"{remote.redact(url) if url else out} already holds a dataset converted with other options; choose another OUT")
         return ConvertReport(index=existing, shards_written=0, shards_reused=len(existing.shards), already_complete=True)
 
-    _remove_temporary_files(out)  # of a run that was killed
+    remove_temporaries(out)  # of a run that was killed: with OUT locked, none is a live writer's
     source = open_source(options.source, str(Path(src).absolute()), options.source_options)
     runner = open_engine(engine, options.workers, address)
     items = order_items(source.items(), options.shuffle, options.seed, options.limit)
@@ -229,7 +229,7 @@ def _convert(
     if report_png is not None:
         draw_duplicates(report_png, source, duplicates, f"{src}: duplicates dropped")
 
-    _remove_temporary_files(out)  # of task workers killed mid-shard (their retries used other names)
+    remove_temporaries(out)  # of task workers killed mid-shard (their retries used other names)
     ordered = shards.results
     index = _assemble_index(source, options, ordered, len(duplicates), decoded_shape)
     root = str(Path(src).absolute())
@@ -302,13 +302,6 @@ def _write_planned(
     shards.written = len(todo)
     shards.results = [results[plan.number] for plan in plans]
     return shards, decoded_shape
-
-
-def _remove_temporary_files(out: Path) -> None:
-    """Delete every shard temporary file in OUT: with OUT locked, none belongs to a live writer
-    before the shards are planned or after the last one is finished."""
-    for stale in out.glob(".*.tmp*"):
-        stale.unlink(missing_ok=True)
 
 
 def _publish(staging: Path, url: str) -> None:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +17,7 @@ from fastload.converters.writers import PreparedSample, open_writer
 from fastload.decode.header import image_size
 from fastload.errors import SampleError
 from fastload.fields import JPEG_FIELD, LABEL_FIELD, default_role, video_fields
+from fastload.files import naming
 from fastload.formats.index import ShardInfo
 from fastload.formats.table import TABLE_SUFFIX
 
@@ -143,17 +142,6 @@ def check_decoded_shape(stored: bytes | np.ndarray | None, where: str, decoded_s
 def sources_digest(items: tuple[SourceItem, ...]) -> str:
     """What a shard is made from: its items' keys and file stamps (size, mtime_ns), hashed."""
     return hashlib.sha256("\n".join(f"{item.key} {item.stamp}" for item in items).encode()).hexdigest()
-
-
-@contextmanager
-def naming(path: Path) -> Iterator[None]:
-    """Re-raise an OSError that names no file (a failed write: ENOSPC, EFBIG) as one naming ``path``."""
-    try:
-        yield
-    except OSError as exc:
-        if exc.filename is not None or exc.errno is None:
-            raise
-        raise OSError(exc.errno, exc.strerror, str(path)) from None
 
 
 def write_shard(task: ShardTask) -> ShardResult:

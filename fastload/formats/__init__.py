@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -48,8 +49,9 @@ class ShardReader(Protocol):
     def key(self, i: int) -> str:
         """The key of sample ``i``."""
 
-    def read(self, i: int) -> dict[str, bytes]:
-        """Raw fields of sample ``i`` by extension (``jpg``, ``cls``, ...)."""
+    def read(self, i: int, fields: Collection[str] | None = None) -> dict[str, bytes]:
+        """Raw fields of sample ``i`` by extension (``jpg``, ``cls``, ...); only those named in
+        ``fields`` when given (the others are not read)."""
 
     def open(self) -> None:
         """Open the shard file in this process now rather than at the first read."""

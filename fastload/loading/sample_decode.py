@@ -147,7 +147,7 @@ def fill_beside_primary(
     plan or None, the other fields' values by field key). No ``map``: it sees the decoded image.
     ``clock`` (from its last mark) gets the read, then the rest as transform."""
     clock = clock or untimed()
-    key, stored, pixels = ds.raw(index)
+    key, stored, pixels = ds.raw(index, sample_spec.stored_names)  # an unrequested field is never read
     clock.lap(READ)
     clock.count(READ_BYTES, sum(map(len, stored.values())) + (pixels.nbytes if pixels is not None else 0))
     where = _where(ds, index, key)
@@ -292,7 +292,7 @@ def probe_array_shapes(ds: ShardedDataset, sample_spec: SampleSpec) -> SampleSpe
     seen: dict[str, set[tuple[tuple[int, ...], str]]] = {f.name: set() for f in arrays}
     wide: set[str] = set()
     for position in positions:
-        _, stored, _ = ds.raw(position)
+        _, stored, _ = ds.raw(position, frozenset(name for f in (*arrays, *masks) for name in f.alternatives))
         for f in arrays:
             name = f.find(stored)
             try:

@@ -105,13 +105,21 @@ def _file_matches(path: Path, sha256: str) -> bool:
 
 
 def _decode_all(reader, shard: ShardInfo, report: VerifyReport, images: bool, facts: list[Facts]) -> None:
-    """Decode every field by its default role (images whole and strictly; labels, text, JSON and
-    .npy arrays parsed; videos probed again, their stream facts compared with the table's
-    ``facts``); decoded pixels need no decoding, the checksum covers them."""
+    """Read every sample and decode every field by its default role (images whole and strictly;
+    labels, text, JSON and .npy arrays parsed; decoded pixels read, within the pixel limit; videos
+    probed again, their stream facts compared with the table's ``facts``); a sample that cannot be
+    read or decoded is a problem naming it, and the next one is checked."""
+    decoded = getattr(reader, "decoded", False)
     for i in range(len(reader)):
-        fields = reader.read(i)
         where = f"{shard.path}:{reader.key(i)}"
-        if images and image_field(fields) is None and not getattr(reader, "decoded", False):
+        try:
+            fields = reader.read(i)
+            if decoded:
+                reader.pixels(i)
+        except SampleError as exc:
+            report.problems.append(f"{where}: {exc.reason}")
+            continue
+        if images and image_field(fields) is None and not decoded:
             report.problems.append(f"{where}: no image field among {sorted(fields)}")
         for name, data in fields.items():
             try:
