@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU machine's check, run once per lent machine (docs/gpu.md, "On a GPU machine", shows its tables):
-#   bash benchmarks/gpu_check.sh PART...   (PART: setup, loader, dali, parity, stall, train)
+#   bash benchmarks/gpu_check.sh PART...   (PART: setup, loader, dali, parity, stall, train, video)
 # Issue #20's run, in one call of at most 6 minutes once DALI's parts are there:
 #   bash benchmarks/gpu_check.sh dali parity stall
 # Carry .whl/ and data/gpu-photos. .whl/ holds the simplejpeg wheel for CPython 3.12 (`pip download
@@ -17,7 +17,11 @@
 #   parity  (needs DALI) each backend's mean |diff| per image from Pillow + torchvision's recipe,
 #           val(224) and decode, DALI decoding with device="mixed" (nvJPEG);
 #   stall   (needs DALI) ResNet-50 bf16, channels_last, torch.compile, fed by cpu, dali and hybrid;
-#   train   (after `dali` when both are given, so DALI feeds it) the training example with nccl + bf16.
+#   train   (after `dali` when both are given, so DALI feeds it) the training example with nccl + bf16;
+#   video   (after `dali`; carry PyAV's CPython 3.12 wheel in .whl/ and data/videos, made here by
+#           benchmarks/make_videos.py) the video `gpu` tests (NVDEC's clips against the CPU path, a video
+#           NVDEC cannot decode named or skipped) and benchmarks/bench_video.py --dali (fastload's DALI
+#           video path against its CPU path and DALI's own fn.readers.video).
 # Logs and JSON go to $OUT.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -87,5 +91,11 @@ if [[ $parts == *" train "* ]]; then
   timeout 240 python3 -m torch.distributed.run --standalone --nproc_per_node=1 examples/train_ddp.py \
     --data /tmp/photos-wds --epochs 3 --batch-size 128 --workers 12 --checkpoint-dir /tmp/ckpt 2>&1 \
     | grep -E "^epoch|done|Error|error" | tee "$OUT/train.log"
+fi
+if [[ $parts == *" video "* ]]; then
+  echo "== video: NVDEC through DALI against the CPU path, 16-frame clips of stride 2, 224 px"
+  [ -d /tmp/videos-wds ] || python3 -m fastload.cli convert data/videos /tmp/videos-wds --from videos --workers 8 --quiet
+  timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/backends/test_dali_video.py 2>&1 | tee "$OUT/pytest-video.log" | tail -4
+  timeout 240 python3 benchmarks/bench_video.py data/videos /tmp/videos-wds --rounds 2 --dali 2>&1 | tee "$OUT/video.log" | tail -8
 fi
 echo "== gpu_check: ${SECONDS} s"

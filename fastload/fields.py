@@ -20,22 +20,25 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from fastload.errors import SampleError
+from fastload.video.clips import Clip
 
 if TYPE_CHECKING:
     import numpy as np
 
-Role = Literal["image", "mask", "boxes", "label", "text", "json", "array", "bytes"]
-ROLES: tuple[str, ...] = ("image", "mask", "boxes", "label", "text", "json", "array", "bytes")
+Role = Literal["image", "mask", "boxes", "label", "text", "json", "array", "video", "bytes"]
+ROLES: tuple[str, ...] = ("image", "mask", "boxes", "label", "text", "json", "array", "video", "bytes")
 GEOMETRIC_ROLES: tuple[str, ...] = ("image", "mask", "boxes")  # follow the primary image's crop, resize and flip
 DECLARED_ROLES: tuple[str, ...] = ("mask", "boxes")  # never defaulted from an extension
 
 IMAGE_FIELDS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm")
+VIDEO_FIELDS: tuple[str, ...] = ("mp4", "webm", "mkv", "mov", "avi", "ogv", "m4v")  # containers FFmpeg demuxes
 LABEL_FIELD = "cls"
 JPEG_FIELD = "jpg"  # where a re-encoded image is stored
 DECODED_FIELD = "pixels"  # HDF5 shards of decoded pixels: the image, already decoded
 ARRAY_FIELD = "npy"
 _DEFAULT_ROLES: dict[str, Role] = {
     **{ext: "image" for ext in IMAGE_FIELDS},
+    **{ext: "video" for ext in VIDEO_FIELDS},
     DECODED_FIELD: "image",
     LABEL_FIELD: "label",
     "txt": "text",
@@ -44,6 +47,10 @@ _DEFAULT_ROLES: dict[str, Role] = {
     ARRAY_FIELD: "array",
 }
 MAX_INT = 2**63 - 1  # labels fit an int64
+# How deep a JSON field may nest (lists and objects): deeper values parse, but a worker cannot
+# pickle them back (Python's recursion limit; ~600 levels already failed), and no metadata needs it.
+MAX_JSON_DEPTH = 100
+MAX_NPY_DIMS = 64  # numpy's own limit on an array's dimensions
 _NPY_MAGIC = b"\x93NUMPY"
 
 
@@ -70,6 +77,11 @@ def image_field(fields: Iterable[str]) -> str | None:
 def has_images(fields: Iterable[str]) -> bool:
     """Whether any of these field names is an image by default."""
     return any(default_role(name) == "image" for name in fields)
+
+
+def video_fields(fields: Iterable[str]) -> list[str]:
+    """Those of these field names that are videos by default, in their order."""
+    return [name for name in fields if default_role(name) == "video"]
 
 
 def parse_label(data: bytes, where: str) -> int:
@@ -118,19 +130,38 @@ class TextCodec:
 
 
 class JsonCodec:
-    """``json``: parsed with the json module only (never anything that can run code)."""
+    """``json``: parsed with the json module only (never anything that can run code), at most
+    MAX_JSON_DEPTH levels deep."""
 
     def decode(self, data: bytes, where: str, field: str) -> Any:
         """The parsed value."""
         try:
-            return json.loads(data)
+            value = json.loads(data)
         except (ValueError, RecursionError) as exc:  # JSONDecodeError names the line and column, not the text
             raise SampleError(where, f"field {field}: bad JSON ({type(exc).__name__}: {str(exc)[:80]})") from None
+        if data.count(b"[") + data.count(b"{") > MAX_JSON_DEPTH and _nests_deeper(value, MAX_JSON_DEPTH):
+            raise SampleError(where, f"field {field}: JSON nested deeper than {MAX_JSON_DEPTH} levels")
+        return value
+
+
+def _nests_deeper(value: Any, limit: int) -> bool:
+    """Whether ``value`` (parsed JSON) holds lists or objects more than ``limit`` levels deep;
+    walked with a stack of its own (no recursion, whatever the depth)."""
+    stack = [(value, 1)] if isinstance(value, (list, dict)) else []
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (list, dict)))
+    return False
 
 
 class ArrayCodec:
     """``npy``: one NumPy array of any dtype but object (``allow_pickle=False``), read from its
-    header so a header claiming more data than the field holds is refused before allocating."""
+    header, whose every claim is checked before the array is made (sides, item size, the bytes it
+    promises against those the field holds): a header that lies is a SampleError, never numpy's
+    ValueError (which ``on_error="skip"`` could not skip)."""
 
     def decode(self, data: bytes, where: str, field: str) -> np.ndarray:
         """The array (read-only: a view of the field's bytes)."""
@@ -141,10 +172,19 @@ class ArrayCodec:
             version = np.lib.format.read_magic(stream)
             read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
             shape, fortran, dtype = read_header(stream)
-        except (ValueError, OSError, EOFError, SyntaxError, TypeError) as exc:
+        except Exception as exc:  # numpy's header reader raises many types for bad data (ValueError, SyntaxError, tokenize's TokenError, ...)
             raise SampleError(where, f"field {field}: not a .npy array ({type(exc).__name__})") from None
         if dtype.hasobject:
             raise SampleError(where, f"field {field}: a .npy of Python objects (needs pickle, which fastload never runs)")
+        if dtype.itemsize == 0 or dtype.subdtype is not None:
+            raise SampleError(where, f"field {field}: a .npy of zero-sized or sub-array items ({dtype.str}), which numpy.save never writes")
+        if len(shape) > MAX_NPY_DIMS or any(side < 0 for side in shape):
+            raise SampleError(where, f"field {field}: its .npy header gives a shape of negative sides or over {MAX_NPY_DIMS} of them")
+        extent = dtype.itemsize  # what numpy checks: the sides but zeros, times the item size, must fit an index
+        for side in shape:
+            extent *= max(side, 1)
+        if extent > MAX_INT:
+            raise SampleError(where, f"field {field}: its .npy header gives a shape too big for any array")
         count = 1
         for side in shape:
             count *= side
@@ -220,6 +260,15 @@ class MaskCodec:
             raise SampleError(where, f"field {field}: cannot decode mask: {type(exc).__name__}") from None
 
 
+class VideoCodec:
+    """A video file (mp4, webm, ...): its bytes; the workers decode only a clip's frames
+    (:mod:`fastload.loading.clip_decode`), planned from its stream facts in the sample table."""
+
+    def decode(self, data: bytes, where: str, field: str) -> bytes:
+        """The encoded video, as stored."""
+        return data
+
+
 class BytesCodec:
     """Anything else: the stored bytes, untouched."""
 
@@ -236,6 +285,7 @@ CODECS: dict[str, Codec] = {
     "text": TextCodec(),
     "json": JsonCodec(),
     "array": ArrayCodec(),
+    "video": VideoCodec(),
     "bytes": BytesCodec(),
 }
 
@@ -262,6 +312,9 @@ class FieldSpec:
         object.__setattr__(self, "key", self.key or self.name)
         if not isinstance(self.name, str) or not self.name or any(not part for part in self.name.split(";")):
             raise ValueError(f"a field name must be a non-empty string such as 'jpg' or 'jpg;png', got {self.name!r}")
+        if self.role == "audio":
+            raise ValueError(f"field {self.name}: audio beside clips is not supported yet (the stream facts record each video's "
+                             "audio track: fastload inspect shows them); ask for the video as 'bytes' and decode its audio yourself")
         if self.role not in ROLES:
             raise ValueError(f"field {self.name}: role must be one of {ROLES}, got {self.role!r}")
         if self.optional and self.role != "label":
@@ -282,7 +335,7 @@ class FieldSpec:
     @property
     def stacked(self) -> bool:
         """Whether values are batched in shared memory (fixed shape), else as a list."""
-        return self.role in ("image", "mask", "label", "array")
+        return self.role in ("image", "mask", "label", "array", "video")
 
 
 SampleMap = Callable[[dict, "np.random.Generator"], dict]
@@ -297,6 +350,7 @@ class SampleSpec:
     fields: tuple[FieldSpec, ...]
     map: SampleMap | None = None
     classic: bool = False
+    clip: Clip | None = None  # what a video field's rows hold (its sampling decided)
     array_shapes: tuple[tuple[str, tuple[int, ...], str], ...] = ()  # (field name, shape, dtype) of stacked arrays
     wide_masks: tuple[str, ...] = ()  # mask fields stacked as uint16 (16-bit masks among the first samples)
 
@@ -310,11 +364,21 @@ class SampleSpec:
             raise TypeError(f"map= must be a callable (sample dict, numpy Generator) -> sample dict, got {type(self.map).__name__}")
         if any(f.role in DECLARED_ROLES for f in self.fields) and self.primary is None:
             raise ValueError("a mask or boxes field follows an image's crop: fields= must name an image field too")
+        videos = [f.name for f in self.fields if f.role == "video"]
+        if videos and self.clip is None:
+            raise ValueError(f"field {videos[0]} is a video: give clip=fastload.Clip(frames=..., stride=...) to say which frames to take")
+        if self.clip is not None and not videos:
+            raise ValueError("clip= takes frames of videos; the fields asked for hold none")
 
     @functools.cached_property
     def primary(self) -> FieldSpec | None:
         """The first image field: its header plans the geometry of every geometric field."""
         return next((f for f in self.fields if f.role == "image"), None)
+
+    @functools.cached_property
+    def stored_names(self) -> frozenset[str]:
+        """Every stored field name its fields may take: what a sample's read needs, no more."""
+        return frozenset(name for f in self.fields for name in f.alternatives)
 
     def shape_of(self, name: str) -> tuple[tuple[int, ...], str] | None:
         """(shape, dtype) of stacked array field ``name``; None: it is ragged (a list)."""
@@ -325,21 +389,32 @@ class SampleSpec:
         return field.stacked and (field.role != "array" or self.shape_of(field.name) is not None)
 
 
-def classic_spec(decoded: bool, map: SampleMap | None = None) -> SampleSpec:
-    """Today's classification sample: the image (whatever its extension) and an optional label,
-    seen by ``map`` as ``image`` and ``label``."""
-    image = FieldSpec(DECODED_FIELD if decoded else ";".join(IMAGE_FIELDS), "image", key="image")
-    return SampleSpec(fields=(image, FieldSpec(LABEL_FIELD, "label", optional=True, key="label")), map=map, classic=True)
+def classic_spec(decoded: bool, map: SampleMap | None = None, clip: Clip | None = None) -> SampleSpec:
+    """Today's classification sample: the image (whatever its extension; with ``clip``, the video)
+    and an optional label, seen by ``map`` as ``image`` (``video``) and ``label``."""
+    if clip is not None:
+        first = FieldSpec(";".join(VIDEO_FIELDS), "video", key="video")
+    else:
+        first = FieldSpec(DECODED_FIELD if decoded else ";".join(IMAGE_FIELDS), "image", key="image")
+    return SampleSpec(fields=(first, FieldSpec(LABEL_FIELD, "label", optional=True, key="label")), map=map, classic=True, clip=clip)
 
 
 def requested_spec(
     fields: Sequence[str] | Mapping[str, str] | None, dataset_fields: Sequence[str], decoded: bool,
-    map: SampleMap | None = None, images: bool = False,
+    map: SampleMap | None = None, images: bool = False, clip: Clip | None = None,
 ) -> SampleSpec:
-    """The SampleSpec of a loader's ``fields=`` (a sequence of names, or a mapping name -> role)
-    and ``map=``. Without ``fields=``: the classic layout when the dataset has images (or
-    ``images``: the caller expects them), else every field of the dataset in its index's order."""
+    """The SampleSpec of a loader's ``fields=`` (a sequence of names, or a mapping name -> role),
+    ``map=`` and ``clip=``. Without ``fields=``: the classic layout when the dataset has images (or
+    ``images``: the caller expects them) or, with ``clip``, videos; else every field of the
+    dataset in its index's order."""
     if fields is None:
+        videos = video_fields(dataset_fields)
+        if videos and (clip is not None or not (decoded or has_images(dataset_fields))):
+            if clip is None:
+                raise ValueError(f"field {videos[0]} is a video: give clip=fastload.Clip(frames=..., stride=...) to say which frames to take")
+            return classic_spec(decoded, map, clip)
+        if clip is not None:
+            raise ValueError("clip= takes frames of videos; the fields asked for hold none")
         if images or decoded or has_images(dataset_fields):
             return classic_spec(decoded, map)
         fields = list(dataset_fields)
@@ -347,4 +422,4 @@ def requested_spec(
         raise TypeError(f"fields= takes a list of field names or a mapping name -> role, got the string {fields!r}")
     roles = dict(fields) if isinstance(fields, Mapping) else {name: None for name in fields}
     specs = tuple(FieldSpec(name, role or default_role(name.split(";")[0])) for name, role in roles.items())
-    return SampleSpec(specs, map=map)
+    return SampleSpec(specs, map=map, clip=clip)

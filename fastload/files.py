@@ -1,13 +1,18 @@
 """Dataset files handled safely: relative paths confined to the dataset root, regular files only
-(a FIFO would block a reader), atomic and durable writes, sha256 digests."""
+(a FIFO would block a reader), new files never created through a link (a dataset folder may hold
+planted symlinks), atomic and durable writes, sha256 digests."""
 
 from __future__ import annotations
 
 import errno
+import glob
 import hashlib
 import os
 import re
+import secrets
 import stat
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from fastload.errors import DatasetIndexError
@@ -28,6 +33,13 @@ def check_relative_path(value: object, name: str) -> str:
             "and ._+=,@-; no empty, '.' or '..' part)"
         )
     return value
+
+
+def resolved_inside(root: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path | None:
+    """``path`` with every symlink resolved, or None where that lies outside ``root`` (resolved
+    too). Paths are compared part by part, never as strings: ``ds-private/x`` is not inside ``ds``."""
+    real = Path(os.path.realpath(path))
+    return real if real.is_relative_to(os.path.realpath(root)) else None
 
 
 def is_sha256(value: object) -> bool:
@@ -60,18 +72,92 @@ def read_file(path: str | os.PathLike[str]) -> bytes:
         return f.read()
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, durable: bool = True) -> None:
-    """Write ``data`` to ``path`` so that readers see either the old file or the whole new one;
-    ``durable`` also fsyncs file and folder (skip it for bookkeeping that may be lost in a crash)."""
+def create_new(path: str | os.PathLike[str]) -> int:
+    """A write descriptor of a new, empty file at ``path`` (``O_CREAT|O_EXCL|O_NOFOLLOW``): where
+    anything already has that name, a symlink included, a FileExistsError, never a write through it."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+
+
+TEMPORARY_MARK = ".tmp-"  # in every temporary's name: ``.NAME.tmp-RANDOM``
+
+
+def temporary_beside(path: str | os.PathLike[str]) -> tuple[int, Path]:
+    """(write descriptor, path) of a new file in ``path``'s folder, ``.NAME.tmp-RANDOM``, to write
+    ``path`` under before a rename: created by :func:`create_new` under a name nobody can guess
+    (a PID can be: a link planted at ``.NAME.tmp-PID`` was written through)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
-    if durable:
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}{TEMPORARY_MARK}{secrets.token_hex(8)}")
+        try:
+            return create_new(tmp), tmp
+        except FileExistsError:
+            continue  # 64 random bits taken: only by something that lists the folder and races us
+    raise FileExistsError(errno.EEXIST, "no free temporary name beside it", str(path))
+
+
+def remove_temporaries(folder: Path, names: Iterable[str] | None = None) -> None:
+    """Delete the temporaries (:func:`temporary_beside`) in ``folder`` of the files ``names`` (None:
+    of any file) that a failed or killed writer left; call it only while no writer is live there
+    (holding the folder's lock)."""
+    patterns = [f".*{TEMPORARY_MARK}*"] if names is None else [f".{glob.escape(name)}{TEMPORARY_MARK}*" for name in names]
+    for pattern in patterns:
+        for stale in folder.glob(pattern):
+            stale.unlink(missing_ok=True)
+
+
+def open_lock_file(path: str | os.PathLike[str]) -> int:
+    """A read-write descriptor of the lock file ``path`` (for ``flock``): created by
+    :func:`create_new`, else the one there, opened without following a link and refused (OSError
+    naming it) unless it is a regular file with no other hard link, so a lock never writes elsewhere."""
+    while True:
+        try:
+            fd = create_new(path)
+            os.close(fd)
+        except FileExistsError:
+            pass
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue  # removed by its holder between the two opens: create it again
+        except OSError as exc:
+            link = " (a symlink)" if exc.errno == errno.ELOOP else ""
+            raise OSError(exc.errno, f"cannot use it as a lock file{link}: {exc.strerror}", str(path)) from None
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            os.close(fd)
+            raise OSError(errno.EINVAL, "cannot use it as a lock file (not a regular file, or hard-linked elsewhere)", str(path))
+        return fd
+
+
+@contextmanager
+def naming(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Re-raise an OSError that names no file (a failed write: ENOSPC, EFBIG) as one naming ``path``."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None or exc.errno is None:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, durable: bool = True, sync_folder: bool = True) -> None:
+    """Write ``data`` to ``path`` so that readers see either the old file or the whole new one (a
+    :func:`temporary_beside` renamed over it, removed if the write fails: an error then names
+    ``path``); ``durable`` also fsyncs the file and, unless ``sync_folder`` is False (a caller
+    syncing it once for many files), the folder (skip it for bookkeeping that may be lost in a crash)."""
+    path = Path(path)
+    fd, tmp = temporary_beside(path)
+    try:
+        with naming(path), os.fdopen(fd, "wb") as f:
+            f.write(data)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if durable and sync_folder:
         fsync_dir(path.parent)
 
 

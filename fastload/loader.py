@@ -26,7 +26,9 @@ import numpy as np
 import torch
 
 from fastload.backends.engines import make_engine
+from fastload.decode.header import check_pixels
 from fastload.dist import check_ranks_agree
+from fastload.errors import DEFAULT_MAX_SKIPPED
 from fastload.fields import SampleSpec
 from fastload.loading.batch_outputs import BatchOutputs
 from fastload.loading.epoch import Epoch, EpochInputs
@@ -50,6 +52,7 @@ from fastload.loading.torchvision_translation import TorchvisionSteps, steps_as_
 from fastload.storage.dataset import ShardedDataset
 from fastload.token_loader import TokenDataLoader
 from fastload.transforms import Transform, batch_transform, output_size
+from fastload.video.clips import Clip
 
 log = logging.getLogger("fastload")
 _logged: set[tuple[str, str]] = set()
@@ -84,7 +87,8 @@ class DataLoader(torch.utils.data.DataLoader):
     fastload's own: ``transform`` (specs from fastload.transforms, or a torchvision Compose, translated by
     fastload.loading.torchvision_translation), ``backend`` ("auto": by measurement, fastload.backends.choice; "cpu";
     "dali"; "hybrid": each batch split between DALI and the CPU workers), ``device``,
-    ``seed``, ``on_error`` ("raise" | "skip"), ``return_keys``, ``rank``/``world_size``,
+    ``seed``, ``on_error`` ("raise" | "skip"), ``max_skipped`` (with "skip": at most this many samples
+    skipped an epoch, an int, or this share of the rank's epoch, a float; None: no limit), ``return_keys``, ``rank``/``world_size``,
     ``evaluation`` (every sample once across ranks, padding marked by a ``valid`` tensor),
     ``shuffle_buffer`` (streaming order: each rank reads its own shuffled shards in sequence
     through a buffer; always used for remote datasets, with ``options.REMOTE_SHUFFLE_BUFFER`` by default) and
@@ -124,6 +128,7 @@ class DataLoader(torch.utils.data.DataLoader):
         device: str | torch.device | None = None,
         seed: int = 0,
         on_error: str = "raise",
+        max_skipped: int | float | None = DEFAULT_MAX_SKIPPED,
         return_keys: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
@@ -136,6 +141,7 @@ class DataLoader(torch.utils.data.DataLoader):
         exclude: Sequence[str] | str | os.PathLike[str] | None = None,
         class_weights: Mapping[str | int, float] | None = None,
         balanced: bool = False,
+        clip: Clip | None = None,
     ) -> None:
         if isinstance(dataset, (str, os.PathLike)):
             dataset = ShardedDataset(dataset)
@@ -146,9 +152,10 @@ class DataLoader(torch.utils.data.DataLoader):
             generator=generator, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
             batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory, drop_last=drop_last, timeout=timeout,
             worker_init_fn=worker_init_fn, collate_fn=collate_fn, prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
-            transform=transform, backend=backend, device=device, on_error=on_error, return_keys=return_keys,
+            transform=transform, backend=backend, device=device, on_error=on_error, max_skipped=max_skipped, return_keys=return_keys,
             evaluation=evaluation, shuffle_buffer=shuffle_buffer, hw_decoder_load=hw_decoder_load, fields=fields, map=map,
             batch_map=batch_map, exclude=excluded_indices(sharded, exclude), class_weights=class_weights, balanced=balanced,
+            clip=clip,
         )
         self.dataset = dataset
         self.sharded: ShardedDataset = sharded
@@ -165,7 +172,7 @@ class DataLoader(torch.utils.data.DataLoader):
         self.device = options.device
         # fields= and map=: what the workers make of a sample (a torchvision transform's rest first)
         self.sample_spec = with_torchvision_steps(
-            resolve_spec(sharded, options.fields, options.map, options.transform), options.torchvision_steps)
+            resolve_spec(sharded, options.fields, options.map, options.transform, options.clip), options.torchvision_steps)
         self.image_shape = self._image_shape()
         choice, self._engine = make_engine(options, self.sample_spec, sharded.decoded, self._probe_loader)
         self.backend = choice.name
@@ -187,21 +194,23 @@ class DataLoader(torch.utils.data.DataLoader):
         options = self.options
         return DataLoader(self.dataset, batch_size=options.batch_size, shuffle=True, num_workers=options.num_workers,
                           transform=options.transform, backend=backend, fields=options.fields, on_error=options.on_error,
-                          hw_decoder_load=options.hw_decoder_load)
+                          max_skipped=options.max_skipped, hw_decoder_load=options.hw_decoder_load, clip=options.clip)
 
     def _image_shape(self) -> tuple[int, int, int] | None:
-        if self.sample_spec.primary is None:
+        if self.sample_spec.primary is None and self.sample_spec.clip is None:
             return None  # nothing to decode: no transform needed
         ds = self.sharded
         size = output_size(self.options.transform)
         channels = 3
         if ds.index.decoded_shape is not None:  # ds.decoded
             height, width, channels = ds.index.decoded_shape
-            size = size or (height, width)
+            if size is None:  # batches of the stored pixels: their slots are sized by what the index declares
+                check_pixels(width, height, f"{ds.location}: index.json decoded_shape")
+                size = (height, width)
         if size is None:
             raise ValueError(
-                "images of this dataset vary in size: give a transform with a fixed output size, "
-                "e.g. transform=fastload.transforms.val(224)"
+                f"{'videos' if self.sample_spec.primary is None else 'images'} of this dataset vary in size: give a transform "
+                "with a fixed output size, e.g. transform=fastload.transforms.val(224)"
             )
         return (channels, size[0], size[1])
 

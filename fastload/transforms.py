@@ -282,6 +282,22 @@ def apply_plan(pixels: np.ndarray, plan_: Plan, source_height: int, source_width
     return out[:, :, None] if out.ndim == 2 else out
 
 
+def resample_into(pixels: np.ndarray, plan_: Plan, source_height: int, source_width: int, out: np.ndarray) -> None:
+    """Crop, resize and flip decoded HWC pixels (of a ``source_height`` x ``source_width`` image,
+    or a scaled decode of one) into ``out`` (C, H, W uint8): by the libjpeg-turbo extension's
+    resampler for RGB where it is built, else by :func:`apply_plan`."""
+    from fastload.decode.cpu import turbo
+
+    if turbo is not None and pixels.shape[2] == 3 == out.shape[0]:
+        box = scaled_box(plan_, pixels, source_height, source_width)
+        turbo.resample_into(np.ascontiguousarray(pixels), pixels.shape[0], pixels.shape[1], box, out, out.shape[1], out.shape[2], plan_.flip)
+        return
+    result = apply_plan(pixels, plan_, source_height, source_width)
+    if result.shape[2] != out.shape[0]:
+        raise ValueError(f"{result.shape[2]} channels, the batch holds {out.shape[0]}")
+    np.copyto(out, result.transpose(2, 0, 1))
+
+
 def nearest_into(values: np.ndarray, plan_: Plan, out: np.ndarray) -> None:
     """Crop, resize and flip an HxW array (a mask's class ids) of the plan's source size into
     ``out`` by nearest neighbour: each output pixel takes the value under its centre, so no value
@@ -321,7 +337,7 @@ def batch_transform(specs: Sequence[Transform]):
     def run(batch: torch.Tensor) -> torch.Tensor:
         for step in steps:
             if isinstance(step, Normalize):
-                shape = (1, len(step.mean), 1, 1)
+                shape = (len(step.mean), 1, 1)  # the channels' axis third from last: NCHW images, NTCHW clips
                 mean = torch.tensor(step.mean, device=batch.device).view(shape) * 255
                 inv_std = 1 / (torch.tensor(step.std, device=batch.device).view(shape) * 255)
                 batch = ((batch.float() - mean) * inv_std).to(dtypes[step.dtype])

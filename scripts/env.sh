@@ -18,6 +18,11 @@ if [ ! -f /usr/include/jpeglib.h ] && [ "$(id -u)" = 0 ] && command -v apt-get >
   (apt-get update -qq && apt-get install -y -qq gcc libjpeg-dev) >/dev/null 2>&1 || echo "note: could not install gcc/libjpeg-dev; using the pure-Python decode path"
 fi
 
+# torchcodec (the video-bench extra: a baseline of benchmarks/bench_video.py) loads FFmpeg's shared libraries; PyAV brings its own.
+if ! command -v ffmpeg >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  (apt-get update -qq && apt-get install -y -qq ffmpeg) >/dev/null 2>&1 || echo "note: could not install ffmpeg; the torchcodec baseline of benchmarks/bench_video.py will not load"
+fi
+
 stamp="$VENV/.fastload-installed"
 want="$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/env.sh" | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
@@ -30,7 +35,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
       python -m pip install -q "torch==2.13.0" ${FASTLOAD_TORCH_INDEX:+--index-url "$FASTLOAD_TORCH_INDEX"}
     fi
   fi
-  python -m pip install -q -e "$ROOT[dali,test,docs]"
+  python -m pip install -q -e "$ROOT[dali,test,docs,video]"
   python -c "import sys; from fastload.decode.cpu import turbo; sys.exit(turbo is None)" 2>/dev/null \
     || echo "note: fastload's libjpeg-turbo extension was not built (it needs a C compiler and libjpeg-dev); decoding falls back to simplejpeg/Pillow" >&2
   echo "$want" > "$stamp"

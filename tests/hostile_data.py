@@ -1,6 +1,7 @@
 """Test data a careless or hostile publisher could ship: tar datasets holding exactly the bytes
-given (no cleaning), JPEGs whose frame header lies about their size, seeded byte mutations, and a
-runner for code that must not be able to take the machine's memory."""
+given (no cleaning), tars built header by header (crafted sizes and pax records), JPEGs whose frame
+header lies about their size, seeded byte mutations, and a runner for code that must not be able
+to take the machine's memory."""
 
 from __future__ import annotations
 
@@ -35,6 +36,36 @@ def write_raw_dataset(root: Path, samples: Sequence[tuple[str, str, bytes, int]]
     image_fields = tuple(sorted({ext for _, ext, _, _ in samples}))
     write_index(root, DatasetIndex(layout="wds", shards=tuple(shards), fields=tuple(sorted({*image_fields, "cls"})), image_fields=image_fields))
     return root
+
+
+def tar_header(name: str, size: int, kind: bytes = b"0", size_field: bytes | None = None) -> bytes:
+    """A ustar header of a member ``name`` of ``size`` bytes (checksum filled in); ``size_field``:
+    the 12 bytes of its size field exactly as given instead (a crafted size)."""
+    header = bytearray(512)
+    header[: len(name.encode())] = name.encode()
+    header[100:124] = b"0000644\x000000000\x000000000\x00"
+    header[124:136] = size_field if size_field is not None else b"%011o\x00" % size
+    header[136:148] = b"00000000000\x00"
+    header[156:157] = kind
+    header[257:265] = b"ustar\x0000"
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\x00 " % sum(header)
+    return bytes(header)
+
+
+def tar_member(name: str, data: bytes, kind: bytes = b"0") -> bytes:
+    """One member: its header, its data, padding to the next 512-byte block."""
+    return tar_header(name, len(data), kind) + data + bytes(-len(data) % 512)
+
+
+def pax_member(records: bytes) -> bytes:
+    """A pax extended header (type ``x``) holding ``records`` exactly as given."""
+    return tar_member("PaxHeaders/0", records, b"x")
+
+
+def tar_of(*members: bytes) -> bytes:
+    """Members followed by the end-of-archive blocks."""
+    return b"".join(members) + bytes(1024)
 
 
 def fake_png_header(width: int, height: int) -> bytes:

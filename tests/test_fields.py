@@ -16,6 +16,7 @@ import fastload
 from fastload import transforms as T
 from fastload.converters import ConvertOptions, convert
 from fastload.errors import SampleError
+from fastload.fields import MAX_JSON_DEPTH
 from fastload.formats.index import read_index
 from tests.conftest import jpeg_bytes, png_bytes, run_cli, small_photo
 
@@ -183,20 +184,25 @@ def rectangle_sample(i: int, rng: np.random.Generator) -> dict:
     return {"__key__": f"r{i:04d}", "png": png_bytes(Image.fromarray(pixels)), "boxes.json": json.dumps(boxes).encode()}
 
 
-def test_boxes_enclose_their_rectangle_after_crop_and_flip(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("size", "backend"), [((40, 40), "cpu"), ((24, 56), "cpu"), ((56, 24), "cpu"), ((24, 56), "dali")])
+def test_boxes_enclose_their_rectangle_after_crop_and_flip(tmp_path: Path, size: tuple[int, int], backend: str) -> None:
+    """Square and non-square outputs (height, width): a flipped box is mirrored about the output's width."""
+    if backend == "dali":
+        pytest.importorskip("nvidia.dali")
     rng = np.random.default_rng(11)
     root = write_tars(tmp_path / "boxes", [rectangle_sample(i, rng) for i in range(20)])
     run_cli("index", str(root))
-    transform = (T.RandomResizedCrop(40, scale=(0.2, 1.0)), T.RandomHorizontalFlip())
+    transform = (T.RandomResizedCrop(size, scale=(0.2, 1.0)), T.RandomHorizontalFlip())
     visible = dropped = 0
     for epoch in range(3):
-        dl = loader(root, batch_size=5, num_workers=2, transform=transform, shuffle=True, seed=epoch, fields={"png": "image", "boxes.json": "boxes"})
+        dl = loader(root, batch_size=5, num_workers=2, transform=transform, shuffle=True, seed=epoch, fields={"png": "image", "boxes.json": "boxes"},
+                    backend=backend)
         for images, boxes in dl:
-            assert isinstance(boxes, list) and len(boxes) == len(images)
+            assert isinstance(boxes, list) and len(boxes) == len(images) and images.shape[2:] == size
             for image, sample_boxes in zip(images.numpy(), boxes):
                 assert sample_boxes.dtype == torch.float32 and sample_boxes.ndim == 2 and sample_boxes.shape[1] == 4
                 assert ((sample_boxes[:, 2] > sample_boxes[:, 0]) & (sample_boxes[:, 3] > sample_boxes[:, 1])).all()
-                assert (sample_boxes >= 0).all() and (sample_boxes <= 40).all()  # clipped to the output
+                assert (sample_boxes >= 0).all() and (sample_boxes[:, [0, 2]] <= size[1]).all() and (sample_boxes[:, [1, 3]] <= size[0]).all()
                 dropped += 2 - len(sample_boxes)
                 ys, xs = np.nonzero(image.min(axis=0) > 200)  # the rectangle's clearly bright pixels
                 if len(xs) == 0:
@@ -287,6 +293,97 @@ def test_verify_decode_parses_every_field_by_its_role(bad_tars: Path, clip_tars:
     assert proc.returncode == 1
     assert ":s002: field json: bad JSON" in proc.stderr and ":s005: field npy: a .npy of Python objects" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 2  # the wrong-size mask is a mask only once declared
+
+
+def nested(depth: int) -> bytes:
+    """A JSON value of lists and an object nested ``depth`` levels deep."""
+    return b"[" * (depth - 1) + b'{"a": 1}' + b"]" * (depth - 1)
+
+
+def beside_many(depth: int) -> bytes:
+    """A list holding a value ``depth - 1`` deep and 150 small lists: ``depth`` deep, more
+    brackets than MAX_JSON_DEPTH (so the depth is walked, not told by the bracket count)."""
+    return b"[" + nested(depth - 1) + b"," + b",".join(b"[%d]" % i for i in range(150)) + b"]"
+
+
+@pytest.fixture(scope="module")
+def deep_json_tars(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Six text + json samples; s002's json is nested 700 deep (it parses, but cannot be pickled
+    back from a worker), s003's one level deeper than MAX_JSON_DEPTH, s004's exactly that deep,
+    s001's two deep with 151 lists (all three among many brackets)."""
+    samples = [{"__key__": f"s{i:03d}", "txt": f"t{i}", "json": json.dumps({"i": i}).encode()} for i in range(6)]
+    samples[1]["json"] = beside_many(2)
+    samples[2]["json"] = nested(700)
+    samples[3]["json"] = beside_many(MAX_JSON_DEPTH + 1)
+    samples[4]["json"] = beside_many(MAX_JSON_DEPTH)
+    root = write_tars(tmp_path_factory.mktemp("deep-json"), samples, per_tar=6)
+    run_cli("index", str(root))
+    return root
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_json_nested_too_deep_is_a_sample_error_never_a_hang(deep_json_tars: Path, workers: int) -> None:
+    kwargs = dict(batch_size=3, num_workers=workers, fields=["txt", "json"], timeout=30)  # a hang would time out, failing the test
+    with pytest.raises(SampleError) as caught:
+        list(loader(deep_json_tars, **kwargs))
+    assert caught.value.where[-5:] in (":s002", ":s003")  # the workers' first error, whichever batch it is in
+    assert caught.value.reason == f"field json: JSON nested deeper than {MAX_JSON_DEPTH} levels"
+    with loader(deep_json_tars, on_error="skip", max_skipped=None, return_keys=True, **kwargs) as dl:
+        got = {key: meta for _, metas, keys in dl for meta, key in zip(metas, keys, strict=True)}
+        assert sorted(entry["key"] for entry in dl.stats.skipped.entries) == ["s002", "s003"]
+        assert dl.stats.skipped.entries[-1]["reason"] == f"field json: JSON nested deeper than {MAX_JSON_DEPTH} levels"
+    assert sorted(got) == ["s000", "s001", "s004", "s005"]
+    for key, value in (("s001", beside_many(2)), ("s004", beside_many(MAX_JSON_DEPTH))):
+        assert json.dumps(got[key]).encode().replace(b" ", b"") == value.replace(b" ", b"")
+
+
+def unpicklable(sample: dict, rng: np.random.Generator) -> dict:
+    """A user map that gives one sample's caption a value pickle cannot send (a generator)."""
+    if sample["txt"] == "t3":
+        sample["txt"] = (c for c in "t3")
+    return sample
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_value_a_worker_cannot_send_back_is_an_error_naming_the_sample(tmp_path: Path, workers: int, on_error: str) -> None:
+    root = write_tars(tmp_path / "tars", [{"__key__": f"s{i:03d}", "txt": f"t{i}"} for i in range(6)], per_tar=3)
+    run_cli("index", str(root))
+    with pytest.raises(SampleError) as caught:  # not skippable: the sample was read; map='s value is the user's
+        list(loader(root, batch_size=3, num_workers=workers, fields=["txt"], map=unpicklable, on_error=on_error, timeout=30))
+    assert caught.value.where == "00001.tar:s003"
+    assert caught.value.reason.startswith("field txt: its value cannot be sent from the worker (TypeError:")
+def npy_header(descr: str, shape: tuple, body: bytes = b"") -> bytes:
+    """A .npy whose header says exactly this (numpy's own header layout), followed by ``body``."""
+    text = repr({"descr": descr, "fortran_order": False, "shape": shape}).encode()
+    text += b" " * (-(10 + len(text) + 1) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text + body
+
+
+LYING_NPY = {  # headers numpy reads without complaint, whose arrays numpy then refuses to make
+    "itemsize 0": npy_header("|V0", (5,)),
+    "shape (2**62, 0)": npy_header("<f4", (2**62, 0)),
+    "negative sides": npy_header("<f4", (-2, -4), bytes(32)),
+    "a side past int64": npy_header("<f4", (2**64, 0)),
+    "sub-array items": npy_header("(2,3)<f4", (2,), bytes(48)),
+}
+
+
+@pytest.mark.parametrize("lie", sorted(LYING_NPY))
+def test_npy_headers_that_look_valid_are_skippable_sample_errors_and_verify_names_them(tmp_path: Path, lie: str) -> None:
+    samples = [{"__key__": f"s{i:03d}", "npy": npy(np.full(3, i, np.float32)), "cls": str(i).encode()} for i in range(6)]
+    samples[3]["npy"] = LYING_NPY[lie]
+    root = write_tars(tmp_path / "npy", samples)
+    run_cli("index", str(root))
+    for workers in (0, 2):
+        with pytest.raises(SampleError) as caught:
+            list(loader(root, batch_size=3, num_workers=workers, fields=["npy", "cls"]))
+        assert caught.value.where.endswith(":s003") and caught.value.reason.startswith("field npy: ")
+        kept = [k for batch in loader(root, batch_size=3, num_workers=workers, fields=["npy", "cls"], on_error="skip", return_keys=True)
+                for k in batch[-1]]
+        assert len(kept) == 6 and "s003" not in kept
+    proc = run_cli("verify", str(root), "--decode", check=False)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and ":s003: field npy: " in proc.stderr, proc.stderr
 
 
 def jitter(sample: dict, rng: np.random.Generator) -> dict:

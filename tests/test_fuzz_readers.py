@@ -1,51 +1,62 @@
-"""Seeded fuzzing of what a reader trusts (#17): a few hundred mutated tars, ``.idx`` files and
-``index.json`` files, built from a small converted dataset (bit flips, truncations, garbled
-tokens, swapped and retyped fields), each opened, read sample by sample, loaded (skipping and
-raising) and verified through the public API. Every case must end within its time bound, and
-every failure must be a ``fastload.FastloadError``.
+"""Seeded, time-boxed fuzzing of every parser of untrusted bytes (#17, #33), built from small
+datasets: mutated tar shards, ``.idx`` files, sample tables, ``index.json`` files and HDF5 layouts
+(links and storage pointing outside, retyped and reshaped columns, gigabytes declared in a few
+bytes), each dataset opened, read sample by sample, loaded (skipping and raising) and verified
+through the public API; foreign tars (bit flips, cuts, crafted sizes and pax records) through
+``fastload index``, ``convert --from wds`` and the header parser itself; ``.npy`` headers and JSON
+fields through their codecs.
+
+Every case runs in one child process capped by RLIMIT_AS (memory bounded), each under a time
+bound (a hang fails it), every target within its time box (about 50 s in all). A case must end in
+fastload errors that are one line naming the file, or in counted skips (every sample a skipping
+loader did not deliver is in its skip record; a damaged source tar's loss in skipped.jsonl), never
+another exception, a hang, or wrong data (a parse that succeeds agrees with the bytes: tar members
+inside the file and, before the damage, as written; an array of exactly the bytes its header
+promises; no message repeating what an outside file holds).
 
 FASTLOAD_FUZZ_SEED picks another seed (the default one is what CI runs)."""
 
 from __future__ import annotations
 
 import copy
+import functools
+import hashlib
+import io
 import json
 import os
 import random
 import shutil
 import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import fastload
 from fastload import transforms as T
 from fastload.converters import ConvertOptions, convert
-from fastload.errors import FastloadError
+from fastload.errors import FastloadError, SampleError
+from fastload.fields import decode_field
 from fastload.formats.index import INDEX_FILE
-from tests.conftest import jpeg_bytes, small_photo
+from tests.conftest import REPO_ROOT, jpeg_bytes, small_photo
 
 SEED = int(os.environ.get("FASTLOAD_FUZZ_SEED", "1717"))
-CASES = {"tar": 200, "idx": 200, "index": 200}
+# Cases per target, and the seconds each may take in all (the time box: a slower machine runs fewer).
+CASES = {"tar": 500, "idx": 500, "index": 500, "table": 400, "hdf5": 300, "foreign-tar": 400, "npy": 20000, "json": 10000}
+BOX_SECONDS = {"tar": 7, "idx": 5, "index": 5, "table": 4, "hdf5": 6, "foreign-tar": 6, "npy": 3, "json": 2}
 CASE_SECONDS = 10  # far above a case's ~30 ms: only a hang reaches it
+MEMORY_BYTES = 3 << 30
+SENTINEL = "fastload-fuzz-outside-secret"  # held by files outside every dataset: no message or sample may hold it
+OUTSIDE_BYTES = 1 << 16  # the size of those files: more than any column of the base datasets
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Six small JPEGs in two classes, converted to tar (2 shards) and to HDF5 (1 shard)."""
-    images = tmp_path_factory.mktemp("fuzz-images")
-    for i in range(6):
-        path = images / f"class{i % 2}" / f"img{i}.jpg"
-        path.parent.mkdir(exist_ok=True)
-        path.write_bytes(jpeg_bytes(small_photo(i, i % 2, (20 + i, 24))))
-    out = tmp_path_factory.mktemp("fuzz-datasets")
-    convert(str(images), str(out / "wds"), ConvertOptions(source="imagefolder", samples_per_shard=3))
-    convert(str(images), str(out / "hdf5"), ConvertOptions(source="imagefolder", layout="hdf5", samples_per_shard=6))
-    return {"wds": out / "wds", "hdf5": out / "hdf5"}
 
 
 class Hang(Exception):
@@ -66,29 +77,67 @@ def time_bound(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def exercise(root: Path) -> None:
+def exercise(root: Path) -> list[str]:
     """What a user does with a dataset: open it, read every sample, load it (skipping, then
-    raising), verify it with decoding. Only fastload errors are expected, and caught."""
+    raising), verify it with decoding. Only fastload errors are expected, and caught; returns what
+    is wrong beyond them: an error on several lines or naming no file of the dataset, a sample a
+    skipping loader neither delivered nor counted as skipped."""
+    messages: list[str] = []
+    wrong: list[str] = []
     try:
         ds = fastload.open(root)
-    except FastloadError:
+    except FastloadError as exc:
+        messages.append(str(exc))
         ds = None
+    keys: list[str] = []
     for i in range(len(ds) if ds is not None else 0):
         try:
-            ds[i]  # type: ignore[index]
-        except FastloadError:
-            pass
+            keys.append(ds.key_of(i))  # type: ignore[union-attr]
+            sample = ds[i]  # type: ignore[index]
+        except FastloadError as exc:
+            messages.append(str(exc))
+            continue
+        if any(isinstance(value, bytes) and SENTINEL[:6].encode() in value for value in sample.values()):
+            wrong.append(f"sample {i} holds bytes of a file outside the dataset")
     for on_error in ("skip", "raise"):
+        delivered: list[str] = []
         try:
-            with fastload.DataLoader(root, batch_size=2, transform=T.val(16), num_workers=0, on_error=on_error) as loader:
-                for _ in loader:
-                    pass
-        except FastloadError:
-            pass
+            with fastload.DataLoader(root, batch_size=2, transform=T.val(16), num_workers=0, on_error=on_error, return_keys=True) as loader:
+                for batch in loader:
+                    delivered += batch["key"] if isinstance(batch, dict) else batch[-1]  # unlabelled: a dict
+        except FastloadError as exc:
+            messages.append(str(exc))
+            continue
+        if on_error == "skip" and len(keys) == len(ds or ()):
+            counted = {entry["where"].rsplit(":", 1)[-1] for entry in loader.stats.skipped.entries}
+            silent = set(keys) - set(delivered) - counted
+            if silent:
+                wrong.append(f"samples neither delivered nor counted as skipped: {sorted(silent)[:3]}")
     try:
-        fastload.verify_dataset(root, decode=True)
-    except FastloadError:
-        pass
+        messages += fastload.verify_dataset(root, decode=True).problems
+    except FastloadError as exc:
+        messages.append(str(exc))
+    names = [str(root), *(p.name for p in root.iterdir()), *index_strings(root)]
+    for message in messages:
+        if "\n" in message or not any(name in message for name in names) or SENTINEL in message:
+            wrong.append(f"message not one line naming a file of the dataset (or repeating an outside file): {message[:300]!r}")
+    return wrong
+
+
+def index_strings(root: Path) -> list[str]:
+    """The strings index.json holds (the files it names, present or not), if it parses."""
+    try:
+        data = json.loads((root / INDEX_FILE).read_bytes())
+    except (OSError, ValueError):
+        return []
+    strings, nodes = [], [data]
+    while nodes:
+        node = nodes.pop()
+        if isinstance(node, str) and node:
+            strings.append(node)
+        elif isinstance(node, (list, dict)):
+            nodes += list(node.values()) if isinstance(node, dict) else node
+    return strings
 
 
 # --- mutations ----------------------------------------------------------------------------------
@@ -180,11 +229,106 @@ def mutate_index(data: dict, rng: random.Random) -> tuple[dict, str]:
     return data, f"{kind} {'/'.join(map(str, path))}"
 
 
-def make_case(tiny: dict[str, Path], target: str, number: int, where: Path) -> str:
+NUMBERS = [0, 1, 7, 2**31, 2**40, 2**62, 2**64 - 1]
+
+
+def mutate_table(data: bytes, rng: random.Random) -> tuple[bytes, str]:
+    """A sample table with a header count (samples, fields, names or keys bytes) set to a hostile
+    number, a row's key span or a field's span garbled, or its bytes mutated."""
+    out = bytearray(data)
+    kind = rng.choice(["header", "header", "row", "row", "bytes"])
+    if kind == "header":
+        at = rng.choice([8, 16, 24, 32])
+        out[at : at + 8] = rng.choice(NUMBERS).to_bytes(8, "little")
+    elif kind == "row":
+        names = int.from_bytes(out[24:32], "little")
+        fields = int.from_bytes(out[16:24], "little")
+        rows = int.from_bytes(out[8:16], "little")
+        row = 64 + names + rng.randrange(max(rows, 1)) * (2 + 2 * fields) * 8
+        at = row + 8 * rng.randrange(2 + 2 * fields)
+        value = rng.choice([-2, -1, *NUMBERS])
+        out[at : at + 8] = value.to_bytes(8, "little", signed=value < 0)
+    else:
+        return mutate_bytes(data, rng)
+    return bytes(out), kind
+
+
+def mutate_hdf5(path: Path, rng: random.Random, outside: Path) -> str:
+    """One hostile change to an HDF5 shard's layout: a column deleted, retyped or reshaped, reached
+    by a soft or external link, stored in an outside file or mapped from one, declared gigabytes
+    in a few bytes, or its offsets or present flags garbled."""
+    import h5py
+
+    with h5py.File(path, "r+") as f:
+        columns: list[str] = []
+        f.visit(columns.append)
+        name = rng.choice(columns)
+        kind = rng.choice(["delete", "retype", "link", "external", "virtual", "declare", "declare", "offsets", "present", "dataset-for-group"])
+        parent, _, leaf = name.rpartition("/")
+        group = f[parent] if parent else f
+        if kind == "offsets":
+            offsets = [n for n in columns if n.endswith("offsets")]
+            if offsets:
+                name = rng.choice(offsets)
+                values = f[name][:]
+                values[rng.randrange(len(values))] = rng.choice([-5, 2**40, 2**62, 0])
+                f[name][:] = values
+            return f"offsets of {name}"
+        if kind == "present":
+            target = rng.choice([n for n in columns if n.startswith("extra/") and n.count("/") == 1] or ["image"])
+            if f[target].__class__.__name__ == "Group":
+                if "present" in f[target]:
+                    del f[target]["present"]
+                f[target].create_dataset("present", data=np.array(rng.choice([[1] * 3, [2] * 99, [0] * 99]), np.int64))
+            return f"present of {target}"
+        if kind in ("external", "virtual"):  # a byte column's bytes, of the size its offsets expect, from outside
+            name = rng.choice([n for n in columns if n.endswith("/bytes")])
+            parent, _, leaf = name.rpartition("/")
+            group = f[parent]
+        size = f[name].shape[0] if kind in ("external", "virtual") else 0
+        del group[leaf]
+        rows = 6
+        if kind == "retype":
+            shape = rng.choice([(rows,), (rows - 1,), (rows, 2), (0,), (rows + 1, 3)])
+            dtype = rng.choice([np.float32, np.int64, np.uint8, "S3", h5py.string_dtype(), h5py.vlen_dtype(np.uint8)])
+            group.create_dataset(leaf, shape=shape, dtype=dtype)
+        elif kind == "link":
+            group[leaf] = rng.choice([h5py.SoftLink("/" + rng.choice(columns)), h5py.ExternalLink(str(outside / "outside.h5"), "secret"),
+                                      h5py.SoftLink("/nothing")])
+        elif kind == "external":
+            group.create_dataset(leaf, shape=(size,), dtype=np.uint8, external=[(str(outside / "outside.bin"), 0, size)])
+        elif kind == "virtual":
+            layout = h5py.VirtualLayout(shape=(size,), dtype=np.uint8)
+            layout[:] = h5py.VirtualSource(str(outside / "outside.h5"), "secret", shape=(OUTSIDE_BYTES,))[:size]
+            group.create_virtual_dataset(leaf, layout)
+        elif kind == "declare":  # gigabytes in a few bytes: a compressed fill value, nothing written
+            size = rng.choice([2**30, 2**33])
+            shape = (size,) if not leaf.startswith("pixels") else (rows, 20000, 20000, 3)
+            chunks = rng.choice([(min(size, 2**30),), (1 << 20,)]) if len(shape) == 1 else (1, 1024, 1024, 3)
+            group.create_dataset(leaf, shape=shape, dtype=np.uint8, chunks=chunks, compression="gzip", fillvalue=0)
+        else:  # a dataset of many rows where a group of columns was
+            group.create_dataset(leaf, shape=(10**6,), dtype=np.uint8, chunks=(4096,), compression="gzip", fillvalue=1)
+    return f"{kind} {name}"
+
+
+def with_matching_index(root: Path, shard: str, field: str, checksum: str) -> None:
+    """Make index.json agree with a shard file changed in place (its size and sha256, as a
+    publisher would), so that verify reaches its contents."""
+    index = json.loads((root / INDEX_FILE).read_text())
+    for entry in index["shards"]:
+        if entry.get(field) == shard:
+            data = (root / shard).read_bytes()
+            entry[checksum] = hashlib.sha256(data).hexdigest()
+            if field == "path":
+                entry["bytes"] = len(data)
+    (root / INDEX_FILE).write_text(json.dumps(index))
+
+
+def make_case(bases: dict[str, Path], target: str, number: int, where: Path) -> str:
     """Copy a base dataset to ``where`` and mutate one of its files; describe what was done."""
     rng = random.Random(f"{SEED}-{target}-{number}")
-    layout = "hdf5" if target == "index" and number % 4 == 0 else "wds"
-    shutil.copytree(tiny[layout], where)
+    layout = "hdf5" if target == "hdf5" or (target == "index" and number % 4 == 0) else "wds"
+    shutil.copytree(bases[layout], where)
     index = json.loads((where / INDEX_FILE).read_text())
     shard = rng.choice(index["shards"])
     if target == "tar":
@@ -201,6 +345,16 @@ def make_case(tiny: dict[str, Path], target: str, number: int, where: Path) -> s
             text, kind = mutate_idx(path.read_text(), rng)
             path.write_text(text)
         return f"{kind} of {shard['offsets']}"
+    if target == "table":
+        path = where / shard["table"]
+        data, kind = mutate_table(path.read_bytes(), rng)
+        path.write_bytes(data)
+        with_matching_index(where, shard["table"], "table", "table_sha256")
+        return f"{kind} of {shard['table']}"
+    if target == "hdf5":
+        kind = mutate_hdf5(where / shard["path"], rng, bases["outside"])
+        with_matching_index(where, shard["path"], "path", "sha256")
+        return f"{kind} of {shard['path']}"
     if rng.random() < 0.2:
         data, kind = mutate_bytes((where / INDEX_FILE).read_bytes(), rng)
         (where / INDEX_FILE).write_bytes(data)
@@ -210,20 +364,257 @@ def make_case(tiny: dict[str, Path], target: str, number: int, where: Path) -> s
     return f"{kind} of {layout} {INDEX_FILE}"
 
 
-@pytest.mark.parametrize("target", sorted(CASES))
-def test_mutated_files_end_in_fastload_errors_only(tiny: dict[str, Path], tmp_path: Path, target: str) -> None:
-    exercise(tiny["wds"])  # first use (imports, decoder set-up) outside the time bounds
+# --- foreign tars: fastload index, convert --from wds and the header parser ----------------------
+
+SIZE_FIELDS = [b"-0000001000\0", b"+0000001000\0", b"\xff" * 12, b"\x80" + (2**62).to_bytes(11, "big"), b"99999999999\0", b"7777777777 \0", b"00000000000\0"]
+PAX_LENGTHS = [b"0", b"-5", b"+9", b"1_0", b" 9", b"99999", b"3", b"x"]
+
+
+def foreign_tar(rng: random.Random) -> bytes:
+    """A WebDataset-style tar written by tarfile (trusted here): 3 to 6 samples of jpg, cls and a
+    caption, pax or GNU format, some members with pax records."""
+    fmt = rng.choice([tarfile.PAX_FORMAT, tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT])
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tar:
+        for i in range(rng.randint(3, 6)):
+            for ext, data in (("jpg", jpegs()[i % 6]), ("cls", str(i % 3).encode()), ("txt", f"caption {i}".encode())):
+                info = tarfile.TarInfo(f"s{i:03d}.{ext}")
+                info.size = len(data)
+                if fmt == tarfile.PAX_FORMAT and rng.random() < 0.5:
+                    info.pax_headers = {"comment": "x" * rng.randint(0, 40)}
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def header_starts(data: bytes) -> list[int]:
+    """Where each header block of a valid tar starts (tarfile's own listing, extended headers too)."""
+    starts = []
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+        for member in tar:
+            starts.append(member.offset)
+    return starts
+
+
+def mutate_tar_headers(data: bytes, rng: random.Random) -> tuple[bytes, str, int]:
+    """A tar with one header's size set to a crafted value (its checksum fixed: only the size is
+    wrong), a pax record's length garbled, a cut at a block boundary, or bytes mutated; and the
+    first byte the change touched."""
+    out = bytearray(data)
+    kind = rng.choice(["size", "size", "pax-length", "pax-length", "cut", "bytes"])
+    starts = header_starts(data)
+    if kind == "size":
+        at = rng.choice(starts)
+        out[at + 124 : at + 136] = rng.choice(SIZE_FIELDS)
+        out[at + 148 : at + 156] = b" " * 8
+        out[at + 148 : at + 156] = b"%06o\0 " % sum(out[at : at + 512])
+        return bytes(out), kind, at
+    if kind == "pax-length":
+        records = [i for i in range(len(out)) if out[i : i + 9] == b" comment="]
+        if records:
+            end = rng.choice(records)
+            start = out.rindex(b"\n", 0, end) + 1 if b"\n" in out[end - 8 : end] else end - len(str(int(out[end - 2 : end]))) if out[end - 2 : end].isdigit() else end - 1
+            out[start:end] = rng.choice(PAX_LENGTHS)
+            return bytes(out), kind, start // 512 * 512
+        kind = "cut"
+    if kind == "cut":
+        at = rng.choice(starts)
+        return bytes(out[:at]), kind, at
+    mutated, how = mutate_bytes(data, rng)
+    first = next((i for i, (a, b) in enumerate(zip(mutated, data)) if a != b), min(len(mutated), len(data)))
+    return mutated, f"bytes {how}", first // 512 * 512
+
+
+def check_foreign_tar(data: bytes, original: bytes, touched: int, folder: Path) -> list[str]:
+    """Index, convert (raising, then skipping) and parse one mutated tar; what went wrong."""
+    from fastload.converters.index_tars import index_tars
+    from fastload.formats.tar_headers import TarDamage, tar_members
+
+    wrong: list[str] = []
+    tar = folder / "tars" / "part.tar"
+    tar.parent.mkdir(parents=True)
+    tar.write_bytes(data)
+    before = [m for m in tar_members(memoryview(original), "o") if m[2] + m[3] <= touched]  # entirely before the change
+    try:
+        got = tar_members(memoryview(data), str(tar))
+        damaged = False
+        if any(offset < 512 or offset + size > len(data) for _, _, offset, size in got):
+            wrong.append("a member outside the file")
+    except TarDamage as exc:
+        got, damaged = exc.members, True
+        if not str(exc).startswith(f"{tar}: not a readable tar (") or "\n" in str(exc):
+            wrong.append(f"damage message {str(exc)[:200]!r}")
+    if [m[1:] for m in got[: len(before)]] != [m[1:] for m in before][: len(got)]:
+        wrong.append("members before the change read differently")
+    for attempt in (lambda: index_tars(tar.parent, workers=1), lambda: convert(str(tar), str(folder / "raise"), ConvertOptions(source="wds"), quiet=True)):
+        try:
+            attempt()
+        except (FastloadError, ValueError, OSError) as exc:
+            if str(tar) not in str(exc) or "\n" in str(exc):
+                wrong.append(f"an error not naming the tar in one line: {str(exc)[:200]!r}")
+    convert(str(tar), str(folder / "skip"), ConvertOptions(source="wds", on_error="skip"), quiet=True)
+    report = folder / "skip" / "skipped.jsonl"
+    if damaged and not (report.exists() and str(tar) in report.read_text()):
+        wrong.append("a damaged tar converted with --on-error skip and no loss reported")
+    return wrong
+
+
+# --- codecs: .npy headers and JSON fields ---------------------------------------------------------
+
+DESCRS = ["<f4", "|u1", "<i8", ">f8", "|V0", "<U0", "|S0", "|V8", "(2,3)<f4", "<c16", "|b1", "O", "<M8[s]", "[('a','<i4')]", "<f2", "x", "<U2"]
+
+
+def npy_case(rng: random.Random) -> bytes:
+    """A .npy whose header says a random dtype, shape and order, followed by a random number of bytes."""
+    shape = tuple(rng.choice([0, 1, 3, -1, 2**31, 2**62, 2**64]) for _ in range(rng.choice([0, 1, 2, 3, 65])))
+    header = repr({"descr": rng.choice(DESCRS), "fortran_order": rng.random() < 0.3, "shape": shape}).encode()
+    header += b" " * (-(10 + len(header) + 1) % 64) + b"\n"
+    version = rng.choice([b"\x01\x00", b"\x02\x00", b"\x03\x00", b"\x09\x09"])
+    length = len(header).to_bytes(2 if version == b"\x01\x00" else 4, "little")
+    data = b"\x93NUMPY" + version + length + header + rng.randbytes(rng.choice([0, 1, 4, 8, 12, 24, 48]))
+    return mutate_bytes(data, rng)[0] if rng.random() < 0.3 else data
+
+
+def check_npy(data: bytes) -> list[str]:
+    try:
+        array = decode_field("array", data, "s.tar:k", "npy")
+    except SampleError as exc:
+        return [] if exc.where == "s.tar:k" and exc.reason.startswith("field npy: ") and "\n" not in str(exc) else [f"message {str(exc)[:200]!r}"]
+    if array.nbytes and array.nbytes > len(data):
+        return [f"an array of {array.nbytes} bytes from {len(data)}"]
+    return []
+
+
+def json_case(rng: random.Random) -> bytes:
+    """A JSON document, valid or mutated, sometimes nested deep."""
+    depth = rng.choice([1, 10, 500, 5000, 100000])
+    doc = json.dumps({"i": rng.randint(0, 9), "caption": "a photo ✓", "boxes": [[1, 2, 3, 4]]}).encode()
+    if rng.random() < 0.3:
+        doc = b"[" * depth + b"1" + b"]" * depth
+    return mutate_bytes(doc, rng)[0] if rng.random() < 0.5 else doc
+
+
+def check_json(data: bytes) -> list[str]:
+    try:
+        decode_field("json", data, "s.tar:k", "json")
+    except SampleError as exc:
+        leaked = len(data) > 12 and data[:12].decode("utf-8", "replace") in str(exc)
+        return [f"message {str(exc)[:200]!r}"] if "\n" in str(exc) or leaked else []
+    return []
+
+
+# --- the child process: every target, in bounded memory and time ------------------------------------
+
+@functools.cache
+def jpegs() -> tuple[bytes, ...]:
+    """Six small JPEGs (two classes' worth), made once."""
+    return tuple(jpeg_bytes(small_photo(i, i % 2, (20 + i, 24))) for i in range(6))
+
+
+def base_datasets(folder: Path) -> dict[str, Path]:
+    """Six small JPEGs in two classes converted to tar (2 shards) and to HDF5 (1 shard, with text
+    and JSON columns), and files outside them holding the sentinel."""
+    images = folder / "images"
+    for i in range(6):
+        path = images / f"class{i % 2}" / f"img{i}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(jpegs()[i])
+    convert(str(images), str(folder / "wds"), ConvertOptions(source="imagefolder", samples_per_shard=3), quiet=True)
+    fielded = folder / "fielded"
+    fielded.mkdir()
+    with tarfile.open(fielded / "a.tar", "w", format=tarfile.PAX_FORMAT) as tar:
+        for i in range(6):
+            for ext, data in (("jpg", jpegs()[i]), ("cls", str(i % 2).encode()), ("txt", f"caption {i}".encode()), ("json", b'{"i": %d}' % i)):
+                info = tarfile.TarInfo(f"k{i}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    convert(str(fielded / "a.tar"), str(folder / "hdf5"), ConvertOptions(source="wds", layout="hdf5", samples_per_shard=6), quiet=True)
+    outside = folder / "outside"
+    outside.mkdir()
+    secret = (SENTINEL.encode() * OUTSIDE_BYTES)[:OUTSIDE_BYTES]
+    (outside / "outside.bin").write_bytes(secret)
+    import h5py
+
+    with h5py.File(outside / "outside.h5", "w") as f:
+        f.create_dataset("secret", data=np.frombuffer(secret, np.uint8))
+    return {"wds": folder / "wds", "hdf5": folder / "hdf5", "outside": outside}
+
+
+def run_target(target: str, bases: dict[str, Path], scratch: Path) -> dict:
+    """Run ``target``'s cases until its count or its time box; its failures and mutation kinds."""
     failures: list[str] = []
     kinds: set[str] = set()
+    start, ran = time.perf_counter(), 0
     for number in range(CASES[target]):
-        where = tmp_path / f"case-{number}"
-        what = make_case(tiny, target, number, where)
-        kinds.add(what.split()[0])
+        if time.perf_counter() - start > BOX_SECONDS[target]:
+            break
+        rng = random.Random(f"{SEED}-{target}-{number}")
+        where = scratch / f"{target}-{number}"
         try:
             with time_bound(CASE_SECONDS):
-                exercise(where)
+                if target == "npy":
+                    what, wrong = "npy header", check_npy(npy_case(rng))
+                elif target == "json":
+                    what, wrong = "json field", check_json(json_case(rng))
+                elif target == "foreign-tar":
+                    original = foreign_tar(rng)
+                    data, what, touched = mutate_tar_headers(original, rng)
+                    wrong = check_foreign_tar(data, original, touched, where)
+                else:
+                    what = make_case(bases, target, number, where)
+                    wrong = exercise(where)
+            kinds.add(what.split()[0])
+            failures += [f"case {number} ({what}): {problem}" for problem in wrong]
         except Exception as exc:
-            failures.append(f"case {number} ({what}): {''.join(traceback.format_exception(exc)[-3:])}")
-        shutil.rmtree(where)
-    assert not failures, f"seed {SEED}, {len(failures)} of {CASES[target]} cases:\n" + "\n".join(failures[:5])
-    assert len(kinds) >= 5, kinds  # the mutations are varied, not one kind repeated
+            failures.append(f"case {number}: {''.join(traceback.format_exception(exc)[-3:])}")
+        shutil.rmtree(where, ignore_errors=True)
+        ran += 1
+    return {"failures": failures, "kinds": sorted(kinds), "cases": ran, "seconds": time.perf_counter() - start}
+
+
+def run_all() -> None:
+    """The child's work: build the datasets, run every target, print the results as one JSON line."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
+    with tempfile.TemporaryDirectory(prefix="fastload-fuzz-") as tmp:
+        bases = base_datasets(Path(tmp) / "bases")
+        fastload.verify_dataset(bases["wds"], decode=True)  # first use (imports, decoder set-up) outside the time bounds
+        print(json.dumps({target: run_target(target, bases, Path(tmp)) for target in CASES}))
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    proc = subprocess.run([sys.executable, "-c", "from tests.test_fuzz_readers import run_all; run_all()"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, f"exit status {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("target", sorted(CASES))
+def test_mutated_inputs_end_in_one_line_errors_or_counted_skips(results: dict, target: str) -> None:
+    got = results[target]
+    assert not got["failures"], f"seed {SEED}, {len(got['failures'])} of {got['cases']} cases:\n" + "\n".join(got["failures"][:5])
+    assert got["cases"] >= min(CASES[target], 20), got  # the time box let enough cases run
+    assert len(got["kinds"]) >= (1 if target in ("npy", "json") else 4), got["kinds"]  # varied mutations, not one repeated
+
+
+def test_the_fuzzing_fits_its_time_box(results: dict) -> None:
+    assert sum(got["seconds"] for got in results.values()) <= sum(BOX_SECONDS.values()) + 2 * CASE_SECONDS
+
+
+def test_a_hang_is_caught_by_the_time_bound() -> None:
+    """The time bound the cases run under works: a loop that never ends is stopped."""
+    with pytest.raises(Hang), time_bound(0.2):
+        while True:
+            pass
+
+
+def test_mutations_change_what_they_say(tmp_path: Path) -> None:
+    """The mutators are no no-ops: a mutated case differs from its base."""
+    rng = random.Random(1)
+    original = foreign_tar(rng)
+    assert mutate_tar_headers(original, rng)[0] != original
+    data = b"x" * 4096
+    assert sum(mutate_bytes(data, random.Random(n))[0] != data for n in range(20)) >= 15
+    table: Callable[[random.Random], tuple[bytes, str]] = lambda r: mutate_table(bytes(range(256)) * 4, r)  # noqa: E731
+    assert sum(table(random.Random(n))[0] != bytes(range(256)) * 4 for n in range(20)) >= 15

@@ -43,9 +43,21 @@ def assert_same_batches(got: list[Batch], expected: list[Batch]) -> None:
         assert torch.equal(images, want_images) and torch.equal(labels, want_labels)
 
 
-def run_resume_contract(make_loader: Callable[[], fastload.DataLoader], taken: int) -> None:
-    """Take ``taken`` batches of epoch EPOCH, save, resume in a fresh loader: the rest matches an
-    uninterrupted run, and the resumed loader then moves on to the next epoch."""
+# What a training loop calls at the top of each epoch, after load_state_dict: it must keep the
+# loaded position when it names the state's epoch (torch-style loops call it every epoch).
+TOP_OF_EPOCH: dict[str, Callable[[fastload.DataLoader], None]] = {
+    "nothing": lambda loader: None,
+    "loader.set_epoch": lambda loader: loader.set_epoch(EPOCH),
+    "loader.sampler.set_epoch": lambda loader: loader.sampler.set_epoch(EPOCH),
+    "set_epoch twice": lambda loader: (loader.set_epoch(EPOCH), loader.set_epoch(EPOCH)),
+}
+
+
+def run_resume_contract(make_loader: Callable[[], fastload.DataLoader], taken: int,
+                        top_of_epoch: Callable[[fastload.DataLoader], None] = TOP_OF_EPOCH["nothing"]) -> None:
+    """Take ``taken`` batches of epoch EPOCH, save, resume in a fresh loader (``top_of_epoch``
+    called after loading, as a training loop does): the rest matches an uninterrupted run, and the
+    resumed loader then moves on to the next epoch."""
     with make_loader() as loader:
         loader.set_epoch(EPOCH)
         uninterrupted = [clone(b) for b in loader]
@@ -57,6 +69,7 @@ def run_resume_contract(make_loader: Callable[[], fastload.DataLoader], taken: i
         assert state["epoch"] == EPOCH and state["samples_consumed"] == taken * BATCH * loader.world_size
     with make_loader() as loader:
         loader.load_state_dict(state)
+        top_of_epoch(loader)
         assert len(loader.batch_sampler) == len(uninterrupted) - taken
         after = [clone(b) for b in loader]
         assert loader.state_dict()["epoch"] == EPOCH + 1 and loader.state_dict()["samples_consumed"] == 0
@@ -100,3 +113,51 @@ def test_resume_of_a_remote_dataset_equals_an_uninterrupted_run(served: str, tmp
                                    return_keys=True, num_workers=2)
 
     run_resume_contract(make_loader, taken)
+
+
+@pytest.mark.parametrize("top", sorted(set(TOP_OF_EPOCH) - {"nothing"}))
+@pytest.mark.parametrize("path", sorted(LOCAL_PATHS))
+def test_set_epoch_of_the_loaded_epoch_keeps_the_resumed_position(clean: Path, path: str, top: str) -> None:
+    """load_state_dict, then set_epoch(the state's epoch) at the top of the loop: the rest of the
+    epoch, not the epoch over (a bug restarting it delivered 52 samples of a 40-sample epoch)."""
+    if path.startswith("dali") and not dali_installed():
+        pytest.skip("needs NVIDIA DALI")
+    kwargs = dict(batch_size=BATCH, shuffle=True, seed=5, transform=T.train(16), return_keys=True, **LOCAL_PATHS[path])
+    run_resume_contract(lambda: fastload.DataLoader(clean, **kwargs), 3, TOP_OF_EPOCH[top])
+
+
+def test_set_epoch_of_the_loaded_epoch_keeps_a_mixtures_position(clean: Path, h5_clean: Path) -> None:
+    def make_loader() -> fastload.DataLoader:
+        return fastload.DataLoader(fastload.mix({clean: 2.0, h5_clean: 1.0}, samples_per_epoch=36), batch_size=BATCH, shuffle=True,
+                                   seed=5, transform=T.train(16), return_keys=True, num_workers=2)
+
+    for top in ("loader.set_epoch", "loader.sampler.set_epoch"):
+        run_resume_contract(make_loader, 4, TOP_OF_EPOCH[top])
+
+
+def test_a_distributed_samplers_set_epoch_after_loading_keeps_the_position(clean: Path) -> None:
+    """sampler=DistributedSampler (rank 1 of 2), whose set_epoch the loader follows when iteration starts."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    def make_loader() -> fastload.DataLoader:
+        sampler = DistributedSampler(range(30), num_replicas=2, rank=1, shuffle=True, seed=5)
+        loader = fastload.DataLoader(clean, batch_size=BATCH, sampler=sampler, transform=T.train(16), return_keys=True, num_workers=1)
+        loader.distributed_sampler = sampler  # type: ignore[attr-defined]  # the caller's, to set_epoch as a loop does
+        return loader
+
+    run_resume_contract(make_loader, 1, lambda loader: loader.distributed_sampler.set_epoch(EPOCH))  # type: ignore[attr-defined]
+
+
+def test_set_epoch_of_another_epoch_after_loading_starts_that_epoch_whole(clean: Path) -> None:
+    kwargs = dict(batch_size=BATCH, shuffle=True, seed=5, transform=T.train(16), return_keys=True, num_workers=2)
+    with fastload.DataLoader(clean, **kwargs) as loader:
+        loader.set_epoch(EPOCH + 1)
+        whole = [keys for *_, keys in loader]
+    with fastload.DataLoader(clean, **kwargs) as loader:
+        loader.set_epoch(EPOCH)
+        next(iter(loader))
+        state = loader.state_dict()
+    with fastload.DataLoader(clean, **kwargs) as loader:
+        loader.load_state_dict(state)
+        loader.set_epoch(EPOCH + 1)
+        assert [keys for *_, keys in loader] == whole

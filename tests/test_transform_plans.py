@@ -196,6 +196,8 @@ def test_boxes_follow_the_crop_scale_and_flip_and_empty_ones_are_dropped() -> No
     flipped = map_boxes(boxes, Plan(crop.box, crop.size, True))
     assert flipped.tolist() == [[10, 0, 20, 10], [15, 0, 20, 5], [0, 15, 5, 20]]
     assert map_boxes(np.zeros((0, 4), np.float32), crop).shape == (0, 4)
+    wide = Plan((10.0, 20.0, 50.0, 60.0), (20, 40), True)  # 40 x 40 source pixels to 20 high, 40 wide, flipped
+    assert map_boxes(boxes[:1], wide).tolist() == [[20, 0, 40, 10]]  # x mirrored about the width (40), y as it was
 
 
 def test_batch_dtypes_scale_only_uint8_to_floats() -> None:

@@ -129,6 +129,25 @@ def test_paths_inside_the_dataset_read_as_before(ds_root: Path) -> None:
     assert fastload.verify_dataset(ds_root).ok
 
 
+@pytest.mark.parametrize("which", ["folder", "shard"])
+def test_a_link_into_a_sibling_whose_name_extends_the_roots_is_refused(ds_root: Path, which: str) -> None:
+    """``ds/sub -> ds-private`` (or ``ds/sub/x.tar -> ds-private/x.tar``): ``ds-private`` starts
+    with the root's name, yet is outside it; paths are compared part by part, never as strings."""
+    private = ds_root.parent / f"{ds_root.name}-private"
+    private.mkdir()
+    shutil.move(ds_root / "shard-00000.tar", private / "shard-00000.tar")
+    if which == "folder":
+        (ds_root / "sub").symlink_to(private)
+    else:
+        (ds_root / "sub").mkdir()
+        (ds_root / "sub" / "shard-00000.tar").symlink_to(private / "shard-00000.tar")
+    edit_index(ds_root, set_shard(0, path="sub/shard-00000.tar"))
+    with pytest.raises(ShardError, match="a symlink leads outside the dataset root"):
+        fastload.open(ds_root)[0]
+    report = fastload.verify_dataset(ds_root)
+    assert not report.ok and any("sub/shard-00000.tar: a symlink leads outside the dataset root" in p for p in report.problems)
+
+
 @pytest.fixture()
 def environ_in_messages(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FASTLOAD_TEST_SECRET", SECRET)
@@ -403,7 +422,7 @@ def test_verify_fails_an_empty_tar_whose_idx_lists_samples(ds_root: Path) -> Non
     edit_index(ds_root, set_shard(0, bytes=0, sha256=empty))
     result = run_cli("verify", str(ds_root), check=False)
     assert result.returncode == 1, result.stdout
-    assert "BAD shard-00000.tar: " in result.stderr and "not a readable tar (ReadError) though its .idx lists 16 members" in result.stderr
+    assert "BAD shard-00000.tar: " in result.stderr and "not a readable tar (empty file) though its .idx lists 16 members" in result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -20,6 +20,7 @@ from typing import cast
 
 import torch
 
+from fastload.files import atomic_write_bytes
 from fastload.transforms import GEOMETRIC, Transform, output_size
 
 log = logging.getLogger("fastload")
@@ -112,9 +113,7 @@ def store_rates(key: str, rates: dict[str, float], path: Path | None = None) -> 
     except (OSError, ValueError, KeyError, AttributeError):
         probes = {}
     probes[key] = rates
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    temporary.write_text(json.dumps({"version": PROBE_CACHE_VERSION, "probes": probes}, indent=1))
-    os.replace(temporary, path)
+    atomic_write_bytes(path, json.dumps({"version": PROBE_CACHE_VERSION, "probes": probes}, indent=1).encode(), durable=False)
 
 
 def probed_choice(key: str, make_loader: Callable[[str], Iterable], candidates: Sequence[str], gpu: bool,
@@ -136,13 +135,19 @@ def probed_choice(key: str, make_loader: Callable[[str], Iterable], candidates: 
 
 
 def choose_backend(requested: str, decoded_pixels: bool, dali_refusal: str | None, key: str,
-                   make_loader: Callable[[str], Iterable], num_workers: int) -> BackendChoice:
+                   make_loader: Callable[[str], Iterable], num_workers: int, clips: bool = False) -> BackendChoice:
     """The engine for a validated ``backend=``; ``dali_refusal`` says why DALI cannot make these
-    samples (None when it can); ``make_loader`` makes a probe's loaders for ``auto``."""
+    samples (None when it can); ``make_loader`` makes a probe's loaders for ``auto``; ``clips``:
+    the samples are video clips (``auto`` keeps them on the CPU workers: DALI's video path has
+    not been measured on a GPU yet, docs/video.md)."""
     from fastload.backends.dali.library import dali_available
 
     if requested == "cpu":
         return BackendChoice("cpu", "backend='cpu'")
+    if clips and requested == "auto":
+        return BackendChoice("cpu", "clips decode on the CPU workers unless backend='dali' asks for DALI's video path")
+    if clips and requested == "hybrid":
+        raise ValueError("backend='hybrid' splits batches of images between DALI and the CPU workers; for clips use backend='dali' or 'cpu'")
     if decoded_pixels:
         if requested != "auto":
             raise ValueError(f"backend={requested!r} decodes images; this dataset stores decoded pixels (use backend='cpu')")

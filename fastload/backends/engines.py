@@ -39,5 +39,5 @@ def make_engine(options: LoaderOptions, sample_spec: SampleSpec, decoded_pixels:
     with why) and the engine itself. ``probe_loader(backend)`` makes the loaders ``auto`` times."""
     key = probe_key(options.transform, options.num_workers, options.batch_size)
     refusal = dali_refusal(sample_spec, options.torchvision_steps)
-    choice = choose_backend(options.backend, decoded_pixels, refusal, key, probe_loader, options.num_workers)
+    choice = choose_backend(options.backend, decoded_pixels, refusal, key, probe_loader, options.num_workers, sample_spec.clip is not None)
     return choice, ENGINES[choice.engine](choice, options, key)

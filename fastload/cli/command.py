@@ -41,11 +41,15 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--report", metavar="PNG|HTML", help="with --dedupe: draw the duplicate groups side by side as thumbnails (a PNG, or an HTML page for a path ending .html)")
     p.add_argument("--on-error", choices=["raise", "skip"], default="raise")
     p.add_argument("--reencode-quality", type=int, metavar="Q", help="re-encode images as JPEG of quality Q")
-    p.add_argument("--max-size", type=int, metavar="PX", help="shrink images so the longer side is at most PX")
+    p.add_argument("--max-size", type=int, metavar="PX", help="shrink images (and videos, re-encoded) so the longer side is at most PX")
+    p.add_argument("--reencode", action="store_true", help="videos: re-encode to H.264 with a keyframe every --keyframe-interval frames")
+    p.add_argument("--keyframe-interval", type=int, default=32, metavar="N", help="with --reencode: frames between keyframes (default 32)")
     p.add_argument("--max-pixels", type=int, help="reject images with more pixels (bombs); default 89478485 (Pillow's), or FASTLOAD_MAX_PIXELS")
-    p.add_argument("--follow-symlinks", action="store_true", help="follow links that leave the source root")
+    p.add_argument("--follow-symlinks", action="store_true",
+                   help="read files outside the source root: links leading out of it, manifest paths that are absolute or climb out with ..")
     p.add_argument("--path-column", default="path", help="manifest: column of image paths")
-    p.add_argument("--label-column", default="label", help="manifest/parquet: column of labels")
+    p.add_argument("--label-column", default="label", help="manifest/parquet/videos: column of labels")
+    p.add_argument("--caption-column", default="caption", help="videos manifest: column of captions (stored as txt), if present")
     p.add_argument("--image-column", default="image", help="parquet: column of images")
     p.add_argument("--split", default="train", choices=["train", "test"], help="cifar/mnist: which split")
     text = p.add_argument_group("documents into token shards (--from jsonl, text; parquet and wds with --text-field)")
@@ -103,12 +107,15 @@ def _run_convert(args: argparse.Namespace) -> int:
         on_error=args.on_error,
         reencode_quality=args.reencode_quality,
         max_size=args.max_size,
+        reencode_video=args.reencode,
+        keyframe_interval=args.keyframe_interval,
         max_pixels=MAX_PIXELS if args.max_pixels is None else args.max_pixels,
         source_options=SourceOptions(
             follow_symlinks=args.follow_symlinks,
             path_column=args.path_column,
             label_column=args.label_column,
             image_column=args.image_column,
+            caption_column=args.caption_column,
             split=args.split,
             text_field=args.text_field,
         ),
@@ -126,23 +133,23 @@ def _run_convert(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     index = report.index
     if report.already_complete:
-        print(f"{args.out}: already converted ({index.num_samples} samples in {len(index.shards)} shards)")
+        print(f"{_shown(args.out)}: already converted ({index.num_samples} samples in {len(index.shards)} shards)")
         return 0
     if index.tokenizer is not None:
-        print(f"{args.out}: {index.num_samples} documents, {index.num_tokens} tokens ({index.tokenizer.dtype}) in {len(index.shards)} "
+        print(f"{_shown(args.out)}: {index.num_samples} documents, {index.num_tokens} tokens ({index.tokenizer.dtype}) in {len(index.shards)} "
               f"token shards in {seconds:.1f}s ({index.num_tokens / max(seconds, 1e-9) / 1e6:.2f}M tokens/s); "
               f"{report.shards_written} shards written, {report.shards_reused} resumed")
     else:
         print(
-            f"{args.out}: {index.num_samples} samples in {len(index.shards)} {index.layout} shards, "
+            f"{_shown(args.out)}: {index.num_samples} samples in {len(index.shards)} {index.layout} shards, "
             f"{index.total_bytes / 1e6:.1f} MB in {seconds:.1f}s ({index.total_bytes / 1e6 / max(seconds, 1e-9):.1f} MB/s); "
             f"{report.shards_written} shards written, {report.shards_reused} resumed"
             + (f" ({report.shards_changed} finished earlier rewritten: their sources changed)" if report.shards_changed else "")
         )
     if index.skipped:
-        print(f"skipped {sum(index.skipped.values())} bad samples {index.skipped}: see {args.out}/skipped.jsonl")
+        print(f"skipped {sum(index.skipped.values())} bad samples {index.skipped}: see {_shown(args.out)}/skipped.jsonl")
     if index.duplicates:
-        print(f"dropped {index.duplicates} duplicates: see {args.out}/duplicates.jsonl")
+        print(f"dropped {index.duplicates} duplicates: see {_shown(args.out)}/duplicates.jsonl")
     return 0
 
 
@@ -192,7 +199,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=1, sort_keys=True))
         return 0
-    print(f"dataset   {args.dataset}")
+    print(f"dataset   {_shown(args.dataset)}")
     print(f"layout    {summary['layout']} (from {summary['source'] or '?'})")
     print(f"samples   {summary['samples']} in {summary['shards']} shards, {summary['bytes'] / 1e6:.1f} MB")
     print(f"fields    {', '.join(summary['fields'])}")
@@ -200,6 +207,11 @@ def _run_inspect(args: argparse.Namespace) -> int:
         _print_tokens(summary["tokens"])
     if summary["decoded_shape"]:
         print(f"pixels    {summary['decoded_shape']} uint8 per sample")
+    if summary["videos"]:
+        v = summary["videos"]
+        print(f"videos    {v['count']}, {', '.join(f'{c} {n}' for c, n in v['codecs'].items())}; {v['seconds']:.1f} s, "
+              f"{v['frames_min']}-{v['frames_max']} frames, a keyframe every {v['mean_frames_per_keyframe']} frames; "
+              f"{v['smallest'][0]}x{v['smallest'][1]} to {v['largest'][0]}x{v['largest'][1]}; {v['with_audio']} with audio")
     if summary["classes"] is not None or summary["class_counts"]:
         _print_classes(summary["class_counts"], summary["classes"], summary["class_balance"])
     print(f"skipped   {summary['skipped_total']} {summary['skipped'] or ''}")
@@ -271,8 +283,8 @@ def _run_overlap(args: argparse.Namespace) -> int:
         print(json.dumps(overlap.as_json(), indent=1, sort_keys=True))
         return 0
     print(
-        f"{args.b}: {len(overlap.matches)} of {overlap.b_samples} samples within {args.near_threshold} bits of one of "
-        f"{overlap.a_samples} in {args.a} ({seconds:.1f}s)"
+        f"{_shown(args.b)}: {len(overlap.matches)} of {overlap.b_samples} samples within {args.near_threshold} bits of one of "
+        f"{overlap.a_samples} in {_shown(args.a)} ({seconds:.1f}s)"
     )
     for m in overlap.matches[:20]:
         print(f"  {m.b_key}  ~  {m.a_key}  ({m.distance} bits)")
@@ -300,7 +312,7 @@ def _run_verify(args: argparse.Namespace) -> int:
     for problem in report.problems:
         print(f"BAD {problem}", file=sys.stderr)
     status = "OK" if report.ok else f"FAILED ({len(report.problems)} problems)"
-    print(f"{args.dataset}: {report.shards} shards, {report.samples} samples verified{' and decoded' if args.decode else ''}: {status}")
+    print(f"{_shown(args.dataset)}: {report.shards} shards, {report.samples} samples verified{' and decoded' if args.decode else ''}: {status}")
     return 0 if report.ok else 1
 
 
@@ -368,6 +380,8 @@ def _add_describe(sub: argparse._SubParsersAction) -> None:
                    help='the loader\'s class_weights=, as a JSON object: \'{"cat": 2, "dog": 1}\'')
     p.add_argument("--transform", choices=["train", "val", "none"], default="train", help="fastload.transforms.train/val(SIZE)")
     p.add_argument("--size", type=int, default=224, help="the transform's output side")
+    p.add_argument("--clip", metavar="FRAMES[:STRIDE[:CLIPS]]", help="a video dataset: the loader's clip=fastload.Clip(FRAMES, STRIDE, CLIPS)")
+    p.add_argument("--sampling", choices=["random", "uniform"], help="with --clip: the clip's sampling (default: random when shuffled)")
     p.add_argument("--json", action="store_true", help="print the description as JSON")
     p.set_defaults(run=_run_describe)
 
@@ -385,7 +399,8 @@ def _run_describe(args: argparse.Namespace) -> int:
         geometry = "" if s.box is None else (
             f" {s.source_size[0]}x{s.source_size[1]} crop ({s.box[0]:.1f}, {s.box[1]:.1f}, {s.box[2]:.1f}, {s.box[3]:.1f})"  # type: ignore[index]
             f" -> {s.size[0]}x{s.size[1]}{' flipped' if s.flip else ''}{f' at DCT scale {s.dct_scale}' if s.dct_scale else ''}")  # type: ignore[index]
-        print(f"{n:>5} {s.index:>9} {s.shard}:{s.key}{'' if s.valid else ' (padding)'}{geometry}{f' PROBLEM {s.problem}' if s.problem else ''}")
+        clips = "".join(f" frames {a}-{b} ({t0:.2f}-{t1:.2f} s)" for a, b, t0, t1 in s.clips)
+        print(f"{n:>5} {s.index:>9} {s.shard}:{s.key}{'' if s.valid else ' (padding)'}{clips}{geometry}{f' PROBLEM {s.problem}' if s.problem else ''}")
     return 0
 
 
@@ -400,6 +415,13 @@ def _run_demo(args: argparse.Namespace) -> int:
     from fastload.cli.demo import run_demo
 
     return run_demo(args.workdir, args.images, main)
+
+
+def _shown(location: str) -> str:
+    """A dataset's folder or URL as the command prints it: a URL without its credentials."""
+    from fastload.storage.remote import redact
+
+    return redact(str(location))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -418,8 +440,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (FastloadError, ValueError, OSError, RuntimeError, ImportError) as exc:  # OSError: disk full, permissions, ...
-        print(f"fastload {args.command}: error: {exc}", file=sys.stderr)
+    except (FastloadError, ValueError, OSError, RuntimeError, ImportError, LookupError) as exc:  # OSError: disk full, permissions, ...
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc  # a KeyError's str() is its repr
+        print(f"fastload {args.command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"fastload {args.command}: interrupted", file=sys.stderr)

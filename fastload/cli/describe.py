@@ -5,27 +5,57 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from fastload.loading.provenance import StepDescription
+from fastload.video.clips import Clip
 
 
 def read_saved_state(path: Path) -> dict[str, Any]:
     """A loader state from a JSON file, or from a torch checkpoint (its dict, or the dict under 'loader')."""
     if path.suffix == ".json":
-        state = json.loads(path.read_text())
+        try:
+            state = json.loads(path.read_bytes())
+        except ValueError as exc:  # bad JSON or UTF-8: the decoder names the place, never the text
+            raise ValueError(f"{path}: not JSON ({str(exc)[:80]})") from None
     else:
         import torch
 
-        state = torch.load(path, map_location="cpu", weights_only=True)  # plain values only: no pickle of code
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)  # plain values only: no pickle of code
+        except OSError:
+            raise
+        except Exception as exc:  # torch raises many kinds for a file that is not a checkpoint (UnpicklingError, RuntimeError, ...)
+            raise ValueError(f"{path}: not a torch checkpoint that holds only plain values ({type(exc).__name__})") from None
         if isinstance(state, dict) and "version" not in state and isinstance(state.get("loader"), dict):
             state = state["loader"]
     if not isinstance(state, dict) or "samples_consumed" not in state:
         raise ValueError(f"{path}: holds no loader state_dict (saved from loader.state_dict(), or under 'loader')")
     return state
+
+
+def parse_clip(text: str, sampling: str | None) -> Clip:
+    """``FRAMES[:STRIDE[:CLIPS]]`` (``--clip 16:2``) as a Clip."""
+    try:
+        numbers = [int(part) for part in text.split(":")]
+    except ValueError:
+        raise ValueError(f"--clip {text}: expected FRAMES[:STRIDE[:CLIPS]], whole numbers") from None
+    if not 1 <= len(numbers) <= 3:
+        raise ValueError(f"--clip {text}: expected FRAMES[:STRIDE[:CLIPS]]")
+    frames, stride, clips = (*numbers, 1, 1)[:3]
+    return Clip(frames, stride, clips, sampling)  # type: ignore[arg-type]  # a choice of the command's parser
+
+
+def read_take(path: Path) -> list[int]:
+    """``--take``'s sample indices: a text file of whole numbers, one a line."""
+    try:
+        return np.loadtxt(path, dtype=np.int64, ndmin=1).tolist()
+    except ValueError:
+        raise ValueError(f"{path}: --take needs whole numbers (sample indices), one a line") from None
 
 
 def describe_from_arguments(args: argparse.Namespace) -> StepDescription:
@@ -35,18 +65,28 @@ def describe_from_arguments(args: argparse.Namespace) -> StepDescription:
     from fastload.storage.dataset import ShardedDataset
 
     state = read_saved_state(args.state) if args.state is not None else {}
-    world = args.world if args.world is not None else int(state.get("world_size", 1))
-    batch_size = args.batch_size if args.batch_size is not None else int(state.get("batch_size", 1))
-    seed = args.seed if args.seed is not None else int(state.get("seed", 0))
+    try:
+        world = args.world if args.world is not None else int(state.get("world_size", 1))
+        batch_size = args.batch_size if args.batch_size is not None else int(state.get("batch_size", 1))
+        seed = args.seed if args.seed is not None else int(state.get("seed", 0))
+    except (TypeError, ValueError):
+        raise ValueError(f"{args.state}: its world_size, batch_size and seed must be whole numbers") from None
     transform = {"train": T.train(args.size), "val": T.val(args.size), "none": ()}[args.transform]
     dataset: Any = ShardedDataset(args.dataset)
     if args.take is not None:
         import torch
 
-        dataset = torch.utils.data.Subset(dataset, np.loadtxt(args.take, dtype=np.int64, ndmin=1).tolist())
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=args.shuffle, drop_last=args.drop_last, seed=seed,
-                        transform=transform, rank=args.rank, world_size=world, shuffle_buffer=args.shuffle_buffer, backend="cpu",
-                        exclude=args.exclude, balanced=args.balanced, class_weights=args.class_weights)
+        dataset = torch.utils.data.Subset(dataset, read_take(args.take))
+    quiet = logging.getLogger("fastload")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # the loader's note on its backend (the CPU, always) is not the answer
+    try:
+        loader = DataLoader(dataset, batch_size=batch_size, shuffle=args.shuffle, drop_last=args.drop_last, seed=seed,
+                            transform=transform, rank=args.rank, world_size=world, shuffle_buffer=args.shuffle_buffer, backend="cpu",
+                            exclude=args.exclude, balanced=args.balanced, class_weights=args.class_weights,
+                            clip=parse_clip(args.clip, args.sampling) if args.clip else None)
+    finally:
+        quiet.setLevel(level)
     if state:  # at another --world than the state's: its steps so far ran at the state's topology, the rest at this one
         loader.load_state_dict(state)
     return loader.describe(args.step, args.epoch)

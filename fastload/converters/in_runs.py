@@ -32,13 +32,13 @@ from fastload.converters.shard import (
     ShardResult,
     WrittenShards,
     check_decoded_shape,
-    naming,
     prepare_sample,
     sources_digest,
 )
 from fastload.converters.sources import Source
 from fastload.converters.writers import PreparedSample
 from fastload.errors import SampleError
+from fastload.files import naming
 
 RUN = 64  # items a task: small enough to keep both workers busy to the end, and the results in flight small
 Result = TypeVar("Result")
@@ -90,7 +90,8 @@ def prepare_run(task: RunTask) -> tuple[list[int | None] | None, list[Prepared]]
         except SampleError as exc:
             prepared.append(exc)
             continue
-        prepared.append(AsLoaded(ready.image_field) if ready.image is sample.image else ready)
+        unchanged = ready.image is sample.image and ready.extra is sample.extra  # a video re-encoded or probed: sent as prepared
+        prepared.append(AsLoaded(ready.image_field) if unchanged else ready)
     return (signer.signatures() if signer is not None else None), prepared
 
 

@@ -1,7 +1,8 @@
-"""One conversion at a time per output folder: an exclusive ``flock`` on ``OUT/.fastload-lock``,
-held for the whole run (the kernel drops it when the process dies, however it dies). A second
-run fails at once, naming the first one's pid, rather than waiting: the two would have been given
-the same OUT by mistake, and a wait would hide that."""
+"""One conversion (or ``fastload index``) at a time per output folder: an exclusive ``flock`` on
+``OUT/.fastload-lock``, held for the whole run (the kernel drops it when the process dies, however
+it dies). A second run fails at once, naming the first one's pid, rather than waiting: the two
+would have been given the same OUT by mistake, and a wait would hide that. The lock file is never written through a link
+(:func:`fastload.files.open_lock_file`): a ``.fastload-lock`` symlink planted in OUT is refused."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from fastload.files import open_lock_file
+
 LOCK_FILE = ".fastload-lock"
 
 
 class OutputLocked(RuntimeError):
-    """Another conversion is writing to the same output folder."""
+    """Another conversion (or ``fastload index``) is writing to the same output folder."""
 
 
 @contextmanager
@@ -24,16 +27,16 @@ def locked_output(out: Path) -> Iterator[None]:
     removed when the body succeeds, so a finished dataset holds only its own files."""
     path = out / LOCK_FILE
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_lock_file(path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 16, 0).strip()
             os.close(fd)
             pid = holder.decode() if holder.isdigit() else "unknown"
-            raise OutputLocked(f"{out} is being written by another fastload convert (pid {pid}); wait for it to finish or choose another OUT") from None
+            raise OutputLocked(f"{out} is being written by another fastload convert or index (pid {pid}); wait for it to finish or choose another OUT") from None
         try:
-            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+            if os.fstat(fd).st_ino == os.lstat(path).st_ino:
                 break  # the file is still the one at that name: the lock is ours
         except FileNotFoundError:
             pass  # the previous holder removed it after we opened it: take the new one

@@ -55,6 +55,8 @@ class ConvertOptions:
     reencode_quality: int | None = None
     max_size: int | None = None
     max_pixels: int = MAX_PIXELS  # the one limit every decode path applies (fastload.decode.header)
+    reencode_video: bool = False  # videos re-encoded to H.264 (also when max_size shrinks them)
+    keyframe_interval: int = 32  # frames between keyframes of a re-encoded video
     source_options: SourceOptions = field(default_factory=SourceOptions)
     writer_options: WriterOptions = field(default_factory=WriterOptions)
     tokens: TokenizeOptions | None = None  # documents into token shards (layout "tokens")
@@ -81,6 +83,8 @@ class ConvertOptions:
             raise ValueError("max_pixels must be >= 1")
         if self.max_size is not None and self.max_size < 1:
             raise ValueError("max_size must be >= 1")
+        if self.keyframe_interval < 1:
+            raise ValueError("keyframe_interval must be >= 1")
         if self.near_threshold is not None:
             from fastload.near.search import check_threshold
 
@@ -114,4 +118,7 @@ class ConvertOptions:
         data.pop("workers")
         if self.near_threshold is None:
             data.pop("near_threshold")  # absent when off: indexes written before it existed still match
+        if not self.reencode_video:
+            data.pop("reencode_video")  # likewise
+            data.pop("keyframe_interval")
         return data

@@ -36,7 +36,7 @@ from fastload.converters.partial import (
 )
 from fastload.converters.plan import ShardPlan, assign_shards, order_items
 from fastload.converters.sample import SourceItem
-from fastload.converters.shard import ShardResult, ShardTask, WrittenShards, naming, prepare_sample, sources_digest, write_shard
+from fastload.converters.shard import ShardResult, ShardTask, WrittenShards, prepare_sample, sources_digest, write_shard
 from fastload.converters.sources import Source, TextSource, open_source
 from fastload.converters.tokens import (
     DocumentDuplicates,
@@ -47,12 +47,13 @@ from fastload.converters.tokens import (
     write_token_shard,
 )
 from fastload.errors import SampleError
-from fastload.files import atomic_write_bytes, fsync_dir
+from fastload.files import atomic_write_bytes, fsync_dir, naming, remove_temporaries
 from fastload.formats.index import (
     FORMAT_VERSION,
     INDEX_FILE,
     SKIPPED_REPORT,
     TOKENS_VERSION,
+    VIDEO_FORMAT_VERSION,
     DatasetIndex,
     TokenizerIdentity,
     read_index,
@@ -139,7 +140,10 @@ def _assemble_index(
         return names[label] if names is not None and 0 <= label < len(names) else str(label)
 
     conversion = _recorded_options(options)
+    has_video = any(result.video for result in results)
+    version = TOKENS_VERSION if tokenizer is not None else VIDEO_FORMAT_VERSION if has_video else FORMAT_VERSION
     return DatasetIndex(
+        version=version,
         layout=options.layout,
         shards=tuple(r.info for r in results if r.info is not None),
         fields=tuple(sorted(fields)),
@@ -152,7 +156,6 @@ def _assemble_index(
         source=options.source,
         conversion=conversion,
         tokenizer=tokenizer,
-        version=TOKENS_VERSION if tokenizer is not None else FORMAT_VERSION,
     )
 
 
@@ -223,7 +226,7 @@ def _convert(
             raise ConversionConflict(f"{remote.redact(url) if url else out} already holds a dataset converted with other options; choose another OUT")
         return ConvertReport(index=existing, shards_written=0, shards_reused=len(existing.shards), already_complete=True)
 
-    _remove_temporary_files(out)  # of a run that was killed
+    remove_temporaries(out)  # of a run that was killed: with OUT locked, none is a live writer's
     source = open_source(options.source, str(Path(src).absolute()), options.source_options)
     runner = open_engine(engine, options.workers, address)
     items = order_items(source.items(), options.shuffle, options.seed, options.limit)
@@ -258,7 +261,7 @@ def _convert(
     if report_png is not None:
         draw_duplicates(report_png, source, duplicates, f"{src}: duplicates dropped")
 
-    _remove_temporary_files(out)  # of task workers killed mid-shard (their retries used other names)
+    remove_temporaries(out)  # of task workers killed mid-shard (their retries used other names)
     ordered = shards.results
     index = _assemble_index(source, options, ordered, len(duplicates) + len(dup_lines), decoded_shape, tokenizer)
     root = str(Path(src).absolute())
@@ -283,7 +286,7 @@ def _costs_cpu(options: ConvertOptions) -> bool:
     """Whether preparing a sample re-encodes it (``--reencode-quality``, ``--max-size``): then the
     work is spread sample by sample (converters.in_runs), else shard by shard (decoded HDF5 too:
     its pixels would cross to the writing process)."""
-    return options.reencode_quality is not None or options.max_size is not None
+    return options.reencode_quality is not None or options.max_size is not None or options.reencode_video
 
 
 def _plan(
@@ -363,13 +366,6 @@ def _write_token_shards(
     shards.written = len(todo)
     shards.results = [results[plan.number] for plan in plans]
     return shards
-
-
-def _remove_temporary_files(out: Path) -> None:
-    """Delete every shard temporary file in OUT: with OUT locked, none belongs to a live writer
-    before the shards are planned or after the last one is finished."""
-    for stale in out.glob(".*.tmp*"):
-        stale.unlink(missing_ok=True)
 
 
 def _publish(staging: Path, url: str) -> None:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,12 +16,15 @@ from fastload.converters.sources import Source
 from fastload.converters.writers import PreparedSample, open_writer
 from fastload.decode.header import image_size
 from fastload.errors import SampleError
-from fastload.fields import JPEG_FIELD, LABEL_FIELD, default_role
+from fastload.fields import JPEG_FIELD, LABEL_FIELD, default_role, video_fields
+from fastload.files import naming
 from fastload.formats.index import ShardInfo
 from fastload.formats.table import TABLE_SUFFIX
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from fastload.video.facts import StreamFacts
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class ShardResult:
     sources: str = ""  # sources_digest of its items when it was written: resume redoes it if they changed
     pixel_shape: list[int] | None = None  # of the decoded pixels it holds (HDF5 --hdf5-decoded), if any
     filtered: int = 0  # token shards: documents left out for having fewer than --min-tokens tokens
+    video: bool = False  # whether it holds videos (their stream facts in its sample table)
 
 
 @dataclass
@@ -68,10 +70,11 @@ def prepare_sample(sample: Sample, options: ConvertOptions, decoded_shape: tuple
     """Validate and convert one loaded sample to what the writer stores; raises SampleError."""
     image = sample.image
     decoded = options.writer_options.hdf5_decoded
+    extra, facts = prepare_videos(sample, options)
     if image is None:  # arrays, text, ...: nothing to clean
         if decoded:
             raise SampleError(sample.where, "has no image to store as decoded pixels (--hdf5-decoded)")
-        return PreparedSample(key=sample.key, image_field=None, image=None, label=sample.label, extra=sample.extra)
+        return PreparedSample(key=sample.key, image_field=None, image=None, label=sample.label, extra=extra, facts=facts)
     if not isinstance(image, bytes):  # pixels from an array source
         field_name = "pixels" if decoded else "png"
         stored: bytes | np.ndarray = image if decoded else encode_png(image)
@@ -89,7 +92,31 @@ def prepare_sample(sample: Sample, options: ConvertOptions, decoded_shape: tuple
         else:
             stored = image
     check_decoded_shape(stored, sample.where, decoded_shape)
-    return PreparedSample(key=sample.key, image_field=field_name, image=stored, label=sample.label, extra=sample.extra)
+    return PreparedSample(key=sample.key, image_field=field_name, image=stored, label=sample.label, extra=extra, facts=facts)
+
+
+def prepare_videos(sample: Sample, options: ConvertOptions) -> tuple[dict[str, bytes], dict[str, StreamFacts]]:
+    """The sample's fields with each video re-encoded where asked (``--reencode``, ``--max-size``),
+    and each video's stream facts; a SampleError for a video that does not probe (corrupt,
+    truncated, no frames, a codec FFmpeg lacks, over the pixel limit)."""
+    videos = video_fields(sample.extra)
+    if not videos:
+        return sample.extra, {}
+    if options.layout != "wds":
+        raise SampleError(sample.where, f"videos are stored in tar shards (--to wds), not {options.layout}: their stream facts live in the sample tables")
+    from fastload.video.pyav import probe, reencode_h264
+
+    extra, facts = dict(sample.extra), {}
+    for name in videos:
+        where = f"{sample.where} ({name})" if len(videos) > 1 else sample.where
+        data = extra[name]
+        if options.reencode_video or options.max_size is not None:
+            data = reencode_h264(data, where, options.keyframe_interval, options.max_size, options.max_pixels)
+            del extra[name]
+            name = "mp4"
+            extra[name] = data
+        facts[name] = probe(data, where, options.max_pixels)
+    return extra, facts
 
 
 _GEOMETRY_WORDS = ("box", "mask", "seg", "keypoint", "polygon", "point", "landmark")  # in a field's name: pixel coordinates, likely
@@ -116,17 +143,6 @@ def check_decoded_shape(stored: bytes | np.ndarray | None, where: str, decoded_s
 def sources_digest(items: tuple[SourceItem, ...]) -> str:
     """What a shard is made from: its items' keys and file stamps (size, mtime_ns), hashed."""
     return hashlib.sha256("\n".join(f"{item.key} {item.stamp}" for item in items).encode()).hexdigest()
-
-
-@contextmanager
-def naming(path: Path) -> Iterator[None]:
-    """Re-raise an OSError that names no file (a failed write: ENOSPC, EFBIG) as one naming ``path``."""
-    try:
-        yield
-    except OSError as exc:
-        if exc.filename is not None or exc.errno is None:
-            raise
-        raise OSError(exc.errno, exc.strerror, str(path)) from None
 
 
 def write_shard(task: ShardTask) -> ShardResult:
@@ -181,6 +197,7 @@ class ShardBuilder:
         if prepared.image_field is not None:
             self._fields.add(prepared.image_field)
             self._image_fields.add(prepared.image_field)
+        self.result.video = self.result.video or bool(prepared.facts)
         if self.result.pixel_shape is None and prepared.image is not None and not isinstance(prepared.image, bytes):
             self.result.pixel_shape = list(prepared.image.shape)
 

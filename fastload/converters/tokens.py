@@ -24,11 +24,12 @@ from fastload.converters.engines import Engine
 from fastload.converters.options import ConvertOptions, TokenizeOptions
 from fastload.converters.plan import ShardPlan, assign_shards
 from fastload.converters.sample import SourceItem
-from fastload.converters.shard import ShardResult, naming, sources_digest, upload_shard
+from fastload.converters.shard import ShardResult, sources_digest, upload_shard
 from fastload.converters.sources import TextSource
 from fastload.converters.writers import WriterOptions, open_writer
 from fastload.converters.writers.tokens import TokenShardWriter
 from fastload.errors import SampleError
+from fastload.files import naming
 from fastload.formats.index import TokenizerIdentity
 from fastload.formats.table import TABLE_SUFFIX
 from fastload.formats.tokens import DOCS_SUFFIX, TOKENS_FIELD

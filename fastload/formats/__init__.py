@@ -6,18 +6,21 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from fastload.errors import ShardError
-from fastload.files import open_regular_sized
+from fastload.files import open_regular_sized, resolved_inside
 from fastload.formats.index import DatasetIndex, ShardInfo
 from fastload.formats.shard_formats import ShardTokens, shard_format
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import numpy as np
 
-    from fastload.formats.table import SampleTable
+    from fastload.formats.table import Facts, SampleTable
 
 
 _pid = os.getpid()
@@ -46,8 +49,9 @@ class ShardReader(Protocol):
     def key(self, i: int) -> str:
         """The key of sample ``i``."""
 
-    def read(self, i: int) -> dict[str, bytes]:
-        """Raw fields of sample ``i`` by extension (``jpg``, ``cls``, ...)."""
+    def read(self, i: int, fields: Collection[str] | None = None) -> dict[str, bytes]:
+        """Raw fields of sample ``i`` by extension (``jpg``, ``cls``, ...); only those named in
+        ``fields`` when given (the others are not read)."""
 
     def open(self) -> None:
         """Open the shard file in this process now rather than at the first read."""
@@ -58,8 +62,12 @@ class ShardReader(Protocol):
     def close(self) -> None:
         """Release file handles."""
 
-    def sample_table(self) -> bytes:
-        """The shard's sample table (:mod:`fastload.formats.table`), built from its contents."""
+    def sample_table(self, facts: Sequence[Facts] = ()) -> bytes:
+        """The shard's sample table (:mod:`fastload.formats.table`), built from its contents, with
+        its videos' stream ``facts`` (read at conversion: none are probed here)."""
+
+    def stream_facts(self, i: int) -> Facts:
+        """The stream facts of sample ``i``'s videos, from the shard's sample table (empty: none)."""
 
 
 class PixelReader(ShardReader, Protocol):
@@ -103,10 +111,10 @@ def dataset_path(root: str, name: str) -> str:
 
 def inside_root(root: str, path: str) -> str:
     """``path`` once symlinks are followed, refused with a ShardError where that leaves ``root``."""
-    real = os.path.realpath(path)
-    if not Path(real).is_relative_to(os.path.realpath(root)):
+    real = resolved_inside(root, path)
+    if real is None:
         raise ShardError(f"{path}: a symlink leads outside the dataset root; refusing to read it")
-    return real
+    return str(real)
 
 
 def root_file(root: str, name: str) -> str:

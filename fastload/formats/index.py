@@ -21,10 +21,11 @@ from fastload.formats.shard_formats import LAYOUTS, shard_format
 
 FORMAT_NAME = "fastload"
 FORMAT_VERSION = 3  # 2: HDF5 byte columns stored flat (a group of `bytes` + `offsets`); 3: per-shard sample tables
-# 4: token datasets (layout "tokens": the tokenizer, tokens per shard). Only they are written as 4, so a reader
-# of versions 1-3 still reads every image dataset and refuses a token dataset by its version.
-TOKENS_VERSION = 4
-READABLE_VERSIONS = (1, 2, 3, 4)
+VIDEO_FORMAT_VERSION = 4  # 4: sample tables of version 2, with videos' stream facts (written only for a dataset holding videos)
+# 5: token datasets (layout "tokens": the tokenizer, tokens per shard). Only they are written as 5, so a reader
+# of versions 1-4 still reads every image and video dataset and refuses a token dataset by its version.
+TOKENS_VERSION = 5
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 INDEX_FILE = "index.json"
 SKIPPED_REPORT = "skipped.jsonl"
 
@@ -179,13 +180,13 @@ class DatasetIndex:
         self._check_tokens()
 
     def _check_tokens(self) -> None:
-        """A token dataset (and only one) names its tokenizer, is of version 4 and counts each shard's tokens."""
+        """A token dataset (and only one) names its tokenizer, is of version 5 and counts each shard's tokens."""
         tokens = shard_format(self.layout).holds_tokens
         if tokens != (self.tokenizer is not None):
             raise DatasetIndexError(f"tokenizer: {'missing' if tokens else 'only a token dataset names one'}")
         if tokens != (self.version >= TOKENS_VERSION):
             raise DatasetIndexError(f"version: a {'token' if tokens else 'non-token'} dataset is of version "
-                                    f"{'4' if tokens else '1 to 3'}")
+                                    f"{TOKENS_VERSION if tokens else f'1 to {TOKENS_VERSION - 1}'}")
         if self.tokenizer is not None and not isinstance(self.tokenizer, TokenizerIdentity):
             raise DatasetIndexError("tokenizer: must be an object")
         for number, shard in enumerate(self.shards):

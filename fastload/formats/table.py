@@ -3,20 +3,31 @@ every sample's key, label and each field's (data offset, size), so a reader hold
 sample in memory: a sample's row is one ``pread`` (the page cache keeps one copy for every
 worker and rank of a node), and whole columns (labels, key hashes) are one read per shard.
 
-Format (version 1, every integer little-endian; written by the converters, by ``fastload
-index``, and on first open of an older dataset):
+Format (every integer little-endian; written by the converters, by ``fastload index``, and on
+first open of an older dataset). Version 1 (magic ``FLTABLE1``) holds no video; version 2
+(``FLTABLE2``) is version 1 plus each video's stream facts (:mod:`fastload.video.facts`), written
+only where a shard holds videos, so a dataset without video keeps version-1 tables that any
+fastload reads, and an older fastload refuses a video dataset at its index.json (version 4)
+rather than misreading a table:
 
 ======================  =====================================================================
 bytes 0-7               magic ``b"FLTABLE1"``
 8-15, 16-23             N samples (uint64), F field columns (uint64)
 24-31, 32-39            names bytes (uint64, a multiple of 8), keys bytes (uint64)
-40-63                   zero
+40-47, 48-55, 56-63     version 2: V video fields, K keyframes in all, video names bytes (uint64,
+                        a multiple of 8); version 1: zero
 names                   F field names (UTF-8), each ending in NUL, zero-padded to a multiple of 8
 rows                    N rows of 2 + 2F int64: key start, key end, then (offset, size) per field;
                         size -1: the sample lacks that field
 labels                  N int64: the ``cls`` label, -1 where there is none (or it is no integer)
 key hashes              N uint64: the first 8 bytes of blake2b(key) (for lookups by key)
 keys                    the keys' UTF-8 bytes, concatenated
+video names             version 2: the V video fields' names, as the field names are stored
+facts                   version 2: N x V rows of 14 int64 (frames, width, height, rate and time
+                        base as fractions, first timestamp, first keyframe and keyframe count in
+                        the keyframes, audio rate and channels, the codec's name in 16 bytes);
+                        frames -1: the sample lacks that field
+keyframes               version 2: K pairs of int64 (frame number, timestamp)
 ======================  =====================================================================
 """
 
@@ -38,16 +49,21 @@ from fastload.fields import LABEL_FIELD, parse_label
 from fastload.files import open_regular
 from fastload.formats import open_in_root, this_process
 from fastload.formats.idx import Member, split_member_name
+from fastload.video.facts import MAX_CODEC_NAME, StreamFacts
 
 TABLE_MAGIC = b"FLTABLE1"
+VIDEO_TABLE_MAGIC = b"FLTABLE2"  # version 2: with videos' stream facts
 TABLE_SUFFIX = ".table"
-_HEADER = struct.Struct("<8sQQQQ24x")
+_HEADER = struct.Struct("<8sQQQQQQQ")
+FACT_COLUMNS = 14
+NO_FACTS = -1  # frames of a sample lacking the video field
 MAX_FIELDS = 4096
 MAX_LABEL_BYTES = 32  # a longer cls member is no label a table records
 
 ABSENT = -1  # the size of a field the sample lacks
 BAD_SIZE = -2  # a negative size given for a field (a hostile .idx): kept, so reading it is refused
 Spans = dict[str, tuple[int, int]]
+Facts = dict[str, StreamFacts]  # a sample's videos' stream facts by field name
 
 
 def key_hashes(keys: Iterable[str]) -> np.ndarray:
@@ -56,9 +72,35 @@ def key_hashes(keys: Iterable[str]) -> np.ndarray:
     return np.frombuffer(digests, dtype="<u8")
 
 
-def encode_table(keys: Sequence[str], spans: Sequence[Spans], labels: Sequence[int] | np.ndarray) -> bytes:
+def _names_section(names: Sequence[str]) -> bytes:
+    """Names, each ending in NUL, zero-padded to a multiple of 8 bytes."""
+    data = b"".join(name.encode() + b"\0" for name in names)
+    return data + bytes(-len(data) % 8)
+
+
+def _facts_sections(facts: Sequence[Facts]) -> tuple[list[str], bytes, int]:
+    """(the video fields' names, the video names + facts rows + keyframes sections, keyframes in all)."""
+    videos = sorted({name for sample in facts for name in sample})
+    rows = np.zeros((len(facts), len(videos), FACT_COLUMNS), dtype="<i8")
+    rows[:, :, 0] = NO_FACTS
+    pairs: list[tuple[int, int]] = []
+    for i, sample in enumerate(facts):
+        for v, name in enumerate(videos):
+            f = sample.get(name)
+            if f is None:
+                continue
+            codec = np.frombuffer(f.codec.encode().ljust(MAX_CODEC_NAME, b"\0"), dtype="<i8")
+            rows[i, v] = (f.frames, f.width, f.height, *f.rate, *f.time_base, f.start_pts, len(pairs), len(f.keyframes),
+                          f.audio_rate, f.audio_channels, *codec.tolist())
+            pairs += zip(f.keyframes, f.keyframe_pts)
+    keyframes = np.asarray(pairs, dtype="<i8").reshape(len(pairs), 2)
+    return videos, _names_section(videos) + rows.tobytes() + keyframes.tobytes(), len(pairs)
+
+
+def encode_table(keys: Sequence[str], spans: Sequence[Spans], labels: Sequence[int] | np.ndarray, facts: Sequence[Facts] = ()) -> bytes:
     """The table of a shard whose sample i has key ``keys[i]``, fields ``spans[i]`` ({name:
-    (data offset, size)}) and label ``labels[i]`` (-1: none)."""
+    (data offset, size)}), label ``labels[i]`` (-1: none) and, where the shard holds videos,
+    their stream facts ``facts[i]`` (then the table is version 2)."""
     names = sorted({name for sample in spans for name in sample})
     column = {name: c for c, name in enumerate(names)}
     encoded = [key.encode() for key in keys]
@@ -71,20 +113,21 @@ def encode_table(keys: Sequence[str], spans: Sequence[Spans], labels: Sequence[i
         for name, (offset, size) in sample.items():
             rows[i, 2 + 2 * column[name]] = offset
             rows[i, 3 + 2 * column[name]] = size if size >= 0 else BAD_SIZE
-    name_bytes = b"".join(name.encode() + b"\0" for name in names)
-    name_bytes += bytes(-len(name_bytes) % 8)
+    name_bytes = _names_section(names)
     key_bytes = b"".join(encoded)
-    header = _HEADER.pack(TABLE_MAGIC, len(keys), len(names), len(name_bytes), len(key_bytes))
+    videos, video_bytes, keyframes = _facts_sections(facts) if any(facts) else ([], b"", 0)
+    magic = VIDEO_TABLE_MAGIC if videos else TABLE_MAGIC
+    header = _HEADER.pack(magic, len(keys), len(names), len(name_bytes), len(key_bytes), len(videos), keyframes, len(_names_section(videos)))
     label_column = np.asarray(labels, dtype="<i8").reshape(len(keys))
-    return b"".join((header, name_bytes, rows.tobytes(), label_column.tobytes(), key_hashes(keys).tobytes(), key_bytes))
+    return b"".join((header, name_bytes, rows.tobytes(), label_column.tobytes(), key_hashes(keys).tobytes(), key_bytes, video_bytes))
 
 
-def tar_table(tar: Path, samples: Sequence[list[Member]]) -> bytes:
+def tar_table(tar: Path, samples: Sequence[list[Member]], facts: Sequence[Facts] = ()) -> bytes:
     """The table of a tar shard from its ``.idx`` members (as the writers and the ``.idx`` parser
-    list them); labels are read from each sample's ``cls`` member."""
+    list them) and its videos' stream facts; labels are read from each sample's ``cls`` member."""
     keys = [split_member_name(members[0][3])[0] for members in samples]
     spans = [{ext: (offset, size) for ext, offset, size, _ in members} for members in samples]
-    return encode_table(keys, spans, tar_labels(tar, keys, spans))
+    return encode_table(keys, spans, tar_labels(tar, keys, spans), facts)
 
 
 def tar_labels(tar: str | Path, keys: Sequence[str], spans: Sequence[Spans]) -> list[int]:
@@ -144,6 +187,10 @@ class TableSchema(NamedTuple):
     hashes_at: int
     keys_at: int
     keys_bytes: int
+    videos: tuple[str, ...] = ()  # version 2: the fields whose stream facts it holds
+    facts_at: int = 0
+    keyframes_at: int = 0
+    keyframes: int = 0
 
     @property
     def row(self) -> struct.Struct:
@@ -155,9 +202,11 @@ class TableSchema(NamedTuple):
         """The schema of a table file of ``size`` bytes (``read(offset, n)`` reads it, at most
         twice: the header with the usual names, then longer names), for a shard the index says holds ``samples``."""
         head = read(0, min(size, HEAD_READ))
-        if size < _HEADER.size or head[:8] != TABLE_MAGIC:
+        if size < _HEADER.size or head[:8] not in (TABLE_MAGIC, VIDEO_TABLE_MAGIC):
             raise ShardError(f"{where}: not a fastload sample table (bad magic)")
-        _, count, fields, names_bytes, keys_bytes = _HEADER.unpack_from(head)
+        magic, count, fields, names_bytes, keys_bytes, videos, keyframes, video_names_bytes = _HEADER.unpack_from(head)
+        if magic == TABLE_MAGIC and (videos or keyframes or video_names_bytes):
+            raise ShardError(f"{where}: a damaged header (a version 1 table listing videos)")
         if count != samples:
             raise ShardError(f"{where}: lists {count} samples, the index says its shard holds {samples}")
         if fields > MAX_FIELDS or names_bytes % 8 or names_bytes > 64 * MAX_FIELDS:
@@ -166,13 +215,25 @@ class TableSchema(NamedTuple):
         labels_at = rows_at + count * (2 + 2 * fields) * 8
         hashes_at = labels_at + count * 8
         keys_at = hashes_at + count * 8
-        if keys_at + keys_bytes != size:
-            raise ShardError(f"{where}: its header describes {keys_at + keys_bytes} bytes, the file holds {size} (truncated or tampered)")
+        if (magic == VIDEO_TABLE_MAGIC) != (videos > 0) or videos > fields or video_names_bytes % 8 or video_names_bytes > 64 * MAX_FIELDS:
+            raise ShardError(f"{where}: a damaged header (video fields)")
+        names_at = keys_at + keys_bytes
         raw = head[_HEADER.size : rows_at] if rows_at <= len(head) else read(_HEADER.size, names_bytes)
         names = _field_names(raw, fields)
         if isinstance(names, str):
             raise ShardError(f"{where}: {names}")
-        return cls(count, names, rows_at, labels_at, hashes_at, keys_at, keys_bytes)
+        if not videos:
+            if names_at != size:
+                raise ShardError(f"{where}: its header describes {names_at} bytes, the file holds {size} (truncated or tampered)")
+            return cls(count, names, rows_at, labels_at, hashes_at, keys_at, keys_bytes)
+        facts_at = names_at + video_names_bytes
+        keyframes_at = facts_at + count * videos * FACT_COLUMNS * 8
+        if keyframes_at + keyframes * 16 != size:
+            raise ShardError(f"{where}: its header describes {keyframes_at + keyframes * 16} bytes, the file holds {size} (truncated or tampered)")
+        video_names = _field_names(read(names_at, video_names_bytes), videos)
+        if isinstance(video_names, str) or not set(video_names) <= set(names):
+            raise ShardError(f"{where}: a damaged header (video field names)")
+        return cls(count, names, rows_at, labels_at, hashes_at, keys_at, keys_bytes, video_names, facts_at, keyframes_at, keyframes)
 
 
 class _Missing(ShardError):
@@ -286,6 +347,30 @@ class SampleTable:
             return [blob[s:e].decode() for s, e in zip(starts, ends)]
         except UnicodeDecodeError:
             raise ShardError(f"{self.path}: a key is not UTF-8") from None
+
+    def stream_facts(self, i: int) -> Facts:
+        """The stream facts of each video of sample ``i`` (empty: the table holds no video), checked
+        against the table's bounds: a damaged row is a ShardError naming the table."""
+        schema = self.schema
+        if not schema.videos:
+            return {}
+        row_bytes = len(schema.videos) * FACT_COLUMNS * 8
+        rows = np.frombuffer(self._read(schema.facts_at + i * row_bytes, row_bytes), dtype="<i8").reshape(len(schema.videos), FACT_COLUMNS)
+        out: Facts = {}
+        for name, row in zip(schema.videos, rows.tolist()):
+            frames, width, height, rate_num, rate_den, tb_num, tb_den, start_pts, first, count, audio_rate, audio_channels = row[:12]
+            if frames == NO_FACTS:
+                continue
+            if not (first >= 0 and count > 0 and first + count <= schema.keyframes):
+                raise ShardError(f"{self.path}: row {i}'s keyframes lie outside the table (tampered?)")
+            pairs = np.frombuffer(self._read(schema.keyframes_at + first * 16, count * 16), dtype="<i8").reshape(count, 2)
+            codec = np.asarray(row[12:], dtype="<i8").tobytes().rstrip(b"\0")
+            try:
+                out[name] = StreamFacts(codec.decode("ascii"), width, height, frames, (rate_num, rate_den), (tb_num, tb_den), start_pts,
+                                        tuple(pairs[:, 0].tolist()), tuple(pairs[:, 1].tolist()), audio_rate, audio_channels)
+            except (ValueError, UnicodeDecodeError):
+                raise ShardError(f"{self.path}: row {i}'s stream facts for {name} are inconsistent (tampered?)") from None
+        return out
 
     def close(self) -> None:
         """Close the descriptor of this process."""

@@ -5,15 +5,16 @@ beside it, parsed into memory) gives every member's position, so reading a sampl
 from __future__ import annotations
 
 import os
-import tarfile
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from fastload.errors import DatasetIndexError, SampleError, ShardError
 from fastload.fields import is_field_member
-from fastload.files import open_regular, read_file
+from fastload.files import read_file
 from fastload.formats import open_in_root, this_process
 from fastload.formats.idx import TarMembers, parse_dali_index
-from fastload.formats.table import SampleTable, encode_table, tar_labels
+from fastload.formats.table import Facts, SampleTable, encode_table, tar_labels
+from fastload.formats.tar_headers import TarDamage, read_tar_members
 
 MAX_GAP = 4096  # read a sample's fields in one pread when they are at most this far apart in all
 
@@ -97,13 +98,18 @@ class TarShardReader:
         if offset < 0 or not 0 <= size <= self._size - offset:
             raise SampleError(f"{self.path}:{self.key(i)}", "its offset index entry gives a negative offset or size, or one past the end of the shard")
 
-    def read(self, i: int) -> dict[str, bytes]:
-        """Every field of sample ``i``: one ``pread`` over all of them (a sample's members are
-        neighbours in the tar, a tar header apart), else one per field."""
+    def read(self, i: int, fields: Collection[str] | None = None) -> dict[str, bytes]:
+        """The fields of sample ``i`` (those named in ``fields`` when given: the others are not
+        read): one ``pread`` over all of them (a sample's members are neighbours in the tar, a
+        tar header apart), else one per field."""
         fd = self._descriptor()
         spans = self._samples.spans(i)
         if not spans:  # every sample has a member: an index row without one was tampered with
             raise SampleError(f"{self.path}:{self.key(i)}", "its index entry lists no field")
+        if fields is not None:
+            spans = {ext: span for ext, span in spans.items() if ext in fields}
+            if not spans:
+                return {}
         for offset, size in spans.values():
             self._check_span(i, offset, size)
         start = min(offset for offset, _ in spans.values())
@@ -120,40 +126,38 @@ class TarShardReader:
             out[ext] = data
         return out
 
-    def sample_table(self) -> bytes:
-        """The shard's sample table, from its ``.idx`` (labels read from its ``cls`` members)."""
+    def sample_table(self, facts: Sequence[Facts] = ()) -> bytes:
+        """The shard's sample table, from its ``.idx`` (labels read from its ``cls`` members) and
+        its videos' stream ``facts``."""
         members = self._samples if isinstance(self._samples, TarMembers) else self.members()
         keys = [members.key(i) for i in range(len(members))]
         spans = [members.spans(i) for i in range(len(members))]
-        return encode_table(keys, spans, tar_labels(self.path, keys, spans))
+        return encode_table(keys, spans, tar_labels(self.path, keys, spans), facts)
+
+    def stream_facts(self, i: int) -> Facts:
+        """The stream facts of sample ``i``'s videos: from the sample table (a shard read through its
+        ``.idx`` alone has none)."""
+        return self._samples.stream_facts(i) if isinstance(self._samples, SampleTable) else {}
 
     def check(self) -> None:
-        """Walk the tar's member headers and check them against the ``.idx``: the same field members
-        (others, such as a foreign tar's hidden or ``__*__`` files, are no sample's) in the same order, at the same data offsets with the same sizes, all inside the file
-        (a hard link at its target's)."""
+        """Walk the tar's member headers (:mod:`fastload.formats.tar_headers`) and check them against
+        the ``.idx``: the same field members (others, such as a foreign tar's hidden or ``__*__``
+        files, are no sample's) in the same order, at the same data offsets with the same sizes, all
+        inside the file (a hard link at its target's)."""
         listed = self.members().members()
-        found: list[tuple[str, int, int]] = []
-        size = 0
         try:
-            with os.fdopen(open_regular(self.path), "rb") as f, tarfile.open(fileobj=f, mode="r:") as tar:
-                size = os.fstat(f.fileno()).st_size
-                regular: dict[str, tarfile.TarInfo] = {}  # the files so far by name: what hard links name
-                for m in tar:
-                    if m.isreg():
-                        regular[m.name] = m
-                    if is_field_member(m.name) and (m.isreg() or m.islnk()):
-                        data = regular[m.linkname] if m.islnk() else m  # a hard link: the data of the file it names
-                        found.append((m.name, data.offset_data, data.size))
-        except (tarfile.TarError, OSError, EOFError, ValueError, KeyError) as exc:  # EOF, bad headers, undecodable names, a link to nothing
+            found = [(name, offset, length) for _, name, offset, length in read_tar_members(self.path) if is_field_member(name)]
+        except TarDamage as exc:
             if listed:
-                raise ShardError(f"{self.path}: not a readable tar ({type(exc).__name__}) though its .idx lists {len(listed)} members") from None
+                raise ShardError(f"{self.path}: not a readable tar ({exc.reason}) though its .idx lists {len(listed)} members") from None
+            found = []
+        except OSError as exc:
+            raise ShardError(f"{self.path}: cannot read it ({exc.strerror})") from None
         if len(found) != len(listed):
             raise ShardError(f"{self.path}: the tar holds {len(found)} members, its .idx lists {len(listed)}")
-        for number, ((name, offset, length), want) in enumerate(zip(found, listed)):
-            if (name, offset, length) != want:
+        for number, (member, want) in enumerate(zip(found, listed)):
+            if member != want:
                 raise ShardError(f"{self.path}: member {number} disagrees with the .idx (name, data offset or size)")
-            if offset + length > size:
-                raise ShardError(f"{self.path}: member {number} runs past the end of the file")
 
     def close(self) -> None:
         """Close the descriptor of this process."""

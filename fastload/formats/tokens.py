@@ -26,13 +26,18 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from collections.abc import Collection, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fastload.errors import ShardError
 from fastload.formats import open_in_root, this_process
 from fastload.formats.shard_formats import ShardTokens
+
+if TYPE_CHECKING:
+    from fastload.formats.table import Facts
 
 DOCS_MAGIC = b"FLTOKDOC"
 DOCS_SUFFIX = ".docs"
@@ -170,8 +175,10 @@ class TokenShardReader:
             raise IndexError(f"{self.data}: document {i} of {len(self)}")
         return str(i)
 
-    def read(self, i: int) -> dict[str, bytes]:
-        """Document ``i`` as a sample: its ids' little-endian bytes under ``tokens``."""
+    def read(self, i: int, fields: Collection[str] | None = None) -> dict[str, bytes]:
+        """Document ``i`` as a sample: its ids' little-endian bytes under ``tokens`` (when asked for)."""
+        if fields is not None and TOKENS_FIELD not in fields:
+            return {}
         return {TOKENS_FIELD: self.document(i).tobytes()}
 
     def check(self) -> None:
@@ -181,7 +188,11 @@ class TokenShardReader:
         for start in range(0, self.tokens, CHECK_BLOCK):
             self.read_tokens(start, min(CHECK_BLOCK, self.tokens - start))
 
-    def sample_table(self) -> bytes:
+    def stream_facts(self, i: int) -> Facts:
+        """Token shards hold no videos: no stream facts."""
+        return {}
+
+    def sample_table(self, facts: Sequence[Facts] = ()) -> bytes:
         """Token shards have no sample table: their document table stands in for it."""
         raise ShardError(f"{self.data}: a token shard has no sample table (its document table is {Path(self.docs).name})")
 

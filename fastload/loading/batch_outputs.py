@@ -19,12 +19,12 @@ class BatchOutputs:
     return_keys: bool
     evaluation: bool
 
-    def shape(self, images: torch.Tensor, labels: torch.Tensor, keys: list[str], valid: np.ndarray) -> Any:
-        """One batch with these outputs."""
+    def shape(self, images: torch.Tensor, labels: torch.Tensor, keys: list[str], valid: np.ndarray, name: str = "image") -> Any:
+        """One batch with these outputs; ``name``: what an unlabelled batch calls the pixels (``image``, ``video``)."""
         if self.has_labels:
             batch: Any = (images, labels, keys) if self.return_keys else (images, labels)
             return (*batch, torch.from_numpy(valid)) if self.evaluation else batch
-        batch = {"image": images}
+        batch = {name: images}
         if self.return_keys:
             batch["key"] = keys
         if self.evaluation:

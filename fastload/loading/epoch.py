@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from fastload.errors import SampleError, skip_allowance
 from fastload.fields import SampleSpec
 from fastload.loading.batch_outputs import BatchOutputs, samples_of
 from fastload.loading.field_batch import shaped_batch
@@ -48,6 +49,11 @@ class EpochInputs:
     accelerate: bool  # prepared by accelerate: report the epoch to its GradientState
     before_start: Callable[[], None]  # the loader's checks as an epoch starts (a sampler's set_epoch, ranks agree)
 
+    @property
+    def skip_limit(self) -> int:
+        """The most bad samples one search for a readable sample passes: ``max_skipped`` of the dataset."""
+        return skip_allowance(self.options.max_skipped, len(self.dataset))
+
 
 class EpochLifecycle:
     """One pass over a rank's batches, whatever makes them (images, token rows): where it starts
@@ -73,13 +79,13 @@ class EpochLifecycle:
         self.loader_state = state
         self.start = state.begin()
         self.epoch = self.start.epoch
-        self._plan(self.start)
+        self._plan_epoch(self.start)
         self.started = True
         self.stats_token = self.stats.begin_epoch(self.epoch, self._stage_counters(), self.remote)
         if self.reports_to_accelerate:
             self.accelerate = AccelerateEpoch(self, self._remainder())
 
-    def _plan(self, start: Position) -> None:
+    def _plan_epoch(self, start: Position) -> None:
         """Plan this rank's batches from ``start``."""
         raise NotImplementedError
 
@@ -177,10 +183,12 @@ class Epoch(EpochLifecycle):
         self.inputs = inputs
         self.prefetcher: ShardPrefetcher | None = None
 
-    def _plan(self, start: Position) -> None:
+    def _plan_epoch(self, start: Position) -> None:
         orders = self.inputs.orders
         self.plan = orders.batches(start)
         self.order = orders.order(start)
+        world = self.plan.step // self.plan.batch_size
+        self.skip_budget = skip_allowance(self.inputs.options.max_skipped, -(-self.plan.order_length // world))  # of this rank's epoch
 
     def _has_batch(self, batch_no: int) -> bool:
         return batch_no < len(self.plan)
@@ -239,7 +247,10 @@ class Epoch(EpochLifecycle):
         shape the batch: ``(images, labels, ...)`` classically, else the ``fields=`` in their order."""
         inputs = self.inputs
         for where, reason in skipped:
-            inputs.stats.record_skip(where, reason)
+            if inputs.stats.record_skip(where, reason) > self.skip_budget:
+                self.close()
+                raise SampleError(where, f"{reason}; and on_error='skip' has skipped {self.skip_budget + 1} samples this epoch, "
+                                  f"more than max_skipped={inputs.options.max_skipped!r} allows ({self.skip_budget})")
         with inputs.stats.to_device():
             return shaped_batch(inputs.sample_spec, inputs.outputs, dict(columns), values, keys, self.valid(batch_no),
                                 inputs.device, inputs.batch_fn)

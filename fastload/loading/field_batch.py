@@ -47,7 +47,7 @@ def field_batch(
             value = columns[field.key]
             if device is not None and isinstance(value, torch.Tensor):
                 value = value.to(device, non_blocking=True)
-            if field.role == "image" and image_fn is not None and isinstance(value, torch.Tensor):
+            if field.role in ("image", "video") and image_fn is not None and isinstance(value, torch.Tensor):
                 value = image_fn(value)
             out.append(value)
         elif field.role in ("boxes", "array"):
@@ -73,5 +73,5 @@ def shaped_batch(
     parts = field_batch(spec, columns, values, device, image_fn)
     if spec.classic:
         images, labels = parts
-        return outputs.shape(images, labels, keys, valid)
+        return outputs.shape(images, labels, keys, valid, spec.fields[0].key)
     return outputs.shape_fields(parts, keys, valid)

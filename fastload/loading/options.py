@@ -13,10 +13,11 @@ import torch
 from torch.utils.data.distributed import DistributedSampler
 
 from fastload.dist import resolve_rank_world
-from fastload.errors import OnError, check_on_error
+from fastload.errors import DEFAULT_MAX_SKIPPED, OnError, check_max_skipped, check_on_error
 from fastload.loading.samplers import adopt_sampler
 from fastload.loading.torchvision_translation import TorchvisionSteps, is_torchvision_pipeline, translate
 from fastload.transforms import Transform, validate
+from fastload.video.clips import Clip
 
 Backend = Literal["auto", "cpu", "dali", "hybrid"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
@@ -54,6 +55,7 @@ class LoaderOptions:
     backend: Backend = fast_path_only("auto")
     device: torch.device | None = fast_path_only(None)  # a str is accepted too; stored as a torch.device
     on_error: OnError = fast_path_only("raise")
+    max_skipped: int | float | None = fast_path_only(DEFAULT_MAX_SKIPPED)  # on_error="skip"'s budget an epoch (fastload.errors.skip_allowance)
     return_keys: bool = fast_path_only(False)
     rank: int | None = fast_path_only(None)
     world_size: int | None = fast_path_only(None)
@@ -67,6 +69,7 @@ class LoaderOptions:
     exclude: tuple[int, ...] | None = fast_path_only(None)
     class_weights: Mapping[str | int, float] | None = fast_path_only(None)  # class name or label -> share (fastload.orders.balanced)
     balanced: bool = fast_path_only(False)  # every class an equal share of each epoch
+    clip: Clip | None = fast_path_only(None)  # which frames of each video (fastload.video.clips); stored with its sampling decided
     take: tuple[int, ...] | None = None  # the sample indices a Subset / SubsetRandomSampler selects
     drop_remainder: bool = False  # as DistributedSampler(drop_last=True)
     distributed: DistributedSampler | None = None  # a sampler= whose set_epoch the loader follows
@@ -92,6 +95,7 @@ class LoaderOptions:
         if not 0 <= self.hw_decoder_load <= 1:
             raise ValueError("hw_decoder_load is a share of images, between 0 and 1")
         check_on_error(self.on_error)
+        check_max_skipped(self.max_skipped)
         if is_torchvision_pipeline(self.transform):
             translation = translate(self.transform)  # logs the steps left to torchvision
             object.__setattr__(self, "transform", translation.specs)
@@ -105,6 +109,10 @@ class LoaderOptions:
             raise TypeError(f"map= must be a callable (sample: dict, rng: numpy.random.Generator) -> dict, got {self.map!r}")
         if self.rank is not None and self.world_size is not None:
             resolve_rank_world(self.rank, self.world_size)  # refuse an impossible pair now
+        if self.clip is not None:
+            if not isinstance(self.clip, Clip):
+                raise TypeError(f"clip= takes a fastload.Clip, got {type(self.clip).__name__}")
+            object.__setattr__(self, "clip", self.clip.resolved(self.shuffle and not self.evaluation))
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.backend == "hybrid" and self.num_workers == 0:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fastload.dist import resolve_rank_world
+from fastload.formats.key_list import parse_keys
 from fastload.loading.options import LoaderOptions
 from fastload.orders.balanced import ClassMembers, class_members, class_weight_vector
 from fastload.orders.epoch_order import EpochOrder
@@ -23,7 +24,7 @@ from fastload.storage.mixture import MixedDataset
 
 def read_exclude(exclude: Sequence[str] | str | os.PathLike[str]) -> list[str]:
     """The keys of ``exclude=``: a sequence of keys, or a path to a UTF-8 file of one key per line
-    (as ``fastload overlap --write-exclude`` writes; blank lines ignored)."""
+    (as ``fastload overlap --write-exclude`` writes: fastload.formats.key_list; blank lines ignored)."""
     if not isinstance(exclude, (str, os.PathLike)):
         return [str(key) for key in exclude]
     path = Path(exclude)
@@ -33,7 +34,7 @@ def read_exclude(exclude: Sequence[str] | str | os.PathLike[str]) -> list[str]:
         raise ValueError(f"exclude=: cannot read {path}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise ValueError(f"exclude=: {path} is not UTF-8 text (one key per line)") from None
-    return [line for line in text.splitlines() if line]
+    return parse_keys(text, f"exclude=: {path}")
 
 
 def excluded_indices(dataset: ShardedDataset, exclude: Sequence[str] | str | os.PathLike[str] | None) -> tuple[int, ...] | None:
@@ -63,9 +64,9 @@ class LoaderOrders:
         self.class_weights: tuple[float, ...] | None = None
         if options.balanced or options.class_weights is not None:
             labels = dataset.sample_labels()
-            count = len(dataset.classes) if dataset.classes is not None else int(labels.max(initial=-1)) + 1
+            count = len(dataset.classes) if dataset.classes is not None else None
             self.classes = class_members(labels, self._spec(0, 1, ()).selection(), count)
-            self.class_weights = class_weight_vector(options.class_weights, self.classes.counts, dataset.classes)
+            self.class_weights = class_weight_vector(options.class_weights, self.classes.counts, dataset.classes, self.classes.labels)
 
     def ranks(self) -> tuple[int, int]:
         """(rank, world size): rank=/world_size=, a DistributedSampler's, the process group's, the launcher's."""

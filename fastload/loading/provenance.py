@@ -22,6 +22,7 @@ from fastload.decode.header import image_size, jpeg_size, png_size, sniff_image_
 from fastload.errors import SampleError
 from fastload.fields import DECODED_FIELD, SampleSpec
 from fastload.formats.tar import TarShardReader
+from fastload.loading.clip_decode import plan_video
 from fastload.loading.rng import sample_rng
 from fastload.orders.balanced import ClassMembers
 from fastload.orders.mixture import MixtureOrder
@@ -48,6 +49,8 @@ class SampleDescription:
     dct_scale: str | None = None  # libjpeg-turbo's decode scale ("1/8" .. "1"); None: not a JPEG decoded by it
     bytes_read: int = 0  # what describing it read from the shard
     problem: str | None = None  # why it could not be planned (the workers would raise, or skip it)
+    video: str | None = None  # the video field its clips come from
+    clips: tuple[tuple[int, int, float, float], ...] = ()  # each clip's first and last frame, and their times in seconds
 
 
 @dataclass(frozen=True)
@@ -157,7 +160,7 @@ def describe_sample(ds: ShardedDataset, index: int, valid: bool, spec: SampleSpe
     shard, _ = ds.locate(index)
     base = SampleDescription(index, ds.key_of(index), ds.shard_name(shard), valid)
     if spec.primary is None:
-        return base
+        return describe_video(ds, index, spec, transforms, seed, epoch, base)
     read = 0
     try:
         if ds.decoded and DECODED_FIELD in spec.primary.alternatives:
@@ -174,6 +177,25 @@ def describe_sample(ds: ShardedDataset, index: int, valid: bool, spec: SampleSpe
     scale = turbo_scale(planned) if jpeg and cpu_decode and turbo is not None else None
     return replace(base, source_size=(height, width), box=planned.box, size=planned.size, flip=planned.flip,
                    dct_scale=scale, bytes_read=read)
+
+
+def describe_video(ds: ShardedDataset, index: int, spec: SampleSpec, transforms: Sequence[Transform], seed: int, epoch: int,
+                   base: SampleDescription) -> SampleDescription:
+    """``base`` with the clips and geometry of the sample's (first requested) video, planned from
+    its stream facts in the sample table as a worker plans them (nothing of the video is read)."""
+    field = next((f for f in spec.fields if f.role == "video"), None)
+    if field is None or spec.clip is None:
+        return base
+    facts = ds.stream_facts(index)
+    name = field.find(facts)
+    if name is None:
+        return replace(base, problem=f"no stream facts for {field.name} in its shard's sample table")
+    try:
+        planned = plan_video(facts[name], spec.clip, transforms, seed, epoch, index)
+    except ValueError as exc:
+        return replace(base, video=name, problem=str(exc))
+    return replace(base, video=name, source_size=(planned.facts.height, planned.facts.width), box=planned.plan.box,
+                   size=planned.plan.size, flip=planned.plan.flip, clips=planned.spans())
 
 
 def describe_step(ds: ShardedDataset, order_spec: OrderSpec | MixtureOrder, resumed_from: Sequence[ResumedFrom], epoch: int, step: int,

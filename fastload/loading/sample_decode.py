@@ -28,6 +28,7 @@ from fastload.fields import (
     decode_field,
     requested_spec,
 )
+from fastload.loading.clip_decode import fill_video, plan_video
 from fastload.loading.rng import sample_generator, sample_rng
 from fastload.loading.stats import DECODE, MAP, READ, READ_BYTES, SAMPLES, TRANSFORM, StageClock, untimed
 from fastload.storage.dataset import ShardedDataset
@@ -36,13 +37,13 @@ from fastload.transforms import (
     Plan,
     RandomHorizontalFlip,
     Transform,
-    apply_plan,
     dct_min_size,
     map_boxes,
     nearest_into,
     plan,
-    scaled_box,
+    resample_into,
 )
+from fastload.video.clips import Clip
 
 
 @dataclass
@@ -94,16 +95,10 @@ def decode_planned(sample: PlannedSample, out: np.ndarray) -> None:
                 raise SampleError(sample.where, str(exc)) from None
         min_h, min_w = dct_min_size(sample.plan, sample.height, sample.width)
         pixels = decode_image(data, sample.where, min_h, min_w)
-    if turbo is not None and pixels.shape[2] == 3 == out.shape[0]:
-        height, width = pixels.shape[:2]
-        box = scaled_box(sample.plan, pixels, sample.height, sample.width)
-        pixels = np.ascontiguousarray(pixels)
-        turbo.resample_into(pixels, height, width, box, out, out.shape[1], out.shape[2], sample.plan.flip)
-        return
-    result = apply_plan(pixels, sample.plan, sample.height, sample.width)
-    if result.shape[2] != out.shape[0]:
-        raise SampleError(sample.where, f"has {result.shape[2]} channels, the batch holds {out.shape[0]}")
-    np.copyto(out, result.transpose(2, 0, 1))
+    try:
+        resample_into(pixels, sample.plan, sample.height, sample.width, out)
+    except ValueError as exc:  # another number of channels than the batch holds
+        raise SampleError(sample.where, f"has {exc}") from None
 
 
 def _geometry(planned: PlannedSample | None, where: str, name: str) -> PlannedSample:
@@ -152,7 +147,7 @@ def fill_beside_primary(
     plan or None, the other fields' values by field key). No ``map``: it sees the decoded image.
     ``clock`` (from its last mark) gets the read, then the rest as transform."""
     clock = clock or untimed()
-    key, stored, pixels = ds.raw(index)
+    key, stored, pixels = ds.raw(index, sample_spec.stored_names)  # an unrequested field is never read
     clock.lap(READ)
     clock.count(READ_BYTES, sum(map(len, stored.values())) + (pixels.nbytes if pixels is not None else 0))
     where = _where(ds, index, key)
@@ -184,10 +179,25 @@ def fill_beside_primary(
             _copy_array(decode_field("array", data, where, name), rows[field.key], where, name)
         elif field.role == "label":
             rows[field.key][...] = decode_field("label", data, where, name)
+        elif field.role == "video":
+            _fill_video(ds, index, sample_spec, transforms, seed, epoch, data, where, name, rows[field.key], clock)
         else:
             values[field.key] = decode_field(field.role, data, where, name)
     clock.lap(TRANSFORM)
     return key, planned, values
+
+
+def _fill_video(
+    ds: ShardedDataset, index: int, sample_spec: SampleSpec, transforms: Sequence[Transform], seed: int, epoch: int, data: bytes,
+    where: str, name: str, row: np.ndarray, clock: StageClock,
+) -> None:
+    """Video field ``name``'s clips, planned from its stream facts, decoded into its batch row."""
+    clip = cast(Clip, sample_spec.clip)  # a spec with a video field has one (SampleSpec checks)
+    facts = ds.stream_facts(index).get(name)
+    if facts is None:
+        raise SampleError(where, f"field {name}: no stream facts in its shard's sample table (convert the dataset with fastload convert to record them)")
+    planned = plan_video(facts, clip, transforms, seed, epoch, index)
+    fill_video(data, where, planned, row, clip.timeout_s, clock)
 
 
 def _fill_mask(data: bytes, geometry: PlannedSample, row: np.ndarray, where: str, name: str) -> None:
@@ -282,7 +292,7 @@ def probe_array_shapes(ds: ShardedDataset, sample_spec: SampleSpec) -> SampleSpe
     seen: dict[str, set[tuple[tuple[int, ...], str]]] = {f.name: set() for f in arrays}
     wide: set[str] = set()
     for position in positions:
-        _, stored, _ = ds.raw(position)
+        _, stored, _ = ds.raw(position, frozenset(name for f in (*arrays, *masks) for name in f.alternatives))
         for f in arrays:
             name = f.find(stored)
             try:
@@ -300,13 +310,15 @@ def probe_array_shapes(ds: ShardedDataset, sample_spec: SampleSpec) -> SampleSpe
 
 
 def resolve_spec(
-    ds: ShardedDataset, fields: Sequence[str] | Mapping[str, str] | None, map: SampleMap | None, transform: Sequence[Transform]
+    ds: ShardedDataset, fields: Sequence[str] | Mapping[str, str] | None, map: SampleMap | None, transform: Sequence[Transform],
+    clip: Clip | None = None,
 ) -> SampleSpec:
-    """What a loader's workers make of each sample of ``ds``, from its ``fields=`` and ``map=``:
-    :func:`fastload.fields.requested_spec`, with stacked arrays' shapes probed."""
+    """What a loader's workers make of each sample of ``ds``, from its ``fields=``, ``map=`` and
+    ``clip=`` (its sampling decided): :func:`fastload.fields.requested_spec`, with stacked
+    arrays' shapes probed."""
     geometric = any(isinstance(t, (*GEOMETRIC, RandomHorizontalFlip)) for t in transform)
     images = bool(ds.index.image_fields) or geometric  # a transform: images are expected, whatever the index lists
-    sample_spec = probe_array_shapes(ds, requested_spec(fields, ds.index.fields, ds.decoded, map, images))
-    if sample_spec.primary is None and geometric:
+    sample_spec = probe_array_shapes(ds, requested_spec(fields, ds.index.fields, ds.decoded, map, images, clip))
+    if sample_spec.primary is None and geometric and sample_spec.clip is None:
         raise ValueError(f"transform= crops and flips images; the fields asked for ({', '.join(f.name for f in sample_spec.fields)}) hold none")
     return sample_spec

@@ -39,6 +39,10 @@ def spec_columns(spec: SampleSpec, image_shape: tuple[int, int, int] | None) -> 
                 columns.append(Column(f.key, image_shape, "uint8"))
             else:
                 columns.append(Column(f.key, image_shape[1:], "uint16" if f.name in spec.wide_masks else "uint8"))
+        elif f.role == "video":
+            if image_shape is None or spec.clip is None:
+                raise ValueError(f"field {f.name}: a video needs clip= and a transform with a fixed output size")
+            columns.append(Column(f.key, (*spec.clip.shape(), *image_shape), "uint8"))
         elif f.role == "label":
             columns.append(Column(f.key, (), "int64"))
         else:

@@ -117,6 +117,9 @@ def read_state_dict(state: dict[str, Any], seed: int, identity: str, topology: t
                          "epoch over (load nothing, set_epoch(epoch))")
     if state.get("version") != STATE_VERSION:
         raise ValueError(f"loader state version {state.get('version')} is not {STATE_VERSION}")
+    missing = [name for name in STATE_REQUIRED if name not in state]
+    if missing:
+        raise ValueError(f"loader state lacks {', '.join(missing)}: not a whole loader.state_dict()")
     if state["seed"] != seed:
         raise ValueError(f"state was saved with seed={state['seed']}, this loader has seed={seed}")
     if state.get("dataset", identity) != identity:
@@ -125,11 +128,18 @@ def read_state_dict(state: dict[str, Any], seed: int, identity: str, topology: t
         if state.get(name) != value:
             raise ValueError(f"state was saved with {name}={state.get(name)!r}, this loader has {name}={value!r}: "
                              "the same position would name other samples")
-    consumed = int(state["samples_consumed"])
-    resumed_from = [(int(g[0]), int(g[1]), int(g[2])) for g in state.get("resumed_from", [])]
-    saved = (int(state.get("world_size", topology[0])), int(state.get("batch_size", topology[1])))
+    try:
+        epoch, consumed = int(state["epoch"]), int(state["samples_consumed"])
+        resumed_from = [(int(g[0]), int(g[1]), int(g[2])) for g in state.get("resumed_from", [])]
+        saved = (int(state.get("world_size", topology[0])), int(state.get("batch_size", topology[1])))
+    except (TypeError, ValueError, IndexError):
+        raise ValueError("loader state: its epoch, samples_consumed, world_size, batch_size and resumed_from "
+                         "must be whole numbers (resumed_from: triples of them)") from None
     if consumed and saved != topology:
         resumed_from.append((*saved, consumed))
         if order.streaming:
             consumed = 0
-    return Position(int(state["epoch"]), consumed, tuple(resumed_from))
+    return Position(epoch, consumed, tuple(resumed_from))
+
+
+STATE_REQUIRED = ("seed", "epoch", "samples_consumed")  # what a state_dict() always holds

@@ -178,6 +178,7 @@ class LoaderStats:
     started: float = field(default_factory=time.perf_counter)
     epochs: list[EpochStats] = field(default_factory=list)
     _running: _RunningEpoch | None = None
+    _epoch_skips: set[str] = field(default_factory=set)  # the samples skipped in the running epoch
 
     @contextmanager
     def _adding_time(self, counter: str) -> Iterator[None]:
@@ -212,9 +213,12 @@ class LoaderStats:
         """Count one batch DALI could not decode, redone on the CPU path."""
         self.redone_on_cpu += 1
 
-    def record_skip(self, where: str, reason: str) -> None:
-        """Count one sample replaced under on_error='skip'."""
+    def record_skip(self, where: str, reason: str) -> int:
+        """Count the sample ``where`` replaced under on_error='skip' (each sample once); returns how
+        many samples the running epoch has skipped."""
         self.skipped.add(key=where.rsplit(":", 1)[-1], where=where, reason=reason)
+        self._epoch_skips.add(where)
+        return len(self._epoch_skips)
 
     def _totals(self) -> tuple[float, ...]:
         return self.batches, self.samples, self.wait_s, self.inside_s, self.device_s
@@ -225,6 +229,7 @@ class LoaderStats:
         if self._running is not None:
             self.end_epoch(self._running, complete=False)
         snapshot = counters.snapshot() if counters is not None else None
+        self._epoch_skips = set()
         self._running = _RunningEpoch(epoch, time.perf_counter(), self._totals(), counters, snapshot, remote)
         return self._running
 

@@ -18,9 +18,11 @@ from typing import TYPE_CHECKING, cast
 from fastload.errors import FastloadError, SampleError
 from fastload.fields import image_field
 from fastload.formats import PixelReader, ShardReader
+from fastload.formats.key_list import format_keys
 from fastload.near.search import MultiIndex
 from fastload.processes import forked_pool
 from fastload.storage.dataset import ShardedDataset
+from fastload.storage.remote import redact
 
 if TYPE_CHECKING:
     import numpy as np
@@ -64,7 +66,7 @@ class Overlap:
     def as_json(self) -> dict:
         """A JSON-ready form (``--json``)."""
         return {
-            "a": self.a, "b": self.b, "threshold": self.threshold, "a_samples": self.a_samples, "b_samples": self.b_samples,
+            "a": redact(self.a), "b": redact(self.b), "threshold": self.threshold, "a_samples": self.a_samples, "b_samples": self.b_samples,
             "overlapping": len(self.matches),
             "matches": [{"b_key": m.b_key, "a_key": m.a_key, "distance": m.distance} for m in self.matches],
             "unreadable": {name: [{"where": w, "reason": r} for w, r in failed] for name, failed in self.unreadable.items()},
@@ -168,9 +170,10 @@ def find_overlap(a: str | Path, b: str | Path, threshold: int, workers: int = os
 
 
 def write_exclude(path: str | Path, overlap: Overlap) -> int:
-    """B's overlapping keys, one a line (UTF-8), each once, in B's order; returns how many."""
+    """B's overlapping keys, one a line (UTF-8; fastload.formats.key_list), each once, in B's
+    order; returns how many."""
     keys = list(dict.fromkeys(m.b_key for m in overlap.matches))
-    Path(path).write_text("".join(f"{key}\n" for key in keys), encoding="utf-8")
+    Path(path).write_text(format_keys(keys), encoding="utf-8")
     return len(keys)
 
 

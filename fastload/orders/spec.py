@@ -34,7 +34,7 @@ class OrderSpec:
     take: tuple[int, ...] | None = None  # the sample indices of a Subset, in its order; None: every sample
     drop_remainder: bool = False  # as DistributedSampler(drop_last=True): no padding to a multiple of the world size
     excluded: tuple[int, ...] = ()  # sample indices left out of every epoch (exclude=), sorted
-    class_weights: tuple[float, ...] | None = None  # each label's share of an epoch (the class-balanced order)
+    class_weights: tuple[float, ...] | None = None  # each present class's share of an epoch (the class-balanced order's ClassMembers.labels)
 
     def selection(self) -> Selection:
         """The samples the orders draw from."""

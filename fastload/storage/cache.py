@@ -23,7 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastload.errors import DatasetIndexError
-from fastload.files import check_relative_path, file_sha256, is_sha256
+from fastload.files import (
+    TEMPORARY_MARK,
+    atomic_write_bytes,
+    check_relative_path,
+    create_new,
+    file_sha256,
+    is_sha256,
+    open_lock_file,
+)
 from fastload.storage import remote
 
 DEFAULT_CACHE_BYTES = 50 * 10**9
@@ -50,12 +58,14 @@ def default_cache_bytes() -> int:
 @dataclass(frozen=True)
 class RemoteFile:
     """One file of a remote dataset: where it is and what the index says it holds. ``name`` and
-    ``sha256`` name its cache entry, so they are checked here too (as the index checks them)."""
+    ``sha256`` name its cache entry, so they are checked here too (as the index checks them).
+    Its download is cut off past ``bytes``, or past ``max_bytes`` where the index gives no size."""
 
     url: str
     name: str  # the path relative to the dataset root, for the cache entry's name
     sha256: str | None
     bytes: int | None
+    max_bytes: int = remote.MAX_UNSIZED_BYTES
 
     def __post_init__(self) -> None:
         check_relative_path(self.name, f"{remote.redact(self.url)}: name")
@@ -101,10 +111,14 @@ class ShardCache:
         reservation = path.with_name(f".{path.name}{_RESERVED}")
         with self._locked(self.root / "cache"):
             self._make_room(file.bytes or 0, keep=path)
-            with open(reservation, "wb") as f:
-                f.truncate(file.bytes or 0)  # sparse: it only counts, it takes no disk
+            reservation.unlink(missing_ok=True)  # a killed download's: this entry's lock is ours
+            fd = create_new(reservation)
+            try:
+                os.ftruncate(fd, file.bytes or 0)  # sparse: it only counts, it takes no disk
+            finally:
+                os.close(fd)
         try:
-            remote.download(file.url, path, file.sha256, file.bytes, self.storage_options)
+            remote.download(file.url, path, file.sha256, file.bytes, self.storage_options, file.max_bytes)
             with contextlib.suppress(FileNotFoundError):  # evicted at once by another process: path() fetches it again
                 self._stamp(path)
         finally:
@@ -116,7 +130,7 @@ class ShardCache:
 
     @contextmanager
     def _locked(self, path: Path) -> Iterator[None]:
-        fd = os.open(path.with_name(path.name + _LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_lock_file(path.with_name(path.name + _LOCK))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -143,7 +157,7 @@ class ShardCache:
         return True
 
     def _stamp(self, path: Path) -> None:
-        path.with_name(path.name + _STAMP).write_text(_stamp_text(path.stat()))
+        atomic_write_bytes(path.with_name(path.name + _STAMP), _stamp_text(path.stat()).encode(), durable=False)
 
     def _entries(self) -> list[tuple[Path, int, float]]:
         """(path, size, last use) of every complete entry."""
@@ -167,7 +181,7 @@ class ShardCache:
         for path in self.root.glob(f".*{_RESERVED}"):
             entry = self.root / path.name[1 : -len(_RESERVED)]
             if self._abandoned(entry):
-                for leftover in (path, *self.root.glob(f".{entry.name}.part-*")):
+                for leftover in (path, *self.root.glob(f".{entry.name}{TEMPORARY_MARK}*")):
                     leftover.unlink(missing_ok=True)
                 continue
             try:
@@ -180,7 +194,7 @@ class ShardCache:
         """Whether no process holds ``entry``'s lock (every download holds it throughout; flock
         locks go with their process, however it ends)."""
         try:
-            fd = os.open(entry.with_name(entry.name + _LOCK), os.O_RDWR)
+            fd = os.open(entry.with_name(entry.name + _LOCK), os.O_RDWR | os.O_NOFOLLOW)
         except FileNotFoundError:
             return True
         try:

@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from fastload.errors import ShardError
-from fastload.fields import LABEL_FIELD, decode_field, image_field
+from fastload.fields import DECODED_FIELD, LABEL_FIELD, decode_field, image_field
 from fastload.files import reserve_descriptors
 from fastload.formats import PixelReader, ShardReader, offsets_name, open_shard, open_shard_files, table_name, this_process
-from fastload.formats.index import INDEX_FILE, DatasetIndex, read_index
+from fastload.formats.index import INDEX_FILE, DatasetIndex, ShardInfo, read_index
 from fastload.formats.shard_formats import ShardFormat, shard_format
-from fastload.formats.table import SampleTable
+from fastload.formats.table import Facts, SampleTable
 from fastload.storage.remote import is_url
 from fastload.storage.sample_tables import (
     DatasetKeys,
@@ -29,7 +29,7 @@ from fastload.storage.sample_tables import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator, Sequence
+    from collections.abc import Collection, Iterable, Iterator, Sequence
 
     import numpy as np
 
@@ -227,7 +227,7 @@ class ShardedDataset:
         offsets = None
         if self.layout.offsets_beside:
             name = offsets_name(info)
-            offsets = self.cache.path(RemoteFile(join(self.url, name), name, info.offsets_sha256, None))
+            offsets = self.cache.path(RemoteFile(join(self.url, name), name, info.offsets_sha256, None, side_file_bytes(info)))
         data = self.cache.path(RemoteFile(join(self.url, info.path), info.path, info.sha256, info.bytes))
         table = self.fetch_table(shard)
         return data, table if self.layout.holds_tokens else offsets
@@ -241,7 +241,7 @@ class ShardedDataset:
         info = self.index.shards[shard]
         if self.cache is None or self.url is None or info.table is None:
             return None
-        return self.cache.path(RemoteFile(join(self.url, info.table), info.table, info.table_sha256, None))
+        return self.cache.path(RemoteFile(join(self.url, info.table), info.table, info.table_sha256, None, side_file_bytes(info)))
 
     def substitute(self, i: int, offset: int) -> int:
         """The sample ``offset`` places after ``i`` in dataset order (wrapping): what stands in for an
@@ -257,12 +257,20 @@ class ShardedDataset:
         shard, row = self.locate(i)
         return f"{self.index.shards[shard].path}:{self.reader(shard).key(row)}"
 
-    def raw(self, i: int) -> tuple[str, dict[str, bytes], np.ndarray | None]:
-        """(key, encoded fields, decoded pixels or None) of sample ``i``, without decoding."""
+    def raw(self, i: int, fields: Collection[str] | None = None) -> tuple[str, dict[str, bytes], np.ndarray | None]:
+        """(key, encoded fields, decoded pixels or None) of sample ``i``, without decoding; only the
+        fields named in ``fields`` when given (decoded pixels: ``pixels``), the others not read."""
         shard, row = self.locate(i)
         reader = self.reader(shard)
-        pixels = cast(PixelReader, reader).pixels(row) if self.decoded else None  # only HDF5 shards hold decoded pixels
-        return reader.key(row), reader.read(row), pixels
+        wants_pixels = self.decoded and (fields is None or DECODED_FIELD in fields)
+        pixels = cast(PixelReader, reader).pixels(row) if wants_pixels else None  # only HDF5 shards hold decoded pixels
+        return reader.key(row), reader.read(row, fields), pixels
+
+    def stream_facts(self, i: int) -> Facts:
+        """The stream facts of sample ``i``'s videos by field (its shard's sample table; nothing
+        of the video is read)."""
+        shard, row = self.locate(i)
+        return self.reader(shard).stream_facts(row)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         key, fields, pixels = self.raw(i)
@@ -344,6 +352,15 @@ class ShardedDataset:
 
 
 MAX_OPEN_REMOTE_SHARDS = 16
+
+
+def side_file_bytes(shard: ShardInfo) -> int:
+    """The most a shard's ``.idx`` or sample table may hold, which the index gives no size for: no
+    more than the shard itself (a line or a row per member, which the shard holds with its header
+    and data) or :data:`~fastload.storage.remote.MAX_UNSIZED_BYTES` for a small shard."""
+    from fastload.storage.remote import MAX_UNSIZED_BYTES
+
+    return max(MAX_UNSIZED_BYTES, shard.bytes)
 
 
 def default_max_open_shards() -> int:

@@ -14,7 +14,7 @@ import itertools
 import math
 import numbers
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -197,11 +197,12 @@ class MixedDataset(ShardedDataset):
         member, local = self.member_of(i)
         return f"{self.members[member].location}/{self.members[member].where(local)}"
 
-    def raw(self, i: int) -> tuple[str, dict[str, bytes], np.ndarray | None]:
-        """(key prefixed by the member's number, encoded fields, decoded pixels or None) of sample ``i``."""
+    def raw(self, i: int, fields: Collection[str] | None = None) -> tuple[str, dict[str, bytes], np.ndarray | None]:
+        """(key prefixed by the member's number, encoded fields, decoded pixels or None) of sample
+        ``i``; only the fields named in ``fields`` when given."""
         member, local = self.member_of(i)
-        key, fields, pixels = self.members[member].raw(local)
-        return f"{member}/{key}", fields, pixels
+        key, stored, pixels = self.members[member].raw(local, fields)
+        return f"{member}/{key}", stored, pixels
 
     def order(self, loader: OrderSpec) -> MixtureOrder:
         """The mixture's orders for a loader whose own orders would be ``loader``'s."""

@@ -1,5 +1,8 @@
 """Object storage through fsspec (s3://, gs://, http(s)://, any fsspec URL): whole-file download
 with checksum, upload, small reads and writes, each retried with backoff on transient failures.
+Every read is bounded: a file by the size the index declares, anything else (index.json, reports)
+by :data:`MAX_UNSIZED_BYTES`; a server sending more is cut off (an endless body once filled the
+cache's disk) with a RemoteError naming the URL.
 
 The only module importing fsspec. Credentials come only from each filesystem's own mechanisms
 (environment, config files) or ``storage_options``; they are never logged, and URLs in messages
@@ -12,16 +15,18 @@ import hashlib
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from fastload.errors import RemoteError
+from fastload.files import temporary_beside
 
 T = TypeVar("T")
 CHUNK = 4 << 20
+MAX_UNSIZED_BYTES = 64 << 20  # an object no index sizes (index.json, a report): ~200,000 shards' index entries
 # 4xx answers that may succeed when asked again: timeout, too many requests
 _RETRYABLE_STATUS = {408, 425, 429}
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ValueError, TypeError, NotImplementedError)
@@ -57,13 +62,12 @@ def is_url(path: object) -> bool:
 
 
 def redact(url: str) -> str:
-    """``url`` without a ``user:password@`` part, for messages."""
+    """``url`` without its credentials (``user:password@``, or a token alone: ``TOKEN@``), for
+    messages; the host is kept as written (an IPv6 address keeps its brackets)."""
     parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
+    if "@" not in parts.netloc:
         return url
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit(parts._replace(netloc=netloc))
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 def join(url: str, *names: str) -> str:
@@ -124,6 +128,8 @@ def retrying(what: str, url: str, fn: Callable[[], T], policy: RetryPolicy | Non
             return fn()
         except FileNotFoundError:
             raise RemoteError(f"{redact(url)}: not found (while trying to {what})") from None
+        except RemoteError:
+            raise  # already says what went wrong with which URL, and asking again would not change it
         except Exception as exc:  # classified below
             if not is_transient(exc) or attempt == policy.attempts:
                 tries = f" after {attempt} attempts" if attempt > 1 else ""
@@ -132,23 +138,46 @@ def retrying(what: str, url: str, fn: Callable[[], T], policy: RetryPolicy | Non
     raise AssertionError("unreachable")
 
 
-def read_bytes(url: str, storage_options: dict | None = None) -> bytes:
-    """The whole (small) object at ``url``."""
+def read_bytes(url: str, storage_options: dict | None = None, max_bytes: int = MAX_UNSIZED_BYTES) -> bytes:
+    """The whole (small) object at ``url``, at most ``max_bytes`` (a RemoteError past it)."""
     fs, path = filesystem(url, storage_options)
-    return retrying("read it", url, lambda: fs.cat_file(path))
+    return retrying("read it", url, lambda: _read_bounded(fs, path, url, max_bytes))
 
 
-def read_if_exists(url: str, storage_options: dict | None = None) -> bytes | None:
-    """The whole (small) object at ``url``, or None when there is none (one request either way)."""
+def read_if_exists(url: str, storage_options: dict | None = None, max_bytes: int = MAX_UNSIZED_BYTES) -> bytes | None:
+    """The whole (small) object at ``url``, at most ``max_bytes``, or None when there is none."""
     fs, path = filesystem(url, storage_options)
 
     def cat() -> bytes | None:
         try:
-            return fs.cat_file(path)
+            return _read_bounded(fs, path, url, max_bytes)
         except FileNotFoundError:
             return None
 
     return retrying("read it", url, cat)
+
+
+def _stream(fs: Any, path: str, url: str, size: int | None) -> Any:
+    """``path`` opened for one pass from its start: over HTTP(S) a plain streamed GET (``size``
+    known or not), elsewhere the filesystem's own file."""
+    kwargs: dict[str, Any] = {"block_size": 0, "size": size} if url.startswith(("http://", "https://")) else {}
+    return fs.open(path, "rb", **kwargs)
+
+
+def _blocks(src: Any, url: str, limit: int) -> Iterator[bytes]:
+    """The blocks read from ``src`` to its end; a RemoteError naming ``url`` once they pass ``limit``
+    bytes (read at most one byte past it)."""
+    got = 0
+    while block := src.read(min(CHUNK, limit + 1 - got)):
+        got += len(block)
+        if got > limit:
+            raise RemoteError(f"{redact(url)}: the server sent more than {limit} bytes, the most expected of it; download stopped")
+        yield block
+
+
+def _read_bounded(fs: Any, path: str, url: str, limit: int) -> bytes:
+    with _stream(fs, path, url, None) as src:
+        return b"".join(_blocks(src, url, limit))
 
 
 def size(url: str, storage_options: dict | None = None) -> int | None:
@@ -164,12 +193,18 @@ def size(url: str, storage_options: dict | None = None) -> int | None:
     return retrying("look it up", url, info)
 
 
-def list_names(url: str, suffix: str, storage_options: dict | None = None) -> list[str]:
-    """The sorted names of the objects directly under ``url`` (a folder or prefix) ending in ``suffix``."""
+def list_sizes(url: str, suffix: str, storage_options: dict | None = None) -> dict[str, int]:
+    """Size in bytes of each object directly under ``url`` (a folder or prefix) whose name ends in
+    ``suffix``, by name, sorted (a listing that gives no size: the object is looked up)."""
     fs, path = filesystem(url, storage_options)
 
-    def ls() -> list[str]:
-        return sorted(name for name in (str(p).rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)) if name.endswith(suffix))
+    def ls() -> dict[str, int]:
+        found = {}
+        for entry in fs.ls(path, detail=True):
+            name = str(entry["name"]).rstrip("/").rsplit("/", 1)[-1]
+            if name.endswith(suffix) and entry.get("type", "file") != "directory":
+                found[name] = entry.get("size")
+        return {name: int(size) if size is not None else int(fs.info(join(path, name))["size"]) for name, size in sorted(found.items())}
 
     return retrying("list it", url, ls)
 
@@ -194,24 +229,27 @@ def upload(local: str | os.PathLike[str], url: str, storage_options: dict | None
 
 
 def download(
-    url: str, dest: Path, sha256: str | None, expected_bytes: int | None, storage_options: dict | None = None
+    url: str, dest: Path, sha256: str | None, expected_bytes: int | None, storage_options: dict | None = None,
+    max_bytes: int = MAX_UNSIZED_BYTES,
 ) -> None:
-    """Stream ``url`` into ``dest`` (via a temporary name), checking size and sha256 when given.
+    """Stream ``url`` into ``dest`` (via a temporary name beside it), checking size and sha256 when
+    given; the file may hold ``expected_bytes``, else at most ``max_bytes``.
 
     A transfer cut short or a checksum mismatch is retried like any transient failure (a fresh
     download each time); one that still mismatches after the last attempt raises, naming the URL.
+    A server sending more than the bound is cut off at once, the partial file removed (not
+    retried: an endless body would only be fetched again).
     """
     fs, path = filesystem(url, storage_options)
-    tmp = dest.with_name(f".{dest.name}.part-{os.getpid()}")
-    streaming = url.startswith(("http://", "https://"))
+    limit = expected_bytes if expected_bytes is not None else max_bytes
 
     def fetch() -> None:
         digest = hashlib.sha256()
         got = 0
-        kwargs: dict[str, Any] = {"block_size": 0, "size": expected_bytes or None} if streaming else {}
+        fd, tmp = temporary_beside(dest)
         try:
-            with fs.open(path, "rb", **kwargs) as src, open(tmp, "wb") as out:
-                while block := src.read(CHUNK):
+            with os.fdopen(fd, "wb") as out, _stream(fs, path, url, expected_bytes or None) as src:
+                for block in _blocks(src, url, limit):
                     digest.update(block)
                     out.write(block)
                     got += len(block)

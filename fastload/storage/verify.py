@@ -9,13 +9,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fastload.errors import FastloadError
+from fastload.errors import FastloadError, SampleError
 from fastload.fields import decode_field, default_role, image_field
 from fastload.files import file_sha256, read_file
 from fastload.formats import ShardReader, dataset_file, offsets_name, open_shard, open_shard_files, table_name
 from fastload.formats.index import DatasetIndex, ShardInfo, read_index
 from fastload.formats.shard_formats import shard_format
+from fastload.formats.table import Facts, SampleTable
 from fastload.storage.remote import is_url
+from fastload.video.facts import StreamFacts
 
 
 @dataclass
@@ -73,17 +75,27 @@ def _check_contents(
         reader = open_reader()
         try:
             reader.check()
-            if table is not None and read_file(table) != reader.sample_table():
+            facts = recorded_facts(table, shard.samples) if table is not None else []
+            if table is not None and read_file(table) != reader.sample_table(facts):
                 report.problems.append(f"{table.name}: disagrees with its shard (keys, labels or offsets)")
                 return
             if decode:
-                _decode_all(reader, shard, report, images)
+                _decode_all(reader, shard, report, images, facts)
         finally:
             reader.close()
     except (FastloadError, OSError) as exc:
         report.problems.append(f"{shard.path}: {exc}")
         return
     report.samples += shard.samples
+
+
+def recorded_facts(table: Path, samples: int) -> list[Facts]:
+    """Every sample's stream facts as the sample ``table`` records them (a ShardError when it is damaged)."""
+    parsed = SampleTable(table, samples)
+    try:
+        return [parsed.stream_facts(i) for i in range(samples)] if parsed.schema.videos else []
+    finally:
+        parsed.close()
 
 
 def _file_matches(path: Path, sha256: str) -> bool:
@@ -93,19 +105,42 @@ def _file_matches(path: Path, sha256: str) -> bool:
         return False
 
 
-def _decode_all(reader, shard: ShardInfo, report: VerifyReport, images: bool) -> None:
-    """Decode every field by its default role (images whole and strictly; labels, text, JSON and
-    .npy arrays parsed); decoded pixels need no decoding, the checksum covers them."""
+def _decode_all(reader, shard: ShardInfo, report: VerifyReport, images: bool, facts: list[Facts]) -> None:
+    """Read every sample and decode every field by its default role (images whole and strictly;
+    labels, text, JSON and .npy arrays parsed; decoded pixels read, within the pixel limit; videos
+    probed again, their stream facts compared with the table's ``facts``); a sample that cannot be
+    read or decoded is a problem naming it, and the next one is checked."""
+    decoded = getattr(reader, "decoded", False)
     for i in range(len(reader)):
-        fields = reader.read(i)
         where = f"{shard.path}:{reader.key(i)}"
-        if images and image_field(fields) is None and not getattr(reader, "decoded", False):
+        try:
+            fields = reader.read(i)
+            if decoded:
+                reader.pixels(i)
+        except SampleError as exc:
+            report.problems.append(f"{where}: {exc.reason}")
+            continue
+        if images and image_field(fields) is None and not decoded:
             report.problems.append(f"{where}: no image field among {sorted(fields)}")
         for name, data in fields.items():
             try:
-                decode_field(default_role(name), data, where, name)
+                if default_role(name) == "video":
+                    _check_video(data, where, name, facts[i].get(name) if facts else None)
+                else:
+                    decode_field(default_role(name), data, where, name)
             except FastloadError as exc:
                 report.problems.append(str(exc))
+
+
+def _check_video(data: bytes, where: str, name: str, recorded: StreamFacts | None) -> None:
+    """A SampleError unless the video probes to the stream facts its sample table ``recorded``."""
+    from fastload.video.pyav import probe
+
+    found = probe(data, where)
+    if recorded is None:
+        raise SampleError(where, f"field {name}: a video without stream facts in its sample table (convert it with fastload convert)")
+    if found != recorded:
+        raise SampleError(where, f"field {name}: its stream facts in the sample table disagree with the video (tampered table?)")
 
 
 def verify_dataset(root: str | Path, decode: bool = False) -> VerifyReport:

@@ -18,7 +18,7 @@ import fastload
 from fastload import transforms as T
 from fastload.errors import SampleError
 from tests.conftest import jpeg_bytes, run_cli, small_photo
-from tests.test_fields import QUADRANT_COLOURS, away_from_boundaries, npy, quadrant_sample, write_tars
+from tests.test_fields import QUADRANT_COLOURS, away_from_boundaries, nested, npy, quadrant_sample, write_tars
 
 pytest.importorskip("nvidia.dali")
 
@@ -145,6 +145,25 @@ def test_dali_field_errors_name_the_key_and_field_or_are_skipped(tmp_path: Path)
         assert len(loader.stats.skipped) == 1
     assert [k for k, _ in got] == [f"s{i:03d}" for i in (0, 1, 2, 3, 5, 5, 6, 7, 8)]  # replaced by the next readable one
     assert all(meta == {"i": int(key[1:])} for key, meta in got)
+
+
+def test_dali_json_nested_too_deep_is_named_or_skipped_never_a_hang(tmp_path: Path) -> None:
+    """The feed parses fields in DALI's worker processes and hands them back as bytes: a JSON field
+    too deep to travel is a SampleError there too (with two feed workers and inline)."""
+    samples = [{"__key__": f"s{i:03d}", "jpg": jpeg_bytes(small_photo(i, size=(32, 40))), "json": json.dumps({"i": i}).encode()}
+               for i in range(6)]
+    samples[3]["json"] = nested(700)
+    root = write_tars(tmp_path / "deep", samples, per_tar=6)
+    run_cli("index", str(root))
+    for workers in (0, 2):
+        kwargs = dict(batch_size=3, backend="dali", transform=T.val(24), fields=["jpg", "json"], num_workers=workers, timeout=60)
+        with fastload.DataLoader(root, **kwargs) as loader, pytest.raises(SampleError) as caught:
+            list(loader)
+        assert caught.value.where.endswith(":s003") and "nested deeper than" in caught.value.reason
+        with fastload.DataLoader(root, on_error="skip", return_keys=True, **kwargs) as loader:
+            keys = [key for _, _, keys in loader for key in keys]
+            assert [entry["key"] for entry in loader.stats.skipped.entries] == ["s003"]
+        assert keys == ["s000", "s001", "s002", "s004", "s004", "s005"]
 
 
 def test_dali_refuses_map_and_imageless_fields(rich_tars: Path) -> None:

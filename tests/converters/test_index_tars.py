@@ -6,8 +6,14 @@ else its damage breaks."""
 from __future__ import annotations
 
 import io
+import re
+import resource
 import shutil
+import signal
+import subprocess
+import sys
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,7 +21,9 @@ import pytest
 import fastload
 from fastload.converters import ConvertOptions, convert
 from fastload.converters.index_tars import index_tars
-from tests.conftest import jpeg_bytes, run_cli, small_photo, tree_bytes
+from tests.conftest import cli_env, jpeg_bytes, run_cli, small_photo, tree_bytes
+
+EXE = str(Path(sys.executable).with_name("fastload"))
 
 TARS = 7
 
@@ -149,3 +157,54 @@ def test_a_hard_linked_member_reads_as_the_file_it_links_to(tmp_path: Path) -> N
         ds = fastload.open(folder)
         assert [(ds.raw(i)[0], ds.raw(i)[1]) for i in range(len(ds))] == expected
         assert run_cli("verify", str(folder)).returncode == 0
+
+
+def full_disk(limit: int) -> Callable[[], None]:
+    """A preexec_fn: files may grow to ``limit`` bytes; past it a write fails with EFBIG (SIGXFSZ
+    ignored), as a full disk's writes fail with ENOSPC."""
+
+    def apply() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+# fastload index in a process that SIGKILLs itself when it is about to rename shard-003's table
+# into place: its temporary written, its lock held, nothing cleaned up.
+KILLED_MID_WRITE = """
+import os, signal, sys
+rename = os.replace
+def rename_or_die(source, target, *args, **kwargs):
+    if str(target).endswith("shard-003.table"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return rename(source, target, *args, **kwargs)
+os.replace = rename_or_die
+from fastload.converters.index_tars import index_tars
+index_tars(sys.argv[1], workers=1)
+"""
+
+
+def leftovers(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if p.name.startswith("."))
+
+
+@pytest.mark.parametrize(("how", "workers"), [("disk full", "1"), ("disk full", "2"), ("killed", "1")])
+def test_a_failed_or_killed_index_leaves_nothing_after_a_rerun(tars: Path, tmp_path: Path, how: str, workers: str) -> None:
+    root = copy_of(tars, tmp_path / "tars")
+    if how == "killed":
+        first = subprocess.run([sys.executable, "-c", KILLED_MID_WRITE, str(root)], capture_output=True, text=True, env=cli_env(), timeout=120)
+        assert first.returncode == -signal.SIGKILL, first.stderr
+        assert [name for name in leftovers(root) if ".tmp-" in name], leftovers(root)  # what a killed run leaves
+    else:
+        first = subprocess.run([EXE, "index", str(root), "--workers", workers], capture_output=True, text=True, env=cli_env(),
+                               preexec_fn=full_disk(400), timeout=120)
+        lines = first.stderr.strip().splitlines()
+        assert first.returncode == 2 and len(lines) == 1 and "File too large" in lines[0], first.stderr
+        assert re.search(rf"'{re.escape(str(root))}/shard-00\d\.(idx|table)'", lines[0]), lines[0]  # the file it could not write
+        assert not [name for name in leftovers(root) if ".tmp-" in name]  # the failed write's temporary is gone
+    run_cli("index", str(root), "--workers", workers, "--force")
+    assert leftovers(root) == []  # no temporary and no lock survives the successful rerun
+    clean = copy_of(tars, tmp_path / "clean")
+    index_tars(clean, workers=1)
+    assert tree_bytes(root) == tree_bytes(clean)

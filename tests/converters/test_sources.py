@@ -120,7 +120,7 @@ def test_cifar_refuses_code_in_pickles(tmp_path: Path) -> None:
 
     bad = tmp_path / "data_batch_1"
     bad.write_bytes(pickle.dumps({b"data": Evil()}, protocol=2))
-    with pytest.raises(pickle.UnpicklingError, match="refusing to load"):
+    with pytest.raises(ValueError, match=r"data_batch_1: refusing to load io\.open from a CIFAR file$"):
         read_cifar_pickle(bad)
     assert not (tmp_path / "pwned").exists()
 
@@ -355,6 +355,31 @@ def test_dedupe_drops_exact_duplicates(image_folder: Path, tmp_path: Path) -> No
     assert [(r["key"], r["duplicate_of"]) for r in report] == [
         ("stripes/zz_copy_a", "circles/img_000"), ("waves/zz_copy_b", "squares/img_002")]
     assert report[0]["where"].endswith("stripes/zz_copy_a.jpg")
+
+
+@pytest.mark.parametrize(("dedupe", "workers"), [("exact", 1), ("exact", 2), ("near", 2)])
+def test_every_dropped_copy_names_the_kept_first_one(image_folder: Path, tmp_path: Path, dedupe: str, workers: int) -> None:
+    """Three and two further copies of two images, under other classes: each dropped copy's
+    report line names the first occurrence (never an earlier copy), and the report draws two groups."""
+    import shutil
+
+    from PIL import Image
+
+    from fastload.near.report import GROUPS_CHUNK
+
+    src = tmp_path / "src"
+    shutil.copytree(image_folder, src)
+    copies = {"stripes/zz_a1": "circles/img_000", "waves/zz_a2": "circles/img_000", "squares/zz_a3": "circles/img_000",
+              "stripes/zz_b1": "squares/img_002", "waves/zz_b2": "squares/img_002"}
+    for copy, original in copies.items():
+        (src / f"{copy}.jpg").write_bytes((src / f"{original}.jpg").read_bytes())
+    options = ConvertOptions(source="imagefolder", workers=workers, **({"dedupe": True} if dedupe == "exact" else {"near_threshold": 4}))
+    index = convert(str(src), str(tmp_path / "out"), options, report_png=str(tmp_path / "dups.png")).index
+    assert index.num_samples == 30 and index.duplicates == len(copies)
+    report = [json.loads(line) for line in (tmp_path / "out" / "duplicates.jsonl").read_text().splitlines()]
+    assert {r["key"]: r["duplicate_of"] for r in report} == copies
+    with Image.open(tmp_path / "dups.png") as drawn:
+        assert int(drawn.text[GROUPS_CHUNK]) == 2
 
 
 def test_reencode_and_max_size(image_folder: Path, tmp_path: Path) -> None:

@@ -65,18 +65,18 @@ ds = fastload.open(root)
 out["getitem"] = {{ds.raw(i)[0]: failure(lambda: ds[i]) for i in range(len(ds))}}
 for workers in (0, 1):
     def run(on_error):
-        with fastload.DataLoader(root, batch_size=4, num_workers=workers, transform=T.train(32), on_error=on_error) as loader:
+        with fastload.DataLoader(root, batch_size=4, num_workers=workers, transform=T.train(32), on_error=on_error, max_skipped=None) as loader:
             batches = list(loader)
             return [len(b[0]) for b in batches], [[e["where"], e["reason"]] for e in loader.stats.skipped.entries]
     out[f"raise{{workers}}"] = failure(lambda: run("raise"))
     out[f"skip{{workers}}"] = run("skip")
 out["verify"] = verify_dataset(root, decode=True).problems
 loader = fastload.DataLoader(root, batch_size=16, num_workers=0, transform=T.val(32))
-feed = DaliFeed(loader.dataset, loader.sample_spec, carried_stacked(loader.sample_spec, loader.image_shape), tuple(T.val(32)), 0, "raise", loader.orders.spec(), 0)
+feed = DaliFeed(loader.dataset, loader.sample_spec, carried_stacked(loader.sample_spec, loader.image_shape), tuple(T.val(32)), 0, "raise", len(loader.dataset), loader.orders.spec(), 0)
 notes = FeedColumns(*feed(SimpleNamespace(epoch_idx=0, iteration=0))[: len(FeedColumns._fields)]).notes
 skipped, error = read_notes([bytes(n) for n in notes])
 out["dali_plan"] = [error.where, error.reason] if error else None
-feed_skip = DaliFeed(loader.dataset, loader.sample_spec, carried_stacked(loader.sample_spec, loader.image_shape), tuple(T.val(32)), 0, "skip", loader.orders.spec(), 0)
+feed_skip = DaliFeed(loader.dataset, loader.sample_spec, carried_stacked(loader.sample_spec, loader.image_shape), tuple(T.val(32)), 0, "skip", len(loader.dataset), loader.orders.spec(), 0)
 out["dali_plan_skip"] = read_notes([bytes(n) for n in FeedColumns(*feed_skip(SimpleNamespace(epoch_idx=0, iteration=0))[: len(FeedColumns._fields)]).notes])[0]
 out["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps(out))

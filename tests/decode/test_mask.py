@@ -181,16 +181,17 @@ def test_bad_filter_and_short_image_data_are_sample_errors() -> None:
             mask_into(mask, (0.0, 0.0, 8.0, 8.0), False, np.empty((8, 8), np.uint8), "k", "m")
 
 
-def interlaced(values: np.ndarray) -> bytes:
-    """An 8-bit grey Adam7-interlaced PNG of ``values`` (filter 0): the kind only Pillow reads."""
+def interlaced(values: np.ndarray, depth: int = 8, colour: int = 0, palette: bytes = b"") -> bytes:
+    """An Adam7-interlaced PNG of ``values`` (8-bit grey unless told; filter 0): the kind only Pillow reads."""
     raw = bytearray()
     for y0, x0, dy, dx in ((0, 0, 8, 8), (0, 4, 8, 8), (4, 0, 8, 4), (0, 2, 4, 4), (2, 0, 4, 2), (0, 1, 2, 2), (1, 0, 2, 1)):
         sub = values[y0::dy, x0::dx]
         if sub.size:
-            for line in sub:
-                raw += b"\0" + line.astype(np.uint8).tobytes()
+            for line in packed(sub, depth):
+                raw += b"\0" + line
     height, width = values.shape
-    body = chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 1))
+    body = chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, depth, colour, 0, 0, 1))
+    body += chunk(b"PLTE", palette) if palette else b""
     return b"\x89PNG\r\n\x1a\n" + body + chunk(b"IDAT", zlib.compress(bytes(raw))) + chunk(b"IEND", b"")
 
 
@@ -211,6 +212,53 @@ def test_every_encoding_of_one_mask_gives_the_same_batch(tmp_path: Path) -> None
     assert set(np.unique(masks.numpy())) == {0, 3, 5, 9}
     for mask in masks.numpy()[:-1]:
         np.testing.assert_array_equal(mask, masks.numpy()[-1])
+
+
+# a palette whose colours' luminance is never their index (index 1 is red, 3 is blue, ...): a
+# decode that turned palette colours into grey values would give other ids
+COLOURFUL = bytes([255, 255, 255, 250, 10, 10, 10, 250, 10, 20, 20, 240] + [90, 160, 30] * 252)
+
+
+def encoded(image: Image.Image, format: str, **options: object) -> bytes:
+    out = io.BytesIO()
+    image.save(out, format=format, **options)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("kind", ["palette", "one-bit"])
+def test_palette_and_one_bit_masks_keep_their_class_ids_on_the_kernel_and_pillow_paths(tmp_path: Path, kind: str) -> None:
+    """Palette masks (colourful palette) and 1-bit masks, read by the C kernel (PNG of 1, 4, 8
+    bits) and by Pillow (interlaced PNG, GIF, BMP): every batch row holds the class ids the grey
+    encoding of the same mask holds (a palette index, not its colour's luminance; 1, not 255)."""
+    rng = np.random.default_rng(12)
+    classes = np.zeros((52, 70), np.uint8)
+    classes[10:40, 5:30], classes[20:, 45:] = 1, 3
+    classes[rng.random(classes.shape) < 0.05] = 2
+    if kind == "one-bit":
+        classes = (classes > 1).astype(np.uint8)
+    grey = png(classes, 8, 0, [0])
+    if kind == "palette":
+        indexed = Image.fromarray(classes, mode="P")
+        indexed.putpalette(COLOURFUL)
+        encodings = {"png 8-bit": encoded(indexed, "PNG"), "png 4-bit": encoded(indexed, "PNG", bits=4),
+                     "interlaced": interlaced(classes, 8, 3, COLOURFUL), "gif": encoded(indexed, "GIF")}
+    else:
+        bits = Image.fromarray(classes.astype(bool))
+        encodings = {"png 1-bit": encoded(bits, "PNG"), "interlaced": interlaced(classes, 1, 0), "bmp": encoded(bits, "BMP")}
+    assert read_png_mask(encodings["interlaced"], "k", "m") is None  # Pillow's, not the kernel's
+    image = jpeg_bytes(Image.fromarray(np.dstack([classes * 60] * 3)))
+    samples = [{"__key__": name.replace(" ", "-"), "jpg": image, "seg": data} for name, data in {"grey": grey, **encodings}.items()]
+    root = write_tars(tmp_path / "masks", samples, per_tar=3)
+    run_cli("index", str(root))
+    backends = ["cpu", "dali"] if importlib.util.find_spec("nvidia.dali") else ["cpu"]
+    for backend in backends:
+        dl = loader(root, batch_size=len(samples), shuffle=False, transform=T.val(32), backend=backend,
+                    fields={"jpg": "image", "seg": "mask"}, return_keys=True)
+        ((_, masks, keys),) = list(dl)
+        rows = dict(zip(keys, masks.numpy(), strict=True))
+        assert set(np.unique(rows["grey"])) == set(np.unique(classes)), backend
+        for name in encodings:
+            np.testing.assert_array_equal(rows[name.replace(" ", "-")], rows["grey"], err_msg=f"{name} on {backend}")
 
 
 def test_sixteen_bit_instance_masks_stack_as_uint16(tmp_path: Path) -> None:

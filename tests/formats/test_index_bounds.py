@@ -62,16 +62,16 @@ def test_samples_summing_past_int64_max_are_refused(ds_root: Path) -> None:
         read_index(ds_root)
 
 
-def test_versions_one_to_three_are_read_and_later_ones_refused(ds_root: Path) -> None:
-    for version in (1, 2, 3):
+def test_versions_one_to_four_are_read_and_later_ones_refused(ds_root: Path) -> None:
+    for version in (1, 2, 3, 4):
         rewrite_index(ds_root, version=version)
         assert read_index(ds_root).version == version
         assert len(fastload.open(ds_root)) == 30
-    rewrite_index(ds_root, version=4)  # the version of token datasets
-    with pytest.raises(DatasetIndexError, match=re.escape("version: a non-token dataset is of version 1 to 3")):
+    rewrite_index(ds_root, version=5)  # the version of token datasets
+    with pytest.raises(DatasetIndexError, match=re.escape("version: a non-token dataset is of version 1 to 4")):
         read_index(ds_root)
-    rewrite_index(ds_root, version=5)
-    with pytest.raises(DatasetIndexError, match=re.escape("index version 5 is not supported (this fastload reads (1, 2, 3, 4))")):
+    rewrite_index(ds_root, version=6)
+    with pytest.raises(DatasetIndexError, match=re.escape("index version 6 is not supported (this fastload reads (1, 2, 3, 4, 5))")):
         read_index(ds_root)
 
 

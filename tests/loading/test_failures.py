@@ -21,8 +21,11 @@ import pytest
 import fastload
 from fastload import transforms as T
 from fastload.backends.cpu.workers import WorkerError
+from fastload.converters import ConvertOptions, convert
 from fastload.errors import SampleError
-from tests.conftest import alive, cli_env, collection_page_faults
+from fastload.formats.idx import parse_dali_index
+from fastload.formats.index import read_index
+from tests.conftest import alive, cli_env, collection_page_faults, photo_folder
 
 
 def worker_pids(loader: fastload.DataLoader) -> list[int]:
@@ -49,6 +52,98 @@ def test_skip_keeps_batch_size_and_counts(corrupt: tuple[Path, set[str]], num_wo
         assert not bad & set(keys)
         assert len(loader.stats.skipped) == 2
         assert {e["where"].split(":", 1)[1] for e in loader.stats.skipped.entries} == bad
+
+
+@pytest.fixture(scope="module")
+def cut_shard(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    """Two shards of 100 small photos; the first cut to 30% of its bytes: ~70 bad samples in a
+    row (more than the 64 substitutes on_error='skip' used to try). Returns (path, bad count)."""
+    root = tmp_path_factory.mktemp("cut")
+    convert(str(photo_folder(root / "raw", 200, (24, 32))), str(root / "ds"), ConvertOptions(source="imagefolder", samples_per_shard=100))
+    shard = root / "ds" / read_index(root / "ds").shards[0].path
+    data = shard.read_bytes()
+    shard.write_bytes(data[: int(len(data) * 0.3)])
+    members = parse_dali_index((root / "ds" / read_index(root / "ds").shards[0].offsets).read_text(), "idx")
+    bad = sum(1 for row in range(100) if max(offset + size for offset, size in members.spans(row).values()) > len(data) * 0.3)
+    return root / "ds", bad
+
+
+@pytest.mark.parametrize(("backend", "num_workers"), [("cpu", 0), ("cpu", 2), ("dali", 2)])
+def test_skip_passes_a_long_run_of_bad_samples_and_counts_each_once(cut_shard: tuple[Path, int], backend: str, num_workers: int) -> None:
+    if backend == "dali":
+        pytest.importorskip("nvidia.dali")
+    path, bad = cut_shard
+    assert bad > 64
+    with fastload.DataLoader(path, batch_size=16, num_workers=num_workers, transform=T.val(16), on_error="skip",
+                             max_skipped=0.5, return_keys=True, backend=backend) as loader:
+        for _ in range(2):  # the second epoch meets the same bad samples
+            batches = list(loader)
+            assert [len(keys) for _, _, keys in batches] == [16] * 12 + [8]  # the epoch ends where it should, batches full
+            assert len({k for _, _, keys in batches for k in keys}) == 200 - bad  # every readable sample, stand-ins repeating some
+            assert len(loader.stats.skipped) == bad  # once each, whatever the epochs and the searches passing them
+            assert len({e["where"] for e in loader.stats.skipped.entries}) == bad
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_max_skipped_bounds_an_epoch_by_count_or_share(cut_shard: tuple[Path, int], corrupt: tuple[Path, set[str]], num_workers: int) -> None:
+    path, bad = cut_shard
+    kwargs = dict(batch_size=4, num_workers=num_workers, transform=T.val(16), on_error="skip")
+    with pytest.raises(SampleError, match=rf"{bad} unreadable samples in a row from here: more than max_skipped= lets "
+                                          rf"on_error='skip' pass over \({bad - 1}\)$"):
+        list(fastload.DataLoader(path, max_skipped=bad - 1, **kwargs))
+    assert len(list(fastload.DataLoader(path, max_skipped=bad, **kwargs))) == 50
+    corrupt_path, _ = corrupt  # two bad samples apart: the epoch's count, in the training process, bounds them
+    for max_skipped, allowed in ((1, False), (2, True), (0.05, True), (0.03, False)):  # of 30 samples: ceil(1.5) = 2, ceil(0.9) = 1
+        loader = fastload.DataLoader(corrupt_path, max_skipped=max_skipped, **kwargs)
+        if allowed:
+            assert sum(len(images) for images, _ in loader) == 30
+            continue
+        with pytest.raises(SampleError, match=rf"and on_error='skip' has skipped 2 samples this epoch, more than "
+                                              rf"max_skipped={max_skipped} allows \(1\)$"):
+            list(loader)
+        assert sum(len(images) for images, _ in fastload.DataLoader(corrupt_path, max_skipped=None, **kwargs)) == 30
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, 0.0, True, "10%"])
+def test_max_skipped_refuses_what_is_neither_a_count_nor_a_share(clean: Path, value: object) -> None:
+    with pytest.raises(ValueError, match="max_skipped must be a count of samples"):
+        fastload.DataLoader(clean, batch_size=4, transform=T.val(16), on_error="skip", max_skipped=value)
+
+
+def test_max_skipped_of_none_all_or_nothing(corrupt: tuple[Path, set[str]]) -> None:
+    """0: the first bad sample ends the epoch, named; 1.0 (the whole epoch) and None: both skipped."""
+    path, bad = corrupt
+    kwargs = dict(batch_size=4, transform=T.val(16), on_error="skip")
+    with pytest.raises(SampleError, match=r"more than max_skipped= lets on_error='skip' pass over \(0\)$") as info:
+        list(fastload.DataLoader(path, max_skipped=0, **kwargs))
+    assert info.value.where.split(":", 1)[1] in bad
+    for everything in (1.0, None):
+        loader = fastload.DataLoader(path, max_skipped=everything, **kwargs)
+        assert sum(len(images) for images, _ in loader) == 30 and len(loader.stats.skipped) == 2
+
+
+@pytest.fixture(scope="module")
+def bad_in_rank_0(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """40 photos in one shard; samples 0, 8 and 16 with a garbage JPEG header: with a batch of 4
+    over two ranks (in order), all three are rank 0's, among its 20 samples."""
+    root = tmp_path_factory.mktemp("rank0")
+    convert(str(photo_folder(root / "raw", 40, (24, 32))), str(root / "ds"), ConvertOptions(source="imagefolder", samples_per_shard=40))
+    index = read_index(root / "ds")
+    members = parse_dali_index((root / "ds" / index.shards[0].offsets).read_text(), "idx")
+    shard = root / "ds" / index.shards[0].path
+    data = bytearray(shard.read_bytes())
+    for row in (0, 8, 16):
+        offset, _ = members.spans(row)["jpg"]
+        data[offset : offset + 16] = b"\xab" * 16
+    shard.write_bytes(bytes(data))
+    return root / "ds"
+
+
+def test_a_share_of_max_skipped_is_of_the_ranks_epoch(bad_in_rank_0: Path) -> None:
+    kwargs = dict(batch_size=4, transform=T.val(16), on_error="skip", rank=0, world_size=2)
+    with pytest.raises(SampleError, match=r"has skipped 3 samples this epoch, more than max_skipped=0.1 allows \(2\)$"):
+        list(fastload.DataLoader(bad_in_rank_0, max_skipped=0.1, **kwargs))  # a tenth of rank 0's 20 samples: 2
+    assert sum(len(images) for images, _ in fastload.DataLoader(bad_in_rank_0, max_skipped=0.15, **kwargs)) == 20
 
 
 def test_killed_worker_raises_within_seconds(clean: Path) -> None:

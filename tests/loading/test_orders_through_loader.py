@@ -13,6 +13,8 @@ import pytest
 
 import fastload
 from fastload.converters import ConvertOptions, convert
+from tests.conftest import png_bytes, small_photo
+from tests.hostile_data import run_limited, write_raw_dataset
 
 COUNTS = [300, 120, 60, 20]  # samples of each class: unbalanced
 BATCH = 5
@@ -123,6 +125,33 @@ def test_a_resume_at_another_world_size_delivers_exactly_the_rest(unbalanced: Pa
     assert Counter(seen) == Counter(everything[: 2 * BATCH * taken])  # the order's first global steps
 
 
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_resumed_epoch_resumed_again_at_a_third_world_size_delivers_exactly_the_rest(unbalanced: Path, streaming: bool) -> None:
+    """Two ranks take a batch each and save; three ranks resume, take a batch each and save (their
+    state carries the first topology in resumed_from); one rank resumes that: the three runs make up
+    the uninterrupted epoch, sample for sample."""
+    kwargs: dict = {"shuffle_buffer": 40} if streaming else {}
+    with loader(unbalanced, **kwargs) as whole:
+        whole.set_epoch(1)
+        everything, _ = keys_and_labels(whole)
+    seen, state = [], None
+    for world in (2, 3):
+        for rank in range(world):
+            with loader(unbalanced, rank=rank, world_size=world, **kwargs) as it:
+                if state is None:
+                    it.set_epoch(1)
+                else:
+                    it.load_state_dict(state)
+                seen += keys_and_labels(itertools.islice(iter(it), 1))[0]
+                next_state = it.state_dict()
+        state = next_state
+    assert [list(step) for step in state["resumed_from"]] == [[2, BATCH, 2 * BATCH]]
+    with loader(unbalanced, **kwargs) as it:
+        it.load_state_dict(state)
+        rest = keys_and_labels(it)[0]
+    assert Counter(seen + rest) == Counter(everything)
+
+
 @pytest.mark.parametrize("version", [1, 2])
 def test_a_state_of_an_old_order_is_refused(unbalanced: Path, version: int) -> None:
     with loader(unbalanced) as it:
@@ -165,3 +194,16 @@ def test_dalis_feed_follows_the_same_balanced_order_without_the_excluded(unbalan
             it.set_epoch(1)
             orders.append(keys_and_labels(it)[0])
     assert orders[0] == orders[1] and "00000004" not in orders[0]
+
+
+def test_balanced_memory_follows_the_samples_not_the_largest_label(tmp_path: Path) -> None:
+    """One label of 10**9 among 12 samples: the balanced order holds the 12 samples and 4 classes
+    (it needed ~7.5 GiB, a count for every label value up to the largest), under a 3 GiB address space."""
+    labels = [0, 1, 7, 10**9] * 3
+    write_raw_dataset(tmp_path / "ds", [(f"s{i:02d}", "png", png_bytes(small_photo(i, size=(8, 8))), label) for i, label in enumerate(labels)])
+    got = run_limited(f"""
+        import json, fastload
+        loader = fastload.DataLoader({str(tmp_path / "ds")!r}, batch_size=4, shuffle=True, balanced=True, transform=[fastload.transforms.CenterCrop(8)])
+        print(json.dumps(sorted(label for _, batch in loader for label in batch.tolist())))
+    """)
+    assert got == sorted(labels)  # 4 classes, 3 samples each: each class its equal share

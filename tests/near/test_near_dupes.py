@@ -16,7 +16,13 @@ import numpy as np
 import pytest
 from PIL import Image, ImageEnhance
 
+import fastload
+from fastload import transforms as T
 from fastload.converters import ConvertOptions, convert
+from fastload.converters.writers import PreparedSample, WriterOptions, open_writer
+from fastload.formats.index import DatasetIndex, write_index
+from fastload.formats.key_list import format_keys, parse_keys
+from fastload.loading.orders import read_exclude
 from fastload.near import search
 from fastload.near.report import GROUPS_CHUNK
 from fastload.near.search import MultiIndex, first_occurrences
@@ -429,3 +435,39 @@ def test_a_report_of_grey_pixels_from_an_npz(tmp_path: Path, dedupe: str) -> Non
             "--report", str(report), "--quiet")
     with Image.open(report) as image:
         assert image.format == "PNG" and int(image.text[GROUPS_CHUNK]) == 1
+
+
+ODD_KEYS = ["line\nbreak", "cr\rlf", '"quoted"', "sep\u2028arated", "group\x1dsep", "next\x85line", " padded "]
+
+
+def test_the_exclude_file_round_trips_keys_holding_line_breaks_and_quotes(tmp_path: Path) -> None:
+    """B (HDF5, whose key column holds any string) has keys a plain line cannot hold; the ones
+    `fastload overlap --write-exclude` writes, the loader's exclude= reads back exactly."""
+    photos = [jpeg_bytes(texture(i)) for i in range(len(ODD_KEYS) + 2)]
+    (tmp_path / "a_src" / "c").mkdir(parents=True)
+    for i, photo in enumerate(photos[: len(ODD_KEYS)]):
+        (tmp_path / "a_src" / "c" / f"p{i}.jpg").write_bytes(photo)
+    run_cli("convert", str(tmp_path / "a_src"), str(tmp_path / "a"), "--from", "imagefolder", "--quiet")
+    keys = [*ODD_KEYS, "plain", "other"]
+    writer = open_writer("hdf5", tmp_path / "b" / "shard-00000.h5", WriterOptions())
+    for key, photo in zip(keys, photos, strict=True):
+        writer.add(PreparedSample(key=key, image_field="jpg", image=photo, label=0))
+    (tmp_path / "b").mkdir(exist_ok=True)
+    write_index(tmp_path / "b", DatasetIndex(layout="hdf5", shards=(writer.finish(),), fields=("cls", "jpg"), image_fields=("jpg",)))
+    exclude = tmp_path / "exclude.txt"
+    run_cli("overlap", str(tmp_path / "a"), str(tmp_path / "b"), "--write-exclude", str(exclude))
+    assert read_exclude(exclude) == ODD_KEYS
+    loader = fastload.DataLoader(str(tmp_path / "b"), batch_size=4, transform=T.val(16), exclude=exclude, return_keys=True)
+    assert sorted(key for _, _, batch_keys in loader for key in batch_keys) == ["other", "plain"]
+
+
+def test_a_key_list_round_trips_any_key_and_reads_plain_files_as_before() -> None:
+    rng = np.random.default_rng(4)
+    alphabet = ["a", "b", '"', "\n", "\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029", " ", "\t", "é", "\\"]
+    for _ in range(300):
+        keys = ["".join(rng.choice(alphabet, size=int(rng.integers(1, 8)))) for _ in range(5)]
+        keys = [key for key in keys if key.strip("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")] or ["k"]  # blank lines carry no key
+        assert parse_keys(format_keys(keys), "f") == keys
+    assert parse_keys("a b\n\nc\r\n  d\n", "f") == ["a b", "c", "  d"]  # hand-written: one key a line, blank lines ignored
+    with pytest.raises(ValueError, match=r"^f: line 2 starts with a double quote but is not one JSON string"):
+        parse_keys('a\n"b\n', "f")

@@ -206,3 +206,29 @@ def test_class_weights_must_be_finite_and_huge_ones_do_not_overflow() -> None:
         class_weight_vector({1: float("nan")}, counts, None)
     huge = class_weight_vector({0: 1e308, 1: 1e308, 2: 5e307}, counts, None)
     assert class_shares(huge, 10).tolist() == [4, 4, 2]
+
+
+def test_sparse_labels_are_classes_by_what_is_present() -> None:
+    labels = np.array([5, 10**12, 5, 5, -1, 10**12, 5, 5])
+    classes = class_members(labels, Selection(len(labels)))
+    assert classes.labels.tolist() == [5, 10**12] and classes.counts.tolist() == [5, 2]
+    weights = class_weight_vector({10**12: 3, 7: 0}, classes.counts, None, classes.labels)
+    assert weights == (1.0, 3.0)
+    with pytest.raises(ValueError, match="no sample"):
+        class_weight_vector({7: 1}, classes.counts, None, classes.labels)
+    drawn = every(spec(shard_sizes=(len(labels),), class_weights=weights).order(0, classes))
+    assert np.bincount(labels[drawn] == 10**12).tolist() == [2, 5]  # the 7 labelled positions shared 1:3 (1.75, 5.25)
+
+
+
+def test_class_members_and_weights_refuse_what_is_not_a_class_and_keep_one_sample_classes() -> None:
+    labels = np.array([0, 1, 1, 2, 2, 2])
+    with pytest.raises(ValueError, match="a sample has label 2, beyond the dataset's 2 classes"):
+        class_members(labels, Selection(len(labels)), 2)
+    classes = class_members(labels, Selection(len(labels)), 3)
+    assert classes.counts.tolist() == [1, 2, 3]
+    assert class_weight_vector(None, classes.counts, ["a", "b", "c"], classes.labels) == (1.0, 1.0, 1.0)  # one sample: a class
+    with pytest.raises(ValueError, match="names class 3, which this dataset does not have"):
+        class_weight_vector({3: 1}, classes.counts, ["a", "b", "c"], classes.labels)
+    with pytest.raises(ValueError, match="leaves no class to sample"):
+        class_weight_vector({"a": 0, "b": 0, "c": 0}, classes.counts, ["a", "b", "c"], classes.labels)

@@ -1,12 +1,14 @@
 """Datasets on object storage, against real servers on loopback: an HTTP server serving a converted
-dataset (one variant injecting failures and slow answers) and moto's S3 server for s3:// reads
-and writes. Covers download-once, retries, permanent errors naming the URL, the cache limit, a
-corrupted cache entry, the index broadcast, and convert to a URL with resume."""
+dataset (one variant injecting failures, slow answers and endless bodies) and moto's S3 server for
+s3:// reads and writes. Covers download-once, retries, permanent errors naming the URL, every
+download bounded, the cache limit, a corrupted cache entry, the index broadcast, and convert to a
+URL with resume."""
 
 from __future__ import annotations
 
 import functools
 import json
+import logging
 import shutil
 import socket
 import struct
@@ -27,6 +29,7 @@ from fastload.converters import ConvertOptions, convert
 from fastload.errors import RemoteError
 from fastload.storage.cache import RemoteFile
 from tests.conftest import jpeg_bytes, run_cli, small_photo, tree_bytes
+from tests.hostile_data import run_limited
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -49,6 +52,16 @@ class FaultyHandler(SimpleHTTPRequestHandler):
         elif action == "slow":
             time.sleep(server.slow_seconds)
             super().do_GET()
+        elif action == "endless":  # a body with no length that never ends: it runs until the client hangs up
+            self.send_response(200)
+            self.end_headers()
+            self.close_connection = True
+            block = bytes(1 << 16)
+            try:
+                while True:
+                    self.wfile.write(block)
+            except OSError:
+                pass
         elif action in ("truncate", "corrupt"):
             data = bytearray((Path(self.directory) / path).read_bytes())
             self.send_response(200)
@@ -193,6 +206,53 @@ def test_permanent_failures_raise_naming_the_url(served, tmp_path: Path, monkeyp
         fastload.open(server.url + "nothing-here/", cache_dir=tmp_path / "c3")
 
 
+@pytest.mark.parametrize("name", ["shard-00001.tar", "shard-00001.idx", "shard-00001.table"])
+def test_an_endless_shard_download_stops_at_the_size_the_index_declares(served, tmp_path: Path, name: str) -> None:
+    """A shard by its declared size; its .idx and table, which the index gives no size, by 64 MiB."""
+    server, root = served
+    server.faults[name] = ["endless"]
+    ds = fastload.open(server.url, cache_dir=tmp_path / "cache")
+    start = time.perf_counter()
+    with pytest.raises(RemoteError) as caught:
+        ds.fetch(1)
+    bound = ds.index.shards[1].bytes if name.endswith(".tar") else 64 << 20
+    assert str(caught.value) == f"{server.url}{name}: the server sent more than {bound} bytes, the most expected of it; download stopped"
+    assert time.perf_counter() - start < 20 and server.counts[name] == 1  # cut off at once, not asked again
+    left = [p for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".lock")]
+    assert all(".tmp-" not in p.name and ".reserved" not in p.name for p in left), left  # the partial file is gone
+    assert sum(p.stat().st_size for p in left) < 2 * max(p.stat().st_size for p in root.glob("*.tar"))
+    assert len(ds.raw(9)[1]) > 0  # the next request gets the real file
+
+
+def test_an_endless_index_json_stops_at_its_cap_in_bounded_memory(served, tmp_path: Path) -> None:
+    server, _ = served
+    server.faults["index.json"] = ["endless"] * 3
+    got = run_limited(f"""
+        import json
+        import fastload
+        from fastload.errors import RemoteError
+        try:
+            fastload.open({server.url!r}, cache_dir={str(tmp_path / "cache")!r})
+        except RemoteError as exc:
+            print(json.dumps(str(exc)))
+    """, memory_bytes=2 << 30, timeout=60)
+    assert got == f"{server.url}index.json: the server sent more than {64 << 20} bytes, the most expected of it; download stopped"
+    assert server.counts["index.json"] == 1
+
+
+def test_fastload_index_url_stops_a_scratch_copy_at_the_tars_listed_size(served, tmp_path: Path) -> None:
+    server, root = served
+    server.faults["shard-00000.tar"] = ["endless"] * 3  # the first tar: its error is the one raised (the server takes no uploads)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    proc = run_cli("index", server.url, "--force", "--scratch", str(scratch), check=False)
+    size = (root / "shard-00000.tar").stat().st_size
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"fastload index: error: {server.url}shard-00000.tar: the server sent more than {size} bytes, the most expected of it; download stopped"
+    ]
+    assert server.counts["shard-00000.tar"] == 1 and not list(scratch.iterdir())  # no scratch copy left
+
+
 def test_cache_stays_under_its_limit(served, tmp_path: Path) -> None:
     server, root = served
     shard_bytes = max(p.stat().st_size for p in root.glob("*.tar"))
@@ -312,5 +372,33 @@ def test_index_foreign_tars_in_s3_in_place(s3_endpoint, tmp_path: Path) -> None:
 def test_index_url_names_the_bad_tar_by_its_url(s3_endpoint, tmp_path: Path) -> None:
     s3_endpoint.pipe("fastload-test/badtar/a.tar", b"x" * 2048)
     proc = run_cli("index", "s3://fastload-test/badtar", check=False)
-    assert proc.returncode == 2 and "error: s3://fastload-test/badtar/a.tar: a tar header holds a malformed number" in proc.stderr
+    assert proc.returncode == 2 and "error: s3://fastload-test/badtar/a.tar: not a readable tar (a tar header holds a malformed number)" in proc.stderr
     assert str(tmp_path) not in proc.stderr and "fastload-index-" not in proc.stderr
+
+
+@pytest.mark.parametrize("credential", ["SECRETTOKEN@", "user:SECRETPW@", ":SECRETPW@"])
+def test_errors_and_logs_never_show_a_urls_credentials(served, tmp_path: Path, credential: str,  # type: ignore[no-untyped-def]
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """A URL carrying a token alone (``https://TOKEN@host/...``) or a user and password: the
+    dataset's name, a retried download's log lines and a failure's message name the URL without it."""
+    server, root = served
+    url = server.url.replace("http://", f"http://{credential}")
+    ds = fastload.open(url, cache_dir=tmp_path / "cache")
+    assert ds.location == server.url.rstrip("/") and "SECRET" not in repr(ds)
+    (root / "shard-00001.tar").unlink()  # gone from the server: a failure naming it
+    with caplog.at_level(logging.INFO, logger="fastload"), pytest.raises(RemoteError) as failed:
+        ds.fetch(1)
+    assert "shard-00001.tar" in str(failed.value) and "SECRET" not in str(failed.value)
+    assert "SECRET" not in caplog.text
+    (root / "shard-00001.tar").write_bytes(b"")  # back, damaged: verify reports it
+    for args in (["inspect", url], ["verify", url], ["overlap", url, url, "--json"]):
+        proc = run_cli(*args, check=False)
+        assert proc.stdout + proc.stderr and "SECRET" not in proc.stdout + proc.stderr, args
+
+
+@pytest.mark.parametrize("url", ["http://SECRETTOKEN@[::1]:9/ds", "http://u:SECRETPW@[::1]:9/ds"])
+def test_redacting_keeps_an_ipv6_host_as_written(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FASTLOAD_RETRY_DELAY", "0.01")
+    with pytest.raises(RemoteError) as failed:
+        fastload.open(url)  # nothing listens on port 9
+    assert str(failed.value).startswith("http://[::1]:9/ds/index.json: ") and "SECRET" not in str(failed.value)

@@ -49,7 +49,7 @@ def test_jsonl_documents_become_token_shards_sized_by_tokens(corpus: Path, token
     texts = real_paragraphs()
     expected = [[*ids, index.tokenizer.eos_id] for ids in TextTokenizer(str(tokenizer_file)).encode(texts)]
     assert documents(tmp_path / "out") == expected  # every document, in source order, each ending in eos
-    assert index.version == 4 and index.layout == "tokens" and index.fields == ("tokens",)
+    assert index.version == 5 and index.layout == "tokens" and index.fields == ("tokens",)
     assert index.tokenizer.vocab_size == 2000 and index.tokenizer.dtype == "uint16" and index.tokenizer.eos_id == 0
     assert index.num_samples == len(texts) and index.num_tokens == sum(map(len, expected))
     assert len(index.shards) >= 3 and sum(s.tokens for s in index.shards) == index.num_tokens

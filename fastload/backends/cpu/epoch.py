@@ -147,7 +147,7 @@ class CpuWorkers:
         if self.counters is None:
             self.counters = StageCounters(options.num_workers)
         if options.num_workers and self.pool is None:
-            config = WorkerConfig(inputs.dataset, options.transform, options.seed, options.on_error,
+            config = WorkerConfig(inputs.dataset, options.transform, options.seed, options.on_error, inputs.skip_limit,
                                   self.buffers, options.worker_init_fn, inputs.sample_spec, self.counters)
             self.pool = WorkerPool(config, options.num_workers)
         return self.buffers, self.pool, self.counters
@@ -263,7 +263,7 @@ class CpuEpoch(Epoch):
         try:
             result.keys, result.skipped, result.values = fill_fields(
                 self.inputs.dataset, indices, self.inputs.sample_spec, options.transform, options.seed,
-                self.epoch, options.on_error, self.buffers.slot_columns(slot), self.inline_clock,
+                self.epoch, options.on_error, self.buffers.slot_columns(slot), self.inline_clock, self.inputs.skip_limit,
             )
         except BaseException:
             self.buffers.give_back(slot)

@@ -55,6 +55,10 @@ class TokenJob:
         clock.count(READ_BYTES, bounds.tokens * self.rows.corpus.dtype.itemsize)
         return [], [], {"bounds": [bounds]}
 
+    def where(self, work: BatchWork, row: int, key: str) -> str:
+        """How an error names row ``row`` of the batch made of ``work``: its row of the epoch."""
+        return f"row {work[0] + row}"
+
     def close(self) -> None:
         """Close this worker's shard files."""
         self.rows.corpus.dataset.close()
@@ -135,7 +139,7 @@ class TokenEpoch(EpochLifecycle):
         super().__init__(inputs.state, inputs.stats, inputs.accelerate, inputs.dataset.downloads, inputs.before_start)
         self.inputs, self.engine = inputs, engine
 
-    def _plan(self, start: Position) -> None:
+    def _plan_epoch(self, start: Position) -> None:
         self.buffers, self.pool, self.counters = self.engine.ensure(self.inputs)
         self.inline_clock = self.counters.clock(-1)
         self.rank, self.world = self.inputs.ranks()

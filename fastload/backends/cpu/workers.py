@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
+import pickle
 import queue
 import signal
 import time
@@ -81,6 +82,9 @@ class WorkerJob(Protocol):
     def fill(self, columns: dict[str, np.ndarray], epoch: int, work: Any, clock: StageClock) -> Filled:
         """Make ``work`` into ``columns`` (the part's rows of the slot)."""
 
+    def where(self, work: Any, row: int, key: str) -> str:
+        """How an error names row ``row`` of a part made of ``work`` (``key``: what the part reported for it)."""
+
     def close(self) -> None:
         """Release what the worker opened (its shard files)."""
 
@@ -93,6 +97,7 @@ class WorkerConfig:
     transforms: tuple[Transform, ...]
     seed: int
     on_error: str
+    skip_limit: int  # the most bad samples one search for a readable sample passes (fastload.loading.batch_fill.Substitutes)
     buffers: BatchBuffers
     worker_init_fn: Callable[[int], None] | None
     sample_spec: SampleSpec  # the fields to make of each sample
@@ -100,7 +105,12 @@ class WorkerConfig:
 
     def fill(self, columns: dict[str, np.ndarray], epoch: int, work: Any, clock: StageClock) -> Filled:
         """The samples ``work`` (indices) decoded and transformed into ``columns``."""
-        return fill_fields(self.dataset, work, self.sample_spec, self.transforms, self.seed, epoch, self.on_error, columns, clock)
+        return fill_fields(self.dataset, work, self.sample_spec, self.transforms, self.seed, epoch, self.on_error, columns, clock,
+                           self.skip_limit)
+
+    def where(self, work: Any, row: int, key: str) -> str:
+        """The sample of ``key`` made for index ``work[row]``: it, or the readable one that stood in for it."""
+        return _where_of(self.dataset, int(work[row]), key)
 
     def close(self) -> None:
         """Close this worker's shard files."""
@@ -118,7 +128,7 @@ def _worker_main(worker_id: int, config: WorkerJob, tasks: multiprocessing.Queue
             config.worker_init_fn(worker_id)
         except BaseException:  # reported to the training process, which raises it
             error = f"worker_init_fn raised in worker {worker_id} (pid {os.getpid()}):\n{traceback.format_exc()}"
-            results.put(BatchResult(run=0, batch_no=INIT_FAILED, slot=-1, count=0, error=error))
+            results.put(_dumps(BatchResult(run=0, batch_no=INIT_FAILED, slot=-1, count=0, error=error)))
             return
     clock = config.counters.clock(worker_id)
     while True:
@@ -146,8 +156,46 @@ def _worker_main(worker_id: int, config: WorkerJob, tasks: multiprocessing.Queue
             result.error = f"worker {worker_id} (pid {os.getpid()}):\n{traceback.format_exc()}"
         clock.count(BUSY, time.perf_counter() - began)
         clock.flush()
-        results.put(result)
+        results.put(_packed(result, config, work, worker_id))
     config.close()
+
+
+def _packed(result: BatchResult, job: WorkerJob, work: Any, worker_id: int) -> bytes:
+    """``result`` pickled here, in the worker: a value that cannot travel (one ``map=`` returned,
+    a structure too deep to pickle) makes it an error naming the sample. Left to the queue, the
+    pickling would fail in its feeder thread, which only prints it: the batch would never come."""
+    try:
+        return _dumps(result)
+    except Exception as exc:  # PicklingError, TypeError, RecursionError, ...: whatever the value raises
+        failed = BatchResult(run=result.run, batch_no=result.batch_no, slot=result.slot, count=result.count, start=result.start)
+        failed.bad_sample = _unsendable(result, job, work, exc)
+        failed.error = f"worker {worker_id} (pid {os.getpid()}): {failed.bad_sample[1]}"
+        return _dumps(failed)
+
+
+def _dumps(result: BatchResult) -> bytes:
+    return pickle.dumps(result, pickle.HIGHEST_PROTOCOL)
+
+
+def _unsendable(result: BatchResult, job: WorkerJob, work: Any, exc: Exception) -> tuple[str, str]:
+    """(where, reason) of the first sample whose value cannot be pickled back to the training process."""
+    for name, values in result.values.items():
+        for row, (key, value) in enumerate(zip(result.keys, values, strict=True)):
+            try:
+                pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+            except Exception as failure:
+                reason = f"field {name}: its value cannot be sent from the worker ({type(failure).__name__}: {str(failure)[:80]})"
+                return job.where(work, row, key), reason
+    return f"batch {result.batch_no}", f"its result cannot be sent from the worker ({type(exc).__name__}: {str(exc)[:80]})"
+
+
+def _where_of(ds: ShardedDataset, index: int, key: str) -> str:
+    """How errors name the sample of ``key`` made for ``index``: it, or the readable one that stood in for it."""
+    for offset in range(len(ds)):
+        sample = ds.substitute(index, offset)
+        if ds.key_of(sample) == key:
+            return f"{ds.shard_name(ds.locate(sample)[0])}:{key}"
+    return key
 
 
 class WorkerPool:
@@ -166,8 +214,8 @@ class WorkerPool:
         ]
         for process in self.processes:
             process.start()
-        # runs at close(), when the pool is garbage, or at exit - only in the process that made it
         self._next_check = 0.0  # when get() next checks that every worker is alive
+        # runs at close(), when the pool is garbage, or at exit - only in the process that made it
         self._shutdown = weakref.finalize(self, _shutdown, os.getpid(), self.processes, self._tasks, self._results)
 
     def submit(self, run: int, batch_no: int, slot: int, epoch: int, start: int, count: int, work: Any) -> None:
@@ -187,7 +235,7 @@ class WorkerPool:
                     if process.exitcode is not None:
                         raise WorkerError(self._death(process))
             try:
-                result = self._results.get(timeout=POLL_S)
+                result = pickle.loads(self._results.get(timeout=POLL_S))
             except queue.Empty:
                 waited += POLL_S
             else:
@@ -201,7 +249,7 @@ class WorkerPool:
         """What to say of a dead worker: worker_init_fn's traceback when that is what ended it."""
         try:
             while True:
-                result = self._results.get(timeout=POLL_S)
+                result = pickle.loads(self._results.get(timeout=POLL_S))
                 if result.batch_no == INIT_FAILED:
                     return result.error
         except queue.Empty:

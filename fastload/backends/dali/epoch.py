@@ -14,6 +14,7 @@ import torch
 from fastload.backends.dali.feed import DaliFeed
 from fastload.backends.dali.protocol import carried_stacked, read_carried
 from fastload.backends.dali.shares import DaliShares
+from fastload.backends.dali.video import DaliClipDecoder, DaliVideoEpoch, video_refusal
 from fastload.fields import FieldSpec, SampleSpec
 from fastload.loading.batch_fill import fill_fields
 from fastload.loading.epoch import Epoch, EpochInputs
@@ -33,6 +34,8 @@ def dali_refusal(spec: SampleSpec, torchvision_steps: TorchvisionSteps | None = 
                 "use backend='cpu', or keep to the steps fastload translates")
     if spec.map is not None:  # map= sees each decoded sample in the workers, and DALI decodes the image after them
         return "backend='dali' decodes the image after fastload's workers are done with a sample, so map= cannot see it: use backend='cpu'"
+    if spec.clip is not None:
+        return video_refusal(spec)
     if spec.primary is None:
         return "backend='dali' decodes images, and the fields asked for hold none: use backend='cpu'"
     return None
@@ -53,10 +56,22 @@ class DaliPipeline:
         self.gpu = gpu
         self.feed_workers = feed_workers  # DALI's feed processes; None: num_workers
         self.decoder: Any = None  # fastload.backends.dali.pipeline.DaliBatchDecoder
+        self.clips: DaliClipDecoder | None = None  # the video path's pipeline
 
-    def epoch(self, inputs: EpochInputs) -> DaliEpoch:
-        """An iterator over the next epoch's batches."""
+    def epoch(self, inputs: EpochInputs) -> Epoch:
+        """An iterator over the next epoch's batches (of clips: DALI's video path)."""
+        if inputs.sample_spec.clip is not None:
+            return DaliVideoEpoch(inputs, self.ensure_clips(inputs))
         return DaliEpoch(inputs, self)
+
+    def ensure_clips(self, inputs: EpochInputs) -> DaliClipDecoder:
+        """The clip pipeline, made if not yet there (NVDEC with ``gpu``, DALI's CPU decoder otherwise)."""
+        if self.clips is None:
+            options = inputs.options
+            device_id = torch.cuda.current_device() if self.gpu else None
+            shape = cast(tuple[int, int, int], inputs.image_shape)  # a clip spec has a fixed output size (the loader checks)
+            self.clips = DaliClipDecoder(options.batch_size, shape[1:], device_id, max(1, options.num_workers))
+        return self.clips
 
     def ensure(self, inputs: EpochInputs) -> Any:
         """The pipeline's decoder, made if not yet there."""
@@ -79,6 +94,9 @@ class DaliPipeline:
         if self.decoder is not None:
             self.decoder.close()
             self.decoder = None
+        if self.clips is not None:
+            self.clips.close()
+            self.clips = None
 
 
 class DaliBatches:
@@ -93,7 +111,7 @@ class DaliBatches:
         self.columns = spec_columns(inputs.sample_spec, inputs.image_shape)
         self.feed = DaliFeed(
             inputs.dataset, inputs.sample_spec, carried_stacked(inputs.sample_spec, inputs.image_shape),
-            options.transform, options.seed, options.on_error,
+            options.transform, options.seed, options.on_error, inputs.skip_limit,
             inputs.orders.spec(epoch.start.resumed_from), epoch.epoch, epoch.plan.start, shares=shares,
             classes=inputs.orders.classes,
         )
@@ -128,7 +146,7 @@ class DaliBatches:
         options = self.inputs.options
         columns = {c.name: np.empty((len(indices), *c.shape), dtype=c.dtype) for c in self.columns}
         keys, skipped, values = fill_fields(self.inputs.dataset, indices, self.inputs.sample_spec, options.transform,
-                                            options.seed, self.epoch_no, options.on_error, columns)
+                                            options.seed, self.epoch_no, options.on_error, columns, skip_limit=self.inputs.skip_limit)
         return columns, values, keys, skipped
 
 

@@ -19,7 +19,7 @@ from fastload.backends.dali.protocol import carried_fields, empty_feed_columns, 
 from fastload.backends.dali.shares import DaliShares
 from fastload.errors import SampleError
 from fastload.fields import SampleSpec
-from fastload.loading.batch_fill import with_substitutes
+from fastload.loading.batch_fill import Substitutes
 from fastload.loading.sample_decode import PlannedSample, fill_beside_primary
 from fastload.loading.slots import Column
 from fastload.orders.balanced import ClassMembers
@@ -48,6 +48,7 @@ process published for it; the CPU workers make the rest."""
     transforms: tuple[Transform, ...]
     seed: int
     on_error: str
+    skip_limit: int  # the most bad samples one search for a readable sample passes (fastload.loading.batch_fill.Substitutes)
     orders: OrderSpec | MixtureOrder
     first_epoch: int
     start: int = 0
@@ -83,11 +84,12 @@ process published for it; the CPU workers make the rest."""
         columns, carried = empty_feed_columns(carried_fields(self.sample_spec))
         stacked = {c.name: np.zeros((len(indices), *c.shape), c.dtype) for c in self.stacked}
         roles = {f.key: f.role for f in self.sample_spec.fields}
+        substitutes = Substitutes(self.dataset, self.on_error, self.skip_limit)
         for j, index in enumerate(indices):
             rows = {name: column[j, ...] for name, column in stacked.items()}  # [j, ...]: a view even of a scalar row
-            skipped: list[tuple[str, str]] = []
+            skipped_before = len(substitutes.skipped)
             try:
-                key, planned, values = with_substitutes(self.dataset, index, self.on_error, skipped, lambda i: fill_beside_primary(
+                key, planned, values = substitutes.first_readable(index, lambda i: fill_beside_primary(
                     self.dataset, i, self.sample_spec, self.transforms, self.seed, epoch, rows))  # noqa: B023 - called at once
             except SampleError as exc:  # DALI's workers cannot raise it intact: it travels as a note
                 columns.jpegs.append(placeholder_jpeg())
@@ -107,7 +109,7 @@ process published for it; the CPU workers make the rest."""
                 column.append(value)
             columns.mirror.append(np.array(int(sample.plan.flip), dtype=np.int32))
             columns.keys.append(np.frombuffer(key.encode(), dtype=np.uint8))
-            columns.notes.append(encode_note(skipped))
+            columns.notes.append(encode_note(substitutes.skipped[skipped_before:]))
             for name, value in values.items():
                 carried[name].append(stored_form(roles[name], value))
         for name, column in stacked.items():

@@ -7,11 +7,14 @@ gives the same items in the same order.
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from fastload.converters.sample import Sample, SourceItem
+from fastload.files import resolved_inside
 
 SOURCE_MODULES: dict[str, str] = {
     "imagefolder": "fastload.converters.sources.imagefolder",
@@ -21,6 +24,7 @@ SOURCE_MODULES: dict[str, str] = {
     "npz": "fastload.converters.sources.arrays",
     "parquet": "fastload.converters.sources.parquet",
     "wds": "fastload.converters.sources.wds",
+    "videos": "fastload.converters.sources.videos",
     "jsonl": "fastload.converters.sources.jsonl",
     "text": "fastload.converters.sources.text",
 }
@@ -31,10 +35,11 @@ TEXT_ONLY = ("jsonl", "text")  # sources of documents only; parquet and wds hold
 class SourceOptions:
     """Options of the raw sources; each source reads the ones that concern it."""
 
-    follow_symlinks: bool = False  # imagefolder: follow links that leave the source root
+    follow_symlinks: bool = False  # read files outside the source root (links leading out, manifest paths): inside_source
     path_column: str = "path"  # manifest
     label_column: str = "label"  # manifest, parquet
     image_column: str = "image"  # parquet
+    caption_column: str = "caption"  # videos (a manifest): stored as each sample's txt, where the column exists
     split: str = "train"  # cifar, mnist: "train" or "test"
     text_field: str | None = None  # documents: jsonl's key ("text" if None), parquet's column, wds's member extension
     chunk_bytes: int = 8 << 20  # jsonl: a plain file's items hold about this many bytes of lines (set from --shard-tokens)
@@ -107,3 +112,12 @@ def open_source(kind: str, path: str, options: SourceOptions = SourceOptions()) 
         raise ValueError(f"unknown source {kind!r}; expected one of {sorted(SOURCE_MODULES)}")
     module = importlib.import_module(SOURCE_MODULES[kind])
     return module.open_source(path, options)
+
+
+def inside_source(root: str | os.PathLike[str], path: Path, follow_symlinks: bool) -> Path:
+    """``path``, a file a source reads under its ``root``, where it stays inside ``root`` once
+    symlinks are resolved (compared part by part: ``ds-private`` is not inside ``ds``), or
+    anywhere with ``follow_symlinks``; else a ValueError naming it. Every source reads through it."""
+    if not follow_symlinks and resolved_inside(root, path) is None:
+        raise ValueError(f"{path}: leads outside the source root (-> {os.path.realpath(path)}); pass --follow-symlinks to read it")
+    return path

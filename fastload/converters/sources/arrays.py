@@ -11,13 +11,14 @@ from __future__ import annotations
 import functools
 import io
 import re
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from fastload.converters.sample import Sample, SourceItem, file_stamp
-from fastload.converters.sources import SourceOptions
+from fastload.converters.sources import SourceOptions, inside_source
 from fastload.fields import ARRAY_FIELD
 
 IMAGE_NAMES = ("images", "x", "data", "X", "x_train")
@@ -57,8 +58,8 @@ def _load(path: Path) -> ArraySet:
     """The images, labels and other arrays of ``path``, checked to have one row per sample."""
     try:
         arrays = _arrays_of(path)
-    except ValueError as exc:  # an object array: allow_pickle=False refuses it
-        raise ValueError(f"{path}: cannot read its arrays without pickle ({exc})") from None
+    except (ValueError, EOFError, zipfile.BadZipFile) as exc:  # an object array (allow_pickle=False refuses it), a cut file
+        raise ValueError(f"{path}: cannot read its arrays ({type(exc).__name__}: {str(exc)[:100]})") from None
     if not arrays:
         raise ValueError(f"{path}: no arrays (.npy files or .npz members)")
     lone = path.suffix == ".npy"
@@ -121,5 +122,7 @@ def open_source(path: str, options: SourceOptions) -> ArraySource:
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"{path}: no such file or directory")
+    for f in sorted(p.glob("*.npy")) if p.is_dir() else ():
+        inside_source(p, f, options.follow_symlinks)
     _load(p)  # validate now, in the driver, with a clear message
     return ArraySource(path=p)

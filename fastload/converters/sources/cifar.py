@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from fastload.converters.sample import Sample, SourceItem, file_stamp, make_key, unique_keys
-from fastload.converters.sources import SourceOptions
+from fastload.converters.sources import SourceOptions, inside_source
 
 # The only globals a CIFAR batch references: how numpy rebuilds an array and its dtype, and how
 # protocol-2 pickles written by Python 3 spell a bytes object. None of them can run code.
@@ -29,6 +29,10 @@ _SPLITS = {
 }
 
 
+class _Refused(pickle.UnpicklingError):
+    """A global the CIFAR unpickler does not admit (named in the message)."""
+
+
 class _CifarUnpickler(pickle.Unpickler):
     """Admits only numpy array reconstruction; anything else in the file is refused."""
 
@@ -36,13 +40,18 @@ class _CifarUnpickler(pickle.Unpickler):
         try:
             return _ALLOWED_GLOBALS[(module, name)]
         except KeyError:
-            raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a CIFAR file") from None
+            raise _Refused(f"refusing to load {module}.{name} from a CIFAR file") from None
 
 
 def read_cifar_pickle(path: Path) -> dict:
     """Load one CIFAR pickle safely, with byte-string keys decoded to str."""
     with open(path, "rb") as f:
-        data = _CifarUnpickler(f, encoding="bytes").load()
+        try:
+            data = _CifarUnpickler(f, encoding="bytes").load()
+        except _Refused as exc:
+            raise ValueError(f"{path}: {exc}") from None
+        except Exception as exc:  # a damaged pickle raises many kinds (UnpicklingError, EOFError, ValueError, KeyError, ...)
+            raise ValueError(f"{path}: not a CIFAR file (its pickle does not load: {type(exc).__name__})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: not a CIFAR batch (top level is {type(data).__name__})")
     return {k.decode() if isinstance(k, bytes) else k: v for k, v in data.items()}
@@ -54,9 +63,15 @@ def _load_batch(path: Path) -> tuple[np.ndarray, list[int], list[str]]:
     labels = batch.get("labels", batch.get("fine_labels"))
     if "data" not in batch or labels is None:
         raise ValueError(f"{path}: missing 'data' or 'labels' in CIFAR batch")
-    data = np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
-    names = [n.decode() if isinstance(n, bytes) else str(n) for n in batch.get("filenames", [])]
-    return np.ascontiguousarray(data), [int(v) for v in labels], names
+    try:
+        data = np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+        names = [n.decode() if isinstance(n, bytes) else str(n) for n in batch.get("filenames", [])]
+        label_list = [int(v) for v in labels]
+    except (TypeError, ValueError, UnicodeDecodeError):
+        raise ValueError(f"{path}: not a CIFAR batch ('data' is not rows of 3072 bytes, or 'labels' not integers)") from None
+    if len(label_list) != len(data):
+        raise ValueError(f"{path}: {len(data)} images but {len(label_list)} labels")
+    return np.ascontiguousarray(data), label_list, names
 
 
 @dataclass(frozen=True)
@@ -92,12 +107,15 @@ def open_source(path: str, options: SourceOptions) -> CifarSource:
     for variant, meta_name, names_key in (("cifar10", "batches.meta", "label_names"), ("cifar100", "meta", "fine_label_names")):
         files = [root / name for name in _SPLITS[variant][options.split]]
         if all(f.is_file() for f in files):
+            for f in [*files, root / meta_name]:
+                inside_source(root, f, options.follow_symlinks)
             meta = root / meta_name
             classes = None
             if meta.is_file():
-                classes = tuple(
-                    n.decode() if isinstance(n, bytes) else str(n) for n in read_cifar_pickle(meta)[names_key]
-                )
+                names = read_cifar_pickle(meta).get(names_key)
+                if not isinstance(names, list):
+                    raise ValueError(f"{meta}: no {names_key} list of class names")
+                classes = tuple(n.decode(errors="replace") if isinstance(n, bytes) else str(n) for n in names)
             return CifarSource(files=tuple(files), classes=classes)
     raise FileNotFoundError(
         f"{path}: no CIFAR {options.split} batches (expected data_batch_1..5/test_batch or train/test)"

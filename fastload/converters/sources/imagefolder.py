@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastload.converters.sample import Sample, SourceItem, make_key, unique_keys
-from fastload.converters.sources import SourceOptions
+from fastload.converters.sources import SourceOptions, inside_source
 from fastload.errors import SampleError
+from fastload.files import resolved_inside
 
 IMAGE_EXTENSIONS = frozenset(
     {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".pbm"}
@@ -35,6 +36,7 @@ class ImageFolderSource:
     root: Path
     classes: tuple[str, ...]
     follow_symlinks: bool
+    extensions: frozenset[str] = IMAGE_EXTENSIONS  # the files it lists (lower case, with the dot)
 
     def items(self) -> list[SourceItem]:
         """Every image file, class by class, in sorted path order."""
@@ -62,7 +64,7 @@ class ImageFolderSource:
                 if entry.is_symlink():
                     check_linked_folder(self.root, f"{root}/{rel}", self.follow_symlinks)
                 self._scan(root, rel, label, found, above | {here})
-            elif os.path.splitext(entry.name)[1].lower() in IMAGE_EXTENSIONS:
+            elif os.path.splitext(entry.name)[1].lower() in self.extensions:
                 try:
                     st = entry.stat()
                     stamp: tuple[int, ...] = (st.st_size, st.st_mtime_ns)
@@ -73,10 +75,11 @@ class ImageFolderSource:
     def load(self, item: SourceItem) -> Sample:
         """Read the file's bytes as they are."""
         _, label, link = item.ref
-        if link and not self.follow_symlinks:
-            target = Path(os.path.realpath(item.where))
-            if not target.is_relative_to(self.root):
-                raise SampleError(item.where, f"symlink leaves the source root (-> {target}); pass --follow-symlinks")
+        if link:
+            try:
+                inside_source(self.root, Path(item.where), self.follow_symlinks)
+            except ValueError:
+                raise SampleError(item.where, f"symlink leaves the source root (-> {os.path.realpath(item.where)}); pass --follow-symlinks") from None
         try:
             data = read_file(item.where, item.size_hint)
         except OSError as exc:
@@ -88,14 +91,13 @@ def check_linked_folder(root: Path, link: str, follow_symlinks: bool) -> None:
     """A folder reached through a symlink is read where it stays inside ``root``, or anywhere
     with ``follow_symlinks``; else a ValueError naming it (never left out unsaid: its images, or a
     whole class, would be missing and the classes after it renumbered)."""
-    target = Path(os.path.realpath(link))
-    if not follow_symlinks and not target.is_relative_to(root):
-        raise ValueError(f"{link}: a folder linked from outside the source root (-> {target}); pass --follow-symlinks to convert it")
+    if not follow_symlinks and resolved_inside(root, link) is None:
+        raise ValueError(f"{link}: a folder linked from outside the source root (-> {os.path.realpath(link)}); pass --follow-symlinks to convert it")
 
 
-def open_source(path: str, options: SourceOptions) -> ImageFolderSource:
-    """Open an image folder; its class folders are its immediate subdirectories (linked ones
-    too: see check_linked_folder)."""
+def open_source(path: str, options: SourceOptions, extensions: frozenset[str] = IMAGE_EXTENSIONS) -> ImageFolderSource:
+    """Open an image folder (files of ``extensions``); its class folders are its immediate
+    subdirectories (linked ones too: see check_linked_folder)."""
     root = Path(os.path.realpath(path))
     if not root.is_dir():
         raise FileNotFoundError(f"{path}: not a directory")
@@ -106,5 +108,5 @@ def open_source(path: str, options: SourceOptions) -> ImageFolderSource:
                 check_linked_folder(root, entry.path, options.follow_symlinks)
             classes.append(entry.name)
     if not classes:
-        raise ValueError(f"{path}: no class subfolders (expected ROOT/CLASS/IMAGE)")
-    return ImageFolderSource(root=root, classes=tuple(sorted(classes)), follow_symlinks=options.follow_symlinks)
+        raise ValueError(f"{path}: no class subfolders (expected ROOT/CLASS/FILE)")
+    return ImageFolderSource(root=root, classes=tuple(sorted(classes)), follow_symlinks=options.follow_symlinks, extensions=extensions)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from fastload.converters.sample import Sample, SourceItem, file_stamp, make_key, unique_keys
-from fastload.converters.sources import SourceOptions
+from fastload.converters.sources import SourceOptions, inside_source
 from fastload.errors import SampleError
 
 
@@ -22,6 +23,7 @@ class ManifestSource:
     rows: tuple[tuple[str, int | None], ...]
     classes: tuple[str, ...] | None
     manifest: Path
+    follow_symlinks: bool = False  # read listed files outside the manifest's folder (.., absolute paths, links out)
 
     def items(self) -> list[SourceItem]:
         """One item per manifest row, in file order."""
@@ -42,13 +44,19 @@ class ManifestSource:
         """Read the listed file's bytes."""
         path, label = item.ref
         try:
+            inside_source(self.base, self.base / path, self.follow_symlinks)
+        except ValueError:
+            raise SampleError(item.where, f"outside the manifest's folder (-> {os.path.realpath(self.base / path)}); "
+                              "pass --follow-symlinks to read it") from None
+        try:
             data = (self.base / path).read_bytes()
         except OSError as exc:
             raise SampleError(item.where, f"unreadable: {exc.strerror or exc}") from None
         return Sample(key=item.key, where=item.where, image=data, label=label)
 
 
-def _read_rows(manifest: Path) -> list[dict]:
+def read_rows(manifest: Path) -> list[dict]:
+    """Every row of a CSV, TSV or JSON-lines manifest, as a dict by column."""
     if manifest.suffix.lower() in (".jsonl", ".ndjson", ".json"):
         rows = []
         for lineno, line in enumerate(manifest.read_text().splitlines(), start=1):
@@ -111,7 +119,7 @@ def _resolve_labels(raw_labels: list[object], manifest: Path, column: str) -> tu
 def open_source(path: str, options: SourceOptions) -> ManifestSource:
     """Read the whole manifest (it is small) and resolve labels to class indices."""
     manifest = Path(path)
-    rows = _read_rows(manifest)
+    rows = read_rows(manifest)
     if not rows:
         raise ValueError(f"{manifest}: the manifest has no rows")
     for column in (options.path_column, options.label_column):
@@ -123,5 +131,6 @@ def open_source(path: str, options: SourceOptions) -> ManifestSource:
     labels, classes = _resolve_labels([row.get(options.label_column) for row in rows], manifest, options.label_column)
     paths = [str(row[options.path_column]) for row in rows]
     return ManifestSource(
-        base=manifest.parent.resolve(), rows=tuple(zip(paths, labels)), classes=classes, manifest=manifest
+        base=manifest.parent.resolve(), rows=tuple(zip(paths, labels)), classes=classes, manifest=manifest,
+        follow_symlinks=options.follow_symlinks,
     )

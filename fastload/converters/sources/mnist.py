@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from fastload.converters.sample import Sample, SourceItem, file_stamp
-from fastload.converters.sources import SourceOptions
+from fastload.converters.sources import SourceOptions, inside_source
 
 _PREFIX = {"train": "train", "test": "t10k"}
 _IDX_DTYPES: dict[int, str] = {0x08: "u1", 0x09: "i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
@@ -75,7 +75,7 @@ def open_source(path: str, options: SourceOptions) -> MnistSource:
     root = Path(path)
     prefix = _PREFIX[options.split]
     return MnistSource(
-        images_path=_find(root, f"{prefix}-images-idx3-ubyte"),
-        labels_path=_find(root, f"{prefix}-labels-idx1-ubyte"),
+        images_path=inside_source(root, _find(root, f"{prefix}-images-idx3-ubyte"), options.follow_symlinks),
+        labels_path=inside_source(root, _find(root, f"{prefix}-labels-idx1-ubyte"), options.follow_symlinks),
         split=options.split,
     )

@@ -1,19 +1,20 @@
-"""Existing WebDataset tar shards, for resharding or converting to HDF5."""
+"""Existing WebDataset tar shards, for resharding or converting to HDF5; or, with ``--text-field``,
+the documents each sample holds in that member."""
 
 from __future__ import annotations
 
 import os
-import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from fastload.converters.sample import Sample, SourceItem, file_stamp
-from fastload.converters.sources import Document, SourceOptions, decode_text
+from fastload.converters.sources import Document, SourceOptions, decode_text, inside_source
 from fastload.errors import DatasetIndexError, SampleError
 from fastload.fields import LABEL_FIELD, image_field, parse_label
 from fastload.formats.idx import IDX_WHITESPACE, split_member_name
 from fastload.formats.index import read_index
+from fastload.formats.tar_headers import TarDamage, read_tar_members
 
 
 def unsafe_member_reason(name: str) -> str | None:
@@ -34,7 +35,7 @@ def unsafe_member_reason(name: str) -> str | None:
 
 
 def _is_utf8(name: str) -> bool:
-    """False for a name tarfile decoded with surrogate escapes (its bytes are not UTF-8)."""
+    """False for a name decoded with surrogate escapes (its bytes are not UTF-8)."""
     try:
         name.encode()
     except UnicodeEncodeError:
@@ -42,41 +43,36 @@ def _is_utf8(name: str) -> bool:
     return True
 
 
-def scan_tar(path: Path) -> list[tuple[str, dict[str, tuple[int, int]], str | None]]:
-    """Group a tar's regular files (and hard links, as the files they name) into samples:
-    (key, {ext: (data offset, size)}, why it is refused or None)."""
-    samples: list[tuple[str, dict[str, tuple[int, int]], str | None]] = []
+ScannedSample = tuple[str, dict[str, tuple[int, int]], str | None]  # (key, {ext: (data offset, size)}, why it is refused or None)
+
+
+def scan_tar(path: Path) -> tuple[list[ScannedSample], TarDamage | None]:
+    """Group a tar's regular files (and hard links, as the files they name) into samples, and say
+    where it is damaged (None: read to its end). Of a damaged tar, the samples before the damage
+    are kept but the last of them, which may have lost members to it, is refused; an unreadable
+    file is a ValueError naming it."""
     try:
-        file_size = path.stat().st_size
-        regular: dict[str, tarfile.TarInfo] = {}  # the files so far by name: what hard links name
-        with tarfile.open(path, mode="r:") as tar:
-            for member in tar:
-                if member.offset_data + member.size > file_size:  # e.g. a GNU base-256 size: nothing after it can be found
-                    raise ValueError(
-                        f"{path}: not a readable tar (member {member.name!r} claims {member.size} bytes, past the end of the file)"
-                    )
-                data = member
-                if member.isfile():
-                    regular[member.name] = member
-                elif member.islnk():  # a hard link (GNU tar's second link to a file): the data of the file it names
-                    data = regular[member.linkname]
-                else:
-                    continue
-                key, ext = split_member_name(member.name)
-                if not key or key.endswith("/"):
-                    continue  # hidden files such as ./.DS_Store
-                if not samples or samples[-1][0] != key:
-                    samples.append((key, {}, None))
-                _, fields, refused = samples[-1]
-                if refused is None and ext in fields:
-                    refused = f"member {member.name!r} repeats field {ext!r} of its sample (one key, two .{ext} members)"
-                fields[ext] = (data.offset_data, data.size)
-                samples[-1] = (key, fields, refused or unsafe_member_reason(member.name))
-    except (tarfile.TarError, OSError) as exc:
-        raise ValueError(f"{path}: not a readable tar ({exc})") from None
-    except KeyError:  # a hard link to no earlier file
-        raise ValueError(f"{path}: not a readable tar (a hard link to a file it does not hold)") from None
-    return samples
+        members, damage = read_tar_members(path), None
+    except TarDamage as exc:
+        members, damage = exc.members, exc
+    except OSError as exc:
+        raise ValueError(f"{path}: not a readable tar ({exc.strerror})") from None
+    samples: list[ScannedSample] = []
+    for _, name, offset, size in members:
+        key, ext = split_member_name(name)
+        if not key or key.endswith("/"):
+            continue  # hidden files such as ./.DS_Store
+        if not samples or samples[-1][0] != key:
+            samples.append((key, {}, None))
+        _, fields, refused = samples[-1]
+        if refused is None and ext in fields:
+            refused = f"member {name!r} repeats field {ext!r} of its sample (one key, two .{ext} members)"
+        fields[ext] = (offset, size)
+        samples[-1] = (key, fields, refused or unsafe_member_reason(name))
+    if damage is not None and samples:
+        key, fields, refused = samples[-1]
+        samples[-1] = (key, fields, refused or f"the tar is damaged right after it ({damage.reason}): it may have lost members")
+    return samples, damage
 
 
 @dataclass(frozen=True)
@@ -87,19 +83,27 @@ class WdsSource:
     classes: tuple[str, ...] | None
 
     def items(self) -> list[SourceItem]:
-        """One item per sample key of every shard."""
+        """One item per sample key of every shard; after the samples of a damaged shard, one item
+        standing for what the damage lost (loading it raises, so the loss is an error naming the
+        tar, or with ``--on-error skip`` a skip reported in skipped.jsonl, never silent)."""
         out = []
         for shard in self.shards:
             stamp = file_stamp(shard)
-            for raw_key, fields, unsafe in scan_tar(shard):
+            samples, damage = scan_tar(shard)
+            for raw_key, fields, unsafe in samples:
                 size = sum(size for _, size in fields.values())
                 key = raw_key if _is_utf8(raw_key) else raw_key.encode(errors="surrogateescape").decode(errors="backslashreplace")
                 out.append(SourceItem(key=key, where=f"{shard}:{key}", size_hint=size, ref=(shard, fields, unsafe), stamp=stamp))
+            if damage is not None:
+                lost = f"damaged tar ({damage.reason}): the samples from byte {damage.at} on are lost, their number unknown"
+                out.append(SourceItem(key=f"{shard.name}@{damage.at}", where=str(shard), size_hint=0, ref=(shard, None, lost), stamp=stamp))
         return out
 
     def load(self, item: SourceItem) -> Sample:
         """Read the sample's members by offset."""
         shard, fields, unsafe = item.ref
+        if fields is None:  # what a damaged tar lost
+            raise SampleError(item.where, unsafe)
         if unsafe:
             raise SampleError(item.where, f"rejected: {unsafe}")
         values: dict[str, bytes] = {}
@@ -132,15 +136,16 @@ class WdsTextSource:
                 for shard in self.shards]
 
     def documents(self, item: SourceItem) -> Iterator[Document]:
-        """Each sample's text in tar order (a sample without the member, an unsafe name or
-        invalid UTF-8 reported, not raised)."""
+        """Each sample's text in tar order (a sample without the member, a refused one, invalid
+        UTF-8, and what a damaged tar lost reported, not raised)."""
         shard = item.ref
+        samples, damage = scan_tar(shard)
         fd = os.open(shard, os.O_RDONLY)
         try:
-            for key, fields, unsafe in scan_tar(shard):
+            for key, fields, refused in samples:
                 where = f"{shard}:{key}"
-                if unsafe:
-                    yield Document(where, None, f"rejected: {unsafe}")
+                if refused:
+                    yield Document(where, None, f"rejected: {refused}")
                 elif self.text_field not in fields:
                     yield Document(where, None, f"no .{self.text_field} member (fields {', '.join(sorted(fields))})")
                 else:
@@ -151,13 +156,15 @@ class WdsTextSource:
                     yield Document(where, text, problem)
         finally:
             os.close(fd)
+        if damage is not None:
+            yield Document(str(shard), None, f"damaged tar ({damage.reason}): the documents from byte {damage.at} on are lost, their number unknown")
 
 
 def open_source(path: str, options: SourceOptions) -> WdsSource | WdsTextSource:
     """Open a .tar file or a folder of .tar shards (sorted); classes come from its index.json if
     any; with ``text_field``, the documents in that member of each sample."""
     p = Path(path)
-    shards = tuple(sorted(p.glob("*.tar"))) if p.is_dir() else (p,)
+    shards = tuple(inside_source(p, f, options.follow_symlinks) for f in sorted(p.glob("*.tar"))) if p.is_dir() else (p,)
     if not shards or not shards[0].is_file():
         raise FileNotFoundError(f"{path}: no .tar shards")
     if options.text_field is not None:

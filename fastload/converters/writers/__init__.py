@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import importlib
 import os
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from fastload.files import temporary_beside
 from fastload.formats.index import ShardInfo
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from fastload.video.facts import StreamFacts
 
 WRITER_MODULES: dict[str, str] = {
     "wds": "fastload.converters.writers.wds",
@@ -34,6 +36,7 @@ class PreparedSample:
     image: bytes | np.ndarray | None
     label: int | None = None
     extra: dict[str, bytes] = field(default_factory=dict)
+    facts: dict[str, StreamFacts] = field(default_factory=dict)  # each video field's stream facts (for the sample table)
 
 
 class ShardWriter(Protocol):
@@ -64,10 +67,18 @@ def open_writer(layout: str, path: Path, options: WriterOptions) -> ShardWriter:
     return module.open_writer(path, options)
 
 
-def temp_path(path: Path) -> Path:
-    """The hidden temporary name a shard file is written under before its rename; unique to the
-    writing process (host and pid), so a retried Ray task never writes into another's file."""
-    return path.with_name(f".{path.name}.tmp-{socket.gethostname()}-{os.getpid()}")
+def write_beside(path: Path, data: bytes) -> Path:
+    """``data`` written to a new temporary file beside ``path`` (:func:`fastload.files.temporary_beside`:
+    a fresh unguessable name, so a retried Ray task never writes into another's file and a planted
+    link is never written through); its path, for :func:`publish`."""
+    fd, tmp = temporary_beside(path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
 
 
 def publish(tmp: Path, final: Path) -> None:

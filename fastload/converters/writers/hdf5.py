@@ -10,17 +10,20 @@ dataset's file offset; h5py's variable-length rows cost ~150 us each to read.
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import h5py
 import numpy as np
 
-from fastload.converters.writers import PreparedSample, WriterOptions, publish, temp_path
+from fastload.converters.writers import PreparedSample, WriterOptions, publish, write_beside
 from fastload.fields import LABEL_FIELD
-from fastload.files import file_sha256
+from fastload.files import file_sha256, temporary_beside
+from fastload.formats.hdf5 import MAX_DECOMPRESSED_BYTES
 from fastload.formats.index import FORMAT_NAME, FORMAT_VERSION, ShardInfo
 from fastload.formats.table import TABLE_SUFFIX, encode_table
 
+CHUNK_ROWS = 64  # rows of decoded pixels a compressed chunk holds
 ENCODED_DATASET = "image"
 DECODED_DATASET = "pixels"
 
@@ -44,6 +47,7 @@ class Hdf5ShardWriter:
         self.path = path
         self.options = options
         self._samples: list[PreparedSample] = []
+        self._tmp: Path | None = None
 
     def add(self, sample: PreparedSample) -> None:
         """Queue one sample; decoded pixels must all share one shape."""
@@ -62,8 +66,10 @@ class Hdf5ShardWriter:
         if self.options.hdf5_decoded:
             pixels = np.stack([np.asarray(s.image) for s in self._samples]) if n else np.zeros((0, 0, 0, 0), np.uint8)
             compression = self.options.hdf5_compression
-            # compressed: chunks of 64 rows; else contiguous, so a row is one pread at a known offset
-            chunks = (min(max(n, 1), 64), *pixels.shape[1:]) if n and compression else None
+            # compressed: chunks of 64 rows, fewer where that would pass what a reader decompresses at once;
+            # else contiguous, so a row is one pread at a known offset
+            rows = min(n, CHUNK_ROWS, max(1, MAX_DECOMPRESSED_BYTES // max(1, pixels[0].nbytes))) if n else 0
+            chunks = (rows, *pixels.shape[1:]) if n and compression else None
             f.create_dataset(DECODED_DATASET, data=pixels, chunks=chunks, compression=compression)
         elif any(s.image is not None for s in self._samples):  # a sample without one: empty bytes, format ""
             write_byte_column(f, ENCODED_DATASET, [s.image if isinstance(s.image, bytes) else b"" for s in self._samples])
@@ -76,16 +82,16 @@ class Hdf5ShardWriter:
 
     def finish(self) -> ShardInfo:
         """Write the file and its sample table under temporary names, then publish both."""
-        tmp = temp_path(self.path)
-        with h5py.File(tmp, "w") as f:
+        fd, self._tmp = temporary_beside(self.path)
+        os.close(fd)  # created new (never through a link), then opened by name: h5py takes no descriptor
+        with h5py.File(self._tmp, "w") as f:
             self._write(f)
         table_path = self.path.with_suffix(TABLE_SUFFIX)
-        table_tmp = temp_path(table_path)
         labels = [-1 if s.label is None else s.label for s in self._samples]
         table_bytes = encode_table([s.key for s in self._samples], [{}] * len(self._samples), labels)
-        table_tmp.write_bytes(table_bytes)
-        publish(table_tmp, table_path)
-        publish(tmp, self.path)
+        publish(write_beside(table_path, table_bytes), table_path)
+        publish(self._tmp, self.path)
+        self._tmp = None
         return ShardInfo(
             path=self.path.name, samples=len(self._samples), bytes=self.path.stat().st_size, sha256=file_sha256(self.path),
             table=table_path.name, table_sha256=hashlib.sha256(table_bytes).hexdigest(),
@@ -94,7 +100,9 @@ class Hdf5ShardWriter:
     def abort(self) -> None:
         """Drop the queued samples and any temporary file."""
         self._samples.clear()
-        temp_path(self.path).unlink(missing_ok=True)
+        if self._tmp is not None:
+            self._tmp.unlink(missing_ok=True)
+            self._tmp = None
 
 
 def open_writer(path: Path, options: WriterOptions) -> Hdf5ShardWriter:

@@ -4,12 +4,14 @@ their boundaries kept, the ``.docs`` table written and both published on ``finis
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 
-from fastload.converters.writers import WriterOptions, publish, temp_path
+from fastload.converters.writers import WriterOptions, publish, write_beside
+from fastload.files import temporary_beside
 from fastload.formats.index import TOKEN_DTYPES, ShardInfo
 from fastload.formats.tokens import DOCS_SUFFIX, encode_documents
 
@@ -21,8 +23,8 @@ class TokenShardWriter:
         self.path, self.docs_path = path, path.with_suffix(DOCS_SUFFIX)
         self.dtype = np.dtype(options.token_dtype).newbyteorder("<")
         self.limit = TOKEN_DTYPES[options.token_dtype]
-        self._tmp = temp_path(path)
-        self._file: BinaryIO = open(self._tmp, "wb", buffering=1 << 20)  # noqa: SIM115 - open across add_documents(), closed by finish()/abort()
+        fd, self._tmp = temporary_beside(path)
+        self._file: BinaryIO = os.fdopen(fd, "wb", buffering=1 << 20)  # open across add_documents(), closed by finish()/abort()
         self._sha = hashlib.sha256()
         self._lengths: list[np.ndarray] = []
         self.tokens = 0
@@ -44,9 +46,7 @@ class TokenShardWriter:
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         table = encode_documents(offsets, self.dtype.itemsize)
-        docs_tmp = temp_path(self.docs_path)
-        docs_tmp.write_bytes(table)
-        publish(docs_tmp, self.docs_path)
+        publish(write_beside(self.docs_path, table), self.docs_path)
         publish(self._tmp, self.path)
         return ShardInfo(path=self.path.name, samples=len(lengths), bytes=self.tokens * self.dtype.itemsize, sha256=self._sha.hexdigest(),
                          table=self.docs_path.name, table_sha256=hashlib.sha256(table).hexdigest(), tokens=self.tokens)

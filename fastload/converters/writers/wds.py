@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import tarfile
 from pathlib import Path
 from typing import BinaryIO
 
-from fastload.converters.writers import PreparedSample, WriterOptions, publish, temp_path
+from fastload.converters.writers import PreparedSample, WriterOptions, publish, write_beside
 from fastload.fields import LABEL_FIELD, format_label
+from fastload.files import temporary_beside
 from fastload.formats.idx import Member, format_dali_index
 from fastload.formats.index import ShardInfo
-from fastload.formats.table import TABLE_SUFFIX, tar_table
+from fastload.formats.table import TABLE_SUFFIX, Facts, tar_table
 
 BLOCK = tarfile.BLOCKSIZE
 RECORD = tarfile.RECORDSIZE
@@ -59,11 +61,12 @@ class WdsShardWriter:
         self.path = path
         self.idx_path = path.with_suffix(".idx")
         self.table_path = path.with_suffix(TABLE_SUFFIX)
-        self._tmp = temp_path(path)
-        self._file: BinaryIO = open(self._tmp, "wb", buffering=1 << 20)  # noqa: SIM115 - open across add() calls, closed by finish()/abort()
+        fd, self._tmp = temporary_beside(path)
+        self._file: BinaryIO = os.fdopen(fd, "wb", buffering=1 << 20)  # open across add() calls, closed by finish()/abort()
         self._sha = hashlib.sha256()
         self._pos = 0
         self._samples: list[list[Member]] = []
+        self._facts: list[Facts] = []
 
     def _write(self, data: bytes) -> None:
         self._file.write(data)
@@ -90,6 +93,7 @@ class WdsShardWriter:
             pos += len(data) + padding
         self._write(b"".join(parts))  # one write and one hash update per sample
         self._samples.append(members)
+        self._facts.append(sample.facts)
 
     def finish(self) -> ShardInfo:
         """End the archive (two zero blocks, padded to a 10 KiB record), then publish idx, sample
@@ -98,14 +102,10 @@ class WdsShardWriter:
         if self._pos % RECORD:
             self._write(b"\0" * (RECORD - self._pos % RECORD))
         self._file.close()
-        idx_tmp = temp_path(self.idx_path)
         idx_bytes = format_dali_index(self._samples)
-        idx_tmp.write_bytes(idx_bytes)
-        publish(idx_tmp, self.idx_path)
-        table_tmp = temp_path(self.table_path)
-        table_bytes = tar_table(self._tmp, self._samples)
-        table_tmp.write_bytes(table_bytes)
-        publish(table_tmp, self.table_path)
+        publish(write_beside(self.idx_path, idx_bytes), self.idx_path)
+        table_bytes = tar_table(self._tmp, self._samples, self._facts)
+        publish(write_beside(self.table_path, table_bytes), self.table_path)
         publish(self._tmp, self.path)
         return ShardInfo(
             path=self.path.name,

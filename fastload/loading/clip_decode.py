@@ -1,0 +1,67 @@
+"""One video field's clips planned and decoded into its batch rows, in a worker (or inline).
+
+A video's clips (which frames) and its geometry (crop, resize, flip: the same for every frame of
+every clip) are planned from its stream facts in the sample table, from (seed, epoch, index)
+alone; then the decoder seeks to the keyframe before each clip and decodes only to its last
+frame (fastload.video.pyav), and each kept frame is resampled into its row. Decoding (with the
+conversion to RGB) is timed as the decode stage, the resample as the transform stage.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from fastload.errors import SampleError
+from fastload.loading.rng import sample_rng
+from fastload.loading.stats import DECODE, TRANSFORM, StageClock
+from fastload.transforms import Plan, Transform, plan, resample_into
+from fastload.video.clips import CLIP_SALT, Clip, plan_clips
+from fastload.video.facts import StreamFacts
+from fastload.video.pyav import decode_frames
+
+
+@dataclass(frozen=True)
+class PlannedVideo:
+    """What a worker makes of one video: its facts, each clip's frame numbers, the geometry."""
+
+    facts: StreamFacts
+    clips: tuple[tuple[int, ...], ...]
+    plan: Plan
+
+    def spans(self) -> tuple[tuple[int, int, float, float], ...]:
+        """Each clip's first and last frame, and the seconds they are shown at."""
+        return tuple((c[0], c[-1], round(self.facts.time_of(c[0]), 6), round(self.facts.time_of(c[-1]), 6)) for c in self.clips)
+
+
+def plan_video(facts: StreamFacts, clip: Clip, transforms: Sequence[Transform], seed: int, epoch: int, index: int) -> PlannedVideo:
+    """The clips and geometry of sample ``index``'s video: pure functions of (seed, epoch, index)
+    and its facts (the crop's random stream is an image's; the clips' is independent of it)."""
+    clips = plan_clips(clip, facts.frames, sample_rng(seed ^ CLIP_SALT, epoch, index))
+    return PlannedVideo(facts, clips, plan(transforms, facts.height, facts.width, sample_rng(seed, epoch, index)))
+
+
+def fill_video(data: bytes, where: str, planned: PlannedVideo, out: np.ndarray, timeout_s: float, clock: StageClock) -> None:
+    """Decode the planned clips of the video in ``data`` into ``out`` ((clips,) T, C, H, W uint8),
+    each distinct frame decoded once; a SampleError naming ``where`` when it cannot."""
+    if tuple(planned.plan.size) != out.shape[-2:]:
+        raise SampleError(where, f"transforms give {planned.plan.size[0]}x{planned.plan.size[1]}, the batch holds {out.shape[-2]}x{out.shape[-1]}")
+    rows = out.reshape(-1, *out.shape[-3:])
+    places: dict[int, list[int]] = {}
+    for row, frame in enumerate(frame for clip in planned.clips for frame in clip):
+        places.setdefault(frame, []).append(row)
+    facts = planned.facts
+    clock.lap(TRANSFORM)
+    for frame, pixels in decode_frames(data, where, facts, sorted(places), None, time.monotonic() + timeout_s):
+        clock.lap(DECODE)
+        first, *repeats = places[frame]
+        try:
+            resample_into(pixels, planned.plan, facts.height, facts.width, rows[first])
+        except ValueError as exc:
+            raise SampleError(where, f"frame {frame} has {exc}") from None
+        for row in repeats:
+            rows[row] = rows[first]
+        clock.lap(TRANSFORM)

@@ -1,0 +1,70 @@
+"""A video's stream facts: what a clip plan needs, read once at conversion into the shard's sample
+table (:mod:`fastload.formats.table`), so loading plans clips without probing the file.
+
+Frames are numbered in presentation order, 0 to ``frames - 1``, from the packets the container
+actually holds (not its header's frame count, which may lie); ``keyframes`` are the numbers of
+the frames a decoder can start at, with their timestamps (``keyframe_pts``) to seek to.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from fastload.decode.header import MAX_PIXELS, check_pixels
+
+MAX_CODEC_NAME = 16  # bytes a codec's name takes in a sample table
+MAX_FRAMES = 1 << 24  # ~6 days at 30 fps: more is a damaged or hostile container
+
+
+@dataclass(frozen=True)
+class StreamFacts:
+    """One video stream: codec, size, frame count and rate, time base, keyframes, audio."""
+
+    codec: str
+    width: int
+    height: int
+    frames: int
+    rate: tuple[int, int]  # average frames per second as (numerator, denominator)
+    time_base: tuple[int, int]  # seconds per timestamp unit as (numerator, denominator)
+    start_pts: int  # the first frame's timestamp
+    keyframes: tuple[int, ...]  # frame numbers a decode can start at, ascending, the first 0
+    keyframe_pts: tuple[int, ...]  # their timestamps
+    audio_rate: int = 0  # the first audio stream's samples per second (0: no audio)
+    audio_channels: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.codec.isascii() or not 0 < len(self.codec) <= MAX_CODEC_NAME:
+            raise ValueError(f"a codec name is 1 to {MAX_CODEC_NAME} ASCII characters, got {self.codec!r}")
+        if not (0 < self.frames <= MAX_FRAMES and self.width > 0 and self.height > 0):
+            raise ValueError(f"a video has 1 to {MAX_FRAMES} frames of a positive size, got {self.frames} of {self.width}x{self.height}")
+        if min(*self.rate, *self.time_base) <= 0:
+            raise ValueError(f"frame rate {self.rate} and time base {self.time_base} must be positive fractions")
+        if len(self.keyframes) != len(self.keyframe_pts) or not self.keyframes or self.keyframes[0] != 0:
+            raise ValueError("keyframes: one timestamp each, the first at frame 0")
+        if any(b <= a for a, b in zip(self.keyframes, self.keyframes[1:])) or self.keyframes[-1] >= self.frames:
+            raise ValueError("keyframes: ascending frame numbers within the video")
+        if self.audio_rate < 0 or self.audio_channels < 0:
+            raise ValueError("audio rate and channels cannot be negative")
+
+    @property
+    def fps(self) -> float:
+        """Average frames per second."""
+        return self.rate[0] / self.rate[1]
+
+    @property
+    def seconds(self) -> float:
+        """The video's length in seconds (frames over the average rate)."""
+        return self.frames / self.fps
+
+    def time_of(self, frame: int) -> float:
+        """When frame ``frame`` is shown, in seconds from the first frame (at the average rate)."""
+        return frame / self.fps
+
+    def keyframe_before(self, frame: int) -> int:
+        """The position in ``keyframes`` of the last keyframe at or before frame ``frame``."""
+        return bisect.bisect_right(self.keyframes, frame) - 1
+
+    def check_size(self, where: str, max_pixels: int = MAX_PIXELS) -> None:
+        """A SampleError naming ``where`` when a frame has more pixels than ``max_pixels``."""
+        check_pixels(self.width, self.height, where, max_pixels)

@@ -1,0 +1,214 @@
+"""The one module importing PyAV (FFmpeg's libraries, bundled in its wheels), lazily: probing a
+video's stream facts at conversion, decoding the frames a clip needs (a seek to the keyframe at
+or before them, then decoding only to the last one), and re-encoding to H.264.
+
+Chosen over torchcodec by measurement (docs/video.md: benchmarks/bench_video_decoders.py): on
+the same clips, PyAV seeking to the keyframe the sample table names and converting each kept
+frame to RGB at the size the crop needs decoded faster than torchcodec's ``get_frames_at``, and
+PyAV's wheels load with any torch (torchcodec's are built for one torch release each).
+
+Every failure is a SampleError naming the sample and what was wrong (never the file's bytes);
+a decode is bounded in time (``deadline``) and in frames (what the clip needs, plus the
+decoder's reordering), and a frame over the pixel limit is refused before it is converted.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Iterator, Sequence
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any
+
+from fastload.decode.header import MAX_PIXELS
+from fastload.errors import SampleError
+from fastload.video.facts import MAX_FRAMES, StreamFacts
+
+if TYPE_CHECKING:
+    import numpy as np
+
+REORDER_SLACK = 64  # frames a decoder may emit past a seek point before the one asked for (B-frame reordering, leading frames)
+
+
+def _av() -> Any:
+    """PyAV, or an ImportError naming the extra that installs it."""
+    try:
+        import av
+    except ImportError:
+        raise ImportError("video needs PyAV: pip install 'fastload[video]'") from None
+    av.logging.set_level(av.logging.PANIC)  # FFmpeg's own messages about damaged streams: ours name the sample
+    return av
+
+
+def _open(data: bytes, where: str, max_pixels: int = MAX_PIXELS) -> Any:
+    """An input container over ``data``, with its first video stream decoded on one thread; a
+    SampleError for no video stream, no decoder for it, or a frame size over ``max_pixels``."""
+    av = _av()
+    if not data:
+        raise SampleError(where, "empty video: zero bytes")
+    try:
+        container = av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
+    except (av.error.FFmpegError, ValueError, OSError) as exc:
+        raise SampleError(where, f"not a readable video ({type(exc).__name__})") from None
+    try:
+        if not container.streams.video:
+            raise SampleError(where, "holds no video stream")
+        stream = container.streams.video[0]
+        if stream.codec_context is None:
+            raise SampleError(where, f"no decoder for its video codec ({getattr(stream, 'codec_tag', '') or 'unknown'!r}) in this FFmpeg")
+        stream.thread_type = "SLICE"  # a worker is one process: no frame threads (their latency and memory)
+        stream.codec_context.thread_count = 1
+        _check_header_size(stream.codec_context.width, stream.codec_context.height, where, max_pixels)
+    except BaseException:
+        container.close()
+        raise
+    return container
+
+
+def probe(data: bytes, where: str, max_pixels: int = MAX_PIXELS) -> StreamFacts:
+    """The stream facts of the video in ``data``: its packets' timestamps demuxed (nothing decoded
+    but the first frame, which proves the codec decodes and gives the true frame size)."""
+    av = _av()
+    container = _open(data, where, max_pixels)
+    try:
+        stream = container.streams.video[0]
+        context = stream.codec_context
+        stamps: list[int] = []
+        keys: list[int] = []
+        try:
+            for packet in container.demux(stream):
+                stamp = packet.pts if packet.pts is not None else packet.dts
+                if packet.size == 0 or stamp is None:
+                    continue
+                stamps.append(stamp)
+                if packet.is_keyframe:
+                    keys.append(stamp)
+                if len(stamps) > MAX_FRAMES:
+                    raise SampleError(where, f"more than {MAX_FRAMES} video frames")
+        except av.error.FFmpegError as exc:
+            if not stamps:
+                raise SampleError(where, f"no readable video packet ({type(exc).__name__})") from None
+        if not stamps:
+            raise SampleError(where, "zero-length video stream: no frames")
+        order = sorted(stamps)
+        if len(set(order)) != len(order):
+            raise SampleError(where, "two video frames share a timestamp: remux it (ffmpeg -c copy) or convert with --reencode")
+        rank = {stamp: i for i, stamp in enumerate(order)}
+        keyframes = sorted({rank[stamp] for stamp in keys})
+        if not keyframes or keyframes[0] != 0:
+            raise SampleError(where, "its first frame is no keyframe (a cut without its start): convert with --reencode")
+        rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+        if not rate or rate <= 0:
+            raise SampleError(where, "no frame rate in its container: convert with --reencode")
+        time_base = stream.time_base or Fraction(1, 90000)
+        width, height = _first_frame_size(container, stream, where, max_pixels)
+        audio = container.streams.audio[0] if container.streams.audio else None
+        return StreamFacts(
+            codec=context.name[:16], width=width, height=height, frames=len(order),
+            rate=(rate.numerator, rate.denominator), time_base=(time_base.numerator, time_base.denominator),
+            start_pts=order[0], keyframes=tuple(keyframes), keyframe_pts=tuple(order[k] for k in keyframes),
+            audio_rate=int(audio.rate or 0) if audio is not None else 0,
+            audio_channels=int(audio.channels or 0) if audio is not None else 0,
+        )
+    finally:
+        container.close()
+
+
+def _check_header_size(width: int, height: int, where: str, max_pixels: int) -> None:
+    """A SampleError for a frame size over the pixel limit, before anything is decoded."""
+    if width * height > max_pixels:
+        raise SampleError(where, f"decompression bomb: {width}x{height} = {width * height} pixels a frame > limit {max_pixels}")
+
+
+def _first_frame_size(container: Any, stream: Any, where: str, max_pixels: int) -> tuple[int, int]:
+    """(width, height) of the first decoded frame."""
+    av = _av()
+    container.seek(0, stream=stream)
+    try:
+        for frame in container.decode(stream):
+            _check_header_size(frame.width, frame.height, where, max_pixels)
+            return frame.width, frame.height
+    except av.error.FFmpegError as exc:
+        raise SampleError(where, f"its first frame does not decode ({type(exc).__name__})") from None
+    raise SampleError(where, "no frame decodes")
+
+
+def decode_frames(
+    data: bytes, where: str, facts: StreamFacts, wanted: Sequence[int], size: tuple[int, int] | None, deadline: float,
+    max_pixels: int = MAX_PIXELS,
+) -> Iterator[tuple[int, np.ndarray]]:
+    """Each of the frames ``wanted`` (ascending frame numbers) as (number, HWC uint8 RGB), at
+    ``size`` (height, width; None: as stored): a seek to the keyframe at or before a wanted frame
+    whenever the decoder is not already on the way to it, then decoding up to it. A SampleError
+    when the video ends first (its table promised more frames), when ``time.monotonic()`` passes
+    ``deadline``, or when a frame is bigger than ``max_pixels``."""
+    av = _av()
+    if not wanted:
+        return
+    facts.check_size(where, max_pixels)
+    container = _open(data, where, max_pixels)
+    reformatter = av.video.reformatter.VideoReformatter()  # one scaler for the clip: FFmpeg's context is set up once
+    try:
+        stream = container.streams.video[0]
+        height, width = size if size is not None else (facts.height, facts.width)
+        position, frames = -1, None  # the number of the frame last decoded, the decoder's frames
+        budget = 0
+        for target in wanted:
+            key = facts.keyframe_before(target)
+            if frames is None or position >= target or facts.keyframes[key] > position + 1:
+                container.seek(facts.keyframe_pts[key], stream=stream, backward=True, any_frame=False)
+                frames = container.decode(stream)
+                position, start_pts = facts.keyframes[key] - 1, facts.keyframe_pts[key]
+                budget = target - position + REORDER_SLACK
+            while position < target:
+                if budget <= 0:
+                    raise SampleError(where, f"decoding from the keyframe before frame {target} never reached it (frames out of order?)")
+                try:
+                    frame = next(frames)
+                except StopIteration:
+                    raise SampleError(where, f"the video ends before frame {target} (its sample table says {facts.frames} frames)") from None
+                except av.error.FFmpegError as exc:
+                    raise SampleError(where, f"frame {position + 1} does not decode ({type(exc).__name__})") from None
+                budget -= 1
+                if time.monotonic() > deadline:
+                    raise SampleError(where, f"decoding took longer than its time limit (at frame {position + 1})")
+                if frame.pts is not None and frame.pts < start_pts:
+                    continue  # a leading frame of an open GOP, shown before its keyframe: not part of the clip
+                position += 1
+            _check_header_size(frame.width, frame.height, where, max_pixels)
+            yield target, reformatter.reformat(frame, width=width, height=height, format="rgb24", interpolation="BILINEAR").to_ndarray()
+    finally:
+        container.close()
+
+
+def reencode_h264(data: bytes, where: str, gop: int, max_size: int | None, max_pixels: int = MAX_PIXELS) -> bytes:
+    """The video in ``data`` as H.264 in MP4 (yuv420p, a keyframe every ``gop`` frames, its longer
+    side at most ``max_size``), its first audio stream dropped; a SampleError when it does not decode."""
+    av = _av()
+    source = _open(data, where, max_pixels)
+    out = io.BytesIO()
+    try:
+        stream = source.streams.video[0]
+        rate = stream.average_rate or stream.guessed_rate or Fraction(30)
+        with av.open(out, mode="w", format="mp4") as target:
+            encoded = None
+            for number, frame in enumerate(source.decode(stream)):
+                _check_header_size(frame.width, frame.height, where, max_pixels)
+                if encoded is None:
+                    scale = min(1.0, max_size / max(frame.width, frame.height)) if max_size else 1.0
+                    encoded = target.add_stream("libx264", rate=rate)
+                    encoded.width, encoded.height = max(2, round(frame.width * scale / 2) * 2), max(2, round(frame.height * scale / 2) * 2)
+                    encoded.pix_fmt = "yuv420p"
+                    encoded.codec_context.gop_size = gop
+                    encoded.codec_context.options = {"keyint_min": str(gop), "sc_threshold": "0", "threads": "1"}
+                picture = frame.reformat(width=encoded.width, height=encoded.height, format="yuv420p")
+                picture.pts, picture.time_base = number, Fraction(1) / Fraction(rate)  # frames in order, at the source's average rate
+                target.mux(encoded.encode(picture))
+            if encoded is None:
+                raise SampleError(where, "zero-length video stream: no frames")
+            target.mux(encoded.encode(None))
+    except av.error.FFmpegError as exc:
+        raise SampleError(where, f"does not decode for re-encoding ({type(exc).__name__})") from None
+    finally:
+        source.close()
+    return out.getvalue()

@@ -1,0 +1,121 @@
+"""Every converter source reads only inside its source root: a file reached through a link (or a
+manifest path climbing out with ``..`` or absolute) that leaves the root is refused by name unless
+``--follow-symlinks``. The root's sibling ``src-private`` starts with the root's name: paths are
+compared part by part, never as strings, so a link into it is refused like any other."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fastload.converters import ConvertOptions, convert
+from fastload.converters.sources import SourceOptions
+from fastload.errors import SampleError
+from tests.conftest import jpeg_bytes, photo_folder, run_cli, small_photo
+
+
+def link_out(src: Path, name: str) -> Path:
+    """Move ``src/name`` into the sibling ``src-private`` and leave a symlink to it in its place."""
+    private = src.parent / "src-private" / name
+    private.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(src / name, private)
+    (src / name).symlink_to(private)
+    return src / name
+
+
+def cifar(tmp: Path, fixtures: dict) -> tuple[Path, str]:
+    src = tmp / "src"
+    shutil.copytree(fixtures["cifar10_dir"], src)
+    return src, str(link_out(src, "data_batch_3"))
+
+
+def mnist(tmp: Path, fixtures: dict) -> tuple[Path, str]:
+    src = tmp / "src"
+    shutil.copytree(fixtures["mnist_dir"], src)
+    name = next(p.name for p in src.iterdir() if p.name.startswith("train-labels"))
+    return src, str(link_out(src, name))
+
+
+def npz(tmp: Path, fixtures: dict) -> tuple[Path, str]:
+    src = tmp / "src"
+    src.mkdir()
+    with np.load(fixtures["npz_file"]) as archive:
+        np.save(src / "images.npy", archive["images"])
+        np.save(src / "labels.npy", archive["labels"])
+    return src, str(link_out(src, "labels.npy"))
+
+
+def parquet(tmp: Path, fixtures: dict) -> tuple[Path, str]:
+    src = tmp / "src"
+    shutil.copytree(fixtures["parquet_dir"], src)
+    return src, str(link_out(src, sorted(p.name for p in src.glob("*.parquet"))[1]))
+
+
+def wds(tmp: Path, fixtures: dict) -> tuple[Path, str]:
+    src = tmp / "src"
+    shutil.copytree(fixtures["clean"], src)
+    (src / "index.json").unlink()
+    return src, str(link_out(src, "shard-00002.tar"))
+
+
+def imagefolder_file(tmp: Path, fixtures: dict) -> tuple[Path, str]:
+    src = photo_folder(tmp / "src", 6, (24, 32))
+    return src, str(link_out(src, "c1/0004.jpg"))
+
+
+def imagefolder_folder(tmp: Path, fixtures: dict) -> tuple[Path, str]:
+    src = photo_folder(tmp / "src", 6, (24, 32))
+    return src, str(link_out(src, "c2"))
+
+
+SOURCES: dict[str, tuple[str, Callable[[Path, dict], tuple[Path, str]]]] = {
+    "cifar": ("cifar", cifar), "mnist": ("mnist", mnist), "npz folder": ("npz", npz), "parquet folder": ("parquet", parquet),
+    "wds folder": ("wds", wds), "imagefolder file": ("imagefolder", imagefolder_file), "imagefolder folder": ("imagefolder", imagefolder_folder),
+}
+
+
+@pytest.mark.parametrize("case", SOURCES)
+def test_every_source_refuses_a_link_into_the_sibling_named_like_its_root(case: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    source, build = SOURCES[case]
+    if source == "parquet":
+        pytest.importorskip("pyarrow")
+    fixtures = {name: request.getfixturevalue(name) for name in ("cifar10_dir", "mnist_dir", "npz_file", "clean")}
+    fixtures["parquet_dir"] = request.getfixturevalue("parquet_dir") if source == "parquet" else None
+    src, link = build(tmp_path, fixtures)
+    with pytest.raises((ValueError, SampleError)) as refused:
+        convert(str(src), str(tmp_path / "refused"), ConvertOptions(source=source))
+    assert link in str(refused.value) and "the source root" in str(refused.value) and "--follow-symlinks" in str(refused.value)
+    assert not (tmp_path / "refused" / "index.json").exists()
+    followed = ConvertOptions(source=source, source_options=SourceOptions(follow_symlinks=True))
+    assert convert(str(src), str(tmp_path / "followed"), followed).index.num_samples > 0
+
+
+def test_a_manifest_reads_only_inside_its_folder_unless_asked(tmp_path: Path) -> None:
+    """Rows climbing out with ``..``, an absolute path, and a link into ``src-private``: refused by
+    row (skipped and reported with --on-error skip), converted with --follow-symlinks."""
+    src, private = tmp_path / "src", tmp_path / "src-private"
+    (src / "images").mkdir(parents=True)
+    private.mkdir()
+    for i in range(4):
+        (src / "images" / f"in{i}.jpg").write_bytes(jpeg_bytes(small_photo(i)))
+    for name in ("up.jpg", "absolute.jpg", "linked.jpg"):
+        (private / name).write_bytes(jpeg_bytes(small_photo(len(name))))
+    (src / "images" / "linked.jpg").symlink_to(private / "linked.jpg")
+    rows = [*(f"images/in{i}.jpg" for i in range(4)), "../src-private/up.jpg", str(private / "absolute.jpg"), "images/linked.jpg"]
+    (src / "list.jsonl").write_text("".join(json.dumps({"path": p, "label": i % 2}) + "\n" for i, p in enumerate(rows)))
+    refused = run_cli("convert", str(src / "list.jsonl"), str(tmp_path / "o1"), "--from", "manifest", "--quiet", check=False)
+    assert refused.returncode == 2 and "up.jpg (row 5 of list.jsonl): outside the manifest's folder" in refused.stderr
+    assert "--follow-symlinks" in refused.stderr and len(refused.stderr.splitlines()) == 1
+    run_cli("convert", str(src / "list.jsonl"), str(tmp_path / "o2"), "--from", "manifest", "--on-error", "skip", "--quiet")
+    skipped = [json.loads(line) for line in (tmp_path / "o2" / "skipped.jsonl").read_text().splitlines()]
+    assert sorted(Path(e["where"].split(" (row")[0]).name for e in skipped) == ["absolute.jpg", "linked.jpg", "up.jpg"]
+    assert json.loads((tmp_path / "o2" / "index.json").read_text())["num_samples"] == 4
+    run_cli("convert", str(src / "list.jsonl"), str(tmp_path / "o3"), "--from", "manifest", "--follow-symlinks", "--quiet")
+    assert json.loads((tmp_path / "o3" / "index.json").read_text())["num_samples"] == 7
+    assert os.path.islink(src / "images" / "linked.jpg")  # read through, never altered

@@ -1,0 +1,126 @@
+"""Converting videos: stream facts in the sample table, the index's version, re-encoding,
+captions, --from wds, inspect and verify."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+import tarfile
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import fastload
+from fastload.cli import main
+from fastload.converters import ConvertOptions, convert
+from fastload.formats.index import FORMAT_VERSION, VIDEO_FORMAT_VERSION, read_index, write_index
+from fastload.formats.table import TABLE_MAGIC, VIDEO_TABLE_MAGIC
+from fastload.storage.verify import verify_dataset
+from tests.video.media import video
+
+
+def test_videos_convert_with_their_stream_facts_in_the_sample_table(video_dataset: Path) -> None:
+    index = read_index(video_dataset)
+    assert index.version == VIDEO_FORMAT_VERSION and index.fields == ("cls", "mp4") and index.classes == ("c0", "c1")
+    assert (video_dataset / index.shards[0].table).read_bytes()[:8] == VIDEO_TABLE_MAGIC
+    ds = fastload.open(video_dataset)
+    found = {ds.key_of(i): ds.stream_facts(i)["mp4"] for i in range(len(ds))}
+    assert {key: facts.frames for key, facts in found.items()} == {
+        "c0/v00": 24, "c0/v02": 40, "c0/v04": 30, "c1/v01": 30, "c1/v03": 24, "c1/v05": 40}
+    facts = found["c0/v02"]
+    assert (facts.codec, facts.width, facts.height, facts.rate) == ("h264", 96, 64, (24, 1))
+    assert facts.keyframes == (0, 8, 16, 24, 32) and facts.keyframe_pts == tuple(k * 512 for k in facts.keyframes)
+
+
+def test_an_image_dataset_keeps_version_1_tables_and_index_version_3(clean: Path) -> None:
+    index = read_index(clean)
+    assert index.version == FORMAT_VERSION == 3
+    assert (clean / index.shards[0].table).read_bytes()[:8] == TABLE_MAGIC
+
+
+def test_reencode_gives_h264_with_the_keyframe_interval_asked_for(tmp_path: Path) -> None:
+    (tmp_path / "raw" / "a").mkdir(parents=True)
+    (tmp_path / "raw" / "a" / "clip.mkv").write_bytes(video(1, 20, codec="mpeg4", container="matroska", gop=20))
+    convert(str(tmp_path / "raw"), str(tmp_path / "out"), ConvertOptions(source="videos", reencode_video=True, keyframe_interval=5, max_size=48), quiet=True)
+    ds = fastload.open(tmp_path / "out")
+    assert ds.index.fields == ("cls", "mp4")
+    facts = ds.stream_facts(0)["mp4"]
+    assert (facts.codec, facts.width, facts.height, facts.frames, facts.keyframes) == ("h264", 48, 32, 20, (0, 5, 10, 15))
+
+
+def test_a_manifest_gives_labels_and_captions(tmp_path: Path) -> None:
+    for name in ("one.mp4", "two.webm"):
+        (tmp_path / name).write_bytes(video(2, 12, codec="libvpx-vp9" if name.endswith("webm") else "libx264",
+                                            container="webm" if name.endswith("webm") else "mp4"))
+    (tmp_path / "list.jsonl").write_text(json.dumps({"path": "one.mp4", "label": "run", "caption": "a pan to the right"}) + "\n"
+                                         + json.dumps({"path": "two.webm", "label": "jump"}) + "\n")
+    convert(str(tmp_path / "list.jsonl"), str(tmp_path / "out"), ConvertOptions(source="videos"), quiet=True)
+    ds = fastload.open(tmp_path / "out")
+    assert ds.classes == ["jump", "run"]
+    assert ds[0]["txt"] == b"a pan to the right" and ds[0]["label"] == 1 and "txt" not in ds[1]
+    assert ds.stream_facts(1)["webm"].codec == "vp9"
+
+
+def test_from_wds_keeps_mp4_members_and_records_their_facts(tmp_path: Path) -> None:
+    tar_path = tmp_path / "in" / "part-0.tar"
+    tar_path.parent.mkdir()
+    with tarfile.open(tar_path, "w") as tar:
+        for i, (name, data) in enumerate([("a.mp4", video(3, 16)), ("a.cls", b"1"), ("b.mp4", video(4, 18)), ("b.cls", b"0")]):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), i
+            tar.addfile(info, io.BytesIO(data))
+    convert(str(tmp_path / "in"), str(tmp_path / "out"), ConvertOptions(source="wds"), quiet=True)
+    ds = fastload.open(tmp_path / "out")
+    assert [ds.stream_facts(i)["mp4"].frames for i in range(2)] == [16, 18]
+    assert read_index(tmp_path / "out").version == VIDEO_FORMAT_VERSION
+
+
+def test_videos_refuse_hdf5_shards_by_name(tmp_path: Path, videos: Path) -> None:
+    with pytest.raises(fastload.SampleError, match="c0/v00.mp4: videos are stored in tar shards"):
+        convert(str(videos), str(tmp_path / "out"), ConvertOptions(source="videos", layout="hdf5"), quiet=True)
+
+
+def test_inspect_summarises_the_videos_and_verify_decode_checks_their_facts(video_dataset: Path, tmp_path: Path, capsys) -> None:
+    assert main(["inspect", str(video_dataset)]) == 0
+    assert "videos    6, h264 6; 7.8 s, 24-40 frames, a keyframe every 7.8 frames; 96x64 to 96x64; 0 with audio" in capsys.readouterr().out
+    assert verify_dataset(video_dataset, decode=True).ok
+    copy = tmp_path / "copy"
+    shutil.copytree(video_dataset, copy)
+    index = read_index(copy)
+    table = copy / index.shards[0].table
+    data = bytearray(table.read_bytes())
+    at = data.rindex((24).to_bytes(8, "little") + (96).to_bytes(8, "little"))  # a sample's (frames, width)
+    data[at : at + 8] = (23).to_bytes(8, "little")
+    table.write_bytes(bytes(data))
+    assert verify_dataset(copy).problems == [f"{index.shards[0].table}: missing or sha256 mismatch (the shard's sample table is corrupted)"]
+    shards = (replace(index.shards[0], table_sha256=hashlib.sha256(bytes(data)).hexdigest()), *index.shards[1:])
+    write_index(copy, replace(index, shards=shards))  # a table tampered with consistently: only decoding tells
+    assert verify_dataset(copy).ok
+    problems = verify_dataset(copy, decode=True).problems
+    assert len(problems) == 1 and problems[0].endswith("field mp4: its stream facts in the sample table disagree with the video (tampered table?)")
+
+
+def test_a_damaged_video_table_is_a_shard_error_never_a_crash(video_dataset: Path, tmp_path: Path) -> None:
+    import numpy as np
+
+    from fastload.errors import ShardError
+    from fastload.formats.table import SampleTable
+    from tests.hostile_data import mutate
+
+    index = read_index(video_dataset)
+    data = (video_dataset / index.shards[0].table).read_bytes()
+    rng = np.random.default_rng(0)
+    outcomes = {"read": 0, "refused": 0}
+    for _ in range(300):
+        damaged = mutate(data, rng, keep=8)
+        try:
+            table = SampleTable(tmp_path / "t.table", index.shards[0].samples, damaged)
+            for i in range(len(table)):
+                table.key(i), table.spans(i), table.stream_facts(i)
+            outcomes["read"] += 1
+        except ShardError:
+            outcomes["refused"] += 1
+    assert outcomes["refused"] > 100 and sum(outcomes.values()) == 300

@@ -1,0 +1,179 @@
+"""Loading clips through fastload.DataLoader: the frames the plan names, decoded from the keyframe
+before them, equal to decoding every frame from the start; the same crop and flip for every frame;
+a pure function of (seed, epoch, index): worker counts, exact and elastic resume, equal batches
+across ranks; describe, stats, Normalize on whole clips, on_error="skip"."""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import fastload
+from fastload import Clip
+from fastload import transforms as T
+from fastload.formats.index import read_index
+from fastload.loading.stats import READ_BYTES
+from fastload.transforms import apply_plan
+from tests.test_resume_contract import run_resume_contract
+from tests.video.media import every_frame
+
+SIZE = (64, 96)  # the fixture's frames: Resize to it keeps every pixel
+
+
+def frames_of(dataset: Path) -> dict[str, list[np.ndarray]]:
+    """Every frame of each video of a converted dataset, decoded from the start, by key."""
+    ds = fastload.open(dataset)
+    return {ds.key_of(i): every_frame(ds.raw(i)[1]["mp4"]) for i in range(len(ds))}
+
+
+def test_clips_hold_the_planned_frames_as_decoding_from_the_start_gives_them(video_dataset: Path) -> None:
+    truth = frames_of(video_dataset)
+    loader = fastload.DataLoader(video_dataset, batch_size=2, shuffle=True, seed=3, num_workers=2, return_keys=True,
+                                 clip=Clip(frames=5, stride=3), transform=[T.Resize(SIZE)])
+    seen = 0
+    for step, (clips, labels, keys) in enumerate(loader):
+        assert clips.shape == (2, 5, 3, *SIZE) and clips.dtype == torch.uint8 and labels.dtype == torch.int64
+        for row, sample in enumerate(loader.describe(step, 0).samples):
+            assert sample.key == keys[row] and sample.video == "mp4" and len(sample.clips) == 1
+            first, last, _, _ = sample.clips[0]
+            frames = [min(first + 3 * k, len(truth[sample.key]) - 1) for k in range(5)]
+            assert frames[-1] == last
+            for t, frame in enumerate(frames):  # a seek to the keyframe before, then decoding: the very frames
+                assert torch.equal(clips[row, t], torch.from_numpy(truth[sample.key][frame]).permute(2, 0, 1))
+            seen += 1
+    assert seen == 6
+
+
+def test_every_frame_of_a_clip_gets_the_same_crop_and_flip(video_dataset: Path) -> None:
+    truth = frames_of(video_dataset)
+    loader = fastload.DataLoader(video_dataset, batch_size=3, shuffle=True, seed=8, clip=Clip(frames=4, stride=2),
+                                 transform=T.train(32), return_keys=True)
+    clips, _, keys = next(iter(loader))
+    for row, sample in enumerate(loader.describe(0, 0).samples):
+        first = sample.clips[0][0]
+        plan = fastload.transforms.Plan(sample.box, sample.size, sample.flip)
+        for t in range(4):
+            expected = apply_plan(truth[keys[row]][first + 2 * t], plan, *SIZE)  # Pillow's resample of the same crop
+            assert np.abs(clips[row, t].permute(1, 2, 0).numpy().astype(int) - expected).max() <= 2
+
+
+def batches(loader: fastload.DataLoader) -> list[tuple[torch.Tensor, list[str]]]:
+    return [(clips.clone(), list(keys)) for clips, _, keys in loader]
+
+
+def test_clips_are_a_pure_function_of_seed_epoch_and_index(video_dataset: Path) -> None:
+    def loader(workers: int, seed: int = 1) -> fastload.DataLoader:
+        return fastload.DataLoader(video_dataset, batch_size=2, shuffle=True, seed=seed, num_workers=workers, return_keys=True,
+                                   clip=Clip(frames=4, stride=2), transform=T.train(24))
+
+    inline, workers = loader(0), loader(2)
+    first = batches(inline)
+    again = batches(workers)
+    assert [k for _, k in first] == [k for _, k in again] and all(torch.equal(a, b) for (a, _), (b, _) in zip(first, again))
+    second_epoch = batches(inline)
+    assert [k for _, k in second_epoch] != [k for _, k in first]
+    inline.close(), workers.close()
+
+
+@pytest.mark.parametrize("taken", [0, 1])
+def test_resume_mid_epoch_equals_an_uninterrupted_run(video_dataset: Path, taken: int) -> None:
+    run_resume_contract(lambda: fastload.DataLoader(video_dataset, batch_size=4, shuffle=True, seed=5, num_workers=1, return_keys=True,
+                                                    clip=Clip(frames=3, stride=4), transform=T.train(16)), taken)
+
+
+def test_elastic_resume_delivers_every_remaining_clip_once_with_equal_batches_per_rank(video_dataset: Path) -> None:
+    options = dict(batch_size=1, shuffle=True, seed=2, return_keys=True, clip=Clip(frames=2), transform=T.train(16))
+    whole = [k for _, _, keys in fastload.DataLoader(video_dataset, **options) for k in keys]
+    first = [fastload.DataLoader(video_dataset, rank=r, world_size=2, **options) for r in range(2)]
+    assert len(first[0]) == len(first[1]) == 3  # equal batches on every rank
+    before = [k for loader in first for k in next(iter(loader))[2]]  # one batch on each rank
+    state = first[0].state_dict()
+    assert state["samples_consumed"] == 2
+    resumed = fastload.DataLoader(video_dataset, **options)
+    resumed.load_state_dict(state)
+    after = [k for _, _, keys in resumed for k in keys]
+    assert Counter(before) + Counter(after) == Counter(whole) and len(after) == 4
+
+
+def test_several_uniform_clips_a_video_for_evaluation(video_dataset: Path) -> None:
+    loader = fastload.DataLoader(video_dataset, batch_size=6, clip=Clip(frames=4, stride=2, clips=3), transform=T.val(32, normalize=True))
+    clips, _ = next(iter(loader))
+    assert clips.shape == (6, 3, 4, 3, 32, 32) and clips.dtype == torch.float32
+    assert loader.options.clip.sampling == "uniform"
+    for sample in loader.describe(0, 0).samples:
+        last = fastload.open(video_dataset).stream_facts(sample.index)["mp4"].frames - 7  # a clip covers 7 frames
+        assert [c[0] for c in sample.clips] == [0, round(last / 2), last]  # evenly spaced over the video
+    raw = fastload.DataLoader(video_dataset, batch_size=6, clip=Clip(frames=4, stride=2, clips=3), transform=T.val(32))
+    pixels, _ = next(iter(raw))
+    mean = torch.tensor(T.IMAGENET_MEAN).view(3, 1, 1) * 255
+    std = torch.tensor(T.IMAGENET_STD).view(3, 1, 1) * 255
+    assert torch.allclose(clips, (pixels.float() - mean) / std, atol=1e-4)  # Normalize on whole clips, per channel
+
+
+def test_a_video_shorter_than_its_clip_repeats_its_last_frame(video_dataset: Path) -> None:
+    loader = fastload.DataLoader(video_dataset, batch_size=1, clip=Clip(frames=20, stride=2), transform=[T.Resize(SIZE)], return_keys=True)
+    clips, _, _ = next(iter(loader))
+    facts = fastload.open(video_dataset).stream_facts(0)["mp4"]
+    assert facts.frames == 24 and loader.describe(0, 0).samples[0].clips == ((0, 23, 0.0, round(23 / 24, 6)),)
+    assert all(torch.equal(clips[0, t], clips[0, 12]) for t in range(12, 20))  # frames 24.. do not exist: frame 23 again
+
+
+def test_stats_time_reading_decoding_and_transforming_clips(video_dataset: Path) -> None:
+    loader = fastload.DataLoader(video_dataset, batch_size=3, num_workers=2, clip=Clip(frames=4), transform=T.train(16))
+    for _ in loader:
+        pass
+    epoch = loader.stats.epochs[-1]
+    stages = epoch.stage_s()
+    ds = fastload.open(video_dataset)
+    stored = sum(len(value) for i in range(len(ds)) for value in ds.raw(i)[1].values())
+    assert epoch.samples == 6 and epoch.workers is not None and epoch.workers[:, READ_BYTES].sum() == stored
+    assert stages["decode"] > stages["transform"] > 0 and stages["decode"] > stages["read"] > 0
+    loader.close()
+
+
+def test_a_video_that_fails_to_decode_is_skipped_by_name(video_dataset: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(video_dataset, copy)
+    ds = fastload.open(copy)
+    shard, row = ds.locate(1)
+    offset, size = ds.reader(shard).spans(row)["mp4"]
+    key = ds.key_of(1)
+    ds.close()
+    with open(copy / read_index(copy).shards[shard].path, "r+b") as f:  # its header and first frames overwritten
+        f.seek(offset)
+        f.write(b"\0" * (size // 2))
+    options = dict(batch_size=2, clip=Clip(frames=3), transform=T.train(16), return_keys=True)
+    with pytest.raises(fastload.SampleError, match=f"shard-00000.tar:{key}: not a readable video"):
+        list(fastload.DataLoader(copy, **options))
+    loader = fastload.DataLoader(copy, on_error="skip", num_workers=1, **options)
+    keys = [k for _, _, keys in loader for k in keys]
+    assert len(keys) == 6 and key not in keys  # the batch kept its size: the next sample stood in
+    assert [entry["where"] for entry in loader.stats.skipped.entries] == [f"shard-00000.tar:{key}"]
+    loader.close()
+
+
+def test_clip_and_video_fields_are_asked_for_together(video_dataset: Path, clean: Path) -> None:
+    with pytest.raises(ValueError, match="field mp4 is a video: give clip=fastload.Clip"):
+        fastload.DataLoader(video_dataset, batch_size=2, transform=T.train(16))
+    with pytest.raises(ValueError, match="clip= takes frames of videos; the fields asked for hold none"):
+        fastload.DataLoader(clean, batch_size=2, clip=Clip(frames=2), transform=T.train(16))
+    with pytest.raises(ValueError, match="videos of this dataset vary in size: give a transform"):
+        fastload.DataLoader(video_dataset, batch_size=2, clip=Clip(frames=2))
+    with pytest.raises(ValueError, match="Clip stride must be a whole number >= 1, got 0"):
+        Clip(frames=4, stride=0)
+    fields = fastload.DataLoader(video_dataset, batch_size=2, fields=["mp4", "cls"], clip=Clip(frames=2), transform=T.train(16))
+    clips, labels = next(iter(fields))
+    assert clips.shape == (2, 2, 3, 16, 16) and labels.shape == (2,)
+
+
+def test_audio_beside_clips_is_refused_by_name(video_dataset: Path) -> None:
+    with pytest.raises(ValueError, match="field mp4: audio beside clips is not supported yet"):
+        fastload.DataLoader(video_dataset, batch_size=2, fields={"mp4": "audio"}, clip=Clip(frames=2), transform=T.train(16))
+    raw = fastload.DataLoader(video_dataset, batch_size=2, fields={"mp4": "bytes"})
+    (videos,) = next(iter(raw))
+    assert isinstance(videos[0], bytes) and videos[0][4:8] == b"ftyp"  # the file, for audio decoded elsewhere
