@@ -188,11 +188,6 @@ class TokenCorpus:
             starts[at], lengths[at] = first + self.token_starts[shard], end - first
         return starts, lengths
 
-    def read(self, start: int, count: int) -> np.ndarray:
-        """Global tokens ``start`` to ``start + count`` (within one shard: a document's), one ``pread``."""
-        shard = self.shard_of(start)
-        return self.reader(shard).read_tokens(start - int(self.token_starts[shard]), count)
-
     def read_into(self, buffer: np.ndarray, segments: Segments, destinations: np.ndarray, extra: np.ndarray) -> np.ndarray:
         """Each segment's tokens into ``buffer`` (of the dataset's dtype) at its destination, one
         ``preadv`` a segment (with the document's next token, where it continues, which is also

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fastload.formats import ShardReader
-from fastload.formats.index import DatasetIndex
+from fastload.formats.index import FORMAT_VERSION, DatasetIndex
 from fastload.formats.table import SampleTable
 from fastload.orders.epoch_order import shards_of
 from fastload.orders.mixture import MemberPosition, MixtureOrder, apportion
@@ -51,13 +51,13 @@ def compatible_index(members: tuple[ShardedDataset, ...]) -> DatasetIndex:
         if None not in (index.classes, first.classes) and index.classes != first.classes:
             raise ValueError(f"mix: member {number} ({member.location}) names its classes differently from member 0 "
                              f"({members[0].location}): one label would mean two classes")
-        if index.layout != first.layout or (index.tokenizer and index.tokenizer.sha256) != (first.tokenizer and first.tokenizer.sha256):
-            raise ValueError(f"mix: member {number} ({member.location}) is not of member 0's layout and tokenizer "
+        if (index.tokenizer and index.tokenizer.sha256) != (first.tokenizer and first.tokenizer.sha256):
+            raise ValueError(f"mix: member {number} ({member.location}) was not tokenized with member 0's tokenizer "
                              f"({members[0].location}): one id would mean two tokens")
     classes = next((m.index.classes for m in members if m.index.classes is not None), None)
     shards = tuple(itertools.chain.from_iterable(m.index.shards for m in members))
-    return DatasetIndex(first.layout, shards, first.fields, classes, image_fields=first.image_fields,
-                        decoded_shape=first.decoded_shape, tokenizer=first.tokenizer, version=first.version)
+    return DatasetIndex(first.layout, shards, first.fields, classes, image_fields=first.image_fields, decoded_shape=first.decoded_shape,
+                        tokenizer=first.tokenizer, version=first.version if first.tokenizer is not None else FORMAT_VERSION)
 
 
 class MixedDataset(ShardedDataset):

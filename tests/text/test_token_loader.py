@@ -339,6 +339,21 @@ def test_mixing_by_tokens_keeps_each_share_within_half_a_point_over_every_10m_to
     assert np.abs(prefix).max() <= 1  # after any number of rows, within a row of 30%
 
 
+def test_a_mixture_of_datasets_of_two_tokenizers_is_refused(tokens: Path, tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    other = Tokenizer(models.BPE())
+    other.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    other.train_from_iterator(real_paragraphs()[:200], trainer=trainers.BpeTrainer(vocab_size=400, show_progress=False,
+                                                                                    initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    other.save(str(tmp_path / "other.json"))
+    write_jsonl(tmp_path / "b.jsonl", real_paragraphs()[:50])
+    convert(str(tmp_path / "b.jsonl"), str(tmp_path / "b"), ConvertOptions(source="jsonl", layout="tokens",
+                                                                          tokens=TokenizeOptions(str(tmp_path / "other.json"))), quiet=True)
+    with pytest.raises(ValueError, match=r"mix: member 1 \(.*b\) was not tokenized with member 0's tokenizer"):
+        fastload.mix({str(tokens): 0.5, str(tmp_path / "b"): 0.5}, by="tokens")
+
+
 def test_a_mixture_resumes_mid_epoch_exactly(tokens: Path, tokenizer_file: Path, tmp_path: Path) -> None:
     mixture = fastload.mix({str(tokens): 0.3, str(token_member(tokenizer_file, tmp_path)): 0.7}, by="tokens")
     whole = [b["input_ids"] for b in fastload.DataLoader(mixture, batch_size=8, seq_len=SEQ, block_tokens=BLOCK)]
