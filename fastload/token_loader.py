@@ -183,8 +183,8 @@ class TokenDataLoader(torch.utils.data.DataLoader):
         return OrderSettings(False, self.shuffle, 1)
 
     def state_dict(self) -> dict[str, Any]:
-        """Where training is: (seed, epoch, rows consumed), the topology, and for best-fit the block
-        holding the next row with that block's first row (so a resume packs on from there)."""
+        """Where training is: (seed, epoch, rows consumed), the topology, and for best-fit the window
+        holding the next row with that window's first row (so a resume counts on from there)."""
         state = self.state.state_dict(self.seed, self.identity, (self.ranks()[1], self.options.batch_size), self._settings())
         position = self.state.position
         cursor = self.rows.locate(position.epoch, position.consumed) if position.consumed else None

@@ -31,7 +31,7 @@ class TokenBatchRequest:
     pad_id: int
     epoch: int
     first: int  # the batch's first row of the epoch
-    cursor: tuple[int, int] | None  # best-fit: the block holding that row and the block's first row
+    cursor: tuple[int, int] | None  # best-fit: the window holding that row and the window's first row
 
 
 class TokenBatchIndices(list):

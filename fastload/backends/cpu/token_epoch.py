@@ -2,7 +2,7 @@
 path's, fastload.backends.cpu.workers) into shared batch slots and lent to the caller without a
 copy, or made in the training process with ``num_workers=0``.
 
-Each task is a whole batch: its first global row (and, for best-fit, the block holding it), which
+Each task is a whole batch: its first global row (and, for best-fit, the window holding it), which
 the worker turns into segments (fastload.loading.token_rows) and fills (fastload.loading.token_batch)
 from its own shard readers. Workers run ``prefetch_factor`` batches ahead each; the training
 process only hands out finished slots and submits the next batches.
@@ -30,7 +30,7 @@ from fastload.loading.token_rows import Packing, Segments, TokenRows
 from fastload.orders.position import Position
 from fastload.storage.dataset import ShardedDataset
 
-BatchWork = tuple[int, tuple[int, int] | None]  # a batch's first global row, and best-fit's block holding it with that block's first row
+BatchWork = tuple[int, tuple[int, int] | None]  # a batch's first global row, and best-fit's window holding it with that window's first row
 
 
 @dataclass(frozen=True)
