@@ -3,7 +3,7 @@ implementation.
 
 Geometric specs (RandomResizedCrop, Resize, CenterCrop) compose into one crop box in source
 coordinates plus an output size, decided from the image header before decoding. The decoder can
-then scale by 1/8..7/8 in the DCT (libjpeg-turbo) when the output needs fewer pixels, and one
+then scale by 1/8, 1/4 or 1/2 in the DCT (libjpeg-turbo) when the output needs fewer pixels, and one
 antialiased bilinear resample produces the output. Pixel specs (flip) follow; value specs
 (Normalize, ToDtype) run on whole batches, on the target device.
 

@@ -1,9 +1,9 @@
 """Which engine decodes a loader's batches: ``backend=`` as asked, and for ``auto`` a decision by
 measurement. Without a CUDA GPU ``auto`` is the CPU path without probing (fastload's workers
-measured 1.5-1.7x DALI's CPU pipeline, README). With a GPU and DALI, a short probe times each
-candidate engine (cpu, dali, hybrid) on the loader's own data and takes the fastest; its rates are
+measured 2.4x DALI's CPU pipeline: docs/performance.md, against the peers). With a GPU and DALI,
+a short probe times each candidate engine (cpu, dali, hybrid) on the loader's own data and takes the fastest; its rates are
 cached per machine (GPU name, CPU count, workers, batch size, the transform's kind), so the probe
-runs once, and logged. The H200 table in README is why: there the CPU path beat fastload's DALI
+runs once, and logged. The H200 table in docs/gpu.md is why: there the CPU path beat fastload's DALI
 backend in short runs, so "DALI whenever a GPU is visible" was wrong on that machine."""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from pathlib import Path
 NEAR_THRESHOLD = 12  # bits of 64: benchmarks/bench_near_dupes.py measures recall and false drops by threshold
 NEAR_HELP = (
     f"near duplicates differ in at most this many of 64 hash bits, and agree in colour (default {NEAR_THRESHOLD}, 0..24; "
-    "README: recall and false drops by threshold)"
+    "docs/cleaning.md: recall and false drops by threshold)"
 )
 
 def _add_convert(sub: argparse._SubParsersAction) -> None:
