@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Protocol
 from fastload.errors import ShardError
 from fastload.files import open_regular_sized, resolved_inside
 from fastload.formats.index import DatasetIndex, ShardInfo
-from fastload.formats.shard_formats import ShardTokens, shard_format
+from fastload.formats.shard_formats import shard_format
+from fastload.formats.token_counts import ShardTokens
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

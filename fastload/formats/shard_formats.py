@@ -8,19 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from fastload.formats.token_counts import ShardTokens
+
 if TYPE_CHECKING:
     from fastload.formats import ShardReader
     from fastload.formats.table import SampleTable
-
-
-@dataclass(frozen=True)
-class ShardTokens:
-    """What a token shard's reader checks its files against: the tokens the index counts in it, the
-    dataset's token dtype and its tokenizer's vocabulary size."""
-
-    tokens: int
-    dtype: str
-    vocab_size: int
 
 
 class OpenReader(Protocol):

@@ -34,7 +34,7 @@ import numpy as np
 
 from fastload.errors import ShardError
 from fastload.formats import open_in_root, this_process
-from fastload.formats.shard_formats import ShardTokens
+from fastload.formats.token_counts import ShardTokens
 
 if TYPE_CHECKING:
     from fastload.formats.table import Facts
