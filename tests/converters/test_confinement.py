@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from fastload.converters import ConvertOptions, convert
-from fastload.converters.sources import SourceOptions
+from fastload.converters.sources import SourceOptions, open_source
 from fastload.errors import SampleError
 from tests.conftest import jpeg_bytes, photo_folder, run_cli, small_photo
 
@@ -119,3 +119,26 @@ def test_a_manifest_reads_only_inside_its_folder_unless_asked(tmp_path: Path) ->
     run_cli("convert", str(src / "list.jsonl"), str(tmp_path / "o3"), "--from", "manifest", "--follow-symlinks", "--quiet")
     assert json.loads((tmp_path / "o3" / "index.json").read_text())["num_samples"] == 7
     assert os.path.islink(src / "images" / "linked.jpg")  # read through, never altered
+
+
+def test_a_manifest_does_not_look_at_files_outside_its_folder(tmp_path: Path) -> None:
+    """Listing the rows (for resume stamps and size hints) takes no stat of a file outside the
+    folder unless --follow-symlinks: its size and time never reach the conversion's records."""
+    src, private = tmp_path / "src", tmp_path / "private"
+    src.mkdir()
+    private.mkdir()
+    (src / "in.jpg").write_bytes(jpeg_bytes(small_photo(0)))
+    (private / "out.jpg").write_bytes(jpeg_bytes(small_photo(1)))
+    (src / "list.jsonl").write_text("".join(json.dumps({"path": p, "label": 0}) + "\n" for p in ("in.jpg", "../private/out.jpg")))
+
+    def listed(follow: bool) -> list[tuple[int, tuple[int, ...]]]:
+        source = open_source("manifest", str(src / "list.jsonl"), SourceOptions(follow_symlinks=follow))
+        return [(item.size_hint, item.stamp) for item in source.items()]
+
+    confined, followed = listed(False), listed(True)
+    manifest_stamp = confined[1][1]
+    assert confined[0][0] == (src / "in.jpg").stat().st_size and len(confined[0][1]) == len(manifest_stamp) + 2
+    assert confined[1][0] == 0 and len(manifest_stamp) == 2  # the manifest's own (size, mtime) only
+    assert followed[1][0] == (private / "out.jpg").stat().st_size and len(followed[1][1]) == 4
+    (private / "out.jpg").write_bytes(b"changed")
+    assert listed(False)[1] == confined[1] and listed(True)[1] != followed[1]

@@ -12,6 +12,7 @@ from pathlib import Path
 from fastload.converters.sample import Sample, SourceItem, file_stamp, make_key, unique_keys
 from fastload.converters.sources import SourceOptions, inside_source
 from fastload.errors import SampleError
+from fastload.files import resolved_inside
 
 
 @dataclass(frozen=True)
@@ -32,10 +33,12 @@ class ManifestSource:
         listed = file_stamp(self.manifest)  # the labels come from it
         for lineno, (key, (path, label)) in enumerate(zip(keys, self.rows), start=1):
             full = self.base / path
-            try:
-                stamp = file_stamp(full)
-            except OSError:
-                stamp = ()
+            stamp: tuple[int, ...] = ()
+            if self.follow_symlinks or resolved_inside(self.base, full) is not None:  # nothing outside is looked at
+                try:
+                    stamp = file_stamp(full)
+                except OSError:
+                    pass
             where = f"{full} (row {lineno} of {self.manifest.name})"
             out.append(SourceItem(key=key, where=where, size_hint=stamp[0] if stamp else 0, ref=(path, label), stamp=listed + stamp))
         return out
