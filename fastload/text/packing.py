@@ -47,6 +47,57 @@ def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[list[int]]:
     return rows
 
 
+def best_fit_rows(lengths: np.ndarray, capacity: int) -> int:
+    """How many rows :func:`best_fit_decreasing` packs ``lengths`` (each at most ``capacity``) into,
+    without placing piece by piece: rows are tracked only as how many have each free space, and a
+    run of equal pieces fills the rows of one free space ``f`` ``f // size`` pieces a row (best fit
+    puts the next equal piece back into the row it just shrank while that row still holds one)."""
+    sizes = np.bincount(np.asarray(lengths, dtype=np.int64), minlength=capacity + 1)
+    rows_with: dict[int, int] = {}  # free space (> 0) -> rows with exactly that much free
+    frees: list[int] = []  # the keys of rows_with, ascending
+
+    def add(free: int, rows: int) -> None:
+        if rows and free > 0:
+            if free not in rows_with:
+                bisect.insort(frees, free)
+                rows_with[free] = 0
+            rows_with[free] += rows
+
+    def take(free: int, rows: int) -> None:
+        rows_with[free] -= rows
+        if not rows_with[free]:
+            del rows_with[free]
+            frees.pop(bisect.bisect_left(frees, free))
+
+    count = 0
+    for size in np.flatnonzero(sizes[1:])[::-1].tolist():
+        size += 1
+        left = int(sizes[size])
+        while left and (at := bisect.bisect_left(frees, size)) < len(frees):
+            free = frees[at]
+            each = free // size
+            rows = rows_with[free]
+            if rows * each <= left:  # every row of this free space filled as far as it goes
+                take(free, rows)
+                add(free - each * size, rows)
+                left -= rows * each
+            else:
+                full, rest = divmod(left, each)
+                take(free, full + (rest > 0))
+                add(free - each * size, full)
+                add(free - rest * size, int(rest > 0))
+                left = 0
+        if left:  # new rows, each filled as far as it goes
+            each = capacity // size
+            full, rest = divmod(left, each)
+            count += full + (rest > 0)
+            add(capacity - each * size, full)
+            add(capacity - rest * size, int(rest > 0))
+    if sizes[0] and not frees:  # empty pieces go into the fullest row with room, else one new row
+        count += 1
+    return count
+
+
 def padding_fraction(rows: list[list[int]], lengths: np.ndarray, capacity: int) -> float:
     """The share of the rows' tokens that is padding."""
     if not rows:

@@ -57,6 +57,14 @@ class TokenStream:
         number = int(Permutation(self.full_blocks, key, self.shuffle)(np.array([order_index]))[0])
         return number, number * self.block, self.block
 
+    def block_spans(self, first: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """(first global token, tokens) of the blocks at ``first`` to ``end`` of the stream, as
+        :meth:`block_span` gives them one by one."""
+        indices = np.arange(first, end, dtype=np.int64)
+        numbers, full = indices.copy(), indices < self.full_blocks
+        numbers[full] = Permutation(self.full_blocks, mix_key(self.seed, self.epoch, BLOCK_KEY), self.shuffle)(indices[full])
+        return numbers * self.block, np.where(full, self.block, self.total - numbers * self.block)
+
     def piece_order(self, number: int, inner: int) -> np.ndarray:
         """The order of block ``number``'s ``inner`` whole documents in the stream."""
         return Permutation(inner, mix_key(self.seed, self.epoch, PIECE_KEY, number), self.shuffle)(np.arange(inner))

@@ -196,6 +196,23 @@ def test_best_fit_padding_is_within_a_point_of_an_offline_best_fit_decreasing_ov
     assert padding_fraction([[0]], np.array([SEQ // 2]), SEQ) == 0.5
 
 
+@pytest.mark.parametrize("seq_len", [SEQ, 48])
+def test_best_fits_len_is_the_rows_it_delivers_counted_without_packing(tokens: Path, seq_len: int) -> None:
+    """``len(loader)`` counts each window's rows without packing it: the batches delivered, in
+    token order (where the rows are the offline best-fit decreasing's, exactly) and shuffled, over
+    two epochs of different windows, with and without the last short batch."""
+    ordered = loader(tokens, packing="best-fit", seq_len=seq_len, shuffle=False, packing_window=2 * BLOCK, batch_size=1)
+    windows = window_pieces(tokens, 2 * BLOCK, BLOCK, seq_len)
+    assert len(windows) > 8 and len(ordered) == sum(offline_best_fit_decreasing(p, seq_len) for p in windows)
+    assert len(ordered) == sum(1 for _ in ordered)
+    for drop_last in (False, True):
+        shuffled = loader(tokens, packing="best-fit", seq_len=seq_len, packing_window=2 * BLOCK, drop_last=drop_last)
+        for epoch in range(2):
+            shuffled.set_epoch(epoch)
+            counted = len(shuffled)
+            assert counted == sum(1 for _ in shuffled) and abs(4 * counted - len(ordered)) <= 0.02 * len(ordered) + 4  # other windows: about as many rows
+
+
 @pytest.mark.parametrize("packing", ["concat", "best-fit", "pad"])
 def test_resume_mid_epoch_continues_exactly(tokens: Path, packing: str) -> None:
     whole = [b["input_ids"] for b in loader(tokens, packing=packing)]
