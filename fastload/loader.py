@@ -32,7 +32,7 @@ from fastload.errors import DEFAULT_MAX_SKIPPED
 from fastload.fields import SampleSpec
 from fastload.loading.batch_outputs import BatchOutputs
 from fastload.loading.epoch import Epoch, EpochInputs
-from fastload.loading.frameworks import accelerate_device
+from fastload.loading.frameworks import KeptByAccelerate, accelerate_device
 from fastload.loading.options import LoaderOptions
 from fastload.loading.orders import LoaderOrders, excluded_indices
 from fastload.loading.provenance import StepDescription, describe_step
@@ -74,7 +74,7 @@ def is_fastload_dataset(dataset: Any) -> bool:
     return isinstance(dataset, (str, os.PathLike)) or unwrap_subset(dataset)[0] is not None
 
 
-class DataLoader(torch.utils.data.DataLoader):
+class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
     """Batches from a dataset; see the module docstring. Arguments before ``*`` are torch's.
 
     It is a ``torch.utils.data.DataLoader`` (Lightning and Accelerate treat it as one) with torch's
@@ -225,22 +225,6 @@ class DataLoader(torch.utils.data.DataLoader):
     def world_size(self) -> int:
         """The number of ranks sharing the dataset, resolved like :attr:`rank`."""
         return self.orders.ranks()[1]
-
-    @property
-    def _is_accelerate_prepared(self) -> bool:
-        """Read by accelerate's ``prepare()``: True keeps this loader, fast path and all, instead of a
-        torch DataLoader around its dataset (fastload shards by rank itself). Batches then go to the
-        Accelerator's device unless ``device=`` was given, and epochs report to its GradientState."""
-        if not self._accelerate:
-            self._accelerate = True
-            if self.device is None:
-                self.device = accelerate_device()
-        return True
-
-    @_is_accelerate_prepared.setter
-    def _is_accelerate_prepared(self, value: bool) -> None:  # accelerate's prepare() also sets it
-        if value:
-            _ = self._is_accelerate_prepared
 
     def __len__(self) -> int:
         return len(self.orders.batches(replace(self.state.upcoming(), consumed=0)))

@@ -26,7 +26,7 @@ import torch
 
 from fastload.backends.cpu.token_epoch import TokenEpoch, TokenEpochInputs, TokenWorkers
 from fastload.dist import check_ranks_agree, resolve_rank_world
-from fastload.loading.frameworks import accelerate_device
+from fastload.loading.frameworks import KeptByAccelerate
 from fastload.loading.options import LoaderOptions
 from fastload.loading.samplers import LoaderBatchSampler, LoaderSampler
 from fastload.loading.state import LoaderState, OrderSettings, read_state_dict
@@ -38,7 +38,7 @@ from fastload.storage.dataset import ShardedDataset
 from fastload.storage.mixture import MixedDataset
 
 
-class TokenDataLoader(torch.utils.data.DataLoader):
+class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
     """Packed rows of ``seq_len`` tokens, ``batch_size`` a batch; see the module docstring.
 
     ``packing``: ``"concat"`` (the shuffled stream cut into rows, no padding), ``"best-fit"``
@@ -91,22 +91,6 @@ class TokenDataLoader(torch.utils.data.DataLoader):
         self._accelerate = False
 
     # the surface torch's loader and the frameworks read --------------------------------------------
-
-    @property
-    def _is_accelerate_prepared(self) -> bool:
-        """Read by accelerate's ``prepare()``: True keeps this loader (it shards by rank itself);
-        batches then go to the Accelerator's device unless ``device=`` was given, and epochs report
-        to its GradientState."""
-        if not self._accelerate:
-            self._accelerate = True
-            if self.device is None:
-                self.device = accelerate_device()
-        return True
-
-    @_is_accelerate_prepared.setter
-    def _is_accelerate_prepared(self, value: bool) -> None:  # accelerate's prepare() also sets it
-        if value:
-            _ = self._is_accelerate_prepared
 
     @property
     def rank(self) -> int:

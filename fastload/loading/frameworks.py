@@ -21,6 +21,30 @@ def accelerate_device() -> Any:
     return None if state is None else state.PartialState().device
 
 
+class KeptByAccelerate:
+    """A loader that accelerate's ``prepare()`` keeps as it is (it shards by rank itself): the
+    ``_is_accelerate_prepared`` it reads and sets, for a loader with ``_accelerate`` and ``device``."""
+
+    _accelerate: bool
+    device: Any
+
+    @property
+    def _is_accelerate_prepared(self) -> bool:
+        """Read by accelerate's ``prepare()``: True keeps this loader, fast path and all, instead of a
+        torch DataLoader around its dataset. Batches then go to the Accelerator's device unless
+        ``device=`` was given, and epochs report to its GradientState."""
+        if not self._accelerate:
+            self._accelerate = True
+            if self.device is None:
+                self.device = accelerate_device()
+        return True
+
+    @_is_accelerate_prepared.setter
+    def _is_accelerate_prepared(self, value: bool) -> None:  # accelerate's prepare() also sets it
+        if value:
+            _ = self._is_accelerate_prepared
+
+
 class AccelerateEpoch:
     """Registers an epoch iterator with accelerate's GradientState while it runs: ``end_of_dataloader``
     turns True as the last batch is handed out; ``remainder`` is the real samples in the last
