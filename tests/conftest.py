@@ -10,6 +10,8 @@ import os
 import pickle
 import resource
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -253,6 +255,38 @@ def run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     if check and proc.returncode != 0:
         raise AssertionError(f"fastload {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def run_script(args: list[str], timeout: int = 240) -> None:
+    """Run a framework script (a plain command or :func:`torchrun`'s) on this checkout's code,
+    outside any launcher this test runs under; its output's tail is the failure."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+
+
+def torchrun(script: Path, *args: str) -> list[str]:
+    """The command that runs ``script`` in 2 ranks under torchrun, on a free loopback port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
+            f"--master-port={port}", str(script), *args]
+
+
+def kill_like_a_dying_machine(proc: subprocess.Popen) -> None:
+    """SIGKILL a launcher and every process under it (its ranks, their workers), and reap them."""
+    import psutil
+
+    tree = [proc, *psutil.Process(proc.pid).children(recursive=True)]
+    for p in tree:
+        os.kill(p.pid, signal.SIGKILL)
+    proc.wait()
+    psutil.wait_procs(tree[1:], timeout=10)
 
 
 def drop_tables(root: Path) -> Path:

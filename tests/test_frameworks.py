@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -23,6 +21,7 @@ import fastload
 from fastload import transforms as T
 from fastload.converters.options import ConvertOptions
 from fastload.converters.run import convert
+from tests.conftest import run_script, torchrun
 
 HERE = Path(__file__).parent / "frameworks"
 N = 43  # odd: every topology has a remainder
@@ -39,21 +38,6 @@ def data43(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def loader_keys(loader: fastload.DataLoader, limit: int | None = None) -> list[str]:
     return [k for *_, keys in itertools.islice(iter(loader), limit) for k in keys]
-
-
-def run_script(args: list[str], timeout: int = 240) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env["PYTHONPATH"] = str(Path(__file__).parent.parent)
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-
-
-def torchrun(script: str, *args: str) -> list[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
-            f"--master-port={port}", str(HERE / script), *args]
 
 
 # --- the loader behaviours frameworks rely on ---------------------------------------------------
@@ -244,7 +228,7 @@ def test_lightning_ddp_shards_reshuffles_and_resumes(data43: Path, tmp_path: Pat
 @pytest.mark.slow
 @pytest.mark.parametrize("mixture", [False, True])
 def test_accelerate_under_torchrun(data43: Path, tmp_path: Path, mixture: bool) -> None:
-    run_script(torchrun("accelerate_train.py", str(data43), str(tmp_path), *(["--mix"] if mixture else [])))
+    run_script(torchrun(HERE / "accelerate_train.py", str(data43), str(tmp_path), *(["--mix"] if mixture else [])))
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for report in reports:
         assert report["prepared_is_fastload"] and report["batches"] == 6
@@ -257,7 +241,7 @@ def test_accelerate_under_torchrun(data43: Path, tmp_path: Path, mixture: bool) 
 
 @pytest.mark.slow
 def test_torchrun_script_written_for_torch(data43: Path, tmp_path: Path) -> None:
-    run_script(torchrun("torchrun_imagenet_style.py", str(data43), str(tmp_path)))
+    run_script(torchrun(HERE / "torchrun_imagenet_style.py", str(data43), str(tmp_path)))
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for epoch in (0, 1):
         a, b = reports[0]["epochs"][epoch], reports[1]["epochs"][epoch]

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 
 from fastload.cli.demo import make_demo_images
 from fastload.converters import ConvertOptions, convert
-from tests.conftest import cli_env
+from tests.conftest import cli_env, kill_like_a_dying_machine
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 SCRIPT = Path(__file__).parent.parent / "examples" / "train_ddp.py"
@@ -53,11 +50,7 @@ def test_trains_is_killed_and_resumes(small_dataset: Path, tmp_path: Path) -> No
                 break
         time.sleep(0.05)
     assert proc.poll() is None, "training ended before it could be killed"
-    tree = [proc, *psutil.Process(proc.pid).children(recursive=True)]  # torchrun and its ranks: a dying machine
-    for p in tree:
-        os.kill(p.pid, signal.SIGKILL)
-    proc.wait()
-    psutil.wait_procs(tree[1:], timeout=10)
+    kill_like_a_dying_machine(proc)  # torchrun and its ranks: a dying machine
     saved = torch.load(ckpt / "last.pt", weights_only=False)
     assert 16 <= saved["step"] < 65 and saved["loader"]["samples_consumed"] % 16 == 0
 

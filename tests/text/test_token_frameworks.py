@@ -6,9 +6,6 @@ uninterrupted run trains on next."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,11 +14,11 @@ import pytest
 import fastload
 from fastload.converters import ConvertOptions, convert
 from fastload.converters.options import TokenizeOptions
+from tests.conftest import run_script, torchrun
 from tests.text.conftest import real_paragraphs, write_jsonl
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 HERE = Path(__file__).parent.parent / "frameworks"
-REPO = Path(__file__).parent.parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -32,21 +29,6 @@ def small_tokens(tokenizer_file: Path, tmp_path_factory: pytest.TempPathFactory)
     convert(str(root / "docs.jsonl"), str(root / "ds"), ConvertOptions(
         source="jsonl", layout="tokens", tokens=TokenizeOptions(str(tokenizer_file), append_eos=True, shard_tokens=3000)), quiet=True)
     return root / "ds"
-
-
-def run_script(args: list[str], timeout: int = 400) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env["PYTHONPATH"] = str(REPO)
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-
-
-def torchrun(script: str, *args: str) -> list[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
-            f"--master-port={port}", str(HERE / script), *args]
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -62,7 +44,7 @@ def epoch_rows(path: Path) -> int:
 def test_lightning_ddp_trains_shards_reshuffles_and_resumes(small_tokens: Path, tmp_path: Path) -> None:
     whole, split = tmp_path / "whole", tmp_path / "split"
     whole.mkdir(), split.mkdir()
-    run_script([sys.executable, str(HERE / "lightning_lm.py"), str(small_tokens), str(whole)])
+    run_script([sys.executable, str(HERE / "lightning_lm.py"), str(small_tokens), str(whole)], timeout=400)
     rows = {rank: read_jsonl(whole / f"rank{rank}.jsonl") for rank in (0, 1)}
     by_epoch = {(rank, epoch): [r["batch"] for r in rows[rank] if r["epoch"] == epoch] for rank in (0, 1) for epoch in (0, 1)}
     steps = len(by_epoch[(0, 0)])
@@ -72,7 +54,7 @@ def test_lightning_ddp_trains_shards_reshuffles_and_resumes(small_tokens: Path, 
     losses = [r["loss"] for r in rows[0]]
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 1  # it learns
     # preempted after step 3 (mid-epoch 0): resume from that checkpoint in a new run
-    run_script([sys.executable, str(HERE / "lightning_lm.py"), str(small_tokens), str(split), str(whole / "step=3.ckpt")])
+    run_script([sys.executable, str(HERE / "lightning_lm.py"), str(small_tokens), str(split), str(whole / "step=3.ckpt")], timeout=400)
     for rank in (0, 1):
         resumed = read_jsonl(split / f"rank{rank}.jsonl")
         assert [r["batch"] for r in resumed if r["epoch"] == 0] == by_epoch[(rank, 0)][3:]  # exactly the rest of epoch 0
@@ -80,7 +62,7 @@ def test_lightning_ddp_trains_shards_reshuffles_and_resumes(small_tokens: Path, 
 
 
 def test_accelerate_under_torchrun(small_tokens: Path, tmp_path: Path) -> None:
-    run_script(torchrun("accelerate_lm.py", str(small_tokens), str(tmp_path)))
+    run_script(torchrun(HERE / "accelerate_lm.py", str(small_tokens), str(tmp_path)), timeout=400)
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     rows = epoch_rows(small_tokens)
     for report in reports:
@@ -96,10 +78,10 @@ def test_accelerate_under_torchrun(small_tokens: Path, tmp_path: Path) -> None:
 def test_hugging_face_trainer_trains_and_resumes_through_a_dataloader_override(small_tokens: Path, tmp_path: Path) -> None:
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     whole.mkdir(), resumed.mkdir()
-    run_script([sys.executable, str(HERE / "trainer_lm.py"), str(small_tokens), str(whole), "40"])
+    run_script([sys.executable, str(HERE / "trainer_lm.py"), str(small_tokens), str(whole), "40"], timeout=400)
     losses = json.loads((whole / "losses.json").read_text())
     assert len(losses) == 8 and losses[-1] < losses[0] - 0.5  # logged every 5 steps: it learns
     steps = read_jsonl(whole / "steps.jsonl")
     assert [s["step"] for s in steps] == list(range(40)) and len({s["batch"] for s in steps}) == 40
-    run_script([sys.executable, str(HERE / "trainer_lm.py"), str(small_tokens), str(resumed), "40", str(whole / "run" / "checkpoint-20")])
+    run_script([sys.executable, str(HERE / "trainer_lm.py"), str(small_tokens), str(resumed), "40", str(whole / "run" / "checkpoint-20")], timeout=400)
     assert read_jsonl(resumed / "steps.jsonl") == steps[20:]  # Trainer's own resume: the batches it had not trained on

@@ -3,21 +3,18 @@ token rows, is killed mid-epoch, and resumes with exactly the batches an uninter
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 
 from fastload.converters import ConvertOptions, convert
 from fastload.converters.options import TokenizeOptions
-from tests.conftest import cli_env
+from tests.conftest import cli_env, kill_like_a_dying_machine
 from tests.text.conftest import real_paragraphs, write_jsonl
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -68,11 +65,7 @@ def test_learns_is_killed_and_resumes_the_token_stream_exactly(lm_tokens: Path, 
                 step = 0  # caught mid-rename; look again
         time.sleep(0.05)
     assert proc.poll() is None, "training ended before it could be killed"
-    tree = [proc, *psutil.Process(proc.pid).children(recursive=True)]  # torchrun and its ranks: a dying machine
-    for p in tree:
-        os.kill(p.pid, signal.SIGKILL)
-    proc.wait()
-    psutil.wait_procs(tree[1:], timeout=10)
+    kill_like_a_dying_machine(proc)  # torchrun and its ranks: a dying machine
     saved = torch.load(ckpt / "last.pt", weights_only=False)["step"]
     assert 20 <= saved < 60
 
