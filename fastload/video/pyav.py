@@ -123,8 +123,8 @@ def _check_header_size(width: int, height: int, where: str, max_pixels: int) -> 
 def _first_frame_size(container: Any, stream: Any, where: str, max_pixels: int) -> tuple[int, int]:
     """(width, height) of the first decoded frame."""
     av = _av()
-    container.seek(0, stream=stream)
     try:
+        container.seek(0, stream=stream)
         for frame in container.decode(stream):
             _check_header_size(frame.width, frame.height, where, max_pixels)
             return frame.width, frame.height
@@ -156,7 +156,10 @@ def decode_frames(
         for target in wanted:
             key = facts.keyframe_before(target)
             if frames is None or position >= target or facts.keyframes[key] > position + 1:
-                container.seek(facts.keyframe_pts[key], stream=stream, backward=True, any_frame=False)
+                try:
+                    container.seek(facts.keyframe_pts[key], stream=stream, backward=True, any_frame=False)
+                except av.error.FFmpegError as exc:  # a damaged stream can fail the seek itself
+                    raise SampleError(where, f"seeking to the keyframe before frame {target} failed ({type(exc).__name__})") from None
                 frames = container.decode(stream)
                 position, start_pts = facts.keyframes[key] - 1, facts.keyframe_pts[key]
                 budget = target - position + REORDER_SLACK
