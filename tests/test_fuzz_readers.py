@@ -2,7 +2,9 @@
 datasets: mutated tar shards, ``.idx`` files, sample tables, ``index.json`` files and HDF5 layouts
 (links and storage pointing outside, retyped and reshaped columns, gigabytes declared in a few
 bytes), each dataset opened, read sample by sample, loaded (skipping and raising) and verified
-through the public API; foreign tars (bit flips, cuts, crafted sizes and pax records) through
+through the public API; token shards (ids, document tables, index.json) loaded in each packing,
+no id at or beyond the vocabulary delivered; video shards (the videos, the stream facts of their
+sample tables) loaded as clips; foreign tars (bit flips, cuts, crafted sizes and pax records) through
 ``fastload index``, ``convert --from wds`` and the header parser itself; ``.npy`` headers and JSON
 fields through their codecs.
 
@@ -50,8 +52,9 @@ from tests.conftest import REPO_ROOT, jpeg_bytes, small_photo
 
 SEED = int(os.environ.get("FASTLOAD_FUZZ_SEED", "1717"))
 # Cases per target, and the seconds each may take in all (the time box: a slower machine runs fewer).
-CASES = {"tar": 500, "idx": 500, "index": 500, "table": 400, "hdf5": 300, "foreign-tar": 400, "npy": 20000, "json": 10000}
-BOX_SECONDS = {"tar": 7, "idx": 5, "index": 5, "table": 4, "hdf5": 6, "foreign-tar": 6, "npy": 3, "json": 2}
+CASES = {"tar": 500, "idx": 500, "index": 500, "table": 400, "hdf5": 300, "foreign-tar": 400, "npy": 20000, "json": 10000,
+         "tokens": 300, "video": 200}
+BOX_SECONDS = {"tar": 7, "idx": 5, "index": 5, "table": 4, "hdf5": 6, "foreign-tar": 6, "npy": 3, "json": 2, "tokens": 6, "video": 6}
 CASE_SECONDS = 10  # far above a case's ~30 ms: only a hang reaches it
 MEMORY_BYTES = 3 << 30
 SENTINEL = "fastload-fuzz-outside-secret"  # held by files outside every dataset: no message or sample may hold it
@@ -77,11 +80,12 @@ def time_bound(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def exercise(root: Path) -> list[str]:
+def exercise(root: Path, **loading: object) -> list[str]:
     """What a user does with a dataset: open it, read every sample, load it (skipping, then
-    raising), verify it with decoding. Only fastload errors are expected, and caught; returns what
-    is wrong beyond them: an error on several lines or naming no file of the dataset, a sample a
-    skipping loader neither delivered nor counted as skipped."""
+    raising; ``loading``: more loader arguments, a video's ``clip=``), verify it with decoding.
+    Only fastload errors are expected, and caught; returns what is wrong beyond them: an error on
+    several lines or naming no file of the dataset, a sample a skipping loader neither delivered
+    nor counted as skipped."""
     messages: list[str] = []
     wrong: list[str] = []
     try:
@@ -102,7 +106,8 @@ def exercise(root: Path) -> list[str]:
     for on_error in ("skip", "raise"):
         delivered: list[str] = []
         try:
-            with fastload.DataLoader(root, batch_size=2, transform=T.val(16), num_workers=0, on_error=on_error, return_keys=True) as loader:
+            with fastload.DataLoader(root, batch_size=2, transform=T.val(16), num_workers=0, on_error=on_error, return_keys=True,
+                                     **loading) as loader:
                 for batch in loader:
                     delivered += batch["key"] if isinstance(batch, dict) else batch[-1]  # unlabelled: a dict
         except FastloadError as exc:
@@ -113,15 +118,42 @@ def exercise(root: Path) -> list[str]:
             silent = set(keys) - set(delivered) - counted
             if silent:
                 wrong.append(f"samples neither delivered nor counted as skipped: {sorted(silent)[:3]}")
+    return wrong + verified_and_said(root, messages)
+
+
+def verified_and_said(root: Path, messages: list[str]) -> list[str]:
+    """Verify ``root`` (decoding); every message, those given and verify's, must be one line naming
+    a file of the dataset and repeat nothing an outside file holds: those that are not."""
     try:
-        messages += fastload.verify_dataset(root, decode=True).problems
+        messages = messages + fastload.verify_dataset(root, decode=True).problems
     except FastloadError as exc:
-        messages.append(str(exc))
+        messages = [*messages, str(exc)]
     names = [str(root), *(p.name for p in root.iterdir()), *index_strings(root)]
-    for message in messages:
-        if "\n" in message or not any(name in message for name in names) or SENTINEL in message:
-            wrong.append(f"message not one line naming a file of the dataset (or repeating an outside file): {message[:300]!r}")
-    return wrong
+    return [f"message not one line naming a file of the dataset (or repeating an outside file): {message[:300]!r}"
+            for message in messages if "\n" in message or not any(name in message for name in names) or SENTINEL in message]
+
+
+def exercise_tokens(root: Path, vocab: int) -> list[str]:
+    """A token dataset loaded in each packing (0 workers: every batch of an epoch) and verified.
+    Only fastload errors are expected; wrong beyond them: a delivered id at or beyond the base's
+    vocabulary of ``vocab`` (in ``input_ids``, or in ``labels`` other than the ignore index)."""
+    messages: list[str] = []
+    wrong: list[str] = []
+    try:
+        dataset = fastload.open(root)
+    except FastloadError as exc:
+        return verified_and_said(root, [str(exc)])
+    for packing in ("concat", "best-fit", "pad"):
+        try:
+            with fastload.DataLoader(dataset, batch_size=2, seq_len=24, packing=packing, packing_window=256, block_tokens=128) as loader:
+                for batch in loader:
+                    ids, labels = batch["input_ids"], batch["labels"]
+                    if int(ids.max()) >= vocab or int(ids.min()) < 0 or bool(((labels >= vocab) | ((labels < 0) & (labels != -100))).any()):
+                        wrong.append(f"{packing}: an id outside the vocabulary of {vocab} delivered")
+                        break
+        except FastloadError as exc:
+            messages.append(str(exc))
+    return wrong + verified_and_said(root, messages)
 
 
 def index_strings(root: Path) -> list[str]:
@@ -327,10 +359,22 @@ def with_matching_index(root: Path, shard: str, field: str, checksum: str) -> No
 def make_case(bases: dict[str, Path], target: str, number: int, where: Path) -> str:
     """Copy a base dataset to ``where`` and mutate one of its files; describe what was done."""
     rng = random.Random(f"{SEED}-{target}-{number}")
-    layout = "hdf5" if target == "hdf5" or (target == "index" and number % 4 == 0) else "wds"
+    layout = target if target in ("tokens", "video") else "hdf5" if target == "hdf5" or (target == "index" and number % 4 == 0) else "wds"
     shutil.copytree(bases[layout], where)
     index = json.loads((where / INDEX_FILE).read_text())
     shard = rng.choice(index["shards"])
+    if target in ("tokens", "video"):  # the shard's data (ids, or the videos' tar), its table (documents, or facts), or index.json
+        field, checksum = rng.choice([("path", "sha256"), ("table", "table_sha256"), ("table", "table_sha256"), (INDEX_FILE, "")])
+        if field == INDEX_FILE:
+            mutated, kind = mutate_index(index, rng)
+            (where / INDEX_FILE).write_text(json.dumps(mutated))
+            return f"{kind} of {target} {INDEX_FILE}"
+        path = where / shard[field]
+        data, kind = mutate_table(path.read_bytes(), rng) if field == "table" and target == "video" else mutate_bytes(path.read_bytes(), rng)
+        path.write_bytes(data)
+        if rng.random() < 0.5:  # as a publisher would: the index agreeing with the changed file
+            with_matching_index(where, shard[field], field, checksum)
+        return f"{kind} of {shard[field]}"
     if target == "tar":
         path = where / shard["path"]
         data, kind = mutate_bytes(path.read_bytes(), rng)
@@ -536,7 +580,41 @@ def base_datasets(folder: Path) -> dict[str, Path]:
 
     with h5py.File(outside / "outside.h5", "w") as f:
         f.create_dataset("secret", data=np.frombuffer(secret, np.uint8))
-    return {"wds": folder / "wds", "hdf5": folder / "hdf5", "outside": outside}
+    return {"wds": folder / "wds", "hdf5": folder / "hdf5", "outside": outside, "tokens": token_dataset(folder), "video": video_dataset(folder)}
+
+
+TOKEN_VOCAB = 300  # the base token dataset's tokenizer: byte-level BPE, 256 bytes and a few merges
+
+
+def token_dataset(folder: Path) -> Path:
+    """Real paragraphs (licenses, Python sources) with eos, tokenized by a small BPE trained on
+    them, in three token shards."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from fastload.converters.options import TokenizeOptions
+    from tests.text.conftest import real_paragraphs, write_jsonl
+
+    texts = real_paragraphs(120)
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer, tokenizer.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=TOKEN_VOCAB, special_tokens=["<|endoftext|>"], show_progress=False,
+                                                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer.save(str(folder / "tokenizer.json"))
+    write_jsonl(folder / "docs.jsonl", texts)
+    convert(str(folder / "docs.jsonl"), str(folder / "tokens"), ConvertOptions(
+        source="jsonl", layout="tokens", tokens=TokenizeOptions(str(folder / "tokenizer.json"), append_eos=True, shard_tokens=6000)), quiet=True)
+    assert json.loads((folder / "tokens" / INDEX_FILE).read_text())["tokenizer"]["vocab_size"] == TOKEN_VOCAB
+    return folder / "tokens"
+
+
+def video_dataset(folder: Path) -> Path:
+    """Four short H.264 videos of a camera moving over the real photos (keyframes every 4 frames),
+    two a shard, with their stream facts in the sample tables."""
+    from tests.video.media import video_folder
+
+    video_folder(folder / "videos", count=4, frames=(12, 16), gop=4)
+    convert(str(folder / "videos"), str(folder / "video"), ConvertOptions(source="videos", samples_per_shard=2), quiet=True)
+    return folder / "video"
 
 
 def run_target(target: str, bases: dict[str, Path], scratch: Path) -> dict:
@@ -561,7 +639,8 @@ def run_target(target: str, bases: dict[str, Path], scratch: Path) -> dict:
                     wrong = check_foreign_tar(data, original, touched, where)
                 else:
                     what = make_case(bases, target, number, where)
-                    wrong = exercise(where)
+                    wrong = (exercise_tokens(where, TOKEN_VOCAB) if target == "tokens" else
+                             exercise(where, clip=fastload.Clip(4, stride=2)) if target == "video" else exercise(where))
             kinds.add(what.split()[0])
             failures += [f"case {number} ({what}): {problem}" for problem in wrong]
         except Exception as exc:
