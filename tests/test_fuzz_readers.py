@@ -356,9 +356,9 @@ def with_matching_index(root: Path, shard: str, field: str, checksum: str) -> No
     (root / INDEX_FILE).write_text(json.dumps(index))
 
 
-def make_case(bases: dict[str, Path], target: str, number: int, where: Path) -> str:
-    """Copy a base dataset to ``where`` and mutate one of its files; describe what was done."""
-    rng = random.Random(f"{SEED}-{target}-{number}")
+def make_case(bases: dict[str, Path], target: str, number: int, where: Path, seed: int = SEED) -> str:
+    """Copy a base dataset to ``where`` and mutate one of its files (case ``number`` of ``seed``); describe what was done."""
+    rng = random.Random(f"{seed}-{target}-{number}")
     layout = target if target in ("tokens", "video") else "hdf5" if target == "hdf5" or (target == "index" and number % 4 == 0) else "wds"
     shutil.copytree(bases[layout], where)
     index = json.loads((where / INDEX_FILE).read_text())
@@ -675,6 +675,22 @@ def test_mutated_inputs_end_in_one_line_errors_or_counted_skips(results: dict, t
     assert not got["failures"], f"seed {SEED}, {len(got['failures'])} of {got['cases']} cases:\n" + "\n".join(got["failures"][:5])
     assert got["cases"] >= min(CASES[target], 20), got  # the time box let enough cases run
     assert len(got["kinds"]) >= (1 if target in ("npy", "json") else 4), got["kinds"]  # varied mutations, not one repeated
+
+
+# (seed, target, case): cases that found a bug (each fixed), run whatever seed and time box the fuzzing has
+FOUND = [(1717, "video", 123), (1717, "video", 173), (1, "video", 40), (1, "video", 171), (3, "video", 45)]
+
+
+def test_the_cases_that_found_bugs_end_in_one_line_errors(tmp_path: Path) -> None:
+    """A seek a damaged stream fails, a frame FFmpeg cannot convert, a video dataset's index
+    listing no video: each once escaped as av's or Python's own exception."""
+    bases = base_datasets(tmp_path / "bases")
+    for seed, target, number in FOUND:
+        where = tmp_path / f"{seed}-{target}-{number}"
+        what = make_case(bases, target, number, where, seed)
+        with time_bound(CASE_SECONDS):
+            wrong = exercise(where, clip=fastload.Clip(4, stride=2))
+        assert not wrong, (seed, number, what, wrong)
 
 
 def test_the_fuzzing_fits_its_time_box(results: dict) -> None:

@@ -16,6 +16,7 @@ from dataclasses import fields as dataclass_fields
 from pathlib import Path
 
 from fastload.errors import DatasetIndexError
+from fastload.fields import video_fields
 from fastload.files import atomic_write_bytes, check_relative_path, is_sha256, read_file
 from fastload.formats.shard_formats import LAYOUTS, shard_format
 
@@ -178,6 +179,8 @@ class DatasetIndex:
         if self.num_samples > MAX_INT:
             raise DatasetIndexError("shards: more than 2**63 - 1 samples in all")
         self._check_tokens()
+        if self.version == VIDEO_FORMAT_VERSION and not video_fields(self.fields):
+            raise DatasetIndexError(f"fields: a video dataset (version {VIDEO_FORMAT_VERSION}) lists no video field")
 
     def _check_tokens(self) -> None:
         """A token dataset (and only one) names its tokenizer, is of version 5 and counts each shard's tokens."""

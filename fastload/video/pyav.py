@@ -179,7 +179,11 @@ def decode_frames(
                     continue  # a leading frame of an open GOP, shown before its keyframe: not part of the clip
                 position += 1
             _check_header_size(frame.width, frame.height, where, max_pixels)
-            yield target, reformatter.reformat(frame, width=width, height=height, format="rgb24", interpolation="BILINEAR").to_ndarray()
+            try:
+                pixels = reformatter.reformat(frame, width=width, height=height, format="rgb24", interpolation="BILINEAR").to_ndarray()
+            except av.error.FFmpegError as exc:  # a damaged stream's frame FFmpeg cannot convert
+                raise SampleError(where, f"frame {target} does not convert to RGB ({type(exc).__name__})") from None
+            yield target, pixels
     finally:
         container.close()
 
