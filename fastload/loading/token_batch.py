@@ -23,7 +23,8 @@ from enum import Enum
 
 import numpy as np
 
-from fastload.loading.token_rows import IGNORE_INDEX, Segments, TokenCorpus
+from fastload.loading.token_corpus import Segments, TokenCorpus
+from fastload.loading.token_rows import IGNORE_INDEX
 
 
 class BatchFormat(Enum):

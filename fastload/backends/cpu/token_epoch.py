@@ -26,7 +26,8 @@ from fastload.loading.slots import BatchBuffers, Column
 from fastload.loading.state import LoaderState
 from fastload.loading.stats import READ_BYTES, SAMPLES, TRANSFORM, LoaderStats, StageClock, StageCounters
 from fastload.loading.token_batch import BatchBounds, BatchFiller, BatchFormat
-from fastload.loading.token_rows import Packing, Segments, TokenRows
+from fastload.loading.token_corpus import Segments
+from fastload.loading.token_rows import Packing, TokenRows
 from fastload.orders.position import Position
 from fastload.storage.dataset import ShardedDataset
 

@@ -1,0 +1,160 @@
+"""A token dataset's global token space, its shards one after another, read span by span: the
+spans a batch holds (:class:`Segments`, as NumPy arrays) and the reading of them (one ``preadv`` a
+span, every id checked against the tokenizer's vocabulary). Which spans the rows of an epoch hold
+is fastload.loading.token_rows' concern."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from fastload.errors import ShardError
+from fastload.formats.tokens import TokenShardReader
+from fastload.storage.dataset import ShardedDataset
+
+
+@dataclass(frozen=True)
+class Segments:
+    """A batch's token spans, row by row (``row`` ascending; a row's segments back to back from column 0)."""
+
+    start: np.ndarray  # int64: each segment's first token in the dataset's global token space
+    length: np.ndarray  # int64
+    continues: np.ndarray  # bool: its document has a next token after it
+    row: np.ndarray  # int64: the batch row holding it
+
+    @staticmethod
+    def join(parts: list[Segments]) -> Segments:
+        """The segments of ``parts`` one after another (their rows already numbered in the batch)."""
+        if not parts:
+            empty = np.zeros(0, dtype=np.int64)
+            return Segments(empty, empty, np.zeros(0, dtype=bool), empty)
+        return Segments(*(np.concatenate([getattr(p, name) for p in parts]) for name in ("start", "length", "continues", "row")))
+
+    def shifted(self, tokens: int, rows: int) -> Segments:
+        """These segments ``tokens`` further in the global token space and ``rows`` further down the batch."""
+        return Segments(self.start + tokens, self.length, self.continues, self.row + rows)
+
+
+class TokenCorpus:
+    """A token dataset's global token space: shards concatenated, read span by span."""
+
+    def __init__(self, dataset: ShardedDataset) -> None:
+        if dataset.index.tokenizer is None:
+            raise ValueError(f"{dataset.location} holds no tokens (convert documents with --tokenizer)")
+        self.dataset = dataset
+        self.tokenizer = dataset.index.tokenizer
+        self.dtype = np.dtype(self.tokenizer.dtype)
+        self.token_starts = np.array(list(itertools.accumulate((s.tokens or 0 for s in dataset.index.shards), initial=0)), dtype=np.int64)
+        self.doc_starts = np.array(list(itertools.accumulate((s.samples for s in dataset.index.shards), initial=0)), dtype=np.int64)
+
+    @property
+    def total(self) -> int:
+        """Tokens in the dataset."""
+        return int(self.token_starts[-1])
+
+    @property
+    def documents(self) -> int:
+        """Documents in the dataset."""
+        return int(self.doc_starts[-1])
+
+    def reader(self, shard: int) -> TokenShardReader:
+        """Shard ``shard``'s reader, open in this process."""
+        reader = self.dataset.reader(shard)
+        assert isinstance(reader, TokenShardReader)  # a token dataset's layout opens token readers
+        return reader
+
+    def shard_of(self, token: int) -> int:
+        """The shard holding global token ``token``."""
+        return int(np.searchsorted(self.token_starts, token, side="right") - 1)
+
+    def starts_inside(self, start: int, end: int) -> np.ndarray:
+        """Global positions of the documents starting strictly between ``start`` and ``end``."""
+        found = []
+        first, last = self.shard_of(start), self.shard_of(max(end - 1, start))
+        for shard in range(first, last + 1):
+            base = int(self.token_starts[shard])
+            reader = self.reader(shard)
+            offsets = reader.offsets()
+            lo = int(np.searchsorted(offsets, max(start - base, 0), side="right"))
+            hi = int(np.searchsorted(offsets, end - base, side="left"))
+            if hi > lo:
+                part = reader.checked_offsets(lo, hi - 1) + base
+                found.append(part[(part > start) & (part < end)])
+        return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+
+    def starts_document(self, token: int) -> bool:
+        """Whether a document starts at global token ``token`` (the end of the tokens: no next token, so True)."""
+        if token >= self.total:
+            return True
+        shard = self.shard_of(token)
+        local = token - int(self.token_starts[shard])
+        offsets = self.reader(shard).offsets()
+        at = int(np.searchsorted(offsets, local, side="left"))
+        return at < len(offsets) and int(offsets[at]) == local
+
+    def documents_at(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(first global token, tokens) of documents ``indices`` (numbered across the shards)."""
+        shards = np.searchsorted(self.doc_starts, indices, side="right") - 1
+        starts, lengths = np.empty(len(indices), dtype=np.int64), np.empty(len(indices), dtype=np.int64)
+        for shard in np.unique(shards).tolist():
+            at = shards == shard
+            reader = self.reader(shard)
+            local = indices[at] - self.doc_starts[shard]
+            offsets = reader.offsets()
+            first, end = offsets[local].astype(np.int64), offsets[local + 1].astype(np.int64)
+            if np.any(end < first) or np.any(end > reader.tokens):
+                raise ShardError(f"{reader.data}: its document table's offsets do not ascend within its {reader.tokens} tokens (tampered?)")
+            starts[at], lengths[at] = first + self.token_starts[shard], end - first
+        return starts, lengths
+
+    def read_into(self, buffer: np.ndarray, segments: Segments, destinations: np.ndarray, extra: np.ndarray) -> np.ndarray:
+        """Each segment's tokens into ``buffer`` (of the dataset's dtype) at its destination, one
+        ``preadv`` a segment (with the document's next token, where it continues, which is also
+        returned: the next segment may overwrite it); every id is checked against the vocabulary."""
+        shards = np.searchsorted(self.token_starts, segments.start, side="right") - 1
+        local = segments.start - self.token_starts[shards]
+        counts = segments.length + extra
+        sizes = np.asarray([s.tokens or 0 for s in self.dataset.index.shards], dtype=np.int64)[shards]
+        if np.any(local < 0) or np.any(local + counts > sizes):
+            raise ShardError(f"{self.dataset.location}: a span read lies outside its shard (a tampered document table?)")
+        itemsize = self.dtype.itemsize
+        raw = buffer.data.cast("B")
+        nexts = np.zeros(len(counts), dtype=np.int64)
+        descriptors = {shard: self.reader(shard).descriptor() for shard in set(shards.tolist())}
+        for i, (shard, first, count, dest, more) in enumerate(zip(shards.tolist(), (local * itemsize).tolist(), (counts * itemsize).tolist(),
+                                                                   (destinations * itemsize).tolist(), extra.tolist())):
+            if os.preadv(descriptors[shard], [raw[dest : dest + count]], first) != count:
+                raise ShardError(f"{self.reader(shard).data}: cut short (truncated since it was opened?)")
+            if more:
+                nexts[i] = buffer[(dest + count) // itemsize - 1]
+        if self.tokenizer.vocab_size < 2 ** (8 * itemsize):
+            self._check_ids(buffer, segments, destinations, nexts, shards)
+        return nexts
+
+    def _check_ids(self, buffer: np.ndarray, segments: Segments, destinations: np.ndarray, nexts: np.ndarray, shards: np.ndarray) -> None:
+        """Refuse ids at or beyond the vocabulary, naming the shard and the tokens holding one."""
+        vocab = self.tokenizer.vocab_size
+        end = int((destinations + segments.length).max(initial=0))
+        if int(buffer[:end].max(initial=0)) < vocab and int(nexts.max(initial=0)) < vocab:
+            return
+        for i in range(len(shards)):
+            dest, n = int(destinations[i]), int(segments.length[i])
+            worst = max(int(buffer[dest : dest + n].max(initial=0)), int(nexts[i]))
+            if worst >= vocab:
+                reader = self.reader(int(shards[i]))
+                first = int(segments.start[i] - self.token_starts[shards[i]])
+                raise ShardError(f"{reader.data}: token id {worst} at or beyond the tokenizer's vocabulary of {vocab} "
+                                 f"(tokens {first}..{first + n + 1})")
+
+    def where(self, token: int) -> tuple[int, int]:
+        """(shard number, document number in it) holding global token ``token``."""
+        shard = self.shard_of(token)
+        local = token - int(self.token_starts[shard])
+        return shard, int(np.searchsorted(self.reader(shard).offsets(), local, side="right") - 1)
+
+    def document_start(self, shard: int, document: int) -> int:
+        """The first global token of document ``document`` of shard ``shard``."""
+        return int(self.token_starts[shard]) + self.reader(shard).bounds(document)[0]
