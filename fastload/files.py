@@ -11,6 +11,7 @@ import os
 import re
 import secrets
 import stat
+import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +20,18 @@ from fastload.errors import DatasetIndexError
 
 _PATH_PART = re.compile(r"[A-Za-z0-9_.+=,@-]+")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def close_when_dropped(owner: object, fd: int) -> weakref.finalize:
+    """A finalizer that closes ``fd`` once and only in this process: when called (the owner's
+    ``close()``) or when ``owner`` is garbage collected, so a reader dropped unclosed leaks no
+    descriptor (a forked child, which opens its own, never closes the parent's)."""
+    return weakref.finalize(owner, _close_in, fd, os.getpid())
+
+
+def _close_in(fd: int, pid: int) -> None:
+    if os.getpid() == pid:
+        os.close(fd)
 
 
 def check_relative_path(value: object, name: str) -> str:

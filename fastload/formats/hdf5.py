@@ -27,7 +27,7 @@ import numpy as np
 from fastload.decode.header import check_pixels
 from fastload.errors import SampleError, ShardError
 from fastload.fields import LABEL_FIELD, format_label
-from fastload.files import open_regular_sized
+from fastload.files import close_when_dropped, open_regular_sized
 from fastload.formats import this_process
 from fastload.formats.columns import PackedStrings, int_column
 
@@ -178,7 +178,7 @@ class Hdf5ShardReader:
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_file"], state["_fd"], state["_pid"], state["_cached"] = None, None, -1, None
+        state["_file"], state["_fd"], state["_pid"], state["_cached"], state["_closer"] = None, None, -1, None, None
         return state
 
     def _h5(self):
@@ -194,7 +194,7 @@ class Hdf5ShardReader:
             except OSError:
                 os.close(fd)
                 raise ShardError(f"{self.path}: cannot open HDF5 shard (not an HDF5 file, or damaged)") from None
-            self._fd = fd
+            self._fd, self._closer = fd, close_when_dropped(self, fd)
             self._pid = this_process()
         return self._file
 
@@ -338,5 +338,5 @@ class Hdf5ShardReader:
         self._cached = None
         if self._file is not None and self._pid == this_process():
             self._file.close()
-            os.close(self._fd)
+            self._closer()
         self._file, self._fd = None, None

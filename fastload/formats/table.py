@@ -46,7 +46,7 @@ import numpy as np
 
 from fastload.errors import SampleError, ShardError
 from fastload.fields import LABEL_FIELD, parse_label
-from fastload.files import open_regular
+from fastload.files import close_when_dropped, open_regular
 from fastload.formats import open_in_root, this_process
 from fastload.formats.idx import Member, split_member_name
 from fastload.video.facts import MAX_CODEC_NAME, StreamFacts
@@ -263,7 +263,7 @@ class SampleTable:
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_fd"], state["_pid"], state["_row"] = None, -1, None
+        state["_fd"], state["_pid"], state["_row"], state["_closer"] = None, -1, None, None
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -285,7 +285,7 @@ class SampleTable:
         except OSError as exc:
             error = _Missing if isinstance(exc, FileNotFoundError) else ShardError
             raise error(f"{self.path}: cannot open the sample table ({exc.strerror})") from None
-        self._fd, self._pid = fd, this_process()
+        self._fd, self._pid, self._closer = fd, this_process(), close_when_dropped(self, fd)
         return fd, size
 
     def _descriptor(self) -> int:
@@ -375,6 +375,6 @@ class SampleTable:
     def close(self) -> None:
         """Close the descriptor of this process."""
         if self._fd is not None and self._pid == this_process():
-            os.close(self._fd)
+            self._closer()
         self._fd = None
         self._row_cache = (-1, ())

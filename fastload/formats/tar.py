@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fastload.errors import DatasetIndexError, SampleError, ShardError
 from fastload.fields import is_field_member
-from fastload.files import read_file
+from fastload.files import close_when_dropped, read_file
 from fastload.formats import open_in_root, this_process
 from fastload.formats.idx import TarMembers, parse_dali_index
 from fastload.formats.table import Facts, SampleTable, encode_table, tar_labels
@@ -61,7 +61,7 @@ class TarShardReader:
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_fd"], state["_pid"] = None, -1
+        state["_fd"], state["_pid"], state["_closer"] = None, -1, None
         return state
 
     def _descriptor(self) -> int:
@@ -72,7 +72,7 @@ class TarShardReader:
                 raise ShardError(f"{self.path}: cannot open shard ({exc.strerror})") from None
             if isinstance(self._samples, SampleTable):
                 self._samples.open()
-            self._fd, self._pid = fd, this_process()
+            self._fd, self._pid, self._closer = fd, this_process(), close_when_dropped(self, fd)
         return self._fd
 
     def open(self) -> None:
@@ -162,7 +162,7 @@ class TarShardReader:
     def close(self) -> None:
         """Close the descriptor of this process."""
         if self._fd is not None and self._pid == this_process():
-            os.close(self._fd)
+            self._closer()
         self._fd = None
         if isinstance(self._samples, SampleTable):
             self._samples.close()

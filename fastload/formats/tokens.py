@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fastload.errors import ShardError
+from fastload.files import close_when_dropped
 from fastload.formats import open_in_root, this_process
 from fastload.formats.token_counts import ShardTokens
 
@@ -74,7 +75,7 @@ class TokenShardReader:
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_fd"], state["_pid"], state["_map"], state["_offsets"] = None, -1, None, None
+        state["_fd"], state["_pid"], state["_map"], state["_offsets"], state["_closer"] = None, -1, None, None, None
         return state
 
     def _fail(self, what: str) -> ShardError:
@@ -96,7 +97,7 @@ class TokenShardReader:
         except BaseException:
             os.close(fd)
             raise
-        self._fd, self._pid = fd, this_process()
+        self._fd, self._pid, self._closer = fd, this_process(), close_when_dropped(self, fd)
 
     def _map_documents(self) -> np.ndarray:
         """The document table's offsets, memory-mapped, after its header and size are checked."""
@@ -199,5 +200,5 @@ class TokenShardReader:
     def close(self) -> None:
         """Close this process's token file (the table's mapping goes with the last reference)."""
         if self._fd is not None and self._pid == this_process():
-            os.close(self._fd)
+            self._closer()
         self._fd, self._map, self._offsets = None, None, None

@@ -5,6 +5,7 @@ descriptor table grown once, and a mixture's members splitting the open-shard ca
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -208,3 +209,28 @@ def test_samples_are_located_in_shards_of_one_size_and_of_mixed_sizes(clean: Pat
         assert [ds[i]["key"] for i in range(len(ds))] == keys * copies
         with pytest.raises(IndexError):
             ds.locate(len(ds))
+
+
+def open_descriptors() -> int:
+    gc.collect()
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("layout", ["wds", "hdf5"])
+def test_a_dataset_dropped_without_close_leaves_no_descriptor_open(clean: Path, h5_clean: Path, layout: str) -> None:
+    """``fastload.open(path)[i]`` in a loop (a notebook's way) closes each dropped dataset's shard,
+    table and HDF5 files with it, as ``close()`` would; a closed one closes them at once."""
+    root = clean if layout == "wds" else h5_clean
+    fastload.open(root)[0]  # first use (imports, caches) outside the count
+    before = open_descriptors()
+    for _ in range(20):
+        ds = fastload.open(root)
+        for i in range(0, len(ds), 7):  # samples of every shard
+            ds[i]
+        del ds
+    assert open_descriptors() == before
+    ds = fastload.open(root)
+    ds[0]
+    assert open_descriptors() > before
+    ds.close()
+    assert open_descriptors() == before

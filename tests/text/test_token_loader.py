@@ -4,7 +4,9 @@ with 3), best-fit's padding against an offline best-fit decreasing, mixing by to
 
 from __future__ import annotations
 
+import gc
 import json
+import os
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -392,3 +394,19 @@ def test_stats_count_tokens_and_seq_len_needs_a_token_dataset(tokens: Path) -> N
     assert ld.stats.tokens == fastload.open(tokens).index.num_tokens and ld.stats.epochs[0].complete
     with pytest.raises(ValueError, match="seq_len must be a positive number of tokens"):
         fastload.TokenDataLoader(fastload.open(tokens), seq_len=0)
+
+
+def test_a_token_dataset_dropped_without_close_leaves_no_descriptor_open(tokens: Path) -> None:
+    """Documents read from datasets opened and dropped unclosed: each one's token files close with it."""
+
+    def open_descriptors() -> int:
+        gc.collect()
+        return len(os.listdir("/proc/self/fd"))
+
+    fastload.open(tokens)[0]
+    before = open_descriptors()
+    for _ in range(10):
+        ds = fastload.open(tokens)
+        assert all(len(ds[i]["tokens"]) for i in range(0, len(ds), max(1, len(ds) // 20)))
+        del ds
+    assert open_descriptors() == before
