@@ -121,7 +121,9 @@ def _parse_headers(view: memoryview, members: list[TarMember], member_headers: l
     while pos + BLOCK <= end:
         header = view[pos : pos + BLOCK].tobytes()
         if header == ZERO_BLOCK:
-            return  # end of archive
+            if pos + 2 * BLOCK <= end and view[pos + BLOCK : pos + 2 * BLOCK].tobytes() != ZERO_BLOCK:
+                raise _Broken(f"a lone zero block at byte {pos}, a header after it (a zeroed header?)", pos)
+            return  # end of archive (two zero blocks, or one at the end of the file)
         try:
             stored.append(_number(header[148:156]))
             positions.append(pos)

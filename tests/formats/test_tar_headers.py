@@ -218,7 +218,8 @@ def ten_sample_tar() -> tuple[bytes, list[int]]:
 
 
 def damaged(kind: str) -> bytes:
-    """The ten-sample tar damaged at sample 3: a flipped header byte, a zero-length pax record, or cut there."""
+    """The ten-sample tar damaged at sample 3: a flipped header byte, a zero-length pax record, its
+    first header zeroed (an end-of-archive block with members after it), or cut there."""
     data, starts = ten_sample_tar()
     raw = bytearray(data)
     at = starts[3]
@@ -228,12 +229,14 @@ def damaged(kind: str) -> bytes:
         record = raw.index(b" comment=sample 3\n", at)
         digits = raw.rindex(b"\n", at + 512, record) + 1 if b"\n" in raw[at + 512 : record] else at + 512
         raw[digits:record] = b"0" * (record - digits)
+    elif kind == "zeroed header":
+        raw[at : at + 512] = bytes(512)
     else:
         del raw[at:]
     return bytes(raw)
 
 
-@pytest.mark.parametrize("kind", ["flipped header byte", "zero-length pax record", "cut between members"])
+@pytest.mark.parametrize("kind", ["flipped header byte", "zero-length pax record", "zeroed header", "cut between members"])
 def test_convert_from_a_damaged_tar_names_it_or_reports_the_loss(tmp_path: Path, kind: str) -> None:
     tar = tmp_path / "src.tar"
     tar.write_bytes(damaged(kind))
@@ -277,3 +280,13 @@ def test_tar_damage_keeps_the_members_before_it() -> None:
         tar_members(memoryview(bytes(raw)), "t.tar")
     assert caught.value.at == starts[6] and [name for _, name, _, _ in caught.value.members] == [f"s{i}.{e}" for i in range(6) for e in ("jpg", "cls")]
     assert str(caught.value) == f"t.tar: not a readable tar (bad header checksum at byte {starts[6]})"
+
+
+def test_an_archive_ends_at_two_zero_blocks_or_a_last_one_and_a_lone_one_is_damage() -> None:
+    """As GNU tar reads them: what follows two zero blocks is not the archive's; one zero block at
+    the end of the file ends it too; one with a header after it is a zeroed header, not the end."""
+    members = sample("a") + sample("b")
+    assert len(tar_members(memoryview(tar_of(members) + b"junk" * 128), "t.tar")) == 4
+    assert len(tar_members(memoryview(members + bytes(512)), "t.tar")) == 4
+    with pytest.raises(TarDamage, match=re.escape(f"t.tar: not a readable tar (a lone zero block at byte {len(sample('a'))}, a header after it")):
+        tar_members(memoryview(tar_of(sample("a"), bytes(512), sample("b"))), "t.tar")
