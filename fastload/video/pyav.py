@@ -80,6 +80,8 @@ def probe(data: bytes, where: str, max_pixels: int = MAX_PIXELS) -> StreamFacts:
                 stamp = packet.pts if packet.pts is not None else packet.dts
                 if packet.size == 0 or stamp is None:
                     continue
+                if packet.is_discard:  # frames a decoder drops (an MP4 edit list): frame numbers would disagree after a seek
+                    raise SampleError(where, "an edit list hides some of its frames (cut with ffmpeg -c copy?): convert with --reencode")
                 stamps.append(stamp)
                 if packet.is_keyframe:
                     keys.append(stamp)
@@ -162,7 +164,7 @@ def decode_frames(
                     raise SampleError(where, f"seeking to the keyframe before frame {target} failed ({type(exc).__name__})") from None
                 frames = container.decode(stream)
                 position, start_pts = facts.keyframes[key] - 1, facts.keyframe_pts[key]
-                budget = target - position + REORDER_SLACK
+            budget = target - position + REORDER_SLACK  # for each target: one reached by decoding on gets its own
             while position < target:
                 if budget <= 0:
                     raise SampleError(where, f"decoding from the keyframe before frame {target} never reached it (frames out of order?)")
@@ -204,12 +206,13 @@ def reencode_h264(data: bytes, where: str, gop: int, max_size: int | None, max_p
                 if encoded is None:
                     scale = min(1.0, max_size / max(frame.width, frame.height)) if max_size else 1.0
                     encoded = target.add_stream("libx264", rate=rate)
-                    encoded.width, encoded.height = max(2, round(frame.width * scale / 2) * 2), max(2, round(frame.height * scale / 2) * 2)
+                    encoded.width, encoded.height = max(2, int(frame.width * scale) // 2 * 2), max(2, int(frame.height * scale) // 2 * 2)  # even, never past max_size
                     encoded.pix_fmt = "yuv420p"
                     encoded.codec_context.gop_size = gop
                     encoded.codec_context.options = {"keyint_min": str(gop), "sc_threshold": "0", "threads": "1"}
                 picture = frame.reformat(width=encoded.width, height=encoded.height, format="yuv420p")
                 picture.pts, picture.time_base = number, Fraction(1) / Fraction(rate)  # frames in order, at the source's average rate
+                picture.pict_type = av.video.frame.PictureType.NONE  # the encoder picks keyframes (a source's I frames would stay keyframes)
                 target.mux(encoded.encode(picture))
             if encoded is None:
                 raise SampleError(where, "zero-length video stream: no frames")

@@ -51,6 +51,37 @@ def test_reencode_gives_h264_with_the_keyframe_interval_asked_for(tmp_path: Path
     assert (facts.codec, facts.width, facts.height, facts.frames, facts.keyframes) == ("h264", 48, 32, 20, (0, 5, 10, 15))
 
 
+def test_reencode_keeps_the_interval_over_a_source_of_all_keyframes_and_max_size_is_never_passed(tmp_path: Path) -> None:
+    """An MJPEG source (every frame a keyframe) re-encoded with a keyframe every 8 frames gets
+    exactly those; --max-size 51 of 96 x 64 rounds the sides down to even (50 x 34), never up."""
+    (tmp_path / "raw" / "a").mkdir(parents=True)
+    (tmp_path / "raw" / "a" / "clip.avi").write_bytes(video(2, 24, codec="mjpeg", container="avi", gop=1))
+    convert(str(tmp_path / "raw"), str(tmp_path / "out"), ConvertOptions(source="videos", reencode_video=True, keyframe_interval=8, max_size=51), quiet=True)
+    facts = fastload.open(tmp_path / "out").stream_facts(0)["mp4"]
+    assert (facts.width, facts.height, facts.frames, facts.keyframes) == (50, 34, 24, (0, 8, 16))
+
+
+@pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg cuts the video (-ss with -c copy writes an edit list)")
+def test_a_video_cut_by_an_edit_list_is_refused_and_reencoding_takes_what_a_player_shows(tmp_path: Path) -> None:
+    """``ffmpeg -ss T -c copy`` keeps the frames before T, flagged for the decoder to drop: frame
+    numbers would then depend on the keyframe a seek lands on. Refused by name; --reencode keeps
+    the frames a player shows."""
+    import subprocess
+
+    from tests.video.media import every_frame
+
+    (tmp_path / "raw" / "a").mkdir(parents=True)
+    (tmp_path / "whole.mp4").write_bytes(video(9, 48, gop=24))
+    cut = tmp_path / "raw" / "a" / "cut.mp4"
+    subprocess.run(["ffmpeg", "-v", "error", "-y", "-ss", "0.25", "-i", str(tmp_path / "whole.mp4"), "-c", "copy", str(cut)], check=True, timeout=60)
+    shown = len(every_frame(cut.read_bytes()))
+    assert shown < 48
+    with pytest.raises(fastload.errors.SampleError, match=r"cut.mp4: an edit list hides some of its frames .*convert with --reencode"):
+        convert(str(tmp_path / "raw"), str(tmp_path / "refused"), ConvertOptions(source="videos"), quiet=True)
+    convert(str(tmp_path / "raw"), str(tmp_path / "out"), ConvertOptions(source="videos", reencode_video=True), quiet=True)
+    assert fastload.open(tmp_path / "out").stream_facts(0)["mp4"].frames == shown
+
+
 def test_a_manifest_gives_labels_and_captions(tmp_path: Path) -> None:
     for name in ("one.mp4", "two.webm"):
         (tmp_path / name).write_bytes(video(2, 12, codec="libvpx-vp9" if name.endswith("webm") else "libx264",

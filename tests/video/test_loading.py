@@ -49,6 +49,27 @@ def test_clips_hold_the_planned_frames_as_decoding_from_the_start_gives_them(vid
     assert seen == 6
 
 
+def test_long_clips_far_from_a_keyframe_decode_as_from_the_start(tmp_path: Path) -> None:
+    """x264's default: a keyframe every 250 frames. Clips spanning more than 64 frames, and a
+    second clip reached by decoding on from the first, hold the very frames (the decoder's budget
+    is each target's own)."""
+    from fastload.converters import ConvertOptions, convert
+    from tests.video.media import video
+
+    (tmp_path / "raw" / "a").mkdir(parents=True)
+    data = video(4, 300, gop=250)
+    (tmp_path / "raw" / "a" / "long.mp4").write_bytes(data)
+    convert(str(tmp_path / "raw"), str(tmp_path / "out"), ConvertOptions(source="videos"), quiet=True)
+    truth = every_frame(data)
+    for clip in (Clip(frames=16, stride=8, sampling="uniform"), Clip(frames=8, stride=2, clips=3, sampling="uniform")):
+        loader = fastload.DataLoader(tmp_path / "out", batch_size=1, clip=clip, transform=[T.Resize(SIZE)])
+        clips, _ = next(iter(loader))
+        for c, (first, _, _, _) in enumerate(loader.describe(0, 0).samples[0].clips):
+            for t in range(clip.frames):
+                frame = truth[min(first + clip.stride * t, len(truth) - 1)]
+                assert torch.equal(clips[0, c, t] if clip.clips > 1 else clips[0, t], torch.from_numpy(frame).permute(2, 0, 1)), (clip, c, t)
+
+
 def test_every_frame_of_a_clip_gets_the_same_crop_and_flip(video_dataset: Path) -> None:
     truth = frames_of(video_dataset)
     loader = fastload.DataLoader(video_dataset, batch_size=3, shuffle=True, seed=8, clip=Clip(frames=4, stride=2),
