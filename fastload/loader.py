@@ -49,6 +49,7 @@ from fastload.loading.state import LoaderState, OrderSettings, read_state_dict
 from fastload.loading.stats import LoaderStats
 from fastload.loading.torch_mode import TorchMode
 from fastload.loading.torchvision_translation import TorchvisionSteps, steps_as_map
+from fastload.orders.position import Position
 from fastload.storage.dataset import ShardedDataset
 from fastload.token_loader import TokenDataLoader
 from fastload.transforms import Transform, batch_transform, output_size
@@ -267,10 +268,10 @@ class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
 
     def describe(self, step: int, epoch: int | None = None) -> StepDescription:
         """This rank's batch at ``step`` (counted from the epoch's start) of ``epoch`` (default: the
-        current one): each sample's key, index and planned crop, flip and DCT scale, read from the
+        one being or last iterated, else the next): each sample's key, index and planned crop, flip and DCT scale, read from the
         shards' indexes and image headers only (fastload.loading.provenance). Steps run before an elastic
         resume are described at the topology they ran at."""
-        epoch = self.state.epoch if epoch is None else int(epoch)
+        epoch = self.state.current_epoch if epoch is None else int(epoch)
         return describe_step(self.sharded, self.orders.spec(), self.state.resumed_from(epoch), epoch, int(step), self.sample_spec,
                              self.options.transform, self.options.seed, cpu_decode=self.backend == "cpu",
                              classes=self.orders.classes)
@@ -278,9 +279,10 @@ class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose order the next iteration yields (it also advances by itself once
         an epoch's batches are all handed out). Setting the epoch a loaded state_dict is in keeps
-        that state's position."""
+        that state's position; setting the one it finished (saved after its last batch) yields
+        nothing more of it."""
         self._settle_abandoned()
-        self.state.set_epoch(int(epoch))
+        self.state.set_epoch(int(epoch), lambda e: len(self.orders.order(Position(e))))
 
     def _settle_abandoned(self) -> None:
         """Close an epoch left in progress (a break) now: closing breaks it off, which must happen

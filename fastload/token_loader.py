@@ -139,9 +139,10 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
         return batches
 
     def set_epoch(self, epoch: int) -> None:
-        """The next iteration yields ``epoch`` from its start (as torch's DistributedSampler.set_epoch)."""
+        """The next iteration yields ``epoch`` from its start (as torch's DistributedSampler.set_epoch);
+        the epoch a loaded state is in keeps its position, the one it finished yields nothing more."""
         self._settle_abandoned()
-        self.state.set_epoch(int(epoch))
+        self.state.set_epoch(int(epoch), self.rows.length)
 
     def _settle_abandoned(self) -> None:
         """Close an epoch left in progress (a break) before the caller sets another position."""
@@ -201,10 +202,10 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
         return rows_before + (step - steps_before) * world * batch + rank * batch, batch
 
     def describe(self, step: int, epoch: int | None = None) -> list[list[dict[str, Any]]]:
-        """This rank's batch at global ``step`` of ``epoch`` (default: the current one; steps before an
+        """This rank's batch at global ``step`` of ``epoch`` (default: the one being or last iterated, else the next; steps before an
         elastic resume at the topology they ran at): each row's segments, each named by its shard,
         document number, first token in the document and length."""
-        epoch = self.state.epoch if epoch is None else int(epoch)
+        epoch = self.state.current_epoch if epoch is None else int(epoch)
         found = self._first_row(int(step), epoch)
         if found is None:
             return []

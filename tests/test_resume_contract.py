@@ -161,3 +161,30 @@ def test_set_epoch_of_another_epoch_after_loading_starts_that_epoch_whole(clean:
         loader.load_state_dict(state)
         loader.set_epoch(EPOCH + 1)
         assert [keys for *_, keys in loader] == whole
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_state_saved_on_the_last_batch_then_that_epoch_set_again_is_not_replayed(clean: Path, num_workers: int) -> None:
+    """A loop that checkpoints its own epoch number beside the state on the epoch's last batch,
+    then resumes with set_epoch(that number): nothing more of it (not the epoch over), then the
+    next epoch whole. And describe(step) in the loop body names the batch just delivered, the
+    last one too (the position has moved on to the next epoch by then)."""
+    kwargs = dict(batch_size=BATCH, shuffle=True, seed=5, transform=T.train(16), return_keys=True, num_workers=num_workers)
+    runs: dict[int, list[list[str]]] = {}
+    with fastload.DataLoader(clean, **kwargs) as loader:
+        for epoch in (EPOCH, EPOCH + 1):
+            loader.set_epoch(epoch)
+            runs[epoch] = []
+            for step, (*_, keys) in enumerate(loader):
+                runs[epoch].append(list(keys))
+                assert [sample.key for sample in loader.describe(step).samples] == list(keys)
+                if epoch == EPOCH:
+                    saved = (epoch, loader.state_dict())
+    assert saved[1]["epoch"] == EPOCH + 1 and saved[1]["samples_consumed"] == 0
+    with fastload.DataLoader(clean, **kwargs) as loader:
+        loader.load_state_dict(saved[1])
+        loader.set_epoch(saved[0])
+        assert [keys for *_, keys in loader] == []
+        assert (loader.state_dict()["epoch"], loader.state_dict()["samples_consumed"]) == (EPOCH + 1, 0)
+        loader.set_epoch(EPOCH + 1)
+        assert [list(keys) for *_, keys in loader] == runs[EPOCH + 1]

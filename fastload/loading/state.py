@@ -5,6 +5,7 @@ name the batches of steps run before an elastic resume; the streaming order also
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
@@ -45,6 +46,8 @@ class LoaderState:
         self.streaming = streaming  # a restarted epoch keeps the topologies it was resumed from only in the streaming (re-dealt) order
         self.position = Position(0)
         self.phase = Phase.IDLE
+        self.loaded = False  # the position is a loaded state's, not iterated nor set since
+        self.iterated: int | None = None  # the epoch last iterated, until an epoch is set or a state loaded
         self._finished_resumed_from: dict[int, tuple[ResumedFrom, ...]] = {}  # of epochs finished after an elastic resume
 
     def resumed_from(self, epoch: int) -> tuple[ResumedFrom, ...]:
@@ -56,6 +59,12 @@ class LoaderState:
     def epoch(self) -> int:
         """The epoch being iterated, or the next iteration's."""
         return self.position.epoch
+
+    @property
+    def current_epoch(self) -> int:
+        """What ``describe`` names by default: the epoch being iterated, or the one last iterated
+        (its last batch handed out moves the position on, not this), else the next iteration's."""
+        return self.iterated if self.iterated is not None else self.position.epoch
 
     def upcoming(self) -> Position:
         """Where the next iteration starts: an epoch under way or broken off starts over (a broken-off
@@ -69,6 +78,7 @@ class LoaderState:
     def begin(self) -> Position:
         """An iteration starts: it runs from the upcoming position."""
         self.position, self.phase = self.upcoming(), Phase.RUNNING
+        self.loaded, self.iterated = False, self.position.epoch
         return self.position
 
     def advance(self, position: Position) -> None:
@@ -85,11 +95,18 @@ class LoaderState:
         """The running iteration stopped before its last batch (a break, an error, the iterator dropped)."""
         self.phase = Phase.BROKEN_OFF
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int, samples_of: Callable[[int], int]) -> None:
         """The next iteration yields ``epoch`` from its start; the epoch it is already at keeps its
-        position (a loaded state's)."""
+        position (a loaded state's), and the epoch a loaded state finished (saved after its last
+        batch: at the next epoch's start) stays finished, its iteration yielding nothing more, as a
+        loop that saved its own epoch number beside the state and set it again expects (not the
+        epoch over). ``samples_of(epoch)``: the epoch's samples (rows), all consumed then."""
+        finished_by_loaded = self.loaded and self.phase is Phase.IDLE and self.position.consumed == 0 and epoch == self.position.epoch - 1
         self.position, self.phase = self.upcoming(), Phase.IDLE
-        if epoch != self.position.epoch:
+        self.loaded, self.iterated = False, None
+        if finished_by_loaded:
+            self.position = Position(epoch, samples_of(epoch))
+        elif epoch != self.position.epoch:
             self.position = Position(epoch)
 
     def state_dict(self, seed: int, identity: str, topology: tuple[int, int], order: OrderSettings) -> dict[str, Any]:
@@ -104,6 +121,7 @@ class LoaderState:
     def restore(self, position: Position) -> None:
         """The next iteration starts at ``position`` (a loaded checkpoint's, see :func:`read_state_dict`)."""
         self.position, self.phase = position, Phase.IDLE
+        self.loaded, self.iterated = True, None
 
 
 def read_state_dict(state: dict[str, Any], seed: int, identity: str, topology: tuple[int, int], order: OrderSettings) -> Position:

@@ -410,3 +410,28 @@ def test_a_token_dataset_dropped_without_close_leaves_no_descriptor_open(tokens:
         assert all(len(ds[i]["tokens"]) for i in range(0, len(ds), max(1, len(ds) // 20)))
         del ds
     assert open_descriptors() == before
+
+
+@pytest.mark.parametrize("packing", ["concat", "best-fit"])
+def test_a_state_saved_on_the_last_batch_then_that_epoch_set_again_is_not_replayed(tokens: Path, packing: str) -> None:
+    """The token loader as the image loader: a checkpoint on the epoch's last batch, resumed with
+    set_epoch(the loop's epoch), yields nothing more of it, then the next epoch whole; describe(step)
+    in the loop body names the batch just delivered."""
+    runs: dict[int, list[torch.Tensor]] = {}
+    with loader(tokens, packing=packing, num_workers=2) as ld:
+        for epoch in (0, 1):
+            ld.set_epoch(epoch)
+            runs[epoch] = []
+            for step, batch in enumerate(ld):
+                runs[epoch].append(batch["input_ids"].clone())
+                assert ld.describe(step) == ld.describe(step, epoch)
+                if epoch == 0:
+                    saved = ld.state_dict()
+    assert (saved["epoch"], saved["samples_consumed"]) == (1, 0)
+    with loader(tokens, packing=packing) as ld:
+        ld.load_state_dict(saved)
+        ld.set_epoch(0)
+        assert [batch for batch in ld] == []
+        ld.set_epoch(1)
+        got = [batch["input_ids"] for batch in ld]
+    assert len(got) == len(runs[1]) and all(torch.equal(a, b) for a, b in zip(got, runs[1]))
