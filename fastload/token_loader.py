@@ -32,7 +32,7 @@ from fastload.loading.samplers import LoaderBatchSampler, LoaderSampler
 from fastload.loading.state import LoaderState, OrderSettings, read_state_dict
 from fastload.loading.stats import LoaderStats
 from fastload.loading.token_batch import BatchFiller, BatchFormat
-from fastload.loading.token_rows import BLOCK_TOKENS, IGNORE_INDEX, PACKING_WINDOW, Packing, TokenOptions, TokenRows
+from fastload.loading.token_rows import BLOCK_TOKENS, IGNORE_INDEX, PACKING_WINDOW, Packing, TokenOptions, TokenRows, choice
 from fastload.loading.token_samplers import TokenBatchIndices, TokenBatchRequest, token_collate
 from fastload.storage.dataset import ShardedDataset
 from fastload.storage.mixture import MixedDataset
@@ -62,7 +62,7 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
                  packing_window: int = PACKING_WINDOW, batch_format: str = "next-token", prefetch_factor: int | None = None, pin_memory: bool = False,
                  timeout: float = 0, worker_init_fn: Any = None, persistent_workers: bool = False) -> None:
         sharded = dataset if isinstance(dataset, ShardedDataset) else ShardedDataset(dataset)
-        self.tokens = TokenOptions(seq_len, Packing(packing), block_tokens, ignore_index, packing_window)
+        self.tokens = TokenOptions(seq_len, packing, block_tokens, ignore_index, packing_window)  # type: ignore[arg-type]  # checked there
         self.options = LoaderOptions(batch_size=batch_size, shuffle=bool(shuffle), num_workers=num_workers, drop_last=drop_last, seed=seed,
                                      rank=rank, world_size=world_size, prefetch_factor=prefetch_factor, pin_memory=pin_memory,
                                      timeout=timeout, worker_init_fn=worker_init_fn, persistent_workers=persistent_workers,
@@ -72,11 +72,11 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
         self.mixture = sharded if isinstance(sharded, MixedDataset) else None
         tokenizer = self.corpus.tokenizer
         self.pad_id = next(i for i in (tokenizer.pad_id, tokenizer.eos_id, 0) if i is not None)
-        self.filler = BatchFiller(self.corpus, seq_len, self.pad_id, ignore_index, BatchFormat(batch_format))
+        self.filler = BatchFiller(self.corpus, self.tokens.seq_len, self.pad_id, self.tokens.ignore_index, choice(BatchFormat, batch_format, "batch_format"))
         # torch's names, with torch's meanings (frameworks read them)
         self.dataset, self.sharded = sharded, sharded  # type: ignore[assignment]  # torch annotates a map-style Dataset
         self.batch_size, self.drop_last, self.num_workers, self.seed = batch_size, drop_last, num_workers, seed
-        self.shuffle, self.device, self.seq_len = bool(shuffle), self.options.device, seq_len
+        self.shuffle, self.device, self.seq_len = bool(shuffle), self.options.device, self.tokens.seq_len
         self.sampler = LoaderSampler(weakref.proxy(self))  # the views refer to this loader weakly
         self.batch_sampler = LoaderBatchSampler(weakref.proxy(self))
         self.collate_fn = token_collate

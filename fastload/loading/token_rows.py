@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import numbers
 from dataclasses import dataclass
 from enum import Enum
+from typing import TypeVar
 
 import numpy as np
 
@@ -42,6 +44,15 @@ WINDOWS_KEPT = 2  # best-fit's most recent windows kept (their packed rows)
 BLOCK_TOKENS = 1 << 16  # the stream's blocks: documents are shuffled within one, blocks within the epoch
 PACKING_WINDOW = 1 << 22  # best-fit's window: on the Debian text of benchmarks/bench_tokens.py, 0.8% padding at L = 2048 (10% a block)
 IGNORE_INDEX = -100  # what torch's cross_entropy and Hugging Face models ignore in labels
+E = TypeVar("E", bound=Enum)
+
+
+def choice(kind: type[E], value: object, name: str) -> E:
+    """``value`` as a member of the enum ``kind`` (a member or its value), else a ValueError listing them."""
+    try:
+        return kind(value)
+    except ValueError:
+        raise ValueError(f"{name} must be one of {', '.join(repr(m.value) for m in kind)}, got {value!r}") from None
 
 
 class Packing(Enum):
@@ -63,11 +74,12 @@ class TokenOptions:
     packing_window: int = PACKING_WINDOW  # best-fit: tokens packed at once (whole blocks of the stream, at least one)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.seq_len, int) or self.seq_len < 1:
-            raise ValueError(f"seq_len must be a positive number of tokens, got {self.seq_len!r}")
-        object.__setattr__(self, "packing", Packing(self.packing))
-        if self.block_tokens < 1:
-            raise ValueError("block_tokens must be >= 1")
+        for name in ("seq_len", "block_tokens", "packing_window", "ignore_index"):
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or (name != "ignore_index" and value < 1):
+                raise ValueError(f"{name} must be a {'whole' if name == 'ignore_index' else 'positive'} number of tokens, got {value!r}")
+            object.__setattr__(self, name, int(value))  # a NumPy integer too
+        object.__setattr__(self, "packing", choice(Packing, self.packing, "packing"))
         if self.packing_window < self.seq_len and self.packing is Packing.BEST_FIT:
             raise ValueError("best-fit packs a window of the stream at a time: packing_window must be at least seq_len")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -435,3 +436,18 @@ def test_a_state_saved_on_the_last_batch_then_that_epoch_set_again_is_not_replay
         ld.set_epoch(1)
         got = [batch["input_ids"] for batch in ld]
     assert len(got) == len(runs[1]) and all(torch.equal(a, b) for a, b in zip(got, runs[1]))
+
+
+def test_arguments_are_checked_by_name_and_numpy_integers_taken(tokens: Path) -> None:
+    """A NumPy integer is a whole number of tokens; a missing or wrong one, or an unknown packing or
+    batch format, is a ValueError naming the argument (and the choices) before any batch."""
+    with loader(tokens, seq_len=np.int64(SEQ), batch_size=np.int64(2)) as ld:
+        assert next(iter(ld))["input_ids"].shape == (2, SEQ)
+    for kwargs, message in [({"ignore_index": None}, "ignore_index must be a whole number of tokens, got None"),
+                            ({"seq_len": 0}, "seq_len must be a positive number of tokens, got 0"),
+                            ({"seq_len": True}, "seq_len must be a positive number of tokens, got True"),
+                            ({"block_tokens": 2.5}, "block_tokens must be a positive number of tokens, got 2.5"),
+                            ({"packing": "bestfit"}, "packing must be one of 'concat', 'best-fit', 'pad', got 'bestfit'"),
+                            ({"batch_format": "hf"}, "batch_format must be one of 'next-token', 'transformers', got 'hf'")]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            loader(tokens, **kwargs)
