@@ -117,7 +117,7 @@ class TokenCorpus:
         shards = np.searchsorted(self.token_starts, segments.start, side="right") - 1
         local = segments.start - self.token_starts[shards]
         counts = segments.length + extra
-        sizes = np.asarray([s.tokens or 0 for s in self.dataset.index.shards], dtype=np.int64)[shards]
+        sizes = np.diff(self.token_starts)[shards]  # each segment's shard's tokens
         if np.any(local < 0) or np.any(local + counts > sizes):
             raise ShardError(f"{self.dataset.location}: a span read lies outside its shard (a tampered document table?)")
         itemsize = self.dtype.itemsize

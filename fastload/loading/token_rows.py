@@ -36,7 +36,7 @@ from fastload.orders.mixture import member_seed
 from fastload.orders.permutation import Permutation, mix_key
 from fastload.storage.dataset import ShardedDataset
 from fastload.storage.mixture import MixedDataset
-from fastload.text.packing import best_fit_decreasing, best_fit_rows, split_long
+from fastload.text.packing import best_fit_decreasing, best_fit_rows, split_lengths, split_long
 from fastload.text.token_order import ROW_KEY, TokenStream, block_pieces, mixture_members
 
 BLOCKS_KEPT = 8  # a stream's most recent blocks kept (their pieces)
@@ -224,8 +224,7 @@ class BestFitRows:
         starts, sizes = self.stream.stream.block_spans(index * self.window, min((index + 1) * self.window, self.stream.stream.blocks))
         for start, end in zip(starts.tolist(), (starts + sizes).tolist()):
             lengths.append(np.diff(np.concatenate([[start], self.corpus.starts_inside(start, end), [end]])))
-        full_rows, rest = np.divmod(np.concatenate(lengths), self.seq_len)  # split_long's parts: row-long ones and the rest
-        return np.concatenate([np.full(int(full_rows.sum()), self.seq_len, dtype=np.int64), rest[rest > 0]])
+        return split_lengths(np.concatenate(lengths), self.seq_len)
 
     def count(self, index: int) -> int:
         """Rows packed from window ``index`` (counted without packing it)."""

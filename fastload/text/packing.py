@@ -26,6 +26,13 @@ def split_long(starts: np.ndarray, lengths: np.ndarray, capacity: int) -> tuple[
     return new_starts, new_lengths, owner
 
 
+def split_lengths(lengths: np.ndarray, capacity: int) -> np.ndarray:
+    """The lengths of the parts :func:`split_long` cuts ``lengths`` into, in no order (what
+    counting rows needs, without the parts' starts)."""
+    full, rest = np.divmod(np.asarray(lengths, dtype=np.int64), capacity)
+    return np.concatenate([np.full(int(full.sum()), capacity, dtype=np.int64), rest[rest > 0]])
+
+
 def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[list[int]]:
     """Rows of piece indices (each piece at most ``capacity`` long): longest first, each into the
     row with the least free space that still holds it (ties: the earliest row), else a new row."""

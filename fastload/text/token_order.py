@@ -51,15 +51,12 @@ class TokenStream:
         """(block number, first global token, tokens) of the block at ``order_index`` of the stream."""
         if not 0 <= order_index < self.blocks:
             raise IndexError(f"block {order_index} of {self.blocks}")
-        if order_index >= self.full_blocks:
-            return order_index, order_index * self.block, self.total - order_index * self.block
-        key = mix_key(self.seed, self.epoch, BLOCK_KEY)
-        number = int(Permutation(self.full_blocks, key, self.shuffle)(np.array([order_index]))[0])
-        return number, number * self.block, self.block
+        starts, sizes = self.block_spans(order_index, order_index + 1)
+        return int(starts[0]) // self.block, int(starts[0]), int(sizes[0])
 
     def block_spans(self, first: int, end: int) -> tuple[np.ndarray, np.ndarray]:
-        """(first global token, tokens) of the blocks at ``first`` to ``end`` of the stream, as
-        :meth:`block_span` gives them one by one."""
+        """(first global token, tokens) of the blocks at ``first`` to ``end`` of the stream: the full
+        blocks in the epoch's permutation, the shorter last one last."""
         indices = np.arange(first, end, dtype=np.int64)
         numbers, full = indices.copy(), indices < self.full_blocks
         numbers[full] = Permutation(self.full_blocks, mix_key(self.seed, self.epoch, BLOCK_KEY), self.shuffle)(indices[full])
