@@ -55,7 +55,7 @@ SEQ_LENS = (2048, 8192)
 WORKER_COUNTS = (0, 2)
 LOADERS = ("floor", "fastload concat", "fastload best-fit", "litdata TokensLoader", "grain best-fit")
 PEERS = ("litdata TokensLoader", "grain best-fit")
-WINDOW_TOKENS = 1 << 22  # fastload best-fit's window (fastload.loading.token_rows.PACKING_WINDOW)
+WINDOW_TOKENS = 1 << 22  # fastload best-fit's window (fastload.text.token_rows.PACKING_WINDOW)
 BLOCK_TOKENS = 1 << 16  # fastload's stream blocks (documents are cut at their edges)
 REPO = Path(__file__).resolve().parent.parent
 

@@ -2,7 +2,7 @@
 process on the same videos and the same clip plans (16 frames, stride 2, a random start, a
 RandomResizedCrop to 224 and a flip, planned as the loader plans them), each decoder on one thread.
 
-- ``pyav-seek``: fastload's decoder (fastload.video.pyav): a seek to the keyframe the stream facts
+- ``pyav-seek``: fastload's decoder (fastload.av.pyav): a seek to the keyframe the stream facts
   name, decoding up to the clip's last frame, each kept frame converted to RGB at the smallest
   size that keeps the crop's resolution, then the crop resampled (libjpeg-turbo extension).
 - ``pyav-seek-full``: the same, each kept frame converted to RGB at its full size.
@@ -23,12 +23,12 @@ from typing import Literal
 
 import numpy as np
 
+from fastload.av.clips import CLIP_SALT, Clip, plan_clips
+from fastload.av.facts import StreamFacts
+from fastload.av.pyav import decode_frames, probe
 from fastload.decode.cpu import turbo
 from fastload.loading.rng import sample_rng
 from fastload.transforms import apply_plan, dct_min_size, plan, scaled_box, train
-from fastload.video.clips import CLIP_SALT, Clip, plan_clips
-from fastload.video.facts import StreamFacts
-from fastload.video.pyav import decode_frames, probe
 
 CLIP = Clip(frames=16, stride=2, sampling="random")
 

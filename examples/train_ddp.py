@@ -23,8 +23,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 import fastload
 from fastload import transforms as T
+from fastload._util.dist import local_rank
 from fastload.bench.models import MODELS, build_model
-from fastload.dist import local_rank
 
 
 def parse_args() -> argparse.Namespace:

@@ -29,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import fastload
-from fastload.dist import local_rank
+from fastload._util.dist import local_rank
 
 
 def parse_args() -> argparse.Namespace:

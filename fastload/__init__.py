@@ -18,7 +18,7 @@ _EXPORTS = {
     "mix": "fastload.storage.mixture",
     "MixedDataset": "fastload.storage.mixture",
     "transforms": "fastload.transforms",
-    "Clip": "fastload.video.clips",
+    "Clip": "fastload.av.clips",
     "DatasetIndex": "fastload.formats.index",
     "ShardInfo": "fastload.formats.index",
     "read_index": "fastload.formats.index",

@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from fastload.av.clips import Clip
 from fastload.errors import SampleError
-from fastload.video.clips import Clip
 
 if TYPE_CHECKING:
     import numpy as np

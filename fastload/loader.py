@@ -7,7 +7,7 @@ memory; the main process keeps ``prefetch_factor`` batches in flight per worker,
 batches to ``device``, and applies Normalize/ToDtype there on whole batches.
 
 The loader is its stages: options validated once (fastload.loading.options), one training position
-(fastload.loading.state), the orders (fastload.loading.orders), and the engine that makes its epochs
+(fastload.loading.state), the orders (fastload.loading.loader_orders), and the engine that makes its epochs
 (fastload.backends.engines: the CPU workers, DALI or both), each starting at the state's position
 and advancing it.
 """
@@ -25,16 +25,17 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from fastload._util.dist import check_ranks_agree
+from fastload.av.clips import Clip
 from fastload.backends.engines import make_engine
 from fastload.decode.header import check_pixels
-from fastload.dist import check_ranks_agree
 from fastload.errors import DEFAULT_MAX_SKIPPED
 from fastload.fields import SampleSpec
 from fastload.loading.batch_outputs import BatchOutputs
 from fastload.loading.epoch import Epoch, EpochInputs
 from fastload.loading.frameworks import KeptByAccelerate, accelerate_device
+from fastload.loading.loader_orders import LoaderOrders, excluded_indices
 from fastload.loading.options import LoaderOptions
-from fastload.loading.orders import LoaderOrders, excluded_indices
 from fastload.loading.provenance import StepDescription, describe_step
 from fastload.loading.sample_decode import resolve_spec
 from fastload.loading.samplers import (
@@ -53,7 +54,6 @@ from fastload.orders.position import Position
 from fastload.storage.dataset import ShardedDataset
 from fastload.token_loader import TokenDataLoader
 from fastload.transforms import Transform, batch_transform, output_size
-from fastload.video.clips import Clip
 
 log = logging.getLogger("fastload")
 _logged: set[tuple[str, str]] = set()

@@ -24,18 +24,18 @@ from typing import Any
 
 import torch
 
+from fastload._util.dist import check_ranks_agree, resolve_rank_world
 from fastload.backends.cpu.token_epoch import TokenEpoch, TokenEpochInputs, TokenWorkers
-from fastload.dist import check_ranks_agree, resolve_rank_world
 from fastload.loading.frameworks import KeptByAccelerate
 from fastload.loading.options import LoaderOptions
 from fastload.loading.samplers import LoaderBatchSampler, LoaderSampler
 from fastload.loading.state import LoaderState, OrderSettings, read_state_dict
 from fastload.loading.stats import LoaderStats
-from fastload.loading.token_batch import BatchFiller, BatchFormat
-from fastload.loading.token_rows import BLOCK_TOKENS, IGNORE_INDEX, PACKING_WINDOW, Packing, TokenOptions, TokenRows, choice
-from fastload.loading.token_samplers import TokenBatchIndices, TokenBatchRequest, token_collate
 from fastload.storage.dataset import ShardedDataset
 from fastload.storage.mixture import MixedDataset
+from fastload.text.token_batch import BatchFiller, BatchFormat
+from fastload.text.token_rows import BLOCK_TOKENS, IGNORE_INDEX, PACKING_WINDOW, Packing, TokenOptions, TokenRows, choice
+from fastload.text.token_samplers import TokenBatchIndices, TokenBatchRequest, token_collate
 
 
 class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
@@ -49,7 +49,7 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
     ``batch_format``: ``"next-token"`` (labels are the next tokens; with ``attention_mask``,
     ``cu_seqlens``, ``max_seqlen``) or ``"transformers"`` (labels lined up with ``input_ids``, as a
     Hugging Face model shifts them itself, and no attention mask: the model keeps a row's documents
-    apart by their ``position_ids``); fastload.loading.token_batch. ``num_workers`` processes make
+    apart by their ``position_ids``); fastload.text.token_batch. ``num_workers`` processes make
     the batches (``prefetch_factor`` each ahead) into shared memory, handed out without a copy;
     with 0 the training process makes them.
     """

@@ -31,7 +31,7 @@ run_module() {
     index) mutate index fastload/formats/index.py tests/formats/test_index_bounds.py tests/test_untrusted_index.py tests/formats/test_shard_columns.py ;;
     idx) mutate idx fastload/formats/idx.py tests/formats/test_index_bounds.py tests/formats/test_shard_columns.py tests/test_untrusted_index.py \
                 -k "idx or bounds or key or field_names or members or damaged or compact" ;;
-    files) mutate files fastload/files.py tests/formats/test_index_bounds.py tests/test_untrusted_index.py ;;
+    files) mutate files fastload/_util/files.py tests/formats/test_index_bounds.py tests/test_untrusted_index.py ;;
     cache) mutate cache fastload/storage/cache.py tests/storage/test_cache.py tests/test_untrusted_index.py tests/storage/test_remote.py \
                 -k "cache or digest or http_dataset or corrupted" ;;
     verify) mutate verify fastload/storage/verify.py tests/storage/test_verify.py tests/test_untrusted_index.py -k "verify or climbing" ;;

@@ -14,8 +14,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import fastload
+from fastload._util.dist import resolve_rank_world
 from fastload.converters import ConvertOptions, convert
-from fastload.dist import resolve_rank_world
 
 pytestmark = pytest.mark.timeout(240)
 

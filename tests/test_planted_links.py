@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from fastload._util.files import atomic_write_bytes, open_lock_file, temporary_beside
 from fastload.converters.lock import LOCK_FILE
-from fastload.files import atomic_write_bytes, open_lock_file, temporary_beside
 from tests.conftest import REPO_ROOT, drop_tables, jpeg_bytes, run_cli, small_photo
 
 VICTIM_TEXT = b"a file outside the dataset\n"

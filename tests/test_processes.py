@@ -1,4 +1,4 @@
-"""Forked worker pools (fastload.processes) start safely from a process holding garbage whose
+"""Forked worker pools (fastload._util.processes) start safely from a process holding garbage whose
 finaliser must not run in a child (a DALI pipeline's threads do not survive a fork: its
 ``__del__`` in a forked ``fastload index`` worker hung the run): such garbage is collected in the
 parent before the fork, through every pool fastload forks."""

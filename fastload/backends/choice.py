@@ -20,7 +20,7 @@ from typing import cast
 
 import torch
 
-from fastload.files import atomic_write_bytes
+from fastload._util.files import atomic_write_bytes
 from fastload.transforms import GEOMETRIC, Transform, output_size
 
 log = logging.getLogger("fastload")

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from fastload.backends.choice import BackendChoice, cached_rates, choose_backend, probe_key
-from fastload.backends.cpu.epoch import CpuWorkers
-from fastload.backends.dali.epoch import DaliPipeline, dali_refusal
-from fastload.backends.hybrid.epoch import HybridEngine
+from fastload.backends.cpu.cpu_epoch import CpuWorkers
+from fastload.backends.dali.dali_epoch import DaliPipeline, dali_refusal
+from fastload.backends.hybrid.hybrid_epoch import HybridEngine
 from fastload.fields import SampleSpec
 from fastload.loading.epoch import Engine
 from fastload.loading.options import LoaderOptions

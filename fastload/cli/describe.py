@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from fastload.av.clips import Clip
 from fastload.loading.provenance import StepDescription
-from fastload.video.clips import Clip
 
 
 def read_saved_state(path: Path) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from fastload._util.files import naming
 from fastload.converters.dedupe import Duplicate
 from fastload.converters.engines import Engine
 from fastload.converters.options import ConvertOptions
@@ -38,7 +39,6 @@ from fastload.converters.shard import (
 from fastload.converters.sources import Source
 from fastload.converters.writers import PreparedSample
 from fastload.errors import SampleError
-from fastload.files import naming
 
 RUN = 64  # items a task: small enough to keep both workers busy to the end, and the results in flight small
 Result = TypeVar("Result")

@@ -12,8 +12,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from fastload._util.files import atomic_write_bytes
 from fastload.converters.index_tars import IndexedTar, check_tar_name, dataset_index, indexed_shard, scan_tar
-from fastload.files import atomic_write_bytes
 from fastload.formats.index import INDEX_FILE, DatasetIndex, ShardInfo, write_index
 from fastload.storage import remote
 

@@ -25,15 +25,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fastload._util.files import atomic_write_bytes, check_relative_path, fsync_dir, remove_temporaries
+from fastload._util.processes import forked_pool
 from fastload.converters.lock import locked_output
 from fastload.errors import DatasetIndexError, SampleError
 from fastload.fields import IMAGE_FIELDS, LABEL_FIELD, is_field_member, parse_label
-from fastload.files import atomic_write_bytes, check_relative_path, fsync_dir, remove_temporaries
 from fastload.formats.idx import IDX_WHITESPACE, Member, format_dali_index, split_member_name
 from fastload.formats.index import INDEX_FILE, DatasetIndex, ShardInfo, write_index
 from fastload.formats.table import MAX_LABEL_BYTES, TABLE_SUFFIX, tar_table
 from fastload.formats.tar_headers import mapped, tar_members
-from fastload.processes import forked_pool
 
 SOURCE_NAME = "wds-index"  # the index's ``source``: tars indexed in place, not converted
 

@@ -2,7 +2,7 @@
 ``OUT/.fastload-lock``, held for the whole run (the kernel drops it when the process dies, however
 it dies). A second run fails at once, naming the first one's pid, rather than waiting: the two
 would have been given the same OUT by mistake, and a wait would hide that. The lock file is never written through a link
-(:func:`fastload.files.open_lock_file`): a ``.fastload-lock`` symlink planted in OUT is refused."""
+(:func:`fastload._util.files.open_lock_file`): a ``.fastload-lock`` symlink planted in OUT is refused."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from fastload.files import open_lock_file
+from fastload._util.files import open_lock_file
 
 LOCK_FILE = ".fastload-lock"
 

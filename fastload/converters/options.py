@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
+from fastload._util.sizes import parse_size
 from fastload.converters.sources import SOURCE_MODULES, TEXT_ONLY, SourceOptions
 from fastload.converters.writers import WRITER_MODULES, WriterOptions
 from fastload.decode.header import MAX_PIXELS
 from fastload.errors import check_on_error
-from fastload.sizes import parse_size
 
 __all__ = ["ConvertOptions", "TokenizeOptions", "parse_size"]
 TOKENS_LAYOUT = "tokens"

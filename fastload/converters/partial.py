@@ -14,8 +14,8 @@ import shutil
 from dataclasses import asdict
 from pathlib import Path
 
+from fastload._util.files import atomic_write_bytes, naming
 from fastload.converters.shard import ShardResult
-from fastload.files import atomic_write_bytes, naming
 from fastload.formats.index import ShardInfo
 from fastload.storage import remote
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
+from fastload._util.files import atomic_write_bytes, fsync_dir, naming, remove_temporaries
 from fastload.converters.dedupe import Duplicate, draw_duplicates, find_duplicates
 from fastload.converters.engines import Engine, open_engine
 from fastload.converters.in_runs import convert_in_runs
@@ -47,7 +48,6 @@ from fastload.converters.tokens import (
     write_token_shard,
 )
 from fastload.errors import SampleError
-from fastload.files import atomic_write_bytes, fsync_dir, naming, remove_temporaries
 from fastload.formats.index import (
     FORMAT_VERSION,
     INDEX_FILE,

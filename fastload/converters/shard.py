@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fastload._util.files import naming
 from fastload.converters.clean import check_image, encode_png, reencode_jpeg
 from fastload.converters.options import ConvertOptions
 from fastload.converters.plan import ShardPlan
@@ -17,14 +18,13 @@ from fastload.converters.writers import PreparedSample, open_writer
 from fastload.decode.header import image_size
 from fastload.errors import SampleError
 from fastload.fields import JPEG_FIELD, LABEL_FIELD, default_role, video_fields
-from fastload.files import naming
 from fastload.formats.index import ShardInfo
 from fastload.formats.table import TABLE_SUFFIX
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from fastload.video.facts import StreamFacts
+    from fastload.av.facts import StreamFacts
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ def prepare_videos(sample: Sample, options: ConvertOptions) -> tuple[dict[str, b
         return sample.extra, {}
     if options.layout != "wds":
         raise SampleError(sample.where, f"videos are stored in tar shards (--to wds), not {options.layout}: their stream facts live in the sample tables")
-    from fastload.video.pyav import probe, reencode_h264
+    from fastload.av.pyav import probe, reencode_h264
 
     extra, facts = dict(sample.extra), {}
     for name in videos:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fastload._util.files import naming
 from fastload.converters.engines import Engine
 from fastload.converters.options import ConvertOptions, TokenizeOptions
 from fastload.converters.plan import ShardPlan, assign_shards
@@ -29,7 +30,6 @@ from fastload.converters.sources import TextSource
 from fastload.converters.writers import WriterOptions, open_writer
 from fastload.converters.writers.tokens import TokenShardWriter
 from fastload.errors import SampleError
-from fastload.files import naming
 from fastload.formats.index import TokenizerIdentity
 from fastload.formats.table import TABLE_SUFFIX
 from fastload.formats.tokens import DOCS_SUFFIX, TOKENS_FIELD

@@ -14,9 +14,9 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
+from fastload._util.extensions import load_extension
 from fastload.decode.header import MAX_PIXELS, check_pixels, image_size
 from fastload.errors import SampleError
-from fastload.extensions import load_extension
 
 _PILLOW_JPEG_COLORSPACES = ("CMYK", "YCCK")  # libjpeg-turbo gives no RGB from these: Pillow converts
 _TURBO = "fastload.decode._turbo"

@@ -10,8 +10,8 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from fastload._util.files import open_regular_sized, resolved_inside
 from fastload.errors import ShardError
-from fastload.files import open_regular_sized, resolved_inside
 from fastload.formats.index import DatasetIndex, ShardInfo
 from fastload.formats.shard_formats import shard_format
 from fastload.formats.token_counts import ShardTokens

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
+from fastload._util.files import close_when_dropped, open_regular_sized
 from fastload.decode.header import check_pixels
 from fastload.errors import SampleError, ShardError
 from fastload.fields import LABEL_FIELD, format_label
-from fastload.files import close_when_dropped, open_regular_sized
 from fastload.formats import this_process
 from fastload.formats.columns import PackedStrings, int_column
 

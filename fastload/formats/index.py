@@ -4,7 +4,7 @@ Writers (``converters``) produce it last, after every shard is complete; readers
 ``inspect``, ``verify``) trust nothing else about a dataset. Per-sample byte offsets of tar shards
 live beside each shard in DALI's ``.idx`` format (:mod:`fastload.formats.idx`), and every
 sample's key, label and field spans in the shard's sample table (:mod:`fastload.formats.table`);
-the file helpers that read and write them are in :mod:`fastload.files`.
+the file helpers that read and write them are in :mod:`fastload._util.files`.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from dataclasses import MISSING, asdict, dataclass, field
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
 
+from fastload._util.files import atomic_write_bytes, check_relative_path, is_sha256, read_file
 from fastload.errors import DatasetIndexError
 from fastload.fields import video_fields
-from fastload.files import atomic_write_bytes, check_relative_path, is_sha256, read_file
 from fastload.formats.shard_formats import LAYOUTS, shard_format
 
 FORMAT_NAME = "fastload"

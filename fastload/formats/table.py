@@ -5,7 +5,7 @@ worker and rank of a node), and whole columns (labels, key hashes) are one read 
 
 Format (every integer little-endian; written by the converters, by ``fastload index``, and on
 first open of an older dataset). Version 1 (magic ``FLTABLE1``) holds no video; version 2
-(``FLTABLE2``) is version 1 plus each video's stream facts (:mod:`fastload.video.facts`), written
+(``FLTABLE2``) is version 1 plus each video's stream facts (:mod:`fastload.av.facts`), written
 only where a shard holds videos, so a dataset without video keeps version-1 tables that any
 fastload reads, and an older fastload refuses a video dataset at its index.json (version 4)
 rather than misreading a table:
@@ -44,12 +44,12 @@ from typing import NamedTuple
 
 import numpy as np
 
+from fastload._util.files import close_when_dropped, open_regular
+from fastload.av.facts import MAX_CODEC_NAME, StreamFacts
 from fastload.errors import SampleError, ShardError
 from fastload.fields import LABEL_FIELD, parse_label
-from fastload.files import close_when_dropped, open_regular
 from fastload.formats import open_in_root, this_process
 from fastload.formats.idx import Member, split_member_name
-from fastload.video.facts import MAX_CODEC_NAME, StreamFacts
 
 TABLE_MAGIC = b"FLTABLE1"
 VIDEO_TABLE_MAGIC = b"FLTABLE2"  # version 2: with videos' stream facts

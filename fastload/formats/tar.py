@@ -8,9 +8,9 @@ import os
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
+from fastload._util.files import close_when_dropped, read_file
 from fastload.errors import DatasetIndexError, SampleError, ShardError
 from fastload.fields import is_field_member
-from fastload.files import close_when_dropped, read_file
 from fastload.formats import open_in_root, this_process
 from fastload.formats.idx import TarMembers, parse_dali_index
 from fastload.formats.table import Facts, SampleTable, encode_table, tar_labels

@@ -22,7 +22,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from fastload.files import open_regular
+from fastload._util.files import open_regular
 
 BLOCK = 512
 ZERO_BLOCK = bytes(BLOCK)

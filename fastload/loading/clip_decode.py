@@ -3,7 +3,7 @@
 A video's clips (which frames) and its geometry (crop, resize, flip: the same for every frame of
 every clip) are planned from its stream facts in the sample table, from (seed, epoch, index)
 alone; then the decoder seeks to the keyframe before each clip and decodes only to its last
-frame (fastload.video.pyav), and each kept frame is resampled into its row. Decoding (with the
+frame (fastload.av.pyav), and each kept frame is resampled into its row. Decoding (with the
 conversion to RGB) is timed as the decode stage, the resample as the transform stage.
 """
 
@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fastload.av.clips import CLIP_SALT, Clip, plan_clips
+from fastload.av.facts import StreamFacts
+from fastload.av.pyav import decode_frames
 from fastload.errors import SampleError
 from fastload.loading.rng import sample_rng
 from fastload.loading.stats import DECODE, TRANSFORM, StageClock
 from fastload.transforms import Plan, Transform, plan, resample_into
-from fastload.video.clips import CLIP_SALT, Clip, plan_clips
-from fastload.video.facts import StreamFacts
-from fastload.video.pyav import decode_frames
 
 
 @dataclass(frozen=True)

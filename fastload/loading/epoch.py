@@ -22,8 +22,8 @@ from fastload.fields import SampleSpec
 from fastload.loading.batch_outputs import BatchOutputs, samples_of
 from fastload.loading.field_batch import shaped_batch
 from fastload.loading.frameworks import AccelerateEpoch
+from fastload.loading.loader_orders import LoaderOrders
 from fastload.loading.options import LoaderOptions
-from fastload.loading.orders import LoaderOrders
 from fastload.loading.prefetch import ShardPrefetcher, shards_in_use_order
 from fastload.loading.rng import batch_generator
 from fastload.loading.state import LoaderState
@@ -175,7 +175,7 @@ class EpochLifecycle:
 
 class Epoch(EpochLifecycle):
     """An image loader's pass (the CPU, DALI and hybrid backends subclass it): its batches are
-    positions of the epoch's order (fastload.loading.orders), a remote dataset's shards are
+    positions of the epoch's order (fastload.loading.loader_orders), a remote dataset's shards are
     downloaded ahead, and each batch is finished here (device, outputs, ``collate_fn=``, ``batch_map=``)."""
 
     def __init__(self, inputs: EpochInputs) -> None:

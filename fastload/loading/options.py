@@ -12,12 +12,12 @@ import numpy as np
 import torch
 from torch.utils.data.distributed import DistributedSampler
 
-from fastload.dist import resolve_rank_world
+from fastload._util.dist import resolve_rank_world
+from fastload.av.clips import Clip
 from fastload.errors import DEFAULT_MAX_SKIPPED, OnError, check_max_skipped, check_on_error
 from fastload.loading.samplers import adopt_sampler
 from fastload.loading.torchvision_translation import TorchvisionSteps, is_torchvision_pipeline, translate
 from fastload.transforms import Transform, validate
-from fastload.video.clips import Clip
 
 Backend = Literal["auto", "cpu", "dali", "hybrid"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
@@ -65,11 +65,11 @@ class LoaderOptions:
     fields: Sequence[str] | Mapping[str, str] | None = fast_path_only(None)  # which fields, in what order (fastload.fields)
     map: Callable[[dict, np.random.Generator], dict] | None = fast_path_only(None)  # user code per decoded sample
     batch_map: Callable[[Any, torch.Generator], Any] | None = fast_path_only(None)  # user code per batch, on device
-    # given: keys or a path of a key file; stored: their sample indices, sorted (fastload.loading.orders.excluded_indices)
+    # given: keys or a path of a key file; stored: their sample indices, sorted (fastload.loading.loader_orders.excluded_indices)
     exclude: tuple[int, ...] | None = fast_path_only(None)
     class_weights: Mapping[str | int, float] | None = fast_path_only(None)  # class name or label -> share (fastload.orders.balanced)
     balanced: bool = fast_path_only(False)  # every class an equal share of each epoch
-    clip: Clip | None = fast_path_only(None)  # which frames of each video (fastload.video.clips); stored with its sampling decided
+    clip: Clip | None = fast_path_only(None)  # which frames of each video (fastload.av.clips); stored with its sampling decided
     take: tuple[int, ...] | None = None  # the sample indices a Subset / SubsetRandomSampler selects
     drop_remainder: bool = False  # as DistributedSampler(drop_last=True)
     distributed: DistributedSampler | None = None  # a sampler= whose set_epoch the loader follows

@@ -16,6 +16,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from fastload.av.clips import Clip
 from fastload.decode.cpu import decode_image, turbo
 from fastload.decode.header import MAX_PIXELS, image_size
 from fastload.decode.mask import mask_dtype, mask_into, read_png_mask
@@ -43,7 +44,6 @@ from fastload.transforms import (
     plan,
     resample_into,
 )
-from fastload.video.clips import Clip
 
 
 @dataclass

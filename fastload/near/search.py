@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from fastload.extensions import load_extension
+from fastload._util.extensions import load_extension
 from fastload.near.signature import BITS, COLOUR_TOLERANCE, colour_bits, colours_match, hash_bits
 
 native = load_extension("fastload.near._index", "near-duplicate index extension", "the search runs in Python (190x slower at 100,000 images)")

@@ -22,8 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastload.errors import DatasetIndexError
-from fastload.files import (
+from fastload._util.files import (
     TEMPORARY_MARK,
     atomic_write_bytes,
     check_relative_path,
@@ -32,6 +31,7 @@ from fastload.files import (
     is_sha256,
     open_lock_file,
 )
+from fastload.errors import DatasetIndexError
 from fastload.storage import remote
 
 DEFAULT_CACHE_BYTES = 50 * 10**9
@@ -49,7 +49,7 @@ def default_cache_dir() -> Path:
 
 def default_cache_bytes() -> int:
     """FASTLOAD_CACHE_SIZE (e.g. "20GB"), else 50 GB."""
-    from fastload.sizes import parse_size
+    from fastload._util.sizes import parse_size
 
     text = os.environ.get("FASTLOAD_CACHE_SIZE")
     return parse_size(text) if text else DEFAULT_CACHE_BYTES

@@ -10,9 +10,9 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from fastload._util.files import reserve_descriptors
 from fastload.errors import ShardError
 from fastload.fields import DECODED_FIELD, LABEL_FIELD, decode_field, image_field
-from fastload.files import reserve_descriptors
 from fastload.formats import PixelReader, ShardReader, offsets_name, open_shard, open_shard_files, table_name, this_process
 from fastload.formats.index import INDEX_FILE, DatasetIndex, ShardInfo, read_index
 from fastload.formats.shard_formats import ShardFormat, shard_format
@@ -77,7 +77,7 @@ class ShardedDataset:
             self.index: DatasetIndex = read_index(Path(root))
             self.cache = None
         else:
-            from fastload.sizes import parse_size
+            from fastload._util.sizes import parse_size
             from fastload.storage.cache import ShardCache
 
             self.index = read_remote_index(url, storage_options)
@@ -397,7 +397,7 @@ def _max_open_shards(value: int | None) -> int:
 def read_remote_index(url: str, storage_options: dict | None = None) -> DatasetIndex:
     """The index of the dataset at ``url``: read by rank 0 and broadcast when a process group is
     initialized, else just read."""
-    from fastload.dist import broadcast_bytes
+    from fastload._util.dist import broadcast_bytes
     from fastload.storage import remote
 
     where = remote.redact(remote.join(url, INDEX_FILE))

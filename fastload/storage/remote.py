@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
+from fastload._util.files import temporary_beside
 from fastload.errors import RemoteError
-from fastload.files import temporary_beside
 
 T = TypeVar("T")
 CHUNK = 4 << 20

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fastload._util.files import atomic_write_bytes
 from fastload.errors import ShardError
-from fastload.files import atomic_write_bytes
 from fastload.formats import ShardReader, open_shard, root_file, table_name
 from fastload.formats.index import DatasetIndex, ShardInfo
 from fastload.formats.table import SampleTable, key_hashes

@@ -9,15 +9,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fastload._util.files import file_sha256, read_file
+from fastload.av.facts import StreamFacts
 from fastload.errors import FastloadError, SampleError
 from fastload.fields import decode_field, default_role, image_field
-from fastload.files import file_sha256, read_file
 from fastload.formats import ShardReader, dataset_file, offsets_name, open_shard, open_shard_files, table_name
 from fastload.formats.index import DatasetIndex, ShardInfo, read_index
 from fastload.formats.shard_formats import shard_format
 from fastload.formats.table import Facts, SampleTable
 from fastload.storage.remote import is_url
-from fastload.video.facts import StreamFacts
 
 
 @dataclass
@@ -134,7 +134,7 @@ def _decode_all(reader, shard: ShardInfo, report: VerifyReport, images: bool, fa
 
 def _check_video(data: bytes, where: str, name: str, recorded: StreamFacts | None) -> None:
     """A SampleError unless the video probes to the stream facts its sample table ``recorded``."""
-    from fastload.video.pyav import probe
+    from fastload.av.pyav import probe
 
     found = probe(data, where)
     if recorded is None:

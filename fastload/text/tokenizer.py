@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from fastload.files import file_sha256
+from fastload._util.files import file_sha256
 from fastload.formats.index import TokenizerIdentity, token_dtype
 
 TOKENIZER_FILE = "tokenizer.json"

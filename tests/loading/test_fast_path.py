@@ -63,7 +63,7 @@ def test_batches_kept_by_the_caller_stay_intact(wds: Path) -> None:
 @pytest.mark.parametrize("shuffle", [False, True])
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_every_sample_exactly_once(wds: Path, num_workers: int, shuffle: bool, drop_last: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("fastload.backends.cpu.epoch.MIN_PART", 1)  # every worker gets a part of every batch
+    monkeypatch.setattr("fastload.backends.cpu.cpu_epoch.MIN_PART", 1)  # every worker gets a part of every batch
     ds = fastload.open(wds)
     all_keys = [ds.raw(i)[0] for i in range(len(ds))]
     with fastload.DataLoader(
@@ -86,7 +86,7 @@ def test_every_sample_exactly_once(wds: Path, num_workers: int, shuffle: bool, d
 
 
 def test_same_seed_same_batches_whatever_the_worker_count(wds: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("fastload.backends.cpu.epoch.MIN_PART", 1)  # batches of 5 in 3 parts with 3 workers
+    monkeypatch.setattr("fastload.backends.cpu.cpu_epoch.MIN_PART", 1)  # batches of 5 in 3 parts with 3 workers
     def run(num_workers: int, seed: int = 3) -> list[tuple]:
         with fastload.DataLoader(wds, batch_size=5, shuffle=True, num_workers=num_workers, transform=T.train(24), seed=seed, return_keys=True) as loader:
             return [(x.clone(), y.clone(), k) for x, y, k in loader]

@@ -22,7 +22,7 @@ from fastload.converters import ConvertOptions, convert
 from fastload.converters.writers import PreparedSample, WriterOptions, open_writer
 from fastload.formats.index import DatasetIndex, write_index
 from fastload.formats.key_list import format_keys, parse_keys
-from fastload.loading.orders import read_exclude
+from fastload.loading.loader_orders import read_exclude
 from fastload.near import search
 from fastload.near.report import GROUPS_CHUNK
 from fastload.near.search import MultiIndex, first_occurrences

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fastload import verify_dataset
-from fastload.files import file_sha256
+from fastload._util.files import file_sha256
 from tests.conftest import run_cli
 
 

@@ -3,7 +3,7 @@ path's, fastload.backends.cpu.workers) into shared batch slots and lent to the c
 copy, or made in the training process with ``num_workers=0``.
 
 Each task is a whole batch: its first global row (and, for best-fit, the window holding it), which
-the worker turns into segments (fastload.loading.token_rows) and fills (fastload.loading.token_batch)
+the worker turns into segments (fastload.text.token_rows) and fills (fastload.text.token_batch)
 from its own shard readers. Workers run ``prefetch_factor`` batches ahead each; the training
 process only hands out finished slots and submits the next batches.
 """
@@ -17,7 +17,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from fastload.backends.cpu.epoch import LENDABLE_SLOTS, Dispatch
+from fastload.backends.cpu.cpu_epoch import LENDABLE_SLOTS, Dispatch
 from fastload.backends.cpu.workers import BatchResult, Filled, WorkerError, WorkerPool, raise_failure
 from fastload.loading.epoch import EpochLifecycle
 from fastload.loading.field_batch import copied
@@ -25,11 +25,11 @@ from fastload.loading.options import LoaderOptions
 from fastload.loading.slots import BatchBuffers, Column
 from fastload.loading.state import LoaderState
 from fastload.loading.stats import READ_BYTES, SAMPLES, TRANSFORM, LoaderStats, StageClock, StageCounters
-from fastload.loading.token_batch import BatchBounds, BatchFiller, BatchFormat
-from fastload.loading.token_corpus import Segments
-from fastload.loading.token_rows import Packing, TokenRows
 from fastload.orders.position import Position
 from fastload.storage.dataset import ShardedDataset
+from fastload.text.token_batch import BatchBounds, BatchFiller, BatchFormat
+from fastload.text.token_corpus import Segments
+from fastload.text.token_rows import Packing, TokenRows
 
 BatchWork = tuple[int, tuple[int, int] | None]  # a batch's first global row, and best-fit's window holding it with that window's first row
 

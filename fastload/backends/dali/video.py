@@ -18,6 +18,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from fastload.av.clips import Clip
 from fastload.backends.dali.library import images_as_torch, import_dali
 from fastload.errors import SampleError
 from fastload.fields import FieldSpec, SampleSpec, decode_field
@@ -26,7 +27,6 @@ from fastload.loading.clip_decode import plan_video
 from fastload.loading.epoch import Epoch, EpochInputs
 from fastload.loading.field_batch import as_tensor
 from fastload.loading.state import LoaderState
-from fastload.video.clips import Clip
 
 log = logging.getLogger("fastload")
 

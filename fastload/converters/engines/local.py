@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import TypeVar
 
-from fastload.processes import forked_pool
+from fastload._util.processes import forked_pool
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from fastload._util.files import resolved_inside
 from fastload.converters.sample import Sample, SourceItem
-from fastload.files import resolved_inside
 
 SOURCE_MODULES: dict[str, str] = {
     "imagefolder": "fastload.converters.sources.imagefolder",

@@ -6,10 +6,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from fastload._util.files import resolved_inside
 from fastload.converters.sample import Sample, SourceItem, make_key, unique_keys
 from fastload.converters.sources import SourceOptions, inside_source
 from fastload.errors import SampleError
-from fastload.files import resolved_inside
 
 IMAGE_EXTENSIONS = frozenset(
     {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".pbm"}

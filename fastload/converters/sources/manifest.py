@@ -9,10 +9,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from fastload._util.files import resolved_inside
 from fastload.converters.sample import Sample, SourceItem, file_stamp, make_key, unique_keys
 from fastload.converters.sources import SourceOptions, inside_source
 from fastload.errors import SampleError
-from fastload.files import resolved_inside
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from fastload.files import temporary_beside
+from fastload._util.files import temporary_beside
 from fastload.formats.index import ShardInfo
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from fastload.video.facts import StreamFacts
+    from fastload.av.facts import StreamFacts
 
 WRITER_MODULES: dict[str, str] = {
     "wds": "fastload.converters.writers.wds",
@@ -68,7 +68,7 @@ def open_writer(layout: str, path: Path, options: WriterOptions) -> ShardWriter:
 
 
 def write_beside(path: Path, data: bytes) -> Path:
-    """``data`` written to a new temporary file beside ``path`` (:func:`fastload.files.temporary_beside`:
+    """``data`` written to a new temporary file beside ``path`` (:func:`fastload._util.files.temporary_beside`:
     a fresh unguessable name, so a retried Ray task never writes into another's file and a planted
     link is never written through); its path, for :func:`publish`."""
     fd, tmp = temporary_beside(path)

@@ -10,8 +10,8 @@ from typing import BinaryIO
 
 import numpy as np
 
+from fastload._util.files import temporary_beside
 from fastload.converters.writers import WriterOptions, publish, write_beside
-from fastload.files import temporary_beside
 from fastload.formats.index import TOKEN_DTYPES, ShardInfo
 from fastload.formats.tokens import DOCS_SUFFIX, encode_documents
 

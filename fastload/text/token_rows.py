@@ -31,12 +31,12 @@ from typing import TypeVar
 
 import numpy as np
 
-from fastload.loading.token_corpus import Segments, TokenCorpus
 from fastload.orders.mixture import member_seed
 from fastload.orders.permutation import Permutation, mix_key
 from fastload.storage.dataset import ShardedDataset
 from fastload.storage.mixture import MixedDataset
 from fastload.text.packing import best_fit_decreasing, best_fit_rows, split_lengths, split_long
+from fastload.text.token_corpus import Segments, TokenCorpus
 from fastload.text.token_order import ROW_KEY, TokenStream, block_pieces, mixture_members
 
 BLOCKS_KEPT = 8  # a stream's most recent blocks kept (their pieces)

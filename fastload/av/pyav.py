@@ -20,9 +20,9 @@ from collections.abc import Iterator, Sequence
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
+from fastload.av.facts import MAX_FRAMES, StreamFacts
 from fastload.decode.header import MAX_PIXELS
 from fastload.errors import SampleError
-from fastload.video.facts import MAX_FRAMES, StreamFacts
 
 if TYPE_CHECKING:
     import numpy as np

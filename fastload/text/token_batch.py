@@ -23,8 +23,8 @@ from enum import Enum
 
 import numpy as np
 
-from fastload.loading.token_corpus import Segments, TokenCorpus
-from fastload.loading.token_rows import IGNORE_INDEX
+from fastload.text.token_corpus import Segments, TokenCorpus
+from fastload.text.token_rows import IGNORE_INDEX
 
 
 class BatchFormat(Enum):

@@ -11,9 +11,9 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from fastload.backends.cpu.epoch import CpuEpoch, CpuWorkers
+from fastload.backends.cpu.cpu_epoch import CpuEpoch, CpuWorkers
 from fastload.backends.cpu.workers import WorkerPool
-from fastload.backends.dali.epoch import DaliBatches, DaliPipeline, as_tensors
+from fastload.backends.dali.dali_epoch import DaliBatches, DaliPipeline, as_tensors
 from fastload.backends.dali.shares import DaliShares
 from fastload.backends.hybrid.split import SplitController
 from fastload.loading.epoch import EpochInputs

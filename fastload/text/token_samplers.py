@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from fastload.loading.token_batch import BatchFiller, BatchFormat
-from fastload.loading.token_rows import TokenOptions, TokenRows
 from fastload.storage.dataset import ShardedDataset
+from fastload.text.token_batch import BatchFiller, BatchFormat
+from fastload.text.token_rows import TokenOptions, TokenRows
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from fastload.dist import resolve_rank_world
+from fastload._util.dist import resolve_rank_world
 from fastload.formats.key_list import parse_keys
 from fastload.loading.options import LoaderOptions
 from fastload.orders.balanced import ClassMembers, class_members, class_weight_vector

@@ -1,7 +1,7 @@
 """A token dataset's global token space, its shards one after another, read span by span: the
 spans a batch holds (:class:`Segments`, as NumPy arrays) and the reading of them (one ``preadv`` a
 span, every id checked against the tokenizer's vocabulary). Which spans the rows of an epoch hold
-is fastload.loading.token_rows' concern."""
+is fastload.text.token_rows' concern."""
 
 from __future__ import annotations
 

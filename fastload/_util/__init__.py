@@ -1,0 +1,1 @@
+"""Small utilities every layer may use: files, sizes, ranks, extensions, forked pools."""
