@@ -19,6 +19,7 @@ from fastload.errors import DatasetIndexError, FastloadError, SampleError, Shard
 from fastload.formats import open_shard
 from fastload.formats.index import DatasetIndex, read_index
 from fastload.storage.verify import verify_dataset
+from tests.conftest import run_cli
 from tests.text.conftest import real_paragraphs, write_jsonl
 
 
@@ -157,3 +158,61 @@ def test_fuzzed_token_shards_fail_only_as_fastload_errors(token_dataset: Path, t
         except Exception as exc:  # anything else is a reader trusting what it should have checked
             raise AssertionError(f"case {case} ({target}, {mutation}): {type(exc).__name__}: {exc}") from exc
     assert failures > CASES // 3  # the mutations do break things, and each was caught as a FastloadError
+
+
+def numbered_documents(count: int) -> bytes:
+    """JSON Lines of ``count`` distinct documents of real text."""
+    paragraphs = real_paragraphs()
+    return "".join(json.dumps({"text": f"{n}: {paragraphs[n % len(paragraphs)]}"}) + "\n" for n in range(count)).encode()
+
+
+def assert_damage_reported(tokenizer: Path, tmp_path: Path, data: bytes, name: str, reason: str, kept: int | None) -> None:
+    """``data`` as ``name`` in a folder: raised, one line naming the file; skipped: the documents
+    before the damage kept (``kept`` of them; None: some, not all 5,000), the rest reported in
+    skipped.jsonl as lost from the line after them."""
+    src = tmp_path / "src"
+    src.mkdir(parents=True)
+    (src / name).write_bytes(data)
+    with pytest.raises(SampleError) as raised:
+        convert(str(src), str(tmp_path / "raise"), options(tokenizer), quiet=True)
+    message = str(raised.value)
+    assert message.startswith(f"{src / name}: damaged") and reason in message and "lost" in message and "\n" not in message
+    for on_error in ("raise", "skip"):
+        out = tmp_path / f"cli-{on_error}"
+        cli = run_cli("convert", str(src), str(out), "--from", "jsonl", "--tokenizer", str(tokenizer), "--on-error", on_error, "--quiet", check=False)
+        if on_error == "raise":
+            assert cli.returncode == 2 and len(cli.stderr.strip().splitlines()) == 1 and str(src / name) in cli.stderr, cli.stderr
+    index = read_index(out)
+    assert cli.returncode == 0 and (0 < index.num_samples < 5000 if kept is None else index.num_samples == kept)
+    (entry,) = [json.loads(line) for line in (out / "skipped.jsonl").read_text().splitlines()]
+    assert entry["where"] == name and reason in entry["reason"]
+    assert f"the documents from line {index.num_samples + 1} on are lost, their number unknown" in entry["reason"]
+
+
+def test_a_cut_zstd_stream_is_damage_naming_the_file(tokenizer_file: Path, tmp_path: Path) -> None:
+    zstandard = pytest.importorskip("zstandard")
+    data = numbered_documents(5000)
+    whole = zstandard.ZstdCompressor(write_checksum=True).compress(data)
+    assert_damage_reported(tokenizer_file, tmp_path / "cut", whole[: len(whole) // 3], "d.jsonl.zst", "damaged zstd stream (cut short inside a frame",
+                           kept=None)
+    assert_damage_reported(tokenizer_file, tmp_path / "header", whole[:3], "d.jsonl.zst", "cut short inside a frame header at byte 0", kept=0)
+    assert_damage_reported(tokenizer_file, tmp_path / "after", whole + b"more", "d.jsonl.zst", "damaged zstd stream (", kept=5000)
+    (tmp_path / "two").mkdir()
+    half = data.index(b"\n", len(data) // 2) + 1  # two frames, and a skippable one between: every document read
+    skippable = (0x184D2A53).to_bytes(4, "little") + (3).to_bytes(4, "little") + b"abc"
+    (tmp_path / "two" / "d.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(data[:half]) + skippable
+                                                   + zstandard.ZstdCompressor().compress(data[half:]))
+    assert convert(str(tmp_path / "two"), str(tmp_path / "two-out"), options(tokenizer_file), quiet=True).index.num_samples == 5000
+
+
+def test_a_damaged_gzip_stream_is_one_line_naming_the_file(tokenizer_file: Path, tmp_path: Path) -> None:
+    import gzip
+
+    whole = gzip.compress(numbered_documents(5000), mtime=0)
+    assert_damage_reported(tokenizer_file, tmp_path / "cut", whole[: len(whole) // 3], "d.jsonl.gz",
+                           "damaged gzip stream (cut short: it ends before its end-of-stream marker)", kept=None)
+    bad_block = whole[:10] + b"\xff" + whole[11:]  # the first deflate block of a reserved type
+    assert_damage_reported(tokenizer_file, tmp_path / "block", bad_block, "d.jsonl.gz", "damaged gzip stream (corrupt deflate data)", kept=0)
+    bad_crc = whole[:-8] + bytes(4) + whole[-4:]
+    assert_damage_reported(tokenizer_file, tmp_path / "crc", bad_crc, "d.jsonl.gz", "damaged gzip stream (CRC check failed", kept=5000)
+    assert_damage_reported(tokenizer_file, tmp_path / "not", b"PK\x03\x04" + whole, "d.jsonl.gz", "damaged gzip stream (not gzip data)", kept=0)

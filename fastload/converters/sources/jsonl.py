@@ -10,6 +10,7 @@ import io
 import itertools
 import json
 import os
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,66 @@ def _open_stream(path: Path) -> IO[bytes]:
             raise ImportError(f"{path}: reading .zst needs zstandard: pip install 'fastload[text]'") from None
         return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))
     return open(path, "rb")
+
+
+ZSTD_MAGIC = 0xFD2FB528
+ZSTD_SKIPPABLE = 0x184D2A50  # the magic of a skippable frame, its low 4 bits any
+
+
+def _zstd_cut(path: Path) -> str | None:
+    """Where a .zst file's frames do not end with the file (cut short inside a frame, or bytes that
+    are no frame), else None: read header by header (frame and block headers, nothing decompressed),
+    since the zstandard reader ends a cut stream as if it were whole."""
+    size = path.stat().st_size
+    at = 0
+    with open(path, "rb") as f:
+        while at < size:
+            f.seek(at)
+            head = f.read(5)
+            magic = int.from_bytes(head[:4], "little")
+            if len(head) >= 4 and magic & 0xFFFFFFF0 == ZSTD_SKIPPABLE:
+                f.seek(at + 4)
+                at += 8 + int.from_bytes(f.read(4).ljust(4, b"\xff"), "little")
+                continue
+            if len(head) < 5:
+                return f"cut short inside a frame header at byte {at}"
+            if magic != ZSTD_MAGIC:
+                return f"no zstd frame at byte {at}"
+            flags = head[4]  # frame content size size, single segment, checksum, dictionary id size
+            single = flags >> 5 & 1
+            at += 5 + (not single) + (0, 1, 2, 4)[flags & 3] + (single, 2, 4, 8)[flags >> 6]
+            last = False
+            while not last and at < size:
+                f.seek(at)
+                block = int.from_bytes(f.read(3).ljust(3, b"\0"), "little")
+                last = bool(block & 1)
+                at += 3 + (1 if block >> 1 & 3 == 1 else block >> 3)  # an RLE block holds its one byte
+            at += 4 * (flags >> 2 & 1) if last else 1  # a frame whose last block is missing is cut
+    return f"cut short inside a frame: {size} bytes, the frame needs {at}" if at > size else None
+
+
+def _decompress_errors(kind: str) -> tuple[type[Exception], ...]:
+    """The error ``kind``'s decompressor raises on corrupt data, beyond EOFError, OSError and zlib.error."""
+    if kind != "zstd":
+        return ()
+    try:
+        import zstandard
+    except ImportError:
+        return ()  # nothing was decompressed: _open_stream named the extra to install
+    return (zstandard.ZstdError,)
+
+
+def _damage_reason(exc: BaseException) -> str:
+    """What a decompressor's error says of the stream, in words that echo none of its bytes."""
+    if isinstance(exc, EOFError):
+        return "cut short: it ends before its end-of-stream marker"
+    if isinstance(exc, gzip.BadGzipFile) and str(exc).startswith("Not a gzipped file"):
+        return "not gzip data"
+    if isinstance(exc, zlib.error):
+        return "corrupt deflate data"
+    if isinstance(exc, OSError) and not isinstance(exc, gzip.BadGzipFile):
+        return f"unreadable: {exc.strerror or exc}"
+    return str(exc) or type(exc).__name__
 
 
 def _line_ends(path: Path, size: int, chunk: int) -> list[int]:
@@ -82,10 +143,7 @@ class JsonlSource:
         """Each non-blank line's text (lines named by their number in a stream, by their byte offset in a chunk)."""
         path, start, end = item.ref
         if end < 0:
-            with _open_stream(path) as stream:
-                for number, line in enumerate(stream, start=1):
-                    if line.strip():
-                        yield self._document(f"{path}:{number}", line)
+            yield from self._stream_documents(path)
             return
         with open(path, "rb") as f:
             f.seek(start)
@@ -95,6 +153,27 @@ class JsonlSource:
             if line.strip():
                 yield self._document(f"{path}: line at byte {offset}", line)
             offset += len(line)
+
+    def _stream_documents(self, path: Path) -> Iterator[Document]:
+        """A compressed file's documents, then, where its stream is damaged (cut short, corrupt),
+        one standing for what the damage lost, naming the file: the line cut by it and every
+        line after, their number unknown."""
+        kind = cast(str, _compression(path))
+        number = 0  # the lines read whole
+        try:
+            cut = _zstd_cut(path) if kind == "zstd" else None
+            with _open_stream(path) as stream:
+                for line in stream:
+                    if cut is not None and not line.endswith(b"\n"):
+                        break  # the line the cut ends: lost with the rest
+                    number += 1
+                    if line.strip():
+                        yield self._document(f"{path}:{number}", line)
+            reason = cut
+        except (EOFError, OSError, zlib.error, *_decompress_errors(kind)) as exc:
+            reason = _damage_reason(exc)
+        if reason is not None:
+            yield Document(str(path), None, f"damaged {kind} stream ({reason}): the documents from line {number + 1} on are lost, their number unknown")
 
     def _document(self, where: str, line: bytes) -> Document:
         text, problem = decode_text(line)
