@@ -35,6 +35,8 @@ BAD_LINES = [
     (b'{"text": ["a", "list"]}\n', "field 'text' is a list, not a string"),
     (b'{"text": "cut short\n', "not JSON (JSONDecodeError"),
     (b'[1, 2]\n', "a JSON list, not an object"),
+    (b'{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", "JSON nested too deeply to read (deeper than Python's recursion limit)"),
+    (b'{"text": "one \\ud800 alone"}\n', "field 'text' holds a lone surrogate at character 4, not text UTF-8 can hold"),
 ]
 
 

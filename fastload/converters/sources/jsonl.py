@@ -183,6 +183,8 @@ class JsonlSource:
             record = json.loads(text)
         except ValueError as exc:
             return Document(where, None, f"not JSON ({type(exc).__name__} at column {getattr(exc, 'colno', '?')})")
+        except RecursionError:
+            return Document(where, None, "JSON nested too deeply to read (deeper than Python's recursion limit)")
         if not isinstance(record, dict):
             return Document(where, None, f"a JSON {type(record).__name__}, not an object with a {self.text_field!r} field")
         value = record.get(self.text_field)
