@@ -218,3 +218,15 @@ def test_a_damaged_gzip_stream_is_one_line_naming_the_file(tokenizer_file: Path,
     bad_crc = whole[:-8] + bytes(4) + whole[-4:]
     assert_damage_reported(tokenizer_file, tmp_path / "crc", bad_crc, "d.jsonl.gz", "damaged gzip stream (CRC check failed", kept=5000)
     assert_damage_reported(tokenizer_file, tmp_path / "not", b"PK\x03\x04" + whole, "d.jsonl.gz", "damaged gzip stream (not gzip data)", kept=0)
+
+
+def test_lines_end_at_newlines_only_in_every_codec(tokenizer_file: Path, tmp_path: Path) -> None:
+    """A bare carriage return is JSON whitespace inside a line, in a plain file as in a gzip stream."""
+    import gzip
+
+    data = b'{"text": "first"}\n{"text":\r"second, a carriage return before it"}\r\n{"text": "third"}\n'
+    for name in ("plain/d.jsonl", "gzip/d.jsonl.gz"):
+        (tmp_path / name).parent.mkdir()
+        (tmp_path / name).write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+        report = convert(str(tmp_path / name), str(tmp_path / f"{name}.out"), options(tokenizer_file), quiet=True)
+        assert report.index.num_samples == 3 and not report.index.skipped

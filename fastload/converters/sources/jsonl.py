@@ -147,12 +147,11 @@ class JsonlSource:
             return
         with open(path, "rb") as f:
             f.seek(start)
-            data = f.read(end - start)
-        offset = start
-        for line in data.splitlines(keepends=True):
-            if line.strip():
-                yield self._document(f"{path}: line at byte {offset}", line)
-            offset += len(line)
+            offset = start
+            while offset < end and (line := f.readline()):  # lines end at \n only, in every codec (a bare \r is JSON whitespace)
+                if not line.isspace():
+                    yield self._document(f"{path}: line at byte {offset}", line)
+                offset += len(line)
 
     def _stream_documents(self, path: Path) -> Iterator[Document]:
         """A compressed file's documents, then, where its stream is damaged (cut short, corrupt),
@@ -167,7 +166,7 @@ class JsonlSource:
                     if cut is not None and not line.endswith(b"\n"):
                         break  # the line the cut ends: lost with the rest
                     number += 1
-                    if line.strip():
+                    if not line.isspace():
                         yield self._document(f"{path}:{number}", line)
             reason = cut
         except (EOFError, OSError, zlib.error, *_decompress_errors(kind)) as exc:
