@@ -20,6 +20,7 @@ from fastload.formats import open_shard
 from fastload.formats.index import DatasetIndex, read_index
 from fastload.storage.verify import verify_dataset
 from tests.conftest import run_cli
+from tests.hostile_data import run_limited
 from tests.text.conftest import real_paragraphs, write_jsonl
 
 
@@ -230,3 +231,63 @@ def test_lines_end_at_newlines_only_in_every_codec(tokenizer_file: Path, tmp_pat
         (tmp_path / name).write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
         report = convert(str(tmp_path / name), str(tmp_path / f"{name}.out"), options(tokenizer_file), quiet=True)
         assert report.index.num_samples == 3 and not report.index.skipped
+
+
+def gzip_with_a_long_line(path: Path, line_bytes: int) -> Path:
+    """A .jsonl.gz of a document, one of ``line_bytes`` spaces and a closing quote, and another
+    document (compressed a MiB at a time: the long line is never held here either)."""
+    import zlib
+
+    packer = zlib.compressobj(1, zlib.DEFLATED, 31)  # gzip framing
+    with open(path, "wb") as f:
+        f.write(packer.compress(b'{"text": "before"}\n{"text": "'))
+        for _ in range(line_bytes >> 20):
+            f.write(packer.compress(b" " * (1 << 20)))
+        f.write(packer.compress(b'"}\n{"text": "after"}\n') + packer.flush())
+    return path
+
+
+def test_a_line_too_long_is_a_bad_document_read_in_bounded_pieces(tokenizer_file: Path, tmp_path: Path) -> None:
+    """A 1 GiB line in a 4.6 MB .jsonl.gz, converted under a 2 GiB address space: the line is
+    skipped (or the error) naming the file and line, read past in pieces; it was read whole (a
+    MemoryError traceback)."""
+    src = gzip_with_a_long_line(tmp_path / "d.jsonl.gz", 1 << 30)
+    reason = f"line too long ({(1 << 30) + 13} bytes, more than the 16 MiB a line may hold)"
+    warm_up = write_jsonl(tmp_path / "warm-up.jsonl", ["a document"])
+    convert_to = f"""
+import json
+from fastload.converters import ConvertOptions, convert
+from fastload.converters.options import TokenizeOptions
+from fastload.errors import SampleError
+def options(on_error):
+    return ConvertOptions(source="jsonl", layout="tokens", on_error=on_error, tokens=TokenizeOptions({str(tokenizer_file)!r}))
+convert({str(warm_up)!r}, {str(tmp_path / "warm")!r}, options("raise"), quiet=True)  # what every conversion imports and loads
+def peak():  # this process's peak resident bytes (VmHWM: since its exec, unlike ru_maxrss, which keeps pytest's)
+    return int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) * 1024
+before = peak()
+try:
+    convert({str(src)!r}, {str(tmp_path / "raise")!r}, options("raise"), quiet=True)
+    raised = None
+except SampleError as exc:
+    raised = str(exc)
+report = convert({str(src)!r}, {str(tmp_path / "skip")!r}, options("skip"), quiet=True)
+grown = peak() - before
+print(json.dumps({{"raised": raised, "documents": report.index.num_samples, "skipped": report.index.skipped, "grown": grown}}))
+"""
+    got = run_limited(convert_to, memory_bytes=2 << 30, timeout=300)
+    assert got["raised"] == f"{src}:2: {reason}"
+    assert got["documents"] == 2 and got["skipped"] == {"line too long": 1}, got
+    (entry,) = [json.loads(line) for line in (tmp_path / "skip" / "skipped.jsonl").read_text().splitlines()]
+    assert entry["reason"] == reason
+    assert got["grown"] < 128 << 20, got  # a line's worth (16 MiB) and its copies
+
+
+def test_a_plain_file_reads_past_a_line_too_long_in_pieces(tokenizer_file: Path, tmp_path: Path) -> None:
+    """The same limit in a plain file, whose chunks are cut at line ends past it."""
+    long_line = b'{"text": "' + b" " * (17 << 20) + b'"}\n'
+    (tmp_path / "d.jsonl").write_bytes(b'{"text": "before"}\n' + long_line + b'{"text": "after"}\n')
+    report = convert(str(tmp_path / "d.jsonl"), str(tmp_path / "out"), options(tokenizer_file, on_error="skip", shard_tokens=1000), quiet=True)
+    assert report.index.num_samples == 2
+    (entry,) = [json.loads(line) for line in (tmp_path / "out" / "skipped.jsonl").read_text().splitlines()]
+    assert entry["where"].endswith("d.jsonl: line at byte 19")
+    assert entry["reason"] == f"line too long ({len(long_line)} bytes, more than the 16 MiB a line may hold)"

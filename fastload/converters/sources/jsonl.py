@@ -1,7 +1,8 @@
 """JSON Lines documents (``--from jsonl``): one JSON object a line, its text under ``--text-field``
 (default ``text``). Plain files are cut into chunks of about ``chunk_bytes`` at line ends, so one big
 file converts on every worker; ``.gz`` and ``.zst`` files are read as they stream, one item each
-(a compressed stream cannot be entered in the middle)."""
+(a compressed stream cannot be entered in the middle). A line ends at ``\\n`` only; one longer than
+MAX_LINE_BYTES is a bad document, read past in pieces."""
 
 from __future__ import annotations
 
@@ -21,14 +22,46 @@ from fastload.converters.sources import Document, SourceOptions, decode_text, te
 
 SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".ndjson")
 COMPRESSED_RATIO = 4  # a compressed file's size_hint: its bytes times this (text compresses about 3-5x)
+MAX_LINE_BYTES = 16 << 20  # a longer line is a bad document, read past in pieces, never held whole
+PIECE_BYTES = 1 << 20  # the pieces a line too long is read past in
 
 
 def _compression(path: Path) -> str | None:
     return {".gz": "gzip", ".zst": "zstd"}.get(path.suffix)
 
 
+class _Cut(EOFError):
+    """The end of a stream whose file is cut short (or holds bytes that are no frame of it)."""
+
+
+class _CutReader(io.RawIOBase):
+    """A zstd stream whose end raises _Cut(``cut``) where its file's frames are cut, as gzip's
+    reader raises at a cut stream's end (the line it cuts is then lost with the rest)."""
+
+    def __init__(self, raw: IO[bytes], cut: str | None) -> None:
+        super().__init__()
+        self.raw, self.cut = raw, cut
+
+    def readable(self) -> bool:
+        """A reader."""
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        """Decompressed bytes into ``buffer``; at the end of a cut stream, _Cut."""
+        n = self.raw.readinto(buffer)  # type: ignore[attr-defined]
+        if not n and self.cut is not None:
+            raise _Cut(self.cut)
+        return n
+
+    def close(self) -> None:
+        """Close the zstd reader and its file."""
+        self.raw.close()
+        super().close()
+
+
 def _open_stream(path: Path) -> IO[bytes]:
-    """The decompressed bytes of ``path`` as a stream (nothing decompressed ahead of reading)."""
+    """The decompressed bytes of ``path`` as a stream (nothing decompressed ahead of reading); a
+    cut zstd file's stream raises _Cut where it ends."""
     kind = _compression(path)
     if kind == "gzip":
         return cast(IO[bytes], gzip.open(path, "rb"))
@@ -37,8 +70,28 @@ def _open_stream(path: Path) -> IO[bytes]:
             import zstandard
         except ImportError:
             raise ImportError(f"{path}: reading .zst needs zstandard: pip install 'fastload[text]'") from None
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))
+        cut = _zstd_cut(path)
+        return io.BufferedReader(_CutReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True), cut))
     return open(path, "rb")
+
+
+def _lines(stream: IO[bytes], budget: int | None = None) -> Iterator[tuple[bytes | None, int]]:
+    """Each line of ``stream`` (ended by \\n, the only line end, or by the stream's) and its length
+    in bytes; a line longer than MAX_LINE_BYTES as None, read past in pieces of PIECE_BYTES (never
+    held whole). ``budget``: stop once that many bytes were read."""
+    read = 0
+    while (budget is None or read < budget) and (line := stream.readline(MAX_LINE_BYTES + 1)):
+        size = len(line)
+        if size > MAX_LINE_BYTES and not line.endswith(b"\n"):
+            del line
+            ended = False
+            while not ended and (piece := stream.readline(PIECE_BYTES)):
+                size += len(piece)
+                ended = piece.endswith(b"\n")
+            yield None, size
+        else:
+            yield line, size
+        read += size
 
 
 ZSTD_MAGIC = 0xFD2FB528
@@ -90,6 +143,8 @@ def _decompress_errors(kind: str) -> tuple[type[Exception], ...]:
 
 def _damage_reason(exc: BaseException) -> str:
     """What a decompressor's error says of the stream, in words that echo none of its bytes."""
+    if isinstance(exc, _Cut):
+        return str(exc)
     if isinstance(exc, EOFError):
         return "cut short: it ends before its end-of-stream marker"
     if isinstance(exc, gzip.BadGzipFile) and str(exc).startswith("Not a gzipped file"):
@@ -107,8 +162,9 @@ def _line_ends(path: Path, size: int, chunk: int) -> list[int]:
     with open(path, "rb") as f:
         while cuts[-1] + chunk < size:
             f.seek(cuts[-1] + chunk)
-            rest = f.readline()
-            if not rest.endswith(b"\n"):
+            while (rest := f.readline(PIECE_BYTES)) and not rest.endswith(b"\n"):
+                pass  # a long line, read past in pieces
+            if not rest:
                 break  # the last line runs to the end of the file
             cuts.append(f.tell())
     return [*cuts, size] if cuts[-1] < size else cuts
@@ -148,10 +204,9 @@ class JsonlSource:
         with open(path, "rb") as f:
             f.seek(start)
             offset = start
-            while offset < end and (line := f.readline()):  # lines end at \n only, in every codec (a bare \r is JSON whitespace)
-                if not line.isspace():
-                    yield self._document(f"{path}: line at byte {offset}", line)
-                offset += len(line)
+            for line, size in _lines(f, end - start):
+                yield from self._line_document(f"{path}: line at byte {offset}", line, size)
+                offset += size
 
     def _stream_documents(self, path: Path) -> Iterator[Document]:
         """A compressed file's documents, then, where its stream is damaged (cut short, corrupt),
@@ -159,20 +214,24 @@ class JsonlSource:
         line after, their number unknown."""
         kind = cast(str, _compression(path))
         number = 0  # the lines read whole
+        reason = None
+        damage: tuple[type[Exception], ...] = (EOFError, OSError, zlib.error, *_decompress_errors(kind))
         try:
-            cut = _zstd_cut(path) if kind == "zstd" else None
             with _open_stream(path) as stream:
-                for line in stream:
-                    if cut is not None and not line.endswith(b"\n"):
-                        break  # the line the cut ends: lost with the rest
+                for line, size in _lines(stream):
                     number += 1
-                    if not line.isspace():
-                        yield self._document(f"{path}:{number}", line)
-            reason = cut
-        except (EOFError, OSError, zlib.error, *_decompress_errors(kind)) as exc:
+                    yield from self._line_document(f"{path}:{number}", line, size)
+        except damage as exc:
             reason = _damage_reason(exc)
         if reason is not None:
             yield Document(str(path), None, f"damaged {kind} stream ({reason}): the documents from line {number + 1} on are lost, their number unknown")
+
+    def _line_document(self, where: str, line: bytes | None, size: int) -> Iterator[Document]:
+        """The line's document: none for a blank line; a bad one for a line too long (None)."""
+        if line is None:
+            yield Document(where, None, f"line too long ({size} bytes, more than the {MAX_LINE_BYTES >> 20} MiB a line may hold)")
+        elif not line.isspace():
+            yield self._document(where, line)
 
     def _document(self, where: str, line: bytes) -> Document:
         text, problem = decode_text(line)
