@@ -20,6 +20,7 @@ from fastload.formats import open_shard
 from fastload.formats.index import DatasetIndex, read_index
 from fastload.storage.verify import verify_dataset
 from tests.conftest import run_cli
+from tests.converters.test_confinement import link_out
 from tests.hostile_data import run_limited
 from tests.text.conftest import real_paragraphs, write_jsonl
 
@@ -291,3 +292,24 @@ def test_a_plain_file_reads_past_a_line_too_long_in_pieces(tokenizer_file: Path,
     (entry,) = [json.loads(line) for line in (tmp_path / "out" / "skipped.jsonl").read_text().splitlines()]
     assert entry["where"].endswith("d.jsonl: line at byte 19")
     assert entry["reason"] == f"line too long ({len(long_line)} bytes, more than the 16 MiB a line may hold)"
+
+
+@pytest.mark.parametrize("source,name", [("jsonl", "b.jsonl"), ("jsonl", "b.jsonl.gz"), ("text", "b.txt")])
+def test_a_document_linked_from_outside_the_source_is_refused_by_name(tokenizer_file: Path, tmp_path: Path, source: str, name: str) -> None:
+    """As the image sources do: a file linked into the source folder from its sibling ``src-private``
+    is refused naming the link, unless --follow-symlinks."""
+    import gzip
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for file, text in (("a" + name[1:], "public text"), (name, "private text")):
+        data = (json.dumps({"text": text}) + "\n").encode() if source == "jsonl" else text.encode()
+        (src / file).write_bytes(gzip.compress(data) if file.endswith(".gz") else data)
+    link = link_out(src, name)
+    args = ["convert", str(src), str(tmp_path / "refused"), "--from", source, "--tokenizer", str(tokenizer_file), "--quiet"]
+    refused = run_cli(*args, check=False)
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert f"{link}: leads outside the source root" in refused.stderr and "--follow-symlinks" in refused.stderr
+    assert not (tmp_path / "refused" / "index.json").exists()
+    run_cli(*args[:2], str(tmp_path / "followed"), *args[3:], "--follow-symlinks")
+    assert read_index(tmp_path / "followed").num_samples == 2

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import IO, cast
 
 from fastload.converters.sample import SourceItem, file_stamp, make_key
-from fastload.converters.sources import Document, SourceOptions, decode_text, text_problem
+from fastload.converters.sources import Document, SourceOptions, decode_text, inside_source, text_problem
 
 SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".ndjson")
 COMPRESSED_RATIO = 4  # a compressed file's size_hint: its bytes times this (text compresses about 3-5x)
@@ -251,10 +251,12 @@ class JsonlSource:
 
 
 def open_source(path: str, options: SourceOptions) -> JsonlSource:
-    """Open a JSON Lines file or a folder of them (``.jsonl``, ``.json``, ``.ndjson``, compressed ``.gz``/``.zst``)."""
+    """Open a JSON Lines file or a folder of them (``.jsonl``, ``.json``, ``.ndjson``, compressed
+    ``.gz``/``.zst``; one linked from outside the folder refused, unless ``follow_symlinks``)."""
     p = Path(path)
     if p.is_dir():
-        files = tuple(sorted(f for f in p.rglob("*") if f.is_file() and any(f.name.endswith(s) for s in SUFFIXES)))
+        files = tuple(inside_source(p, f, options.follow_symlinks)
+                      for f in sorted(p.rglob("*")) if f.is_file() and any(f.name.endswith(s) for s in SUFFIXES))
         root = p
     else:
         files, root = (p,), p.parent
