@@ -29,10 +29,10 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     size = p.add_mutually_exclusive_group()
     size.add_argument("--shard-size", default="256MB", help="target shard size, e.g. 256MB, 1GiB (default 256MB)")
     size.add_argument("--samples-per-shard", type=int, help="samples per shard instead of a size")
-    p.add_argument("--shuffle", action="store_true", help="shuffle samples (seeded) before sharding")
+    p.add_argument("--shuffle", action="store_true", help="shuffle samples (seeded) before sharding (not documents: token shards keep source order)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=1, help="worker processes; output is identical for any count")
-    p.add_argument("--limit", type=int, help="convert only the first N samples (after shuffling)")
+    p.add_argument("--limit", type=int, help="convert only the first N samples (after shuffling; with --tokenizer, documents)")
     p.add_argument(
         "--dedupe", nargs="?", const="exact", choices=["exact", "near"],
         help="drop duplicates, keeping the first: exact (content hash; the default) or near (perceptual signature)",

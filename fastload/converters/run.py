@@ -42,6 +42,7 @@ from fastload.converters.tokens import (
     DocumentDuplicates,
     TokenShardTask,
     find_duplicate_documents,
+    first_documents,
     plan_token_shards,
     tokenizer_identity,
     write_token_shard,
@@ -229,7 +230,10 @@ def _convert(
     remove_temporaries(out)  # of a run that was killed: with OUT locked, none is a live writer's
     source = open_source(options.source, str(Path(src).absolute()), options.source_options)
     runner = open_engine(engine, options.workers, address)
-    items = order_items(source.items(), options.shuffle, options.seed, options.limit)
+    items = order_items(source.items(), options.shuffle, options.seed, options.limit if options.tokens is None else None)
+    text = cast(TextSource, source)
+    if options.tokens is not None and options.limit is not None:  # the first N documents (a token conversion's samples), not items
+        text, items = first_documents(text, items, options.limit)
     if not items:
         raise ValueError(f"{src}: the source holds no samples")
     tokenizer: TokenizerIdentity | None = None
@@ -238,7 +242,6 @@ def _convert(
         if options.tokens is not None:  # documents into token shards (fastload.converters.tokens)
             tokenizer = tokenizer_identity(options.tokens)
             fingerprint["tokenizer_sha256"] = tokenizer.sha256
-            text = cast(TextSource, source)
             found = find_duplicate_documents(text, items, runner) if options.dedupe else DocumentDuplicates({}, [])
             dup_lines = found.lines
             shards = _write_token_shards(text, items, found, tokenizer, runner, options, out, partial, url, fingerprint, bar)
