@@ -321,7 +321,7 @@ def _write_planned(
         shards.changed += changed
         if result is not None:
             results[plan.number] = result
-    shards.reused = len(results)
+    shards.reused = sum(result.info is not None for result in results.values())  # a plan whose every sample was skipped is no shard
     todo = [plan for plan in plans if plan.number not in results]
     tasks = [ShardTask(source, plan, str(out), options, decoded_shape, upload_to=url) for plan in todo]
     bar.update(sum(len(plans[n].items) for n in results))
@@ -334,7 +334,7 @@ def _write_planned(
         written_bytes += result.info.bytes if result.info else 0
         bar.update(len(todo[position].items))
         bar.set_postfix_str(f"{written_bytes / max(bar.format_dict['elapsed'], 1e-9) / 1e6:.1f} MB/s", refresh=False)
-    shards.written = len(todo)
+    shards.written = sum(results[plan.number].info is not None for plan in todo)
     shards.results = [results[plan.number] for plan in plans]
     return shards, decoded_shape
 
@@ -357,7 +357,7 @@ def _write_token_shards(
         shards.changed += changed
         if result is not None:
             results[plan.number] = result
-    shards.reused = len(results)
+    shards.reused = sum(result.info is not None for result in results.values())  # a plan that kept no document is no shard
     todo = [plan for plan in plans if plan.number not in results]
     tasks = [TokenShardTask(source, plan, str(out), options, tokenizer, tuple(duplicates.drops.get(position[i.key], ()) for i in plan.items),
                             upload_to=url) for plan in todo]
@@ -366,7 +366,7 @@ def _write_token_shards(
         results[result.number] = result
         save_result(partial, todo[at].name, result)  # bookkeeping, after the shard's data is durable
         bar.update(len(todo[at].items))
-    shards.written = len(todo)
+    shards.written = sum(results[plan.number].info is not None for plan in todo)
     shards.results = [results[plan.number] for plan in plans]
     return shards
 

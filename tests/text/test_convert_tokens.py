@@ -7,6 +7,7 @@ import gzip
 import json
 import shutil
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -190,3 +191,19 @@ def test_limit_converts_the_first_documents_and_shuffle_is_refused(tokenizer_fil
     shuffled = run_cli("convert", str(src), str(tmp_path / "shuffled"), "--from", "jsonl", "--tokenizer", str(tokenizer_file), "--shuffle", check=False)
     assert shuffled.returncode == 2 and len(shuffled.stderr.strip().splitlines()) == 1 and "--shuffle" in shuffled.stderr
     assert "source order" in shuffled.stderr and not (tmp_path / "shuffled").exists()
+
+
+def test_the_summary_counts_the_shards_written_in_words_that_agree(tokenizer_file: Path, tmp_path: Path) -> None:
+    """No document kept is no shard written (it said "1 shards written"); one is one shard."""
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "d.jsonl").write_bytes(b'{"text": ""}\n{"body": "no text"}\n')
+    report = convert(str(tmp_path / "bad"), str(tmp_path / "none"), replace(token_options(tokenizer_file), on_error="skip"), quiet=True)
+    assert report.shards_written == 0 and report.index.shards == ()
+    args = ["--from", "jsonl", "--tokenizer", str(tokenizer_file), "--on-error", "skip"]
+    none = run_cli("convert", str(tmp_path / "bad"), str(tmp_path / "cli-none"), *args).stdout
+    assert ": 0 documents, 0 tokens (uint16) in 0 token shards in " in none and "; 0 shards written, 0 resumed" in none
+    assert "skipped 2 bad samples" in none
+    write_jsonl(tmp_path / "one.jsonl", ["a single document"])
+    one = run_cli("convert", str(tmp_path / "one.jsonl"), str(tmp_path / "cli-one"), *args).stdout
+    tokens = len(TextTokenizer(str(tokenizer_file)).encode(["a single document"])[0])
+    assert f": 1 document, {tokens} tokens (uint16) in 1 token shard in " in one and "; 1 shard written, 0 resumed" in one
