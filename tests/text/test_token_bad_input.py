@@ -14,6 +14,7 @@ import pytest
 
 from fastload.cli.command import main
 from fastload.converters import ConvertOptions, convert
+from fastload.converters.lock import LOCK_FILE
 from fastload.converters.options import TokenizeOptions
 from fastload.errors import DatasetIndexError, FastloadError, SampleError, ShardError
 from fastload.formats import open_shard
@@ -52,6 +53,7 @@ def test_a_bad_document_is_one_line_naming_the_file_and_line(tokenizer_file: Pat
     code = main(["convert", str(tmp_path / "docs.jsonl"), str(tmp_path / "cli"), "--from", "jsonl", "--tokenizer", str(tokenizer_file), "--quiet"])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and reason in err and "Traceback" not in err
+    assert not (tmp_path / "out" / LOCK_FILE).exists() and not (tmp_path / "cli" / LOCK_FILE).exists()  # a failed run leaves no lock
     report = convert(str(tmp_path / "docs.jsonl"), str(tmp_path / "skipped"), options(tokenizer_file, on_error="skip"), quiet=True)
     assert report.index.num_samples == 40 and sum(report.index.skipped.values()) == 1
     (entry,) = [json.loads(line) for line in (tmp_path / "skipped" / "skipped.jsonl").read_text().splitlines()]
