@@ -315,3 +315,19 @@ def test_a_document_linked_from_outside_the_source_is_refused_by_name(tokenizer_
     assert not (tmp_path / "refused" / "index.json").exists()
     run_cli(*args[:2], str(tmp_path / "followed"), *args[3:], "--follow-symlinks")
     assert read_index(tmp_path / "followed").num_samples == 2
+
+
+@pytest.mark.parametrize("config,reason", [(b"[" * 50_000 + b"]" * 50_000, "JSON nested too deeply to read"),
+                                           (b'{"eos_token": "<|endoftext|>",', "not JSON (JSONDecodeError)")])
+def test_a_tokenizer_config_that_does_not_parse_is_named(tokenizer_file: Path, tmp_path: Path, config: bytes, reason: str) -> None:
+    """A folder's tokenizer_config.json (where the bos/eos names come from) that is no JSON to read:
+    one line naming it (nested 50,000 deep it was a RecursionError naming nothing; cut short, ignored)."""
+    folder = tmp_path / "tokenizer"
+    folder.mkdir()
+    shutil.copy(tokenizer_file, folder / "tokenizer.json")
+    (folder / "tokenizer_config.json").write_bytes(config)
+    write_jsonl(tmp_path / "d.jsonl", ["text"])
+    refused = run_cli("convert", str(tmp_path / "d.jsonl"), str(tmp_path / "out"), "--from", "jsonl", "--tokenizer", str(folder), "--append-eos",
+                      "--quiet", check=False)
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert f"{folder / 'tokenizer_config.json'}: {reason}" in refused.stderr
