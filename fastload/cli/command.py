@@ -29,10 +29,10 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     size = p.add_mutually_exclusive_group()
     size.add_argument("--shard-size", default="256MB", help="target shard size, e.g. 256MB, 1GiB (default 256MB)")
     size.add_argument("--samples-per-shard", type=int, help="samples per shard instead of a size")
-    p.add_argument("--shuffle", action="store_true", help="shuffle samples (seeded) before sharding")
+    p.add_argument("--shuffle", action="store_true", help="shuffle samples (seeded) before sharding (not documents: token shards keep source order)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=1, help="worker processes; output is identical for any count")
-    p.add_argument("--limit", type=int, help="convert only the first N samples (after shuffling)")
+    p.add_argument("--limit", type=int, help="convert only the first N samples (after shuffling; with --tokenizer, documents)")
     p.add_argument(
         "--dedupe", nargs="?", const="exact", choices=["exact", "near"],
         help="drop duplicates, keeping the first: exact (content hash; the default) or near (perceptual signature)",
@@ -133,21 +133,20 @@ def _run_convert(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     index = report.index
     if report.already_complete:
-        print(f"{_shown(args.out)}: already converted ({index.num_samples} samples in {len(index.shards)} shards)")
+        print(f"{_shown(args.out)}: already converted ({_many(index.num_samples, 'sample')} in {_many(len(index.shards), 'shard')})")
         return 0
+    done = f"{_many(report.shards_written, 'shard')} written, {report.shards_reused} resumed"
     if index.tokenizer is not None:
-        print(f"{_shown(args.out)}: {index.num_samples} documents, {index.num_tokens} tokens ({index.tokenizer.dtype}) in {len(index.shards)} "
-              f"token shards in {seconds:.1f}s ({index.num_tokens / max(seconds, 1e-9) / 1e6:.2f}M tokens/s); "
-              f"{report.shards_written} shards written, {report.shards_reused} resumed")
+        print(f"{_shown(args.out)}: {_many(index.num_samples, 'document')}, {_many(index.num_tokens, 'token')} ({index.tokenizer.dtype}) in "
+              f"{_many(len(index.shards), 'token shard')} in {seconds:.1f}s ({index.num_tokens / max(seconds, 1e-9) / 1e6:.2f}M tokens/s); {done}")
     else:
         print(
-            f"{_shown(args.out)}: {index.num_samples} samples in {len(index.shards)} {index.layout} shards, "
-            f"{index.total_bytes / 1e6:.1f} MB in {seconds:.1f}s ({index.total_bytes / 1e6 / max(seconds, 1e-9):.1f} MB/s); "
-            f"{report.shards_written} shards written, {report.shards_reused} resumed"
+            f"{_shown(args.out)}: {_many(index.num_samples, 'sample')} in {_many(len(index.shards), f'{index.layout} shard')}, "
+            f"{index.total_bytes / 1e6:.1f} MB in {seconds:.1f}s ({index.total_bytes / 1e6 / max(seconds, 1e-9):.1f} MB/s); {done}"
             + (f" ({report.shards_changed} finished earlier rewritten: their sources changed)" if report.shards_changed else "")
         )
     if index.skipped:
-        print(f"skipped {sum(index.skipped.values())} bad samples {index.skipped}: see {_shown(args.out)}/skipped.jsonl")
+        print(f"skipped {_many(sum(index.skipped.values()), 'bad sample')} {index.skipped}: see {_shown(args.out)}/skipped.jsonl")
     if index.duplicates:
         print(f"dropped {index.duplicates} duplicates: see {_shown(args.out)}/duplicates.jsonl")
     return 0
@@ -415,6 +414,11 @@ def _run_demo(args: argparse.Namespace) -> int:
     from fastload.cli.demo import run_demo
 
     return run_demo(args.workdir, args.images, main)
+
+
+def _many(count: int, noun: str) -> str:
+    """``count`` and ``noun``, plural unless the count is one: "1 shard", "0 shards"."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def _shown(location: str) -> str:

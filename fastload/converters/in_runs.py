@@ -149,12 +149,12 @@ class _ShardStream:
         if earlier is not None:
             shard.abort()
             result = earlier
-            self.done.reused += 1
+            self.done.reused += earlier.info is not None  # a shard whose every sample was skipped is none
         else:
             with naming(shard.path):
                 result = shard.finish(self.url)
             save_result(self.partial, shard.path.name, result)
-            self.done.written += 1
+            self.done.written += result.info is not None
         self.done.results.append(result)
 
     def abort(self) -> None:

@@ -24,7 +24,9 @@ class OutputLocked(RuntimeError):
 @contextmanager
 def locked_output(out: Path) -> Iterator[None]:
     """Hold the lock on ``out`` (a folder that exists) while the body runs; the lock file is
-    removed when the body succeeds, so a finished dataset holds only its own files."""
+    removed when the body ends, succeeding or failing (still held then: a run that opened it
+    meanwhile finds it gone and takes a new one), so OUT holds only a dataset's own files and
+    the bookkeeping a rerun resumes from."""
     path = out / LOCK_FILE
     while True:
         fd = open_lock_file(path)
@@ -45,6 +47,8 @@ def locked_output(out: Path) -> Iterator[None]:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
-        path.unlink()
     finally:
-        os.close(fd)
+        try:
+            path.unlink()
+        finally:
+            os.close(fd)

@@ -109,6 +109,9 @@ class ConvertOptions:
             raise ValueError("documents are deduplicated exactly (--dedupe), not by near-duplicate image signatures")
         if self.reencode_quality is not None or self.max_size is not None:
             raise ValueError("--reencode-quality and --max-size are image options, not for token shards")
+        if self.shuffle:
+            raise ValueError("--shuffle orders samples before sharding; token shards keep their documents in source order "
+                             "(the token loader shuffles them each epoch): leave it out")
         chunk = min(CHUNK_BYTES, max(MIN_CHUNK_BYTES, 4 * self.tokens.shard_tokens // CHUNKS_PER_SHARD))  # ~4 bytes a token
         object.__setattr__(self, "source_options", replace(self.source_options, chunk_bytes=chunk))
 

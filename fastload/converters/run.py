@@ -43,6 +43,7 @@ from fastload.converters.tokens import (
     DocumentDuplicates,
     TokenShardTask,
     find_duplicate_documents,
+    first_documents,
     plan_token_shards,
     tokenizer_identity,
     write_token_shard,
@@ -229,7 +230,10 @@ def _convert(
     remove_temporaries(out)  # of a run that was killed: with OUT locked, none is a live writer's
     source = open_source(options.source, str(Path(src).absolute()), options.source_options)
     runner = open_engine(engine, options.workers, address)
-    items = order_items(source.items(), options.shuffle, options.seed, options.limit)
+    items = order_items(source.items(), options.shuffle, options.seed, options.limit if options.tokens is None else None)
+    text = cast(TextSource, source)
+    if options.tokens is not None and options.limit is not None:  # the first N documents (a token conversion's samples), not items
+        text, items = first_documents(text, items, options.limit)
     if not items:
         raise ValueError(f"{src}: the source holds no samples")
     tokenizer: TokenizerIdentity | None = None
@@ -238,7 +242,6 @@ def _convert(
         if options.tokens is not None:  # documents into token shards (fastload.converters.tokens)
             tokenizer = tokenizer_identity(options.tokens)
             fingerprint["tokenizer_sha256"] = tokenizer.sha256
-            text = cast(TextSource, source)
             found = find_duplicate_documents(text, items, runner) if options.dedupe else DocumentDuplicates({}, [])
             dup_lines = found.lines
             shards = _write_token_shards(text, items, found, tokenizer, runner, options, out, partial, url, fingerprint, bar)
@@ -318,7 +321,7 @@ def _write_planned(
         shards.changed += changed
         if result is not None:
             results[plan.number] = result
-    shards.reused = len(results)
+    shards.reused = sum(result.info is not None for result in results.values())  # a plan whose every sample was skipped is no shard
     todo = [plan for plan in plans if plan.number not in results]
     tasks = [ShardTask(source, plan, str(out), options, decoded_shape, upload_to=url) for plan in todo]
     bar.update(sum(len(plans[n].items) for n in results))
@@ -331,7 +334,7 @@ def _write_planned(
         written_bytes += result.info.bytes if result.info else 0
         bar.update(len(todo[position].items))
         bar.set_postfix_str(f"{written_bytes / max(bar.format_dict['elapsed'], 1e-9) / 1e6:.1f} MB/s", refresh=False)
-    shards.written = len(todo)
+    shards.written = sum(results[plan.number].info is not None for plan in todo)
     shards.results = [results[plan.number] for plan in plans]
     return shards, decoded_shape
 
@@ -354,7 +357,7 @@ def _write_token_shards(
         shards.changed += changed
         if result is not None:
             results[plan.number] = result
-    shards.reused = len(results)
+    shards.reused = sum(result.info is not None for result in results.values())  # a plan that kept no document is no shard
     todo = [plan for plan in plans if plan.number not in results]
     tasks = [TokenShardTask(source, plan, str(out), options, tokenizer, tuple(duplicates.drops.get(position[i.key], ()) for i in plan.items),
                             upload_to=url) for plan in todo]
@@ -363,7 +366,7 @@ def _write_token_shards(
         results[result.number] = result
         save_result(partial, todo[at].name, result)  # bookkeeping, after the shard's data is durable
         bar.update(len(todo[at].items))
-    shards.written = len(todo)
+    shards.written = sum(results[plan.number].info is not None for plan in todo)
     shards.results = [results[plan.number] for plan in plans]
     return shards
 

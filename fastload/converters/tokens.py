@@ -13,10 +13,13 @@ JSONL chunk; a compressed file or a Parquet row group: all of it).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -26,7 +29,7 @@ from fastload.converters.options import ConvertOptions, TokenizeOptions
 from fastload.converters.plan import ShardPlan, assign_shards
 from fastload.converters.sample import SourceItem
 from fastload.converters.shard import ShardResult, sources_digest, upload_shard
-from fastload.converters.sources import TextSource
+from fastload.converters.sources import Document, TextSource
 from fastload.converters.writers import WriterOptions, open_writer
 from fastload.converters.writers.tokens import TokenShardWriter
 from fastload.errors import SampleError
@@ -89,6 +92,40 @@ def plan_token_shards(source: TextSource, items: list[SourceItem], options: Toke
     rate = tokens_per_byte(source, items, options)
     estimated = [replace(item, size_hint=math.ceil(item.size_hint * rate)) for item in items]
     return assign_shards(estimated, "tokens", options.shard_tokens, None, overhead=0)
+
+
+@dataclass(frozen=True)
+class FirstDocuments:
+    """A source of documents cut after its first ones (``--limit``): the item keyed ``last_key``
+    yields only its first ``last_count`` documents (picklable, as the source is)."""
+
+    source: TextSource
+    last_key: str
+    last_count: int
+    classes: tuple[str, ...] | None = None
+
+    def items(self) -> list[SourceItem]:
+        """The source's items (first_documents keeps those it needs)."""
+        return self.source.items()
+
+    def documents(self, item: SourceItem) -> Iterator[Document]:
+        """The item's documents, the last item's only up to the cut."""
+        documents = self.source.documents(item)
+        yield from itertools.islice(documents, self.last_count) if item.key == self.last_key else documents
+
+
+def first_documents(source: TextSource, items: list[SourceItem], limit: int) -> tuple[TextSource, list[SourceItem]]:
+    """The items holding the first ``limit`` documents (counted here, item by item, until there
+    are that many) and the source cut after them; all of them where they hold fewer."""
+    if limit == 0:
+        return source, []
+    seen = 0
+    for position, item in enumerate(items):
+        count = sum(1 for _ in itertools.islice(source.documents(item), limit - seen))
+        seen += count
+        if seen == limit:
+            return cast(TextSource, FirstDocuments(source, item.key, count)), items[: position + 1]  # frozen: classes read-only
+    return source, items
 
 
 @dataclass(frozen=True)

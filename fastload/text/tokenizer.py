@@ -29,11 +29,17 @@ GUESSES = {
 
 
 def _configured(folder: Path, name: str) -> str | None:
-    """The ``{name}_token`` a folder's tokenizer_config.json names (a string, or {"content": ...})."""
+    """The ``{name}_token`` a folder's tokenizer_config.json names (a string, or {"content": ...});
+    a config that is no JSON this reads is a ValueError naming it."""
+    path = folder / CONFIG_FILE
     try:
-        config = json.loads((folder / CONFIG_FILE).read_text())
-    except (OSError, ValueError):
-        return None
+        config = json.loads(path.read_bytes())
+    except OSError:
+        return None  # none (or none readable): the usual names are looked up instead
+    except ValueError as exc:
+        raise ValueError(f"{path}: not JSON ({type(exc).__name__})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: JSON nested too deeply to read (deeper than Python's recursion limit)") from None
     value = config.get(f"{name}_token") if isinstance(config, dict) else None
     value = value.get("content") if isinstance(value, dict) else value
     return value if isinstance(value, str) else None

@@ -244,7 +244,7 @@ def test_convert_from_a_damaged_tar_names_it_or_reports_the_loss(tmp_path: Path,
     lines = failed.stderr.strip().splitlines()
     assert failed.returncode == 2 and len(lines) == 1 and str(tar) in lines[0] and "damaged" in lines[0], failed.stderr
     skipping = run_cli("convert", str(tar), str(tmp_path / "skip"), "--from", "wds", "--on-error", "skip", "--quiet")
-    assert re.search(r": 2 samples in 1 wds shards", skipping.stdout) and "skipped 2 bad samples" in skipping.stdout, skipping.stdout
+    assert re.search(r": 2 samples in 1 wds shard,", skipping.stdout) and "skipped 2 bad samples" in skipping.stdout, skipping.stdout
     report = [json.loads(line) for line in (tmp_path / "skip" / "skipped.jsonl").read_text().splitlines()]
     assert [entry["key"] for entry in report] == ["s2", f"src.tar@{ten_sample_tar()[1][3]}"]
     assert "their number unknown" in report[1]["reason"] and report[1]["where"] == str(tar)

@@ -7,6 +7,7 @@ import gzip
 import json
 import shutil
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from fastload.formats.tokens import TokenShardReader
 from fastload.storage.summary import summarize
 from fastload.storage.verify import verify_dataset
 from fastload.text.tokenizer import TextTokenizer
+from tests.conftest import run_cli
 from tests.text.conftest import real_paragraphs, write_jsonl
 
 
@@ -170,3 +172,38 @@ def test_the_command_converts_verifies_and_inspects(corpus: Path, tokenizer_file
     assert "tokens" in shown and "uint16" in shown and "'<|endoftext|>'" in shown and "64-127" in shown
     data = np.fromfile(out / "shard-00000.bin", dtype="<u2")  # a plain .bin: numpy reads it as nanoGPT does
     assert data.size == read_index(out).shards[0].tokens
+
+
+def test_limit_converts_the_first_documents_and_shuffle_is_refused(tokenizer_file: Path, tmp_path: Path) -> None:
+    """--limit N means the first N documents (a token conversion's samples), across files and the
+    chunks of a plain file; --shuffle, which orders samples before sharding, is refused by name."""
+    texts = [f"{n}: {text}" for n, text in enumerate(real_paragraphs()[:400])]
+    src = tmp_path / "src"
+    src.mkdir()
+    write_jsonl(src / "a.jsonl", texts[:150])
+    (src / "b.jsonl.gz").write_bytes(gzip.compress(write_jsonl(tmp_path / "b.jsonl", texts[150:]).read_bytes()))
+    tokenizer = TextTokenizer(str(tokenizer_file))
+    for limit in (10, 150, 170, 400, 1000):
+        out = tmp_path / f"limit-{limit}"
+        run_cli("convert", str(src), str(out), "--from", "jsonl", "--tokenizer", str(tokenizer_file), "--limit", str(limit),
+                "--shard-tokens", "5000", "--dedupe", "--quiet")
+        assert documents(out) == tokenizer.encode(texts[:limit])
+    shuffled = run_cli("convert", str(src), str(tmp_path / "shuffled"), "--from", "jsonl", "--tokenizer", str(tokenizer_file), "--shuffle", check=False)
+    assert shuffled.returncode == 2 and len(shuffled.stderr.strip().splitlines()) == 1 and "--shuffle" in shuffled.stderr
+    assert "source order" in shuffled.stderr and not (tmp_path / "shuffled").exists()
+
+
+def test_the_summary_counts_the_shards_written_in_words_that_agree(tokenizer_file: Path, tmp_path: Path) -> None:
+    """No document kept is no shard written (it said "1 shards written"); one is one shard."""
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "d.jsonl").write_bytes(b'{"text": ""}\n{"body": "no text"}\n')
+    report = convert(str(tmp_path / "bad"), str(tmp_path / "none"), replace(token_options(tokenizer_file), on_error="skip"), quiet=True)
+    assert report.shards_written == 0 and report.index.shards == ()
+    args = ["--from", "jsonl", "--tokenizer", str(tokenizer_file), "--on-error", "skip"]
+    none = run_cli("convert", str(tmp_path / "bad"), str(tmp_path / "cli-none"), *args).stdout
+    assert ": 0 documents, 0 tokens (uint16) in 0 token shards in " in none and "; 0 shards written, 0 resumed" in none
+    assert "skipped 2 bad samples" in none
+    write_jsonl(tmp_path / "one.jsonl", ["a single document"])
+    one = run_cli("convert", str(tmp_path / "one.jsonl"), str(tmp_path / "cli-one"), *args).stdout
+    tokens = len(TextTokenizer(str(tokenizer_file)).encode(["a single document"])[0])
+    assert f": 1 document, {tokens} tokens (uint16) in 1 token shard in " in one and "; 1 shard written, 0 resumed" in one

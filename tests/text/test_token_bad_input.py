@@ -14,11 +14,15 @@ import pytest
 
 from fastload.cli.command import main
 from fastload.converters import ConvertOptions, convert
+from fastload.converters.lock import LOCK_FILE
 from fastload.converters.options import TokenizeOptions
 from fastload.errors import DatasetIndexError, FastloadError, SampleError, ShardError
 from fastload.formats import open_shard
 from fastload.formats.index import DatasetIndex, read_index
 from fastload.storage.verify import verify_dataset
+from tests.conftest import run_cli
+from tests.converters.test_confinement import link_out
+from tests.hostile_data import run_limited
 from tests.text.conftest import real_paragraphs, write_jsonl
 
 
@@ -34,6 +38,8 @@ BAD_LINES = [
     (b'{"text": ["a", "list"]}\n', "field 'text' is a list, not a string"),
     (b'{"text": "cut short\n', "not JSON (JSONDecodeError"),
     (b'[1, 2]\n', "a JSON list, not an object"),
+    (b'{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", "JSON nested too deeply to read (deeper than Python's recursion limit)"),
+    (b'{"text": "one \\ud800 alone"}\n', "field 'text' holds a lone surrogate at character 4, not text UTF-8 can hold"),
 ]
 
 
@@ -47,6 +53,7 @@ def test_a_bad_document_is_one_line_naming_the_file_and_line(tokenizer_file: Pat
     code = main(["convert", str(tmp_path / "docs.jsonl"), str(tmp_path / "cli"), "--from", "jsonl", "--tokenizer", str(tokenizer_file), "--quiet"])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and reason in err and "Traceback" not in err
+    assert not (tmp_path / "out" / LOCK_FILE).exists() and not (tmp_path / "cli" / LOCK_FILE).exists()  # a failed run leaves no lock
     report = convert(str(tmp_path / "docs.jsonl"), str(tmp_path / "skipped"), options(tokenizer_file, on_error="skip"), quiet=True)
     assert report.index.num_samples == 40 and sum(report.index.skipped.values()) == 1
     (entry,) = [json.loads(line) for line in (tmp_path / "skipped" / "skipped.jsonl").read_text().splitlines()]
@@ -157,3 +164,170 @@ def test_fuzzed_token_shards_fail_only_as_fastload_errors(token_dataset: Path, t
         except Exception as exc:  # anything else is a reader trusting what it should have checked
             raise AssertionError(f"case {case} ({target}, {mutation}): {type(exc).__name__}: {exc}") from exc
     assert failures > CASES // 3  # the mutations do break things, and each was caught as a FastloadError
+
+
+def numbered_documents(count: int) -> bytes:
+    """JSON Lines of ``count`` distinct documents of real text."""
+    paragraphs = real_paragraphs()
+    return "".join(json.dumps({"text": f"{n}: {paragraphs[n % len(paragraphs)]}"}) + "\n" for n in range(count)).encode()
+
+
+def assert_damage_reported(tokenizer: Path, tmp_path: Path, data: bytes, name: str, reason: str, kept: int | None) -> None:
+    """``data`` as ``name`` in a folder: raised, one line naming the file; skipped: the documents
+    before the damage kept (``kept`` of them; None: some, not all 5,000), the rest reported in
+    skipped.jsonl as lost from the line after them."""
+    src = tmp_path / "src"
+    src.mkdir(parents=True)
+    (src / name).write_bytes(data)
+    with pytest.raises(SampleError) as raised:
+        convert(str(src), str(tmp_path / "raise"), options(tokenizer), quiet=True)
+    message = str(raised.value)
+    assert message.startswith(f"{src / name}: damaged") and reason in message and "lost" in message and "\n" not in message
+    for on_error in ("raise", "skip"):
+        out = tmp_path / f"cli-{on_error}"
+        cli = run_cli("convert", str(src), str(out), "--from", "jsonl", "--tokenizer", str(tokenizer), "--on-error", on_error, "--quiet", check=False)
+        if on_error == "raise":
+            assert cli.returncode == 2 and len(cli.stderr.strip().splitlines()) == 1 and str(src / name) in cli.stderr, cli.stderr
+    index = read_index(out)
+    assert cli.returncode == 0 and (0 < index.num_samples < 5000 if kept is None else index.num_samples == kept)
+    (entry,) = [json.loads(line) for line in (out / "skipped.jsonl").read_text().splitlines()]
+    assert entry["where"] == name and reason in entry["reason"]
+    assert f"the documents from line {index.num_samples + 1} on are lost, their number unknown" in entry["reason"]
+
+
+def test_a_cut_zstd_stream_is_damage_naming_the_file(tokenizer_file: Path, tmp_path: Path) -> None:
+    zstandard = pytest.importorskip("zstandard")
+    data = numbered_documents(5000)
+    whole = zstandard.ZstdCompressor(write_checksum=True).compress(data)
+    assert_damage_reported(tokenizer_file, tmp_path / "cut", whole[: len(whole) // 3], "d.jsonl.zst", "damaged zstd stream (cut short inside a frame",
+                           kept=None)
+    assert_damage_reported(tokenizer_file, tmp_path / "header", whole[:3], "d.jsonl.zst", "cut short inside a frame header at byte 0", kept=0)
+    assert_damage_reported(tokenizer_file, tmp_path / "after", whole + b"more", "d.jsonl.zst", "damaged zstd stream (", kept=5000)
+    (tmp_path / "two").mkdir()
+    half = data.index(b"\n", len(data) // 2) + 1  # two frames, and a skippable one between: every document read
+    skippable = (0x184D2A53).to_bytes(4, "little") + (3).to_bytes(4, "little") + b"abc"
+    (tmp_path / "two" / "d.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(data[:half]) + skippable
+                                                   + zstandard.ZstdCompressor().compress(data[half:]))
+    assert convert(str(tmp_path / "two"), str(tmp_path / "two-out"), options(tokenizer_file), quiet=True).index.num_samples == 5000
+
+
+def test_a_damaged_gzip_stream_is_one_line_naming_the_file(tokenizer_file: Path, tmp_path: Path) -> None:
+    import gzip
+
+    whole = gzip.compress(numbered_documents(5000), mtime=0)
+    assert_damage_reported(tokenizer_file, tmp_path / "cut", whole[: len(whole) // 3], "d.jsonl.gz",
+                           "damaged gzip stream (cut short: it ends before its end-of-stream marker)", kept=None)
+    bad_block = whole[:10] + b"\xff" + whole[11:]  # the first deflate block of a reserved type
+    assert_damage_reported(tokenizer_file, tmp_path / "block", bad_block, "d.jsonl.gz", "damaged gzip stream (corrupt deflate data)", kept=0)
+    bad_crc = whole[:-8] + bytes(4) + whole[-4:]
+    assert_damage_reported(tokenizer_file, tmp_path / "crc", bad_crc, "d.jsonl.gz", "damaged gzip stream (CRC check failed", kept=5000)
+    assert_damage_reported(tokenizer_file, tmp_path / "not", b"PK\x03\x04" + whole, "d.jsonl.gz", "damaged gzip stream (not gzip data)", kept=0)
+
+
+def test_lines_end_at_newlines_only_in_every_codec(tokenizer_file: Path, tmp_path: Path) -> None:
+    """A bare carriage return is JSON whitespace inside a line, in a plain file as in a gzip stream."""
+    import gzip
+
+    data = b'{"text": "first"}\n{"text":\r"second, a carriage return before it"}\r\n{"text": "third"}\n'
+    for name in ("plain/d.jsonl", "gzip/d.jsonl.gz"):
+        (tmp_path / name).parent.mkdir()
+        (tmp_path / name).write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+        report = convert(str(tmp_path / name), str(tmp_path / f"{name}.out"), options(tokenizer_file), quiet=True)
+        assert report.index.num_samples == 3 and not report.index.skipped
+
+
+def gzip_with_a_long_line(path: Path, line_bytes: int) -> Path:
+    """A .jsonl.gz of a document, one of ``line_bytes`` spaces and a closing quote, and another
+    document (compressed a MiB at a time: the long line is never held here either)."""
+    import zlib
+
+    packer = zlib.compressobj(1, zlib.DEFLATED, 31)  # gzip framing
+    with open(path, "wb") as f:
+        f.write(packer.compress(b'{"text": "before"}\n{"text": "'))
+        for _ in range(line_bytes >> 20):
+            f.write(packer.compress(b" " * (1 << 20)))
+        f.write(packer.compress(b'"}\n{"text": "after"}\n') + packer.flush())
+    return path
+
+
+def test_a_line_too_long_is_a_bad_document_read_in_bounded_pieces(tokenizer_file: Path, tmp_path: Path) -> None:
+    """A 1 GiB line in a 4.6 MB .jsonl.gz, converted under a 2 GiB address space: the line is
+    skipped (or the error) naming the file and line, read past in pieces; it was read whole (a
+    MemoryError traceback)."""
+    src = gzip_with_a_long_line(tmp_path / "d.jsonl.gz", 1 << 30)
+    reason = f"line too long ({(1 << 30) + 13} bytes, more than the 16 MiB a line may hold)"
+    warm_up = write_jsonl(tmp_path / "warm-up.jsonl", ["a document"])
+    convert_to = f"""
+import json
+from fastload.converters import ConvertOptions, convert
+from fastload.converters.options import TokenizeOptions
+from fastload.errors import SampleError
+def options(on_error):
+    return ConvertOptions(source="jsonl", layout="tokens", on_error=on_error, tokens=TokenizeOptions({str(tokenizer_file)!r}))
+convert({str(warm_up)!r}, {str(tmp_path / "warm")!r}, options("raise"), quiet=True)  # what every conversion imports and loads
+def peak():  # this process's peak resident bytes (VmHWM: since its exec, unlike ru_maxrss, which keeps pytest's)
+    return int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) * 1024
+before = peak()
+try:
+    convert({str(src)!r}, {str(tmp_path / "raise")!r}, options("raise"), quiet=True)
+    raised = None
+except SampleError as exc:
+    raised = str(exc)
+report = convert({str(src)!r}, {str(tmp_path / "skip")!r}, options("skip"), quiet=True)
+grown = peak() - before
+print(json.dumps({{"raised": raised, "documents": report.index.num_samples, "skipped": report.index.skipped, "grown": grown}}))
+"""
+    got = run_limited(convert_to, memory_bytes=2 << 30, timeout=300)
+    assert got["raised"] == f"{src}:2: {reason}"
+    assert got["documents"] == 2 and got["skipped"] == {"line too long": 1}, got
+    (entry,) = [json.loads(line) for line in (tmp_path / "skip" / "skipped.jsonl").read_text().splitlines()]
+    assert entry["reason"] == reason
+    assert got["grown"] < 128 << 20, got  # a line's worth (16 MiB) and its copies
+
+
+def test_a_plain_file_reads_past_a_line_too_long_in_pieces(tokenizer_file: Path, tmp_path: Path) -> None:
+    """The same limit in a plain file, whose chunks are cut at line ends past it."""
+    long_line = b'{"text": "' + b" " * (17 << 20) + b'"}\n'
+    (tmp_path / "d.jsonl").write_bytes(b'{"text": "before"}\n' + long_line + b'{"text": "after"}\n')
+    report = convert(str(tmp_path / "d.jsonl"), str(tmp_path / "out"), options(tokenizer_file, on_error="skip", shard_tokens=1000), quiet=True)
+    assert report.index.num_samples == 2
+    (entry,) = [json.loads(line) for line in (tmp_path / "out" / "skipped.jsonl").read_text().splitlines()]
+    assert entry["where"].endswith("d.jsonl: line at byte 19")
+    assert entry["reason"] == f"line too long ({len(long_line)} bytes, more than the 16 MiB a line may hold)"
+
+
+@pytest.mark.parametrize("source,name", [("jsonl", "b.jsonl"), ("jsonl", "b.jsonl.gz"), ("text", "b.txt")])
+def test_a_document_linked_from_outside_the_source_is_refused_by_name(tokenizer_file: Path, tmp_path: Path, source: str, name: str) -> None:
+    """As the image sources do: a file linked into the source folder from its sibling ``src-private``
+    is refused naming the link, unless --follow-symlinks."""
+    import gzip
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for file, text in (("a" + name[1:], "public text"), (name, "private text")):
+        data = (json.dumps({"text": text}) + "\n").encode() if source == "jsonl" else text.encode()
+        (src / file).write_bytes(gzip.compress(data) if file.endswith(".gz") else data)
+    link = link_out(src, name)
+    args = ["convert", str(src), str(tmp_path / "refused"), "--from", source, "--tokenizer", str(tokenizer_file), "--quiet"]
+    refused = run_cli(*args, check=False)
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert f"{link}: leads outside the source root" in refused.stderr and "--follow-symlinks" in refused.stderr
+    assert not (tmp_path / "refused" / "index.json").exists()
+    run_cli(*args[:2], str(tmp_path / "followed"), *args[3:], "--follow-symlinks")
+    assert read_index(tmp_path / "followed").num_samples == 2
+
+
+@pytest.mark.parametrize("config,reason", [(b"[" * 50_000 + b"]" * 50_000, "JSON nested too deeply to read"),
+                                           (b'{"eos_token": "<|endoftext|>",', "not JSON (JSONDecodeError)")])
+def test_a_tokenizer_config_that_does_not_parse_is_named(tokenizer_file: Path, tmp_path: Path, config: bytes, reason: str) -> None:
+    """A folder's tokenizer_config.json (where the bos/eos names come from) that is no JSON to read:
+    one line naming it (nested 50,000 deep it was a RecursionError naming nothing; cut short, ignored)."""
+    folder = tmp_path / "tokenizer"
+    folder.mkdir()
+    shutil.copy(tokenizer_file, folder / "tokenizer.json")
+    (folder / "tokenizer_config.json").write_bytes(config)
+    write_jsonl(tmp_path / "d.jsonl", ["text"])
+    refused = run_cli("convert", str(tmp_path / "d.jsonl"), str(tmp_path / "out"), "--from", "jsonl", "--tokenizer", str(folder), "--append-eos",
+                      "--quiet", check=False)
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert f"{folder / 'tokenizer_config.json'}: {reason}" in refused.stderr

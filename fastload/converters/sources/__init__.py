@@ -88,13 +88,19 @@ class TextSource(Protocol):
 
 
 def text_problem(value: object, field: str) -> str | None:
-    """Why a document's ``field`` value is no text to tokenize (missing, not a string, empty), else None."""
+    """Why a document's ``field`` value is no text to tokenize (missing, not a string, empty, a lone
+    surrogate), else None."""
     if value is None:
         return f"no {field!r} field (or null)"
     if not isinstance(value, str):
         return f"field {field!r} is a {type(value).__name__}, not a string"
     if not value:
         return f"empty document (field {field!r})"
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError as exc:  # a JSON escape such as \ud800 decodes to a code point no UTF-8 holds
+            return f"field {field!r} holds a lone surrogate at character {exc.start}, not text UTF-8 can hold"
     return None
 
 

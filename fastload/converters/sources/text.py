@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastload.converters.sample import SourceItem, file_stamp, make_key, unique_keys
-from fastload.converters.sources import Document, SourceOptions, decode_text
+from fastload.converters.sources import Document, SourceOptions, decode_text, inside_source
 from fastload.converters.sources.imagefolder import read_file
 
 
@@ -40,10 +40,12 @@ class TextFileSource:
 
 
 def open_source(path: str, options: SourceOptions) -> TextFileSource:
-    """Open a text file, or every regular file under a folder (hidden ones left out)."""
+    """Open a text file, or every regular file under a folder (hidden ones left out; one linked
+    from outside it refused, unless ``follow_symlinks``)."""
     p = Path(path)
     if p.is_dir():
-        files = tuple(sorted(f for f in p.rglob("*") if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts)))
+        files = tuple(inside_source(p, f, options.follow_symlinks) for f in sorted(p.rglob("*"))
+                      if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts))
         root = p
     else:
         files, root = (p,), p.parent
