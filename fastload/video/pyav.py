@@ -28,6 +28,11 @@ if TYPE_CHECKING:
     import numpy as np
 
 REORDER_SLACK = 64  # frames a decoder may emit past a seek point before the one asked for (B-frame reordering, leading frames)
+# The demuxers fastload opens, by FFmpeg's names: video containers only. FFmpeg refuses any other
+# before reading its header (format_whitelist), so no script or playlist format (concat, HLS, image
+# sequences) opens the files it names, and no image (png_pipe) is taken for a video.
+DEMUXERS: tuple[str, ...] = ("mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm", "avi", "ogg", "mpeg", "mpegvideo")
+CONTAINERS = "MP4/MOV, Matroska/WebM, AVI, Ogg, MPEG program and elementary streams"
 
 
 def _av() -> Any:
@@ -41,14 +46,18 @@ def _av() -> Any:
 
 
 def _open(data: bytes, where: str, max_pixels: int = MAX_PIXELS) -> Any:
-    """An input container over ``data``, with its first video stream decoded on one thread; a
-    SampleError for no video stream, no decoder for it, or a frame size over ``max_pixels``."""
+    """An input container over ``data`` in one of the DEMUXERS, with its first video stream decoded
+    on one thread; a SampleError for another format, no video stream, no decoder for it, or a frame
+    size over ``max_pixels``. Probing, re-encoding and loading all open videos here."""
     av = _av()
     if not data:
         raise SampleError(where, "empty video: zero bytes")
     try:
-        container = av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
+        container = av.open(io.BytesIO(data), mode="r", metadata_errors="ignore", options={"format_whitelist": ",".join(DEMUXERS)})
     except (av.error.FFmpegError, ValueError, OSError) as exc:
+        log = getattr(exc, "log", None)  # FFmpeg's last message: (level, component, text)
+        if log and "not on whitelist" in str(log[2]):
+            raise SampleError(where, f"its format ({log[1]}) is not a video container fastload reads ({CONTAINERS})") from None
         raise SampleError(where, f"not a readable video ({type(exc).__name__})") from None
     try:
         if not container.streams.video:

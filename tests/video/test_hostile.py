@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -151,4 +152,41 @@ def test_clips_of_tars_indexed_in_place_are_refused_naming_the_missing_facts(tmp
     assert main(["index", str(tmp_path)]) == 0
     loader = fastload.DataLoader(tmp_path, batch_size=1, clip=Clip(frames=2), transform=T.train(16))
     with pytest.raises(fastload.SampleError, match="part-0.tar:a: field mp4: no stream facts in its shard's sample table"):
+        next(iter(loader))
+
+
+def skipped_reasons(out: Path) -> dict[str, str]:
+    """The file name and reason of each entry of a conversion's skipped.jsonl."""
+    return {Path(entry["where"]).name: entry["reason"] for entry in map(json.loads, (out / "skipped.jsonl").read_text().splitlines())}
+
+
+def concat_script(listed: str, size: int = 0) -> bytes:
+    """An FFmpeg concat script naming the file ``listed``, padded by a comment to ``size`` bytes."""
+    script = f"ffconcat version 1.0\nfile {listed}\n".encode()
+    return script + (b"#" + b"x" * (size - len(script) - 2) + b"\n" if size else b"")
+
+
+def test_a_concat_script_named_mp4_opens_no_file_it_lists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FFmpeg's concat demuxer resolves the paths a script lists against the working directory:
+    a script in the dataset would bring in a video from outside it. Refused by name when probed,
+    re-encoded and loaded, before any file it lists is opened."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outside.mp4").write_bytes(video(3, 12))
+    raw = tmp_path / "raw" / "c"
+    raw.mkdir(parents=True)
+    (raw / "good.mp4").write_bytes(video(4, 12))
+    (raw / "script.mp4").write_bytes(concat_script("outside.mp4"))
+    refused = "its format (concat) is not a video container fastload reads"
+    for reencode in (False, True):
+        out = tmp_path / f"out-{reencode}"
+        report = convert(str(tmp_path / "raw"), str(out), ConvertOptions(source="videos", on_error="skip", reencode_video=reencode), quiet=True)
+        assert report.index.num_samples == 1 and skipped_reasons(out)["script.mp4"].startswith(refused)
+    ds = fastload.open(tmp_path / "out-False")
+    offset, size = ds.reader(0).spans(0)["mp4"]
+    ds.close()
+    with open(tmp_path / "out-False" / read_index(tmp_path / "out-False").shards[0].path, "r+b") as f:  # the video swapped for a script
+        f.seek(offset)
+        f.write(concat_script("outside.mp4", size))
+    loader = fastload.DataLoader(tmp_path / "out-False", batch_size=1, clip=Clip(frames=2), transform=T.train(16))
+    with pytest.raises(fastload.SampleError, match=rf"shard-00000.tar:c/good: {re.escape(refused)}"):
         next(iter(loader))

@@ -169,7 +169,7 @@ def test_a_video_that_fails_to_decode_is_skipped_by_name(video_dataset: Path, tm
         f.seek(offset)
         f.write(b"\0" * (size // 2))
     options = dict(batch_size=2, clip=Clip(frames=3), transform=T.train(16), return_keys=True)
-    with pytest.raises(fastload.SampleError, match=f"shard-00000.tar:{key}: not a readable video"):
+    with pytest.raises(fastload.SampleError, match=f"shard-00000.tar:{key}: (not a readable video|its format .* is not a video container)"):
         list(fastload.DataLoader(copy, **options))
     loader = fastload.DataLoader(copy, on_error="skip", num_workers=1, **options)
     keys = [k for _, _, keys in loader for k in keys]
