@@ -53,7 +53,10 @@ def _open(data: bytes, where: str, max_pixels: int = MAX_PIXELS) -> Any:
     if not data:
         raise SampleError(where, "empty video: zero bytes")
     try:
-        container = av.open(io.BytesIO(data), mode="r", metadata_errors="ignore", options={"format_whitelist": ",".join(DEMUXERS)})
+        container = av.open(  # the pixel limit also binds the decodes FFmpeg's probing makes, before any size is known
+            io.BytesIO(data), mode="r", metadata_errors="ignore", container_options={"format_whitelist": ",".join(DEMUXERS)},
+            options={"max_pixels": str(max_pixels)},
+        )
     except (av.error.FFmpegError, ValueError, OSError) as exc:
         log = getattr(exc, "log", None)  # FFmpeg's last message: (level, component, text)
         if log and "not on whitelist" in str(log[2]):
@@ -67,6 +70,9 @@ def _open(data: bytes, where: str, max_pixels: int = MAX_PIXELS) -> Any:
             raise SampleError(where, f"no decoder for its video codec ({getattr(stream, 'codec_tag', '') or 'unknown'!r}) in this FFmpeg")
         stream.thread_type = "SLICE"  # a worker is one process: no frame threads (their latency and memory)
         stream.codec_context.thread_count = 1
+        stream.codec_context.options = {"max_pixels": str(max_pixels)}  # a frame bigger than its container declares: refused, never allocated
+        if not stream.codec_context.width or not stream.codec_context.height:  # probing found no size FFmpeg's limit let it decode
+            raise SampleError(where, f"decompression bomb or damaged header: no frame size within the pixel limit {max_pixels}")
         _check_header_size(stream.codec_context.width, stream.codec_context.height, where, max_pixels)
     except BaseException:
         container.close()
