@@ -224,7 +224,9 @@ def reencode_h264(data: bytes, where: str, gop: int, max_size: int | None, max_p
                     encoded.width, encoded.height = max(2, int(frame.width * scale) // 2 * 2), max(2, int(frame.height * scale) // 2 * 2)  # even, never past max_size
                     encoded.pix_fmt = "yuv420p"
                     encoded.codec_context.gop_size = gop
-                    encoded.codec_context.options = {"keyint_min": str(gop), "sc_threshold": "0", "threads": "1"}
+                    # one thread, and no macroblock tree: x264's reads memory its earlier encoders in this process left
+                    # (the same video encoded first or after others gave other bytes); the output is then a function of the input
+                    encoded.codec_context.options = {"keyint_min": str(gop), "sc_threshold": "0", "threads": "1", "mbtree": "0"}
                 picture = frame.reformat(width=encoded.width, height=encoded.height, format="yuv420p")
                 picture.pts, picture.time_base = number, Fraction(1) / Fraction(rate)  # frames in order, at the source's average rate
                 picture.pict_type = av.video.frame.PictureType.NONE  # the encoder picks keyframes (a source's I frames would stay keyframes)

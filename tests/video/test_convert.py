@@ -155,3 +155,17 @@ def test_a_damaged_video_table_is_a_shard_error_never_a_crash(video_dataset: Pat
         except ShardError:
             outcomes["refused"] += 1
     assert outcomes["refused"] > 100 and sum(outcomes.values()) == 300
+
+
+def test_reencoding_gives_the_same_bytes_whatever_the_workers_and_what_the_process_encoded_before(tmp_path: Path) -> None:
+    """x264's macroblock tree read memory an earlier encoder in the process had left: --workers 1
+    and 2 (and a rerun in a process that had encoded other videos) gave different shards."""
+    from tests.video.media import video_folder
+
+    raw = video_folder(tmp_path / "raw", count=6, frames=(20, 26, 33))
+    shards = {}
+    for workers in (1, 2, 1):
+        out = tmp_path / f"out-{len(shards)}"
+        convert(str(raw), str(out), ConvertOptions(source="videos", reencode_video=True, workers=workers), quiet=True)
+        shards[len(shards)] = {path.name: path.read_bytes() for path in out.iterdir() if path.name.startswith("shard-")}
+    assert shards[0] == shards[1] == shards[2]
