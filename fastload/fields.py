@@ -31,7 +31,9 @@ GEOMETRIC_ROLES: tuple[str, ...] = ("image", "mask", "boxes")  # follow the prim
 DECLARED_ROLES: tuple[str, ...] = ("mask", "boxes")  # never defaulted from an extension
 
 IMAGE_FIELDS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm")
-VIDEO_FIELDS: tuple[str, ...] = ("mp4", "webm", "mkv", "mov", "avi", "ogv", "m4v")  # containers FFmpeg demuxes
+# the video containers fastload opens (fastload.video.pyav.DEMUXERS) by their files' extensions; an Ogg
+# video file named .ogg is stored as ogv (an .ogg member of a tar is often audio, so ogg stays bytes)
+VIDEO_FIELDS: tuple[str, ...] = ("mp4", "webm", "mkv", "mov", "avi", "ogv", "m4v", "mpg", "mpeg", "mpv", "m1v", "m2v")
 LABEL_FIELD = "cls"
 JPEG_FIELD = "jpg"  # where a re-encoded image is stored
 DECODED_FIELD = "pixels"  # HDF5 shards of decoded pixels: the image, already decoded

@@ -169,3 +169,28 @@ def test_reencoding_gives_the_same_bytes_whatever_the_workers_and_what_the_proce
         convert(str(raw), str(out), ConvertOptions(source="videos", reencode_video=True, workers=workers), quiet=True)
         shards[len(shards)] = {path.name: path.read_bytes() for path in out.iterdir() if path.name.startswith("shard-")}
     assert shards[0] == shards[1] == shards[2]
+
+
+def test_mpeg_program_and_elementary_streams_and_ogg_files_convert_or_are_reported_by_name(tmp_path: Path) -> None:
+    """.mpg, .mpeg, .mpv and .ogg files were left out of a folder in silence; now each converts
+    (an .ogg stored as ogv), or, in a container fastload does not open, is reported by name."""
+    from tests.video.media import camera_frames, encode, ffmpeg_encode
+
+    frames = camera_frames(3, 20, 96, 64)
+    files = {
+        "ps2.mpg": encode(frames, codec="mpeg2video", container="vob", bframes=2),
+        "ps1.mpeg": encode(frames, codec="mpeg1video", container="mpeg", bframes=2),
+        "es.mpv": encode(frames, codec="mpeg2video", container="mpeg2video", bframes=2),
+        "theora.ogg": ffmpeg_encode(frames, ".ogg", "-c:v", "libtheora", "-q:v", "7"),
+        "transport.mpg": encode(frames, codec="mpeg2video", container="mpegts"),
+    }
+    (tmp_path / "raw" / "c").mkdir(parents=True)
+    for name, data in files.items():
+        (tmp_path / "raw" / "c" / name).write_bytes(data)
+    report = convert(str(tmp_path / "raw"), str(tmp_path / "out"), ConvertOptions(source="videos", on_error="skip"), quiet=True)
+    ds = fastload.open(tmp_path / "out")
+    assert report.index.num_samples == 4 and ds.index.fields == ("cls", "mpeg", "mpg", "mpv", "ogv")
+    assert sorted(facts.codec for i in range(4) for facts in ds.stream_facts(i).values()) == ["mpeg1video", "mpeg2video", "mpeg2video", "theora"]
+    assert all(facts.frames == 20 for i in range(4) for facts in ds.stream_facts(i).values())
+    (skipped,) = map(json.loads, (tmp_path / "out" / "skipped.jsonl").read_text().splitlines())
+    assert skipped["where"].endswith("transport.mpg") and skipped["reason"].startswith("its format (mpegts) is not a video container")
