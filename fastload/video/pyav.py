@@ -150,6 +150,74 @@ def _first_frame_size(container: Any, stream: Any, where: str, max_pixels: int) 
     raise SampleError(where, "no frame decodes")
 
 
+class _FrameCursor:
+    """A video's frames by number, for one clip plan: a seek to the keyframe at or before a frame,
+    checked where it landed (FFmpeg's seek can land before or after the keyframe: in an MPEG
+    program stream it lands anywhere), then decoding on. Frames shown before the keyframe (a
+    landing early, an open GOP's leading frames) are passed over; a landing past it starts again
+    from the keyframe before, and the first keyframe is decoded from the file's start, no seek."""
+
+    def __init__(self, data: bytes, where: str, facts: StreamFacts, deadline: float, max_pixels: int) -> None:
+        self.data, self.where, self.facts, self.deadline, self.max_pixels = data, where, facts, deadline, max_pixels
+        self.container = _open(data, where, max_pixels)
+        self.frames: Iterator[Any] | None = None  # the decoder's frames, from the last seek on
+        self.position = -1  # the number of the frame last decoded
+        self.key, self.landed = 0, False  # the keyframe decoding started at, and whether its first frame came
+
+    def close(self) -> None:
+        """Close the container."""
+        self.container.close()
+
+    def _start(self, key: int) -> None:
+        """Decode from keyframe ``key`` on: a seek to it, or for the first, from the file's start."""
+        av = _av()
+        if key == 0 and self.frames is not None:  # a fresh demuxer: decoding from byte 0 needs no seek
+            self.container.close()
+            self.container = _open(self.data, self.where, self.max_pixels)
+        stream = self.container.streams.video[0]
+        if key > 0:
+            try:
+                self.container.seek(self.facts.keyframe_pts[key], stream=stream, backward=True, any_frame=False)
+            except av.error.FFmpegError as exc:  # a damaged stream can fail the seek itself
+                raise SampleError(self.where, f"seeking to the keyframe at frame {self.facts.keyframes[key]} failed ({type(exc).__name__})") from None
+        self.frames = self.container.decode(stream)
+        self.key, self.landed, self.position = key, False, self.facts.keyframes[key] - 1
+
+    def frame(self, target: int) -> Any:
+        """Frame number ``target`` (at or after the last one asked for, or anywhere after a seek)."""
+        av = _av()
+        facts = self.facts
+        key = facts.keyframe_before(target)
+        if self.frames is None or self.position >= target or facts.keyframes[key] > self.position + 1:
+            self._start(key)
+        budget = target - self.position + REORDER_SLACK  # for each target: one reached by decoding on gets its own
+        while self.position < target:
+            if budget <= 0:
+                raise SampleError(self.where, f"decoding from the keyframe before frame {target} never reached it (frames out of order?)")
+            try:
+                frame = next(self.frames)  # type: ignore[arg-type]  # _start set it
+            except StopIteration:
+                raise SampleError(self.where, f"the video ends before frame {target} (its sample table says {facts.frames} frames)") from None
+            except av.error.FFmpegError as exc:
+                raise SampleError(self.where, f"frame {self.position + 1} does not decode ({type(exc).__name__})") from None
+            budget -= 1
+            if time.monotonic() > self.deadline:
+                raise SampleError(self.where, f"decoding took longer than its time limit (at frame {self.position + 1})")
+            start_pts = facts.keyframe_pts[self.key]
+            if frame.pts is not None and frame.pts < start_pts:
+                continue  # shown before the keyframe: a landing early, or a leading frame of an open GOP
+            if not self.landed:
+                self.landed = True
+                if frame.pts is not None and frame.pts != start_pts:  # landed past the keyframe
+                    if self.key == 0:
+                        raise SampleError(self.where, f"its first frame is shown at {frame.pts}, its sample table says {start_pts}")
+                    self._start(self.key - 1)
+                    budget = target - self.position + REORDER_SLACK
+                    continue
+            self.position += 1
+        return frame
+
+
 def decode_frames(
     data: bytes, where: str, facts: StreamFacts, wanted: Sequence[int], size: tuple[int, int] | None, deadline: float,
     max_pixels: int = MAX_PIXELS,
@@ -163,38 +231,12 @@ def decode_frames(
     if not wanted:
         return
     facts.check_size(where, max_pixels)
-    container = _open(data, where, max_pixels)
+    cursor = _FrameCursor(data, where, facts, deadline, max_pixels)
     reformatter = av.video.reformatter.VideoReformatter()  # one scaler for the clip: FFmpeg's context is set up once
+    height, width = size if size is not None else (facts.height, facts.width)
     try:
-        stream = container.streams.video[0]
-        height, width = size if size is not None else (facts.height, facts.width)
-        position, frames = -1, None  # the number of the frame last decoded, the decoder's frames
-        budget = 0
         for target in wanted:
-            key = facts.keyframe_before(target)
-            if frames is None or position >= target or facts.keyframes[key] > position + 1:
-                try:
-                    container.seek(facts.keyframe_pts[key], stream=stream, backward=True, any_frame=False)
-                except av.error.FFmpegError as exc:  # a damaged stream can fail the seek itself
-                    raise SampleError(where, f"seeking to the keyframe before frame {target} failed ({type(exc).__name__})") from None
-                frames = container.decode(stream)
-                position, start_pts = facts.keyframes[key] - 1, facts.keyframe_pts[key]
-            budget = target - position + REORDER_SLACK  # for each target: one reached by decoding on gets its own
-            while position < target:
-                if budget <= 0:
-                    raise SampleError(where, f"decoding from the keyframe before frame {target} never reached it (frames out of order?)")
-                try:
-                    frame = next(frames)
-                except StopIteration:
-                    raise SampleError(where, f"the video ends before frame {target} (its sample table says {facts.frames} frames)") from None
-                except av.error.FFmpegError as exc:
-                    raise SampleError(where, f"frame {position + 1} does not decode ({type(exc).__name__})") from None
-                budget -= 1
-                if time.monotonic() > deadline:
-                    raise SampleError(where, f"decoding took longer than its time limit (at frame {position + 1})")
-                if frame.pts is not None and frame.pts < start_pts:
-                    continue  # a leading frame of an open GOP, shown before its keyframe: not part of the clip
-                position += 1
+            frame = cursor.frame(target)
             _check_header_size(frame.width, frame.height, where, max_pixels)
             try:
                 pixels = reformatter.reformat(frame, width=width, height=height, format="rgb24", interpolation="BILINEAR").to_ndarray()
@@ -202,7 +244,7 @@ def decode_frames(
                 raise SampleError(where, f"frame {target} does not convert to RGB ({type(exc).__name__})") from None
             yield target, pixels
     finally:
-        container.close()
+        cursor.close()
 
 
 def reencode_h264(data: bytes, where: str, gop: int, max_size: int | None, max_pixels: int = MAX_PIXELS) -> bytes:

@@ -198,3 +198,36 @@ def test_audio_beside_clips_is_refused_by_name(video_dataset: Path) -> None:
     raw = fastload.DataLoader(video_dataset, batch_size=2, fields={"mp4": "bytes"})
     (videos,) = next(iter(raw))
     assert isinstance(videos[0], bytes) and videos[0][4:8] == b"ftyp"  # the file, for audio decoded elsewhere
+
+
+def assert_clips_decode_as_from_the_start(root: Path, name: str, data: bytes) -> None:
+    """The video ``data`` converted as ``root``/raw/a/``name``, then loaded in uniform and random
+    clips over several epochs: each clip frame equals decoding every frame from the start."""
+    from fastload.converters import ConvertOptions, convert
+
+    (root / "raw" / "a").mkdir(parents=True)
+    (root / "raw" / "a" / name).write_bytes(data)
+    convert(str(root / "raw"), str(root / "out"), ConvertOptions(source="videos"), quiet=True)
+    truth = every_frame(data)
+    (field,) = (f for f in fastload.open(root / "out").index.fields if f != "cls")
+    assert fastload.open(root / "out").stream_facts(0)[field].frames == len(truth)
+    for clip in (Clip(frames=3, stride=5, clips=4, sampling="uniform"), Clip(frames=4, stride=3, clips=2, sampling="random")):
+        loader = fastload.DataLoader(root / "out", batch_size=1, clip=clip, transform=[T.Resize(truth[0].shape[:2])], fields=[field])
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            (clips,) = next(iter(loader))
+            for c, (first, _, _, _) in enumerate(loader.describe(0, epoch).samples[0].clips):
+                for t in range(clip.frames):
+                    frame = truth[min(first + clip.stride * t, len(truth) - 1)]
+                    assert torch.equal(clips[0, c, t], torch.from_numpy(frame).permute(2, 0, 1)), (clip, epoch, first, t)
+
+
+@pytest.mark.parametrize("gop", [1, 4])
+def test_clips_from_frame_0_of_an_avi_whose_keyframes_show_after_they_decode(tmp_path: Path, gop: int) -> None:
+    """MPEG-4 ASP with B-frames in AVI: the first keyframe has pts 1, dts 0, and a seek to a
+    keyframe's pts landed on a later one (its dts is no later), so clips were shifted. Where each
+    seek lands is checked, early or late, and a late one starts again from the keyframe before."""
+    from tests.video.media import camera_frames, ffmpeg_encode
+
+    data = ffmpeg_encode(camera_frames(6, 40, 96, 64), ".avi", "-c:v", "mpeg4", "-bf", "2", "-g", str(gop), "-q:v", "4")
+    assert_clips_decode_as_from_the_start(tmp_path, "asp.avi", data)
