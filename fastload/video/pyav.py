@@ -33,6 +33,9 @@ REORDER_SLACK = 64  # frames a decoder may emit past a seek point before the one
 # sequences) opens the files it names, and no image (png_pipe) is taken for a video.
 DEMUXERS: tuple[str, ...] = ("mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm", "avi", "ogg", "mpeg", "mpegvideo")
 CONTAINERS = "MP4/MOV, Matroska/WebM, AVI, Ogg, MPEG program and elementary streams"
+# Demuxers whose seeks land anywhere and whose timestamps after a seek are the parser's guesses (no
+# index, timestamps only where a PES packet starts): their clips are decoded from the file's start.
+NO_SEEK_DEMUXERS = frozenset({"mpeg", "mpegvideo"})
 
 
 def _av() -> Any:
@@ -155,7 +158,8 @@ class _FrameCursor:
     checked where it landed (FFmpeg's seek can land before or after the keyframe: in an MPEG
     program stream it lands anywhere), then decoding on. Frames shown before the keyframe (a
     landing early, an open GOP's leading frames) are passed over; a landing past it starts again
-    from the keyframe before, and the first keyframe is decoded from the file's start, no seek."""
+    from the keyframe before, and the first keyframe is decoded from the file's start, no seek
+    (as is every frame of an MPEG program or elementary stream: NO_SEEK_DEMUXERS)."""
 
     def __init__(self, data: bytes, where: str, facts: StreamFacts, deadline: float, max_pixels: int) -> None:
         self.data, self.where, self.facts, self.deadline, self.max_pixels = data, where, facts, deadline, max_pixels
@@ -163,6 +167,7 @@ class _FrameCursor:
         self.frames: Iterator[Any] | None = None  # the decoder's frames, from the last seek on
         self.position = -1  # the number of the frame last decoded
         self.key, self.landed = 0, False  # the keyframe decoding started at, and whether its first frame came
+        self.seeks = self.container.format.name not in NO_SEEK_DEMUXERS
 
     def close(self) -> None:
         """Close the container."""
@@ -187,7 +192,7 @@ class _FrameCursor:
         """Frame number ``target`` (at or after the last one asked for, or anywhere after a seek)."""
         av = _av()
         facts = self.facts
-        key = facts.keyframe_before(target)
+        key = facts.keyframe_before(target) if self.seeks else 0
         if self.frames is None or self.position >= target or facts.keyframes[key] > self.position + 1:
             self._start(key)
         budget = target - self.position + REORDER_SLACK  # for each target: one reached by decoding on gets its own
