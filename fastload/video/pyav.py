@@ -140,12 +140,23 @@ def _check_header_size(width: int, height: int, where: str, max_pixels: int) -> 
         raise SampleError(where, f"decompression bomb: {width}x{height} = {width * height} pixels a frame > limit {max_pixels}")
 
 
+def _decoded(container: Any, stream: Any) -> Iterator[Any]:
+    """The stream's frames from where ``container`` is, in presentation order: its packets decoded
+    but the empty ones (Theora's "repeat the frame before", which probing does not count as frames
+    and FFmpeg's decoder would take for the stream's end, refusing every packet after), then the
+    decoder drained. Probing, loading and re-encoding all decode through here."""
+    for packet in container.demux(stream):
+        if packet.size:
+            yield from packet.decode()
+    yield from stream.decode(None)
+
+
 def _first_frame_size(container: Any, stream: Any, where: str, max_pixels: int) -> tuple[int, int]:
     """(width, height) of the first decoded frame."""
     av = _av()
     try:
         container.seek(0, stream=stream)
-        for frame in container.decode(stream):
+        for frame in _decoded(container, stream):
             _check_header_size(frame.width, frame.height, where, max_pixels)
             return frame.width, frame.height
     except av.error.FFmpegError as exc:
@@ -185,7 +196,7 @@ class _FrameCursor:
                 self.container.seek(self.facts.keyframe_pts[key], stream=stream, backward=True, any_frame=False)
             except av.error.FFmpegError as exc:  # a damaged stream can fail the seek itself
                 raise SampleError(self.where, f"seeking to the keyframe at frame {self.facts.keyframes[key]} failed ({type(exc).__name__})") from None
-        self.frames = self.container.decode(stream)
+        self.frames = _decoded(self.container, stream)
         self.key, self.landed, self.position = key, False, self.facts.keyframes[key] - 1
 
     def frame(self, target: int) -> Any:
@@ -263,7 +274,7 @@ def reencode_h264(data: bytes, where: str, gop: int, max_size: int | None, max_p
         rate = stream.average_rate or stream.guessed_rate or Fraction(30)
         with av.open(out, mode="w", format="mp4") as target:
             encoded = None
-            for number, frame in enumerate(source.decode(stream)):
+            for number, frame in enumerate(_decoded(source, stream)):
                 _check_header_size(frame.width, frame.height, where, max_pixels)
                 if encoded is None:
                     scale = min(1.0, max_size / max(frame.width, frame.height)) if max_size else 1.0

@@ -79,9 +79,13 @@ def video(seed: int, frames: int = 24, width: int = 96, height: int = 64, **opti
 
 
 def every_frame(data: bytes) -> list[np.ndarray]:
-    """Every frame of a video decoded in order from its start, as RGB: what a clip must match."""
+    """Every frame of a video decoded in order from its start, as RGB: what a clip must match. An
+    empty packet (Theora's "repeat the frame before") is no frame: the stream facts count packets,
+    and PyAV would hand it to the decoder as the stream's end."""
     with av.open(io.BytesIO(data)) as container:
-        return [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+        stream = container.streams.video[0]
+        frames = [frame for packet in container.demux(stream) if packet.size for frame in packet.decode()]
+        return [frame.to_ndarray(format="rgb24") for frame in [*frames, *stream.decode(None)]]
 
 
 def video_folder(root: Path, count: int = 6, frames: tuple[int, ...] = (24, 30, 40), gop: int = 8) -> Path:

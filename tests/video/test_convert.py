@@ -194,3 +194,26 @@ def test_mpeg_program_and_elementary_streams_and_ogg_files_convert_or_are_report
     assert all(facts.frames == 20 for i in range(4) for facts in ds.stream_facts(i).values())
     (skipped,) = map(json.loads, (tmp_path / "out" / "skipped.jsonl").read_text().splitlines())
     assert skipped["where"].endswith("transport.mpg") and skipped["reason"].startswith("its format (mpegts) is not a video container")
+
+
+def test_verify_decode_fails_a_video_where_a_loader_would(tmp_path: Path) -> None:
+    """An MJPEG AVI whose sixth frame is damaged probes fine (a probe decodes the first frame);
+    verify --decode said OK while every clip over that frame failed. It decodes every frame as a
+    loader does now, and reports the same problem."""
+    import re
+
+    from fastload import Clip
+    from fastload import transforms as T
+    from tests.video.media import camera_frames, encode
+
+    data = bytearray(encode(camera_frames(2, 8, 96, 64), codec="mjpeg", container="avi", gop=1))
+    sixth = [m.start() for m in re.finditer(b"\xff\xd8\xff", data)][5]  # its JPEG's start
+    data[sixth + 200 : sixth + 1500] = bytes(1300)
+    (tmp_path / "raw" / "c").mkdir(parents=True)
+    (tmp_path / "raw" / "c" / "damaged.avi").write_bytes(bytes(data))
+    convert(str(tmp_path / "raw"), str(tmp_path / "out"), ConvertOptions(source="videos"), quiet=True)
+    problem = "shard-00000.tar:c/damaged: frame 5 does not decode (InvalidDataError)"
+    assert verify_dataset(tmp_path / "out", decode=True).problems == [problem]
+    loader = fastload.DataLoader(tmp_path / "out", batch_size=1, clip=Clip(frames=8, sampling="uniform"), transform=[T.Resize((64, 96))])
+    with pytest.raises(fastload.SampleError, match=re.escape(problem)):
+        next(iter(loader))

@@ -5,10 +5,12 @@ across ranks; describe, stats, Normalize on whole clips, on_error="skip"."""
 
 from __future__ import annotations
 
+import io
 import shutil
 from collections import Counter
 from pathlib import Path
 
+import av
 import numpy as np
 import pytest
 import torch
@@ -241,3 +243,22 @@ def test_clips_of_mpeg_program_and_elementary_streams_are_the_right_frames(tmp_p
     from tests.video.media import camera_frames, encode
 
     assert_clips_decode_as_from_the_start(tmp_path, name, encode(camera_frames(5, 40, 96, 64), codec=codec, container=container, gop=8, bframes=2))
+
+
+def test_theora_with_repeated_frames_loads_reencodes_and_verifies(tmp_path: Path) -> None:
+    """libtheora writes a held frame as an empty packet ("repeat the frame before"). The probe
+    skipped them, the loader handed them to the decoder, which took the first for the stream's
+    end: 'frame N does not decode' at every load, while verify --decode said OK and --reencode
+    refused the video. Every decode skips them now."""
+    from fastload.converters import ConvertOptions, convert
+    from fastload.storage.verify import verify_dataset
+    from tests.video.media import camera_frames, ffmpeg_encode
+
+    held = [frame for frame in camera_frames(2, 10, 96, 64) for _ in range(3)]
+    data = ffmpeg_encode(held, ".ogv", "-c:v", "libtheora", "-q:v", "7", "-g", "12")
+    with av.open(io.BytesIO(data)) as container:
+        assert sum(packet.size == 0 and packet.pts is not None for packet in container.demux(video=0)) >= 5  # the repeats
+    assert_clips_decode_as_from_the_start(tmp_path, "held.ogv", data)
+    assert verify_dataset(tmp_path / "out", decode=True).ok
+    report = convert(str(tmp_path / "raw"), str(tmp_path / "reencoded"), ConvertOptions(source="videos", reencode_video=True), quiet=True)
+    assert report.index.num_samples == 1 and fastload.open(tmp_path / "reencoded").stream_facts(0)["mp4"].frames == len(every_frame(data))
