@@ -262,3 +262,24 @@ def test_theora_with_repeated_frames_loads_reencodes_and_verifies(tmp_path: Path
     assert verify_dataset(tmp_path / "out", decode=True).ok
     report = convert(str(tmp_path / "raw"), str(tmp_path / "reencoded"), ConvertOptions(source="videos", reencode_video=True), quiet=True)
     assert report.index.num_samples == 1 and fastload.open(tmp_path / "reencoded").stream_facts(0)["mp4"].frames == len(every_frame(data))
+
+
+def test_the_field_video_takes_a_video_of_any_container(tmp_path: Path) -> None:
+    """fields=["mp4", "cls"] fails at the first sample of another container; "video" takes any
+    (the docs' example), in clips and as bytes, and describe names the container each came from."""
+    from fastload.converters import ConvertOptions, convert
+    from tests.video.media import camera_frames, encode
+
+    (tmp_path / "raw" / "c").mkdir(parents=True)
+    for name, codec, container in (("a.mp4", "libx264", "mp4"), ("b.mkv", "mpeg4", "matroska"), ("c.avi", "mjpeg", "avi"), ("d.mpg", "mpeg2video", "vob")):
+        (tmp_path / "raw" / "c" / name).write_bytes(encode(camera_frames(len(name), 12, 96, 64), codec=codec, container=container, gop=4))
+    convert(str(tmp_path / "raw"), str(tmp_path / "out"), ConvertOptions(source="videos"), quiet=True)
+    options = dict(batch_size=4, clip=Clip(frames=3, sampling="uniform"), transform=[T.Resize(SIZE)])
+    with pytest.raises(fastload.SampleError, match=r"c/b: no field mp4 among \['cls'\] \(the field 'video' takes a video of any container\)"):
+        next(iter(fastload.DataLoader(tmp_path / "out", fields=["mp4", "cls"], **options)))
+    loader = fastload.DataLoader(tmp_path / "out", fields=["video", "cls"], **options)
+    clips, labels = next(iter(loader))
+    assert clips.shape == (4, 3, 3, *SIZE) and labels.tolist() == [0, 0, 0, 0]
+    assert [sample.video for sample in loader.describe(0).samples] == ["mp4", "mkv", "avi", "mpg"]
+    (videos,) = next(iter(fastload.DataLoader(tmp_path / "out", batch_size=4, fields={"video": "bytes"})))
+    assert [v[:4] for v in videos] == [(tmp_path / "raw" / "c" / n).read_bytes()[:4] for n in ("a.mp4", "b.mkv", "c.avi", "d.mpg")]
