@@ -283,3 +283,29 @@ def test_the_field_video_takes_a_video_of_any_container(tmp_path: Path) -> None:
     assert [sample.video for sample in loader.describe(0).samples] == ["mp4", "mkv", "avi", "mpg"]
     (videos,) = next(iter(fastload.DataLoader(tmp_path / "out", batch_size=4, fields={"video": "bytes"})))
     assert [v[:4] for v in videos] == [(tmp_path / "raw" / "c" / n).read_bytes()[:4] for n in ("a.mp4", "b.mkv", "c.avi", "d.mpg")]
+
+
+def test_describe_names_the_video_that_stood_in_for_a_skipped_one(video_dataset: Path, tmp_path: Path) -> None:
+    """With on_error="skip", describe(step) named the video that failed to decode (its stream facts
+    plan fine); it names the one that took its place, as the batch's keys do, and the one it replaced."""
+    copy = tmp_path / "copy"
+    shutil.copytree(video_dataset, copy)
+    ds = fastload.open(copy)
+    shard, row = ds.locate(2)
+    offset, size = ds.reader(shard).spans(row)["mp4"]
+    bad = ds.where(2)
+    ds.close()
+    with open(copy / read_index(copy).shards[shard].path, "r+b") as f:
+        f.seek(offset)
+        f.write(b"\0" * (size // 2))
+    loader = fastload.DataLoader(copy, batch_size=2, shuffle=True, seed=5, on_error="skip", num_workers=2, return_keys=True,
+                                 clip=Clip(frames=3), transform=T.train(16))
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        for step, (_, _, keys) in enumerate(loader):
+            assert [sample.key for sample in loader.describe(step, epoch).samples] == keys  # the batch's own, as it arrived
+    (skipped,) = loader.stats.skipped.entries
+    described = [sample for epoch in range(2) for step in range(3) for sample in loader.describe(step, epoch).samples]
+    assert skipped["where"] == bad and all(sample.clips for sample in described)
+    assert [sample.stands_in_for for sample in described if sample.stands_in_for] == [((bad, skipped["reason"]),)] * 2
+    loader.close()
