@@ -31,7 +31,10 @@ GEOMETRIC_ROLES: tuple[str, ...] = ("image", "mask", "boxes")  # follow the prim
 DECLARED_ROLES: tuple[str, ...] = ("mask", "boxes")  # never defaulted from an extension
 
 IMAGE_FIELDS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm")
-VIDEO_FIELDS: tuple[str, ...] = ("mp4", "webm", "mkv", "mov", "avi", "ogv", "m4v")  # containers FFmpeg demuxes
+# the video containers fastload opens (fastload.av.pyav.DEMUXERS) by their files' extensions; an Ogg
+# video file named .ogg is stored as ogv (an .ogg member of a tar is often audio, so ogg stays bytes)
+VIDEO_FIELDS: tuple[str, ...] = ("mp4", "webm", "mkv", "mov", "avi", "ogv", "m4v", "mpg", "mpeg", "mpv", "m1v", "m2v")
+VIDEO_ANY = "video"  # in fields=: a sample's video, whatever its container's extension (any of VIDEO_FIELDS)
 LABEL_FIELD = "cls"
 JPEG_FIELD = "jpg"  # where a re-encoded image is stored
 DECODED_FIELD = "pixels"  # HDF5 shards of decoded pixels: the image, already decoded
@@ -301,7 +304,8 @@ def decode_field(role: str, data: bytes, where: str, field: str) -> Any:
 @dataclass(frozen=True)
 class FieldSpec:
     """One requested field: its name (``jpg``, ``seg.png``; ``jpg;png`` takes the first present,
-    as webdataset's ``to_tuple``), its role, whether a sample may lack it (then a label is -1)."""
+    as webdataset's ``to_tuple``; ``video``: a video of any container), its role, whether a
+    sample may lack it (then a label is -1)."""
 
     name: str
     role: str
@@ -329,8 +333,9 @@ class FieldSpec:
 
     @functools.cached_property
     def alternatives(self) -> tuple[str, ...]:
-        """The stored names it may take, in order of preference."""
-        return tuple(self.name.split(";"))
+        """The stored names it may take, in order of preference (``video``: a stored field of that
+        name, else any video container's)."""
+        return tuple(dict.fromkeys(alt for part in self.name.split(";") for alt in ((part, *VIDEO_FIELDS) if part == VIDEO_ANY else (part,))))
 
     @property
     def stacked(self) -> bool:
@@ -393,10 +398,16 @@ def classic_spec(decoded: bool, map: SampleMap | None = None, clip: Clip | None 
     """Today's classification sample: the image (whatever its extension; with ``clip``, the video)
     and an optional label, seen by ``map`` as ``image`` (``video``) and ``label``."""
     if clip is not None:
-        first = FieldSpec(";".join(VIDEO_FIELDS), "video", key="video")
+        first = FieldSpec(VIDEO_ANY, "video")
     else:
         first = FieldSpec(DECODED_FIELD if decoded else ";".join(IMAGE_FIELDS), "image", key="image")
     return SampleSpec(fields=(first, FieldSpec(LABEL_FIELD, "label", optional=True, key="label")), map=map, classic=True, clip=clip)
+
+
+def _requested_role(name: str) -> Role:
+    """The role of a requested field not given one: its first alternative's default (``video``: video)."""
+    first = name.split(";")[0]
+    return "video" if first == VIDEO_ANY else default_role(first)
 
 
 def requested_spec(
@@ -421,5 +432,5 @@ def requested_spec(
     if isinstance(fields, str):
         raise TypeError(f"fields= takes a list of field names or a mapping name -> role, got the string {fields!r}")
     roles = dict(fields) if isinstance(fields, Mapping) else {name: None for name in fields}
-    specs = tuple(FieldSpec(name, role or default_role(name.split(";")[0])) for name, role in roles.items())
+    specs = tuple(FieldSpec(name, role or _requested_role(name)) for name, role in roles.items())
     return SampleSpec(specs, map=map, clip=clip)

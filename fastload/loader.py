@@ -270,11 +270,13 @@ class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
         """This rank's batch at ``step`` (counted from the epoch's start) of ``epoch`` (default: the
         one being or last iterated, else the next): each sample's key, index and planned crop, flip and DCT scale, read from the
         shards' indexes and image headers only (fastload.loading.provenance). Steps run before an elastic
-        resume are described at the topology they ran at."""
+        resume are described at the topology they ran at. With on_error="skip" each sample is the one
+        that took the place of a skipped one (``stands_in_for`` names those it replaced)."""
         epoch = self.state.current_epoch if epoch is None else int(epoch)
+        skipped = {entry["where"]: entry["reason"] for entry in self.stats.skipped.entries} if self.options.on_error == "skip" else None
         return describe_step(self.sharded, self.orders.spec(), self.state.resumed_from(epoch), epoch, int(step), self.sample_spec,
                              self.options.transform, self.options.seed, cpu_decode=self.backend == "cpu",
-                             classes=self.orders.classes)
+                             classes=self.orders.classes, skipped=skipped)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose order the next iteration yields (it also advances by itself once

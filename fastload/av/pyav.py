@@ -28,6 +28,14 @@ if TYPE_CHECKING:
     import numpy as np
 
 REORDER_SLACK = 64  # frames a decoder may emit past a seek point before the one asked for (B-frame reordering, leading frames)
+# The demuxers fastload opens, by FFmpeg's names: video containers only. FFmpeg refuses any other
+# before reading its header (format_whitelist), so no script or playlist format (concat, HLS, image
+# sequences) opens the files it names, and no image (png_pipe) is taken for a video.
+DEMUXERS: tuple[str, ...] = ("mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm", "avi", "ogg", "mpeg", "mpegvideo")
+CONTAINERS = "MP4/MOV, Matroska/WebM, AVI, Ogg, MPEG program and elementary streams"
+# Demuxers whose seeks land anywhere and whose timestamps after a seek are the parser's guesses (no
+# index, timestamps only where a PES packet starts): their clips are decoded from the file's start.
+NO_SEEK_DEMUXERS = frozenset({"mpeg", "mpegvideo"})
 
 
 def _av() -> Any:
@@ -41,14 +49,21 @@ def _av() -> Any:
 
 
 def _open(data: bytes, where: str, max_pixels: int = MAX_PIXELS) -> Any:
-    """An input container over ``data``, with its first video stream decoded on one thread; a
-    SampleError for no video stream, no decoder for it, or a frame size over ``max_pixels``."""
+    """An input container over ``data`` in one of the DEMUXERS, with its first video stream decoded
+    on one thread; a SampleError for another format, no video stream, no decoder for it, or a frame
+    size over ``max_pixels``. Probing, re-encoding and loading all open videos here."""
     av = _av()
     if not data:
         raise SampleError(where, "empty video: zero bytes")
     try:
-        container = av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
+        container = av.open(  # the pixel limit also binds the decodes FFmpeg's probing makes, before any size is known
+            io.BytesIO(data), mode="r", metadata_errors="ignore", container_options={"format_whitelist": ",".join(DEMUXERS)},
+            options={"max_pixels": str(max_pixels)},
+        )
     except (av.error.FFmpegError, ValueError, OSError) as exc:
+        log = getattr(exc, "log", None)  # FFmpeg's last message: (level, component, text)
+        if log and "not on whitelist" in str(log[2]):
+            raise SampleError(where, f"its format ({log[1]}) is not a video container fastload reads ({CONTAINERS})") from None
         raise SampleError(where, f"not a readable video ({type(exc).__name__})") from None
     try:
         if not container.streams.video:
@@ -58,6 +73,9 @@ def _open(data: bytes, where: str, max_pixels: int = MAX_PIXELS) -> Any:
             raise SampleError(where, f"no decoder for its video codec ({getattr(stream, 'codec_tag', '') or 'unknown'!r}) in this FFmpeg")
         stream.thread_type = "SLICE"  # a worker is one process: no frame threads (their latency and memory)
         stream.codec_context.thread_count = 1
+        stream.codec_context.options = {"max_pixels": str(max_pixels)}  # a frame bigger than its container declares: refused, never allocated
+        if not stream.codec_context.width or not stream.codec_context.height:  # probing found no size FFmpeg's limit let it decode
+            raise SampleError(where, f"decompression bomb or damaged header: no frame size within the pixel limit {max_pixels}")
         _check_header_size(stream.codec_context.width, stream.codec_context.height, where, max_pixels)
     except BaseException:
         container.close()
@@ -122,17 +140,98 @@ def _check_header_size(width: int, height: int, where: str, max_pixels: int) -> 
         raise SampleError(where, f"decompression bomb: {width}x{height} = {width * height} pixels a frame > limit {max_pixels}")
 
 
+def _decoded(container: Any, stream: Any) -> Iterator[Any]:
+    """The stream's frames from where ``container`` is, in presentation order: its packets decoded
+    but the empty ones (Theora's "repeat the frame before", which probing does not count as frames
+    and FFmpeg's decoder would take for the stream's end, refusing every packet after), then the
+    decoder drained. Probing, loading and re-encoding all decode through here."""
+    for packet in container.demux(stream):
+        if packet.size:
+            yield from packet.decode()
+    yield from stream.decode(None)
+
+
 def _first_frame_size(container: Any, stream: Any, where: str, max_pixels: int) -> tuple[int, int]:
     """(width, height) of the first decoded frame."""
     av = _av()
     try:
         container.seek(0, stream=stream)
-        for frame in container.decode(stream):
+        for frame in _decoded(container, stream):
             _check_header_size(frame.width, frame.height, where, max_pixels)
             return frame.width, frame.height
     except av.error.FFmpegError as exc:
         raise SampleError(where, f"its first frame does not decode ({type(exc).__name__})") from None
     raise SampleError(where, "no frame decodes")
+
+
+class _FrameCursor:
+    """A video's frames by number, for one clip plan: a seek to the keyframe at or before a frame,
+    checked where it landed (FFmpeg's seek can land before or after the keyframe: in an MPEG
+    program stream it lands anywhere), then decoding on. Frames shown before the keyframe (a
+    landing early, an open GOP's leading frames) are passed over; a landing past it starts again
+    from the keyframe before, and the first keyframe is decoded from the file's start, no seek
+    (as is every frame of an MPEG program or elementary stream: NO_SEEK_DEMUXERS)."""
+
+    def __init__(self, data: bytes, where: str, facts: StreamFacts, deadline: float, max_pixels: int) -> None:
+        self.data, self.where, self.facts, self.deadline, self.max_pixels = data, where, facts, deadline, max_pixels
+        self.container = _open(data, where, max_pixels)
+        self.frames: Iterator[Any] | None = None  # the decoder's frames, from the last seek on
+        self.position = -1  # the number of the frame last decoded
+        self.key, self.landed = 0, False  # the keyframe decoding started at, and whether its first frame came
+        self.seeks = self.container.format.name not in NO_SEEK_DEMUXERS
+
+    def close(self) -> None:
+        """Close the container."""
+        self.container.close()
+
+    def _start(self, key: int) -> None:
+        """Decode from keyframe ``key`` on: a seek to it, or for the first, from the file's start."""
+        av = _av()
+        if key == 0 and self.frames is not None:  # a fresh demuxer: decoding from byte 0 needs no seek
+            self.container.close()
+            self.container = _open(self.data, self.where, self.max_pixels)
+        stream = self.container.streams.video[0]
+        if key > 0:
+            try:
+                self.container.seek(self.facts.keyframe_pts[key], stream=stream, backward=True, any_frame=False)
+            except av.error.FFmpegError as exc:  # a damaged stream can fail the seek itself
+                raise SampleError(self.where, f"seeking to the keyframe at frame {self.facts.keyframes[key]} failed ({type(exc).__name__})") from None
+        self.frames = _decoded(self.container, stream)
+        self.key, self.landed, self.position = key, False, self.facts.keyframes[key] - 1
+
+    def frame(self, target: int) -> Any:
+        """Frame number ``target`` (at or after the last one asked for, or anywhere after a seek)."""
+        av = _av()
+        facts = self.facts
+        key = facts.keyframe_before(target) if self.seeks else 0
+        if self.frames is None or self.position >= target or facts.keyframes[key] > self.position + 1:
+            self._start(key)
+        budget = target - self.position + REORDER_SLACK  # for each target: one reached by decoding on gets its own
+        while self.position < target:
+            if budget <= 0:
+                raise SampleError(self.where, f"decoding from the keyframe before frame {target} never reached it (frames out of order?)")
+            try:
+                frame = next(self.frames)  # type: ignore[arg-type]  # _start set it
+            except StopIteration:
+                raise SampleError(self.where, f"the video ends before frame {target} (its sample table says {facts.frames} frames)") from None
+            except av.error.FFmpegError as exc:
+                raise SampleError(self.where, f"frame {self.position + 1} does not decode ({type(exc).__name__})") from None
+            budget -= 1
+            if time.monotonic() > self.deadline:
+                raise SampleError(self.where, f"decoding took longer than its time limit (at frame {self.position + 1})")
+            start_pts = facts.keyframe_pts[self.key]
+            if frame.pts is not None and frame.pts < start_pts:
+                continue  # shown before the keyframe: a landing early, or a leading frame of an open GOP
+            if not self.landed:
+                self.landed = True
+                if frame.pts is not None and frame.pts != start_pts:  # landed past the keyframe
+                    if self.key == 0:
+                        raise SampleError(self.where, f"its first frame is shown at {frame.pts}, its sample table says {start_pts}")
+                    self._start(self.key - 1)
+                    budget = target - self.position + REORDER_SLACK
+                    continue
+            self.position += 1
+        return frame
 
 
 def decode_frames(
@@ -148,38 +247,12 @@ def decode_frames(
     if not wanted:
         return
     facts.check_size(where, max_pixels)
-    container = _open(data, where, max_pixels)
+    cursor = _FrameCursor(data, where, facts, deadline, max_pixels)
     reformatter = av.video.reformatter.VideoReformatter()  # one scaler for the clip: FFmpeg's context is set up once
+    height, width = size if size is not None else (facts.height, facts.width)
     try:
-        stream = container.streams.video[0]
-        height, width = size if size is not None else (facts.height, facts.width)
-        position, frames = -1, None  # the number of the frame last decoded, the decoder's frames
-        budget = 0
         for target in wanted:
-            key = facts.keyframe_before(target)
-            if frames is None or position >= target or facts.keyframes[key] > position + 1:
-                try:
-                    container.seek(facts.keyframe_pts[key], stream=stream, backward=True, any_frame=False)
-                except av.error.FFmpegError as exc:  # a damaged stream can fail the seek itself
-                    raise SampleError(where, f"seeking to the keyframe before frame {target} failed ({type(exc).__name__})") from None
-                frames = container.decode(stream)
-                position, start_pts = facts.keyframes[key] - 1, facts.keyframe_pts[key]
-            budget = target - position + REORDER_SLACK  # for each target: one reached by decoding on gets its own
-            while position < target:
-                if budget <= 0:
-                    raise SampleError(where, f"decoding from the keyframe before frame {target} never reached it (frames out of order?)")
-                try:
-                    frame = next(frames)
-                except StopIteration:
-                    raise SampleError(where, f"the video ends before frame {target} (its sample table says {facts.frames} frames)") from None
-                except av.error.FFmpegError as exc:
-                    raise SampleError(where, f"frame {position + 1} does not decode ({type(exc).__name__})") from None
-                budget -= 1
-                if time.monotonic() > deadline:
-                    raise SampleError(where, f"decoding took longer than its time limit (at frame {position + 1})")
-                if frame.pts is not None and frame.pts < start_pts:
-                    continue  # a leading frame of an open GOP, shown before its keyframe: not part of the clip
-                position += 1
+            frame = cursor.frame(target)
             _check_header_size(frame.width, frame.height, where, max_pixels)
             try:
                 pixels = reformatter.reformat(frame, width=width, height=height, format="rgb24", interpolation="BILINEAR").to_ndarray()
@@ -187,7 +260,7 @@ def decode_frames(
                 raise SampleError(where, f"frame {target} does not convert to RGB ({type(exc).__name__})") from None
             yield target, pixels
     finally:
-        container.close()
+        cursor.close()
 
 
 def reencode_h264(data: bytes, where: str, gop: int, max_size: int | None, max_pixels: int = MAX_PIXELS) -> bytes:
@@ -201,7 +274,7 @@ def reencode_h264(data: bytes, where: str, gop: int, max_size: int | None, max_p
         rate = stream.average_rate or stream.guessed_rate or Fraction(30)
         with av.open(out, mode="w", format="mp4") as target:
             encoded = None
-            for number, frame in enumerate(source.decode(stream)):
+            for number, frame in enumerate(_decoded(source, stream)):
                 _check_header_size(frame.width, frame.height, where, max_pixels)
                 if encoded is None:
                     scale = min(1.0, max_size / max(frame.width, frame.height)) if max_size else 1.0
@@ -209,7 +282,9 @@ def reencode_h264(data: bytes, where: str, gop: int, max_size: int | None, max_p
                     encoded.width, encoded.height = max(2, int(frame.width * scale) // 2 * 2), max(2, int(frame.height * scale) // 2 * 2)  # even, never past max_size
                     encoded.pix_fmt = "yuv420p"
                     encoded.codec_context.gop_size = gop
-                    encoded.codec_context.options = {"keyint_min": str(gop), "sc_threshold": "0", "threads": "1"}
+                    # one thread, and no macroblock tree: x264's reads memory its earlier encoders in this process left
+                    # (the same video encoded first or after others gave other bytes); the output is then a function of the input
+                    encoded.codec_context.options = {"keyint_min": str(gop), "sc_threshold": "0", "threads": "1", "mbtree": "0"}
                 picture = frame.reformat(width=encoded.width, height=encoded.height, format="yuv420p")
                 picture.pts, picture.time_base = number, Fraction(1) / Fraction(rate)  # frames in order, at the source's average rate
                 picture.pict_type = av.video.frame.PictureType.NONE  # the encoder picks keyframes (a source's I frames would stay keyframes)

@@ -11,8 +11,9 @@ topology (world size, batch size) they ran at, from the topologies the state was
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,7 @@ class SampleDescription:
     problem: str | None = None  # why it could not be planned (the workers would raise, or skip it)
     video: str | None = None  # the video field its clips come from
     clips: tuple[tuple[int, int, float, float], ...] = ()  # each clip's first and last frame, and their times in seconds
+    stands_in_for: tuple[tuple[str, str], ...] = ()  # on_error="skip": (where, reason) of the bad samples whose place it took
 
 
 @dataclass(frozen=True)
@@ -200,10 +202,32 @@ def describe_video(ds: ShardedDataset, index: int, spec: SampleSpec, transforms:
 
 def describe_step(ds: ShardedDataset, order_spec: OrderSpec | MixtureOrder, resumed_from: Sequence[ResumedFrom], epoch: int, step: int,
                   spec: SampleSpec, transforms: Sequence[Transform], seed: int, cpu_decode: bool = True,
-                  classes: ClassMembers | None = None) -> StepDescription:
+                  classes: ClassMembers | None = None, skipped: Mapping[str, str] | None = None) -> StepDescription:
     """This rank's batch at ``step`` of ``epoch``, every sample described (see the module docstring);
-    ``classes``: the class-balanced order's samples by label (LoaderOrders.classes)."""
+    ``classes``: the class-balanced order's samples by label (LoaderOrders.classes). ``skipped``
+    (``on_error="skip"``: where -> reason of the samples the loader passed over): each sample is
+    the one a worker took in its place (:func:`stand_in`)."""
     batch = step_batch(order_spec, resumed_from, epoch, step, classes)
-    samples = tuple(describe_sample(ds, index, bool(ok), spec, transforms, seed, epoch, cpu_decode)
+    samples = tuple(stand_in(ds, index, skipped, partial(describe_sample, ds, valid=bool(ok), spec=spec, transforms=transforms, seed=seed,
+                                                         epoch=epoch, cpu_decode=cpu_decode))
                     for index, ok in zip(batch.indices.tolist(), batch.valid.tolist()))
     return StepDescription(epoch, step, order_spec.rank, batch.world_size, batch.batch_size, samples)
+
+
+def stand_in(ds: ShardedDataset, index: int, skipped: Mapping[str, str] | None,
+             describe: Callable[[int], SampleDescription]) -> SampleDescription:
+    """Sample ``index`` described, or with ``skipped`` (on_error="skip") the sample that took its
+    place as a worker picks it (fastload.loading.batch_fill.Substitutes: the next in dataset order,
+    passing over those the loader skipped and those that cannot be planned), naming the ones passed."""
+    first = describe(index)
+    if skipped is None:
+        return first
+    passed: list[tuple[str, str]] = []
+    for offset in range(len(ds)):
+        candidate = first if offset == 0 else describe(ds.substitute(index, offset))
+        where = f"{candidate.shard}:{candidate.key}"
+        reason = skipped.get(where) or candidate.problem
+        if reason is None:
+            return replace(candidate, valid=first.valid, stands_in_for=tuple(passed))
+        passed.append((where, reason))
+    return first  # nothing stands in: the worker raised

@@ -227,6 +227,8 @@ def _stored_name(field: FieldSpec, present: dict[str, Any], where: str) -> str |
     if name is None and not field.optional:
         if field.role == "image":
             raise SampleError(where, f"no image field among {sorted(present)}")
+        if field.role == "video":
+            raise SampleError(where, f"no field {field.name} among {sorted(present)} (the field 'video' takes a video of any container)")
         raise SampleError(where, f"no field {field.name} among {sorted(present)}")
     return name
 

@@ -4,6 +4,7 @@ temporary cache (checked on the way in) and checked the same way."""
 
 from __future__ import annotations
 
+import math
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -108,8 +109,9 @@ def _file_matches(path: Path, sha256: str) -> bool:
 def _decode_all(reader, shard: ShardInfo, report: VerifyReport, images: bool, facts: list[Facts]) -> None:
     """Read every sample and decode every field by its default role (images whole and strictly;
     labels, text, JSON and .npy arrays parsed; decoded pixels read, within the pixel limit; videos
-    probed again, their stream facts compared with the table's ``facts``); a sample that cannot be
-    read or decoded is a problem naming it, and the next one is checked."""
+    probed again, their stream facts compared with the table's ``facts``, every frame decoded as a
+    loader decodes it); a sample that cannot be read or decoded is a problem naming it, and the
+    next one is checked."""
     decoded = getattr(reader, "decoded", False)
     for i in range(len(reader)):
         where = f"{shard.path}:{reader.key(i)}"
@@ -133,14 +135,17 @@ def _decode_all(reader, shard: ShardInfo, report: VerifyReport, images: bool, fa
 
 
 def _check_video(data: bytes, where: str, name: str, recorded: StreamFacts | None) -> None:
-    """A SampleError unless the video probes to the stream facts its sample table ``recorded``."""
-    from fastload.av.pyav import probe
+    """A SampleError unless the video probes to the stream facts its sample table ``recorded`` and
+    every one of its frames decodes as a loader decodes them (a probe decodes the first alone)."""
+    from fastload.av.pyav import decode_frames, probe
 
     found = probe(data, where)
     if recorded is None:
         raise SampleError(where, f"field {name}: a video without stream facts in its sample table (convert it with fastload convert)")
     if found != recorded:
         raise SampleError(where, f"field {name}: its stream facts in the sample table disagree with the video (tampered table?)")
+    for _ in decode_frames(data, where, recorded, range(recorded.frames), None, math.inf):
+        pass
 
 
 def verify_dataset(root: str | Path, decode: bool = False) -> VerifyReport:

@@ -5,6 +5,8 @@ a few frames each, H.264 with B-frames and a fixed keyframe interval unless aske
 from __future__ import annotations
 
 import io
+import shutil
+import subprocess
 from fractions import Fraction
 from pathlib import Path
 
@@ -43,9 +45,9 @@ def camera_frames(seed: int, frames: int, width: int, height: int) -> list[np.nd
 
 
 def encode(frames: list[np.ndarray], codec: str = "libx264", container: str = "mp4", gop: int = 8, rate: int = 24,
-           audio_rate: int = 0) -> bytes:
-    """The frames encoded (``codec`` in ``container``, a keyframe every ``gop`` frames), with a
-    sine tone of ``audio_rate`` Hz sampling where asked."""
+           audio_rate: int = 0, bframes: int = 0) -> bytes:
+    """The frames encoded (``codec`` in ``container``, a keyframe every ``gop`` frames; x264 with 2
+    B-frames, other codecs with ``bframes``), with a sine tone of ``audio_rate`` Hz sampling where asked."""
     buf = io.BytesIO()
     with av.open(buf, mode="w", format=container) as out:
         stream = out.add_stream(codec, rate=rate)
@@ -54,6 +56,8 @@ def encode(frames: list[np.ndarray], codec: str = "libx264", container: str = "m
         stream.codec_context.gop_size = gop
         if codec == "libx264":
             stream.codec_context.options = {"keyint_min": str(gop), "sc_threshold": "0", "bf": "2", "threads": "1"}
+        elif bframes:
+            stream.codec_context.max_b_frames = bframes
         sound = out.add_stream("aac", rate=audio_rate) if audio_rate else None
         for pixels in frames:
             out.mux(stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
@@ -75,9 +79,13 @@ def video(seed: int, frames: int = 24, width: int = 96, height: int = 64, **opti
 
 
 def every_frame(data: bytes) -> list[np.ndarray]:
-    """Every frame of a video decoded in order from its start, as RGB: what a clip must match."""
+    """Every frame of a video decoded in order from its start, as RGB: what a clip must match. An
+    empty packet (Theora's "repeat the frame before") is no frame: the stream facts count packets,
+    and PyAV would hand it to the decoder as the stream's end."""
     with av.open(io.BytesIO(data)) as container:
-        return [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+        stream = container.streams.video[0]
+        frames = [frame for packet in container.demux(stream) if packet.size for frame in packet.decode()]
+        return [frame.to_ndarray(format="rgb24") for frame in [*frames, *stream.decode(None)]]
 
 
 def video_folder(root: Path, count: int = 6, frames: tuple[int, ...] = (24, 30, 40), gop: int = 8) -> Path:
@@ -87,3 +95,20 @@ def video_folder(root: Path, count: int = 6, frames: tuple[int, ...] = (24, 30, 
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(video(i, frames[i % len(frames)], gop=gop))
     return root
+
+
+def ffmpeg_encode(frames: list[np.ndarray], suffix: str, *args: str, rate: int = 24) -> bytes:
+    """The frames encoded by the ffmpeg command (``args``: its output options, e.g. an encoder PyAV's
+    wheels lack) into a file of ``suffix``; pytest skips the test where ffmpeg is not installed."""
+    import tempfile
+
+    import pytest
+
+    if shutil.which("ffmpeg") is None:
+        pytest.skip("needs the ffmpeg command")
+    height, width = frames[0].shape[:2]
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / f"video{suffix}"
+        command = ["ffmpeg", "-v", "error", "-y", "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{width}x{height}", "-r", str(rate), "-i", "-"]
+        subprocess.run([*command, *args, str(out)], input=b"".join(f.tobytes() for f in frames), check=True, timeout=60)
+        return out.read_bytes()

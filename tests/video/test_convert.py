@@ -155,3 +155,65 @@ def test_a_damaged_video_table_is_a_shard_error_never_a_crash(video_dataset: Pat
         except ShardError:
             outcomes["refused"] += 1
     assert outcomes["refused"] > 100 and sum(outcomes.values()) == 300
+
+
+def test_reencoding_gives_the_same_bytes_whatever_the_workers_and_what_the_process_encoded_before(tmp_path: Path) -> None:
+    """x264's macroblock tree read memory an earlier encoder in the process had left: --workers 1
+    and 2 (and a rerun in a process that had encoded other videos) gave different shards."""
+    from tests.video.media import video_folder
+
+    raw = video_folder(tmp_path / "raw", count=6, frames=(20, 26, 33))
+    shards = {}
+    for workers in (1, 2, 1):
+        out = tmp_path / f"out-{len(shards)}"
+        convert(str(raw), str(out), ConvertOptions(source="videos", reencode_video=True, workers=workers), quiet=True)
+        shards[len(shards)] = {path.name: path.read_bytes() for path in out.iterdir() if path.name.startswith("shard-")}
+    assert shards[0] == shards[1] == shards[2]
+
+
+def test_mpeg_program_and_elementary_streams_and_ogg_files_convert_or_are_reported_by_name(tmp_path: Path) -> None:
+    """.mpg, .mpeg, .mpv and .ogg files were left out of a folder in silence; now each converts
+    (an .ogg stored as ogv), or, in a container fastload does not open, is reported by name."""
+    from tests.video.media import camera_frames, encode, ffmpeg_encode
+
+    frames = camera_frames(3, 20, 96, 64)
+    files = {
+        "ps2.mpg": encode(frames, codec="mpeg2video", container="vob", bframes=2),
+        "ps1.mpeg": encode(frames, codec="mpeg1video", container="mpeg", bframes=2),
+        "es.mpv": encode(frames, codec="mpeg2video", container="mpeg2video", bframes=2),
+        "theora.ogg": ffmpeg_encode(frames, ".ogg", "-c:v", "libtheora", "-q:v", "7"),
+        "transport.mpg": encode(frames, codec="mpeg2video", container="mpegts"),
+    }
+    (tmp_path / "raw" / "c").mkdir(parents=True)
+    for name, data in files.items():
+        (tmp_path / "raw" / "c" / name).write_bytes(data)
+    report = convert(str(tmp_path / "raw"), str(tmp_path / "out"), ConvertOptions(source="videos", on_error="skip"), quiet=True)
+    ds = fastload.open(tmp_path / "out")
+    assert report.index.num_samples == 4 and ds.index.fields == ("cls", "mpeg", "mpg", "mpv", "ogv")
+    assert sorted(facts.codec for i in range(4) for facts in ds.stream_facts(i).values()) == ["mpeg1video", "mpeg2video", "mpeg2video", "theora"]
+    assert all(facts.frames == 20 for i in range(4) for facts in ds.stream_facts(i).values())
+    (skipped,) = map(json.loads, (tmp_path / "out" / "skipped.jsonl").read_text().splitlines())
+    assert skipped["where"].endswith("transport.mpg") and skipped["reason"].startswith("its format (mpegts) is not a video container")
+
+
+def test_verify_decode_fails_a_video_where_a_loader_would(tmp_path: Path) -> None:
+    """An MJPEG AVI whose sixth frame is damaged probes fine (a probe decodes the first frame);
+    verify --decode said OK while every clip over that frame failed. It decodes every frame as a
+    loader does now, and reports the same problem."""
+    import re
+
+    from fastload import Clip
+    from fastload import transforms as T
+    from tests.video.media import camera_frames, encode
+
+    data = bytearray(encode(camera_frames(2, 8, 96, 64), codec="mjpeg", container="avi", gop=1))
+    sixth = [m.start() for m in re.finditer(b"\xff\xd8\xff", data)][5]  # its JPEG's start
+    data[sixth + 200 : sixth + 1500] = bytes(1300)
+    (tmp_path / "raw" / "c").mkdir(parents=True)
+    (tmp_path / "raw" / "c" / "damaged.avi").write_bytes(bytes(data))
+    convert(str(tmp_path / "raw"), str(tmp_path / "out"), ConvertOptions(source="videos"), quiet=True)
+    problem = "shard-00000.tar:c/damaged: frame 5 does not decode (InvalidDataError)"
+    assert verify_dataset(tmp_path / "out", decode=True).problems == [problem]
+    loader = fastload.DataLoader(tmp_path / "out", batch_size=1, clip=Clip(frames=8, sampling="uniform"), transform=[T.Resize((64, 96))])
+    with pytest.raises(fastload.SampleError, match=re.escape(problem)):
+        next(iter(loader))

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
+import zlib
 from pathlib import Path
 
 import av
@@ -98,7 +100,7 @@ def test_bad_videos_are_skipped_at_conversion_one_line_each_in_bounded_memory(ho
         "no_frames.mkv": "not a readable video (EOFError)",
         "no_frames.mp4": "holds no video stream",
         "unknown_codec.avi": "no decoder for its video codec ('unknown') in this FFmpeg",
-        "huge.mkv": "decompression bomb: 16000x16000 = 256000000 pixels a frame > limit 89478485",
+        "huge.mkv": "decompression bomb or damaged header: no frame size within the pixel limit 89478485",
     }
     assert all("\n" not in reason for reason in reasons.values())
 
@@ -152,3 +154,95 @@ def test_clips_of_tars_indexed_in_place_are_refused_naming_the_missing_facts(tmp
     loader = fastload.DataLoader(tmp_path, batch_size=1, clip=Clip(frames=2), transform=T.train(16))
     with pytest.raises(fastload.SampleError, match="part-0.tar:a: field mp4: no stream facts in its shard's sample table"):
         next(iter(loader))
+
+
+def skipped_reasons(out: Path) -> dict[str, str]:
+    """The file name and reason of each entry of a conversion's skipped.jsonl."""
+    return {Path(entry["where"]).name: entry["reason"] for entry in map(json.loads, (out / "skipped.jsonl").read_text().splitlines())}
+
+
+def concat_script(listed: str, size: int = 0) -> bytes:
+    """An FFmpeg concat script naming the file ``listed``, padded by a comment to ``size`` bytes."""
+    script = f"ffconcat version 1.0\nfile {listed}\n".encode()
+    return script + (b"#" + b"x" * (size - len(script) - 2) + b"\n" if size else b"")
+
+
+def test_a_concat_script_named_mp4_opens_no_file_it_lists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FFmpeg's concat demuxer resolves the paths a script lists against the working directory:
+    a script in the dataset would bring in a video from outside it. Refused by name when probed,
+    re-encoded and loaded, before any file it lists is opened."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outside.mp4").write_bytes(video(3, 12))
+    raw = tmp_path / "raw" / "c"
+    raw.mkdir(parents=True)
+    (raw / "good.mp4").write_bytes(video(4, 12))
+    (raw / "script.mp4").write_bytes(concat_script("outside.mp4"))
+    refused = "its format (concat) is not a video container fastload reads"
+    for reencode in (False, True):
+        out = tmp_path / f"out-{reencode}"
+        report = convert(str(tmp_path / "raw"), str(out), ConvertOptions(source="videos", on_error="skip", reencode_video=reencode), quiet=True)
+        assert report.index.num_samples == 1 and skipped_reasons(out)["script.mp4"].startswith(refused)
+    ds = fastload.open(tmp_path / "out-False")
+    offset, size = ds.reader(0).spans(0)["mp4"]
+    ds.close()
+    with open(tmp_path / "out-False" / read_index(tmp_path / "out-False").shards[0].path, "r+b") as f:  # the video swapped for a script
+        f.seek(offset)
+        f.write(concat_script("outside.mp4", size))
+    loader = fastload.DataLoader(tmp_path / "out-False", batch_size=1, clip=Clip(frames=2), transform=T.train(16))
+    with pytest.raises(fastload.SampleError, match=rf"shard-00000.tar:c/good: {re.escape(refused)}"):
+        next(iter(loader))
+
+
+def png_of_zeros(width: int, height: int) -> bytes:
+    """A black RGB PNG of ``width`` x ``height``: tiny on disk, width * height * 3 bytes decoded."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")
+
+    packer = zlib.compressobj(9)
+    rows = b"".join(packer.compress(b"\0" * (1 + 3 * width)) for _ in range(height)) + packer.flush()
+    ihdr = width.to_bytes(4, "big") + height.to_bytes(4, "big") + bytes([8, 2, 0, 0, 0])
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", rows) + chunk(b"IEND", b"")
+
+
+def avi_declaring(width: int, height: int, *frames: bytes) -> bytes:
+    """An AVI whose PNG video track declares ``width`` x ``height`` and holds ``frames``."""
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="avi") as out:
+        stream = out.add_stream("png", rate=24)
+        stream.width, stream.height, stream.pix_fmt = width, height, "rgb24"
+        for number, frame in enumerate(frames):
+            packet = av.Packet(frame)
+            packet.stream, packet.pts, packet.dts, packet.is_keyframe = stream, number, number, True
+            out.mux(packet)
+    return buf.getvalue()
+
+
+@pytest.mark.timeout(120)
+def test_a_frame_over_the_pixel_limit_is_never_decoded_whatever_its_container_declares(tmp_path: Path) -> None:
+    """A 12000 x 12000 PNG (432 MB decoded) named .mp4, the same PNG as the one frame of an AVI
+    declaring 64 x 48, and as the second frame after a small one: refused without the frame ever
+    being decoded, when probed and when re-encoded (FFmpeg's probing decoded it before the limit
+    was checked, re-encoding decoded the second frame before checking it)."""
+    big = png_of_zeros(12000, 12000)
+    (tmp_path / "raw" / "c").mkdir(parents=True)
+    (tmp_path / "raw" / "c" / "image.mp4").write_bytes(big)
+    (tmp_path / "raw" / "c" / "small_header.avi").write_bytes(avi_declaring(64, 48, big))
+    (tmp_path / "raw" / "c" / "big_second.avi").write_bytes(avi_declaring(64, 48, png_of_zeros(64, 48), big))
+    (tmp_path / "raw" / "c" / "good.mp4").write_bytes(video(2, 8))
+    result = run_limited(f"""
+        import json, re
+        from pathlib import Path
+        from fastload.converters import ConvertOptions, convert
+        for reencode in (False, True):
+            options = ConvertOptions(source="videos", on_error="skip", reencode_video=reencode)
+            report = convert({str(tmp_path / "raw")!r}, {str(tmp_path)!r} + f"/out-{{reencode}}", options, quiet=True)
+            assert report.index.num_samples == (1 if reencode else 2)  # probing decodes the first frame only
+        peak = re.search(r"VmHWM:\\s*(\\d+) kB", Path("/proc/self/status").read_text())  # this process's peak resident memory
+        print(json.dumps({{"peak_mb": int(peak.group(1)) // 1024}}))
+    """, memory_bytes=2 << 30)
+    assert result["peak_mb"] < 300  # the frame alone would be 432 MB
+    for reencode in (False, True):
+        reasons = skipped_reasons(tmp_path / f"out-{reencode}")
+        assert reasons["image.mp4"].startswith("its format (png_pipe) is not a video container fastload reads")
+        assert reasons["small_header.avi"] == "decompression bomb or damaged header: no frame size within the pixel limit 89478485"
+    assert skipped_reasons(tmp_path / "out-True")["big_second.avi"] == "does not decode for re-encoding (ArgumentError)"

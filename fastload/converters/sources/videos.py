@@ -1,6 +1,6 @@
 """Video files: class folders (ROOT/CLASS/clip.mp4, as ``imagefolder``) or a manifest (CSV, TSV or
 JSON lines) of video paths with labels and, optionally, captions. Each sample holds the video
-under its container's extension (``mp4``, ``webm``, ...), its label and its caption (``txt``); the
+under its container's extension (``mp4``, ``webm``, ...; an ``.ogg`` file as ``ogv``), its label and its caption (``txt``); the
 video's stream facts are read when the sample is prepared (fastload.converters.shard)."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from fastload.converters.sources.manifest import open_source as open_manifest
 from fastload.errors import SampleError
 from fastload.fields import VIDEO_FIELDS
 
-VIDEO_EXTENSIONS = frozenset(f".{ext}" for ext in VIDEO_FIELDS)
+FIELD_OF_EXTENSION = {**{f".{ext}": ext for ext in VIDEO_FIELDS}, ".ogg": "ogv"}  # a file's extension: the field it is stored under
+VIDEO_EXTENSIONS = frozenset(FIELD_OF_EXTENSION)
 
 
 @dataclass(frozen=True)
@@ -38,12 +39,12 @@ class VideoSource:
 
     def load(self, item: SourceItem) -> Sample:
         """The video's bytes under its extension, its label and caption."""
-        extension = Path(item.ref[0]).suffix.lower().lstrip(".")  # a folder's and a manifest's ref: (relative path, label, ...)
-        if extension not in VIDEO_FIELDS:
-            raise SampleError(item.where, f"not a video file name (expected one of .{', .'.join(VIDEO_FIELDS)})")
+        field = FIELD_OF_EXTENSION.get(Path(item.ref[0]).suffix.lower())  # a folder's and a manifest's ref: (relative path, label, ...)
+        if field is None:
+            raise SampleError(item.where, f"not a video file name (expected one of {', '.join(sorted(VIDEO_EXTENSIONS))})")
         read = self.files.load(item)
         assert isinstance(read.image, bytes)  # a folder's and a manifest's samples are the file's bytes
-        extra = {extension: read.image}
+        extra = {field: read.image}
         if item.key in self.captions:
             extra["txt"] = self.captions[item.key].encode()
         return Sample(key=item.key, where=item.where, image=None, label=read.label, extra=extra)
