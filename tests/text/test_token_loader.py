@@ -451,3 +451,68 @@ def test_arguments_are_checked_by_name_and_numpy_integers_taken(tokens: Path) ->
                             ({"batch_format": "hf"}, "batch_format must be one of 'next-token', 'transformers', got 'hf'")]:
         with pytest.raises(ValueError, match=re.escape(message)):
             loader(tokens, **kwargs)
+
+
+IMPOSSIBLE_STATES = [  # (field, value, what the error names)
+    ("samples_consumed", -4, "samples_consumed=-4 is less than 0"),
+    ("samples_consumed", 10**9, "samples_consumed=1000000000"),  # past the epoch's end (best-fit: its cursor's window)
+    ("samples_consumed", "8", "samples_consumed='8' is not a whole number"),
+    ("epoch", -1, "epoch=-1 is less than 0"),
+    ("world_size", 0, "world_size=0 is less than 1"),
+    ("batch_size", 0, "batch_size=0 is less than 1"),
+    ("resumed_from", [[0, 4, 4]], "resumed_from[0].world_size=0 is less than 1"),
+    ("resumed_from", [[2, 4, 400]], "resumed_from [[2, 4, 400]] does not ascend to samples_consumed="),
+    ("resumed_from", [[2, 4]], "resumed_from holds [2, 4], not a (world_size, batch_size, samples_consumed) triple"),
+]
+
+
+@pytest.mark.parametrize("kind", ["images", "tokens concat", "tokens best-fit", "tokens pad"])
+@pytest.mark.parametrize("field,value,named", IMPOSSIBLE_STATES)
+def test_an_impossible_state_is_refused_naming_the_field_by_every_loader(tokens: Path, clean: Path, kind: str, field: str,
+                                                                         value: object, named: str) -> None:
+    """One validation for images and tokens: a state no loader could have saved is a ValueError
+    naming the field, never an epoch that repeats, drops or crashes (before: only the image loader
+    refused a position past the epoch, and only once it iterated)."""
+    def make() -> fastload.DataLoader | fastload.TokenDataLoader:
+        if kind == "images":
+            return fastload.DataLoader(clean, batch_size=4, transform=fastload.transforms.val(16))
+        return loader(tokens, packing=kind.split()[1], packing_window=2 * BLOCK)
+
+    saved = make()
+    it = iter(saved)
+    next(it), next(it)
+    state = saved.state_dict()
+    honest = make()
+    honest.load_state_dict(state)  # the state as saved loads
+    assert len(list(honest)) == len(saved) - 2
+    with pytest.raises(ValueError) as raised:
+        make().load_state_dict({**state, field: value})
+    message = str(raised.value)
+    assert message.startswith("loader state: ") and named in message and len(message.splitlines()) == 1
+
+
+def test_a_best_fit_cursor_past_the_epoch_or_disagreeing_with_the_position_is_refused(tokens: Path) -> None:
+    """best-fit's packing_cursor (the window holding the next row, that window's first row) must
+    name a window of the epoch that starts where the windows before it can end and holds the row."""
+    saved = loader(tokens, packing="best-fit", packing_window=2 * BLOCK)
+    it = iter(saved)
+    for _ in range(40):
+        next(it)
+    state = saved.state_dict()
+    window, first = state["packing_cursor"]
+    assert window >= 2, "the position lies past the first windows"
+    honest = loader(tokens, packing="best-fit", packing_window=2 * BLOCK)
+    honest.load_state_dict(state)
+    assert len(list(honest)) == len(saved) - 40
+    for cursor, named in [([10**6, 0], "names window 1000000, past epoch 0's"),
+                          ([0, 0], "disagrees with samples_consumed=160"),
+                          ([window + 1, first], "disagrees with samples_consumed=160"),
+                          ([window, 0], "disagrees with samples_consumed=160"),
+                          ([window, -1], "is not a (window, first row) pair"),
+                          ([window, first, 0], "is not a (window, first row) pair")]:
+        with pytest.raises(ValueError, match=re.escape(f"loader state: packing_cursor={cursor!r} {named}")):
+            loader(tokens, packing="best-fit", packing_window=2 * BLOCK).load_state_dict({**state, "packing_cursor": cursor})
+    with pytest.raises(ValueError, match=r"packing_cursor=\[0, 0\], but only packing='best-fit' has one"):
+        concat = loader(tokens)
+        concat.load_state_dict({**concat.state_dict(), "packing_cursor": [0, 0]})
+
