@@ -9,6 +9,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from fastload.converters import ConvertOptions, convert
 from fastload.converters.options import TokenizeOptions
 from fastload.storage.verify import verify_dataset
 from fastload.text.packing import padding_fraction
+from tests.conftest import cli_env
 from tests.storage.test_remote import DatasetServer
 from tests.text.conftest import real_paragraphs, write_jsonl
 
@@ -516,3 +519,36 @@ def test_a_best_fit_cursor_past_the_epoch_or_disagreeing_with_the_position_is_re
         concat = loader(tokens)
         concat.load_state_dict({**concat.state_dict(), "packing_cursor": [0, 0]})
 
+
+TRUNCATE_MID_EPOCH = """
+import os, sys
+from pathlib import Path
+import fastload
+root, suffix, workers = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+loader = fastload.DataLoader(str(root), batch_size=4, seq_len=128, block_tokens=4096, seed=3, num_workers=workers)
+batches = iter(loader)
+for _ in range(100):
+    next(batches)
+for path in root.glob("*" + suffix):
+    os.truncate(path, 0)
+try:
+    for _ in batches:
+        pass
+except fastload.FastloadError as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("suffix", [".docs", ".bin"])
+def test_a_shard_truncated_while_read_is_an_error_naming_it_not_a_sigbus(tokens: Path, tmp_path: Path, suffix: str, num_workers: int) -> None:
+    """A shard's document table (memory-mapped) or token file (read by pread) cut short mid-epoch:
+    a ShardError naming the file, in the training process or a worker; before, the mapped table
+    killed the process (0 workers) or a worker by SIGBUS. Run in a child, so a SIGBUS fails the test."""
+    shutil.copytree(tokens, tmp_path / "ds")
+    proc = subprocess.run([sys.executable, "-c", TRUNCATE_MID_EPOCH, str(tmp_path / "ds"), suffix, str(num_workers)],
+                          capture_output=True, text=True, timeout=240, env=cli_env())
+    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-2000:]}"
+    (line,) = proc.stdout.splitlines()
+    assert line.startswith("ShardError ") and re.search(rf"shard-\d{{5}}\{suffix}\b", line), line
+    assert "cut short" in line or "holds 0 bytes" in line, line  # a table mapped before, or opened after
