@@ -349,6 +349,16 @@ class MixtureRows:
         return cut_into_rows(np.concatenate(starts), np.concatenate(lengths), np.concatenate(continues), self.seq_len)
 
 
+def refuse_members_shorter_than_a_row(mixture: MixedDataset, seq_len: int) -> None:
+    """A ValueError naming the first member of a mixture by tokens that holds fewer than ``seq_len``
+    tokens: each of its rows would be that many of its epochs, one after another."""
+    for number, member in enumerate(mixture.members):
+        tokens = sum(shard.tokens or 0 for shard in member.index.shards)
+        if tokens < seq_len:
+            raise ValueError(f"mix: member {number} ({member.location}) holds {tokens} tokens, fewer than a row of seq_len={seq_len}: "
+                             f"each of its rows would repeat it {-(-seq_len // max(tokens, 1))} times over; give it more documents or leave it out")
+
+
 def read_cursor(cursor: object) -> tuple[int, int]:
     """A state's ``packing_cursor`` as (window, its first row), a ValueError naming it unless two whole numbers >= 0."""
     if isinstance(cursor, (list, tuple)) and len(cursor) == 2:
@@ -376,6 +386,8 @@ class TokenRows:
         self.mixture = dataset if isinstance(dataset, MixedDataset) else None
         if self.mixture is not None and options.packing is not Packing.CONCAT:
             raise ValueError("a mixture by tokens is made of concat rows (every row seq_len tokens of one member): packing='concat'")
+        if self.mixture is not None:
+            refuse_members_shorter_than_a_row(self.mixture, options.seq_len)
         self._latest: tuple[int, EpochRows] | None = None
 
     def of(self, epoch: int, cursor: tuple[int, int] | None = None) -> EpochRows:

@@ -377,6 +377,23 @@ def test_a_mixture_of_datasets_of_two_tokenizers_is_refused(tokens: Path, tmp_pa
         fastload.mix({str(tokens): 0.5, str(tmp_path / "b"): 0.5}, by="tokens")
 
 
+def test_a_mixture_member_shorter_than_a_row_is_refused_at_construction_naming_it(tokens: Path, tokenizer_file: Path, tmp_path: Path) -> None:
+    """Every row of a mixture by tokens is seq_len tokens of one member, cut from its epochs one
+    after another: a member of fewer tokens than a row made each of its rows read that many of its
+    epochs (8-10 s for two batches at seq_len 32,768), so it is refused, naming the member; one
+    of exactly a row is taken (a row then spans at most two of its epochs)."""
+    write_jsonl(tmp_path / "tiny.jsonl", real_paragraphs()[:3])
+    convert(str(tmp_path / "tiny.jsonl"), str(tmp_path / "tiny"), ConvertOptions(
+        source="jsonl", layout="tokens", tokens=TokenizeOptions(str(tokenizer_file))), quiet=True)
+    tiny = fastload.open(tmp_path / "tiny").index.num_tokens
+    mixture = fastload.mix({str(tokens): 0.5, str(tmp_path / "tiny"): 0.5}, by="tokens")
+    with pytest.raises(ValueError, match=re.escape(f"mix: member 1 ({tmp_path / 'tiny'}) holds {tiny} tokens, fewer than a row "
+                                                   f"of seq_len={tiny + 1}: each of its rows would repeat it 2 times over")):
+        fastload.DataLoader(mixture, batch_size=2, seq_len=tiny + 1)
+    rows = fastload.DataLoader(mixture, batch_size=2, seq_len=tiny)
+    assert sum(1 for _ in rows) == len(rows) > 0
+
+
 def test_a_mixture_resumes_mid_epoch_exactly(tokens: Path, tokenizer_file: Path, tmp_path: Path) -> None:
     mixture = fastload.mix({str(tokens): 0.3, str(token_member(tokenizer_file, tmp_path)): 0.7}, by="tokens")
     whole = [b["input_ids"] for b in fastload.DataLoader(mixture, batch_size=8, seq_len=SEQ, block_tokens=BLOCK)]
