@@ -99,17 +99,18 @@ def filesystem(url: str, storage_options: dict | None = None) -> tuple[Any, str]
     except ImportError:
         raise ImportError(f"reading {redact(url)} needs fsspec: pip install 'fastload[cloud]'") from None
     protocol = split_protocol(url)[0] or "file"
-    options = dict(storage_options or {})
+    try:
+        cls = fsspec.get_filesystem_class(protocol)
+    except (ImportError, ValueError) as exc:
+        raise ImportError(f"{redact(url)}: no filesystem for {protocol}:// ({exc}); pip install 'fastload[cloud]'") from None
+    # what the URL itself says (ftp://user:password@host:port/...: the host, port and login), as fsspec.url_to_fs takes it
+    options = {**cls._get_kwargs_from_urls(url), **(storage_options or {})}
     if protocol in ("http", "https"):
         options.setdefault("client_kwargs", {}).setdefault("timeout", _http_timeout())
     key = (os.getpid(), protocol, repr(sorted(options.items())))
     fs = _filesystems.get(key)
     if fs is None:
-        try:
-            cls = fsspec.get_filesystem_class(protocol)
-        except (ImportError, ValueError) as exc:
-            raise ImportError(f"{redact(url)}: no filesystem for {protocol}:// ({exc}); pip install 'fastload[cloud]'") from None
-        fs = _filesystems[key] = cls(skip_instance_cache=True, **options)
+        fs = _filesystems[key] = retrying(f"open its {protocol}:// filesystem", url, lambda: cls(skip_instance_cache=True, **options))  # ftp:// connects here
     return fs, fs._strip_protocol(url) if protocol not in ("http", "https") else url
 
 

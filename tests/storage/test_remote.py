@@ -11,6 +11,7 @@ import json
 import logging
 import shutil
 import socket
+import socketserver
 import struct
 import threading
 import time
@@ -402,3 +403,40 @@ def test_redacting_keeps_an_ipv6_host_as_written(url: str, monkeypatch: pytest.M
     with pytest.raises(RemoteError) as failed:
         fastload.open(url)  # nothing listens on port 9
     assert str(failed.value).startswith("http://[::1]:9/ds/index.json: ") and "SECRET" not in str(failed.value)
+
+
+class RefusingFtpHandler(socketserver.StreamRequestHandler):
+    """An FTP server that asks for a password, records the login it was given and refuses it."""
+
+    def handle(self) -> None:
+        self.wfile.write(b"220 fastload test server\r\n")
+        for line in self.rfile:
+            command = line.decode().strip()
+            self.server.commands.append(command)  # type: ignore[attr-defined]
+            if command.startswith("USER "):
+                self.wfile.write(b"331 Password required\r\n")
+            else:
+                self.wfile.write(b"530 Login incorrect.\r\n")
+                return
+
+
+def test_an_ftp_url_reaches_its_host_with_its_login_and_a_failure_is_one_line_without_it(tmp_path: Path) -> None:
+    """ftp:// (a filesystem that takes its host, port and login from the URL, not its path) was a
+    TypeError traceback before connecting; now the server is asked, and its refusal is one line
+    naming the URL without the credentials."""
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), RefusingFtpHandler)
+    server.commands = []  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"ftp://reader:SECRETPW@127.0.0.1:{server.server_address[1]}/data"
+    try:
+        with pytest.raises(RemoteError) as failed:
+            fastload.open(url, cache_dir=tmp_path / "cache")
+        assert str(failed.value) == (f"ftp://127.0.0.1:{server.server_address[1]}/data/index.json: cannot open its ftp:// "
+                                     "filesystem: error_perm: 530 Login incorrect.")
+        assert server.commands[:2] == ["USER reader", "PASS SECRETPW"]  # type: ignore[attr-defined]
+        proc = run_cli("inspect", url, check=False)
+        assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1 and "530 Login incorrect" in proc.stderr
+        assert "SECRET" not in proc.stderr and "Traceback" not in proc.stderr
+    finally:
+        server.shutdown()
+        server.server_close()
