@@ -45,8 +45,8 @@ class FaultyHandler(SimpleHTTPRequestHandler):
             server.counts[path] += 1
             pending = server.faults.get(path)
             action = pending.pop(0) if pending else None
-        if action == "503":
-            self.send_error(503, "try again")
+        if action is not None and action.isdigit():  # an error status: "503", "403", ...
+            self.send_error(int(action), "as told")
         elif action == "reset":  # RST instead of an answer
             self.request.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self.close_connection = True
@@ -205,6 +205,30 @@ def test_permanent_failures_raise_naming_the_url(served, tmp_path: Path, monkeyp
         fastload.open(server.url, cache_dir=tmp_path / "c2").fetch(2)
     with pytest.raises(RemoteError, match="index.json: not found"):
         fastload.open(server.url + "nothing-here/", cache_dir=tmp_path / "c3")
+
+
+@pytest.mark.parametrize("status,answer", [(401, "401 (Unauthorized)"), (403, "403 (Forbidden)"), (500, "500 (Internal Server Error)")])
+def test_a_server_refusing_with_a_status_is_named_by_it_not_as_not_found(served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                         status: int, answer: str) -> None:
+    """401, 403 and 500 (500 retried) read as "not found" for index.json (fsspec's HTTP lookup raises
+    FileNotFoundError from any failure): the message says what the server answered; a 404 alone is "not found"."""
+    server, _ = served
+    monkeypatch.setenv("FASTLOAD_RETRIES", "2")
+    asks = 2 if status >= 500 else 1  # a 5xx is asked again
+    tries = " after 2 attempts" if asks == 2 else ""
+    server.faults["index.json"] = [str(status)] * asks
+    with pytest.raises(RemoteError) as failed:
+        fastload.open(server.url, cache_dir=tmp_path / "c1")
+    assert str(failed.value) == f"{server.url}index.json: cannot read it{tries}: the server answered {answer}"
+    assert server.counts["index.json"] == asks
+    dataset = fastload.open(server.url, cache_dir=tmp_path / "c2")
+    server.faults["shard-00001.tar"] = [str(status)] * asks
+    with pytest.raises(RemoteError) as failed:
+        dataset.fetch(1)
+    assert str(failed.value) == f"{server.url}shard-00001.tar: cannot download it{tries}: the server answered {answer}"
+    server.faults["index.json"] = ["404"]
+    with pytest.raises(RemoteError, match=r"index\.json: not found \(while trying to read it\)$"):
+        fastload.open(server.url, cache_dir=tmp_path / "c3")
 
 
 @pytest.mark.parametrize("name", ["shard-00001.tar", "shard-00001.idx", "shard-00001.table"])
