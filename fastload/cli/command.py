@@ -382,12 +382,16 @@ def _add_describe(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--size", type=int, default=224, help="the transform's output side")
     p.add_argument("--clip", metavar="FRAMES[:STRIDE[:CLIPS]]", help="a video dataset: the loader's clip=fastload.Clip(FRAMES, STRIDE, CLIPS)")
     p.add_argument("--sampling", choices=["random", "uniform"], help="with --clip: the clip's sampling (default: random when shuffled)")
+    p.add_argument("--seq-len", type=int, help="a token dataset (required for one): the loader's seq_len=")
+    p.add_argument("--packing", choices=["concat", "best-fit", "pad"], help="a token dataset: the loader's packing= (default concat)")
+    p.add_argument("--block-tokens", type=int, help="a token dataset: the loader's block_tokens= (default 65536)")
+    p.add_argument("--packing-window", type=int, help="a token dataset, best-fit: the loader's packing_window=")
     p.add_argument("--json", action="store_true", help="print the description as JSON")
     p.set_defaults(run=_run_describe)
 
 
 def _run_describe(args: argparse.Namespace) -> int:
-    from fastload.cli.describe import describe_from_arguments
+    from fastload.cli.describe import TokenStepDescription, describe_from_arguments
 
     description = describe_from_arguments(args)
     if args.json:
@@ -395,6 +399,12 @@ def _run_describe(args: argparse.Namespace) -> int:
         return 0
     print(f"epoch {description.epoch} step {description.step} rank {description.rank} of {description.world_size}, "
           f"batch size {description.batch_size}")
+    if isinstance(description, TokenStepDescription):  # a row a line: its segments, as shard:document[first token:end]
+        print(f"rows of {description.seq_len} tokens, each a list of shard:document[first:end token in the document]")
+        for n, row in enumerate(description.rows):
+            spans = ", ".join(f"{s['shard']}:{s['document']}[{s['offset']}:{s['offset'] + s['tokens']}]" for s in row)
+            print(f"{n:>5} {spans or '(padding)'}")
+        return 0
     for n, s in enumerate(description.samples):
         geometry = "" if s.box is None else (
             f" {s.source_size[0]}x{s.source_size[1]} crop ({s.box[0]:.1f}, {s.box[1]:.1f}, {s.box[2]:.1f}, {s.box[3]:.1f})"  # type: ignore[index]

@@ -569,3 +569,29 @@ def test_a_shard_truncated_while_read_is_an_error_naming_it_not_a_sigbus(tokens:
     (line,) = proc.stdout.splitlines()
     assert line.startswith("ShardError ") and re.search(rf"shard-\d{{5}}\{suffix}\b", line), line
     assert "cut short" in line or "holds 0 bytes" in line, line  # a table mapped before, or opened after
+
+
+def test_fastload_describe_of_a_token_dataset_lists_each_rows_segments_as_the_loader_does(tokens: Path, tmp_path: Path, capsys) -> None:
+    """`fastload describe` made an image loader over a token dataset and printed each document as a
+    'PROBLEM no image field'; it now makes the token loader (--seq-len required, and the rows'
+    options) and prints each row's segments, the ones loader.describe gives, after a saved state too."""
+    from fastload.cli.command import main
+
+    ld = loader(tokens, packing="best-fit", packing_window=2 * BLOCK)
+    batches = iter(ld)
+    for _ in range(7):
+        next(batches)
+    (tmp_path / "state.json").write_text(json.dumps(ld.state_dict()))
+    common = [str(tokens), "--seq-len", str(SEQ), "--packing", "best-fit", "--block-tokens", str(BLOCK), "--packing-window", str(2 * BLOCK)]
+    for step, extra in [(2, ["--seed", "3", "--batch-size", "4"]), (9, ["--state", str(tmp_path / "state.json")])]:
+        assert main(["describe", *common, "--step", str(step), *extra]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        rows = [", ".join(f"{s['shard']}:{s['document']}[{s['offset']}:{s['offset'] + s['tokens']}]" for s in row) for row in ld.describe(step)]
+        assert lines[0] == f"epoch 0 step {step} rank 0 of 1, batch size 4" and lines[2:] == [f"{n:>5} {row}" for n, row in enumerate(rows)]
+        assert main(["describe", *common, "--step", str(step), *extra, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["rows"] == ld.describe(step)
+    assert main(["describe", str(tokens), "--step", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "holds tokens: give --seq-len" in err and len(err.splitlines()) == 1
+    assert main(["describe", *common, "--step", "0", "--balanced"]) == 2
+    assert "--balanced: not options of a token dataset's loader" in capsys.readouterr().err
