@@ -46,7 +46,9 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--keyframe-interval", type=int, default=32, metavar="N", help="with --reencode: frames between keyframes (default 32)")
     p.add_argument("--max-pixels", type=int, help="reject images with more pixels (bombs); default 89478485 (Pillow's), or FASTLOAD_MAX_PIXELS")
     p.add_argument("--follow-symlinks", action="store_true",
-                   help="read files outside the source root: links leading out of it, manifest paths that are absolute or climb out with ..")
+                   help="read files that symlinks lead to outside the source root (or a manifest's folders)")
+    p.add_argument("--allow-root", action="append", metavar="DIR", default=[],
+                   help="manifest: a folder besides the manifest's own that its rows may read from (absolute paths, .. paths); repeatable")
     p.add_argument("--path-column", default="path", help="manifest: column of image paths")
     p.add_argument("--label-column", default="label", help="manifest/parquet/videos: column of labels")
     p.add_argument("--caption-column", default="caption", help="videos manifest: column of captions (stored as txt), if present")
@@ -112,6 +114,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         max_pixels=MAX_PIXELS if args.max_pixels is None else args.max_pixels,
         source_options=SourceOptions(
             follow_symlinks=args.follow_symlinks,
+            allowed_roots=tuple(args.allow_root),
             path_column=args.path_column,
             label_column=args.label_column,
             image_column=args.image_column,
