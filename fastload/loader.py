@@ -346,7 +346,8 @@ class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration yields exactly the samples of that epoch not yet consumed,
         at any world size (the streaming order then deals the unseen shards anew)."""
-        position = read_state_dict(state, self.options.seed, self.identity, self._topology(), self._order_settings())
+        position = read_state_dict(state, self.options.seed, self.identity, self._topology(), self._order_settings(),
+                                   lambda p: len(self.orders.order(p)))
         self._settle_abandoned()
         self.state.restore(position)
 

@@ -34,7 +34,7 @@ from fastload.loading.stats import LoaderStats
 from fastload.storage.dataset import ShardedDataset
 from fastload.storage.mixture import MixedDataset
 from fastload.text.token_batch import BatchFiller, BatchFormat
-from fastload.text.token_rows import BLOCK_TOKENS, IGNORE_INDEX, PACKING_WINDOW, Packing, TokenOptions, TokenRows, choice
+from fastload.text.token_rows import BLOCK_TOKENS, IGNORE_INDEX, PACKING_WINDOW, Packing, TokenOptions, TokenRows, choice, read_cursor
 from fastload.text.token_samplers import TokenBatchIndices, TokenBatchRequest, token_collate
 
 
@@ -179,12 +179,13 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration yields the rows of that epoch not yet consumed, at any world size."""
-        position = read_state_dict(state, self.seed, self.identity, (self.ranks()[1], self.options.batch_size), self._settings())
+        cursor = state.get("packing_cursor")
+        position = read_state_dict(state, self.seed, self.identity, (self.ranks()[1], self.options.batch_size), self._settings(),
+                                   lambda p: self.rows.resume_rows(p.epoch, p.consumed, cursor), "rows")
         self._settle_abandoned()
         self.state.restore(position)
-        cursor = state.get("packing_cursor")
-        if cursor is not None and self.tokens.packing is Packing.BEST_FIT:
-            self.rows.of(position.epoch, (int(cursor[0]), int(cursor[1])))
+        if cursor is not None:
+            self.rows.of(position.epoch, read_cursor(cursor))
 
     def _first_row(self, step: int, epoch: int) -> tuple[int, int] | None:
         """(first row, rows) of this rank's batch at global ``step`` of ``epoch``: steps run before an

@@ -46,7 +46,9 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--keyframe-interval", type=int, default=32, metavar="N", help="with --reencode: frames between keyframes (default 32)")
     p.add_argument("--max-pixels", type=int, help="reject images with more pixels (bombs); default 89478485 (Pillow's), or FASTLOAD_MAX_PIXELS")
     p.add_argument("--follow-symlinks", action="store_true",
-                   help="read files outside the source root: links leading out of it, manifest paths that are absolute or climb out with ..")
+                   help="read files that symlinks lead to outside the source root (or a manifest's folders)")
+    p.add_argument("--allow-root", action="append", metavar="DIR", default=[],
+                   help="manifest: a folder besides the manifest's own that its rows may read from (absolute paths, .. paths); repeatable")
     p.add_argument("--path-column", default="path", help="manifest: column of image paths")
     p.add_argument("--label-column", default="label", help="manifest/parquet/videos: column of labels")
     p.add_argument("--caption-column", default="caption", help="videos manifest: column of captions (stored as txt), if present")
@@ -112,6 +114,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         max_pixels=MAX_PIXELS if args.max_pixels is None else args.max_pixels,
         source_options=SourceOptions(
             follow_symlinks=args.follow_symlinks,
+            allowed_roots=tuple(args.allow_root),
             path_column=args.path_column,
             label_column=args.label_column,
             image_column=args.image_column,
@@ -381,12 +384,16 @@ def _add_describe(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--size", type=int, default=224, help="the transform's output side")
     p.add_argument("--clip", metavar="FRAMES[:STRIDE[:CLIPS]]", help="a video dataset: the loader's clip=fastload.Clip(FRAMES, STRIDE, CLIPS)")
     p.add_argument("--sampling", choices=["random", "uniform"], help="with --clip: the clip's sampling (default: random when shuffled)")
+    p.add_argument("--seq-len", type=int, help="a token dataset (required for one): the loader's seq_len=")
+    p.add_argument("--packing", choices=["concat", "best-fit", "pad"], help="a token dataset: the loader's packing= (default concat)")
+    p.add_argument("--block-tokens", type=int, help="a token dataset: the loader's block_tokens= (default 65536)")
+    p.add_argument("--packing-window", type=int, help="a token dataset, best-fit: the loader's packing_window=")
     p.add_argument("--json", action="store_true", help="print the description as JSON")
     p.set_defaults(run=_run_describe)
 
 
 def _run_describe(args: argparse.Namespace) -> int:
-    from fastload.cli.describe import describe_from_arguments
+    from fastload.cli.describe import TokenStepDescription, describe_from_arguments
 
     description = describe_from_arguments(args)
     if args.json:
@@ -394,6 +401,12 @@ def _run_describe(args: argparse.Namespace) -> int:
         return 0
     print(f"epoch {description.epoch} step {description.step} rank {description.rank} of {description.world_size}, "
           f"batch size {description.batch_size}")
+    if isinstance(description, TokenStepDescription):  # a row a line: its segments, as shard:document[first token:end]
+        print(f"rows of {description.seq_len} tokens, each a list of shard:document[first:end token in the document]")
+        for n, row in enumerate(description.rows):
+            spans = ", ".join(f"{s['shard']}:{s['document']}[{s['offset']}:{s['offset'] + s['tokens']}]" for s in row)
+            print(f"{n:>5} {spans or '(padding)'}")
+        return 0
     for n, s in enumerate(description.samples):
         geometry = "" if s.box is None else (
             f" {s.source_size[0]}x{s.source_size[1]} crop ({s.box[0]:.1f}, {s.box[1]:.1f}, {s.box[2]:.1f}, {s.box[3]:.1f})"  # type: ignore[index]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,28 @@ def read_take(path: Path) -> list[int]:
         raise ValueError(f"{path}: --take needs whole numbers (sample indices), one a line") from None
 
 
-def describe_from_arguments(args: argparse.Namespace) -> StepDescription:
+IMAGE_ONLY = ("take", "exclude", "balanced", "class_weights", "clip", "shuffle_buffer")  # options no token loader has
+TOKEN_ONLY = ("seq_len", "packing", "block_tokens", "packing_window")  # the token loader's, which its rows depend on
+
+
+@dataclass(frozen=True)
+class TokenStepDescription:
+    """A token loader's batch at a step: each row's segments (shard, document, first token in it, tokens)."""
+
+    epoch: int
+    step: int
+    rank: int
+    world_size: int
+    batch_size: int
+    seq_len: int
+    rows: list[list[dict[str, Any]]]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The description as plain values (``--json``)."""
+        return asdict(self)
+
+
+def describe_from_arguments(args: argparse.Namespace) -> StepDescription | TokenStepDescription:
     """The step ``args`` names, described by a loader made with the options they give."""
     from fastload import transforms as T
     from fastload.loader import DataLoader
@@ -71,8 +93,13 @@ def describe_from_arguments(args: argparse.Namespace) -> StepDescription:
         seed = args.seed if args.seed is not None else int(state.get("seed", 0))
     except (TypeError, ValueError):
         raise ValueError(f"{args.state}: its world_size, batch_size and seed must be whole numbers") from None
-    transform = {"train": T.train(args.size), "val": T.val(args.size), "none": ()}[args.transform]
     dataset: Any = ShardedDataset(args.dataset)
+    if dataset.index.tokenizer is not None:
+        return describe_tokens(args, dataset, state, world, batch_size, seed)
+    given = [option(name) for name in TOKEN_ONLY if getattr(args, name) is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)}: options of a token dataset's rows, and {dataset.location} holds no tokens")
+    transform = {"train": T.train(args.size), "val": T.val(args.size), "none": ()}[args.transform]
     if args.take is not None:
         import torch
 
@@ -90,3 +117,29 @@ def describe_from_arguments(args: argparse.Namespace) -> StepDescription:
     if state:  # at another --world than the state's: its steps so far ran at the state's topology, the rest at this one
         loader.load_state_dict(state)
     return loader.describe(args.step, args.epoch)
+
+
+def option(name: str) -> str:
+    """The command-line spelling of the argument ``name`` (``--seq-len``)."""
+    return "--" + name.replace("_", "-")
+
+
+def describe_tokens(args: argparse.Namespace, dataset: Any, state: dict[str, Any], world: int, batch_size: int,
+                    seed: int) -> TokenStepDescription:
+    """The token loader's batch at the step ``args`` names: its rows' segments, with the rows'
+    options (``--seq-len``, required, and ``--packing``, ``--block-tokens``, ``--packing-window``) given."""
+    from fastload.token_loader import TokenDataLoader
+
+    given = [option(name) for name in IMAGE_ONLY if getattr(args, name) not in (None, False)]
+    if given:
+        raise ValueError(f"{', '.join(given)}: not options of a token dataset's loader ({dataset.location} holds tokens)")
+    if args.seq_len is None:
+        raise ValueError(f"{dataset.location} holds tokens: give --seq-len (the loader's seq_len=), and --packing, --block-tokens "
+                         "and --packing-window where the loader had other than their defaults")
+    rows = {name: getattr(args, name) for name in TOKEN_ONLY[1:] if getattr(args, name) is not None}
+    loader = TokenDataLoader(dataset, batch_size=batch_size, shuffle=args.shuffle, drop_last=args.drop_last, seq_len=args.seq_len,
+                             seed=seed, rank=args.rank, world_size=world, **rows)
+    if state:
+        loader.load_state_dict(state)
+    epoch = args.epoch if args.epoch is not None else loader.state.current_epoch
+    return TokenStepDescription(epoch, args.step, args.rank, world, batch_size, args.seq_len, loader.describe(args.step, epoch))

@@ -126,9 +126,12 @@ class TokenShardReader:
 
     def offsets(self) -> np.ndarray:
         """Every document's first token, then the shard's token count (uint64, memory-mapped: not
-        copied); a caller checks the part it uses with :meth:`checked_offsets`."""
+        copied); a caller checks the part it uses with :meth:`checked_offsets`. Called before each
+        read of the mapping: a table cut short since it was mapped is a ShardError, not a SIGBUS."""
         self.open()
-        assert self._offsets is not None
+        assert self._offsets is not None and self._map is not None
+        if self._map.size() < len(self._map):  # the file's size now (the mapping keeps a descriptor of it)
+            raise self._fail(f"its document table {Path(self.docs).name} is cut short (truncated since it was opened?)")
         return self._offsets
 
     def descriptor(self) -> int:

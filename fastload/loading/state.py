@@ -5,6 +5,8 @@ name the batches of steps run before an elastic resume; the streaming order also
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -124,10 +126,12 @@ class LoaderState:
         self.loaded, self.iterated = True, None
 
 
-def read_state_dict(state: dict[str, Any], seed: int, identity: str, topology: tuple[int, int], order: OrderSettings) -> Position:
-    """The position of a checkpoint made for the same seed, dataset and order; saved at another
-    topology, the saved one is recorded in ``resumed_from`` (the streaming order then deals the unseen
-    samples anew, from position 0; the global order continues at the same position)."""
+def read_state_dict(state: dict[str, Any], seed: int, identity: str, topology: tuple[int, int], order: OrderSettings,
+                    epoch_samples: Callable[[Position], int], unit: str = "samples") -> Position:
+    """The position of a checkpoint made for the same seed, dataset and order, every field checked
+    (a ValueError naming it; ``epoch_samples(position)``: the samples, or ``unit``, the position's
+    epoch holds); saved at another topology, the saved one is recorded in ``resumed_from`` (the streaming
+    order then deals the unseen samples anew, from position 0; the global order continues at the same position)."""
     if state.get("version") in OLDER_ORDERS:
         raise ValueError(f"this loader state (version {state['version']}) was saved by an older fastload whose shuffled "
                          f"orders differ from this one's ({OLDER_ORDERS[state['version']]} since): resuming from it would "
@@ -146,18 +150,46 @@ def read_state_dict(state: dict[str, Any], seed: int, identity: str, topology: t
         if state.get(name) != value:
             raise ValueError(f"state was saved with {name}={state.get(name)!r}, this loader has {name}={value!r}: "
                              "the same position would name other samples")
-    try:
-        epoch, consumed = int(state["epoch"]), int(state["samples_consumed"])
-        resumed_from = [(int(g[0]), int(g[1]), int(g[2])) for g in state.get("resumed_from", [])]
-        saved = (int(state.get("world_size", topology[0])), int(state.get("batch_size", topology[1])))
-    except (TypeError, ValueError, IndexError):
-        raise ValueError("loader state: its epoch, samples_consumed, world_size, batch_size and resumed_from "
-                         "must be whole numbers (resumed_from: triples of them)") from None
+    epoch, consumed = state_number(state["epoch"], "epoch", 0), state_number(state["samples_consumed"], "samples_consumed", 0)
+    saved = (state_number(state.get("world_size", topology[0]), "world_size", 1),
+             state_number(state.get("batch_size", topology[1]), "batch_size", 1))
+    resumed_from = read_resumed_from(state.get("resumed_from", []), consumed, order.streaming)
     if consumed and saved != topology:
         resumed_from.append((*saved, consumed))
         if order.streaming:
             consumed = 0
-    return Position(epoch, consumed, tuple(resumed_from))
+    position = Position(epoch, consumed, tuple(resumed_from))
+    if consumed > (samples := epoch_samples(position)):
+        raise ValueError(f"loader state: samples_consumed={consumed} is past the end of epoch {epoch} ({samples} {unit})")
+    return position
+
+
+def state_number(value: Any, name: str, least: int) -> int:
+    """``value`` of the state's field ``name`` as an int; a ValueError naming the field unless it is a whole number, at least ``least``."""
+    try:
+        number = operator.index(value)  # an int, a NumPy integer, an integer tensor of one value
+    except TypeError:
+        number = None
+    if number is None or isinstance(value, bool):
+        raise ValueError(f"loader state: {name}={value!r} is not a whole number")
+    if number < least:
+        raise ValueError(f"loader state: {name}={number} is less than {least}")
+    return number
+
+
+def read_resumed_from(entries: Any, consumed: int, streaming: bool) -> list[ResumedFrom]:
+    """A state's ``resumed_from``: (world size >= 1, batch size >= 1, samples consumed >= 0) triples; in the
+    global order, whose positions run on across topologies, ascending and none past ``samples_consumed``."""
+    triples: list[ResumedFrom] = []
+    for number, entry in enumerate(entries if isinstance(entries, (list, tuple)) else [entries]):
+        if not isinstance(entry, (list, tuple)) or len(entry) != 3:
+            raise ValueError(f"loader state: resumed_from holds {entry!r}, not a (world_size, batch_size, samples_consumed) triple")
+        world, batch, taken = (state_number(value, f"resumed_from[{number}].{name}", least)
+                               for value, name, least in zip(entry, ("world_size", "batch_size", "samples_consumed"), (1, 1, 0)))
+        triples.append((world, batch, taken))
+    if not streaming and any(b[2] < a[2] for a, b in itertools.pairwise([*triples, (1, 1, consumed)])):
+        raise ValueError(f"loader state: resumed_from {[list(t) for t in triples]} does not ascend to samples_consumed={consumed}")
+    return triples
 
 
 STATE_REQUIRED = ("seed", "epoch", "samples_consumed")  # what a state_dict() always holds

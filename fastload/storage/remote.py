@@ -17,6 +17,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -75,10 +76,31 @@ def join(url: str, *names: str) -> str:
     return "/".join([url.rstrip("/"), *(n.strip("/") for n in names)])
 
 
+def answered_status(exc: BaseException) -> int | None:
+    """The HTTP error status (4xx, 5xx) a server answered, where ``exc`` carries one (``status`` or
+    ``code``) or an exception it was raised from does (a response's ``status``: fsspec's HTTP lookups
+    raise FileNotFoundError from any failure; a ``code`` deeper down may be the client's own parse error's)."""
+    seen: BaseException | None = exc
+    for depth in range(8):  # a chain is short; a cycle ends here
+        if seen is None:
+            break
+        status = getattr(seen, "status", None) or (getattr(seen, "code", None) if depth == 0 else None)
+        if isinstance(status, int) and 400 <= status < 600:
+            return status
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def is_absent(exc: BaseException) -> bool:
+    """Whether ``exc`` says the object does not exist: a 404, or a FileNotFoundError no other answer lies behind."""
+    status = answered_status(exc)
+    return status == 404 or (isinstance(exc, FileNotFoundError) and status is None)
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether a failure may go away when tried again: timeouts, resets, 5xx, throttling."""
-    status = getattr(exc, "status", None) or getattr(exc, "code", None)
-    if isinstance(status, int) and 400 <= status < 600:
+    status = answered_status(exc)
+    if status is not None:
         return status >= 500 or status in _RETRYABLE_STATUS
     if isinstance(exc, _PERMANENT):
         return False
@@ -99,17 +121,18 @@ def filesystem(url: str, storage_options: dict | None = None) -> tuple[Any, str]
     except ImportError:
         raise ImportError(f"reading {redact(url)} needs fsspec: pip install 'fastload[cloud]'") from None
     protocol = split_protocol(url)[0] or "file"
-    options = dict(storage_options or {})
+    try:
+        cls = fsspec.get_filesystem_class(protocol)
+    except (ImportError, ValueError) as exc:
+        raise ImportError(f"{redact(url)}: no filesystem for {protocol}:// ({exc}); pip install 'fastload[cloud]'") from None
+    # what the URL itself says (ftp://user:password@host:port/...: the host, port and login), as fsspec.url_to_fs takes it
+    options = {**cls._get_kwargs_from_urls(url), **(storage_options or {})}
     if protocol in ("http", "https"):
         options.setdefault("client_kwargs", {}).setdefault("timeout", _http_timeout())
     key = (os.getpid(), protocol, repr(sorted(options.items())))
     fs = _filesystems.get(key)
     if fs is None:
-        try:
-            cls = fsspec.get_filesystem_class(protocol)
-        except (ImportError, ValueError) as exc:
-            raise ImportError(f"{redact(url)}: no filesystem for {protocol}:// ({exc}); pip install 'fastload[cloud]'") from None
-        fs = _filesystems[key] = cls(skip_instance_cache=True, **options)
+        fs = _filesystems[key] = retrying(f"open its {protocol}:// filesystem", url, lambda: cls(skip_instance_cache=True, **options))  # ftp:// connects here
     return fs, fs._strip_protocol(url) if protocol not in ("http", "https") else url
 
 
@@ -126,16 +149,26 @@ def retrying(what: str, url: str, fn: Callable[[], T], policy: RetryPolicy | Non
     for attempt in range(1, policy.attempts + 1):
         try:
             return fn()
-        except FileNotFoundError:
-            raise RemoteError(f"{redact(url)}: not found (while trying to {what})") from None
         except RemoteError:
             raise  # already says what went wrong with which URL, and asking again would not change it
         except Exception as exc:  # classified below
+            if is_absent(exc):
+                raise RemoteError(f"{redact(url)}: not found (while trying to {what})") from None
             if not is_transient(exc) or attempt == policy.attempts:
                 tries = f" after {attempt} attempts" if attempt > 1 else ""
-                raise RemoteError(f"{redact(url)}: cannot {what}{tries}: {type(exc).__name__}: {exc}") from exc
+                status = answered_status(exc)
+                why = f"the server answered {status} ({_phrase(status)})" if status is not None else f"{type(exc).__name__}: {exc}"
+                raise RemoteError(f"{redact(url)}: cannot {what}{tries}: {why}") from exc
             time.sleep(policy.delay(attempt))
     raise AssertionError("unreachable")
+
+
+def _phrase(status: int) -> str:
+    """The standard reason phrase of an HTTP status ("Forbidden"), or "unknown status"."""
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "unknown status"
 
 
 def read_bytes(url: str, storage_options: dict | None = None, max_bytes: int = MAX_UNSIZED_BYTES) -> bytes:
@@ -151,7 +184,9 @@ def read_if_exists(url: str, storage_options: dict | None = None, max_bytes: int
     def cat() -> bytes | None:
         try:
             return _read_bounded(fs, path, url, max_bytes)
-        except FileNotFoundError:
+        except FileNotFoundError as exc:
+            if not is_absent(exc):
+                raise
             return None
 
     return retrying("read it", url, cat)
@@ -187,7 +222,9 @@ def size(url: str, storage_options: dict | None = None) -> int | None:
     def info() -> int | None:
         try:
             return int(fs.info(path)["size"])
-        except FileNotFoundError:
+        except FileNotFoundError as exc:
+            if not is_absent(exc):
+                raise
             return None
 
     return retrying("look it up", url, info)
@@ -216,7 +253,9 @@ def remove(url: str, storage_options: dict | None = None) -> None:
     def rm() -> None:
         try:
             fs.rm_file(path)
-        except FileNotFoundError:
+        except FileNotFoundError as exc:
+            if not is_absent(exc):
+                raise
             pass
 
     retrying("delete it", url, rm)

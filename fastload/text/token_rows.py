@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import numbers
+import operator
 from dataclasses import dataclass
 from enum import Enum
 from typing import TypeVar
@@ -276,6 +277,13 @@ class BestFitRows:
             index, window_first = index + 1, window_first + self.counts[index]
         return Segments.join(parts)
 
+    def plausible_first(self, index: int, first: int) -> bool:
+        """Whether window ``index`` may start at row ``first``: the windows before it (full, ``T``
+        tokens) pack into at least ``T / seq_len`` rows and, as best fit leaves at most one row of a
+        window at most half full, fewer than ``2 T / seq_len + 1`` each."""
+        tokens = index * self.window * self.stream.stream.block
+        return -(-tokens // self.seq_len) <= first <= 2 * tokens // self.seq_len + index
+
     def total(self) -> int:
         """Rows in the whole epoch (every window counted, once: for ``len()``)."""
         return sum(self.count(index) for index in range(self.windows))
@@ -341,6 +349,29 @@ class MixtureRows:
         return cut_into_rows(np.concatenate(starts), np.concatenate(lengths), np.concatenate(continues), self.seq_len)
 
 
+def refuse_members_shorter_than_a_row(mixture: MixedDataset, seq_len: int) -> None:
+    """A ValueError naming the first member of a mixture by tokens that holds fewer than ``seq_len``
+    tokens: each of its rows would be that many of its epochs, one after another."""
+    for number, member in enumerate(mixture.members):
+        tokens = sum(shard.tokens or 0 for shard in member.index.shards)
+        if tokens < seq_len:
+            raise ValueError(f"mix: member {number} ({member.location}) holds {tokens} tokens, fewer than a row of seq_len={seq_len}: "
+                             f"each of its rows would repeat it {-(-seq_len // max(tokens, 1))} times over; give it more documents or leave it out")
+
+
+def read_cursor(cursor: object) -> tuple[int, int]:
+    """A state's ``packing_cursor`` as (window, its first row), a ValueError naming it unless two whole numbers >= 0."""
+    if isinstance(cursor, (list, tuple)) and len(cursor) == 2:
+        try:
+            window, first = (operator.index(value) for value in cursor)
+        except TypeError:
+            pass
+        else:
+            if window >= 0 and first >= 0 and not any(isinstance(value, bool) for value in cursor):
+                return window, first
+    raise ValueError(f"loader state: packing_cursor={cursor!r} is not a (window, first row) pair of whole numbers")
+
+
 EpochRows = StreamRows | PaddedRows | BestFitRows | MixtureRows
 
 
@@ -355,6 +386,8 @@ class TokenRows:
         self.mixture = dataset if isinstance(dataset, MixedDataset) else None
         if self.mixture is not None and options.packing is not Packing.CONCAT:
             raise ValueError("a mixture by tokens is made of concat rows (every row seq_len tokens of one member): packing='concat'")
+        if self.mixture is not None:
+            refuse_members_shorter_than_a_row(self.mixture, options.seq_len)
         self._latest: tuple[int, EpochRows] | None = None
 
     def of(self, epoch: int, cursor: tuple[int, int] | None = None) -> EpochRows:
@@ -392,6 +425,24 @@ class TokenRows:
         """Best-fit: the window holding ``row`` of ``epoch`` and its first row (None past the end); other packings: None."""
         rows = self.of(epoch)
         return rows.locate(row) if isinstance(rows, BestFitRows) else None
+
+    def resume_rows(self, epoch: int, consumed: int, cursor: object) -> int:
+        """Rows of ``epoch`` that a state at row ``consumed`` with best-fit's ``packing_cursor`` may
+        lie within (a ValueError naming ``packing_cursor`` where it is malformed, past the epoch, or
+        disagrees with ``consumed``): the epoch's rows, or with a cursor those through its window."""
+        rows = self.of(epoch)
+        if cursor is None:
+            return rows.total() if isinstance(rows, BestFitRows) else len(rows)
+        if not isinstance(rows, BestFitRows):
+            raise ValueError(f"loader state: packing_cursor={cursor!r}, but only packing='best-fit' has one (this loader packs "
+                             f"{self.options.packing.value!r})")
+        window, first = read_cursor(cursor)
+        if window >= rows.windows:
+            raise ValueError(f"loader state: packing_cursor={cursor!r} names window {window}, past epoch {epoch}'s {rows.windows}")
+        if not rows.plausible_first(window, first) or not first <= consumed < first + rows.count(window):
+            raise ValueError(f"loader state: packing_cursor={cursor!r} disagrees with samples_consumed={consumed}: "
+                             f"window {window} cannot start at row {first} and hold row {consumed}")
+        return first + rows.count(window)
 
     def exists(self, epoch: int, row: int) -> bool:
         """Whether ``epoch`` holds a row ``row``."""

@@ -11,6 +11,7 @@ import json
 import logging
 import shutil
 import socket
+import socketserver
 import struct
 import threading
 import time
@@ -44,8 +45,8 @@ class FaultyHandler(SimpleHTTPRequestHandler):
             server.counts[path] += 1
             pending = server.faults.get(path)
             action = pending.pop(0) if pending else None
-        if action == "503":
-            self.send_error(503, "try again")
+        if action is not None and action.isdigit():  # an error status: "503", "403", ...
+            self.send_error(int(action), "as told")
         elif action == "reset":  # RST instead of an answer
             self.request.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self.close_connection = True
@@ -204,6 +205,30 @@ def test_permanent_failures_raise_naming_the_url(served, tmp_path: Path, monkeyp
         fastload.open(server.url, cache_dir=tmp_path / "c2").fetch(2)
     with pytest.raises(RemoteError, match="index.json: not found"):
         fastload.open(server.url + "nothing-here/", cache_dir=tmp_path / "c3")
+
+
+@pytest.mark.parametrize("status,answer", [(401, "401 (Unauthorized)"), (403, "403 (Forbidden)"), (500, "500 (Internal Server Error)")])
+def test_a_server_refusing_with_a_status_is_named_by_it_not_as_not_found(served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                         status: int, answer: str) -> None:
+    """401, 403 and 500 (500 retried) read as "not found" for index.json (fsspec's HTTP lookup raises
+    FileNotFoundError from any failure): the message says what the server answered; a 404 alone is "not found"."""
+    server, _ = served
+    monkeypatch.setenv("FASTLOAD_RETRIES", "2")
+    asks = 2 if status >= 500 else 1  # a 5xx is asked again
+    tries = " after 2 attempts" if asks == 2 else ""
+    server.faults["index.json"] = [str(status)] * asks
+    with pytest.raises(RemoteError) as failed:
+        fastload.open(server.url, cache_dir=tmp_path / "c1")
+    assert str(failed.value) == f"{server.url}index.json: cannot read it{tries}: the server answered {answer}"
+    assert server.counts["index.json"] == asks
+    dataset = fastload.open(server.url, cache_dir=tmp_path / "c2")
+    server.faults["shard-00001.tar"] = [str(status)] * asks
+    with pytest.raises(RemoteError) as failed:
+        dataset.fetch(1)
+    assert str(failed.value) == f"{server.url}shard-00001.tar: cannot download it{tries}: the server answered {answer}"
+    server.faults["index.json"] = ["404"]
+    with pytest.raises(RemoteError, match=r"index\.json: not found \(while trying to read it\)$"):
+        fastload.open(server.url, cache_dir=tmp_path / "c3")
 
 
 @pytest.mark.parametrize("name", ["shard-00001.tar", "shard-00001.idx", "shard-00001.table"])
@@ -402,3 +427,40 @@ def test_redacting_keeps_an_ipv6_host_as_written(url: str, monkeypatch: pytest.M
     with pytest.raises(RemoteError) as failed:
         fastload.open(url)  # nothing listens on port 9
     assert str(failed.value).startswith("http://[::1]:9/ds/index.json: ") and "SECRET" not in str(failed.value)
+
+
+class RefusingFtpHandler(socketserver.StreamRequestHandler):
+    """An FTP server that asks for a password, records the login it was given and refuses it."""
+
+    def handle(self) -> None:
+        self.wfile.write(b"220 fastload test server\r\n")
+        for line in self.rfile:
+            command = line.decode().strip()
+            self.server.commands.append(command)  # type: ignore[attr-defined]
+            if command.startswith("USER "):
+                self.wfile.write(b"331 Password required\r\n")
+            else:
+                self.wfile.write(b"530 Login incorrect.\r\n")
+                return
+
+
+def test_an_ftp_url_reaches_its_host_with_its_login_and_a_failure_is_one_line_without_it(tmp_path: Path) -> None:
+    """ftp:// (a filesystem that takes its host, port and login from the URL, not its path) was a
+    TypeError traceback before connecting; now the server is asked, and its refusal is one line
+    naming the URL without the credentials."""
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), RefusingFtpHandler)
+    server.commands = []  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"ftp://reader:SECRETPW@127.0.0.1:{server.server_address[1]}/data"
+    try:
+        with pytest.raises(RemoteError) as failed:
+            fastload.open(url, cache_dir=tmp_path / "cache")
+        assert str(failed.value) == (f"ftp://127.0.0.1:{server.server_address[1]}/data/index.json: cannot open its ftp:// "
+                                     "filesystem: error_perm: 530 Login incorrect.")
+        assert server.commands[:2] == ["USER reader", "PASS SECRETPW"]  # type: ignore[attr-defined]
+        proc = run_cli("inspect", url, check=False)
+        assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1 and "530 Login incorrect" in proc.stderr
+        assert "SECRET" not in proc.stderr and "Traceback" not in proc.stderr
+    finally:
+        server.shutdown()
+        server.server_close()

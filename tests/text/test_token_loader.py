@@ -9,6 +9,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from fastload.converters import ConvertOptions, convert
 from fastload.converters.options import TokenizeOptions
 from fastload.storage.verify import verify_dataset
 from fastload.text.packing import padding_fraction
+from tests.conftest import cli_env
 from tests.storage.test_remote import DatasetServer
 from tests.text.conftest import real_paragraphs, write_jsonl
 
@@ -374,6 +377,23 @@ def test_a_mixture_of_datasets_of_two_tokenizers_is_refused(tokens: Path, tmp_pa
         fastload.mix({str(tokens): 0.5, str(tmp_path / "b"): 0.5}, by="tokens")
 
 
+def test_a_mixture_member_shorter_than_a_row_is_refused_at_construction_naming_it(tokens: Path, tokenizer_file: Path, tmp_path: Path) -> None:
+    """Every row of a mixture by tokens is seq_len tokens of one member, cut from its epochs one
+    after another: a member of fewer tokens than a row made each of its rows read that many of its
+    epochs (8-10 s for two batches at seq_len 32,768), so it is refused, naming the member; one
+    of exactly a row is taken (a row then spans at most two of its epochs)."""
+    write_jsonl(tmp_path / "tiny.jsonl", real_paragraphs()[:3])
+    convert(str(tmp_path / "tiny.jsonl"), str(tmp_path / "tiny"), ConvertOptions(
+        source="jsonl", layout="tokens", tokens=TokenizeOptions(str(tokenizer_file))), quiet=True)
+    tiny = fastload.open(tmp_path / "tiny").index.num_tokens
+    mixture = fastload.mix({str(tokens): 0.5, str(tmp_path / "tiny"): 0.5}, by="tokens")
+    with pytest.raises(ValueError, match=re.escape(f"mix: member 1 ({tmp_path / 'tiny'}) holds {tiny} tokens, fewer than a row "
+                                                   f"of seq_len={tiny + 1}: each of its rows would repeat it 2 times over")):
+        fastload.DataLoader(mixture, batch_size=2, seq_len=tiny + 1)
+    rows = fastload.DataLoader(mixture, batch_size=2, seq_len=tiny)
+    assert sum(1 for _ in rows) == len(rows) > 0
+
+
 def test_a_mixture_resumes_mid_epoch_exactly(tokens: Path, tokenizer_file: Path, tmp_path: Path) -> None:
     mixture = fastload.mix({str(tokens): 0.3, str(token_member(tokenizer_file, tmp_path)): 0.7}, by="tokens")
     whole = [b["input_ids"] for b in fastload.DataLoader(mixture, batch_size=8, seq_len=SEQ, block_tokens=BLOCK)]
@@ -451,3 +471,127 @@ def test_arguments_are_checked_by_name_and_numpy_integers_taken(tokens: Path) ->
                             ({"batch_format": "hf"}, "batch_format must be one of 'next-token', 'transformers', got 'hf'")]:
         with pytest.raises(ValueError, match=re.escape(message)):
             loader(tokens, **kwargs)
+
+
+IMPOSSIBLE_STATES = [  # (field, value, what the error names)
+    ("samples_consumed", -4, "samples_consumed=-4 is less than 0"),
+    ("samples_consumed", 10**9, "samples_consumed=1000000000"),  # past the epoch's end (best-fit: its cursor's window)
+    ("samples_consumed", "8", "samples_consumed='8' is not a whole number"),
+    ("epoch", -1, "epoch=-1 is less than 0"),
+    ("world_size", 0, "world_size=0 is less than 1"),
+    ("batch_size", 0, "batch_size=0 is less than 1"),
+    ("resumed_from", [[0, 4, 4]], "resumed_from[0].world_size=0 is less than 1"),
+    ("resumed_from", [[2, 4, 400]], "resumed_from [[2, 4, 400]] does not ascend to samples_consumed="),
+    ("resumed_from", [[2, 4]], "resumed_from holds [2, 4], not a (world_size, batch_size, samples_consumed) triple"),
+]
+
+
+@pytest.mark.parametrize("kind", ["images", "tokens concat", "tokens best-fit", "tokens pad"])
+@pytest.mark.parametrize("field,value,named", IMPOSSIBLE_STATES)
+def test_an_impossible_state_is_refused_naming_the_field_by_every_loader(tokens: Path, clean: Path, kind: str, field: str,
+                                                                         value: object, named: str) -> None:
+    """One validation for images and tokens: a state no loader could have saved is a ValueError
+    naming the field, never an epoch that repeats, drops or crashes (before: only the image loader
+    refused a position past the epoch, and only once it iterated)."""
+    def make() -> fastload.DataLoader | fastload.TokenDataLoader:
+        if kind == "images":
+            return fastload.DataLoader(clean, batch_size=4, transform=fastload.transforms.val(16))
+        return loader(tokens, packing=kind.split()[1], packing_window=2 * BLOCK)
+
+    saved = make()
+    it = iter(saved)
+    next(it), next(it)
+    state = saved.state_dict()
+    honest = make()
+    honest.load_state_dict(state)  # the state as saved loads
+    assert len(list(honest)) == len(saved) - 2
+    with pytest.raises(ValueError) as raised:
+        make().load_state_dict({**state, field: value})
+    message = str(raised.value)
+    assert message.startswith("loader state: ") and named in message and len(message.splitlines()) == 1
+
+
+def test_a_best_fit_cursor_past_the_epoch_or_disagreeing_with_the_position_is_refused(tokens: Path) -> None:
+    """best-fit's packing_cursor (the window holding the next row, that window's first row) must
+    name a window of the epoch that starts where the windows before it can end and holds the row."""
+    saved = loader(tokens, packing="best-fit", packing_window=2 * BLOCK)
+    it = iter(saved)
+    for _ in range(40):
+        next(it)
+    state = saved.state_dict()
+    window, first = state["packing_cursor"]
+    assert window >= 2, "the position lies past the first windows"
+    honest = loader(tokens, packing="best-fit", packing_window=2 * BLOCK)
+    honest.load_state_dict(state)
+    assert len(list(honest)) == len(saved) - 40
+    for cursor, named in [([10**6, 0], "names window 1000000, past epoch 0's"),
+                          ([0, 0], "disagrees with samples_consumed=160"),
+                          ([window + 1, first], "disagrees with samples_consumed=160"),
+                          ([window, 0], "disagrees with samples_consumed=160"),
+                          ([window, -1], "is not a (window, first row) pair"),
+                          ([window, first, 0], "is not a (window, first row) pair")]:
+        with pytest.raises(ValueError, match=re.escape(f"loader state: packing_cursor={cursor!r} {named}")):
+            loader(tokens, packing="best-fit", packing_window=2 * BLOCK).load_state_dict({**state, "packing_cursor": cursor})
+    with pytest.raises(ValueError, match=r"packing_cursor=\[0, 0\], but only packing='best-fit' has one"):
+        concat = loader(tokens)
+        concat.load_state_dict({**concat.state_dict(), "packing_cursor": [0, 0]})
+
+
+TRUNCATE_MID_EPOCH = """
+import os, sys
+from pathlib import Path
+import fastload
+root, suffix, workers = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+loader = fastload.DataLoader(str(root), batch_size=4, seq_len=128, block_tokens=4096, seed=3, num_workers=workers)
+batches = iter(loader)
+for _ in range(100):
+    next(batches)
+for path in root.glob("*" + suffix):
+    os.truncate(path, 0)
+try:
+    for _ in batches:
+        pass
+except fastload.FastloadError as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("suffix", [".docs", ".bin"])
+def test_a_shard_truncated_while_read_is_an_error_naming_it_not_a_sigbus(tokens: Path, tmp_path: Path, suffix: str, num_workers: int) -> None:
+    """A shard's document table (memory-mapped) or token file (read by pread) cut short mid-epoch:
+    a ShardError naming the file, in the training process or a worker; before, the mapped table
+    killed the process (0 workers) or a worker by SIGBUS. Run in a child, so a SIGBUS fails the test."""
+    shutil.copytree(tokens, tmp_path / "ds")
+    proc = subprocess.run([sys.executable, "-c", TRUNCATE_MID_EPOCH, str(tmp_path / "ds"), suffix, str(num_workers)],
+                          capture_output=True, text=True, timeout=240, env=cli_env())
+    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-2000:]}"
+    (line,) = proc.stdout.splitlines()
+    assert line.startswith("ShardError ") and re.search(rf"shard-\d{{5}}\{suffix}\b", line), line
+    assert "cut short" in line or "holds 0 bytes" in line, line  # a table mapped before, or opened after
+
+
+def test_fastload_describe_of_a_token_dataset_lists_each_rows_segments_as_the_loader_does(tokens: Path, tmp_path: Path, capsys) -> None:
+    """`fastload describe` made an image loader over a token dataset and printed each document as a
+    'PROBLEM no image field'; it now makes the token loader (--seq-len required, and the rows'
+    options) and prints each row's segments, the ones loader.describe gives, after a saved state too."""
+    from fastload.cli.command import main
+
+    ld = loader(tokens, packing="best-fit", packing_window=2 * BLOCK)
+    batches = iter(ld)
+    for _ in range(7):
+        next(batches)
+    (tmp_path / "state.json").write_text(json.dumps(ld.state_dict()))
+    common = [str(tokens), "--seq-len", str(SEQ), "--packing", "best-fit", "--block-tokens", str(BLOCK), "--packing-window", str(2 * BLOCK)]
+    for step, extra in [(2, ["--seed", "3", "--batch-size", "4"]), (9, ["--state", str(tmp_path / "state.json")])]:
+        assert main(["describe", *common, "--step", str(step), *extra]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        rows = [", ".join(f"{s['shard']}:{s['document']}[{s['offset']}:{s['offset'] + s['tokens']}]" for s in row) for row in ld.describe(step)]
+        assert lines[0] == f"epoch 0 step {step} rank 0 of 1, batch size 4" and lines[2:] == [f"{n:>5} {row}" for n, row in enumerate(rows)]
+        assert main(["describe", *common, "--step", str(step), *extra, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["rows"] == ld.describe(step)
+    assert main(["describe", str(tokens), "--step", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "holds tokens: give --seq-len" in err and len(err.splitlines()) == 1
+    assert main(["describe", *common, "--step", "0", "--balanced"]) == 2
+    assert "--balanced: not options of a token dataset's loader" in capsys.readouterr().err

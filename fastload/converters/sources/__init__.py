@@ -35,7 +35,8 @@ TEXT_ONLY = ("jsonl", "text")  # sources of documents only; parquet and wds hold
 class SourceOptions:
     """Options of the raw sources; each source reads the ones that concern it."""
 
-    follow_symlinks: bool = False  # read files outside the source root (links leading out, manifest paths): inside_source
+    follow_symlinks: bool = False  # read files that links lead to outside the source root: inside_source
+    allowed_roots: tuple[str, ...] = ()  # manifest: folders besides its own that its rows may read from (--allow-root)
     path_column: str = "path"  # manifest
     label_column: str = "label"  # manifest, parquet
     image_column: str = "image"  # parquet

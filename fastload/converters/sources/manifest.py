@@ -11,7 +11,7 @@ from pathlib import Path
 
 from fastload._util.files import resolved_inside
 from fastload.converters.sample import Sample, SourceItem, file_stamp, make_key, unique_keys
-from fastload.converters.sources import SourceOptions, inside_source
+from fastload.converters.sources import SourceOptions
 from fastload.errors import SampleError
 
 
@@ -24,7 +24,24 @@ class ManifestSource:
     rows: tuple[tuple[str, int | None], ...]
     classes: tuple[str, ...] | None
     manifest: Path
-    follow_symlinks: bool = False  # read listed files outside the manifest's folder (.., absolute paths, links out)
+    follow_symlinks: bool = False  # read listed files whose links lead outside the folders below
+    allowed_roots: tuple[Path, ...] = ()  # folders besides the manifest's own that rows may read from (--allow-root)
+
+    def refusal(self, full: Path) -> str | None:
+        """Why the listed file ``full`` may not be read, or None: it must lie in the manifest's
+        folder or an allowed root, links resolved (a link leading out of them only with --follow-symlinks)."""
+        roots = (self.base, *self.allowed_roots)
+        if any(resolved_inside(root, full) is not None for root in roots):
+            return None
+        written = Path(os.path.abspath(full))  # the path as listed, ".." taken away, links not followed
+        linked = any(written.is_relative_to(spelled) for root in roots for spelled in (Path(os.path.abspath(root)), Path(os.path.realpath(root))))
+        if linked and self.follow_symlinks:
+            return None
+        where = "the manifest's folder and the --allow-root folders" if self.allowed_roots else "the manifest's folder"
+        if linked:
+            return (f"a link leading outside {where} (-> {os.path.realpath(full)}); pass --follow-symlinks to read it, "
+                    "or --allow-root with the folder it leads to")
+        return f"outside {where} (-> {os.path.realpath(full)}); pass --allow-root DIR (a folder the manifest may read from) to read it"
 
     def items(self) -> list[SourceItem]:
         """One item per manifest row, in file order."""
@@ -34,7 +51,7 @@ class ManifestSource:
         for lineno, (key, (path, label)) in enumerate(zip(keys, self.rows), start=1):
             full = self.base / path
             stamp: tuple[int, ...] = ()
-            if self.follow_symlinks or resolved_inside(self.base, full) is not None:  # nothing outside is looked at
+            if self.refusal(full) is None:  # nothing outside is looked at
                 try:
                     stamp = file_stamp(full)
                 except OSError:
@@ -46,11 +63,9 @@ class ManifestSource:
     def load(self, item: SourceItem) -> Sample:
         """Read the listed file's bytes."""
         path, label = item.ref
-        try:
-            inside_source(self.base, self.base / path, self.follow_symlinks)
-        except ValueError:
-            raise SampleError(item.where, f"outside the manifest's folder (-> {os.path.realpath(self.base / path)}); "
-                              "pass --follow-symlinks to read it") from None
+        refusal = self.refusal(self.base / path)
+        if refusal is not None:
+            raise SampleError(item.where, refusal)
         try:
             data = (self.base / path).read_bytes()
         except OSError as exc:
@@ -131,9 +146,12 @@ def open_source(path: str, options: SourceOptions) -> ManifestSource:
                 f"{manifest}: no column {column!r}; columns are {sorted(rows[0])} "
                 f"(choose with --path-column / --label-column)"
             )
+    for root in options.allowed_roots:
+        if not Path(root).is_dir():
+            raise ValueError(f"--allow-root {root}: not a folder")
     labels, classes = _resolve_labels([row.get(options.label_column) for row in rows], manifest, options.label_column)
     paths = [str(row[options.path_column]) for row in rows]
     return ManifestSource(
         base=manifest.parent.resolve(), rows=tuple(zip(paths, labels)), classes=classes, manifest=manifest,
-        follow_symlinks=options.follow_symlinks,
+        follow_symlinks=options.follow_symlinks, allowed_roots=tuple(Path(root).absolute() for root in options.allowed_roots),
     )
