@@ -31,7 +31,7 @@ from fastload.loading.options import LoaderOptions
 from fastload.loading.samplers import LoaderBatchSampler, LoaderSampler
 from fastload.loading.state import LoaderState, OrderSettings, read_state_dict
 from fastload.loading.stats import LoaderStats
-from fastload.loading.token_batch import BatchFiller, BatchFormat
+from fastload.loading.token_batch import Attention, BatchFiller, BatchFormat
 from fastload.loading.token_rows import BLOCK_TOKENS, IGNORE_INDEX, PACKING_WINDOW, Packing, TokenOptions, TokenRows, choice
 from fastload.loading.token_samplers import TokenBatchIndices, TokenBatchRequest, token_collate
 from fastload.storage.dataset import ShardedDataset
@@ -48,8 +48,10 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
     folder, URL or ``fastload.open``, or ``fastload.mix({...}, by="tokens")`` (concat rows).
     ``batch_format``: ``"next-token"`` (labels are the next tokens; with ``attention_mask``,
     ``cu_seqlens``, ``max_seqlen``) or ``"transformers"`` (labels lined up with ``input_ids``, as a
-    Hugging Face model shifts them itself, and no attention mask: the model keeps a row's documents
-    apart by their ``position_ids``); fastload.loading.token_batch. ``num_workers`` processes make
+    Hugging Face model shifts them itself, and no attention mask); fastload.loading.token_batch. ``attention``: what the batch adds so
+    that the model's attention keeps a row's documents apart: ``"block-causal"`` (eager, SDPA: a
+    (B, 1, L, L) additive ``attention_mask``) or ``"varlen"`` (flash-attention: ``cu_seq_lens_q/k``
+    and ``max_length_q/k``, transformers' names; no ``attention_mask``). ``num_workers`` processes make
     the batches (``prefetch_factor`` each ahead) into shared memory, handed out without a copy;
     with 0 the training process makes them.
     """
@@ -59,7 +61,7 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
     def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool | None = True, num_workers: int = 0, drop_last: bool = False,
                  *, seq_len: int, packing: str = "concat", seed: int = 0, rank: int | None = None, world_size: int | None = None,
                  device: str | torch.device | None = None, block_tokens: int = BLOCK_TOKENS, ignore_index: int = IGNORE_INDEX,
-                 packing_window: int = PACKING_WINDOW, batch_format: str = "next-token", prefetch_factor: int | None = None, pin_memory: bool = False,
+                 packing_window: int = PACKING_WINDOW, batch_format: str = "next-token", attention: str | None = None, prefetch_factor: int | None = None, pin_memory: bool = False,
                  timeout: float = 0, worker_init_fn: Any = None, persistent_workers: bool = False) -> None:
         sharded = dataset if isinstance(dataset, ShardedDataset) else ShardedDataset(dataset)
         self.tokens = TokenOptions(seq_len, packing, block_tokens, ignore_index, packing_window)  # type: ignore[arg-type]  # checked there
@@ -72,7 +74,8 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
         self.mixture = sharded if isinstance(sharded, MixedDataset) else None
         tokenizer = self.corpus.tokenizer
         self.pad_id = next(i for i in (tokenizer.pad_id, tokenizer.eos_id, 0) if i is not None)
-        self.filler = BatchFiller(self.corpus, self.tokens.seq_len, self.pad_id, self.tokens.ignore_index, choice(BatchFormat, batch_format, "batch_format"))
+        self.filler = BatchFiller(self.corpus, self.tokens.seq_len, self.pad_id, self.tokens.ignore_index, choice(BatchFormat, batch_format, "batch_format"),
+                                  None if attention is None else choice(Attention, attention, "attention"))
         # torch's names, with torch's meanings (frameworks read them)
         self.dataset, self.sharded = sharded, sharded  # type: ignore[assignment]  # torch annotates a map-style Dataset
         self.batch_size, self.drop_last, self.num_workers, self.seed = batch_size, drop_last, num_workers, seed
@@ -132,7 +135,7 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
         batches = []
         while self.rows.holds_step(epoch, first, batch * world, self.drop_last):
             mine = first + rank * batch
-            request = TokenBatchRequest(self.tokens, self.filler.format, self.seed, self.shuffle, self.pad_id, epoch, mine,
+            request = TokenBatchRequest(self.tokens, self.filler.format, self.filler.attention, self.seed, self.shuffle, self.pad_id, epoch, mine,
                                         self.rows.locate(epoch, mine))
             batches.append(TokenBatchIndices(range(mine, mine + batch), request))
             first += batch * world

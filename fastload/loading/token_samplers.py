@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from fastload.loading.token_batch import BatchFiller, BatchFormat
+from fastload.loading.token_attention import batch_tensors, with_attention
+from fastload.loading.token_batch import Attention, BatchFiller, BatchFormat
 from fastload.loading.token_rows import TokenOptions, TokenRows
 from fastload.storage.dataset import ShardedDataset
 
@@ -26,6 +27,7 @@ class TokenBatchRequest:
 
     options: TokenOptions
     batch_format: BatchFormat
+    attention: Attention | None
     seed: int
     shuffle: bool
     pad_id: int
@@ -45,17 +47,13 @@ class TokenBatchIndices(list):
     def __reduce__(self) -> tuple:
         return (TokenBatchIndices, (list(self), self.request))
 
-    def fill(self, dataset: ShardedDataset) -> dict[str, torch.Tensor]:
+    def fill(self, dataset: ShardedDataset) -> dict[str, Any]:
         """The batch as the loader makes it, made here from ``dataset``."""
         request = self.request
         rows = TokenRows(dataset, request.options, request.seed, request.shuffle)
         filler = BatchFiller(rows.corpus, request.options.seq_len, request.pad_id, request.options.ignore_index, request.batch_format)
         arrays, bounds = filler.batch(rows.segments(request.epoch, request.first, len(self), request.cursor), len(self))
-        batch = {name: torch.from_numpy(value) for name, value in arrays.items()}
-        if request.batch_format is BatchFormat.NEXT_TOKEN:
-            batch["cu_seqlens"] = torch.frombuffer(bounds.cu_seqlens, dtype=torch.int32)
-            batch["max_seqlen"] = torch.tensor(bounds.max_seqlen)
-        return batch
+        return with_attention(batch_tensors(arrays, bounds, request.batch_format), bounds, request.attention)
 
 
 def token_collate(batch: Any) -> Any:

@@ -25,7 +25,8 @@ from fastload.loading.options import LoaderOptions
 from fastload.loading.slots import BatchBuffers, Column
 from fastload.loading.state import LoaderState
 from fastload.loading.stats import READ_BYTES, SAMPLES, TRANSFORM, LoaderStats, StageClock, StageCounters
-from fastload.loading.token_batch import BatchBounds, BatchFiller, BatchFormat
+from fastload.loading.token_attention import batch_tensors, with_attention
+from fastload.loading.token_batch import BatchBounds, BatchFiller
 from fastload.loading.token_corpus import Segments
 from fastload.loading.token_rows import Packing, TokenRows
 from fastload.orders.position import Position
@@ -221,24 +222,22 @@ class TokenEpoch(EpochLifecycle):
         buffers.give_back(got.slot)
         return columns, got.values["bounds"][0]
 
-    def _next_batch(self) -> dict[str, torch.Tensor]:
+    def _next_batch(self) -> dict[str, Any]:
         stats = self.inputs.stats
         with stats.waiting():
             if self.pool is None or self.buffers is None:
                 arrays, bounds = self._made_here()
             else:
                 arrays, bounds = self._made_by_workers(self.pool, self.buffers)
-        batch = {name: value if isinstance(value, torch.Tensor) else torch.from_numpy(value) for name, value in arrays.items()}
-        if self.inputs.filler.format is BatchFormat.NEXT_TOKEN:
-            batch["cu_seqlens"] = torch.frombuffer(bounds.cu_seqlens, dtype=torch.int32)
-            batch["max_seqlen"] = torch.tensor(bounds.max_seqlen)
+        filler = self.inputs.filler
+        batch = batch_tensors(arrays, bounds, filler.format)
         device = self.inputs.device
         if device is not None:
             with stats.to_device():
                 batch = {name: value.to(device, non_blocking=True) for name, value in batch.items()}
         stats.record_batch(bounds.rows)
         stats.record_tokens(bounds.tokens)
-        return batch
+        return with_attention(batch, bounds, filler.attention)
 
     def close(self) -> None:
         """Abandon the epoch: batches in flight are not waited for; their slots come back as the
