@@ -81,6 +81,18 @@ def mean_over_ranks(value: torch.Tensor) -> float:
     return value.item()
 
 
+def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The mean over the step's real labels on every rank (-100 is padding or a document's end): finite
+    for a batch of padding only, and each label weighs the same whatever rank holds it."""
+    real = (labels != -100).sum()
+    world = 1
+    if dist.is_initialized():
+        dist.all_reduce(real)
+        world = dist.get_world_size()
+    loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum")
+    return loss * world / real.clamp(min=1)  # DDP averages the ranks' gradients: times world, over the global count
+
+
 def main() -> None:
     args = parse_args()
     device, rank, _ = setup()
@@ -116,7 +128,7 @@ def main() -> None:
         for batch in loader:
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=on_gpu):
                 logits = ddp(input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=batch["attention_mask"]).logits
-            loss = F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)
+            loss = token_loss(logits, batch["labels"])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

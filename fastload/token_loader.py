@@ -9,8 +9,9 @@ as a torchtitan-style loop splits it into inputs and ``labels``), and ``state_di
 checkpoints, Lightning's loop state).
 
 Every global step is ``world_size * batch_size`` rows of the epoch's row sequence (fastload.loading.
-token_rows), rank r taking the r-th ``batch_size`` of them; rows past the epoch's end are padding
-(every rank makes the same number of steps). So a step's batch is a pure function of (seed,
+token_rows), rank r taking the r-th ``batch_size`` of them, and the epoch's last, partial step its
+rows split evenly over the ranks; rows past the epoch's end are padding (every rank makes the same
+number of steps, and a rank's batch is all padding only when fewer rows than ranks are left). So a step's batch is a pure function of (seed,
 epoch, step, rank, world size), the state is (epoch, rows consumed) plus, for best-fit, where its
 packing got to, and a resume at another world size continues with the rows not yet consumed.
 """
@@ -134,10 +135,10 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
         batch = self.options.batch_size
         batches = []
         while self.rows.holds_step(epoch, first, batch * world, self.drop_last):
-            mine = first + rank * batch
+            mine, count = self.rows.rank_rows(epoch, first, batch, rank, world)
             request = TokenBatchRequest(self.tokens, self.filler.format, self.filler.attention, self.seed, self.shuffle, self.pad_id, epoch, mine,
-                                        self.rows.locate(epoch, mine))
-            batches.append(TokenBatchIndices(range(mine, mine + batch), request))
+                                        self.rows.locate(epoch, mine), batch)
+            batches.append(TokenBatchIndices(range(mine, mine + count), request))
             first += batch * world
         return batches
 
@@ -189,8 +190,8 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
         if cursor is not None and self.tokens.packing is Packing.BEST_FIT:
             self.rows.of(position.epoch, (int(cursor[0]), int(cursor[1])))
 
-    def _first_row(self, step: int, epoch: int) -> tuple[int, int] | None:
-        """(first row, rows) of this rank's batch at global ``step`` of ``epoch``: steps run before an
+    def _first_row(self, step: int, epoch: int) -> tuple[int, int, int] | None:
+        """(first row, rows, batch size) of this rank's batch at global ``step`` of ``epoch``: steps run before an
         elastic resume at the topology they ran at (None where this rank did not exist)."""
         rank, world = self.ranks()
         steps_before, rows_before = 0, 0
@@ -199,10 +200,11 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
             if step < steps_before + steps:
                 if rank >= saved_world:
                     return None
-                return rows_before + (step - steps_before) * saved_world * saved_batch + rank * saved_batch, saved_batch
+                step_first = rows_before + (step - steps_before) * saved_world * saved_batch
+                return (*self.rows.rank_rows(epoch, step_first, saved_batch, rank, saved_world), saved_batch)
             steps_before, rows_before = steps_before + steps, consumed
         batch = self.options.batch_size
-        return rows_before + (step - steps_before) * world * batch + rank * batch, batch
+        return (*self.rows.rank_rows(epoch, rows_before + (step - steps_before) * world * batch, batch, rank, world), batch)
 
     def describe(self, step: int, epoch: int | None = None) -> list[list[dict[str, Any]]]:
         """This rank's batch at global ``step`` of ``epoch`` (default: the one being or last iterated, else the next; steps before an
@@ -212,9 +214,9 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
         found = self._first_row(int(step), epoch)
         if found is None:
             return []
-        first, count = found
+        first, count, batch = found
         segments = self.rows.segments(epoch, first, count)
-        out: list[list[dict[str, Any]]] = [[] for _ in range(count)]
+        out: list[list[dict[str, Any]]] = [[] for _ in range(batch)]
         for start, length, row in zip(segments.start.tolist(), segments.length.tolist(), segments.row.tolist()):
             shard, document = self.corpus.where(start)
             offset = start - self.corpus.document_start(shard, document)

@@ -34,11 +34,12 @@ class TokenBatchRequest:
     epoch: int
     first: int  # the batch's first row of the epoch
     cursor: tuple[int, int] | None  # best-fit: the window holding that row and the window's first row
+    batch_size: int  # the batch's rows: its own, then padding
 
 
 class TokenBatchIndices(list):
-    """One batch's row numbers (a list, as torch's batch samplers yield; rows past the epoch's end
-    are padding) that a token dataset's ``__getitems__`` makes into the loader's batch."""
+    """One batch's row numbers (a list, as torch's batch samplers yield; the rest of the batch is
+    padding) that a token dataset's ``__getitems__`` makes into the loader's batch."""
 
     def __init__(self, rows: Sequence[int], request: TokenBatchRequest) -> None:
         super().__init__(rows)
@@ -52,7 +53,7 @@ class TokenBatchIndices(list):
         request = self.request
         rows = TokenRows(dataset, request.options, request.seed, request.shuffle)
         filler = BatchFiller(rows.corpus, request.options.seq_len, request.pad_id, request.options.ignore_index, request.batch_format)
-        arrays, bounds = filler.batch(rows.segments(request.epoch, request.first, len(self), request.cursor), len(self))
+        arrays, bounds = filler.batch(rows.segments(request.epoch, request.first, len(self), request.cursor), request.batch_size)
         return with_attention(batch_tensors(arrays, bounds, request.batch_format), bounds, request.attention)
 
 

@@ -42,8 +42,8 @@ for batch in train:
 
 rows = tokens = 0
 for batch in val:
-    per_row = accelerator.gather_for_metrics(batch["attention_mask"].sum(dim=1))  # drops the padding rows of the last step
-    rows += len(per_row)
+    per_row = accelerator.gather_for_metrics(batch["attention_mask"].sum(dim=1))  # with the last step's padding rows (split over the ranks)
+    rows += int((per_row > 0).sum())
     tokens += int(per_row.sum())
 report["val_rows"], report["val_tokens"] = rows, tokens
 

@@ -24,7 +24,7 @@ from fastload.converters.options import TokenizeOptions
 from fastload.storage.verify import verify_dataset
 from fastload.text.packing import padding_fraction
 from tests.storage.test_remote import DatasetServer
-from tests.text.conftest import real_paragraphs, write_jsonl
+from tests.text.conftest import VOCAB, real_paragraphs, write_jsonl
 
 SEQ = 128
 BLOCK = 4096
@@ -451,3 +451,43 @@ def test_arguments_are_checked_by_name_and_numpy_integers_taken(tokens: Path) ->
                             ({"batch_format": "hf"}, "batch_format must be one of 'next-token', 'transformers', got 'hf'")]:
         with pytest.raises(ValueError, match=re.escape(message)):
             loader(tokens, **kwargs)
+
+
+def documented_loss(logits: torch.Tensor, labels: torch.Tensor, world: int = 1) -> torch.Tensor:
+    """The loss docs/tokens.md and examples/train_lm.py show: summed over the real labels, divided by
+    the step's real labels over every rank (here given as one process's), times the ranks DDP averages over."""
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum")
+    return loss * world / (labels != -100).sum().clamp(min=1)
+
+
+@pytest.mark.parametrize("packing", ["concat", "best-fit"])
+def test_the_last_steps_rows_are_split_evenly_over_two_ranks(tokens: Path, packing: str) -> None:
+    total = len(loader(tokens, packing=packing, batch_size=1))
+    batch = next(b for b in range(4, 40) if 2 <= total % (2 * b) <= b)  # the leftover rows would fill rank 0's batch alone
+    left = total % (2 * batch)
+    seen: Counter = Counter()
+    for rank in (0, 1):
+        ld = loader(tokens, packing=packing, batch_size=batch, rank=rank, world_size=2, num_workers=rank)  # rank 1 through a worker
+        batches = list(ld)
+        real = [int(b["attention_mask"].any(dim=1).sum()) for b in batches]
+        assert len(batches) == len(ld) and real[:-1] == [batch] * (len(batches) - 1)
+        assert real[-1] == (left + 1 - rank) // 2 and batches[-1]["input_ids"].shape[0] == batch  # half the leftover each; the rest padding
+        assert torch.isfinite(documented_loss(torch.randn(*batches[-1]["labels"].shape, VOCAB), batches[-1]["labels"]))
+        for step in range(len(batches)):
+            for row in ld.describe(step):
+                seen.update((s["shard"], s["document"], s["offset"] + i) for s in row for i in range(s["tokens"]))
+        ld.close()
+    assert seen == all_tokens(tokens)
+
+
+def test_the_documented_loss_of_an_all_padding_batch_is_finite(tokens: Path) -> None:
+    total = len(loader(tokens, batch_size=1))
+    world = next(w for w in range(3, 20) if total % w not in (0, w - 1))  # fewer rows left than ranks: the last rank's batch is all padding
+    last = list(loader(tokens, batch_size=1, rank=world - 1, world_size=world))[-1]
+    labels = last["labels"]
+    assert (labels == -100).all() and not last["attention_mask"].any()
+    logits = torch.randn(*labels.shape, VOCAB, requires_grad=True)
+    loss = documented_loss(logits, labels, world)
+    loss.backward()
+    assert torch.isfinite(loss) and loss == 0 and torch.isfinite(logits.grad).all()  # nothing to learn, and no NaN into the all-reduce
+    assert torch.isnan(torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100))  # what the mean gave
