@@ -168,6 +168,27 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
             digest.update(f"mix{self.mixture.weights}".encode())
         return digest.hexdigest()[:16]
 
+    def _row_settings(self) -> dict[str, Any]:
+        """What cuts the stream into rows, by argument name (the part of :attr:`identity` a user sets)."""
+        options = self.tokens
+        settings: dict[str, Any] = {"seq_len": options.seq_len, "packing": options.packing.value, "block_tokens": options.block_tokens}
+        if options.packing is Packing.BEST_FIT:
+            settings["packing_window"] = options.window_blocks * options.block_tokens  # as packed: whole blocks of the stream
+        return settings
+
+    def _check_rows(self, state: dict[str, Any]) -> None:
+        """A state saved with rows cut another way (seq_len, packing, block_tokens, best-fit's window)
+        is refused naming each argument that changed: its rows consumed would name other tokens here."""
+        saved = state.get("rows")
+        if not isinstance(saved, dict):
+            return  # saved before the settings were recorded: the identity check names the dataset
+        changed = [f"{name}={saved.get(name)!r} (this loader: {value!r})" for name, value in self._row_settings().items() if saved.get(name) != value]
+        if changed:
+            raise ValueError(f"state was saved with {', '.join(changed)}: its {state.get('samples_consumed')} rows consumed of epoch "
+                             f"{state.get('epoch')} are cut from the token stream another way, so here they would name other tokens. "
+                             "Resume with the saved values to finish that epoch (batch_size and world_size may change), then change "
+                             "them at the next epoch's start (a new loader, set_epoch(next epoch), no state loaded)")
+
     def _settings(self) -> OrderSettings:
         return OrderSettings(False, self.shuffle, 1)
 
@@ -179,10 +200,13 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
         cursor = self.rows.locate(position.epoch, position.consumed) if position.consumed else None
         if cursor is not None:
             state["packing_cursor"] = list(cursor)
+        state["rows"] = self._row_settings()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume: the next iteration yields the rows of that epoch not yet consumed, at any world size."""
+        """Resume: the next iteration yields the rows of that epoch not yet consumed, at any world size
+        and batch size (with the rows cut as they were saved: the same seq_len, packing, block_tokens, window)."""
+        self._check_rows(state)
         position = read_state_dict(state, self.seed, self.identity, (self.ranks()[1], self.options.batch_size), self._settings())
         self._settle_abandoned()
         self.state.restore(position)

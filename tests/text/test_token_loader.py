@@ -491,3 +491,39 @@ def test_the_documented_loss_of_an_all_padding_batch_is_finite(tokens: Path) -> 
     loss.backward()
     assert torch.isfinite(loss) and loss == 0 and torch.isfinite(logits.grad).all()  # nothing to learn, and no NaN into the all-reduce
     assert torch.isnan(torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100))  # what the mean gave
+
+
+@pytest.mark.parametrize("packing", ["concat", "best-fit"])
+def test_a_resume_at_another_batch_size_reads_every_token_of_the_epoch_once(tokens: Path, packing: str) -> None:
+    first = loader(tokens, packing=packing, batch_size=4)
+    it = iter(first)
+    for _ in range(5):
+        next(it)
+    state = json.loads(json.dumps(first.state_dict()))
+    resumed = loader(tokens, packing=packing, batch_size=6, rank=1, world_size=2)  # another batch size and world size
+    resumed.load_state_dict(state)
+    seen: Counter = Counter()
+    for rank in (0, 1):
+        view = loader(tokens, packing=packing, batch_size=6, rank=rank, world_size=2)
+        view.load_state_dict(state)
+        steps = len(list(view)) + 5
+        for step in range(steps):  # the 5 steps before the resume at their topology (one rank: rank 1 had none)
+            seen.update((s["shard"], s["document"], s["offset"] + i) for row in view.describe(step, 0) for s in row for i in range(s["tokens"]))
+    assert seen == all_tokens(tokens)
+    assert len(list(resumed)) == steps - 5
+
+
+@pytest.mark.parametrize(("changed", "named"), [({"seq_len": 2 * SEQ}, f"seq_len={SEQ} (this loader: {2 * SEQ})"),
+                                                ({"packing": "concat"}, "packing='best-fit' (this loader: 'concat')"),
+                                                ({"block_tokens": 2 * BLOCK}, f"block_tokens={BLOCK} (this loader: {2 * BLOCK})"),
+                                                ({"packing_window": 4 * BLOCK}, f"packing_window={8 * BLOCK} (this loader: {4 * BLOCK})")])
+def test_a_resume_with_rows_cut_another_way_names_what_changed(tokens: Path, changed: dict, named: str) -> None:
+    first = loader(tokens, packing="best-fit", packing_window=8 * BLOCK)
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    other = loader(tokens, **{"packing": "best-fit", "packing_window": 8 * BLOCK, **changed})
+    with pytest.raises(ValueError, match=re.escape(f"state was saved with {named}: its 4 rows consumed of epoch 0")) as error:
+        other.load_state_dict(state)
+    assert "Resume with the saved values" in str(error.value) and "\n" not in str(error.value)
+    loader(tokens, packing="best-fit", packing_window=8 * BLOCK + 1).load_state_dict(state)  # the same window of whole blocks: the same rows
