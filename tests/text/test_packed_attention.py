@@ -85,6 +85,7 @@ def documented_varlen(net: Any, batch: dict[str, Any]) -> torch.Tensor:
     return net(input_ids=batch["input_ids"], position_ids=batch["position_ids"], **varlen).logits
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
 @pytest.mark.parametrize("family", ["llama", "gpt2", "qwen2"])
 def test_block_causal_keeps_each_packed_document_apart(packed: Path, family: str, implementation: str) -> None:
@@ -118,6 +119,7 @@ def reference_varlen_attention(module: Any, query: torch.Tensor, key: torch.Tens
 GPT2_VARLEN = pytest.mark.skipif(int(transformers.__version__.split(".")[0]) < 5, reason="GPT-2 passes varlen arguments on from transformers 5")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["llama", pytest.param("gpt2", marks=GPT2_VARLEN), "qwen2"])
 def test_varlen_arguments_keep_each_packed_document_apart_on_the_flash_attention_path(packed: Path, family: str) -> None:
     transformers.AttentionInterface.register("fastload_reference_varlen", reference_varlen_attention)
