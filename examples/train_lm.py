@@ -6,9 +6,10 @@
 
 A GPT-2 model made from a config (random weights: nothing is downloaded) with the token dataset's
 vocabulary, trained on rows of ``--seq-len`` tokens packed by best-fit decreasing. Each row holds
-several documents; they never attend to each other: ``position_ids`` restart at each document and
-no attention mask is given, so transformers masks attention per document (on the CPU's SDPA as in
-flash-attention), and the labels (the next token of the same document) ignore every boundary.
+several documents; they never attend to each other: the loader's ``attention="block-causal"`` adds a
+(B, 1, L, L) mask that lets each token see only its own document's tokens up to itself (SDPA
+attention; ``attention="varlen"`` with flash-attention), ``position_ids`` restart at each document
+(GPT-2's learned positions), and the labels (the next token of the same document) ignore every boundary.
 gloo on the CPU, nccl and bf16 autocast on GPUs. Every ``--checkpoint-every`` steps rank 0 writes
 model, optimizer and loader state; ``--resume`` continues from it mid-epoch, at any number of
 processes, with exactly the tokens an uninterrupted run would have read next. ``--log-batches
@@ -80,12 +81,24 @@ def mean_over_ranks(value: torch.Tensor) -> float:
     return value.item()
 
 
+def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The mean over the step's real labels on every rank (-100 is padding or a document's end): finite
+    for a batch of padding only, and each label weighs the same whatever rank holds it."""
+    real = (labels != -100).sum()
+    world = 1
+    if dist.is_initialized():
+        dist.all_reduce(real)
+        world = dist.get_world_size()
+    loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum")
+    return loss * world / real.clamp(min=1)  # DDP averages the ranks' gradients: times world, over the global count
+
+
 def main() -> None:
     args = parse_args()
     device, rank, _ = setup()
     on_gpu = device.type == "cuda"
     loader = fastload.DataLoader(args.data, batch_size=args.batch_size, seq_len=args.seq_len, packing="best-fit",
-                                 num_workers=args.workers, seed=args.seed, pin_memory=on_gpu, device=device)
+                                 attention="block-causal", num_workers=args.workers, seed=args.seed, pin_memory=on_gpu, device=device)
     tokenizer = loader.dataset.index.tokenizer
     torch.manual_seed(args.seed)
     config = GPT2Config(vocab_size=tokenizer.vocab_size, n_positions=args.seq_len, n_embd=args.width, n_layer=args.layers,
@@ -114,8 +127,8 @@ def main() -> None:
     while step < args.steps:
         for batch in loader:
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=on_gpu):
-                logits = ddp(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits
-            loss = F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)
+                logits = ddp(input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=batch["attention_mask"]).logits
+            loss = token_loss(logits, batch["labels"])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

@@ -9,8 +9,9 @@ as a torchtitan-style loop splits it into inputs and ``labels``), and ``state_di
 checkpoints, Lightning's loop state).
 
 Every global step is ``world_size * batch_size`` rows of the epoch's row sequence (fastload.loading.
-token_rows), rank r taking the r-th ``batch_size`` of them; rows past the epoch's end are padding
-(every rank makes the same number of steps). So a step's batch is a pure function of (seed,
+token_rows), rank r taking the r-th ``batch_size`` of them, and the epoch's last, partial step its
+rows split evenly over the ranks; rows past the epoch's end are padding (every rank makes the same
+number of steps, and a rank's batch is all padding only when fewer rows than ranks are left). So a step's batch is a pure function of (seed,
 epoch, step, rank, world size), the state is (epoch, rows consumed) plus, for best-fit, where its
 packing got to, and a resume at another world size continues with the rows not yet consumed.
 """
@@ -33,8 +34,17 @@ from fastload.loading.state import LoaderState, OrderSettings, read_state_dict
 from fastload.loading.stats import LoaderStats
 from fastload.storage.dataset import ShardedDataset
 from fastload.storage.mixture import MixedDataset
-from fastload.text.token_batch import BatchFiller, BatchFormat
-from fastload.text.token_rows import BLOCK_TOKENS, IGNORE_INDEX, PACKING_WINDOW, Packing, TokenOptions, TokenRows, choice, read_cursor
+from fastload.text.token_batch import Attention, BatchFiller, BatchFormat
+from fastload.text.token_rows import (
+    BLOCK_TOKENS,
+    IGNORE_INDEX,
+    PACKING_WINDOW,
+    Packing,
+    TokenOptions,
+    TokenRows,
+    choice,
+    read_cursor,
+)
 from fastload.text.token_samplers import TokenBatchIndices, TokenBatchRequest, token_collate
 
 
@@ -48,8 +58,10 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
     folder, URL or ``fastload.open``, or ``fastload.mix({...}, by="tokens")`` (concat rows).
     ``batch_format``: ``"next-token"`` (labels are the next tokens; with ``attention_mask``,
     ``cu_seqlens``, ``max_seqlen``) or ``"transformers"`` (labels lined up with ``input_ids``, as a
-    Hugging Face model shifts them itself, and no attention mask: the model keeps a row's documents
-    apart by their ``position_ids``); fastload.text.token_batch. ``num_workers`` processes make
+    Hugging Face model shifts them itself, and no attention mask); fastload.text.token_batch. ``attention``: what the batch adds so
+    that the model's attention keeps a row's documents apart: ``"block-causal"`` (eager, SDPA: a
+    (B, 1, L, L) additive ``attention_mask``) or ``"varlen"`` (flash-attention: ``cu_seq_lens_q/k``
+    and ``max_length_q/k``, transformers' names; no ``attention_mask``). ``num_workers`` processes make
     the batches (``prefetch_factor`` each ahead) into shared memory, handed out without a copy;
     with 0 the training process makes them.
     """
@@ -59,7 +71,7 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
     def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool | None = True, num_workers: int = 0, drop_last: bool = False,
                  *, seq_len: int, packing: str = "concat", seed: int = 0, rank: int | None = None, world_size: int | None = None,
                  device: str | torch.device | None = None, block_tokens: int = BLOCK_TOKENS, ignore_index: int = IGNORE_INDEX,
-                 packing_window: int = PACKING_WINDOW, batch_format: str = "next-token", prefetch_factor: int | None = None, pin_memory: bool = False,
+                 packing_window: int = PACKING_WINDOW, batch_format: str = "next-token", attention: str | None = None, prefetch_factor: int | None = None, pin_memory: bool = False,
                  timeout: float = 0, worker_init_fn: Any = None, persistent_workers: bool = False) -> None:
         sharded = dataset if isinstance(dataset, ShardedDataset) else ShardedDataset(dataset)
         self.tokens = TokenOptions(seq_len, packing, block_tokens, ignore_index, packing_window)  # type: ignore[arg-type]  # checked there
@@ -72,7 +84,8 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
         self.mixture = sharded if isinstance(sharded, MixedDataset) else None
         tokenizer = self.corpus.tokenizer
         self.pad_id = next(i for i in (tokenizer.pad_id, tokenizer.eos_id, 0) if i is not None)
-        self.filler = BatchFiller(self.corpus, self.tokens.seq_len, self.pad_id, self.tokens.ignore_index, choice(BatchFormat, batch_format, "batch_format"))
+        self.filler = BatchFiller(self.corpus, self.tokens.seq_len, self.pad_id, self.tokens.ignore_index, choice(BatchFormat, batch_format, "batch_format"),
+                                  None if attention is None else choice(Attention, attention, "attention"))
         # torch's names, with torch's meanings (frameworks read them)
         self.dataset, self.sharded = sharded, sharded  # type: ignore[assignment]  # torch annotates a map-style Dataset
         self.batch_size, self.drop_last, self.num_workers, self.seed = batch_size, drop_last, num_workers, seed
@@ -131,10 +144,10 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
         batch = self.options.batch_size
         batches = []
         while self.rows.holds_step(epoch, first, batch * world, self.drop_last):
-            mine = first + rank * batch
-            request = TokenBatchRequest(self.tokens, self.filler.format, self.seed, self.shuffle, self.pad_id, epoch, mine,
-                                        self.rows.locate(epoch, mine))
-            batches.append(TokenBatchIndices(range(mine, mine + batch), request))
+            mine, count = self.rows.rank_rows(epoch, first, batch, rank, world)
+            request = TokenBatchRequest(self.tokens, self.filler.format, self.filler.attention, self.seed, self.shuffle, self.pad_id, epoch, mine,
+                                        self.rows.locate(epoch, mine), batch)
+            batches.append(TokenBatchIndices(range(mine, mine + count), request))
             first += batch * world
         return batches
 
@@ -164,6 +177,27 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
             digest.update(f"mix{self.mixture.weights}".encode())
         return digest.hexdigest()[:16]
 
+    def _row_settings(self) -> dict[str, Any]:
+        """What cuts the stream into rows, by argument name (the part of :attr:`identity` a user sets)."""
+        options = self.tokens
+        settings: dict[str, Any] = {"seq_len": options.seq_len, "packing": options.packing.value, "block_tokens": options.block_tokens}
+        if options.packing is Packing.BEST_FIT:
+            settings["packing_window"] = options.window_blocks * options.block_tokens  # as packed: whole blocks of the stream
+        return settings
+
+    def _check_rows(self, state: dict[str, Any]) -> None:
+        """A state saved with rows cut another way (seq_len, packing, block_tokens, best-fit's window)
+        is refused naming each argument that changed: its rows consumed would name other tokens here."""
+        saved = state.get("rows")
+        if not isinstance(saved, dict):
+            return  # saved before the settings were recorded: the identity check names the dataset
+        changed = [f"{name}={saved.get(name)!r} (this loader: {value!r})" for name, value in self._row_settings().items() if saved.get(name) != value]
+        if changed:
+            raise ValueError(f"state was saved with {', '.join(changed)}: its {state.get('samples_consumed')} rows consumed of epoch "
+                             f"{state.get('epoch')} are cut from the token stream another way, so here they would name other tokens. "
+                             "Resume with the saved values to finish that epoch (batch_size and world_size may change), then change "
+                             "them at the next epoch's start (a new loader, set_epoch(next epoch), no state loaded)")
+
     def _settings(self) -> OrderSettings:
         return OrderSettings(False, self.shuffle, 1)
 
@@ -175,10 +209,13 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
         cursor = self.rows.locate(position.epoch, position.consumed) if position.consumed else None
         if cursor is not None:
             state["packing_cursor"] = list(cursor)
+        state["rows"] = self._row_settings()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume: the next iteration yields the rows of that epoch not yet consumed, at any world size."""
+        """Resume: the next iteration yields the rows of that epoch not yet consumed, at any world size
+        and batch size (with the rows cut as they were saved: the same seq_len, packing, block_tokens, window)."""
+        self._check_rows(state)
         cursor = state.get("packing_cursor")
         position = read_state_dict(state, self.seed, self.identity, (self.ranks()[1], self.options.batch_size), self._settings(),
                                    lambda p: self.rows.resume_rows(p.epoch, p.consumed, cursor), "rows")
@@ -187,8 +224,8 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
         if cursor is not None:
             self.rows.of(position.epoch, read_cursor(cursor))
 
-    def _first_row(self, step: int, epoch: int) -> tuple[int, int] | None:
-        """(first row, rows) of this rank's batch at global ``step`` of ``epoch``: steps run before an
+    def _first_row(self, step: int, epoch: int) -> tuple[int, int, int] | None:
+        """(first row, rows, batch size) of this rank's batch at global ``step`` of ``epoch``: steps run before an
         elastic resume at the topology they ran at (None where this rank did not exist)."""
         rank, world = self.ranks()
         steps_before, rows_before = 0, 0
@@ -197,10 +234,11 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
             if step < steps_before + steps:
                 if rank >= saved_world:
                     return None
-                return rows_before + (step - steps_before) * saved_world * saved_batch + rank * saved_batch, saved_batch
+                step_first = rows_before + (step - steps_before) * saved_world * saved_batch
+                return (*self.rows.rank_rows(epoch, step_first, saved_batch, rank, saved_world), saved_batch)
             steps_before, rows_before = steps_before + steps, consumed
         batch = self.options.batch_size
-        return rows_before + (step - steps_before) * world * batch + rank * batch, batch
+        return (*self.rows.rank_rows(epoch, rows_before + (step - steps_before) * world * batch, batch, rank, world), batch)
 
     def describe(self, step: int, epoch: int | None = None) -> list[list[dict[str, Any]]]:
         """This rank's batch at global ``step`` of ``epoch`` (default: the one being or last iterated, else the next; steps before an
@@ -210,9 +248,9 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
         found = self._first_row(int(step), epoch)
         if found is None:
             return []
-        first, count = found
+        first, count, batch = found
         segments = self.rows.segments(epoch, first, count)
-        out: list[list[dict[str, Any]]] = [[] for _ in range(count)]
+        out: list[list[dict[str, Any]]] = [[] for _ in range(batch)]
         for start, length, row in zip(segments.start.tolist(), segments.length.tolist(), segments.row.tolist()):
             shard, document = self.corpus.where(start)
             offset = start - self.corpus.document_start(shard, document)

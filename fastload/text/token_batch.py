@@ -8,7 +8,12 @@
 - ``transformers`` (a Hugging Face model called with the batch as keyword arguments, as ``Trainer``
   does): ``input_ids``, ``labels`` lined up with them (the model shifts them itself), the ignore
   index at each segment's first token and on padding, and ``position_ids``; no attention mask,
-  so that transformers keeps the documents of a row apart by their restarting positions.
+  which a model's own packed-sequence detection does not reliably replace (see :class:`Attention`).
+
+``attention=`` adds what a model's attention implementation needs to keep a row's documents apart
+(fastload.text.token_attention makes it, in the training process on the batch's device):
+``block-causal`` (eager and SDPA) a (B, 1, L, L) ``attention_mask``; ``varlen`` (flash-attention)
+the boundaries under the names transformers' ``FlashAttentionKwargs`` take.
 
 Made with a few whole-batch NumPy operations, whatever the number of segments: each segment's ids
 are read by one ``preadv`` straight into a staging buffer laid out as the batch, which is then
@@ -41,6 +46,21 @@ class BatchFormat(Enum):
         return ("input_ids", "labels", "position_ids", "attention_mask")
 
 
+class Attention(Enum):
+    """What a batch adds so that a model's attention keeps the documents of a row apart.
+
+    ``BLOCK_CAUSAL``: ``attention_mask`` is a (B, 1, L, L) float32 additive mask, 0 where a token
+    may attend (an earlier or the same token of its own segment) and float32's lowest value
+    elsewhere: the 4-D mask transformers' eager and SDPA attention take as it is.
+    ``VARLEN``: ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (int32, the segments' boundaries over the
+    batch flattened to B * L tokens) and ``max_length_q`` / ``max_length_k`` (ints), and no
+    ``attention_mask`` (given one, transformers' flash-attention unpads by it instead).
+    """
+
+    BLOCK_CAUSAL = "block-causal"
+    VARLEN = "varlen"
+
+
 @dataclass(frozen=True)
 class BatchBounds:
     """What a filled batch adds to its arrays: the boundaries and what it holds (plain values: a
@@ -56,9 +76,9 @@ class BatchFiller:
     """Fills batches of ``seq_len``-long rows from a corpus into given arrays; keeps its staging buffer between batches."""
 
     def __init__(self, corpus: TokenCorpus, seq_len: int, pad_id: int, ignore_index: int = IGNORE_INDEX,
-                 batch_format: BatchFormat = BatchFormat.NEXT_TOKEN) -> None:
+                 batch_format: BatchFormat = BatchFormat.NEXT_TOKEN, attention: Attention | None = None) -> None:
         self.corpus, self.seq_len, self.pad_id, self.ignore_index = corpus, seq_len, pad_id, ignore_index
-        self.format = batch_format
+        self.format, self.attention = batch_format, attention
         self._staging = np.zeros(0, dtype=corpus.dtype)
         self._positions = np.zeros(0, dtype=np.int64)
 

@@ -283,6 +283,11 @@ class BestFitRows:
         window at most half full, fewer than ``2 T / seq_len + 1`` each."""
         tokens = index * self.window * self.stream.stream.block
         return -(-tokens // self.seq_len) <= first <= 2 * tokens // self.seq_len + index
+    def held(self, first: int, count: int) -> int:
+        """How many of rows ``first`` to ``first + count`` the epoch holds (past its last row, every window is counted)."""
+        if self.locate(first + count - 1) is not None:
+            return count
+        return max(0, min(count, self.firsts[-1] - first))
 
     def total(self) -> int:
         """Rows in the whole epoch (every window counted, once: for ``len()``)."""
@@ -448,6 +453,19 @@ class TokenRows:
         """Whether ``epoch`` holds a row ``row``."""
         rows = self.of(epoch)
         return rows.locate(row) is not None if isinstance(rows, BestFitRows) else row < len(rows)
+
+    def rank_rows(self, epoch: int, step_first: int, batch: int, rank: int, world: int) -> tuple[int, int]:
+        """(first row, rows) of ``rank``'s batch in the global step from row ``step_first``: the r-th
+        ``batch`` rows, but in an epoch's last, partial step its rows split as evenly as they go
+        (the first ``held % world`` ranks one more), so a rank's batch is all padding only when
+        fewer rows than ranks are left; the rest of a batch is padding."""
+        rows = self.of(epoch)
+        step = batch * world
+        held = rows.held(step_first, step) if isinstance(rows, BestFitRows) else max(0, min(step, len(rows) - step_first))
+        if held == step:
+            return step_first + rank * batch, batch
+        share, extra = divmod(held, world)
+        return step_first + rank * share + min(rank, extra), share + int(rank < extra)
 
     def holds_step(self, epoch: int, first: int, rows: int, drop_last: bool) -> bool:
         """Whether ``epoch`` holds the global step of ``rows`` rows from row ``first``: its first

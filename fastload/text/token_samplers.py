@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from fastload.storage.dataset import ShardedDataset
-from fastload.text.token_batch import BatchFiller, BatchFormat
+from fastload.text.token_attention import batch_tensors, with_attention
+from fastload.text.token_batch import Attention, BatchFiller, BatchFormat
 from fastload.text.token_rows import TokenOptions, TokenRows
 
 
@@ -26,17 +27,19 @@ class TokenBatchRequest:
 
     options: TokenOptions
     batch_format: BatchFormat
+    attention: Attention | None
     seed: int
     shuffle: bool
     pad_id: int
     epoch: int
     first: int  # the batch's first row of the epoch
     cursor: tuple[int, int] | None  # best-fit: the window holding that row and the window's first row
+    batch_size: int  # the batch's rows: its own, then padding
 
 
 class TokenBatchIndices(list):
-    """One batch's row numbers (a list, as torch's batch samplers yield; rows past the epoch's end
-    are padding) that a token dataset's ``__getitems__`` makes into the loader's batch."""
+    """One batch's row numbers (a list, as torch's batch samplers yield; the rest of the batch is
+    padding) that a token dataset's ``__getitems__`` makes into the loader's batch."""
 
     def __init__(self, rows: Sequence[int], request: TokenBatchRequest) -> None:
         super().__init__(rows)
@@ -45,17 +48,13 @@ class TokenBatchIndices(list):
     def __reduce__(self) -> tuple:
         return (TokenBatchIndices, (list(self), self.request))
 
-    def fill(self, dataset: ShardedDataset) -> dict[str, torch.Tensor]:
+    def fill(self, dataset: ShardedDataset) -> dict[str, Any]:
         """The batch as the loader makes it, made here from ``dataset``."""
         request = self.request
         rows = TokenRows(dataset, request.options, request.seed, request.shuffle)
         filler = BatchFiller(rows.corpus, request.options.seq_len, request.pad_id, request.options.ignore_index, request.batch_format)
-        arrays, bounds = filler.batch(rows.segments(request.epoch, request.first, len(self), request.cursor), len(self))
-        batch = {name: torch.from_numpy(value) for name, value in arrays.items()}
-        if request.batch_format is BatchFormat.NEXT_TOKEN:
-            batch["cu_seqlens"] = torch.frombuffer(bounds.cu_seqlens, dtype=torch.int32)
-            batch["max_seqlen"] = torch.tensor(bounds.max_seqlen)
-        return batch
+        arrays, bounds = filler.batch(rows.segments(request.epoch, request.first, len(self), request.cursor), request.batch_size)
+        return with_attention(batch_tensors(arrays, bounds, request.batch_format), bounds, request.attention)
 
 
 def token_collate(batch: Any) -> Any:

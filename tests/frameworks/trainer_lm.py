@@ -1,7 +1,7 @@
 """Hugging Face's Trainer training a small GPT-2 (made from a config) on a fastload token loader,
 through a ``get_train_dataloader`` override (as README shows), in the loader's ``transformers``
-format: labels lined up with the inputs (the model shifts them) and no attention mask, so the
-model keeps each row's documents apart by their position_ids. Writes every step's batch digest
+format: labels lined up with the inputs (the model shifts them) and ``attention="block-causal"``'s
+4-D mask, which keeps each row's documents apart. Writes every step's batch digest
 and the logged losses to OUT/steps.jsonl. Usage: trainer_lm.py DATA OUT STEPS [CHECKPOINT_TO_RESUME]."""
 
 import hashlib
@@ -20,11 +20,12 @@ resume = sys.argv[4] if len(sys.argv) > 4 else None
 class FastloadTrainer(Trainer):
     def get_train_dataloader(self):  # type: ignore[no-untyped-def]
         loader = fastload.DataLoader(data, batch_size=self.args.per_device_train_batch_size, seq_len=64, packing="best-fit",
-                                     batch_format="transformers", seed=self.args.seed, block_tokens=4096)
+                                     batch_format="transformers", attention="block-causal", seed=self.args.seed, block_tokens=4096,
+                                     device=self.args.device)
         return self.accelerator.prepare(loader)
 
     def compute_loss(self, model, inputs, *args, **kwargs):  # type: ignore[no-untyped-def]
-        assert set(inputs) == {"input_ids", "labels", "position_ids"}
+        assert set(inputs) == {"input_ids", "labels", "position_ids", "attention_mask"} and inputs["attention_mask"].dim() == 4
         with open(out / "steps.jsonl", "a") as f:
             f.write(json.dumps({"step": self.state.global_step, "batch": hashlib.sha256(inputs["input_ids"].numpy().tobytes()).hexdigest()[:16]}) + "\n")
         return super().compute_loss(model, inputs, *args, **kwargs)

@@ -69,7 +69,7 @@ def test_accelerate_under_torchrun(small_tokens: Path, tmp_path: Path) -> None:
         steps = report["batches"]
         assert report["prepared_is_fastload"] and steps == -(-rows // 8)
         assert report["syncs"] == [(i + 1) % 4 == 0 or i + 1 == steps for i in range(steps)]  # and on the epoch's last batch
-        assert report["val_rows"] == rows and report["val_tokens"] == fastload.open(small_tokens).index.num_tokens  # padding rows dropped
+        assert report["val_rows"] == rows and report["val_tokens"] == fastload.open(small_tokens).index.num_tokens  # padding rows hold no tokens
         assert report["resumed_equal"] and report["skip_equal"]
         assert sum(report["losses"][-4:]) < sum(report["losses"][:4]) - 1
     assert not set(reports[0]["epoch1"]) & set(reports[1]["epoch1"])  # the ranks share the epoch

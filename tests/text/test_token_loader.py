@@ -27,7 +27,7 @@ from fastload.storage.verify import verify_dataset
 from fastload.text.packing import padding_fraction
 from tests.conftest import cli_env
 from tests.storage.test_remote import DatasetServer
-from tests.text.conftest import real_paragraphs, write_jsonl
+from tests.text.conftest import VOCAB, real_paragraphs, write_jsonl
 
 SEQ = 128
 BLOCK = 4096
@@ -595,3 +595,77 @@ def test_fastload_describe_of_a_token_dataset_lists_each_rows_segments_as_the_lo
     assert "holds tokens: give --seq-len" in err and len(err.splitlines()) == 1
     assert main(["describe", *common, "--step", "0", "--balanced"]) == 2
     assert "--balanced: not options of a token dataset's loader" in capsys.readouterr().err
+def documented_loss(logits: torch.Tensor, labels: torch.Tensor, world: int = 1) -> torch.Tensor:
+    """The loss docs/tokens.md and examples/train_lm.py show: summed over the real labels, divided by
+    the step's real labels over every rank (here given as one process's), times the ranks DDP averages over."""
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum")
+    return loss * world / (labels != -100).sum().clamp(min=1)
+
+
+@pytest.mark.parametrize("packing", ["concat", "best-fit"])
+def test_the_last_steps_rows_are_split_evenly_over_two_ranks(tokens: Path, packing: str) -> None:
+    total = len(loader(tokens, packing=packing, batch_size=1))
+    batch = next(b for b in range(4, 40) if 2 <= total % (2 * b) <= b)  # the leftover rows would fill rank 0's batch alone
+    left = total % (2 * batch)
+    seen: Counter = Counter()
+    for rank in (0, 1):
+        ld = loader(tokens, packing=packing, batch_size=batch, rank=rank, world_size=2, num_workers=rank)  # rank 1 through a worker
+        batches = list(ld)
+        real = [int(b["attention_mask"].any(dim=1).sum()) for b in batches]
+        assert len(batches) == len(ld) and real[:-1] == [batch] * (len(batches) - 1)
+        assert real[-1] == (left + 1 - rank) // 2 and batches[-1]["input_ids"].shape[0] == batch  # half the leftover each; the rest padding
+        assert torch.isfinite(documented_loss(torch.randn(*batches[-1]["labels"].shape, VOCAB), batches[-1]["labels"]))
+        for step in range(len(batches)):
+            for row in ld.describe(step):
+                seen.update((s["shard"], s["document"], s["offset"] + i) for s in row for i in range(s["tokens"]))
+        ld.close()
+    assert seen == all_tokens(tokens)
+
+
+def test_the_documented_loss_of_an_all_padding_batch_is_finite(tokens: Path) -> None:
+    total = len(loader(tokens, batch_size=1))
+    world = next(w for w in range(3, 20) if total % w not in (0, w - 1))  # fewer rows left than ranks: the last rank's batch is all padding
+    last = list(loader(tokens, batch_size=1, rank=world - 1, world_size=world))[-1]
+    labels = last["labels"]
+    assert (labels == -100).all() and not last["attention_mask"].any()
+    logits = torch.randn(*labels.shape, VOCAB, requires_grad=True)
+    loss = documented_loss(logits, labels, world)
+    loss.backward()
+    assert torch.isfinite(loss) and loss == 0 and torch.isfinite(logits.grad).all()  # nothing to learn, and no NaN into the all-reduce
+    assert torch.isnan(torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100))  # what the mean gave
+
+
+@pytest.mark.parametrize("packing", ["concat", "best-fit"])
+def test_a_resume_at_another_batch_size_reads_every_token_of_the_epoch_once(tokens: Path, packing: str) -> None:
+    first = loader(tokens, packing=packing, batch_size=4)
+    it = iter(first)
+    for _ in range(5):
+        next(it)
+    state = json.loads(json.dumps(first.state_dict()))
+    resumed = loader(tokens, packing=packing, batch_size=6, rank=1, world_size=2)  # another batch size and world size
+    resumed.load_state_dict(state)
+    seen: Counter = Counter()
+    for rank in (0, 1):
+        view = loader(tokens, packing=packing, batch_size=6, rank=rank, world_size=2)
+        view.load_state_dict(state)
+        steps = len(list(view)) + 5
+        for step in range(steps):  # the 5 steps before the resume at their topology (one rank: rank 1 had none)
+            seen.update((s["shard"], s["document"], s["offset"] + i) for row in view.describe(step, 0) for s in row for i in range(s["tokens"]))
+    assert seen == all_tokens(tokens)
+    assert len(list(resumed)) == steps - 5
+
+
+@pytest.mark.parametrize(("changed", "named"), [({"seq_len": 2 * SEQ}, f"seq_len={SEQ} (this loader: {2 * SEQ})"),
+                                                ({"packing": "concat"}, "packing='best-fit' (this loader: 'concat')"),
+                                                ({"block_tokens": 2 * BLOCK}, f"block_tokens={BLOCK} (this loader: {2 * BLOCK})"),
+                                                ({"packing_window": 4 * BLOCK}, f"packing_window={8 * BLOCK} (this loader: {4 * BLOCK})")])
+def test_a_resume_with_rows_cut_another_way_names_what_changed(tokens: Path, changed: dict, named: str) -> None:
+    first = loader(tokens, packing="best-fit", packing_window=8 * BLOCK)
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    other = loader(tokens, **{"packing": "best-fit", "packing_window": 8 * BLOCK, **changed})
+    with pytest.raises(ValueError, match=re.escape(f"state was saved with {named}: its 4 rows consumed of epoch 0")) as error:
+        other.load_state_dict(state)
+    assert "Resume with the saved values" in str(error.value) and "\n" not in str(error.value)
+    loader(tokens, packing="best-fit", packing_window=8 * BLOCK + 1).load_state_dict(state)  # the same window of whole blocks: the same rows

@@ -27,11 +27,12 @@ from fastload.loading.state import LoaderState
 from fastload.loading.stats import READ_BYTES, SAMPLES, TRANSFORM, LoaderStats, StageClock, StageCounters
 from fastload.orders.position import Position
 from fastload.storage.dataset import ShardedDataset
-from fastload.text.token_batch import BatchBounds, BatchFiller, BatchFormat
+from fastload.text.token_attention import batch_tensors, with_attention
+from fastload.text.token_batch import BatchBounds, BatchFiller
 from fastload.text.token_corpus import Segments
 from fastload.text.token_rows import Packing, TokenRows
 
-BatchWork = tuple[int, tuple[int, int] | None]  # a batch's first global row, and best-fit's window holding it with that window's first row
+BatchWork = tuple[int, int, tuple[int, int] | None]  # a batch's first global row, its rows (the rest padding), best-fit's window holding it with that window's first row
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,7 @@ class TokenJob:
 
     def fill(self, columns: dict[str, np.ndarray], epoch: int, work: BatchWork, clock: StageClock) -> Filled:
         """The batch whose first row is ``work[0]`` packed into ``columns``; its bounds come back as a value."""
-        first, cursor = work
-        count = len(columns["input_ids"])
+        first, count, cursor = work
         clock.start()
         segments = self.rows.segments(epoch, first, count, cursor)
         bounds = self.filler.fill(segments, columns)
@@ -133,8 +133,9 @@ class TokenWorkers:
 
 class TokenEpoch(EpochLifecycle):
     """One pass over this rank's steps: every global step is ``world_size * batch_size`` rows of
-    the epoch, rank r taking the r-th ``batch_size`` of them; rows past the epoch's end are padding,
-    so every rank makes the same number of steps (of full ones only, with ``drop_last``)."""
+    the epoch, rank r taking the r-th ``batch_size`` of them, but the last step's rows split evenly
+    over the ranks (TokenRows.rank_rows); rows past the epoch's end are padding, so every rank
+    makes the same number of steps (of full ones only, with ``drop_last``)."""
 
     def __init__(self, inputs: TokenEpochInputs, engine: TokenWorkers) -> None:
         super().__init__(inputs.state, inputs.stats, inputs.accelerate, inputs.dataset.downloads, inputs.before_start)
@@ -152,10 +153,6 @@ class TokenEpoch(EpochLifecycle):
         if self.buffers is not None:
             self.buffers.reclaim()
 
-    def _first_row(self, batch_no: int) -> int:
-        """The epoch row this rank's batch ``batch_no`` starts at."""
-        return self.start.consumed + batch_no * self.step_rows + self.rank * self.batch_size
-
     def _has_batch(self, batch_no: int) -> bool:
         first = self.start.consumed + batch_no * self.step_rows  # the global step's first row
         held = self.inputs.rows.holds_step(self.epoch, first, self.step_rows, self.inputs.options.drop_last)
@@ -164,11 +161,13 @@ class TokenEpoch(EpochLifecycle):
         return held
 
     def _remainder(self) -> int:
-        """Real rows in the epoch's last global batch, as the image path's (0: every global batch
-        full or the tail dropped); -1 for best-fit until its last step is found (its rows are counted as it goes)."""
-        if self.length is None:
-            return -1
-        return 0 if self.inputs.options.drop_last else self.length % self.step_rows
+        """0 where every global batch is full (or the tail dropped); else -1, as for best-fit until its
+        last step is found: the last step's rows are split evenly over the ranks, so its padding is
+        not at the end of the batch gathered over the ranks (accelerate's ``remainder`` means that)
+        and ``gather_for_metrics`` leaves it to the caller (the padding rows' attention_mask is 0)."""
+        if self.length is not None and (self.inputs.options.drop_last or self.length % self.step_rows == 0):
+            return 0
+        return -1
 
     def position(self) -> Position:
         """Where this epoch is: the rows consumed once the batches handed out so far count."""
@@ -178,8 +177,10 @@ class TokenEpoch(EpochLifecycle):
         return self.counters
 
     def _work(self, batch_no: int) -> BatchWork:
-        first = self._first_row(batch_no)
-        return first, self.inputs.rows.locate(self.epoch, first)
+        """This rank's rows of batch ``batch_no`` (fastload.text.token_rows.TokenRows.rank_rows)."""
+        rows = self.inputs.rows
+        first, count = rows.rank_rows(self.epoch, self.start.consumed + batch_no * self.step_rows, self.batch_size, self.rank, self.world)
+        return first, count, rows.locate(self.epoch, first)
 
     def _submit_more(self, pool: WorkerPool, buffers: BatchBuffers) -> None:
         """Give every free slot the next batch of the epoch."""
@@ -191,8 +192,8 @@ class TokenEpoch(EpochLifecycle):
         """num_workers=0: the batch made in this process, into arrays of its own."""
         clock = self.inline_clock
         clock.start()
-        first, cursor = self._work(self.next_yield)
-        segments: Segments = self.inputs.rows.segments(self.epoch, first, self.batch_size, cursor)
+        first, count, cursor = self._work(self.next_yield)
+        segments: Segments = self.inputs.rows.segments(self.epoch, first, count, cursor)
         arrays, bounds = self.inputs.filler.batch(segments, self.batch_size)
         clock.lap(TRANSFORM)
         clock.count(SAMPLES, bounds.rows)
@@ -221,24 +222,22 @@ class TokenEpoch(EpochLifecycle):
         buffers.give_back(got.slot)
         return columns, got.values["bounds"][0]
 
-    def _next_batch(self) -> dict[str, torch.Tensor]:
+    def _next_batch(self) -> dict[str, Any]:
         stats = self.inputs.stats
         with stats.waiting():
             if self.pool is None or self.buffers is None:
                 arrays, bounds = self._made_here()
             else:
                 arrays, bounds = self._made_by_workers(self.pool, self.buffers)
-        batch = {name: value if isinstance(value, torch.Tensor) else torch.from_numpy(value) for name, value in arrays.items()}
-        if self.inputs.filler.format is BatchFormat.NEXT_TOKEN:
-            batch["cu_seqlens"] = torch.frombuffer(bounds.cu_seqlens, dtype=torch.int32)
-            batch["max_seqlen"] = torch.tensor(bounds.max_seqlen)
+        filler = self.inputs.filler
+        batch = batch_tensors(arrays, bounds, filler.format)
         device = self.inputs.device
         if device is not None:
             with stats.to_device():
                 batch = {name: value.to(device, non_blocking=True) for name, value in batch.items()}
         stats.record_batch(bounds.rows)
         stats.record_tokens(bounds.tokens)
-        return batch
+        return with_attention(batch, bounds, filler.attention)
 
     def close(self) -> None:
         """Abandon the epoch: batches in flight are not waited for; their slots come back as the
