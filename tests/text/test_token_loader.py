@@ -74,12 +74,12 @@ def test_every_token_of_an_epoch_exactly_once_over_the_ranks(tokens: Path, packi
     assert covered(ld, 0, steps, 3) == all_tokens(tokens)  # each token once: no token twice, none left out
 
 
-def test_batches_hold_the_tokens_describe_names_with_labels_and_positions(tokens: Path) -> None:
-    ld = loader(tokens, packing="best-fit")
-    ds = fastload.open(tokens)
-    batch = next(iter(ld))
-    assert batch["input_ids"].shape == (4, SEQ) and batch["input_ids"].dtype == torch.int64
-    for r, row in enumerate(ld.describe(0, 0)):
+def assert_batch_is_what_describe_names(ld: fastload.TokenDataLoader, batch: dict, step: int, epoch: int) -> None:
+    """Each row of ``batch`` holds the segments ``describe(step, epoch)`` names: their tokens, positions
+    counted from each segment's start, and labels that are the next token of the same document (the
+    ignore index after its last token and on padding)."""
+    ds = ld.dataset
+    for r, row in enumerate(ld.describe(step, epoch)):
         column = 0
         for s in row:
             shard = next(n for n, info in enumerate(ds.index.shards) if info.path == s["shard"])
@@ -89,11 +89,35 @@ def test_batches_hold_the_tokens_describe_names_with_labels_and_positions(tokens
             assert batch["position_ids"][r, column : column + s["tokens"]].tolist() == list(range(s["tokens"]))
             expected = doc[s["offset"] + 1 : s["offset"] + s["tokens"] + 1].tolist()
             expected += [-100] * (s["tokens"] - len(expected))  # the document's last token: nothing to predict
-            assert batch["labels"][r, column : column + s["tokens"]].tolist() == expected
+            assert batch["labels"][r, column : column + s["tokens"]].tolist() == expected, (step, r, s)
             column += s["tokens"]
         assert batch["attention_mask"][r].sum() == column and (batch["labels"][r, column:] == -100).all()
+
+
+def test_batches_hold_the_tokens_describe_names_with_labels_and_positions(tokens: Path) -> None:
+    ld = loader(tokens, packing="best-fit")
+    batch = next(iter(ld))
+    assert batch["input_ids"].shape == (4, SEQ) and batch["input_ids"].dtype == torch.int64
+    assert_batch_is_what_describe_names(ld, batch, 0, 0)
     bounds = batch["cu_seqlens"].tolist()
     assert bounds[0] == 0 and bounds[-1] == 4 * SEQ and bounds == sorted(bounds) and batch["max_seqlen"] <= SEQ
+
+
+@pytest.mark.parametrize("packing", ["concat", "best-fit"])
+def test_a_document_ending_at_a_block_edge_has_no_label_after_its_last_token(tokenizer_file: Path, tmp_path: Path, packing: str) -> None:
+    """The block edge falls exactly after a document: its last label is the ignore index, not the
+    first token of the document after it (which the next block holds)."""
+    write_jsonl(tmp_path / "docs.jsonl", real_paragraphs()[:40])
+    convert(str(tmp_path / "docs.jsonl"), str(tmp_path / "ds"), ConvertOptions(
+        source="jsonl", layout="tokens", tokens=TokenizeOptions(str(tokenizer_file), append_eos=True)), quiet=True)
+    reader = fastload.open(tmp_path / "ds").reader(0)
+    block = sum(len(reader.document(d)) for d in range(3))  # the first block ends where document 2 does
+    ld = loader(tmp_path / "ds", packing=packing, seq_len=32, block_tokens=block, packing_window=block)
+    ended_at_edge = 0
+    for step, batch in enumerate(ld):
+        assert_batch_is_what_describe_names(ld, batch, step, 0)
+        ended_at_edge += sum(s["document"] == 2 and s["offset"] + s["tokens"] == len(reader.document(2)) for row in ld.describe(step, 0) for s in row)
+    assert ended_at_edge == 1
 
 
 def test_concat_rows_are_full_and_pad_rows_one_document_each(tokens: Path) -> None:
@@ -436,6 +460,21 @@ def test_a_state_saved_on_the_last_batch_then_that_epoch_set_again_is_not_replay
         ld.set_epoch(1)
         got = [batch["input_ids"] for batch in ld]
     assert len(got) == len(runs[1]) and all(torch.equal(a, b) for a, b in zip(got, runs[1]))
+
+
+@pytest.mark.parametrize(("packing", "other"), [("concat", {"block_tokens": 2 * BLOCK}),
+                                               ("best-fit", {"block_tokens": 2 * BLOCK, "packing_window": 8 * BLOCK}),  # 4 blocks a window, as saved
+                                               ("best-fit", {"packing_window": 8 * BLOCK})])
+def test_a_state_is_refused_by_a_loader_of_another_block_size_or_window(tokens: Path, packing: str, other: dict) -> None:
+    kwargs = {"packing": packing, "packing_window": 4 * BLOCK}
+    first = loader(tokens, **kwargs)
+    it = iter(first)
+    for _ in range(3):
+        next(it)
+    state = json.loads(json.dumps(first.state_dict()))
+    loader(tokens, **kwargs).load_state_dict(state)  # the same loader takes it
+    with pytest.raises(ValueError, match="state was saved for another dataset"):
+        loader(tokens, **{**kwargs, **other}).load_state_dict(state)
 
 
 def test_arguments_are_checked_by_name_and_numpy_integers_taken(tokens: Path) -> None:
