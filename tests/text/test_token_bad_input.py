@@ -157,3 +157,28 @@ def test_fuzzed_token_shards_fail_only_as_fastload_errors(token_dataset: Path, t
         except Exception as exc:  # anything else is a reader trusting what it should have checked
             raise AssertionError(f"case {case} ({target}, {mutation}): {type(exc).__name__}: {exc}") from exc
     assert failures > CASES // 3  # the mutations do break things, and each was caught as a FastloadError
+
+
+@pytest.mark.parametrize("which", ["table", "folder"])
+def test_a_document_table_reached_through_a_link_out_of_the_root_is_refused(token_dataset: Path, tmp_path: Path, which: str) -> None:
+    """The table itself, or a folder on its way, is a link to an intact copy outside the dataset:
+    the loader and verify refuse it by name, reading nothing there."""
+    root, outside = tmp_path / "ds", tmp_path / "outside"
+    shutil.copytree(token_dataset, root)
+    outside.mkdir()
+    table = read_index(root).shards[1].table
+    shutil.move(root / table, outside / table)
+    if which == "table":
+        (root / table).symlink_to(outside / table)
+    else:
+        (root / "sub").symlink_to(outside)
+        index = json.loads((root / "index.json").read_text())
+        index["shards"][1]["table"] = f"sub/{table}"
+        (root / "index.json").write_text(json.dumps(index))
+    import fastload
+
+    with pytest.raises(ShardError, match=rf"{table}: a symlink leads outside the dataset root"):
+        for _ in fastload.DataLoader(str(root), batch_size=4, seq_len=64, packing="concat", shuffle=False):
+            pass
+    report = verify_dataset(root)
+    assert not report.ok and any(table in problem and "outside the dataset root" in problem for problem in report.problems), report.problems
