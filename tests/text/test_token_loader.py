@@ -5,6 +5,7 @@ with 3), best-fit's padding against an offline best-fit decreasing, mixing by to
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import os
 import re
@@ -490,3 +491,96 @@ def test_arguments_are_checked_by_name_and_numpy_integers_taken(tokens: Path) ->
                             ({"batch_format": "hf"}, "batch_format must be one of 'next-token', 'transformers', got 'hf'")]:
         with pytest.raises(ValueError, match=re.escape(message)):
             loader(tokens, **kwargs)
+
+
+def member_of(segment: dict, first: Path) -> int:
+    """Which member of a two-member mixture a described segment is of (0: the one at ``first``)."""
+    return 0 if segment["shard"].startswith(f"{first}/") else 1
+
+
+def test_a_mixture_by_tokens_delivers_each_members_share_of_the_tokens(tokens: Path, tokenizer_file: Path, tmp_path: Path) -> None:
+    """Weights 0.3 and 0.7: of the tokens an epoch's batches hold, 30% are the first member's (not 70%)."""
+    mixture = fastload.mix({str(tokens): 0.3, str(token_member(tokenizer_file, tmp_path)): 0.7}, by="tokens")
+    ld = fastload.DataLoader(mixture, batch_size=8, seq_len=SEQ, block_tokens=BLOCK)
+    held = [0, 0]
+    for step, batch in enumerate(ld):
+        for used, segments in zip(batch["attention_mask"].sum(dim=1).tolist(), ld.describe(step, 0)):
+            if used:
+                owners = {member_of(s, tokens) for s in segments}
+                assert len(owners) == 1 and sum(s["tokens"] for s in segments) == used  # a row is one member's
+                held[owners.pop()] += used
+    assert sum(held) > 100_000 and abs(held[0] / sum(held) - 0.3) <= 0.01, held
+
+
+def test_a_mixture_by_tokens_draws_a_new_stream_of_a_member_each_time_it_comes_round(tokens: Path, tokenizer_file: Path, tmp_path: Path) -> None:
+    """The second member (66K tokens, weight 0.7 of epochs of about 200K) goes round about twice an
+    epoch, on from epoch to epoch: each round holds each of its token positions once, in an order of
+    its own."""
+    second = token_member(tokenizer_file, tmp_path)
+    mixture = fastload.mix({str(tokens): 0.3, str(second): 0.7}, by="tokens")
+    ld = fastload.DataLoader(mixture, batch_size=8, seq_len=SEQ, block_tokens=BLOCK)
+    everything = set(every_position(second))  # (shard file, document, offset)
+    order = [(s["shard"].rsplit("/", 1)[1], s["document"], s["offset"] + i) for epoch in range(2) for step in range(len(ld))
+             for row in ld.describe(step, epoch) for s in row if member_of(s, tokens) == 1 for i in range(s["tokens"])]
+    size = len(everything)
+    rounds = [order[at : at + size] for at in range(0, len(order) - size + 1, size)]
+    assert len(rounds) >= 4
+    assert all(set(r) == everything for r in rounds)  # each round: every position once
+    assert all(a != b for a, b in itertools.pairwise(rounds)), "a member's round repeats the one before"
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_two_ranks_deliver_different_rows_that_together_are_the_epochs(tokens: Path, tokenizer_file: Path, tmp_path: Path, mixed: bool) -> None:
+    """Checked on the batches each rank's loader delivers: no row on both ranks, and the two ranks'
+    rows are the rows one rank delivers (each rank a loader of its own, as each process of a job has)."""
+    data = fastload.mix({str(tokens): 0.3, str(token_member(tokenizer_file, tmp_path)): 0.7}, by="tokens") if mixed else fastload.open(tokens)
+
+    def rows(**kwargs: int) -> Counter:
+        delivered: Counter = Counter()
+        for batch in fastload.DataLoader(data, batch_size=4, seq_len=SEQ, block_tokens=BLOCK, seed=3, **kwargs):
+            delivered.update(tuple(row[mask.bool()].tolist()) for row, mask in zip(batch["input_ids"], batch["attention_mask"]) if mask.any())
+        return delivered
+
+    ranks = [rows(rank=r, world_size=2) for r in range(2)]
+    assert not set(ranks[0]) & set(ranks[1])
+    assert ranks[0] + ranks[1] == rows()
+
+
+@pytest.mark.parametrize("world_after", [2, 3])
+def test_a_resume_of_two_ranks_counts_the_global_step(tokens: Path, world_after: int) -> None:
+    """Two ranks save after 5 steps (5 x 2 x 4 rows consumed, not 5 x 4); resumed at 2 or 3 ranks, the
+    rows before and after are the epoch's rows once each."""
+    def ranks(world: int, state: dict | None = None, steps: int | None = None) -> tuple[Counter, dict]:
+        delivered: Counter = Counter()
+        saved: dict = {}
+        for rank in range(world):
+            ld = loader(tokens, batch_size=4, rank=rank, world_size=world)
+            if state is not None:
+                ld.load_state_dict(state)
+            for step, batch in enumerate(ld, start=1):
+                delivered.update(tuple(row[mask.bool()].tolist()) for row, mask in zip(batch["input_ids"], batch["attention_mask"]) if mask.any())
+                if step == steps:
+                    saved = ld.state_dict()
+                    break
+        return delivered, saved
+
+    before, state = ranks(2, steps=5)
+    assert state["samples_consumed"] == 5 * 2 * 4
+    after, _ = ranks(world_after, state=state)
+    assert before + after == ranks(1)[0]
+
+
+def test_the_sampler_and_batch_sampler_step_by_the_global_batch(tokens: Path) -> None:
+    """Rank 1 of 2: ``loader.batch_sampler`` yields the rows of its batches (rows 4-7, 12-15, ... of
+    global steps of 8), as many as the loader's; a torch DataLoader made of the loader's parts yields
+    the loader's very batches; ``loader.sampler`` yields the same rows one by one."""
+    ranks = [loader(tokens, batch_size=4, rank=r, world_size=2) for r in range(2)]
+    one = ranks[1]
+    batches = [list(b) for b in one.batch_sampler]
+    assert len(batches) == len(one) == len(ranks[0].batch_sampler)
+    assert batches[:3] == [list(range(8 * k + 4, 8 * k + 8)) for k in range(3)]
+    assert list(one.sampler) == [row for b in batches for row in b]
+    assert not set(ranks[0].sampler) & set(one.sampler)
+    parts = torch.utils.data.DataLoader(one.dataset, batch_sampler=one.batch_sampler, collate_fn=one.collate_fn)
+    for made, own in zip(parts, one):
+        assert torch.equal(made["input_ids"], own["input_ids"]) and torch.equal(made["labels"], own["labels"])
