@@ -143,3 +143,26 @@ def test_rank_discovery_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve_rank_world(1, 2) == (1, 2)
     with pytest.raises(ValueError, match="rank=5 is not valid for world_size=4"):
         resolve_rank_world(5, None)
+
+
+def test_streaming_resume_at_the_same_world_size_and_another_batch_size_delivers_every_sample_once(dataset_1001: Path) -> None:
+    """Two ranks (each its own loader, as each process of a job has), saved after 10 steps of 9 a rank
+    and resumed with batches of 7 (180 positions: no whole number of its steps): the samples before
+    and after, padding left out, are the dataset once."""
+    kwargs = dict(shuffle=True, seed=4, evaluation=True, shuffle_buffer=40, return_keys=True, transform=[fastload.transforms.CenterCrop(8)])
+    before, state = [], None
+    for rank in range(2):
+        loader = fastload.DataLoader(dataset_1001, batch_size=9, rank=rank, world_size=2, **kwargs)
+        it = iter(loader)
+        for _ in range(10):
+            _, _, keys, valid = next(it)
+            before += [k for k, ok in zip(keys, valid.tolist()) if ok]
+        state = loader.state_dict()
+        loader.close()
+    assert state is not None and state["samples_consumed"] == 180 and state["order"] == "streaming"
+    after = []
+    for rank in range(2):
+        with fastload.DataLoader(dataset_1001, batch_size=7, rank=rank, world_size=2, **kwargs) as loader:
+            loader.load_state_dict(state)
+            after += [k for _, _, keys, valid in loader for k, ok in zip(keys, valid.tolist()) if ok]
+    assert len(before) == 180 and Counter(before + after) == Counter(all_keys(dataset_1001))

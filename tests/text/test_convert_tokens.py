@@ -207,3 +207,42 @@ def test_the_summary_counts_the_shards_written_in_words_that_agree(tokenizer_fil
     one = run_cli("convert", str(tmp_path / "one.jsonl"), str(tmp_path / "cli-one"), *args).stdout
     tokens = len(TextTokenizer(str(tokenizer_file)).encode(["a single document"])[0])
     assert f": 1 document, {tokens} tokens (uint16) in 1 token shard in " in one and "; 1 shard written, 0 resumed" in one
+
+
+def test_min_tokens_keeps_a_document_of_exactly_that_many(tokenizer_file: Path, tmp_path: Path) -> None:
+    texts = real_paragraphs()[:40]
+    lengths = [len(ids) for ids in TextTokenizer(str(tokenizer_file)).encode(texts)]
+    n = sorted(lengths)[len(lengths) // 2]  # a length some documents have, some have fewer and some more
+    write_jsonl(tmp_path / "a.jsonl", texts)
+    report = convert(str(tmp_path / "a.jsonl"), str(tmp_path / "out"), token_options(tokenizer_file, min_tokens=n), quiet=True)
+    kept = [len(ids) for ids in documents(tmp_path / "out")]
+    assert n in kept and kept == [length for length in lengths if length >= n]
+    assert report.index.skipped == {f"fewer than {n} tokens": sum(length < n for length in lengths)}
+
+
+def test_exact_dedupe_tells_apart_documents_sharing_a_long_prefix(tokenizer_file: Path, tmp_path: Path) -> None:
+    """Files that open with the same licence header and differ after it are different documents."""
+    paragraphs = real_paragraphs()
+    header = "\n\n".join(paragraphs[:20])  # several thousand characters of licence text
+    assert len(header) > 4000
+    texts = [f"{header}\n\n{body}" for body in paragraphs[100:106]]
+    write_jsonl(tmp_path / "a.jsonl", [*texts, texts[2]])
+    options = ConvertOptions(source="jsonl", layout="tokens", dedupe=True, tokens=TokenizeOptions(str(tokenizer_file), shard_tokens=50_000))
+    report = convert(str(tmp_path / "a.jsonl"), str(tmp_path / "out"), options, quiet=True)
+    assert report.index.duplicates == 1 and report.index.num_samples == len(texts)
+    assert documents(tmp_path / "out") == TextTokenizer(str(tokenizer_file)).encode(texts)
+
+
+def test_bos_and_eos_tokens_given_override_a_tokenizer_folders_config(tokenizer_file: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "tokenizer"
+    folder.mkdir()
+    shutil.copy(tokenizer_file, folder / "tokenizer.json")
+    (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<|endoftext|>", "eos_token": {"content": "<|endoftext|>"}}))
+    write_jsonl(tmp_path / "a.jsonl", ["a short document", "and another one"])
+    common = ["convert", str(tmp_path / "a.jsonl"), "--from", "jsonl", "--tokenizer", str(folder), "--bos", "--append-eos", "--quiet"]
+    assert main([*common[:2], str(tmp_path / "configured"), *common[2:]]) == 0
+    assert main([*common[:2], str(tmp_path / "given"), *common[2:], "--bos-token", "<|pad|>", "--eos-token", "<|pad|>"]) == 0
+    configured, given = read_index(tmp_path / "configured").tokenizer, read_index(tmp_path / "given").tokenizer
+    assert (configured.bos_id, configured.eos_id) == (0, 0)  # the config's <|endoftext|>
+    assert (given.bos_id, given.eos_id) == (1, 1)  # <|pad|>, as given
+    assert all(ids[0] == 1 and ids[-1] == 1 for ids in documents(tmp_path / "given"))

@@ -331,3 +331,28 @@ def test_a_tokenizer_config_that_does_not_parse_is_named(tokenizer_file: Path, t
                       "--quiet", check=False)
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     assert f"{folder / 'tokenizer_config.json'}: {reason}" in refused.stderr
+
+
+@pytest.mark.parametrize("which", ["table", "folder"])
+def test_a_document_table_reached_through_a_link_out_of_the_root_is_refused(token_dataset: Path, tmp_path: Path, which: str) -> None:
+    """The table itself, or a folder on its way, is a link to an intact copy outside the dataset:
+    the loader and verify refuse it by name, reading nothing there."""
+    root, outside = tmp_path / "ds", tmp_path / "outside"
+    shutil.copytree(token_dataset, root)
+    outside.mkdir()
+    table = read_index(root).shards[1].table
+    shutil.move(root / table, outside / table)
+    if which == "table":
+        (root / table).symlink_to(outside / table)
+    else:
+        (root / "sub").symlink_to(outside)
+        index = json.loads((root / "index.json").read_text())
+        index["shards"][1]["table"] = f"sub/{table}"
+        (root / "index.json").write_text(json.dumps(index))
+    import fastload
+
+    with pytest.raises(ShardError, match=rf"{table}: a symlink leads outside the dataset root"):
+        for _ in fastload.DataLoader(str(root), batch_size=4, seq_len=64, packing="concat", shuffle=False):
+            pass
+    report = verify_dataset(root)
+    assert not report.ok and any(table in problem and "outside the dataset root" in problem for problem in report.problems), report.problems

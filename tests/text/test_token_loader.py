@@ -5,6 +5,7 @@ with 3), best-fit's padding against an offline best-fit decreasing, mixing by to
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import os
 import re
@@ -77,12 +78,12 @@ def test_every_token_of_an_epoch_exactly_once_over_the_ranks(tokens: Path, packi
     assert covered(ld, 0, steps, 3) == all_tokens(tokens)  # each token once: no token twice, none left out
 
 
-def test_batches_hold_the_tokens_describe_names_with_labels_and_positions(tokens: Path) -> None:
-    ld = loader(tokens, packing="best-fit")
-    ds = fastload.open(tokens)
-    batch = next(iter(ld))
-    assert batch["input_ids"].shape == (4, SEQ) and batch["input_ids"].dtype == torch.int64
-    for r, row in enumerate(ld.describe(0, 0)):
+def assert_batch_is_what_describe_names(ld: fastload.TokenDataLoader, batch: dict, step: int, epoch: int) -> None:
+    """Each row of ``batch`` holds the segments ``describe(step, epoch)`` names: their tokens, positions
+    counted from each segment's start, and labels that are the next token of the same document (the
+    ignore index after its last token and on padding)."""
+    ds = ld.dataset
+    for r, row in enumerate(ld.describe(step, epoch)):
         column = 0
         for s in row:
             shard = next(n for n, info in enumerate(ds.index.shards) if info.path == s["shard"])
@@ -92,11 +93,35 @@ def test_batches_hold_the_tokens_describe_names_with_labels_and_positions(tokens
             assert batch["position_ids"][r, column : column + s["tokens"]].tolist() == list(range(s["tokens"]))
             expected = doc[s["offset"] + 1 : s["offset"] + s["tokens"] + 1].tolist()
             expected += [-100] * (s["tokens"] - len(expected))  # the document's last token: nothing to predict
-            assert batch["labels"][r, column : column + s["tokens"]].tolist() == expected
+            assert batch["labels"][r, column : column + s["tokens"]].tolist() == expected, (step, r, s)
             column += s["tokens"]
         assert batch["attention_mask"][r].sum() == column and (batch["labels"][r, column:] == -100).all()
+
+
+def test_batches_hold_the_tokens_describe_names_with_labels_and_positions(tokens: Path) -> None:
+    ld = loader(tokens, packing="best-fit")
+    batch = next(iter(ld))
+    assert batch["input_ids"].shape == (4, SEQ) and batch["input_ids"].dtype == torch.int64
+    assert_batch_is_what_describe_names(ld, batch, 0, 0)
     bounds = batch["cu_seqlens"].tolist()
     assert bounds[0] == 0 and bounds[-1] == 4 * SEQ and bounds == sorted(bounds) and batch["max_seqlen"] <= SEQ
+
+
+@pytest.mark.parametrize("packing", ["concat", "best-fit"])
+def test_a_document_ending_at_a_block_edge_has_no_label_after_its_last_token(tokenizer_file: Path, tmp_path: Path, packing: str) -> None:
+    """The block edge falls exactly after a document: its last label is the ignore index, not the
+    first token of the document after it (which the next block holds)."""
+    write_jsonl(tmp_path / "docs.jsonl", real_paragraphs()[:40])
+    convert(str(tmp_path / "docs.jsonl"), str(tmp_path / "ds"), ConvertOptions(
+        source="jsonl", layout="tokens", tokens=TokenizeOptions(str(tokenizer_file), append_eos=True)), quiet=True)
+    reader = fastload.open(tmp_path / "ds").reader(0)
+    block = sum(len(reader.document(d)) for d in range(3))  # the first block ends where document 2 does
+    ld = loader(tmp_path / "ds", packing=packing, seq_len=32, block_tokens=block, packing_window=block)
+    ended_at_edge = 0
+    for step, batch in enumerate(ld):
+        assert_batch_is_what_describe_names(ld, batch, step, 0)
+        ended_at_edge += sum(s["document"] == 2 and s["offset"] + s["tokens"] == len(reader.document(2)) for row in ld.describe(step, 0) for s in row)
+    assert ended_at_edge == 1
 
 
 def test_concat_rows_are_full_and_pad_rows_one_document_each(tokens: Path) -> None:
@@ -458,6 +483,21 @@ def test_a_state_saved_on_the_last_batch_then_that_epoch_set_again_is_not_replay
     assert len(got) == len(runs[1]) and all(torch.equal(a, b) for a, b in zip(got, runs[1]))
 
 
+@pytest.mark.parametrize(("packing", "other"), [("concat", {"block_tokens": 2 * BLOCK}),
+                                               ("best-fit", {"block_tokens": 2 * BLOCK, "packing_window": 8 * BLOCK}),  # 4 blocks a window, as saved
+                                               ("best-fit", {"packing_window": 8 * BLOCK})])
+def test_a_state_is_refused_by_a_loader_of_another_block_size_or_window(tokens: Path, packing: str, other: dict) -> None:
+    kwargs = {"packing": packing, "packing_window": 4 * BLOCK}
+    first = loader(tokens, **kwargs)
+    it = iter(first)
+    for _ in range(3):
+        next(it)
+    state = json.loads(json.dumps(first.state_dict()))
+    loader(tokens, **kwargs).load_state_dict(state)  # the same loader takes it
+    with pytest.raises(ValueError, match="state was saved for another dataset"):
+        loader(tokens, **{**kwargs, **other}).load_state_dict(state)
+
+
 def test_arguments_are_checked_by_name_and_numpy_integers_taken(tokens: Path) -> None:
     """A NumPy integer is a whole number of tokens; a missing or wrong one, or an unknown packing or
     batch format, is a ValueError naming the argument (and the choices) before any batch."""
@@ -669,3 +709,96 @@ def test_a_resume_with_rows_cut_another_way_names_what_changed(tokens: Path, cha
         other.load_state_dict(state)
     assert "Resume with the saved values" in str(error.value) and "\n" not in str(error.value)
     loader(tokens, packing="best-fit", packing_window=8 * BLOCK + 1).load_state_dict(state)  # the same window of whole blocks: the same rows
+
+
+def member_of(segment: dict, first: Path) -> int:
+    """Which member of a two-member mixture a described segment is of (0: the one at ``first``)."""
+    return 0 if segment["shard"].startswith(f"{first}/") else 1
+
+
+def test_a_mixture_by_tokens_delivers_each_members_share_of_the_tokens(tokens: Path, tokenizer_file: Path, tmp_path: Path) -> None:
+    """Weights 0.3 and 0.7: of the tokens an epoch's batches hold, 30% are the first member's (not 70%)."""
+    mixture = fastload.mix({str(tokens): 0.3, str(token_member(tokenizer_file, tmp_path)): 0.7}, by="tokens")
+    ld = fastload.DataLoader(mixture, batch_size=8, seq_len=SEQ, block_tokens=BLOCK)
+    held = [0, 0]
+    for step, batch in enumerate(ld):
+        for used, segments in zip(batch["attention_mask"].sum(dim=1).tolist(), ld.describe(step, 0)):
+            if used:
+                owners = {member_of(s, tokens) for s in segments}
+                assert len(owners) == 1 and sum(s["tokens"] for s in segments) == used  # a row is one member's
+                held[owners.pop()] += used
+    assert sum(held) > 100_000 and abs(held[0] / sum(held) - 0.3) <= 0.01, held
+
+
+def test_a_mixture_by_tokens_draws_a_new_stream_of_a_member_each_time_it_comes_round(tokens: Path, tokenizer_file: Path, tmp_path: Path) -> None:
+    """The second member (66K tokens, weight 0.7 of epochs of about 200K) goes round about twice an
+    epoch, on from epoch to epoch: each round holds each of its token positions once, in an order of
+    its own."""
+    second = token_member(tokenizer_file, tmp_path)
+    mixture = fastload.mix({str(tokens): 0.3, str(second): 0.7}, by="tokens")
+    ld = fastload.DataLoader(mixture, batch_size=8, seq_len=SEQ, block_tokens=BLOCK)
+    everything = set(every_position(second))  # (shard file, document, offset)
+    order = [(s["shard"].rsplit("/", 1)[1], s["document"], s["offset"] + i) for epoch in range(2) for step in range(len(ld))
+             for row in ld.describe(step, epoch) for s in row if member_of(s, tokens) == 1 for i in range(s["tokens"])]
+    size = len(everything)
+    rounds = [order[at : at + size] for at in range(0, len(order) - size + 1, size)]
+    assert len(rounds) >= 4
+    assert all(set(r) == everything for r in rounds)  # each round: every position once
+    assert all(a != b for a, b in itertools.pairwise(rounds)), "a member's round repeats the one before"
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_two_ranks_deliver_different_rows_that_together_are_the_epochs(tokens: Path, tokenizer_file: Path, tmp_path: Path, mixed: bool) -> None:
+    """Checked on the batches each rank's loader delivers: no row on both ranks, and the two ranks'
+    rows are the rows one rank delivers (each rank a loader of its own, as each process of a job has)."""
+    data = fastload.mix({str(tokens): 0.3, str(token_member(tokenizer_file, tmp_path)): 0.7}, by="tokens") if mixed else fastload.open(tokens)
+
+    def rows(**kwargs: int) -> Counter:
+        delivered: Counter = Counter()
+        for batch in fastload.DataLoader(data, batch_size=4, seq_len=SEQ, block_tokens=BLOCK, seed=3, **kwargs):
+            delivered.update(tuple(row[mask.bool()].tolist()) for row, mask in zip(batch["input_ids"], batch["attention_mask"]) if mask.any())
+        return delivered
+
+    ranks = [rows(rank=r, world_size=2) for r in range(2)]
+    assert not set(ranks[0]) & set(ranks[1])
+    assert ranks[0] + ranks[1] == rows()
+
+
+@pytest.mark.parametrize("world_after", [2, 3])
+def test_a_resume_of_two_ranks_counts_the_global_step(tokens: Path, world_after: int) -> None:
+    """Two ranks save after 5 steps (5 x 2 x 4 rows consumed, not 5 x 4); resumed at 2 or 3 ranks, the
+    rows before and after are the epoch's rows once each."""
+    def ranks(world: int, state: dict | None = None, steps: int | None = None) -> tuple[Counter, dict]:
+        delivered: Counter = Counter()
+        saved: dict = {}
+        for rank in range(world):
+            ld = loader(tokens, batch_size=4, rank=rank, world_size=world)
+            if state is not None:
+                ld.load_state_dict(state)
+            for step, batch in enumerate(ld, start=1):
+                delivered.update(tuple(row[mask.bool()].tolist()) for row, mask in zip(batch["input_ids"], batch["attention_mask"]) if mask.any())
+                if step == steps:
+                    saved = ld.state_dict()
+                    break
+        return delivered, saved
+
+    before, state = ranks(2, steps=5)
+    assert state["samples_consumed"] == 5 * 2 * 4
+    after, _ = ranks(world_after, state=state)
+    assert before + after == ranks(1)[0]
+
+
+def test_the_sampler_and_batch_sampler_step_by_the_global_batch(tokens: Path) -> None:
+    """Rank 1 of 2: ``loader.batch_sampler`` yields the rows of its batches (rows 4-7, 12-15, ... of
+    global steps of 8), as many as the loader's; a torch DataLoader made of the loader's parts yields
+    the loader's very batches; ``loader.sampler`` yields the same rows one by one."""
+    ranks = [loader(tokens, batch_size=4, rank=r, world_size=2) for r in range(2)]
+    one = ranks[1]
+    batches = [list(b) for b in one.batch_sampler]
+    assert len(batches) == len(one) == len(ranks[0].batch_sampler)
+    assert batches[:3] == [list(range(8 * k + 4, 8 * k + 8)) for k in range(3)]
+    assert list(one.sampler) == [row for b in batches for row in b]
+    assert not set(ranks[0].sampler) & set(one.sampler)
+    parts = torch.utils.data.DataLoader(one.dataset, batch_sampler=one.batch_sampler, collate_fn=one.collate_fn)
+    for made, own in zip(parts, one):
+        assert torch.equal(made["input_ids"], own["input_ids"]) and torch.equal(made["labels"], own["labels"])

@@ -103,6 +103,46 @@ def test_clips_are_a_pure_function_of_seed_epoch_and_index(video_dataset: Path) 
     inline.close(), workers.close()
 
 
+def test_random_clips_stay_inside_the_video_for_every_stride(video_dataset: Path) -> None:
+    """Every stride whose clip fits the shortest video (24 frames): each clip spans its whole
+    ``(frames - 1) * stride + 1`` frames inside the video, none cut at its end, over 8 epochs."""
+    truth = frames_of(video_dataset)
+    lengths = {key: len(frames) for key, frames in truth.items()}
+    for stride in range(1, 6):
+        clip = Clip(frames=5, stride=stride, sampling="random")
+        loader = fastload.DataLoader(video_dataset, batch_size=3, shuffle=True, seed=stride, clip=clip, transform=[T.Resize(SIZE)])
+        for epoch in range(8):
+            for step in range(len(loader)):
+                for sample in loader.describe(step, epoch).samples:
+                    first, last, _, _ = sample.clips[0]
+                    assert first >= 0 and last == first + clip.span - 1 < lengths[sample.key], (stride, epoch, sample.key, first, last)
+        clips, _ = next(iter(loader))  # and the batch holds those frames, unrepeated
+        for row, sample in enumerate(loader.describe(0, 0).samples):
+            first = sample.clips[0][0]
+            for t in range(5):
+                assert torch.equal(clips[row, t], torch.from_numpy(truth[sample.key][first + stride * t]).permute(2, 0, 1))
+
+
+def test_a_videos_random_clip_changes_from_epoch_to_epoch_and_describe_names_it(video_dataset: Path) -> None:
+    """Epochs 0 to 3 draw other clips of each video; an epoch's batches hold the clips
+    ``describe(step, epoch)`` names, for epochs other than 0 too."""
+    truth = frames_of(video_dataset)
+    loader = fastload.DataLoader(video_dataset, batch_size=2, shuffle=True, seed=4, return_keys=True, clip=Clip(frames=3, stride=2),
+                                 transform=[T.Resize(SIZE)])
+    starts: dict[str, list[int]] = {}
+    for epoch in range(4):
+        loader.set_epoch(epoch)
+        for step, (clips, _, keys) in enumerate(loader):
+            described = loader.describe(step, epoch).samples
+            assert [sample.key for sample in described] == list(keys)
+            for row, sample in enumerate(described):
+                first = sample.clips[0][0]
+                starts.setdefault(sample.key, []).append(first)
+                for t in range(3):
+                    assert torch.equal(clips[row, t], torch.from_numpy(truth[sample.key][first + 2 * t]).permute(2, 0, 1)), (epoch, step, row)
+    assert len(starts) == 6 and all(len(set(firsts)) > 1 for firsts in starts.values()), starts
+
+
 @pytest.mark.parametrize("taken", [0, 1])
 def test_resume_mid_epoch_equals_an_uninterrupted_run(video_dataset: Path, taken: int) -> None:
     run_resume_contract(lambda: fastload.DataLoader(video_dataset, batch_size=4, shuffle=True, seed=5, num_workers=1, return_keys=True,
