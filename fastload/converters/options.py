@@ -29,6 +29,7 @@ class TokenizeOptions:
     shard_tokens: int = 100_000_000  # about this many tokens a shard (planned from text bytes: see converters.tokens)
     bos_token: str | None = None  # the bos/eos token's text, where the tokenizer's config does not name it
     eos_token: str | None = None
+    allow_special_tokens: bool = False  # a special token's text in a document gets its id (else: encoded as ordinary text)
 
     def __post_init__(self) -> None:
         if self.min_tokens < 1:

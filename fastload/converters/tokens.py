@@ -48,7 +48,7 @@ BATCH_BYTES = 4 << 20  # ... or fewer, once their text holds this many bytes
 @lru_cache(maxsize=2)
 def _tokenizer(options: TokenizeOptions) -> TextTokenizer:
     """This process's tokenizer (loaded once per process and options)."""
-    return TextTokenizer(options.tokenizer, options.bos_token, options.eos_token)
+    return TextTokenizer(options.tokenizer, options.bos_token, options.eos_token, options.allow_special_tokens)
 
 
 def tokenizer_identity(options: TokenizeOptions) -> TokenizerIdentity:

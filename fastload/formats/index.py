@@ -91,6 +91,9 @@ class ShardInfo:
 TOKEN_DTYPES = {"uint16": 2**16, "uint32": 2**32}  # a token shard's dtype -> the ids it can hold
 
 
+SPECIAL_TEXT = ("ordinary", "special")  # how a special token's text in a document is encoded (TokenizerIdentity.special_text)
+
+
 def token_dtype(vocab_size: int) -> str:
     """The smallest dtype holding every id of a vocabulary of ``vocab_size``."""
     return "uint16" if vocab_size <= TOKEN_DTYPES["uint16"] else "uint32"
@@ -100,7 +103,8 @@ def token_dtype(vocab_size: int) -> str:
 class TokenizerIdentity:
     """The tokenizer a token dataset was made with: the sha256 of its file (of its files, for a
     ``transformers`` folder), its vocabulary size (every id is below it), its special ids, and
-    the dtype the shards store ids in."""
+    the dtype the shards store ids in; how documents' text was encoded (``special_text``) and by
+    what (``encoder``), both absent from indexes written before they were recorded."""
 
     sha256: str
     vocab_size: int
@@ -110,6 +114,11 @@ class TokenizerIdentity:
     eos_id: int | None = None
     pad_id: int | None = None
     special: dict[str, int] = field(default_factory=dict)  # every special token's id by its text
+    # A special token's text inside a document: "ordinary" (encoded as ordinary text, as tiktoken's
+    # encode_ordinary does), "special" (as the special token's id: --allow-special-tokens), or None:
+    # not recorded (indexes written before it was; those conversions gave the special ids)
+    special_text: str | None = None
+    encoder: str | None = None  # the library and version that made the ids, e.g. "tokenizers 0.21.0" (None: not recorded)
 
     def __post_init__(self) -> None:
         _check_sha256(self.sha256, "tokenizer.sha256")
@@ -128,6 +137,10 @@ class TokenizerIdentity:
             raise DatasetIndexError("tokenizer.special: must be an object of ids")
         for value in self.special.values():
             _check_int(value, "tokenizer.special")
+        if self.special_text not in (None, *SPECIAL_TEXT):
+            raise DatasetIndexError(f"tokenizer.special_text: must be one of {list(SPECIAL_TEXT)}")
+        if self.encoder is not None and not isinstance(self.encoder, str):
+            raise DatasetIndexError("tokenizer.encoder: must be a string")
 
 
 @dataclass(frozen=True)

@@ -34,11 +34,19 @@ def special_tokens(tokenizer: Any) -> dict[str, int]:
     return {token.content: int(token_id) for token_id, token in tokenizer.get_added_tokens_decoder().items() if token.special}
 
 
-def encode(tokenizer: Any, texts: list[str]) -> list[list[int]]:
-    """Each text's ids, no special tokens added, on all cores (``encode_batch_fast``: no offsets)."""
+def version() -> str:
+    """The library and its version, as an index records what made the ids."""
+    return f"tokenizers {import_tokenizers().__version__}"
+
+
+def encode(tokenizer: Any, texts: list[str], allow_special: bool) -> list[list[int]]:
+    """Each text's ids, no special tokens added, on all cores (``encode_batch_fast``: no offsets);
+    a special token's text in it encoded as ordinary text unless ``allow_special``."""
+    tokenizer.encode_special_tokens = not allow_special  # True: special added tokens are not matched in the text
     return [encoding.ids for encoding in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
 
 
-def count(tokenizer: Any, text: str) -> int:
+def count(tokenizer: Any, text: str, allow_special: bool) -> int:
     """How many ids ``text`` encodes to (``encode``: no thread pool)."""
+    tokenizer.encode_special_tokens = not allow_special
     return len(tokenizer.encode(text, add_special_tokens=False).ids)

@@ -35,11 +35,19 @@ def named_special(tokenizer: Any, name: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def encode(tokenizer: Any, texts: list[str]) -> list[list[int]]:
-    """Each text's ids, no special tokens added."""
-    return tokenizer(texts, add_special_tokens=False)["input_ids"]
+def version() -> str:
+    """The library and its version, as an index records what made the ids."""
+    import transformers
+
+    return f"transformers {transformers.__version__}"
 
 
-def count(tokenizer: Any, text: str) -> int:
+def encode(tokenizer: Any, texts: list[str], allow_special: bool) -> list[list[int]]:
+    """Each text's ids, no special tokens added; a special token's text in it encoded as ordinary
+    text unless ``allow_special``."""
+    return tokenizer(texts, add_special_tokens=False, split_special_tokens=not allow_special)["input_ids"]
+
+
+def count(tokenizer: Any, text: str, allow_special: bool) -> int:
     """How many ids ``text`` encodes to."""
-    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return len(tokenizer(text, add_special_tokens=False, split_special_tokens=not allow_special)["input_ids"])

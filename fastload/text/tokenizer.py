@@ -1,7 +1,13 @@
 """A local tokenizer, its identity and encoding: a Hugging Face ``tokenizer.json`` (or a folder
 holding one) through ``tokenizers``, or a ``transformers`` tokenizer folder without one. Nothing
-is ever downloaded. The identity (sha256 of the file(s), vocabulary size, special ids) goes into a
-token dataset's index.json, so a loader or a resumed conversion can tell it was made with this one."""
+is ever downloaded. The identity (sha256 of the file(s), vocabulary size, special ids, how and by
+what documents were encoded) goes into a token dataset's index.json, so a loader or a resumed
+conversion can tell it was made with this one.
+
+A special token's text inside a document (``<|endoftext|>`` written in it) is encoded as ordinary
+text by default, so no document can forge a boundary: its ids are those the same tokenizer gives
+with its special added tokens unknown (tiktoken's ``encode_ordinary``); other added tokens still
+match. ``allow_special_tokens`` gives such text the special token's id instead."""
 
 from __future__ import annotations
 
@@ -48,11 +54,13 @@ def _configured(folder: Path, name: str) -> str | None:
 @dataclass(frozen=True)
 class TextTokenizer:
     """The tokenizer at ``path`` (picklable: each process loads it on first use); ``bos_token`` /
-    ``eos_token`` override the special tokens its config names."""
+    ``eos_token`` override the special tokens its config names; ``allow_special_tokens``: a special
+    token's text in a document is encoded as that token's id (else as ordinary text)."""
 
     path: str
     bos_token: str | None = None
     eos_token: str | None = None
+    allow_special_tokens: bool = False
 
     @property
     def _file(self) -> Path | None:
@@ -105,12 +113,13 @@ class TextTokenizer:
             digest, kind = _folder_sha256(Path(self.path)), "transformers"
         return TokenizerIdentity(sha256=digest, vocab_size=size, dtype=token_dtype(size), kind=kind,
                                  bos_id=self._special_id("bos", special, vocab), eos_id=self._special_id("eos", special, vocab),
-                                 pad_id=self._special_id("pad", special, vocab), special=dict(sorted(special.items())))
+                                 pad_id=self._special_id("pad", special, vocab), special=dict(sorted(special.items())),
+                                 special_text="special" if self.allow_special_tokens else "ordinary", encoder=module.version())
 
     def encode(self, texts: list[str]) -> list[list[int]]:
-        """Each text's token ids, without special tokens."""
+        """Each text's token ids, without special tokens added."""
         module, tokenizer = self._loaded
-        return module.encode(tokenizer, texts)
+        return module.encode(tokenizer, texts, self.allow_special_tokens)
 
     def encode_arrays(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """The texts' ids back to back (int64) and each text's count."""
@@ -123,7 +132,7 @@ class TextTokenizer:
         """How many ids the texts encode to, one text at a time (no thread pool: a process that
         forks workers afterwards keeps their tokenizers parallel)."""
         module, tokenizer = self._loaded
-        return sum(module.count(tokenizer, text) for text in texts)
+        return sum(module.count(tokenizer, text, self.allow_special_tokens) for text in texts)
 
 
 def _folder_sha256(folder: Path) -> str:

@@ -246,3 +246,57 @@ def test_bos_and_eos_tokens_given_override_a_tokenizer_folders_config(tokenizer_
     assert (configured.bos_id, configured.eos_id) == (0, 0)  # the config's <|endoftext|>
     assert (given.bos_id, given.eos_id) == (1, 1)  # <|pad|>, as given
     assert all(ids[0] == 1 and ids[-1] == 1 for ids in documents(tmp_path / "given"))
+
+
+def forging_documents() -> list[str]:
+    """Real paragraphs with the special tokens' text written into them: inside words, at the ends,
+    next to punctuation and spaces, alone, twice in a row."""
+    texts = ["<|endoftext|>", "a turn<|endoftext|>another turn", "ends with <|endoftext|>.", "<|pad|><|endoftext|>x",
+             " <|endoftext|> ", "<|endoftext|><|endoftext|>", "<|endoftext", "|endoftext|>"]
+    for n, paragraph in enumerate(real_paragraphs()[:400]):
+        cut = len(paragraph) * (n % 7) // 6
+        texts.append(paragraph[:cut] + ("<|endoftext|>" if n % 3 else " <|pad|>") + paragraph[cut:])
+    return texts
+
+
+def without_special_tokens(tokenizer_file: Path):
+    """An independent reference for "ordinary text": the tokenizer.json with its special added
+    tokens removed, so nothing in it can match them."""
+    from tokenizers import Tokenizer
+
+    data = json.loads(tokenizer_file.read_text())
+    data["added_tokens"] = [token for token in data["added_tokens"] if not token["special"]]
+    return Tokenizer.from_str(json.dumps(data))
+
+
+def test_a_document_cannot_forge_a_boundary_unless_special_tokens_are_allowed(tokenizer_file: Path, tmp_path: Path) -> None:
+    from tokenizers import Tokenizer
+
+    texts = forging_documents()
+    write_jsonl(tmp_path / "a.jsonl", texts)
+    specials = {0, 1}  # <|endoftext|>, <|pad|>
+    for allow in (False, True):
+        out = tmp_path / f"out-{allow}"
+        assert main(["convert", str(tmp_path / "a.jsonl"), str(out), "--from", "jsonl", "--tokenizer", str(tokenizer_file),
+                     "--quiet", *(["--allow-special-tokens"] if allow else [])]) == 0
+        ids, tokenizer = documents(out), read_index(out).tokenizer
+        assert tokenizer.eos_id == 0 and tokenizer.special == {"<|endoftext|>": 0, "<|pad|>": 1}
+        reference = Tokenizer.from_file(str(tokenizer_file)) if allow else without_special_tokens(tokenizer_file)
+        assert ids == [e.ids for e in reference.encode_batch(texts, add_special_tokens=False)]
+        if allow:  # today's call: the text of a special token gets its id
+            assert ids[0] == [0] and ids[5] == [0, 0] and sum(0 in doc for doc in ids) > 250
+        else:
+            assert not any(specials & set(doc) for doc in ids)
+        assert tokenizer.special_text == ("special" if allow else "ordinary")
+    assert documents(tmp_path / "out-False") != documents(tmp_path / "out-True")
+
+
+def test_an_index_written_before_the_encoding_was_recorded_still_reads(corpus: Path, tokenizer_file: Path, tmp_path: Path) -> None:
+    convert(str(corpus / "a.jsonl"), str(tmp_path / "out"), token_options(tokenizer_file), quiet=True)
+    data = json.loads((tmp_path / "out" / "index.json").read_text())
+    assert data["tokenizer"]["special_text"] == "ordinary" and data["tokenizer"]["encoder"].startswith("tokenizers ")
+    del data["tokenizer"]["special_text"], data["tokenizer"]["encoder"]
+    (tmp_path / "out" / "index.json").write_text(json.dumps(data))
+    older = read_index(tmp_path / "out")
+    assert older.tokenizer.special_text is None and older.tokenizer.encoder is None
+    assert documents(tmp_path / "out") == TextTokenizer(str(tokenizer_file)).encode(real_paragraphs()[: len(real_paragraphs()) // 2])
