@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field, replace
 
 from fastload._util.sizes import parse_size
@@ -125,4 +126,4 @@ class ConvertOptions:
         if not self.reencode_video:
             data.pop("reencode_video")  # likewise
             data.pop("keyframe_interval")
-        return data
+        return json.loads(json.dumps(data))  # as plan.json reads it back: a tuple option (--allow-root) compares as a list
