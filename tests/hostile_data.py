@@ -107,6 +107,15 @@ def mutate(data: bytes, rng: np.random.Generator, keep: int = 2) -> bytes:
     return bytes(out)
 
 
+PEAK_RSS = """
+def peak_rss():
+    # This process's peak resident bytes since it started (VmHWM): ru_maxrss keeps the peak of
+    # the process it was forked from (pytest's, a few hundred MB), hiding any peak below it.
+    with open("/proc/self/status") as status:
+        return int(status.read().split("VmHWM:")[1].split()[0]) * 1024
+"""
+
+
 def run_limited(script: str, memory_bytes: int = 3 << 30, timeout: float = 120, env: dict | None = None) -> dict:
     """Run ``script`` in a fresh Python whose address space is capped (RLIMIT_AS, inherited by
     its workers), from the repository root; it must print one JSON line last, returned parsed.

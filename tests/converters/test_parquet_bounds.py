@@ -15,11 +15,11 @@ import pytest
 
 import fastload
 from tests.conftest import REPO_ROOT, jpeg_bytes, small_photo
-from tests.hostile_data import run_limited
+from tests.hostile_data import PEAK_RSS, run_limited
 
-# A conversion's peak resident memory, the process's or its worker's (RUSAGE_CHILDREN: the largest
-# finished child, the forked worker, whose resident pages include what it shares with this one)
-# less this process's before it: ``grown`` in the scripts below.
+# A conversion's peak resident memory (a conversion with one worker runs in this process) less
+# this process's peak before it: ``grown`` in the scripts below (peak_rss: VmHWM, since ru_maxrss
+# starts at pytest's own peak and hid every peak below it).
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -43,8 +43,8 @@ with pq.ParquetWriter(sys.argv[1], schema, compression="zstd", use_dictionary=Fa
     writer.write_table(pa.table({{"image": small, "label": list(range(len(small)))}}, schema=schema))
 pq.write_table(pa.table({{"image": small, "label": list(range(len(small)))}}, schema=schema), Path(sys.argv[1]).parent.parent / "warm-up.parquet")
 """
-WARM_UP = """
-import json, resource
+WARM_UP = PEAK_RSS + """
+import json
 import fastload
 from fastload.converters import ConvertOptions, convert
 convert({warm_up!r}, {out!r}, ConvertOptions(source="parquet"), quiet=True)
@@ -67,9 +67,9 @@ def big_group(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_rows_are_read_in_bounded_batches(big_group: Path, tmp_path: Path) -> None:
     got = run_limited(WARM_UP.format(warm_up=str(big_group.parent.parent / "warm-up.parquet"), out=str(tmp_path / "warm")) + f"""
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = peak_rss()
 report = convert({str(big_group)!r}, {str(tmp_path / "out")!r}, ConvertOptions(source="parquet", on_error="skip"), quiet=True)
-grown = (max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) - before) * 1024
+grown = peak_rss() - before
 print(json.dumps({{"grown": grown, "samples": report.index.num_samples, "skipped": sum(report.index.skipped.values())}}))
 """, memory_bytes=2 << 30)
     assert got["samples"] == 4 and got["skipped"] == ROWS  # the zero rows are no images: each skipped
@@ -87,9 +87,9 @@ try:
     failed = None
 except fastload.SampleError as exc:
     failed = str(exc)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = peak_rss()
 report = convert({str(big_group)!r}, {str(tmp_path / "skip")!r}, ConvertOptions(source="parquet", on_error="skip"), quiet=True)
-grown = (max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) - before) * 1024
+grown = peak_rss() - before
 print(json.dumps({{"failed": failed, "samples": report.index.num_samples, "grown": grown}}))
 """, memory_bytes=2 << 30)
     assert got["failed"].startswith(f"{big_group}#group0/row0: row group 0 declares ")
@@ -98,6 +98,39 @@ print(json.dumps({{"failed": failed, "samples": report.index.num_samples, "grown
     report = [json.loads(line) for line in (tmp_path / "skip" / "skipped.jsonl").read_text().splitlines()]
     assert len(report) == ROWS and all("row group 0 declares" in entry["reason"] for entry in report)
     assert {entry["where"] for entry in report} == {f"{big_group}#group0/row{row}" for row in range(ROWS)}
+
+
+REPEATED = {  # one 8 MiB value in every row of a 64-row group, in a file of a few KB
+    "dictionary": """
+images = pa.DictionaryArray.from_arrays(pa.array([0] * 64, pa.int32()), pa.array([bytes(8 << 20)]))
+pq.write_table(pa.table({"image": images, "label": list(range(64))}), sys.argv[1], compression="zstd")
+""",
+    "delta": """
+images = pa.array([bytes(8 << 20)] * 64, pa.binary())
+pq.write_table(pa.table({"image": images, "label": list(range(64))}), sys.argv[1], compression="zstd", use_dictionary=False,
+               column_encoding={"image": "DELTA_BYTE_ARRAY", "label": "PLAIN"})
+""",
+}
+
+
+@pytest.mark.parametrize("encoding", REPEATED)
+def test_an_image_the_encoding_repeats_is_read_a_row_at_a_time(big_group: Path, tmp_path: Path, encoding: str) -> None:
+    """One 8 MiB value in every row of a 64-row group, dictionary- or prefix-encoded (the group
+    declaring 8 MiB): rows were batched by the declared size, so the whole group decoded at once
+    (64 copies, 512 MiB; 1 GB for round 2's 49 KB file). Now a dictionary leaf is read as one, a
+    row's value made when it is asked for; a group sharing prefixes is read a row a batch."""
+    path = tmp_path / "src" / "data.parquet"
+    path.parent.mkdir()
+    subprocess.run([sys.executable, "-c", "import sys\nimport pyarrow as pa, pyarrow.parquet as pq\n" + REPEATED[encoding], str(path)],
+                   check=True, timeout=120)
+    assert path.stat().st_size < 100_000
+    got = run_limited(WARM_UP.format(warm_up=str(big_group.parent.parent / "warm-up.parquet"), out=str(tmp_path / "warm")) + f"""
+before = peak_rss()
+report = convert({str(path)!r}, {str(tmp_path / "out")!r}, ConvertOptions(source="parquet", on_error="skip", limit=10), quiet=True)
+print(json.dumps({{"grown": peak_rss() - before, "skipped": sum(report.index.skipped.values())}}))
+""", memory_bytes=2 << 30)
+    assert got["skipped"] == 10  # zeros are no image: each row read, and skipped
+    assert got["grown"] < 128 << 20, got  # a few copies of a row (dictionary ~40 MB, prefixes ~80 MB); the whole group was 0.6-0.8 GB
 
 
 def test_a_shuffled_conversion_reads_every_row_right(big_group: Path, tmp_path: Path) -> None:

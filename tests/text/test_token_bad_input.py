@@ -22,7 +22,7 @@ from fastload.formats.index import DatasetIndex, read_index
 from fastload.storage.verify import verify_dataset
 from tests.conftest import run_cli
 from tests.converters.test_confinement import link_out
-from tests.hostile_data import run_limited
+from tests.hostile_data import PEAK_RSS, run_limited
 from tests.text.conftest import real_paragraphs, write_jsonl
 
 
@@ -257,7 +257,7 @@ def test_a_line_too_long_is_a_bad_document_read_in_bounded_pieces(tokenizer_file
     src = gzip_with_a_long_line(tmp_path / "d.jsonl.gz", 1 << 30)
     reason = f"line too long ({(1 << 30) + 13} bytes, more than the 16 MiB a line may hold)"
     warm_up = write_jsonl(tmp_path / "warm-up.jsonl", ["a document"])
-    convert_to = f"""
+    convert_to = PEAK_RSS + f"""
 import json
 from fastload.converters import ConvertOptions, convert
 from fastload.converters.options import TokenizeOptions
@@ -265,16 +265,14 @@ from fastload.errors import SampleError
 def options(on_error):
     return ConvertOptions(source="jsonl", layout="tokens", on_error=on_error, tokens=TokenizeOptions({str(tokenizer_file)!r}))
 convert({str(warm_up)!r}, {str(tmp_path / "warm")!r}, options("raise"), quiet=True)  # what every conversion imports and loads
-def peak():  # this process's peak resident bytes (VmHWM: since its exec, unlike ru_maxrss, which keeps pytest's)
-    return int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) * 1024
-before = peak()
+before = peak_rss()
 try:
     convert({str(src)!r}, {str(tmp_path / "raise")!r}, options("raise"), quiet=True)
     raised = None
 except SampleError as exc:
     raised = str(exc)
 report = convert({str(src)!r}, {str(tmp_path / "skip")!r}, options("skip"), quiet=True)
-grown = peak() - before
+grown = peak_rss() - before
 print(json.dumps({{"raised": raised, "documents": report.index.num_samples, "skipped": report.index.skipped, "grown": grown}}))
 """
     got = run_limited(convert_to, memory_bytes=2 << 30, timeout=300)
@@ -356,3 +354,31 @@ def test_a_document_table_reached_through_a_link_out_of_the_root_is_refused(toke
             pass
     report = verify_dataset(root)
     assert not report.ok and any(table in problem and "outside the dataset root" in problem for problem in report.problems), report.problems
+
+
+def test_a_parquet_text_a_dictionary_repeats_is_decoded_once(tokenizer_file: Path, tmp_path: Path) -> None:
+    """A 7,200-row group whose text column is one 64 KiB document in a dictionary (a file of a few
+    KB, the group declaring 64 KiB): its rows were batched by that size, so the first document read
+    decoded the whole group (450 MiB); now each value its rows use is decoded once."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    texts = pa.DictionaryArray.from_arrays(pa.array([0] * 7200, pa.int32()), pa.array(["word " * ((64 << 10) // 5)]))
+    pq.write_table(pa.table({"body": texts}), tmp_path / "d.parquet", compression="zstd")
+    assert (tmp_path / "d.parquet").stat().st_size < 100_000
+    warm_up = tmp_path / "warm-up.parquet"
+    pq.write_table(pa.table({"body": ["a document"]}), warm_up)
+    got = run_limited(PEAK_RSS + f"""
+import json
+from fastload.converters import ConvertOptions, convert
+from fastload.converters.options import TokenizeOptions
+from fastload.converters.sources import SourceOptions
+def options(limit):
+    return ConvertOptions(source="parquet", layout="tokens", limit=limit, source_options=SourceOptions(text_field="body"),
+                          tokens=TokenizeOptions({str(tokenizer_file)!r}, shard_tokens=10_000_000))
+convert({str(warm_up)!r}, {str(tmp_path / "warm")!r}, options(None), quiet=True)
+before = peak_rss()
+report = convert({str(tmp_path / "d.parquet")!r}, {str(tmp_path / "out")!r}, options(2), quiet=True)
+print(json.dumps({{"grown": peak_rss() - before, "documents": report.index.num_samples}}))
+""", memory_bytes=3 << 30, timeout=300)
+    assert got["documents"] == 2
+    assert got["grown"] < 64 << 20, got  # a document of 64 KiB at a time; the whole group was 450 MiB

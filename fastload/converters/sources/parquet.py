@@ -40,26 +40,67 @@ def declared_bytes(meta, group: int, columns: tuple[str, ...]) -> int:
     )
 
 
+def batch_rows(meta, group: int, columns: tuple[str, ...], declared: int) -> int:
+    """The rows a batch of row group ``group`` holds: about BATCH_BYTES of what its ``columns``
+    declare (``declared``, encoded), or one where a binary or string leaf shares prefixes between
+    values (DELTA_BYTE_ARRAY: 64 rows of 8 MiB in a 689-byte file, declaring 8 MiB, decoded to
+    800 MB at once; one row at a time, to about ten times a value)."""
+    row_group = meta.row_group(group)
+    chunks = map(row_group.column, range(row_group.num_columns))
+    if any("DELTA_BYTE_ARRAY" in chunk.encodings for chunk in chunks if chunk.path_in_schema.split(".", 1)[0] in columns):
+        return 1
+    return max(1, BATCH_BYTES * row_group.num_rows // max(declared, 1))
+
+
+def group_batches(path: Path, group: int, columns: tuple[str, ...], batch_rows: int) -> Iterator[Any]:
+    """Row group ``group``'s ``columns`` in batches of ``batch_rows`` rows (pyarrow's
+    ``iter_batches``), their dictionary-encoded binary and string leaves read as dictionaries: a
+    value a dictionary page repeats is held once, never once a row. A batch's rows are sized from
+    the group's declared (encoded) size, which says nothing of how often a dictionary repeats a
+    value: a 49 KB file's group of one 8 MiB value in every row decoded to 1 GB, one of 50 KB of
+    text to 450 MiB. (A plain-encoded leaf is read as it is: made a dictionary, its values would
+    be copied twice more.)"""
+    pq = import_pyarrow_parquet()
+    meta = pq.read_metadata(path)
+    chunks = map(meta.row_group(group).column, range(meta.num_columns))
+    leaves = [chunk.path_in_schema for chunk in chunks if chunk.physical_type == "BYTE_ARRAY"
+              and chunk.path_in_schema.split(".", 1)[0] in columns and any("DICTIONARY" in encoding for encoding in chunk.encodings)]
+    file = pq.ParquetFile(path, metadata=meta, read_dictionary=leaves)
+    return file.iter_batches(batch_size=batch_rows, row_groups=[group], columns=list(columns), use_threads=False)
+
+
+def column_values(column: Any) -> list:
+    """A batch's column as Python values; of a dictionary column, each value its rows use decoded
+    once (the rows repeating it share that one object)."""
+    import pyarrow as pa
+
+    if not pa.types.is_dictionary(column.type):
+        return column.to_pylist()
+    indices = column.indices.to_pylist()
+    used = sorted({i for i in indices if i is not None})
+    decoded = dict(zip(used, column.dictionary.take(used).to_pylist()))
+    return [None if i is None else decoded[i] for i in indices]
+
+
 class GroupRows:
-    """A row group's columns read forward in batches of ``batch_rows`` rows (pyarrow's
-    ``iter_batches``), only the current batch held: rows asked for in order cost one pass over
-    the group and a batch's memory, never the whole group's (a 49 KB file's group once decoded
-    to 1 GB); a row before the current batch needs a new reader. pyarrow still decompresses a
-    whole page to read a row of it, and a writer may put many rows in one page: that is bounded
-    by the group's declared size, checked against MAX_ROW_GROUP_BYTES when the items are listed."""
+    """A row group's columns read forward in batches (group_batches), only the current batch held
+    and a row's values made when it is asked for: rows asked for in order cost one pass over the
+    group and a batch's memory, never the whole group's; a row before the current batch needs a new
+    reader. pyarrow still decompresses a whole page to read a row of it, and a writer may put many
+    rows in one page: that is bounded by the group's declared size, checked against
+    MAX_ROW_GROUP_BYTES when the items are listed."""
 
     def __init__(self, path: Path, group: int, columns: tuple[str, ...], batch_rows: int) -> None:
-        pq = import_pyarrow_parquet()
-        self._batches = pq.ParquetFile(path).iter_batches(batch_size=batch_rows, row_groups=[group], columns=list(columns), use_threads=False)
+        self._batches = group_batches(path, group, columns, batch_rows)
         self.start, self._next = 0, 0  # the rows of the batch held: [start, _next)
-        self._values: dict[str, list] = {}
+        self._batch: Any = None
 
     def row(self, row: int) -> dict[str, Any]:
         """Row ``row`` (at or after :attr:`start`) of the group, by column."""
         while row >= self._next:
-            batch = next(self._batches)
-            self.start, self._next, self._values = self._next, self._next + batch.num_rows, batch.to_pydict()
-        return {name: values[row - self.start] for name, values in self._values.items()}
+            self._batch = next(self._batches)
+            self.start, self._next = self._next, self._next + self._batch.num_rows
+        return {name: self._batch.column(n)[row - self.start].as_py() for n, name in enumerate(self._batch.schema.names)}
 
 
 _open_groups: OrderedDict[tuple, GroupRows] = OrderedDict()  # this process's readers, least recently used first
@@ -120,12 +161,12 @@ class ParquetSource:
                     f"row group {group} declares {declared} bytes uncompressed in columns {', '.join(self.columns)}, over the "
                     f"{MAX_ROW_GROUP_BYTES} fastload reads of a group; write the file with smaller row groups"
                 ) if declared > MAX_ROW_GROUP_BYTES else None
-                batch_rows = max(1, BATCH_BYTES * rows // max(declared, 1))
+                rows_a_batch = batch_rows(meta, group, self.columns, declared)
                 size = declared // max(rows, 1)
                 for row in range(rows):
                     key = f"{name}_{group:04d}_{row:06d}"
                     out.append(SourceItem(key=key, where=f"{path}#group{group}/row{row}", size_hint=size,
-                                          ref=(path, group, row, batch_rows, refused), stamp=stamp))
+                                          ref=(path, group, row, rows_a_batch, refused), stamp=stamp))
         if len(set(names)) == len(names):
             return out  # a key spells its file's name, group and row: unique unless a name repeats
         keys = unique_keys([item.key for item in out])
@@ -168,9 +209,9 @@ class ParquetTextSource:
             stamp, meta = file_stamp(path), pq.ParquetFile(path).metadata
             for group in range(meta.num_row_groups):
                 declared = declared_bytes(meta, group, (self.text_column,))
-                batch_rows = max(1, BATCH_BYTES * meta.row_group(group).num_rows // max(declared, 1))
+                rows_a_batch = batch_rows(meta, group, (self.text_column,), declared)
                 out.append(SourceItem(key=f"{name}_{group:04d}", where=f"{path}#group{group}", size_hint=meta.row_group(group).total_byte_size,
-                                      ref=(path, group, batch_rows, declared), stamp=stamp))
+                                      ref=(path, group, rows_a_batch, declared), stamp=stamp))
         return out
 
     def documents(self, item: SourceItem) -> Iterator[Document]:
@@ -180,10 +221,9 @@ class ParquetTextSource:
             yield Document(item.where, None, f"row group {group} declares {declared} bytes uncompressed in column {self.text_column}, "
                                              f"over the {MAX_ROW_GROUP_BYTES} fastload reads of a group; write the file with smaller row groups")
             return
-        pq = import_pyarrow_parquet()
         row = 0
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_rows, row_groups=[group], columns=[self.text_column], use_threads=False):
-            for value in batch.column(0).to_pylist():
+        for batch in group_batches(path, group, (self.text_column,), batch_rows):
+            for value in column_values(batch.column(0)):
                 where = f"{path}#group{group}/row{row}"
                 problem = text_problem(value, self.text_column)
                 yield Document(where, None, problem) if problem else Document(where, value)
