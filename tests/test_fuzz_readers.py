@@ -911,17 +911,9 @@ def results() -> dict:
     return got
 
 
-# Targets whose fuzzing finds bugs being fixed on other branches (the lead re-checks them after merging)
-FINDING = {
-    "jsonl": "seed 1717: a damaged stream's error escapes the command or names no file: zstandard's ZstdError (cases 1, 17), "
-             "EOFError of a cut .gz (case 6), zlib.error (case 14); gzip's CRC check (case 2), not a gzipped file (case 8)",
-    "parquet": "seed 1717: pyarrow's errors for a damaged file name no file, some on two lines: a footer's thrift (case 0), "
-               "an empty file (case 2), no magic bytes (case 18), invalid base64 schema (case 10), corrupt snappy data (case 11)",
-}
 
 
-@pytest.mark.parametrize("target", [pytest.param(target, marks=pytest.mark.xfail(strict=False, reason=FINDING[target]))
-                                    if target in FINDING else target for target in sorted(CASES)])
+@pytest.mark.parametrize("target", sorted(CASES))
 def test_mutated_inputs_end_in_one_line_errors_or_counted_skips(results: dict, target: str) -> None:
     got = results[target]
     assert "crashed" not in got, got.get("crashed")

@@ -382,3 +382,32 @@ print(json.dumps({{"grown": peak_rss() - before, "documents": report.index.num_s
 """, memory_bytes=3 << 30, timeout=300)
     assert got["documents"] == 2
     assert got["grown"] < 64 << 20, got  # a document of 64 KiB at a time; the whole group was 450 MiB
+
+
+def test_a_damaged_parquet_file_is_one_line_naming_it(tokenizer_file: Path, tmp_path: Path) -> None:
+    """A footer that does not parse, an empty file and a page that does not decompress: pyarrow's
+    messages (several lines, naming no file) became one line naming the file; a damaged page of
+    documents is a skippable loss naming the row group, the rows before it kept."""
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    texts = real_paragraphs()[:60]
+    whole = tmp_path / "whole.parquet"
+    pq.write_table(pa.table({"text": texts}), whole, row_group_size=20, compression="snappy")
+    data = whole.read_bytes()
+    damaged = {"footer": data[:-8] + (len(data) - 9).to_bytes(4, "little") + b"PAR1", "empty": b""}  # a footer length past the magic
+    meta = pq.read_metadata(whole).row_group(1).column(0)
+    page = meta.data_page_offset + 24  # inside row group 1's first data page, past its header
+    damaged["page"] = data[:page] + bytes(64) + data[page + 64:]
+    for name, content in damaged.items():
+        src = tmp_path / name
+        src.mkdir()
+        (src / "docs.parquet").write_bytes(content)
+        args = ["convert", str(src), str(tmp_path / f"out-{name}"), "--from", "parquet", "--text-field", "text", "--tokenizer", str(tokenizer_file)]
+        raised = run_cli(*args, check=False)
+        assert raised.returncode == 2 and len(raised.stderr.strip().splitlines()) == 1, (name, raised.stderr)
+        assert str(src / "docs.parquet") in raised.stderr and "Parquet" in raised.stderr, (name, raised.stderr)
+        if name == "page":
+            skipped = run_cli(*args[:2], str(tmp_path / "out-page-skip"), *args[3:], "--on-error", "skip")
+            assert skipped.returncode == 0
+            (entry,) = [json.loads(line) for line in (tmp_path / "out-page-skip" / "skipped.jsonl").read_text().splitlines()]
+            assert "damaged Parquet data in row group 1" in entry["reason"] and "rows from 0 on are lost" in entry["reason"]
+            assert read_index(tmp_path / "out-page-skip").num_samples == 40  # row groups 0 and 2

@@ -26,6 +26,28 @@ def import_pyarrow_parquet():
     return pq
 
 
+def damage(exc: BaseException) -> str:
+    """pyarrow's complaint about a damaged file as one short line (its messages span lines)."""
+    return " ".join(str(exc).split())[:160] or type(exc).__name__
+
+
+def arrow_errors() -> tuple[type[BaseException], ...]:
+    """What pyarrow raises for a damaged file: its own errors, and OSError for what it reads."""
+    import pyarrow as pa
+
+    return (pa.ArrowException, OSError)
+
+
+def parquet_file(path: Path) -> Any:
+    """``path`` opened as a Parquet file, or a ValueError naming it in one line (a damaged footer or
+    schema: no row of it can be read)."""
+    pq = import_pyarrow_parquet()
+    try:
+        return pq.ParquetFile(path)
+    except arrow_errors() as exc:
+        raise ValueError(f"{path}: not a readable Parquet file ({damage(exc)})") from None
+
+
 MAX_ROW_GROUP_BYTES = 512 << 20  # the most the columns read of one row group may declare, uncompressed
 BATCH_BYTES = 16 << 20  # about what one batch of rows decodes at once (HF image exports: ~100 rows a group)
 OPEN_GROUPS = 4  # row groups a process reads forward at once
@@ -148,12 +170,11 @@ class ParquetSource:
     def items(self) -> list[SourceItem]:
         """One item per row, file by file, row group by row group, keyed by file name (whitespace as
         ``_``), group and row; a name repeated in another folder gets ``_1``, ``_2`` suffixes."""
-        pq = import_pyarrow_parquet()
         out = []
         names = [IDX_WHITESPACE.sub("_", path.stem.replace(".", "_")) for path in self.files]
         for path, name in zip(self.files, names):
             stamp = file_stamp(path)
-            meta = pq.ParquetFile(path).metadata
+            meta = parquet_file(path).metadata
             for group in range(meta.num_row_groups):
                 rows = meta.row_group(group).num_rows
                 declared = declared_bytes(meta, group, self.columns)
@@ -177,7 +198,11 @@ class ParquetSource:
         path, group, row, batch_rows, refused = item.ref
         if refused is not None:
             raise SampleError(item.where, refused)
-        values = _row(path, group, row, self.columns, batch_rows)
+        try:
+            values = _row(path, group, row, self.columns, batch_rows)
+        except arrow_errors() as exc:
+            _open_groups.pop((path, group, self.columns), None)  # its reader stopped at the damage
+            raise SampleError(item.where, f"damaged Parquet data in row group {group}: {damage(exc)}") from None
         value = values[self.image_column]
         data = value.get("bytes") if isinstance(value, dict) else value
         if not isinstance(data, (bytes, bytearray)):
@@ -202,11 +227,10 @@ class ParquetTextSource:
 
     def items(self) -> list[SourceItem]:
         """One item per row group, file by file."""
-        pq = import_pyarrow_parquet()
         out = []
         names = unique_keys([IDX_WHITESPACE.sub("_", path.stem.replace(".", "_")) for path in self.files])
         for path, name in zip(self.files, names):
-            stamp, meta = file_stamp(path), pq.ParquetFile(path).metadata
+            stamp, meta = file_stamp(path), parquet_file(path).metadata
             for group in range(meta.num_row_groups):
                 declared = declared_bytes(meta, group, (self.text_column,))
                 rows_a_batch = batch_rows(meta, group, (self.text_column,), declared)
@@ -222,23 +246,26 @@ class ParquetTextSource:
                                              f"over the {MAX_ROW_GROUP_BYTES} fastload reads of a group; write the file with smaller row groups")
             return
         row = 0
-        for batch in group_batches(path, group, (self.text_column,), batch_rows):
-            for value in column_values(batch.column(0)):
-                where = f"{path}#group{group}/row{row}"
-                problem = text_problem(value, self.text_column)
-                yield Document(where, None, problem) if problem else Document(where, value)
-                row += 1
+        try:
+            for batch in group_batches(path, group, (self.text_column,), batch_rows):
+                for value in column_values(batch.column(0)):
+                    where = f"{path}#group{group}/row{row}"
+                    problem = text_problem(value, self.text_column)
+                    yield Document(where, None, problem) if problem else Document(where, value)
+                    row += 1
+        except arrow_errors() as exc:  # the group's pages: what came before the damage is kept
+            yield Document(f"{path}#group{group}/row{row}", None,
+                           f"damaged Parquet data in row group {group} ({damage(exc)}): its rows from {row} on are lost")
 
 
 def open_source(path: str, options: SourceOptions) -> ParquetSource | ParquetTextSource:
     """Open a .parquet file or a folder of them (sorted by name): images and labels, or with
     ``text_field`` the documents of that column."""
-    pq = import_pyarrow_parquet()
     p = Path(path)
     files = tuple(inside_source(p, f, options.follow_symlinks) for f in sorted(p.rglob("*.parquet"))) if p.is_dir() else (p,)
     if not files or not files[0].is_file():
         raise FileNotFoundError(f"{path}: no .parquet files")
-    schema = pq.ParquetFile(files[0]).schema_arrow
+    schema = parquet_file(files[0]).schema_arrow
     if options.text_field is not None:
         if options.text_field not in schema.names:
             raise ValueError(f"{files[0]}: no column {options.text_field!r}; columns are {schema.names} (--text-field)")
