@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fastload.converters.writers import PreparedSample
-from fastload.converters.writers.wds import WdsShardWriter
 from fastload.formats.index import DatasetIndex, write_index
+from fastload.formats.wds.writer import WdsShardWriter
+from fastload.formats.writing import PreparedSample
 
 REPO = Path(__file__).resolve().parents[1]
 _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}

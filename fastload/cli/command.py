@@ -19,13 +19,13 @@ NEAR_HELP = (
 def _add_convert(sub: argparse._SubParsersAction) -> None:
     from fastload.converters.engines import ENGINES
     from fastload.converters.sources import SOURCE_MODULES
-    from fastload.converters.writers import WRITER_MODULES
+    from fastload.formats.shard_formats import LAYOUTS
 
     p = sub.add_parser("convert", help="convert a raw dataset into sharded WebDataset tar or HDF5, or documents into token shards")
     p.add_argument("src", help="the raw dataset (folder or file)")
     p.add_argument("out", help="output folder for shards and index.json, or a URL (s3://bucket/prefix, gs://..., any fsspec URL)")
     p.add_argument("--from", dest="source", required=True, choices=sorted(SOURCE_MODULES))
-    p.add_argument("--to", dest="layout", choices=sorted(WRITER_MODULES), help="default: wds, or tokens with --tokenizer")
+    p.add_argument("--to", dest="layout", choices=sorted(LAYOUTS), help="default: wds, or tokens with --tokenizer")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--shard-size", default="256MB", help="target shard size, e.g. 256MB, 1GiB (default 256MB)")
     size.add_argument("--samples-per-shard", type=int, help="samples per shard instead of a size")
@@ -87,8 +87,8 @@ def _run_convert(args: argparse.Namespace) -> int:
     from fastload.converters.options import TOKENS_LAYOUT, ConvertOptions, TokenizeOptions, parse_size
     from fastload.converters.run import convert
     from fastload.converters.sources import SourceOptions
-    from fastload.converters.writers import WriterOptions
     from fastload.decode.header import MAX_PIXELS
+    from fastload.formats.writing import WriterOptions
 
     tokens = None
     if args.tokenizer is not None:

@@ -3,6 +3,6 @@
 from fastload.converters.options import ConvertOptions, parse_size
 from fastload.converters.run import ConvertReport, convert
 from fastload.converters.sources import SourceOptions
-from fastload.converters.writers import WriterOptions
+from fastload.formats.writing import WriterOptions
 
 __all__ = ["ConvertOptions", "ConvertReport", "SourceOptions", "WriterOptions", "convert", "parse_size"]

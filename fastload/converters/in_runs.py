@@ -37,8 +37,8 @@ from fastload.converters.shard import (
     sources_digest,
 )
 from fastload.converters.sources import Source
-from fastload.converters.writers import PreparedSample
 from fastload.errors import SampleError
+from fastload.formats.writing import PreparedSample
 
 RUN = 64  # items a task: small enough to keep both workers busy to the end, and the results in flight small
 Result = TypeVar("Result")

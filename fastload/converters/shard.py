@@ -14,12 +14,12 @@ from fastload.converters.options import ConvertOptions
 from fastload.converters.plan import ShardPlan
 from fastload.converters.sample import Sample, SourceItem
 from fastload.converters.sources import Source
-from fastload.converters.writers import PreparedSample, open_writer
 from fastload.decode.header import image_size
 from fastload.errors import SampleError
 from fastload.fields import JPEG_FIELD, LABEL_FIELD, default_role, video_fields
 from fastload.formats.index import ShardInfo
 from fastload.formats.table import TABLE_SUFFIX
+from fastload.formats.writing import PreparedSample, open_writer
 
 if TYPE_CHECKING:
     import numpy as np

@@ -30,12 +30,12 @@ from fastload.converters.plan import ShardPlan, assign_shards
 from fastload.converters.sample import SourceItem
 from fastload.converters.shard import ShardResult, sources_digest, upload_shard
 from fastload.converters.sources import Document, TextSource
-from fastload.converters.writers import WriterOptions, open_writer
-from fastload.converters.writers.tokens import TokenShardWriter
 from fastload.errors import SampleError
 from fastload.formats.index import TokenizerIdentity
 from fastload.formats.table import TABLE_SUFFIX
-from fastload.formats.tokens import DOCS_SUFFIX, TOKENS_FIELD
+from fastload.formats.tokens.reader import DOCS_SUFFIX, TOKENS_FIELD
+from fastload.formats.tokens.writer import TokenShardWriter
+from fastload.formats.writing import WriterOptions, open_writer
 from fastload.text.tokenizer import TextTokenizer
 
 SAMPLE_BYTES = 1 << 18  # text tokenized to estimate tokens per byte

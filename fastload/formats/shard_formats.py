@@ -1,6 +1,7 @@
 """The shard layouts a dataset can be stored in, as one table (index.json's ``layout`` names the
-row): the shard file's suffix, the files beside it, and how a reader is opened. To add a layout:
-its reader module under ``formats/``, its row here, its writer in ``converters/writers/``."""
+row): the shard file's suffix, the files beside it, how a reader is opened and which module
+writes it. A layout is a folder, ``formats/NAME/`` (``reader.py``, ``writer.py`` and a README.md
+of its files on disk), and its row here."""
 
 from __future__ import annotations
 
@@ -37,13 +38,14 @@ class ShardFormat:
     opened_by_path: bool  # its library opens the file by path (h5py): the path is checked against the root first
     holds_pixels: bool  # may store decoded pixels (index.json's decoded_shape) instead of encoded images
     open_reader: OpenReader
-    holds_tokens: bool = False  # token ids of documents (fastload.formats.tokens), its table (the offsets beside it) their boundaries
+    writer: str  # the module whose ``open_writer(path, options)`` writes one shard (fastload.formats.writing.open_writer)
+    holds_tokens: bool = False  # token ids of documents (fastload.formats.tokens.reader), its table (the offsets beside it) their boundaries
     sample_tables: bool = True  # a fastload sample table (fastload.formats.table) beside each shard
 
 
 def _open_tar(data: str | Path, offsets: str | Path | None, samples: int, decoded_shape: tuple[int, ...] | None,
               open_files: int, table: SampleTable | None, root: str | None, tokens: ShardTokens | None) -> ShardReader:
-    from fastload.formats.tar import TarShardReader
+    from fastload.formats.wds.reader import TarShardReader
 
     if offsets is None and table is None:
         raise ValueError(f"{data}: a tar shard is read through its sample table or its offset index; neither given")
@@ -52,14 +54,14 @@ def _open_tar(data: str | Path, offsets: str | Path | None, samples: int, decode
 
 def _open_hdf5(data: str | Path, offsets: str | Path | None, samples: int, decoded_shape: tuple[int, ...] | None,
                open_files: int, table: SampleTable | None, root: str | None, tokens: ShardTokens | None) -> ShardReader:
-    from fastload.formats.hdf5 import Hdf5ShardReader, chunk_cache_bytes
+    from fastload.formats.hdf5.reader import Hdf5ShardReader, chunk_cache_bytes
 
     return Hdf5ShardReader(Path(data), samples, decoded_shape, chunk_cache_bytes(open_files))
 
 
 def _open_tokens(data: str | Path, offsets: str | Path | None, samples: int, decoded_shape: tuple[int, ...] | None,
                  open_files: int, table: SampleTable | None, root: str | None, tokens: ShardTokens | None) -> ShardReader:
-    from fastload.formats.tokens import TokenShardReader
+    from fastload.formats.tokens.reader import TokenShardReader
 
     if offsets is None or tokens is None:
         raise ValueError(f"{data}: a token shard is read with its document table and its token counts; not given")
@@ -68,11 +70,12 @@ def _open_tokens(data: str | Path, offsets: str | Path | None, samples: int, dec
 
 SHARD_FORMATS: dict[str, ShardFormat] = {
     "wds": ShardFormat("wds", ".tar", offsets_beside=True, reads_through_table=True, opened_by_path=False,
-                       holds_pixels=False, open_reader=_open_tar),
+                       holds_pixels=False, open_reader=_open_tar, writer="fastload.formats.wds.writer"),
     "hdf5": ShardFormat("hdf5", ".h5", offsets_beside=False, reads_through_table=False, opened_by_path=True,
-                        holds_pixels=True, open_reader=_open_hdf5),
+                        holds_pixels=True, open_reader=_open_hdf5, writer="fastload.formats.hdf5.writer"),
     "tokens": ShardFormat("tokens", ".bin", offsets_beside=False, reads_through_table=False, opened_by_path=False,
-                          holds_pixels=False, open_reader=_open_tokens, holds_tokens=True, sample_tables=False),
+                          holds_pixels=False, open_reader=_open_tokens, writer="fastload.formats.tokens.writer",
+                          holds_tokens=True, sample_tables=False),  # written from documents (fastload.converters.tokens)
 }
 LAYOUTS: tuple[str, ...] = tuple(SHARD_FORMATS)
 

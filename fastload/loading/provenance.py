@@ -22,7 +22,7 @@ from fastload.decode.cpu import turbo
 from fastload.decode.header import image_size, jpeg_size, png_size, sniff_image_format
 from fastload.errors import SampleError
 from fastload.fields import DECODED_FIELD, SampleSpec
-from fastload.formats.tar import TarShardReader
+from fastload.formats.wds.reader import TarShardReader
 from fastload.loading.clip_decode import plan_video
 from fastload.loading.rng import sample_rng
 from fastload.orders.balanced import ClassMembers

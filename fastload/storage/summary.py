@@ -11,7 +11,7 @@ import numpy as np
 
 from fastload.formats import open_shard
 from fastload.formats.index import SKIPPED_REPORT, VIDEO_FORMAT_VERSION, DatasetIndex, read_index
-from fastload.formats.tokens import TokenShardReader
+from fastload.formats.tokens.reader import TokenShardReader
 from fastload.storage import remote
 from fastload.storage.dataset import read_remote_index
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fastload.errors import ShardError
-from fastload.formats.tokens import TokenShardReader
+from fastload.formats.tokens.reader import TokenShardReader
 from fastload.storage.dataset import ShardedDataset
 
 

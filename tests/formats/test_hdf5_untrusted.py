@@ -21,11 +21,11 @@ import pytest
 
 import fastload
 from fastload import transforms as T
-from fastload.converters.writers import PreparedSample, WriterOptions
-from fastload.converters.writers.hdf5 import Hdf5ShardWriter
 from fastload.errors import ShardError
-from fastload.formats.hdf5 import MAX_DECOMPRESSED_BYTES
+from fastload.formats.hdf5.reader import MAX_DECOMPRESSED_BYTES
+from fastload.formats.hdf5.writer import Hdf5ShardWriter
 from fastload.formats.index import DatasetIndex, read_index, write_index
+from fastload.formats.writing import PreparedSample, WriterOptions
 from tests.conftest import jpeg_bytes, run_cli, small_photo
 from tests.hostile_data import run_limited
 

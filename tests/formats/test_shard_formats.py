@@ -9,13 +9,19 @@ import pytest
 
 import fastload
 from fastload.converters import ConvertOptions, convert
-from fastload.converters.writers import WRITER_MODULES
 from fastload.formats import offsets_name
 from fastload.formats.shard_formats import LAYOUTS, SHARD_FORMATS
 
 
-def test_every_layout_has_a_writer() -> None:
-    assert set(LAYOUTS) == set(WRITER_MODULES)
+def test_every_layout_is_a_folder_with_its_reader_writer_and_readme() -> None:
+    """A layout's row names its writer, which lies in the layout's folder beside its reader and a README."""
+    import importlib
+
+    for layout in LAYOUTS:
+        writer = importlib.import_module(SHARD_FORMATS[layout].writer)
+        folder = Path(writer.__file__).parent
+        assert writer.__name__ == f"fastload.formats.{layout}.writer" and callable(writer.open_writer)
+        assert (folder / "reader.py").is_file() and (folder / "README.md").is_file()
 
 
 @pytest.mark.parametrize("layout", [layout for layout in LAYOUTS if not SHARD_FORMATS[layout].holds_tokens])  # tokens: tests/text

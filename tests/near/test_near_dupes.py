@@ -19,9 +19,9 @@ from PIL import Image, ImageEnhance
 import fastload
 from fastload import transforms as T
 from fastload.converters import ConvertOptions, convert
-from fastload.converters.writers import PreparedSample, WriterOptions, open_writer
 from fastload.formats.index import DatasetIndex, write_index
 from fastload.formats.key_list import format_keys, parse_keys
+from fastload.formats.writing import PreparedSample, WriterOptions, open_writer
 from fastload.loading.loader_orders import read_exclude
 from fastload.near import search
 from fastload.near.report import GROUPS_CHUNK
@@ -97,7 +97,7 @@ def test_decoded_hdf5_keeps_the_same_survivors(planted: tuple[Path, dict[str, st
     """--dedupe near into decoded HDF5: the survivors of the JPEG conversion, as pixels of the
     first kept sample's shape."""
     import fastload
-    from fastload.converters.writers import WriterOptions
+    from fastload.formats.writing import WriterOptions
 
     src, copies = planted
     jpeg = convert(str(src), str(tmp_path / "jpeg"), ConvertOptions(source="imagefolder", near_threshold=10)).index

@@ -18,7 +18,7 @@ from fastload.converters import ConvertOptions, convert
 from fastload.converters.options import TokenizeOptions
 from fastload.formats import open_shard
 from fastload.formats.index import read_index
-from fastload.formats.tokens import TokenShardReader
+from fastload.formats.tokens.reader import TokenShardReader
 from fastload.storage.summary import summarize
 from fastload.storage.verify import verify_dataset
 from fastload.text.tokenizer import TextTokenizer

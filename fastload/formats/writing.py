@@ -1,4 +1,5 @@
-"""Shard writers. Each writes one shard to a temporary name and, on ``finish``, fsyncs and renames
+"""What every layout's shard writer shares (each layout's own is ``formats/NAME/writer.py``, named by
+its row in fastload.formats.shard_formats). Each writes one shard to a temporary name and, on ``finish``, fsyncs and renames
 it into place, returning the shard's index entry. Nothing is visible under the final name before.
 """
 
@@ -12,18 +13,12 @@ from typing import TYPE_CHECKING, Protocol
 
 from fastload._util.files import temporary_beside
 from fastload.formats.index import ShardInfo
+from fastload.formats.shard_formats import shard_format
 
 if TYPE_CHECKING:
     import numpy as np
 
     from fastload.av.facts import StreamFacts
-
-WRITER_MODULES: dict[str, str] = {
-    "wds": "fastload.converters.writers.wds",
-    "hdf5": "fastload.converters.writers.hdf5",
-    "tokens": "fastload.converters.writers.tokens",  # written from documents (fastload.converters.tokens), not samples
-}
-
 
 @dataclass
 class PreparedSample:
@@ -63,7 +58,7 @@ class WriterOptions:
 
 def open_writer(layout: str, path: Path, options: WriterOptions) -> ShardWriter:
     """A writer for one shard at its final ``path``."""
-    module = importlib.import_module(WRITER_MODULES[layout])
+    module = importlib.import_module(shard_format(layout).writer)
     return module.open_writer(path, options)
 
 

@@ -1,5 +1,5 @@
 """Token shards (layout ``tokens``): a shard is two files, written by
-:mod:`fastload.converters.writers.tokens` and read here.
+:mod:`fastload.formats.tokens.writer` and read here.
 
 ``shard-00000.bin`` holds the token ids of its documents back to back, little-endian, in the
 dataset's dtype (``uint16`` up to 65,536 ids, else ``uint32``), nothing else: nanoGPT's and

@@ -1,4 +1,4 @@
-"""Token shards (fastload.formats.tokens): documents' ids appended to the ``.bin`` as they come,
+"""Token shards (fastload.formats.tokens.reader): documents' ids appended to the ``.bin`` as they come,
 their boundaries kept, the ``.docs`` table written and both published on ``finish``."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import BinaryIO
 import numpy as np
 
 from fastload._util.files import temporary_beside
-from fastload.converters.writers import WriterOptions, publish, write_beside
 from fastload.formats.index import TOKEN_DTYPES, ShardInfo
-from fastload.formats.tokens import DOCS_SUFFIX, encode_documents
+from fastload.formats.tokens.reader import DOCS_SUFFIX, encode_documents
+from fastload.formats.writing import WriterOptions, publish, write_beside
 
 
 class TokenShardWriter:

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import BinaryIO
 
 from fastload._util.files import temporary_beside
-from fastload.converters.writers import PreparedSample, WriterOptions, publish, write_beside
 from fastload.fields import LABEL_FIELD, format_label
 from fastload.formats.idx import Member, format_dali_index
 from fastload.formats.index import ShardInfo
 from fastload.formats.table import TABLE_SUFFIX, Facts, tar_table
+from fastload.formats.writing import PreparedSample, WriterOptions, publish, write_beside
 
 BLOCK = tarfile.BLOCKSIZE
 RECORD = tarfile.RECORDSIZE

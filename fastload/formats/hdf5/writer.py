@@ -17,11 +17,11 @@ import h5py
 import numpy as np
 
 from fastload._util.files import file_sha256, temporary_beside
-from fastload.converters.writers import PreparedSample, WriterOptions, publish, write_beside
 from fastload.fields import LABEL_FIELD
-from fastload.formats.hdf5 import MAX_DECOMPRESSED_BYTES
+from fastload.formats.hdf5.reader import MAX_DECOMPRESSED_BYTES
 from fastload.formats.index import FORMAT_NAME, FORMAT_VERSION, ShardInfo
 from fastload.formats.table import TABLE_SUFFIX, encode_table
+from fastload.formats.writing import PreparedSample, WriterOptions, publish, write_beside
 
 CHUNK_ROWS = 64  # rows of decoded pixels a compressed chunk holds
 ENCODED_DATASET = "image"

@@ -1,0 +1,1 @@
+"""The tokens shard layout: its reader and writer (README.md beside them: the files on disk)."""
