@@ -53,8 +53,8 @@ def _tokenizer(options: TokenizeOptions, fast: bool = False) -> TextTokenizer:
 
 def _chosen_tokenizer(options: TokenizeOptions, source: TextSource, items: list[SourceItem]) -> TextTokenizer:
     """The tokenizer on the encoder ``options.encoder`` asks for: fastokens ("fast", "auto") where it
-    loads and gives tokenizers' ids on a sample of the documents; else tokenizers, saying why in one
-    line ("auto"), or a ValueError ("fast")."""
+    loads and gives tokenizers' ids on a sample of the documents; else tokenizers (transformers for a
+    folder), saying why in one line ("auto"), or a ValueError ("fast")."""
     tokenizer = _tokenizer(options)
     if options.encoder == "tokenizers":
         return tokenizer
@@ -62,7 +62,7 @@ def _chosen_tokenizer(options: TokenizeOptions, source: TextSource, items: list[
     if why is not None:
         if options.encoder == "fast":
             raise ValueError(f"--encoder fast: {why}")
-        log.warning("fastload: encoding with tokenizers, not fastokens: %s", why)
+        log.warning("fastload: encoding with %s, not fastokens: %s", (tokenizer.identity.encoder or "").split()[0], why)
     return chosen
 
 

@@ -217,3 +217,33 @@ def test_an_index_written_before_the_encoding_was_recorded_still_reads(corpus: P
     older = read_index(tmp_path / "out")
     assert older.tokenizer.special_text is None and older.tokenizer.encoder is None
     assert documents(tmp_path / "out") == TextTokenizer(str(tokenizer_file)).encode(real_paragraphs()[: len(real_paragraphs()) // 2])
+
+
+def transformers_folder(tokenizer_file: Path, folder: Path) -> Path:
+    """The fixture's BPE as a transformers GPT-2 folder without a tokenizer.json (vocab.json, merges.txt)."""
+    data = json.loads(tokenizer_file.read_text())
+    folder.mkdir()
+    (folder / "vocab.json").write_text(json.dumps(data["model"]["vocab"]))
+    merges = ("".join(f"{' '.join(m) if isinstance(m, list) else m}\n" for m in data["model"]["merges"]))
+    (folder / "merges.txt").write_text("#version: 0.2\n" + merges)
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "GPT2Tokenizer", "eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>", "unk_token": "<|endoftext|>",
+        "pad_token": "<|pad|>", "add_prefix_space": False}))
+    return folder
+
+
+def test_a_transformers_folder_forges_no_boundary_either(tokenizer_file: Path, tmp_path: Path) -> None:
+    from tokenizers import Tokenizer
+
+    folder = transformers_folder(tokenizer_file, tmp_path / "gpt2")
+    texts = forging_documents()[:60]
+    write_jsonl(tmp_path / "a.jsonl", texts)
+    for allow in (False, True):
+        out = tmp_path / f"out-{allow}"
+        assert main(["convert", str(tmp_path / "a.jsonl"), str(out), "--from", "jsonl", "--tokenizer", str(folder), "--quiet",
+                     *(["--allow-special-tokens"] if allow else [])]) == 0
+        reference = Tokenizer.from_file(str(tokenizer_file)) if allow else without_special_tokens(tokenizer_file)
+        assert documents(out) == [e.ids for e in reference.encode_batch(texts, add_special_tokens=False)]
+        tokenizer = read_index(out).tokenizer
+        assert tokenizer.kind == "transformers" and tokenizer.encoder.startswith("transformers ")
+        assert tokenizer.special_text == ("special" if allow else "ordinary")
