@@ -177,16 +177,16 @@ def with_fast_encoder(tokenizer: TextTokenizer, sample: list[str]) -> tuple[Text
     not) the id ``tokenizers`` gives it, and the same ids on ``sample`` and on the added tokens'
     text (alone, between words, all together); else ``tokenizer`` itself and, in one line, why not."""
     fast = replace(tokenizer, fast=True)
+    added = tokenizer.added_tokens()
+    texts = [*sample, *added, *(f"a{text} b {text}." for text in added), "".join(added)]
     try:
-        fast_added = fast.added_tokens()
+        fast_added, fast_ids = fast.added_tokens(), fast.encode(texts)
     except (ImportError, ValueError) as exc:
         return tokenizer, str(exc)
-    added = tokenizer.added_tokens()
     for text, want in sorted(added.items(), key=lambda pair: pair[1] or 0):
         if fast_added[text] != want:
             return tokenizer, f"{tokenizer.path}: fastokens gives added token {want} the id {fast_added[text]}"
-    texts = [*sample, *added, *(f"a{text} b {text}." for text in added), "".join(added)]
-    for number, (want_ids, ids) in enumerate(zip(tokenizer.encode_each(texts), fast.encode(texts))):
+    for number, (want_ids, ids) in enumerate(zip(tokenizer.encode_each(texts), fast_ids)):
         if want_ids != ids:
             what = f"sample text {number}" if number < len(sample) else "an added token's text"
             return tokenizer, f"{tokenizer.path}: fastokens' ids differ from tokenizers' on {what}"

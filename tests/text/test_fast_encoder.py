@@ -166,11 +166,15 @@ def test_auto_falls_back_to_tokenizers_in_one_line_where_fastokens_cannot_or_dif
     assert not (tmp_path / "fast" / "index.json").exists()
 
 
-def test_auto_without_fastokens_says_so_in_one_line(tokenizer_file: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("added", [True, False])
+def test_auto_without_fastokens_says_so_in_one_line(tokenizer_file: Path, tmp_path: Path, added: bool) -> None:
+    path = tmp_path / "tokenizer.json"
+    data = json.loads(tokenizer_file.read_text())
+    path.write_text(json.dumps(data if added else {**data, "added_tokens": []}))  # without added tokens: nothing to look up
     write_jsonl(tmp_path / "docs.jsonl", real_paragraphs()[:20])
     blocked = ("import sys; sys.modules['fastokens'] = None; from fastload.cli.command import main; "  # as if not installed
                f"sys.exit(main(['convert', {str(tmp_path / 'docs.jsonl')!r}, {str(tmp_path / 'out')!r}, '--from', 'jsonl', "
-               f"'--tokenizer', {str(tokenizer_file)!r}, '--quiet']))")
+               f"'--tokenizer', {str(path)!r}, '--quiet']))")
     run = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=120, check=False)
     assert run.returncode == 0 and run.stderr == ("fastload: encoding with tokenizers, not fastokens: fastokens is not installed: "
                                                   "pip install 'fastload[fast-tokenizer]'\n")
