@@ -18,6 +18,7 @@ NEAR_HELP = (
 
 def _add_convert(sub: argparse._SubParsersAction) -> None:
     from fastload.converters.engines import ENGINES
+    from fastload.converters.options import ENCODERS
     from fastload.converters.sources import SOURCE_MODULES
     from fastload.formats.shard_formats import LAYOUTS
 
@@ -63,6 +64,9 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     text.add_argument("--eos-token", metavar="TEXT", help="the eos token's text, where the tokenizer's config names none")
     text.add_argument("--allow-special-tokens", action="store_true",
                       help="a special token's text in a document (<|endoftext|>) gets its id; default: encoded as ordinary text")
+    text.add_argument("--encoder", choices=ENCODERS, default="auto",
+                      help="what encodes the text: tokenizers; fast: fastokens (pip install 'fastload[fast-tokenizer]'), checked to "
+                           "give tokenizers' ids on a sample first; auto (default): fast where it loads and agrees, else tokenizers")
     text.add_argument("--min-tokens", type=int, default=1, metavar="N", help="leave out (and count) documents of fewer tokens")
     text.add_argument("--shard-tokens", default="100M", metavar="N", help="tokens a shard holds, about (e.g. 100M, 2G; default 100M)")
     p.add_argument("--hdf5-decoded", action="store_true", help="HDF5: store decoded uint8[N,H,W,C] pixels")
@@ -95,7 +99,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         tokens = TokenizeOptions(
             tokenizer=args.tokenizer, append_eos=args.append_eos, bos=args.bos, min_tokens=args.min_tokens,
             shard_tokens=parse_count(args.shard_tokens, "--shard-tokens"), bos_token=args.bos_token, eos_token=args.eos_token,
-            allow_special_tokens=args.allow_special_tokens,
+            allow_special_tokens=args.allow_special_tokens, encoder=args.encoder,
         )
     options = ConvertOptions(
         source=args.source,

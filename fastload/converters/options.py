@@ -14,6 +14,7 @@ from fastload.formats.writing import WriterOptions
 
 __all__ = ["ConvertOptions", "TokenizeOptions", "parse_size"]
 TOKENS_LAYOUT = "tokens"
+ENCODERS = ("tokenizers", "fast", "auto")  # what encodes documents' text (TokenizeOptions.encoder)
 CHUNK_BYTES = 8 << 20  # the most text bytes of a plain JSONL file an item holds
 CHUNKS_PER_SHARD = 16  # ... and at least a shard's estimated bytes over this many (shards filled to within a chunk)
 MIN_CHUNK_BYTES = 64 << 10
@@ -32,8 +33,11 @@ class TokenizeOptions:
     bos_token: str | None = None  # the bos/eos token's text, where the tokenizer's config does not name it
     eos_token: str | None = None
     allow_special_tokens: bool = False  # a special token's text in a document gets its id (else: encoded as ordinary text)
+    encoder: str = "auto"  # "tokenizers"; "fast": fastokens (checked to give the same ids); "auto": fast where it can be
 
     def __post_init__(self) -> None:
+        if self.encoder not in ENCODERS:
+            raise ValueError(f"encoder must be one of {', '.join(ENCODERS)}, got {self.encoder!r}")
         if self.min_tokens < 1:
             raise ValueError("min_tokens must be >= 1 (empty documents are never kept)")
         if self.shard_tokens < 1:
@@ -122,6 +126,8 @@ class ConvertOptions:
         """The settings that determine the output bytes (not ``workers``), for resume checks."""
         data = asdict(self)
         data.pop("workers")
+        if data["tokens"] is not None:
+            data["tokens"].pop("encoder")  # the same ids whichever encodes them (the one that did: in the index's tokenizer)
         if self.near_threshold is None:
             data.pop("near_threshold")  # absent when off: indexes written before it existed still match
         if not self.reencode_video:

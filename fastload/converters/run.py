@@ -240,8 +240,8 @@ def _convert(
     dup_lines: list[dict] = []
     with _progress(len(items), quiet) as bar:
         if options.tokens is not None:  # documents into token shards (fastload.converters.tokens)
-            tokenizer = tokenizer_identity(options.tokens)
-            fingerprint["tokenizer_sha256"] = tokenizer.sha256
+            tokenizer = tokenizer_identity(options.tokens, text, items)
+            fingerprint["tokenizer_sha256"], fingerprint["encoder"] = tokenizer.sha256, tokenizer.encoder  # no resume mixes encoders
             found = find_duplicate_documents(text, items, runner) if options.dedupe else DocumentDuplicates({}, [])
             dup_lines = found.lines
             shards = _write_token_shards(text, items, found, tokenizer, runner, options, out, partial, url, fingerprint, bar)

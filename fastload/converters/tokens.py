@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import logging
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -36,7 +37,9 @@ from fastload.formats.table import TABLE_SUFFIX
 from fastload.formats.tokens.reader import DOCS_SUFFIX, TOKENS_FIELD
 from fastload.formats.tokens.writer import TokenShardWriter
 from fastload.formats.writing import WriterOptions, open_writer
-from fastload.text.tokenizer import TextTokenizer
+from fastload.text.tokenizer import TextTokenizer, with_fast_encoder
+
+log = logging.getLogger("fastload")
 
 SAMPLE_BYTES = 1 << 18  # text tokenized to estimate tokens per byte
 SCAN_BYTES = 16 << 20  # the most of a sampled item's text read to measure its share of the item's bytes
@@ -45,15 +48,31 @@ BATCH_DOCUMENTS = 2048  # documents tokenized at once (encode_batch_fast spreads
 BATCH_BYTES = 4 << 20  # ... or fewer, once their text holds this many bytes
 
 
-@lru_cache(maxsize=2)
-def _tokenizer(options: TokenizeOptions) -> TextTokenizer:
-    """This process's tokenizer (loaded once per process and options)."""
-    return TextTokenizer(options.tokenizer, options.bos_token, options.eos_token, options.allow_special_tokens)
+@lru_cache(maxsize=4)
+def _tokenizer(options: TokenizeOptions, fast: bool = False) -> TextTokenizer:
+    """This process's tokenizer (loaded once per process, options and encoder)."""
+    return TextTokenizer(options.tokenizer, options.bos_token, options.eos_token, options.allow_special_tokens, fast)
 
 
-def tokenizer_identity(options: TokenizeOptions) -> TokenizerIdentity:
-    """The identity of the tokenizer ``options`` name, checked for what the options ask of it."""
-    identity = _tokenizer(options).identity
+def _chosen_tokenizer(options: TokenizeOptions, source: TextSource, items: list[SourceItem]) -> TextTokenizer:
+    """The tokenizer on the encoder ``options.encoder`` asks for: fastokens ("fast", "auto") where it
+    loads and gives tokenizers' ids on a sample of the documents; else tokenizers (transformers for a
+    folder), saying why in one line ("auto"), or a ValueError ("fast")."""
+    tokenizer = _tokenizer(options)
+    if options.encoder == "tokenizers":
+        return tokenizer
+    chosen, why = with_fast_encoder(tokenizer, sample_texts(source, items))
+    if why is not None:
+        if options.encoder == "fast":
+            raise ValueError(f"--encoder fast: {why}")
+        log.warning("fastload: encoding with %s, not fastokens: %s", (tokenizer.identity.encoder or "").split()[0], why)
+    return chosen
+
+
+def tokenizer_identity(options: TokenizeOptions, source: TextSource, items: list[SourceItem]) -> TokenizerIdentity:
+    """The identity of the tokenizer ``options`` name, on the encoder chosen for the documents of
+    ``items``, checked for what the options ask of it."""
+    identity = _chosen_tokenizer(options, source, items).identity
     for wanted, name, value in ((options.bos, "bos", identity.bos_id), (options.append_eos, "eos", identity.eos_id)):
         if wanted and value is None:
             raise ValueError(f"{options.tokenizer}: the tokenizer names no {name} token; give --{name}-token TEXT")
@@ -66,8 +85,7 @@ def tokens_per_byte(source: TextSource, items: list[SourceItem], options: Tokeni
     of each one's size that is text (from up to SCAN_BYTES of its text)."""
     sample: list[str] = []
     sampled = text_bytes = sizes = 0
-    chosen = sorted({round(i * (len(items) - 1) / max(SAMPLED_ITEMS - 1, 1)) for i in range(min(SAMPLED_ITEMS, len(items)))})
-    for item in (items[i] for i in chosen):
+    for item in _sampled_items(items):
         taken = read = 0
         for document in source.documents(item):
             if document.text is None:
@@ -85,6 +103,26 @@ def tokens_per_byte(source: TextSource, items: list[SourceItem], options: Tokeni
     if not sampled:
         return 1 / 4  # no readable text where sampled: English averages about 4 bytes a token
     return _tokenizer(options).count_tokens(sample) / sampled * (text_bytes / max(sizes, 1))
+
+
+def _sampled_items(items: list[SourceItem]) -> list[SourceItem]:
+    """Up to SAMPLED_ITEMS of ``items``, spread evenly over them."""
+    return [items[i] for i in sorted({round(i * (len(items) - 1) / max(SAMPLED_ITEMS - 1, 1)) for i in range(min(SAMPLED_ITEMS, len(items)))})]
+
+
+def sample_texts(source: TextSource, items: list[SourceItem]) -> list[str]:
+    """The first SAMPLE_BYTES / SAMPLED_ITEMS of text of each item ``_sampled_items`` picks (the
+    documents ``tokens_per_byte`` tokenizes)."""
+    texts: list[str] = []
+    for item in _sampled_items(items):
+        taken = 0
+        for document in source.documents(item):
+            if taken >= SAMPLE_BYTES // SAMPLED_ITEMS:
+                break
+            if document.text is not None:
+                texts.append(document.text)
+                taken += len(document.text.encode())
+    return texts
 
 
 def plan_token_shards(source: TextSource, items: list[SourceItem], options: TokenizeOptions) -> list[ShardPlan]:
@@ -222,9 +260,12 @@ class TokenShardBuilder:
         tokens = task.options.tokens
         assert tokens is not None  # a token shard task is made for token conversions only
         self.tokens = tokens
-        self.tokenizer = _tokenizer(tokens)
+        self.tokenizer = _tokenizer(tokens, fast=(task.identity.encoder or "").startswith("fastokens "))
         if self.tokenizer.identity.sha256 != task.identity.sha256:
             raise ValueError(f"{tokens.tokenizer}: the tokenizer changed while the conversion ran (its sha256 differs)")
+        if self.tokenizer.identity.encoder != task.identity.encoder:
+            raise ValueError(f"{tokens.tokenizer}: this process encodes with {self.tokenizer.identity.encoder}, "
+                             f"the conversion with {task.identity.encoder}")
         self.writer: TokenShardWriter = open_writer("tokens", path, WriterOptions(token_dtype=task.identity.dtype))  # type: ignore[assignment]
         self.result = ShardResult(number=task.plan.number, info=None, fields=[TOKENS_FIELD])
         self._texts: list[str] = []

@@ -34,6 +34,11 @@ def special_tokens(tokenizer: Any) -> dict[str, int]:
     return {token.content: int(token_id) for token_id, token in tokenizer.get_added_tokens_decoder().items() if token.special}
 
 
+def added_tokens(tokenizer: Any) -> dict[str, int]:
+    """Every added token's id (special or not), by text."""
+    return {token.content: int(token_id) for token_id, token in tokenizer.get_added_tokens_decoder().items()}
+
+
 def version() -> str:
     """The library and its version, as an index records what made the ids."""
     return f"tokenizers {import_tokenizers().__version__}"
@@ -46,7 +51,7 @@ def encode(tokenizer: Any, texts: list[str], allow_special: bool) -> list[list[i
     return [encoding.ids for encoding in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
 
 
-def count(tokenizer: Any, text: str, allow_special: bool) -> int:
-    """How many ids ``text`` encodes to (``encode``: no thread pool)."""
+def encode_one(tokenizer: Any, text: str, allow_special: bool) -> list[int]:
+    """The ids of ``text`` as ``encode`` gives them (``Tokenizer.encode``: no thread pool)."""
     tokenizer.encode_special_tokens = not allow_special
-    return len(tokenizer.encode(text, add_special_tokens=False).ids)
+    return list(tokenizer.encode(text, add_special_tokens=False).ids)

@@ -35,6 +35,11 @@ def named_special(tokenizer: Any, name: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def added_tokens(tokenizer: Any) -> dict[str, int]:
+    """Every added token's id (special or not), by text."""
+    return {text: int(token_id) for text, token_id in tokenizer.added_tokens_encoder.items()}
+
+
 def version() -> str:
     """The library and its version, as an index records what made the ids."""
     import transformers
@@ -48,6 +53,6 @@ def encode(tokenizer: Any, texts: list[str], allow_special: bool) -> list[list[i
     return tokenizer(texts, add_special_tokens=False, split_special_tokens=not allow_special)["input_ids"]
 
 
-def count(tokenizer: Any, text: str, allow_special: bool) -> int:
-    """How many ids ``text`` encodes to."""
-    return len(tokenizer(text, add_special_tokens=False, split_special_tokens=not allow_special)["input_ids"])
+def encode_one(tokenizer: Any, text: str, allow_special: bool) -> list[int]:
+    """The ids of ``text`` as ``encode`` gives them."""
+    return list(tokenizer(text, add_special_tokens=False, split_special_tokens=not allow_special)["input_ids"])

@@ -7,14 +7,17 @@ conversion can tell it was made with this one.
 A special token's text inside a document (``<|endoftext|>`` written in it) is encoded as ordinary
 text by default, so no document can forge a boundary: its ids are those the same tokenizer gives
 with its special added tokens unknown (tiktoken's ``encode_ordinary``); other added tokens still
-match. ``allow_special_tokens`` gives such text the special token's id instead."""
+match. ``allow_special_tokens`` gives such text the special token's id instead.
+
+A ``tokenizer.json`` may be encoded by fastokens (``fast``: ``fastload.text.fast_encoder``) where
+``with_fast_encoder`` finds it loads and gives ``tokenizers``' ids on a sample of the corpus."""
 
 from __future__ import annotations
 
 import hashlib
 import itertools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -55,12 +58,14 @@ def _configured(folder: Path, name: str) -> str | None:
 class TextTokenizer:
     """The tokenizer at ``path`` (picklable: each process loads it on first use); ``bos_token`` /
     ``eos_token`` override the special tokens its config names; ``allow_special_tokens``: a special
-    token's text in a document is encoded as that token's id (else as ordinary text)."""
+    token's text in a document is encoded as that token's id (else as ordinary text); ``fast``:
+    encoded by fastokens (a tokenizer.json only; see ``with_fast_encoder``)."""
 
     path: str
     bos_token: str | None = None
     eos_token: str | None = None
     allow_special_tokens: bool = False
+    fast: bool = False
 
     @property
     def _file(self) -> Path | None:
@@ -83,6 +88,15 @@ class TextTokenizer:
         from fastload.text import hf_transformers
 
         return hf_transformers, hf_transformers.load_tokenizer_folder(path)
+
+    @cached_property
+    def _fast(self) -> Any:
+        """fastokens' tokenizer of the tokenizer.json (an ImportError or ValueError where it cannot be)."""
+        from fastload.text import fast_encoder
+
+        if self._file is None:
+            raise ValueError(f"{self.path}: a transformers folder without tokenizer.json (fastokens reads tokenizer.json)")
+        return fast_encoder.load_tokenizer_json(self._file)
 
     def _special_id(self, name: str, special: dict[str, int], vocab: dict[str, int]) -> int | None:
         """The id of the ``bos``/``eos``/``pad`` token: as overridden, else as configured, else a known name."""
@@ -114,25 +128,75 @@ class TextTokenizer:
         return TokenizerIdentity(sha256=digest, vocab_size=size, dtype=token_dtype(size), kind=kind,
                                  bos_id=self._special_id("bos", special, vocab), eos_id=self._special_id("eos", special, vocab),
                                  pad_id=self._special_id("pad", special, vocab), special=dict(sorted(special.items())),
-                                 special_text="special" if self.allow_special_tokens else "ordinary", encoder=module.version())
+                                 special_text="special" if self.allow_special_tokens else "ordinary", encoder=self._encoder_version(module))
+
+    def _encoder_version(self, module: Any) -> str:
+        """The library and version that make this tokenizer's ids."""
+        if self.fast:
+            from fastload.text import fast_encoder
+
+            return fast_encoder.version()
+        return str(module.version())
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         """Each text's token ids, without special tokens added."""
+        if self.fast:
+            flat, lengths = self.encode_arrays(texts)
+            return [ids.tolist() for ids in np.split(flat, np.cumsum(lengths)[:-1])] if texts else []
         module, tokenizer = self._loaded
         return module.encode(tokenizer, texts, self.allow_special_tokens)
 
     def encode_arrays(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """The texts' ids back to back (int64) and each text's count."""
+        if self.fast:
+            from fastload.text import fast_encoder
+
+            return fast_encoder.encode_arrays(self._fast, texts, self.allow_special_tokens)
         encoded = self.encode(texts)
         lengths = np.fromiter((len(ids) for ids in encoded), dtype=np.int64, count=len(encoded))
         flat = np.fromiter(itertools.chain.from_iterable(encoded), dtype=np.int64, count=int(lengths.sum()))
         return flat, lengths
 
-    def count_tokens(self, texts: list[str]) -> int:
-        """How many ids the texts encode to, one text at a time (no thread pool: a process that
-        forks workers afterwards keeps their tokenizers parallel)."""
+    def added_tokens(self) -> dict[str, int | None]:
+        """Every added token's id by its text (special or not), as this tokenizer's encoder maps it."""
         module, tokenizer = self._loaded
-        return sum(module.count(tokenizer, text, self.allow_special_tokens) for text in texts)
+        added = module.added_tokens(tokenizer)
+        if not self.fast:
+            return dict(added)
+        from fastload.text import fast_encoder
+
+        return {text: fast_encoder.token_id(self._fast, text) for text in added}
+
+    def encode_each(self, texts: list[str]) -> list[list[int]]:
+        """Each text's ids by ``tokenizers`` (or transformers), one text at a time (no thread pool:
+        a process that forks workers afterwards keeps their tokenizers parallel)."""
+        module, tokenizer = self._loaded
+        return [module.encode_one(tokenizer, text, self.allow_special_tokens) for text in texts]
+
+    def count_tokens(self, texts: list[str]) -> int:
+        """How many ids the texts encode to (``encode_each``: no thread pool)."""
+        return sum(map(len, self.encode_each(texts)))
+
+
+def with_fast_encoder(tokenizer: TextTokenizer, sample: list[str]) -> tuple[TextTokenizer, str | None]:
+    """``tokenizer`` encoding with fastokens where it loads, gives every added token (special or
+    not) the id ``tokenizers`` gives it, and the same ids on ``sample`` and on the added tokens'
+    text (alone, between words, all together); else ``tokenizer`` itself and, in one line, why not."""
+    fast = replace(tokenizer, fast=True)
+    added = tokenizer.added_tokens()
+    texts = [*sample, *added, *(f"a{text} b {text}." for text in added), "".join(added)]
+    try:
+        fast_added, fast_ids = fast.added_tokens(), fast.encode(texts)
+    except (ImportError, ValueError) as exc:
+        return tokenizer, str(exc)
+    for text, want in sorted(added.items(), key=lambda pair: pair[1] or 0):
+        if fast_added[text] != want:
+            return tokenizer, f"{tokenizer.path}: fastokens gives added token {want} the id {fast_added[text]}"
+    for number, (want_ids, ids) in enumerate(zip(tokenizer.encode_each(texts), fast_ids)):
+        if want_ids != ids:
+            what = f"sample text {number}" if number < len(sample) else "an added token's text"
+            return tokenizer, f"{tokenizer.path}: fastokens' ids differ from tokenizers' on {what}"
+    return fast, None
 
 
 def _folder_sha256(folder: Path) -> str:

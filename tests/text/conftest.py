@@ -25,6 +25,16 @@ def real_paragraphs(limit: int = 3000) -> list[str]:
     return list(dict.fromkeys(paragraphs))[:limit]  # each once: licenses repeat paragraphs
 
 
+def forging_documents(eos: str = "<|endoftext|>", other: str = "<|pad|>") -> list[str]:
+    """Real paragraphs with two special tokens' text written into them: inside words, at the ends,
+    next to punctuation and spaces, alone, twice in a row, cut short."""
+    texts = [eos, f"a turn{eos}another turn", f"ends with {eos}.", f"{other}{eos}x", f" {eos} ", eos + eos, eos[:-1], eos[1:]]
+    for n, paragraph in enumerate(real_paragraphs()[:400]):
+        cut = len(paragraph) * (n % 7) // 6
+        texts.append(paragraph[:cut] + (eos if n % 3 else f" {other}") + paragraph[cut:])
+    return texts
+
+
 @pytest.fixture(scope="session")
 def tokenizer_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A byte-level BPE tokenizer.json (vocabulary 2,000, <|endoftext|> and <|pad|> special) trained on the real text."""

@@ -23,7 +23,7 @@ from fastload.storage.summary import summarize
 from fastload.storage.verify import verify_dataset
 from fastload.text.tokenizer import TextTokenizer
 from tests.conftest import run_cli
-from tests.text.conftest import real_paragraphs, write_jsonl
+from tests.text.conftest import forging_documents, real_paragraphs, write_jsonl
 
 
 def token_options(tokenizer: Path, source: str = "jsonl", workers: int = 1, text_field: str | None = None, **tokens) -> ConvertOptions:
@@ -248,17 +248,6 @@ def test_bos_and_eos_tokens_given_override_a_tokenizer_folders_config(tokenizer_
     assert all(ids[0] == 1 and ids[-1] == 1 for ids in documents(tmp_path / "given"))
 
 
-def forging_documents() -> list[str]:
-    """Real paragraphs with the special tokens' text written into them: inside words, at the ends,
-    next to punctuation and spaces, alone, twice in a row."""
-    texts = ["<|endoftext|>", "a turn<|endoftext|>another turn", "ends with <|endoftext|>.", "<|pad|><|endoftext|>x",
-             " <|endoftext|> ", "<|endoftext|><|endoftext|>", "<|endoftext", "|endoftext|>"]
-    for n, paragraph in enumerate(real_paragraphs()[:400]):
-        cut = len(paragraph) * (n % 7) // 6
-        texts.append(paragraph[:cut] + ("<|endoftext|>" if n % 3 else " <|pad|>") + paragraph[cut:])
-    return texts
-
-
 def without_special_tokens(tokenizer_file: Path):
     """An independent reference for "ordinary text": the tokenizer.json with its special added
     tokens removed, so nothing in it can match them."""
@@ -269,16 +258,19 @@ def without_special_tokens(tokenizer_file: Path):
     return Tokenizer.from_str(json.dumps(data))
 
 
-def test_a_document_cannot_forge_a_boundary_unless_special_tokens_are_allowed(tokenizer_file: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("encoder", ["tokenizers", "fast"])
+def test_a_document_cannot_forge_a_boundary_unless_special_tokens_are_allowed(tokenizer_file: Path, tmp_path: Path, encoder: str) -> None:
     from tokenizers import Tokenizer
 
+    if encoder == "fast":
+        pytest.importorskip("fastokens")
     texts = forging_documents()
     write_jsonl(tmp_path / "a.jsonl", texts)
     specials = {0, 1}  # <|endoftext|>, <|pad|>
     for allow in (False, True):
         out = tmp_path / f"out-{allow}"
         assert main(["convert", str(tmp_path / "a.jsonl"), str(out), "--from", "jsonl", "--tokenizer", str(tokenizer_file),
-                     "--quiet", *(["--allow-special-tokens"] if allow else [])]) == 0
+                     "--quiet", "--encoder", encoder, *(["--allow-special-tokens"] if allow else [])]) == 0
         ids, tokenizer = documents(out), read_index(out).tokenizer
         assert tokenizer.eos_id == 0 and tokenizer.special == {"<|endoftext|>": 0, "<|pad|>": 1}
         reference = Tokenizer.from_file(str(tokenizer_file)) if allow else without_special_tokens(tokenizer_file)
@@ -288,11 +280,12 @@ def test_a_document_cannot_forge_a_boundary_unless_special_tokens_are_allowed(to
         else:
             assert not any(specials & set(doc) for doc in ids)
         assert tokenizer.special_text == ("special" if allow else "ordinary")
+        assert tokenizer.encoder.startswith("fastokens " if encoder == "fast" else "tokenizers ")
     assert documents(tmp_path / "out-False") != documents(tmp_path / "out-True")
 
 
 def test_an_index_written_before_the_encoding_was_recorded_still_reads(corpus: Path, tokenizer_file: Path, tmp_path: Path) -> None:
-    convert(str(corpus / "a.jsonl"), str(tmp_path / "out"), token_options(tokenizer_file), quiet=True)
+    convert(str(corpus / "a.jsonl"), str(tmp_path / "out"), token_options(tokenizer_file, encoder="tokenizers"), quiet=True)
     data = json.loads((tmp_path / "out" / "index.json").read_text())
     assert data["tokenizer"]["special_text"] == "ordinary" and data["tokenizer"]["encoder"].startswith("tokenizers ")
     del data["tokenizer"]["special_text"], data["tokenizer"]["encoder"]
@@ -300,3 +293,33 @@ def test_an_index_written_before_the_encoding_was_recorded_still_reads(corpus: P
     older = read_index(tmp_path / "out")
     assert older.tokenizer.special_text is None and older.tokenizer.encoder is None
     assert documents(tmp_path / "out") == TextTokenizer(str(tokenizer_file)).encode(real_paragraphs()[: len(real_paragraphs()) // 2])
+
+
+def transformers_folder(tokenizer_file: Path, folder: Path) -> Path:
+    """The fixture's BPE as a transformers GPT-2 folder without a tokenizer.json (vocab.json, merges.txt)."""
+    data = json.loads(tokenizer_file.read_text())
+    folder.mkdir()
+    (folder / "vocab.json").write_text(json.dumps(data["model"]["vocab"]))
+    merges = ("".join(f"{' '.join(m) if isinstance(m, list) else m}\n" for m in data["model"]["merges"]))
+    (folder / "merges.txt").write_text("#version: 0.2\n" + merges)
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "GPT2Tokenizer", "eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>", "unk_token": "<|endoftext|>",
+        "pad_token": "<|pad|>", "add_prefix_space": False}))
+    return folder
+
+
+def test_a_transformers_folder_forges_no_boundary_either(tokenizer_file: Path, tmp_path: Path) -> None:
+    from tokenizers import Tokenizer
+
+    folder = transformers_folder(tokenizer_file, tmp_path / "gpt2")
+    texts = forging_documents()[:60]
+    write_jsonl(tmp_path / "a.jsonl", texts)
+    for allow in (False, True):
+        out = tmp_path / f"out-{allow}"
+        assert main(["convert", str(tmp_path / "a.jsonl"), str(out), "--from", "jsonl", "--tokenizer", str(folder), "--quiet",
+                     *(["--allow-special-tokens"] if allow else [])]) == 0
+        reference = Tokenizer.from_file(str(tokenizer_file)) if allow else without_special_tokens(tokenizer_file)
+        assert documents(out) == [e.ids for e in reference.encode_batch(texts, add_special_tokens=False)]
+        tokenizer = read_index(out).tokenizer
+        assert tokenizer.kind == "transformers" and tokenizer.encoder.startswith("transformers ")
+        assert tokenizer.special_text == ("special" if allow else "ordinary")
