@@ -25,8 +25,8 @@ from PIL import Image
 import fastload
 from fastload import transforms as T
 from fastload.converters import ConvertOptions, WriterOptions, convert
-from fastload.loading.rng import sample_rng
 from fastload.transforms import apply_plan, plan
+from fastload.workers.rng import sample_rng
 
 
 class H5Rows(torch.utils.data.Dataset):

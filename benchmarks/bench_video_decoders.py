@@ -27,8 +27,8 @@ from fastload.av.clips import CLIP_SALT, Clip, plan_clips
 from fastload.av.facts import StreamFacts
 from fastload.av.pyav import decode_frames, probe
 from fastload.decode.cpu import turbo
-from fastload.loading.rng import sample_rng
 from fastload.transforms import apply_plan, dct_min_size, plan, scaled_box, train
+from fastload.workers.rng import sample_rng
 
 CLIP = Clip(frames=16, stride=2, sampling="random")
 

@@ -222,7 +222,7 @@ class BoxesCodec:
 
 class ImageCodec:
     """An encoded image (jpg, png, webp, ...): HWC uint8 RGB, decoded whole (the workers decode
-    only the crop instead: :mod:`fastload.loading.sample_decode`)."""
+    only the crop instead: :mod:`fastload.workers.sample_decode`)."""
 
     def decode(self, data: bytes, where: str, field: str) -> np.ndarray:
         """The HWC uint8 pixels."""
@@ -265,7 +265,7 @@ class MaskCodec:
 
 class VideoCodec:
     """A video file (mp4, webm, ...): its bytes; the workers decode only a clip's frames
-    (:mod:`fastload.loading.clip_decode`), planned from its stream facts in the sample table."""
+    (:mod:`fastload.workers.clip_decode`), planned from its stream facts in the sample table."""
 
     def decode(self, data: bytes, where: str, field: str) -> bytes:
         """The encoded video, as stored."""

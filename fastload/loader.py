@@ -37,7 +37,6 @@ from fastload.loading.frameworks import KeptByAccelerate, accelerate_device
 from fastload.loading.loader_orders import LoaderOrders, excluded_indices
 from fastload.loading.options import LoaderOptions
 from fastload.loading.provenance import StepDescription, describe_step
-from fastload.loading.sample_decode import resolve_spec
 from fastload.loading.samplers import (
     BatchIndices,
     BatchRequest,
@@ -54,6 +53,7 @@ from fastload.orders.position import Position
 from fastload.storage.dataset import ShardedDataset
 from fastload.token_loader import TokenDataLoader
 from fastload.transforms import Transform, batch_transform, output_size
+from fastload.workers.sample_decode import resolve_spec
 
 log = logging.getLogger("fastload")
 _logged: set[tuple[str, str]] = set()

@@ -165,7 +165,7 @@ def output_size(specs: Sequence[Transform]) -> tuple[int, int] | None:
 
 
 class RandomSource(Protocol):
-    """The draws a plan needs: fastload.loading.rng.SampleRandom, or a numpy Generator."""
+    """The draws a plan needs: fastload.workers.rng.SampleRandom, or a numpy Generator."""
 
     def random(self) -> float: ...
 

@@ -15,7 +15,7 @@ CLIP_SALT = 0xC11B  # the clip's random stream is the crop's seed with this mixe
 
 
 class Draws(Protocol):
-    """The one draw a clip plan needs (fastload.loading.rng.SampleRandom has it)."""
+    """The one draw a clip plan needs (fastload.workers.rng.SampleRandom has it)."""
 
     def integers(self, low: int, high: int) -> int: ...
 

@@ -70,7 +70,7 @@ class PillowImages:
         return Image.open(io.BytesIO(fields[field])), label
 
     def __getitem__(self, i: int) -> tuple[Any, int]:
-        from fastload.loading.rng import sample_rng
+        from fastload.workers.rng import sample_rng
 
         image, label = self._open(i)
         with image:

@@ -9,11 +9,11 @@ import numpy as np
 
 from fastload.errors import SampleError
 from fastload.fields import LABEL_FIELD, classic_spec, image_field, parse_label
-from fastload.loading.batch_fill import fill_fields
-from fastload.loading.rng import sample_rng
-from fastload.loading.sample_decode import PlannedSample, plan_image
 from fastload.storage.dataset import ShardedDataset
 from fastload.transforms import Transform
+from fastload.workers.batch_fill import fill_fields
+from fastload.workers.rng import sample_rng
+from fastload.workers.sample_decode import PlannedSample, plan_image
 
 
 def plan_sample(ds: ShardedDataset, index: int, transforms: Sequence[Transform], seed: int, epoch: int) -> PlannedSample:

@@ -25,11 +25,12 @@ from fastload.loading.frameworks import AccelerateEpoch
 from fastload.loading.loader_orders import LoaderOrders
 from fastload.loading.options import LoaderOptions
 from fastload.loading.prefetch import ShardPrefetcher, shards_in_use_order
-from fastload.loading.rng import batch_generator
 from fastload.loading.state import LoaderState
-from fastload.loading.stats import LoaderStats, StageCounters
+from fastload.loading.stats import LoaderStats
 from fastload.orders.position import Position
 from fastload.storage.dataset import ShardedDataset
+from fastload.workers.rng import batch_generator
+from fastload.workers.stage_clock import StageCounters
 
 
 @dataclass(frozen=True)

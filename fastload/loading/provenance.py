@@ -23,14 +23,14 @@ from fastload.decode.header import image_size, jpeg_size, png_size, sniff_image_
 from fastload.errors import SampleError
 from fastload.fields import DECODED_FIELD, SampleSpec
 from fastload.formats.wds.reader import TarShardReader
-from fastload.loading.clip_decode import plan_video
-from fastload.loading.rng import sample_rng
 from fastload.orders.balanced import ClassMembers
 from fastload.orders.mixture import MixtureOrder
 from fastload.orders.position import ResumedFrom
 from fastload.orders.spec import OrderSpec
 from fastload.storage.dataset import ShardedDataset
 from fastload.transforms import Plan, Transform, plan
+from fastload.workers.clip_decode import plan_video
+from fastload.workers.rng import sample_rng
 
 HEAD_BYTES = 4096  # an image's first read; a JPEG whose size marker lies further (big EXIF) is read 4x more at a time
 
@@ -217,7 +217,7 @@ def describe_step(ds: ShardedDataset, order_spec: OrderSpec | MixtureOrder, resu
 def stand_in(ds: ShardedDataset, index: int, skipped: Mapping[str, str] | None,
              describe: Callable[[int], SampleDescription]) -> SampleDescription:
     """Sample ``index`` described, or with ``skipped`` (on_error="skip") the sample that took its
-    place as a worker picks it (fastload.loading.batch_fill.Substitutes: the next in dataset order,
+    place as a worker picks it (fastload.workers.batch_fill.Substitutes: the next in dataset order,
     passing over those the loader skipped and those that cannot be planned), naming the ones passed."""
     first = describe(index)
     if skipped is None:

@@ -24,9 +24,9 @@ from torch.utils.data.distributed import DistributedSampler
 from fastload.fields import SampleSpec
 from fastload.loading.batch_outputs import BatchOutputs, samples_of
 from fastload.loading.field_batch import as_tensor, shaped_batch
-from fastload.loading.rng import batch_generator
 from fastload.loading.state import LoaderState
 from fastload.storage.dataset import ShardedDataset
+from fastload.workers.rng import batch_generator
 
 if TYPE_CHECKING:
     from fastload.transforms import Transform
@@ -205,8 +205,8 @@ class BatchIndices(list):
 
     def fill(self, dataset: ShardedDataset) -> PlannedBatch:
         """Read, decode and transform this batch's fields as the loader's workers do."""
-        from fastload.loading.batch_fill import fill_fields
-        from fastload.loading.slots import spec_columns
+        from fastload.workers.batch_fill import fill_fields
+        from fastload.workers.slots import spec_columns
 
         request = self.request
         columns = {c.name: np.empty((len(self), *c.shape), dtype=c.dtype)

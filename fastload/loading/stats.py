@@ -1,9 +1,7 @@
 """Loader counters, live: samples, batches, skips, and each epoch's time by stage.
 
-Workers time their stages per sample (reading, decoding, transform, the user's ``map=``) into
-their own row of a small float64 table in one anonymous shared mapping made before they fork, so
-nothing per sample travels through a pipe; a few ``perf_counter`` calls a sample (~1 us against
-~1-5 ms of decoding). The main process times what it does for each batch: waiting for the
+Workers time their stages per sample (fastload.workers.stage_clock: their rows of a shared
+table). The main process times what it does for each batch: waiting for the
 workers, the hand-off (slot lending or copying, shaping the outputs, ``collate_fn=``, ``batch_map=``) and the
 host-to-device copy (with Normalize/ToDtype there; a CUDA copy is asynchronous, so only its
 launch counts). What is left of an epoch's wall time is the training loop's own.
@@ -11,7 +9,6 @@ launch counts). What is left of an epoch's wall time is the training loop's own.
 
 from __future__ import annotations
 
-import mmap
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -20,11 +17,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from fastload.errors import SkipLog
+from fastload.workers.stage_clock import READ_BYTES, SAMPLES, WORKER_STAGES, StageCounters
 
-WORKER_STAGES = ("read", "decode", "transform", "map")  # seconds, in these columns of a worker's row
-READ, DECODE, TRANSFORM, MAP = range(len(WORKER_STAGES))
-READ_BYTES, SAMPLES, BUSY = range(len(WORKER_STAGES), len(WORKER_STAGES) + 3)  # bytes read, samples made, seconds in tasks
-COLUMNS = len(WORKER_STAGES) + 3
 STALL_THRESHOLD = 0.1  # a share of step time spent waiting above which a run is input-bound
 
 
@@ -34,61 +28,6 @@ def stall_verdict(stall: float, cause: str = "") -> str:
     if stall > STALL_THRESHOLD:
         return f"input-bound by {100 * stall:.0f}%: {cause + '; ' if cause else ''}try more workers or backend=dali"
     return f"not input-bound ({100 * stall:.0f}% of step time waiting for data)"
-
-
-class StageClock:
-    """One process's stage timer over its row of a :class:`StageCounters` table: ``start`` marks
-    the time, each ``lap`` adds the time since the last mark to a stage. Counts gather in a plain
-    list and reach the shared row at each ``flush`` (once a batch part: a numpy element update
-    costs ~0.3 us, a list one ~0.05 us)."""
-
-    __slots__ = ("mark", "pending", "row")
-
-    def __init__(self, row: np.ndarray) -> None:
-        self.row = row
-        self.pending = [0.0] * COLUMNS
-        self.mark = time.perf_counter()
-
-    def start(self) -> None:
-        """Mark now: the next lap counts from here."""
-        self.mark = time.perf_counter()
-
-    def lap(self, stage: int) -> None:
-        """Add the time since the last mark to ``stage`` and mark now."""
-        now = time.perf_counter()
-        self.pending[stage] += now - self.mark
-        self.mark = now
-
-    def count(self, column: int, amount: float) -> None:
-        """Add ``amount`` to a counter column (bytes, samples, busy seconds)."""
-        self.pending[column] += amount
-
-    def flush(self) -> None:
-        """Add the counts gathered so far to the shared row."""
-        self.row += self.pending
-        self.pending = [0.0] * COLUMNS
-
-
-def untimed() -> StageClock:
-    """A clock whose counts go nowhere (callers that keep no stats: DALI's CPU redo, torch's workers)."""
-    return StageClock(np.zeros(COLUMNS))
-
-
-class StageCounters:
-    """Stage counters of ``processes`` processes (row w: worker w; the last row: the main process
-    working inline), in an anonymous shared mapping the workers inherit when they fork."""
-
-    def __init__(self, processes: int) -> None:
-        self._mapping = mmap.mmap(-1, (processes + 1) * COLUMNS * 8)
-        self.table = np.frombuffer(self._mapping, dtype=np.float64).reshape(processes + 1, COLUMNS)
-
-    def clock(self, row: int) -> StageClock:
-        """The clock writing row ``row`` (-1: the main process's)."""
-        return StageClock(self.table[row])
-
-    def snapshot(self) -> np.ndarray:
-        """A copy of the counters now."""
-        return self.table.copy()
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import torch
 
 import fastload
 from fastload import transforms as T
-from fastload.loading.stats import WORKER_STAGES
+from fastload.workers.stage_clock import WORKER_STAGES
 
 BATCH = 4
 EPOCH_SAMPLES = 30

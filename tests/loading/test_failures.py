@@ -20,11 +20,11 @@ import pytest
 
 import fastload
 from fastload import transforms as T
-from fastload.backends.cpu.workers import WorkerError
 from fastload.converters import ConvertOptions, convert
 from fastload.errors import SampleError
 from fastload.formats.idx import parse_dali_index
 from fastload.formats.index import read_index
+from fastload.workers.pool import WorkerError
 from tests.conftest import alive, cli_env, collection_page_faults, photo_folder
 
 

@@ -21,8 +21,8 @@ import fastload
 from fastload import transforms as T
 from fastload.converters import ConvertOptions, WriterOptions, convert
 from fastload.decode.cpu import turbo as _turbo
-from fastload.loading.rng import sample_rng
 from fastload.transforms import Plan, apply_plan, plan, random_resized_crop_params
+from fastload.workers.rng import sample_rng
 from tests.conftest import jpeg_bytes, small_photo
 
 

@@ -11,7 +11,7 @@ import pytest
 import fastload
 from fastload import transforms as T
 from fastload.converters import ConvertOptions, convert
-from fastload.loading.stats import WORKER_STAGES
+from fastload.workers.stage_clock import WORKER_STAGES
 from tests.conftest import photo_folder
 from tests.storage.test_remote import DatasetServer
 

@@ -19,8 +19,8 @@ import fastload
 from fastload import Clip
 from fastload import transforms as T
 from fastload.formats.index import read_index
-from fastload.loading.stats import READ_BYTES
 from fastload.transforms import apply_plan
+from fastload.workers.stage_clock import READ_BYTES
 from tests.test_resume_contract import run_resume_contract
 from tests.video.media import every_frame
 

@@ -17,16 +17,16 @@ from typing import Any, cast
 
 import numpy as np
 
-from fastload.backends.cpu.workers import BatchResult, WorkerConfig, WorkerError, WorkerPool, merge_parts, raise_failure
-from fastload.loading.batch_fill import fill_fields
 from fastload.loading.epoch import Epoch, EpochInputs
 from fastload.loading.field_batch import as_tensor, copied
-from fastload.loading.slots import BatchBuffers, spec_columns
 from fastload.loading.state import LoaderState
-from fastload.loading.stats import StageCounters
 from fastload.orders.epoch_order import EpochOrder
 from fastload.orders.position import Position
 from fastload.orders.rank_batches import RankBatches
+from fastload.workers.batch_fill import fill_fields
+from fastload.workers.pool import BatchResult, WorkerConfig, WorkerError, WorkerPool, merge_parts, raise_failure
+from fastload.workers.slots import BatchBuffers, spec_columns
+from fastload.workers.stage_clock import StageCounters
 
 LENDABLE_SLOTS = 2  # batch slots beyond the workers' queue, for batches the caller still holds
 MIN_PART = 16  # the fewest samples a worker is given of a batch

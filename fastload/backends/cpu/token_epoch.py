@@ -1,5 +1,5 @@
 """The token loader's engine and epoch: packed token rows made by the CPU worker pool (the image
-path's, fastload.backends.cpu.workers) into shared batch slots and lent to the caller without a
+path's, fastload.workers.pool) into shared batch slots and lent to the caller without a
 copy, or made in the training process with ``num_workers=0``.
 
 Each task is a whole batch: its first global row (and, for best-fit, the window holding it), which
@@ -18,19 +18,20 @@ import numpy as np
 import torch
 
 from fastload.backends.cpu.cpu_epoch import LENDABLE_SLOTS, Dispatch
-from fastload.backends.cpu.workers import BatchResult, Filled, WorkerError, WorkerPool, raise_failure
 from fastload.loading.epoch import EpochLifecycle
 from fastload.loading.field_batch import copied
 from fastload.loading.options import LoaderOptions
-from fastload.loading.slots import BatchBuffers, Column
 from fastload.loading.state import LoaderState
-from fastload.loading.stats import READ_BYTES, SAMPLES, TRANSFORM, LoaderStats, StageClock, StageCounters
+from fastload.loading.stats import LoaderStats
 from fastload.orders.position import Position
 from fastload.storage.dataset import ShardedDataset
 from fastload.text.token_attention import batch_tensors, with_attention
 from fastload.text.token_batch import BatchBounds, BatchFiller
 from fastload.text.token_corpus import Segments
 from fastload.text.token_rows import Packing, TokenRows
+from fastload.workers.pool import BatchResult, Filled, WorkerError, WorkerPool, raise_failure
+from fastload.workers.slots import BatchBuffers, Column
+from fastload.workers.stage_clock import READ_BYTES, SAMPLES, TRANSFORM, StageClock, StageCounters
 
 BatchWork = tuple[int, int, tuple[int, int] | None]  # a batch's first global row, its rows (the rest padding), best-fit's window holding it with that window's first row
 

@@ -16,12 +16,12 @@ from fastload.backends.dali.protocol import carried_stacked, read_carried
 from fastload.backends.dali.shares import DaliShares
 from fastload.backends.dali.video import DaliClipDecoder, DaliVideoEpoch, video_refusal
 from fastload.fields import FieldSpec, SampleSpec
-from fastload.loading.batch_fill import fill_fields
 from fastload.loading.epoch import Epoch, EpochInputs
 from fastload.loading.field_batch import as_tensor
-from fastload.loading.slots import spec_columns
 from fastload.loading.state import LoaderState
 from fastload.loading.torchvision_translation import TorchvisionSteps
+from fastload.workers.batch_fill import fill_fields
+from fastload.workers.slots import spec_columns
 
 log = logging.getLogger("fastload")
 

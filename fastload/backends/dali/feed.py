@@ -19,9 +19,6 @@ from fastload.backends.dali.protocol import carried_fields, empty_feed_columns, 
 from fastload.backends.dali.shares import DaliShares
 from fastload.errors import SampleError
 from fastload.fields import SampleSpec
-from fastload.loading.batch_fill import Substitutes
-from fastload.loading.sample_decode import PlannedSample, fill_beside_primary
-from fastload.loading.slots import Column
 from fastload.orders.balanced import ClassMembers
 from fastload.orders.epoch_order import EpochOrder
 from fastload.orders.mixture import MixtureOrder
@@ -29,6 +26,9 @@ from fastload.orders.rank_batches import RankBatches
 from fastload.orders.spec import OrderSpec
 from fastload.storage.dataset import ShardedDataset
 from fastload.transforms import Transform
+from fastload.workers.batch_fill import Substitutes
+from fastload.workers.sample_decode import PlannedSample, fill_beside_primary
+from fastload.workers.slots import Column
 
 PLACEHOLDER_SIDE = 8
 
@@ -48,7 +48,7 @@ process published for it; the CPU workers make the rest."""
     transforms: tuple[Transform, ...]
     seed: int
     on_error: str
-    skip_limit: int  # the most bad samples one search for a readable sample passes (fastload.loading.batch_fill.Substitutes)
+    skip_limit: int  # the most bad samples one search for a readable sample passes (fastload.workers.batch_fill.Substitutes)
     orders: OrderSpec | MixtureOrder
     first_epoch: int
     start: int = 0
@@ -138,7 +138,7 @@ _frozen_in = -1
 
 def _freeze_inherited(home_pid: int) -> None:
     """In a DALI worker, once: the objects it inherited go to the permanent generation, so that its
-    collections don't write to them all and copy the training process's heap (fastload.backends.cpu.workers does
+    collections don't write to them all and copy the training process's heap (fastload.workers.pool does
     the same). Never in the training process itself (``num_workers=0``): its garbage must go."""
     global _frozen_in
     pid = os.getpid()

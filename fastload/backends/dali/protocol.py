@@ -20,7 +20,7 @@ import numpy as np
 
 from fastload.errors import SampleError
 from fastload.fields import SampleSpec, decode_field
-from fastload.loading.slots import Column, spec_columns
+from fastload.workers.slots import Column, spec_columns
 
 
 class FeedColumns(NamedTuple):

@@ -1,7 +1,7 @@
 """Clips decoded by DALI: NVDEC on a GPU through DALI's in-memory video decoder
 (``fn.decoders.video`` on the ``mixed`` device; its ``cpu`` device without a GPU), fed the bytes,
 frame numbers and crops the CPU workers use (planned here from the stream facts,
-fastload.loading.clip_decode), then resized (antialiased linear, the exact fractional crop box),
+fastload.workers.clip_decode), then resized (antialiased linear, the exact fractional crop box),
 mirrored and laid out (F, C, H, W).
 
 Tested with DALI on the CPU; the GPU (mixed) device has not run yet (docs/video.md says what the
@@ -22,11 +22,11 @@ from fastload.av.clips import Clip
 from fastload.backends.dali.library import images_as_torch, import_dali
 from fastload.errors import SampleError
 from fastload.fields import FieldSpec, SampleSpec, decode_field
-from fastload.loading.batch_fill import Substitutes, fill_fields
-from fastload.loading.clip_decode import plan_video
 from fastload.loading.epoch import Epoch, EpochInputs
 from fastload.loading.field_batch import as_tensor
 from fastload.loading.state import LoaderState
+from fastload.workers.batch_fill import Substitutes, fill_fields
+from fastload.workers.clip_decode import plan_video
 
 log = logging.getLogger("fastload")
 
@@ -154,7 +154,7 @@ class DaliVideoEpoch(Epoch):
         return key, np.frombuffer(stored[name], dtype=np.uint8), frames, planned.plan.box, planned.plan.flip, value
 
     def _on_cpu(self, indices: np.ndarray) -> tuple[dict[str, Any], list[str], list[tuple[str, str]]]:
-        from fastload.loading.slots import spec_columns
+        from fastload.workers.slots import spec_columns
 
         inputs, options = self.inputs, self.inputs.options
         columns = {c.name: np.empty((len(indices), *c.shape), dtype=c.dtype) for c in spec_columns(inputs.sample_spec, inputs.image_shape)}

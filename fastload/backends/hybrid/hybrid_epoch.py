@@ -12,12 +12,12 @@ import numpy as np
 import torch
 
 from fastload.backends.cpu.cpu_epoch import CpuEpoch, CpuWorkers
-from fastload.backends.cpu.workers import WorkerPool
 from fastload.backends.dali.dali_epoch import DaliBatches, DaliPipeline, as_tensors
 from fastload.backends.dali.shares import DaliShares
 from fastload.backends.hybrid.split import SplitController
 from fastload.loading.epoch import EpochInputs
 from fastload.loading.state import LoaderState
+from fastload.workers.pool import WorkerPool
 
 PIPELINE_AHEAD = 3  # batches DALI's pipeline runs beyond its feed's prefetch queue (its own queue, plus one)
 FEED_WORKERS_PER_CPU_WORKER = 4  # DALI's feed only reads and plans (~35 us a sample): a process per 4 decoders

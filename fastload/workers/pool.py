@@ -1,6 +1,6 @@
 """Worker processes that make whole batches straight into shared memory.
 
-The batch slots (fastload.loading.slots) are mapped before the workers fork. A worker gets a part of
+The batch slots (fastload.workers.slots) are mapped before the workers fork. A worker gets a part of
 a batch (batch number, slot, first row, rows, their work), makes those rows of every column in
 place as its :class:`WorkerJob` says, and answers with what does not travel in the slot. An image
 loader's job (:class:`WorkerConfig`) decodes and transforms samples (pixels, masks, labels,
@@ -29,11 +29,11 @@ import numpy as np
 
 from fastload.errors import FastloadError, SampleError, rebuild_error
 from fastload.fields import SampleSpec
-from fastload.loading.batch_fill import fill_fields
-from fastload.loading.slots import BatchBuffers
-from fastload.loading.stats import BUSY, StageClock, StageCounters
 from fastload.storage.dataset import ShardedDataset
 from fastload.transforms import Transform
+from fastload.workers.batch_fill import fill_fields
+from fastload.workers.slots import BatchBuffers
+from fastload.workers.stage_clock import BUSY, StageClock, StageCounters
 
 POLL_S = 0.2  # how often a waiting side checks that the other is still alive
 
@@ -91,13 +91,13 @@ class WorkerJob(Protocol):
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    """An image loader's workers: decode and transform samples into the slot (fastload.loading.batch_fill)."""
+    """An image loader's workers: decode and transform samples into the slot (fastload.workers.batch_fill)."""
 
     dataset: ShardedDataset
     transforms: tuple[Transform, ...]
     seed: int
     on_error: str
-    skip_limit: int  # the most bad samples one search for a readable sample passes (fastload.loading.batch_fill.Substitutes)
+    skip_limit: int  # the most bad samples one search for a readable sample passes (fastload.workers.batch_fill.Substitutes)
     buffers: BatchBuffers
     worker_init_fn: Callable[[int], None] | None
     sample_spec: SampleSpec  # the fields to make of each sample

@@ -13,10 +13,10 @@ import numpy as np
 
 from fastload.errors import SampleError
 from fastload.fields import SampleSpec
-from fastload.loading.sample_decode import fill_sample
-from fastload.loading.stats import StageClock, untimed
 from fastload.storage.dataset import ShardedDataset
 from fastload.transforms import Transform
+from fastload.workers.sample_decode import fill_sample
+from fastload.workers.stage_clock import StageClock, untimed
 
 Attempted = TypeVar("Attempted")
 

@@ -29,9 +29,6 @@ from fastload.fields import (
     decode_field,
     requested_spec,
 )
-from fastload.loading.clip_decode import fill_video, plan_video
-from fastload.loading.rng import sample_generator, sample_rng
-from fastload.loading.stats import DECODE, MAP, READ, READ_BYTES, SAMPLES, TRANSFORM, StageClock, untimed
 from fastload.storage.dataset import ShardedDataset
 from fastload.transforms import (
     GEOMETRIC,
@@ -44,6 +41,9 @@ from fastload.transforms import (
     plan,
     resample_into,
 )
+from fastload.workers.clip_decode import fill_video, plan_video
+from fastload.workers.rng import sample_generator, sample_rng
+from fastload.workers.stage_clock import DECODE, MAP, READ, READ_BYTES, SAMPLES, TRANSFORM, StageClock, untimed
 
 
 @dataclass

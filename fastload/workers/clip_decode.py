@@ -19,9 +19,9 @@ from fastload.av.clips import CLIP_SALT, Clip, plan_clips
 from fastload.av.facts import StreamFacts
 from fastload.av.pyav import decode_frames
 from fastload.errors import SampleError
-from fastload.loading.rng import sample_rng
-from fastload.loading.stats import DECODE, TRANSFORM, StageClock
 from fastload.transforms import Plan, Transform, plan, resample_into
+from fastload.workers.rng import sample_rng
+from fastload.workers.stage_clock import DECODE, TRANSFORM, StageClock
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""The worker side of loading: what runs in the worker processes (the pool, its batch slots, a batch's samples filled in place, their random streams and stage clocks); the training-process side is fastload.loading."""
