@@ -13,7 +13,8 @@ token_rows), rank r taking the r-th ``batch_size`` of them, and the epoch's last
 rows split evenly over the ranks; rows past the epoch's end are padding (every rank makes the same
 number of steps, and a rank's batch is all padding only when fewer rows than ranks are left). So a step's batch is a pure function of (seed,
 epoch, step, rank, world size), the state is (epoch, rows consumed) plus, for best-fit, where its
-packing got to, and a resume at another world size continues with the rows not yet consumed.
+packing got to, and a resume at another world size continues with the rows not yet consumed (at
+another seq_len too, for concat and pad rows: fastload.text.token_rows' origin).
 """
 
 from __future__ import annotations

@@ -888,3 +888,21 @@ def test_a_resume_at_another_seq_len_of_best_fit_or_a_mixture_is_refused_saying_
     assert why in str(error.value) and "only concat and pad rows of one dataset resume at another" in str(error.value)
     with pytest.raises(ValueError, match=re.escape("loader state: rows.seq_len=0 is less than 1")):
         loader(tokens, seq_len=2 * SEQ).load_state_dict({**state, "rows": {**state["rows"], "seq_len": 0, "packing": "concat"}})
+
+
+def test_the_seq_len_of_a_token_states_resumed_from_entry_is_checked_and_an_image_state_has_none(tokens: Path, clean: Path) -> None:
+    """A token state's ``resumed_from`` entries carry the seq_len their rows were cut at (a triple, from before:
+    the saved seq_len's); one below 1 is named. An image state's entries stay triples."""
+    first = loader(tokens, seq_len=64)
+    next(iter(first))
+    resumed = loader(tokens)
+    resumed.load_state_dict(first.state_dict())
+    state = resumed.state_dict()
+    assert state["resumed_from"] == [[1, 4, 4, 64]] and state["rows"]["seq_len"] == SEQ
+    with pytest.raises(ValueError, match=re.escape("loader state: resumed_from[0].seq_len=0 is less than 1")):
+        loader(tokens).load_state_dict({**state, "resumed_from": [[1, 4, 4, 0]]})
+    images = fastload.DataLoader(clean, batch_size=4, transform=fastload.transforms.val(16))
+    next(iter(images))
+    with pytest.raises(ValueError, match=re.escape("resumed_from holds [1, 4, 4, 64], not a (world_size, batch_size, samples_consumed) triple")):
+        fastload.DataLoader(clean, batch_size=4, transform=fastload.transforms.val(16)).load_state_dict(
+            {**images.state_dict(), "resumed_from": [[1, 4, 4, 64]]})
