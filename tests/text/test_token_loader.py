@@ -804,14 +804,14 @@ def test_the_sampler_and_batch_sampler_step_by_the_global_batch(tokens: Path) ->
         assert torch.equal(made["input_ids"], own["input_ids"]) and torch.equal(made["labels"], own["labels"])
 
 
-def seq_len_resumes(tokens: Path, packing: str, lengths: list[int], world: int, num_workers: int) -> tuple[list, list, dict, int]:
-    """Train at ``lengths[0]`` on ``world`` ranks, saving a state after 5 steps at each length and resuming it at the
-    next (the last run to the epoch's end, with ``num_workers``): every batch delivered (rank, step, batch, seq_len),
+def seq_len_resumes(tokens: Path, packing: str, lengths: list[int], worlds: list[int], num_workers: int) -> tuple[list, list, dict, int]:
+    """Train at ``lengths[0]`` on ``worlds[0]`` ranks, saving a state after 5 steps at each length and resuming it at the
+    next (on ``worlds[n]`` ranks; the last run to the epoch's end, with ``num_workers``): every batch delivered (rank, step, batch, seq_len),
     each rank's last loader (which ran the epoch's end), the state it was resumed from and the step it resumed at."""
     delivered: list = []
     state: dict | None = None
     step, last, resumed_at = 0, [], 0
-    for n, seq_len in enumerate(lengths):
+    for n, (seq_len, world) in enumerate(zip(lengths, worlds, strict=True)):
         if n:
             state, resumed_at = json.loads(json.dumps(last[0].state_dict())), step
         last = []
@@ -828,15 +828,16 @@ def seq_len_resumes(tokens: Path, packing: str, lengths: list[int], world: int, 
 
 
 @pytest.mark.parametrize("packing", ["concat", "pad"])
-@pytest.mark.parametrize(("lengths", "world", "num_workers"), [([64, 128], 1, 0), ([128, 64], 2, 2), ([64, 128, 96], 2, 0)])
-def test_a_resume_at_another_seq_len_delivers_every_token_of_the_epoch_once(tokens: Path, packing: str, lengths: list[int], world: int,
+@pytest.mark.parametrize(("lengths", "worlds", "num_workers"), [([64, 128], [1, 1], 0), ([128, 64], [2, 2], 2), ([64, 128, 96], [2, 1, 2], 0)])
+def test_a_resume_at_another_seq_len_delivers_every_token_of_the_epoch_once(tokens: Path, packing: str, lengths: list[int], worlds: list[int],
                                                                             num_workers: int) -> None:
     """Short-to-long warm-up: a state saved at one seq_len resumes at another (twice over, 64 -> 128 -> 96): concat goes on
     from the stream's token the rows delivered so far ended at, pad from the next document, so over the ranks the epoch
     delivers each token (pad: each document, as much as the seq_len that delivered it takes) once; ``describe`` names
     every step as it was delivered, before and after the resumes; the batch sampler makes the same batches; the next
-    epoch runs at the new seq_len whole. Before: refused ("state was saved with seq_len=...")."""
-    delivered, last, state, resumed_at = seq_len_resumes(tokens, packing, lengths, world, num_workers)
+    epoch runs at the new seq_len whole; the world size may change too. Before: refused ("state was saved with seq_len=...")."""
+    delivered, last, state, resumed_at = seq_len_resumes(tokens, packing, lengths, worlds, num_workers)
+    world = worlds[-1]
     for rank, step, batch, seq_len in delivered:
         assert batch["input_ids"].shape == (4, seq_len)
         assert_batch_is_what_describe_names(last[rank], batch, step, 0)
