@@ -206,13 +206,13 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
         saved = state.get("rows")
         if not isinstance(saved, dict):
             return self.tokens.seq_len  # saved before the settings were recorded: the identity check names the dataset
-        free = {"seq_len"} if self._seq_len_may_change() else set()
+        free = {"seq_len"} if self._seq_len_may_change() and saved.get("packing") == self.tokens.packing.value else set()
         changed = [f"{name}={saved.get(name)!r} (this loader: {value!r})" for name, value in self._row_settings().items()
                    if saved.get(name) != value and name not in free]
         if changed:
             why = ("" if "seq_len" in free or saved.get("seq_len") == self.tokens.seq_len else
-                   f" (packing={self.tokens.packing.value!r}{' of a mixture' if self.mixture is not None else ''} counts rows of the "
-                   "saved seq_len: only concat and pad rows of one dataset resume at another)")
+                   " (only concat and pad rows of one dataset, with the packing they were saved with, resume at another seq_len: "
+                   "best-fit packs whole windows, and a mixture by tokens deals its members, in rows of the saved length)")
             raise ValueError(f"state was saved with {', '.join(changed)}: its {state.get('samples_consumed')} rows consumed of epoch "
                              f"{state.get('epoch')} are cut from the token stream another way, so here they would name other tokens{why}. "
                              "Resume with the saved values to finish that epoch (batch_size and world_size may change), then change "

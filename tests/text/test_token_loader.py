@@ -883,10 +883,13 @@ def test_a_resume_at_another_seq_len_of_best_fit_or_a_mixture_is_refused_saying_
     first = loader(data, packing=packing)
     next(iter(first))
     state = json.loads(json.dumps(first.state_dict()))
-    why = "packing='best-fit' counts rows" if kind == "best-fit" else "packing='concat' of a mixture counts rows"
+    why = "best-fit packs whole windows" if kind == "best-fit" else "a mixture by tokens deals its members"
     with pytest.raises(ValueError, match=re.escape(f"state was saved with seq_len={SEQ} (this loader: {2 * SEQ})")) as error:
         loader(data, packing=packing, seq_len=2 * SEQ).load_state_dict(state)
-    assert why in str(error.value) and "only concat and pad rows of one dataset resume at another" in str(error.value)
+    assert why in str(error.value) and "only concat and pad rows of one dataset, with the packing they were saved with" in str(error.value)
+    if kind == "best-fit":  # saved as best-fit, resumed as concat at another seq_len: both named at once
+        with pytest.raises(ValueError, match=re.escape(f"seq_len={SEQ} (this loader: {2 * SEQ}), packing='best-fit' (this loader: 'concat')")):
+            loader(data, seq_len=2 * SEQ).load_state_dict(state)
     with pytest.raises(ValueError, match=re.escape("loader state: rows.seq_len=0 is less than 1")):
         loader(tokens, seq_len=2 * SEQ).load_state_dict({**state, "rows": {**state["rows"], "seq_len": 0, "packing": "concat"}})
 
