@@ -13,7 +13,8 @@ token_rows), rank r taking the r-th ``batch_size`` of them, and the epoch's last
 rows split evenly over the ranks; rows past the epoch's end are padding (every rank makes the same
 number of steps, and a rank's batch is all padding only when fewer rows than ranks are left). So a step's batch is a pure function of (seed,
 epoch, step, rank, world size), the state is (epoch, rows consumed) plus, for best-fit, where its
-packing got to, and a resume at another world size continues with the rows not yet consumed.
+packing got to, and a resume at another world size continues with the rows not yet consumed (at
+another seq_len too, for concat and pad rows: fastload.text.token_rows' origin).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from fastload.backends.cpu.token_epoch import TokenEpoch, TokenEpochInputs, Toke
 from fastload.loading.frameworks import KeptByAccelerate
 from fastload.loading.options import LoaderOptions
 from fastload.loading.samplers import LoaderBatchSampler, LoaderSampler
-from fastload.loading.state import LoaderState, OrderSettings, read_state_dict
+from fastload.loading.state import LoaderState, OrderSettings, read_state_dict, state_number
 from fastload.loading.stats import LoaderStats
 from fastload.storage.dataset import ShardedDataset
 from fastload.storage.mixture import MixedDataset
@@ -39,6 +40,7 @@ from fastload.text.token_rows import (
     BLOCK_TOKENS,
     IGNORE_INDEX,
     PACKING_WINDOW,
+    Cursor,
     Packing,
     TokenOptions,
     TokenRows,
@@ -121,7 +123,8 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
 
     def __len__(self) -> int:
         """This rank's steps in the upcoming epoch from its start (best-fit: every block counted, once per loader)."""
-        total = self.rows.length(self.state.upcoming().epoch)
+        position = self.state.upcoming()
+        total = self.rows.length(position.epoch, self.rows.origin(position.resumed_from))
         step = self.options.batch_size * self.ranks()[1]
         return total // step if self.drop_last else -(-total // step)
 
@@ -140,13 +143,14 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
         position) as row numbers: what ``loader.sampler`` and ``loader.batch_sampler`` yield."""
         position = self.state.upcoming()
         epoch, first = position.epoch, 0 if from_start else position.consumed
+        origin = None if from_start else self.rows.origin(position.resumed_from)
         rank, world = self.ranks()
         batch = self.options.batch_size
         batches = []
-        while self.rows.holds_step(epoch, first, batch * world, self.drop_last):
-            mine, count = self.rows.rank_rows(epoch, first, batch, rank, world)
+        while self.rows.holds_step(epoch, first, batch * world, self.drop_last, origin):
+            mine, count = self.rows.rank_rows(epoch, first, batch, rank, world, origin)
             request = TokenBatchRequest(self.tokens, self.filler.format, self.filler.attention, self.seed, self.shuffle, self.pad_id, epoch, mine,
-                                        self.rows.locate(epoch, mine), batch)
+                                        self.rows.locate(epoch, mine, origin), batch)
             batches.append(TokenBatchIndices(range(mine, mine + count), request))
             first += batch * world
         return batches
@@ -166,11 +170,15 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
     @property
     def identity(self) -> str:
         """A digest of the tokens this loader reads and how it packs them (recorded in state_dict)."""
+        return self._identity(self.tokens.seq_len)
+
+    def _identity(self, seq_len: int) -> str:
+        """:attr:`identity` as a loader of rows of ``seq_len`` tokens has it (a state saved at another seq_len names that one)."""
         digest = hashlib.sha256()
         for shard in self.sharded.index.shards:
             digest.update(f"{shard.path}|{shard.tokens}|{shard.sha256};".encode())
         options = self.tokens
-        digest.update(f"{options.seq_len}|{options.packing.value}|{options.block_tokens}".encode())
+        digest.update(f"{seq_len}|{options.packing.value}|{options.block_tokens}".encode())
         if options.packing is Packing.BEST_FIT:
             digest.update(f"|{options.window_blocks}".encode())
         if self.mixture is not None:
@@ -185,18 +193,31 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
             settings["packing_window"] = options.window_blocks * options.block_tokens  # as packed: whole blocks of the stream
         return settings
 
-    def _check_rows(self, state: dict[str, Any]) -> None:
-        """A state saved with rows cut another way (seq_len, packing, block_tokens, best-fit's window)
-        is refused naming each argument that changed: its rows consumed would name other tokens here."""
+    def _seq_len_may_change(self) -> bool:
+        """Whether a state saved at another seq_len resumes here: concat rows go on from the stream's token the
+        saved rows ended at, pad rows from the same document; best-fit's packed windows and a mixture's row
+        schedule count rows of the saved length."""
+        return self.mixture is None and self.tokens.packing is not Packing.BEST_FIT
+
+    def _check_rows(self, state: dict[str, Any]) -> int:
+        """The seq_len ``state`` was saved at; a state saved with rows cut another way (packing, block_tokens,
+        best-fit's window; seq_len for best-fit and mixtures) is refused naming each argument that changed:
+        its rows consumed would name other tokens here."""
         saved = state.get("rows")
         if not isinstance(saved, dict):
-            return  # saved before the settings were recorded: the identity check names the dataset
-        changed = [f"{name}={saved.get(name)!r} (this loader: {value!r})" for name, value in self._row_settings().items() if saved.get(name) != value]
+            return self.tokens.seq_len  # saved before the settings were recorded: the identity check names the dataset
+        free = {"seq_len"} if self._seq_len_may_change() and saved.get("packing") == self.tokens.packing.value else set()
+        changed = [f"{name}={saved.get(name)!r} (this loader: {value!r})" for name, value in self._row_settings().items()
+                   if saved.get(name) != value and name not in free]
         if changed:
+            why = ("" if "seq_len" in free or saved.get("seq_len") == self.tokens.seq_len else
+                   " (only concat and pad rows of one dataset, with the packing they were saved with, resume at another seq_len: "
+                   "best-fit packs whole windows, and a mixture by tokens deals its members, in rows of the saved length)")
             raise ValueError(f"state was saved with {', '.join(changed)}: its {state.get('samples_consumed')} rows consumed of epoch "
-                             f"{state.get('epoch')} are cut from the token stream another way, so here they would name other tokens. "
+                             f"{state.get('epoch')} are cut from the token stream another way, so here they would name other tokens{why}. "
                              "Resume with the saved values to finish that epoch (batch_size and world_size may change), then change "
                              "them at the next epoch's start (a new loader, set_epoch(next epoch), no state loaded)")
+        return state_number(saved.get("seq_len"), "rows.seq_len", 1)
 
     def _settings(self) -> OrderSettings:
         return OrderSettings(False, self.shuffle, 1)
@@ -214,42 +235,51 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration yields the rows of that epoch not yet consumed, at any world size
-        and batch size (with the rows cut as they were saved: the same seq_len, packing, block_tokens, window)."""
-        self._check_rows(state)
+        and batch size, concat and pad rows at any seq_len too (concat from the stream's token the saved rows
+        ended at, pad from the next document; the rest cut as they were saved: packing, block_tokens, window)."""
+        saved_len = self._check_rows(state)
         cursor = state.get("packing_cursor")
-        position = read_state_dict(state, self.seed, self.identity, (self.ranks()[1], self.options.batch_size), self._settings(),
-                                   lambda p: self.rows.resume_rows(p.epoch, p.consumed, cursor), "rows")
+        position = read_state_dict(state, self.seed, self._identity(saved_len), (self.ranks()[1], self.options.batch_size), self._settings(),
+                                   lambda p: self.rows.resume_rows(p.epoch, p.consumed, cursor, self.rows.origin(p.resumed_from)), "rows",
+                                   (saved_len, self.tokens.seq_len))
         self._settle_abandoned()
         self.state.restore(position)
         if cursor is not None:
             self.rows.of(position.epoch, read_cursor(cursor))
 
-    def _first_row(self, step: int, epoch: int) -> tuple[int, int, int] | None:
-        """(first row, rows, batch size) of this rank's batch at global ``step`` of ``epoch``: steps run before an
-        elastic resume at the topology they ran at (None where this rank did not exist)."""
+    def _first_row(self, step: int, epoch: int) -> tuple[int, int, int, int, Cursor | None] | None:
+        """(first row, rows, batch size, seq_len, concat's origin) of this rank's batch at global ``step`` of ``epoch``: steps
+        run before a resume at another topology or seq_len as they ran (None where this rank did not exist)."""
         rank, world = self.ranks()
         steps_before, rows_before = 0, 0
-        for saved_world, saved_batch, consumed in self.state.resumed_from(epoch):
+        resumed_from = self.state.resumed_from(epoch)
+        cuts = self.rows.cuts(resumed_from)
+        origin = cuts[-1][1]
+        for (saved_world, saved_batch, consumed, *_), (seq_len, cut) in zip(resumed_from, cuts):
             steps = -(-(consumed - rows_before) // (saved_world * saved_batch))
             if step < steps_before + steps:
                 if rank >= saved_world:
                     return None
                 step_first = rows_before + (step - steps_before) * saved_world * saved_batch
-                return (*self.rows.rank_rows(epoch, step_first, saved_batch, rank, saved_world), saved_batch)
+                return (*self.rows.rank_rows(epoch, step_first, saved_batch, rank, saved_world, origin), saved_batch, seq_len, cut)
             steps_before, rows_before = steps_before + steps, consumed
         batch = self.options.batch_size
-        return (*self.rows.rank_rows(epoch, rows_before + (step - steps_before) * world * batch, batch, rank, world), batch)
+        step_first = rows_before + (step - steps_before) * world * batch
+        return (*self.rows.rank_rows(epoch, step_first, batch, rank, world, origin), batch, self.tokens.seq_len, origin)
 
     def describe(self, step: int, epoch: int | None = None) -> list[list[dict[str, Any]]]:
-        """This rank's batch at global ``step`` of ``epoch`` (default: the one being or last iterated, else the next; steps before an
-        elastic resume at the topology they ran at): each row's segments, each named by its shard,
+        """This rank's batch at global ``step`` of ``epoch`` (default: the one being or last iterated, else the next; steps before a
+        resume at another topology or seq_len as they ran): each row's segments, each named by its shard,
         document number, first token in the document and length."""
         epoch = self.state.current_epoch if epoch is None else int(epoch)
         found = self._first_row(int(step), epoch)
         if found is None:
             return []
-        first, count, batch = found
-        segments = self.rows.segments(epoch, first, count)
+        first, count, batch, seq_len, origin = found
+        if seq_len == self.tokens.seq_len:
+            segments = self.rows.segments(epoch, first, count, self.rows.locate(epoch, first, origin))
+        else:
+            segments = self.rows.cut_at(epoch, first, count, seq_len, origin)
         out: list[list[dict[str, Any]]] = [[] for _ in range(batch)]
         for start, length, row in zip(segments.start.tolist(), segments.length.tolist(), segments.row.tolist()):
             shard, document = self.corpus.where(start)

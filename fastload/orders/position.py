@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ResumedFrom = tuple[int, int, int]  # (world size, batch size, samples consumed) when the epoch was left for another topology
+ResumedFrom = tuple[int, ...]  # (world size, batch size, samples consumed) when the epoch was left for another topology; the token loader adds its rows' seq_len
 
 
 @dataclass(frozen=True)

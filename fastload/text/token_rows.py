@@ -8,6 +8,8 @@ token; otherwise, as across documents, the ignore index). A row's segments lie b
 its first column; what is left of the row is padding.
 
 - ``concat``: row k is tokens ``k*L .. (k+1)*L`` of the epoch's stream (fastload.text.token_order);
+  after a resume at another seq_len, rows from the resume's row C on are cut from the stream's
+  token T where the rows before it ended (the *origin* (C, T)): row k is tokens ``T + (k-C)*L ..``;
 - ``best-fit``: the pieces of each window of the stream (``packing_window`` tokens: whole blocks,
   in stream order) packed by best-fit decreasing (fastload.text.packing), windows one after
   another: row numbers run on from window to window, so finding row k needs the row counts of the
@@ -26,6 +28,7 @@ import bisect
 import itertools
 import numbers
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import TypeVar
@@ -106,16 +109,19 @@ def cut_into_rows(starts: np.ndarray, lengths: np.ndarray, continues: np.ndarray
 
 
 class StreamRows:
-    """The epoch's stream (concat mode) cut into rows of ``seq_len``."""
+    """The epoch's stream (concat mode) cut into rows of ``seq_len``, from ``origin`` (a row and its first
+    token of the stream: rows from that row on; (0, 0) but after a resume at another seq_len)."""
 
-    def __init__(self, corpus: TokenCorpus, seq_len: int, block: int, seed: int, epoch: int, shuffle: bool) -> None:
-        self.corpus, self.seq_len = corpus, seq_len
+    def __init__(self, corpus: TokenCorpus, seq_len: int, block: int, seed: int, epoch: int, shuffle: bool,
+                 origin: tuple[int, int] = (0, 0)) -> None:
+        self.corpus, self.seq_len, self.origin = corpus, seq_len, origin
         self.stream = TokenStream(corpus.total, block, seed, epoch, shuffle)
         self._pieces: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
         self._spans: dict[int, tuple[int, int, int]] = {}
 
     def __len__(self) -> int:
-        return -(-self.corpus.total // self.seq_len)
+        row, token = self.origin
+        return row + -(-max(0, self.corpus.total - token) // self.seq_len)
 
     def block_span(self, index: int) -> tuple[int, int, int]:
         """(block number, first global token, tokens) of block ``index`` of the stream (the last few kept)."""
@@ -168,8 +174,9 @@ class StreamRows:
         return starts, lengths, continues
 
     def segments(self, first: int, count: int) -> Segments:
-        """Rows ``first`` to ``first + count`` (past the stream's end: empty), rows numbered from 0."""
-        begin, end = first * self.seq_len, min((first + count) * self.seq_len, self.corpus.total)
+        """Rows ``first`` (not before the origin's row) to ``first + count`` (past the stream's end: empty), rows numbered from 0."""
+        row, token = self.origin
+        begin, end = token + (first - row) * self.seq_len, min(token + (first + count - row) * self.seq_len, self.corpus.total)
         if begin >= end:
             return Segments.join([])
         return cut_into_rows(*self.span(begin, end), self.seq_len)
@@ -378,6 +385,7 @@ def read_cursor(cursor: object) -> tuple[int, int]:
 
 
 EpochRows = StreamRows | PaddedRows | BestFitRows | MixtureRows
+Cursor = tuple[int, int]  # best-fit: the window holding a row and its first row; concat: the origin (StreamRows)
 
 
 class TokenRows:
@@ -395,16 +403,19 @@ class TokenRows:
             refuse_members_shorter_than_a_row(self.mixture, options.seq_len)
         self._latest: tuple[int, EpochRows] | None = None
 
-    def of(self, epoch: int, cursor: tuple[int, int] | None = None) -> EpochRows:
-        """The rows of ``epoch``; for best-fit, ``cursor`` (a window of the stream and its first row) is where locating starts."""
-        if self._latest is not None and self._latest[0] == epoch and cursor is None:
-            return self._latest[1]
+    def of(self, epoch: int, cursor: Cursor | None = None) -> EpochRows:
+        """The rows of ``epoch``; for best-fit, ``cursor`` (a window of the stream and its first row) is where locating starts;
+        for concat, it is the origin the rows are cut from after a resume at another seq_len (None: the epoch's start)."""
+        latest = self._latest[1] if self._latest is not None and self._latest[0] == epoch else None
+        concat = self.mixture is None and self.options.packing is Packing.CONCAT
+        if latest is not None and (cursor is None if not concat else isinstance(latest, StreamRows) and latest.origin == (cursor or (0, 0))):
+            return latest
         options, corpus = self.options, self.corpus
         rows: EpochRows
         if self.mixture is not None:
             rows = MixtureRows(self.mixture, corpus, options.seq_len, options.block_tokens, self.seed, epoch, self.shuffle)
-        elif options.packing is Packing.CONCAT:
-            rows = StreamRows(corpus, options.seq_len, options.block_tokens, self.seed, epoch, self.shuffle)
+        elif concat:
+            rows = StreamRows(corpus, options.seq_len, options.block_tokens, self.seed, epoch, self.shuffle, cursor or (0, 0))
         elif options.packing is Packing.PAD:
             rows = PaddedRows(corpus, options.seq_len, self.seed, epoch, self.shuffle)
         else:
@@ -413,29 +424,57 @@ class TokenRows:
         self._latest = (epoch, rows)
         return rows
 
-    def length(self, epoch: int) -> int:
-        """Rows in ``epoch`` (for best-fit, every window's rows counted, once per epoch)."""
-        rows = self.of(epoch)
+    def cuts(self, resumed_from: Sequence[tuple[int, ...]]) -> list[tuple[int, Cursor | None]]:
+        """(seq_len, concat's origin) of the rows before each of an epoch's ``resumed_from`` entries (their 4th
+        number: the seq_len they were cut at), and last of this loader's rows from the last one: the origin
+        is where rows of that seq_len count from (None where that is the epoch's start: every row before cut as long)."""
+        cuts: list[tuple[int, Cursor | None]] = []
+        row, token = 0, 0
+        for entry in (*resumed_from, None):
+            seq_len = entry[3] if entry is not None and len(entry) > 3 else self.options.seq_len
+            from_start = token == row * seq_len or self.mixture is not None or self.options.packing is not Packing.CONCAT
+            cuts.append((seq_len, None if from_start else (row, token)))
+            if entry is not None:
+                row, token = entry[2], token + (entry[2] - row) * seq_len
+        return cuts
+
+    def origin(self, resumed_from: Sequence[tuple[int, ...]]) -> Cursor | None:
+        """Concat: the origin of this loader's rows in an epoch resumed from ``resumed_from`` (None: the epoch's start; other packings: None)."""
+        return self.cuts(resumed_from)[-1][1]
+
+    def length(self, epoch: int, origin: Cursor | None = None) -> int:
+        """Rows in ``epoch`` (for best-fit, every window's rows counted, once per epoch; concat: cut from ``origin``)."""
+        rows = self.of(epoch, origin)
         return rows.total() if isinstance(rows, BestFitRows) else len(rows)
 
-    def segments(self, epoch: int, first: int, count: int, cursor: tuple[int, int] | None = None) -> Segments:
+    def segments(self, epoch: int, first: int, count: int, cursor: Cursor | None = None) -> Segments:
         """Rows ``first`` to ``first + count`` of ``epoch`` (past its end: empty), numbered from 0;
-        ``cursor``: best-fit's window holding row ``first`` and that window's first row, when known."""
-        rows = self.of(epoch)
+        ``cursor``: best-fit's window holding row ``first`` and that window's first row, when known; concat's origin."""
+        rows = self.of(epoch, None if self.options.packing is Packing.BEST_FIT else cursor)
         if isinstance(rows, BestFitRows):
             return rows.segments(first, count, cursor)
         return rows.segments(first, count)
 
-    def locate(self, epoch: int, row: int) -> tuple[int, int] | None:
-        """Best-fit: the window holding ``row`` of ``epoch`` and its first row (None past the end); other packings: None."""
-        rows = self.of(epoch)
-        return rows.locate(row) if isinstance(rows, BestFitRows) else None
+    def cut_at(self, epoch: int, first: int, count: int, seq_len: int, origin: Cursor | None) -> Segments:
+        """Rows ``first`` to ``first + count`` of ``epoch`` as cut at another ``seq_len`` (concat from ``origin``, or pad),
+        numbered from 0: the rows delivered before a resume at this loader's seq_len."""
+        options = self.options
+        if options.packing is Packing.PAD:
+            return PaddedRows(self.corpus, seq_len, self.seed, epoch, self.shuffle).segments(first, count)
+        return StreamRows(self.corpus, seq_len, options.block_tokens, self.seed, epoch, self.shuffle, origin or (0, 0)).segments(first, count)
 
-    def resume_rows(self, epoch: int, consumed: int, cursor: object) -> int:
+    def locate(self, epoch: int, row: int, origin: Cursor | None = None) -> Cursor | None:
+        """Best-fit: the window holding ``row`` of ``epoch`` and its first row (None past the end); concat: ``origin``; pad: None."""
+        rows = self.of(epoch, origin)
+        if isinstance(rows, BestFitRows):
+            return rows.locate(row)
+        return origin
+
+    def resume_rows(self, epoch: int, consumed: int, cursor: object, origin: Cursor | None = None) -> int:
         """Rows of ``epoch`` that a state at row ``consumed`` with best-fit's ``packing_cursor`` may
         lie within (a ValueError naming ``packing_cursor`` where it is malformed, past the epoch, or
-        disagrees with ``consumed``): the epoch's rows, or with a cursor those through its window."""
-        rows = self.of(epoch)
+        disagrees with ``consumed``): the epoch's rows, or with a cursor those through its window; concat: cut from ``origin``."""
+        rows = self.of(epoch, origin)
         if cursor is None:
             return rows.total() if isinstance(rows, BestFitRows) else len(rows)
         if not isinstance(rows, BestFitRows):
@@ -449,17 +488,17 @@ class TokenRows:
                              f"window {window} cannot start at row {first} and hold row {consumed}")
         return first + rows.count(window)
 
-    def exists(self, epoch: int, row: int) -> bool:
-        """Whether ``epoch`` holds a row ``row``."""
-        rows = self.of(epoch)
+    def exists(self, epoch: int, row: int, origin: Cursor | None = None) -> bool:
+        """Whether ``epoch`` (concat: cut from ``origin``) holds a row ``row``."""
+        rows = self.of(epoch, origin)
         return rows.locate(row) is not None if isinstance(rows, BestFitRows) else row < len(rows)
 
-    def rank_rows(self, epoch: int, step_first: int, batch: int, rank: int, world: int) -> tuple[int, int]:
+    def rank_rows(self, epoch: int, step_first: int, batch: int, rank: int, world: int, origin: Cursor | None = None) -> tuple[int, int]:
         """(first row, rows) of ``rank``'s batch in the global step from row ``step_first``: the r-th
         ``batch`` rows, but in an epoch's last, partial step its rows split as evenly as they go
         (the first ``held % world`` ranks one more), so a rank's batch is all padding only when
-        fewer rows than ranks are left; the rest of a batch is padding."""
-        rows = self.of(epoch)
+        fewer rows than ranks are left; the rest of a batch is padding (concat: rows cut from ``origin``)."""
+        rows = self.of(epoch, origin)
         step = batch * world
         held = rows.held(step_first, step) if isinstance(rows, BestFitRows) else max(0, min(step, len(rows) - step_first))
         if held == step:
@@ -467,7 +506,7 @@ class TokenRows:
         share, extra = divmod(held, world)
         return step_first + rank * share + min(rank, extra), share + int(rank < extra)
 
-    def holds_step(self, epoch: int, first: int, rows: int, drop_last: bool) -> bool:
+    def holds_step(self, epoch: int, first: int, rows: int, drop_last: bool, origin: Cursor | None = None) -> bool:
         """Whether ``epoch`` holds the global step of ``rows`` rows from row ``first``: its first
-        row (with ``drop_last``, its last: a step past the epoch's end is padding, or dropped)."""
-        return self.exists(epoch, first + (rows - 1 if drop_last else 0))
+        row (with ``drop_last``, its last: a step past the epoch's end is padding, or dropped; concat: rows cut from ``origin``)."""
+        return self.exists(epoch, first + (rows - 1 if drop_last else 0), origin)

@@ -18,7 +18,7 @@ import torch
 from fastload.storage.dataset import ShardedDataset
 from fastload.text.token_attention import batch_tensors, with_attention
 from fastload.text.token_batch import Attention, BatchFiller, BatchFormat
-from fastload.text.token_rows import TokenOptions, TokenRows
+from fastload.text.token_rows import Cursor, TokenOptions, TokenRows
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class TokenBatchRequest:
     pad_id: int
     epoch: int
     first: int  # the batch's first row of the epoch
-    cursor: tuple[int, int] | None  # best-fit: the window holding that row and the window's first row
+    cursor: Cursor | None  # best-fit: the window holding that row and the window's first row; concat: the rows' origin
     batch_size: int  # the batch's rows: its own, then padding
 
 

@@ -494,7 +494,7 @@ def test_a_state_is_refused_by_a_loader_of_another_block_size_or_window(tokens: 
         next(it)
     state = json.loads(json.dumps(first.state_dict()))
     loader(tokens, **kwargs).load_state_dict(state)  # the same loader takes it
-    with pytest.raises(ValueError, match="state was saved for another dataset"):
+    with pytest.raises(ValueError, match=f"state was saved with {next(iter(other))}="):  # named (before: the identity's "another dataset")
         loader(tokens, **{**kwargs, **other}).load_state_dict(state)
 
 
@@ -802,3 +802,111 @@ def test_the_sampler_and_batch_sampler_step_by_the_global_batch(tokens: Path) ->
     parts = torch.utils.data.DataLoader(one.dataset, batch_sampler=one.batch_sampler, collate_fn=one.collate_fn)
     for made, own in zip(parts, one):
         assert torch.equal(made["input_ids"], own["input_ids"]) and torch.equal(made["labels"], own["labels"])
+
+
+def seq_len_resumes(tokens: Path, packing: str, lengths: list[int], worlds: list[int], num_workers: int) -> tuple[list, list, dict, int]:
+    """Train at ``lengths[0]`` on ``worlds[0]`` ranks, saving a state after 5 steps at each length and resuming it at the
+    next (on ``worlds[n]`` ranks; the last run to the epoch's end, with ``num_workers``): every batch delivered (rank, step, batch, seq_len),
+    each rank's last loader (which ran the epoch's end), the state it was resumed from and the step it resumed at."""
+    delivered: list = []
+    state: dict | None = None
+    step, last, resumed_at = 0, [], 0
+    for n, (seq_len, world) in enumerate(zip(lengths, worlds, strict=True)):
+        if n:
+            state, resumed_at = json.loads(json.dumps(last[0].state_dict())), step
+        last = []
+        for rank in range(world):
+            ld = loader(tokens, packing=packing, seq_len=seq_len, rank=rank, world_size=world, num_workers=num_workers if n else 0)
+            if state is not None:
+                ld.load_state_dict(state)
+            batches = list(itertools.islice(ld, 5)) if n < len(lengths) - 1 else list(ld)
+            delivered += [(rank, step + k, b, seq_len) for k, b in enumerate(batches)]
+            last.append(ld)
+        step += len(batches)
+    assert state is not None
+    return delivered, last, state, resumed_at
+
+
+@pytest.mark.parametrize("packing", ["concat", "pad"])
+@pytest.mark.parametrize(("lengths", "worlds", "num_workers"), [([64, 128], [1, 1], 0), ([128, 64], [2, 2], 2), ([64, 128, 96], [2, 1, 2], 0)])
+def test_a_resume_at_another_seq_len_delivers_every_token_of_the_epoch_once(tokens: Path, packing: str, lengths: list[int], worlds: list[int],
+                                                                            num_workers: int) -> None:
+    """Short-to-long warm-up: a state saved at one seq_len resumes at another (twice over, 64 -> 128 -> 96): concat goes on
+    from the stream's token the rows delivered so far ended at, pad from the next document, so over the ranks the epoch
+    delivers each token (pad: each document, as much as the seq_len that delivered it takes) once; ``describe`` names
+    every step as it was delivered, before and after the resumes; the batch sampler makes the same batches; the next
+    epoch runs at the new seq_len whole; the world size may change too. Before: refused ("state was saved with seq_len=...")."""
+    delivered, last, state, resumed_at = seq_len_resumes(tokens, packing, lengths, worlds, num_workers)
+    world = worlds[-1]
+    for rank, step, batch, seq_len in delivered:
+        assert batch["input_ids"].shape == (4, seq_len)
+        assert_batch_is_what_describe_names(last[rank], batch, step, 0)
+    steps = range(1 + max(step for _, step, _, _ in delivered))
+    rows = [(rank, step, row) for rank, ld in enumerate(last) for step in steps for row in ld.describe(step, 0) if row]
+    if packing == "concat":  # every token once; and the tokens themselves, counted from the batches
+        assert Counter((s["shard"], s["document"], s["offset"] + i) for _, _, row in rows for s in row for i in range(s["tokens"])) == all_tokens(tokens)
+        ds = fastload.open(tokens)
+        every = Counter(t for shard in range(len(ds.index.shards)) for d in range(len(ds.reader(shard)))
+                        for t in ds.reader(shard).document(d).tolist())
+        assert sum((Counter(b["input_ids"][b["attention_mask"] == 1].tolist()) for _, _, b, _ in delivered), Counter()) == every
+    else:  # each document once, its first tokens as many as the seq_len of the step that delivered it
+        documents = Counter({(shard, doc) for shard, doc, _ in all_tokens(tokens)})
+        assert Counter((row[0]["shard"], row[0]["document"]) for _, _, row in rows) == documents
+        seq_len_at = {(rank, step): seq_len for rank, step, _, seq_len in delivered}
+        ds = fastload.open(tokens)
+        shard_of = {info.path: n for n, info in enumerate(ds.index.shards)}
+        for rank, step, [segment] in rows:
+            start, end = ds.reader(shard_of[segment["shard"]]).bounds(segment["document"])
+            assert segment["offset"] == 0 and segment["tokens"] == min(end - start, seq_len_at[(rank, step)])
+    for rank in range(world):  # the batch sampler of a loader resumed as the last one was: the same batches
+        view = loader(tokens, packing=packing, seq_len=lengths[-1], rank=rank, world_size=world)
+        view.load_state_dict(state)
+        made = [b.fill(view.dataset)["input_ids"] for b in view.batch_sampler]
+        assert len(made) == len(list(b for r, step, b, _ in delivered if r == rank and step >= resumed_at))
+        for got, (_, _, batch, _) in zip(made, [d for d in delivered if d[0] == rank and d[1] >= resumed_at], strict=True):
+            assert torch.equal(got, batch["input_ids"])
+    for rank, ld in enumerate(last):  # the next epoch: whole at the last seq_len
+        fresh = loader(tokens, packing=packing, seq_len=lengths[-1], rank=rank, world_size=world)
+        fresh.set_epoch(1)
+        assert len(ld) == len(fresh)
+        for ours, theirs in zip(ld, fresh, strict=True):
+            assert torch.equal(ours["input_ids"], theirs["input_ids"]) and torch.equal(ours["labels"], theirs["labels"])
+
+
+@pytest.mark.parametrize("kind", ["best-fit", "mixture"])
+def test_a_resume_at_another_seq_len_of_best_fit_or_a_mixture_is_refused_saying_why(tokens: Path, tokenizer_file: Path, tmp_path: Path,
+                                                                                     kind: str) -> None:
+    """Best-fit packs whole windows at the saved seq_len and a mixture's member schedule counts its rows: a resume
+    at another seq_len is refused naming seq_len, why, and what to do; a saved seq_len no loader has is named."""
+    data = fastload.mix({str(tokens): 0.3, str(token_member(tokenizer_file, tmp_path)): 0.7}, by="tokens") if kind == "mixture" else tokens
+    packing = "best-fit" if kind == "best-fit" else "concat"
+    first = loader(data, packing=packing)
+    next(iter(first))
+    state = json.loads(json.dumps(first.state_dict()))
+    why = "best-fit packs whole windows" if kind == "best-fit" else "a mixture by tokens deals its members"
+    with pytest.raises(ValueError, match=re.escape(f"state was saved with seq_len={SEQ} (this loader: {2 * SEQ})")) as error:
+        loader(data, packing=packing, seq_len=2 * SEQ).load_state_dict(state)
+    assert why in str(error.value) and "only concat and pad rows of one dataset, with the packing they were saved with" in str(error.value)
+    if kind == "best-fit":  # saved as best-fit, resumed as concat at another seq_len: both named at once
+        with pytest.raises(ValueError, match=re.escape(f"seq_len={SEQ} (this loader: {2 * SEQ}), packing='best-fit' (this loader: 'concat')")):
+            loader(data, seq_len=2 * SEQ).load_state_dict(state)
+    with pytest.raises(ValueError, match=re.escape("loader state: rows.seq_len=0 is less than 1")):
+        loader(tokens, seq_len=2 * SEQ).load_state_dict({**state, "rows": {**state["rows"], "seq_len": 0, "packing": "concat"}})
+
+
+def test_the_seq_len_of_a_token_states_resumed_from_entry_is_checked_and_an_image_state_has_none(tokens: Path, clean: Path) -> None:
+    """A token state's ``resumed_from`` entries carry the seq_len their rows were cut at (a triple, from before:
+    the saved seq_len's); one below 1 is named. An image state's entries stay triples."""
+    first = loader(tokens, seq_len=64)
+    next(iter(first))
+    resumed = loader(tokens)
+    resumed.load_state_dict(first.state_dict())
+    state = resumed.state_dict()
+    assert state["resumed_from"] == [[1, 4, 4, 64]] and state["rows"]["seq_len"] == SEQ
+    with pytest.raises(ValueError, match=re.escape("loader state: resumed_from[0].seq_len=0 is less than 1")):
+        loader(tokens).load_state_dict({**state, "resumed_from": [[1, 4, 4, 0]]})
+    images = fastload.DataLoader(clean, batch_size=4, transform=fastload.transforms.val(16))
+    next(iter(images))
+    with pytest.raises(ValueError, match=re.escape("resumed_from holds [1, 4, 4, 64], not a (world_size, batch_size, samples_consumed) triple")):
+        fastload.DataLoader(clean, batch_size=4, transform=fastload.transforms.val(16)).load_state_dict(
+            {**images.state_dict(), "resumed_from": [[1, 4, 4, 64]]})

@@ -28,12 +28,12 @@ from fastload.storage.dataset import ShardedDataset
 from fastload.text.token_attention import batch_tensors, with_attention
 from fastload.text.token_batch import BatchBounds, BatchFiller
 from fastload.text.token_corpus import Segments
-from fastload.text.token_rows import Packing, TokenRows
+from fastload.text.token_rows import Cursor, Packing, TokenRows
 from fastload.workers.pool import BatchResult, Filled, WorkerError, WorkerPool, raise_failure
 from fastload.workers.slots import BatchBuffers, Column
 from fastload.workers.stage_clock import READ_BYTES, SAMPLES, TRANSFORM, StageClock, StageCounters
 
-BatchWork = tuple[int, int, tuple[int, int] | None]  # a batch's first global row, its rows (the rest padding), best-fit's window holding it with that window's first row
+BatchWork = tuple[int, int, Cursor | None]  # a batch's first global row, its rows (the rest padding), best-fit's window holding it with that window's first row (concat: the rows' origin)
 
 
 @dataclass(frozen=True)
@@ -149,14 +149,15 @@ class TokenEpoch(EpochLifecycle):
         self.batch_size = self.inputs.options.batch_size
         self.step_rows = self.batch_size * self.world
         rows = self.inputs.rows
-        self.length = None if rows.options.packing is Packing.BEST_FIT else rows.length(self.epoch)  # best-fit: found as it goes
+        self.origin = rows.origin(start.resumed_from)  # concat after a resume at another seq_len: where its rows are cut from
+        self.length = None if rows.options.packing is Packing.BEST_FIT else rows.length(self.epoch, self.origin)  # best-fit: found as it goes
         self.dispatch = self.engine.new_run()
         if self.buffers is not None:
             self.buffers.reclaim()
 
     def _has_batch(self, batch_no: int) -> bool:
         first = self.start.consumed + batch_no * self.step_rows  # the global step's first row
-        held = self.inputs.rows.holds_step(self.epoch, first, self.step_rows, self.inputs.options.drop_last)
+        held = self.inputs.rows.holds_step(self.epoch, first, self.step_rows, self.inputs.options.drop_last, self.origin)
         if not held and self.length is None:  # best-fit has located the epoch's end: its rows are counted
             self.length = self.inputs.rows.length(self.epoch)
         return held
@@ -166,7 +167,7 @@ class TokenEpoch(EpochLifecycle):
         last step is found: the last step's rows are split evenly over the ranks, so its padding is
         not at the end of the batch gathered over the ranks (accelerate's ``remainder`` means that)
         and ``gather_for_metrics`` leaves it to the caller (the padding rows' attention_mask is 0)."""
-        if self.length is not None and (self.inputs.options.drop_last or self.length % self.step_rows == 0):
+        if self.length is not None and (self.inputs.options.drop_last or (self.length - self.start.consumed) % self.step_rows == 0):
             return 0
         return -1
 
@@ -180,8 +181,9 @@ class TokenEpoch(EpochLifecycle):
     def _work(self, batch_no: int) -> BatchWork:
         """This rank's rows of batch ``batch_no`` (fastload.text.token_rows.TokenRows.rank_rows)."""
         rows = self.inputs.rows
-        first, count = rows.rank_rows(self.epoch, self.start.consumed + batch_no * self.step_rows, self.batch_size, self.rank, self.world)
-        return first, count, rows.locate(self.epoch, first)
+        first, count = rows.rank_rows(self.epoch, self.start.consumed + batch_no * self.step_rows, self.batch_size, self.rank, self.world,
+                                      self.origin)
+        return first, count, rows.locate(self.epoch, first, self.origin)
 
     def _submit_more(self, pool: WorkerPool, buffers: BatchBuffers) -> None:
         """Give every free slot the next batch of the epoch."""
