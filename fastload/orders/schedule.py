@@ -145,7 +145,9 @@ class ScheduledParts:
         self.last = last
         # past the last stage: parts large enough that a member's cumulative rounding never steps back (size * weight >= 2)
         self.tail_size = self.size * max(1, math.ceil(2 / (self.size * last[last > 0].min())))
-        self._kept: dict[tuple[int, int, bool], Leaf] = {}  # by (part, seed, shuffle)
+        # by (part, seed, shuffle); one ScheduledParts serves every loader of the schedule (DALI's feeding thread too),
+        # so the kept parts are only read, set and cleared: each one step under the GIL, no lock held across a fork
+        self._kept: dict[tuple[int, int, bool], Leaf] = {}
 
     def _tail_before(self, part: int) -> np.ndarray:
         return self.before[-1] + np.asarray(apportion(part * self.tail_size, tuple(self.last.tolist())), dtype=np.int64)
@@ -170,7 +172,7 @@ class ScheduledParts:
             members = spread_evenly(counts)
         found = Leaf(start, before, members)
         if len(self._kept) >= PARTS_KEPT:
-            self._kept.pop(next(iter(self._kept)))
+            self._kept.clear()
         self._kept[(number, seed, shuffle)] = found
         return found
 
