@@ -8,11 +8,14 @@ weights follow a straight line (``interpolate="linear"``) or hold the earlier st
 (``"constant"``); before the first stage they are the first's, after the last the last's.
 
 The run's positions are cut into *parts* (:class:`ScheduledParts`): at most ``cap`` units each
-(16,384 samples; 2^22 tokens), at most 1/64 of the shortest stage. How many positions of each member a part holds is the whole numbers
+(16,384 samples; 2^22 tokens), at most 1/64 of the shortest stage, but at least 1/16,384 of the
+last stage's ``at`` (the parts before it are computed one after another, once: about a second at
+16,384 parts) and a row. How many positions of each member a part holds is the whole numbers
 closest to the schedule's running total (each part is given what the members are owed by then,
-the schedule's weights integrated over the run so far, rounded by largest remainder), so after any part a member is within a position of its scheduled total; past
-the last stage (constant weights) a part's counts follow in closed form from its number. Within a
-part the members' positions are spread evenly, or arranged by a seeded permutation (shuffle).
+the schedule's weights integrated over the run so far, rounded by largest remainder), so after
+any part a member is within about a position of its scheduled total; past the last stage
+(constant weights) a part's counts follow in closed form from its number. Within a part the
+members' positions are spread evenly, or arranged by a seeded permutation (shuffle).
 """
 
 from __future__ import annotations
