@@ -17,6 +17,7 @@ _EXPORTS = {
     "ShardedDataset": "fastload.storage.dataset",
     "mix": "fastload.storage.mixture",
     "MixedDataset": "fastload.storage.mixture",
+    "WeightSchedule": "fastload.orders.schedule",
     "transforms": "fastload.transforms",
     "Clip": "fastload.av.clips",
     "DatasetIndex": "fastload.formats.index",

@@ -303,7 +303,7 @@ class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
         if self.options.take is not None:
             digest.update(np.asarray(self.options.take, dtype=np.int64).tobytes())
         if self.orders.mixture is not None:  # its weights and epoch length decide its order
-            digest.update(f"mix{self.orders.mixture.counts}".encode())
+            digest.update(self.orders.mixture.identity().encode())
         if self.options.exclude:
             digest.update(b"exclude" + np.asarray(self.options.exclude, dtype=np.int64).tobytes())
         if self.orders.class_weights is not None:
@@ -340,7 +340,9 @@ class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
         """Where training is: only batches handed to the caller count, not prefetched ones."""
         state = self.state.state_dict(self.options.seed, self.identity, self._topology(), self._order_settings())
         if self.orders.mixture is not None:  # each member's own position, derived from the mixture's
-            state["members"] = self.orders.mixture.describe_positions(self.orders.member_positions(self.state.position))
+            position, mixture = self.state.position, self.orders.mixture
+            weights = self.orders.weights_at(position) if mixture.schedule is not None else None  # those in force
+            state["members"] = mixture.describe_positions(self.orders.member_positions(position), weights)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -41,6 +41,7 @@ from fastload.text.token_rows import (
     IGNORE_INDEX,
     PACKING_WINDOW,
     Cursor,
+    MixtureRows,
     Packing,
     TokenOptions,
     TokenRows,
@@ -183,6 +184,8 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
             digest.update(f"|{options.window_blocks}".encode())
         if self.mixture is not None:
             digest.update(f"mix{self.mixture.weights}".encode())
+            if self.mixture.schedule is not None:  # it decides the rows' members as the weights do
+                digest.update(f"{self.mixture.schedule.as_dict()}".encode())
         return digest.hexdigest()[:16]
 
     def _row_settings(self) -> dict[str, Any]:
@@ -270,7 +273,8 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
     def describe(self, step: int, epoch: int | None = None) -> list[list[dict[str, Any]]]:
         """This rank's batch at global ``step`` of ``epoch`` (default: the one being or last iterated, else the next; steps before a
         resume at another topology or seq_len as they ran): each row's segments, each named by its shard,
-        document number, first token in the document and length."""
+        document number, first token in the document and length; of a mixture, also the members'
+        weights in force at the row (``"weights"``, in the members' order)."""
         epoch = self.state.current_epoch if epoch is None else int(epoch)
         found = self._first_row(int(step), epoch)
         if found is None:
@@ -284,7 +288,10 @@ class TokenDataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
         for start, length, row in zip(segments.start.tolist(), segments.length.tolist(), segments.row.tolist()):
             shard, document = self.corpus.where(start)
             offset = start - self.corpus.document_start(shard, document)
-            out[row].append({"shard": self.sharded.shard_name(shard), "document": document, "offset": offset, "tokens": length})
+            segment: dict[str, Any] = {"shard": self.sharded.shard_name(shard), "document": document, "offset": offset, "tokens": length}
+            if isinstance(rows := self.rows.of(epoch), MixtureRows):
+                segment["weights"] = list(rows.weights_at(first + row))
+            out[row].append(segment)
         return out
 
     def _check_agree(self) -> None:

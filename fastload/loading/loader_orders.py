@@ -102,6 +102,12 @@ class LoaderOrders:
         assert isinstance(spec, MixtureOrder), "only a mixture has members"
         return spec.member_positions(position.epoch, position.consumed)
 
+    def weights_at(self, position: Position) -> tuple[float, ...]:
+        """The weights of a mixture's members in force at ``position`` (summing to 1)."""
+        spec = self.spec(position.resumed_from)
+        assert isinstance(spec, MixtureOrder), "only a mixture has members"
+        return spec.weights_at(position.epoch, position.consumed)
+
     def remainder(self, position: Position) -> int:
         """Real samples in the epoch's last global batch, as accelerate's ``remainder``: 0 when
         every global batch is full, -1 when padding is not at the end (the streaming order)."""

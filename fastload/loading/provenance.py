@@ -65,6 +65,7 @@ class StepDescription:
     world_size: int
     batch_size: int
     samples: tuple[SampleDescription, ...]
+    weights: tuple[float, ...] | None = None  # a mixture's: its members' weights in force at the batch's first sample
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values, for JSON."""
@@ -84,6 +85,7 @@ class StepBatch:
     valid: np.ndarray
     world_size: int
     batch_size: int
+    position: int  # the first position of the batch in the epoch's order
 
 
 def step_batch(spec: OrderSpec | MixtureOrder, resumed_from: Sequence[ResumedFrom], epoch: int, step: int, classes: ClassMembers | None = None) -> StepBatch:
@@ -110,7 +112,7 @@ def step_batch(spec: OrderSpec | MixtureOrder, resumed_from: Sequence[ResumedFro
             valid = plan_.valid(batch_no)
             if (real := order.valid(positions)) is not None:
                 valid = valid & real
-            return StepBatch(order.indices(positions), valid, at.world_size, at.batch_size)
+            return StepBatch(order.indices(positions), valid, at.world_size, at.batch_size, int(positions[0]) if len(positions) else len(order))
         first_step += ran
         start = end if end is not None else start  # the global order's next topology continues here
     raise IndexError(f"step {step} is past the end of epoch {epoch} ({first_step} steps)")
@@ -211,7 +213,8 @@ def describe_step(ds: ShardedDataset, order_spec: OrderSpec | MixtureOrder, resu
     samples = tuple(stand_in(ds, index, skipped, partial(describe_sample, ds, valid=bool(ok), spec=spec, transforms=transforms, seed=seed,
                                                          epoch=epoch, cpu_decode=cpu_decode))
                     for index, ok in zip(batch.indices.tolist(), batch.valid.tolist()))
-    return StepDescription(epoch, step, order_spec.rank, batch.world_size, batch.batch_size, samples)
+    weights = order_spec.weights_at(epoch, batch.position) if isinstance(order_spec, MixtureOrder) else None
+    return StepDescription(epoch, step, order_spec.rank, batch.world_size, batch.batch_size, samples, weights)
 
 
 def stand_in(ds: ShardedDataset, index: int, skipped: Mapping[str, str] | None,

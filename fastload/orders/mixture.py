@@ -18,6 +18,7 @@ at any world size continues from the samples consumed, every member where it was
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,6 +27,9 @@ from fastload.orders.epoch_order import EpochOrder
 from fastload.orders.position import ResumedFrom
 from fastload.orders.rank_batches import RankBatches
 from fastload.orders.spec import OrderSpec
+
+if TYPE_CHECKING:
+    from fastload.orders.schedule import WeightSchedule
 
 MEMBER_BUFFER = 4096  # a remote member's shuffle buffer: it reads its shards in sequence (see MixtureOrder)
 MASK64 = (1 << 64) - 1  # numpy's seeds are unsigned: a negative loader seed= is taken mod 2**64
@@ -67,6 +71,13 @@ def hypergeometric_split(rng: np.random.Generator, counts: np.ndarray, take: int
             left[member] = min(max(round(rng.normal(mean, sd)), wanted - rest, 0), good, wanted)
         wanted -= int(left[member])
     return left
+
+
+def spread_evenly(counts: np.ndarray) -> np.ndarray:
+    """The member of each of ``sum(counts)`` positions, member m's j-th at (j + 1/2) / counts[m] of them."""
+    members = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    spots = np.concatenate([(np.arange(n) + 0.5) / n for n in counts.tolist() if n])
+    return members[np.argsort(spots, kind="stable")]
 
 
 def member_seed(seed: int, member: int) -> int:
@@ -113,8 +124,9 @@ class MixtureOrder:
 
     loader: OrderSpec
     member_shards: tuple[tuple[int, ...], ...]
-    counts: tuple[int, ...]  # each member's positions in a mixture epoch
+    counts: tuple[int, ...]  # each member's positions in a mixture epoch (with a schedule: the epoch's length only)
     remote: tuple[bool, ...]
+    schedule: WeightSchedule | None = None  # weights that change over the run (fastload.orders.schedule)
 
     @property
     def rank(self) -> int:
@@ -173,17 +185,18 @@ class MixtureOrder:
                 counts, end = left, middle
             else:
                 counts, before, start = counts - left, before + left, middle
-        members = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
         if self.loader.shuffle:
+            members = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
             return Leaf(start, before, self._generator(epoch, start, end).permutation(members))
-        # spread evenly: member m's j-th position at (j + 1/2) / counts[m] of the leaf
-        spots = np.concatenate([(np.arange(n) + 0.5) / n for n in counts.tolist() if n])
-        return Leaf(start, before, members[np.argsort(spots, kind="stable")])
+        return Leaf(start, before, spread_evenly(counts))
 
-    def indices(self, epoch: int, positions: np.ndarray) -> np.ndarray:
-        """The samples (indices into the concatenated members) at ``positions`` of mixture epoch
-        ``epoch``, from the leaves holding them alone: no array of the epoch's length is made."""
-        sizes, counts = self.sizes, np.asarray(self.counts, dtype=np.int64)
+    def _members(self, epoch: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Of each of ``positions`` of mixture epoch ``epoch``: its member, and how many of that
+        member's positions come before it over the whole run."""
+        if self.schedule is not None:
+            parts = self.schedule.parts(1, LEAF)
+            return parts.members(epoch * sum(self.counts) + positions, self.loader.seed, self.loader.shuffle)
+        counts = np.asarray(self.counts, dtype=np.int64)
         member_at, taken = np.empty(len(positions), dtype=np.int64), np.empty(len(positions), dtype=np.int64)
         ascending = bool(np.all(positions[1:] >= positions[:-1]))  # a whole epoch, a batch: no sort needed
         by_position = np.arange(len(positions)) if ascending else np.argsort(positions, kind="stable")
@@ -197,6 +210,19 @@ class MixtureOrder:
             member_at[chosen] = leaf.members[local]
             taken[chosen] = epoch * counts[leaf.members[local]] + leaf.before[leaf.members[local]] + leaf.ranks()[local]
             first = last
+        return member_at, taken
+
+    def weights_at(self, epoch: int, position: int) -> tuple[float, ...]:
+        """The members' weights in force at ``position`` of mixture epoch ``epoch`` (summing to 1)."""
+        if self.schedule is not None:
+            return self.schedule.weights_at(epoch * sum(self.counts) + position)
+        return tuple(c / sum(self.counts) for c in self.counts)
+
+    def indices(self, epoch: int, positions: np.ndarray) -> np.ndarray:
+        """The samples (indices into the concatenated members) at ``positions`` of mixture epoch
+        ``epoch``, from the leaves holding them alone: no array of the epoch's length is made."""
+        sizes = self.sizes
+        member_at, taken = self._members(epoch, positions)
         out = np.empty(len(positions), dtype=np.int64)
         offsets = np.cumsum([0, *sizes])
         for member, size in enumerate(sizes):
@@ -220,6 +246,10 @@ class MixtureOrder:
 
     def member_positions(self, epoch: int, consumed: int) -> tuple[MemberPosition, ...]:
         """Where each member is after ``consumed`` positions of mixture epoch ``epoch``."""
+        if self.schedule is not None:
+            parts = self.schedule.parts(1, LEAF)
+            taken = parts.before_position(epoch * sum(self.counts) + consumed, self.loader.seed, self.loader.shuffle).tolist()
+            return tuple(MemberPosition(k // size, k % size) for k, size in zip(taken, self.sizes, strict=True))
         if consumed >= sum(self.counts):
             before = np.asarray(self.counts, dtype=np.int64)
         else:

@@ -16,7 +16,7 @@ import numbers
 import os
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from fastload.formats.index import FORMAT_VERSION, DatasetIndex
 from fastload.formats.table import SampleTable
 from fastload.orders.epoch_order import shards_of
 from fastload.orders.mixture import MemberPosition, MixtureOrder, apportion
+from fastload.orders.schedule import WeightSchedule
 from fastload.orders.spec import OrderSpec
 from fastload.storage.dataset import ShardedDataset, open_shards_each
 
@@ -66,8 +67,9 @@ class MixedDataset(ShardedDataset):
     its weight's share exactly; each member runs through its own epochs, reshuffled, meanwhile."""
 
     def __init__(self, members: tuple[ShardedDataset, ...], weights: tuple[float, ...], samples_per_epoch: int,
-                 by: str = "samples") -> None:
+                 by: str = "samples", schedule: WeightSchedule | None = None) -> None:
         self.members, self.weights, self.samples_per_epoch, self.by = members, weights, samples_per_epoch, by
+        self.schedule = schedule  # weights that change over the run; ``weights`` are then its first stage's
         self.counts = apportion(samples_per_epoch, weights)
         self.index = compatible_index(members)
         self.url, self.root, self.cache = None, None, None  # remote members fetch through their own caches
@@ -80,7 +82,8 @@ class MixedDataset(ShardedDataset):
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{m.location!r}: {w:g}" for m, w in zip(self.members, self.weights, strict=True))
-        return f"fastload.mix({{{parts}}}): {self.samples_per_epoch} samples an epoch of {len(self)}"
+        scheduled = f", weights={self.schedule.as_dict()}" if self.schedule is not None else ""
+        return f"fastload.mix({{{parts}}}{scheduled}): {self.samples_per_epoch} samples an epoch of {len(self)}"
 
     @property
     def first_shards(self) -> list[int]:
@@ -207,12 +210,18 @@ class MixedDataset(ShardedDataset):
     def order(self, loader: OrderSpec) -> MixtureOrder:
         """The mixture's orders for a loader whose own orders would be ``loader``'s."""
         return MixtureOrder(loader, tuple(tuple(s.samples for s in m.index.shards) for m in self.members), self.counts,
-                            tuple(m.url is not None for m in self.members))
+                            tuple(m.url is not None for m in self.members), self.schedule)
 
-    def describe_positions(self, positions: tuple[MemberPosition, ...]) -> list[dict]:
-        """Each member's position as a state_dict records it (location, weight, epoch, samples consumed)."""
+    def describe_positions(self, positions: tuple[MemberPosition, ...], weights: tuple[float, ...] | None = None) -> list[dict]:
+        """Each member's position as a state_dict records it (location, weight: ``weights``, those in
+        force, else the mixture's own, epoch, samples consumed)."""
         return [{"dataset": m.location, "weight": w, "epoch": p.epoch, "samples_consumed": p.consumed}
-                for m, w, p in zip(self.members, self.weights, positions, strict=True)]
+                for m, w, p in zip(self.members, weights or self.weights, positions, strict=True)]
+
+    def identity(self) -> str:
+        """What of the mixture decides its order beyond its shards, for the loaders' identity digests:
+        each member's positions an epoch (the weights and epoch length), and the schedule."""
+        return f"mix{self.counts}" + (f"{self.schedule.as_dict()}" if self.schedule is not None else "")
 
     def close(self) -> None:
         """Close this process's shard files of every member."""
@@ -220,22 +229,36 @@ class MixedDataset(ShardedDataset):
             member.close()
 
 
-def mix(members: Mapping[Member, float], samples_per_epoch: int | None = None, by: str = "samples") -> MixedDataset:
+def mix(members: Mapping[Member, float] | Sequence[Member], samples_per_epoch: int | None = None, by: str = "samples",
+        weights: WeightSchedule | None = None) -> MixedDataset:
     """Datasets (paths, URLs or opened datasets) sampled with the given weights, as one dataset for
     ``fastload.DataLoader``; an epoch is ``samples_per_epoch`` samples (default: all members' sizes).
     ``by="tokens"``: token datasets, each weight a share of the rows (hence of the tokens) delivered,
-    spread evenly (fastload.text.token_order.mixture_members). Members given as paths or URLs split
+    spread evenly (fastload.text.token_order.mixture_members). ``weights``: a WeightSchedule, weights
+    that change over the run (then ``members`` is a list). Members given as paths or URLs split
     the process's open-shard cap between them."""
     if not members:
         raise ValueError("mix: give at least one dataset and its weight")
     if by not in ("samples", "tokens"):
         raise ValueError(f"mix: by must be 'samples' or 'tokens', got {by!r}")
+    if weights is not None and not isinstance(weights, WeightSchedule):
+        raise ValueError(f"mix: weights= must be a fastload.WeightSchedule, got {type(weights).__name__}")
+    if isinstance(members, Mapping) == (weights is not None) or isinstance(members, (str, os.PathLike)):
+        raise ValueError("mix: give either {dataset: weight, ...}, or a list of datasets and weights=fastload.WeightSchedule(...)")
+    weighed: Mapping[Member, float]
+    if weights is not None:
+        if len(set(members)) != len(members):
+            raise ValueError("mix: a dataset is listed twice: give each once, the schedule its weight")
+        weights = weights.for_members(list(members))
+        weighed = dict(zip(members, weights.weights[0], strict=True))
+    else:
+        weighed = cast(Mapping[Member, float], members)
     opened: list[ShardedDataset] = []
-    for member, weight in members.items():
+    for member, weight in weighed.items():
         if isinstance(member, MixedDataset):
             raise ValueError(f"mix: {member.location} is a mixture itself: give its members, their weights multiplied")
         dataset = member if isinstance(member, ShardedDataset) else ShardedDataset(member, max_open_shards=open_shards_each(len(members)))
-        if not isinstance(weight, numbers.Real) or isinstance(weight, bool) or not math.isfinite(weight) or weight <= 0:
+        if weights is None and (not isinstance(weight, numbers.Real) or isinstance(weight, bool) or not math.isfinite(weight) or weight <= 0):
             raise ValueError(f"mix: the weight of {dataset.location} must be a positive number, got {weight!r}")
         if not len(dataset):
             raise ValueError(f"mix: {dataset.location} holds no samples")
@@ -245,7 +268,7 @@ def mix(members: Mapping[Member, float], samples_per_epoch: int | None = None, b
         raise ValueError(f"mix: samples_per_epoch must be a positive integer, got {samples_per_epoch!r}")
     if (by == "tokens") != any(d.index.tokenizer is not None for d in opened):
         raise ValueError("mix: token datasets are mixed by='tokens', and only they")
-    return MixedDataset(tuple(opened), tuple(float(w) for w in members.values()), int(total), by)
+    return MixedDataset(tuple(opened), tuple(float(w) for w in weighed.values()), int(total), by, weights)
 
 
 class MixtureKeys(Sequence[str]):

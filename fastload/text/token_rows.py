@@ -47,6 +47,7 @@ BLOCKS_KEPT = 8  # a stream's most recent blocks kept (their pieces)
 WINDOWS_KEPT = 2  # best-fit's most recent windows kept (their packed rows)
 BLOCK_TOKENS = 1 << 16  # the stream's blocks: documents are shuffled within one, blocks within the epoch
 PACKING_WINDOW = 1 << 22  # best-fit's window: on the Debian text of benchmarks/bench_tokens.py, 0.8% padding at L = 2048 (10% a block)
+SCHEDULE_PART = 1 << 22  # a mixture's weight schedule by tokens: the weights held over parts of at most this many tokens
 IGNORE_INDEX = -100  # what torch's cross_entropy and Hugging Face models ignore in labels
 E = TypeVar("E", bound=Enum)
 
@@ -329,7 +330,15 @@ class MixtureRows:
     def members(self, first: int, count: int) -> tuple[np.ndarray, np.ndarray]:
         """Each of rows ``first`` to ``first + count`` (within the epoch): its member and its row number in that member's rows."""
         rows = np.arange(first, min(first + count, self.length), dtype=np.int64)
+        if self.mixture.schedule is not None:  # weights by the tokens of the run so far, in parts of at most SCHEDULE_PART tokens
+            return self.mixture.schedule.parts(self.seq_len, SCHEDULE_PART).members(self.epoch * self.length + rows, self.seed, False)
         return mixture_members(self.epoch * self.length + rows, self.mixture.weights)
+
+    def weights_at(self, row: int) -> tuple[float, ...]:
+        """The members' weights in force at row ``row`` of the epoch (summing to 1)."""
+        if self.mixture.schedule is not None:
+            return self.mixture.schedule.weights_at((self.epoch * self.length + row) * self.seq_len)
+        return tuple(w / sum(self.mixture.weights) for w in self.mixture.weights)
 
     def segments(self, first: int, count: int) -> Segments:
         """Rows ``first`` to ``first + count`` (past the epoch's end: empty), rows numbered from 0,
