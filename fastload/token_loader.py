@@ -35,13 +35,13 @@ from fastload.loading.state import LoaderState, OrderSettings, read_state_dict, 
 from fastload.loading.stats import LoaderStats
 from fastload.storage.dataset import ShardedDataset
 from fastload.storage.mixture import MixedDataset
+from fastload.text.epoch_rows import MixtureRows
 from fastload.text.token_batch import Attention, BatchFiller, BatchFormat
 from fastload.text.token_rows import (
     BLOCK_TOKENS,
     IGNORE_INDEX,
     PACKING_WINDOW,
     Cursor,
-    MixtureRows,
     Packing,
     TokenOptions,
     TokenRows,
