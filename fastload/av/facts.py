@@ -49,17 +49,23 @@ class StreamFacts:
 
     @property
     def fps(self) -> float:
-        """Average frames per second."""
+        """Average frames per second (over the time the timestamps span: see :func:`fastload.av.pyav.probe`)."""
         return self.rate[0] / self.rate[1]
 
     @property
     def seconds(self) -> float:
-        """The video's length in seconds (frames over the average rate)."""
+        """The video's length in seconds, its first frame shown to its last one's end (frames over the average rate)."""
         return self.frames / self.fps
 
     def time_of(self, frame: int) -> float:
-        """When frame ``frame`` is shown, in seconds from the first frame (at the average rate)."""
-        return frame / self.fps
+        """When frame ``frame`` is shown, in seconds from the first frame: a keyframe's from its
+        timestamp, another's on the line between the keyframes around it (or the video's end)."""
+        k = self.keyframe_before(frame)
+        at, stamp = self.keyframes[k], (self.keyframe_pts[k] - self.start_pts) * self.time_base[0] / self.time_base[1]
+        following = k + 1 < len(self.keyframes)
+        upto = self.keyframes[k + 1] if following else self.frames
+        until = (self.keyframe_pts[k + 1] - self.start_pts) * self.time_base[0] / self.time_base[1] if following else self.seconds
+        return stamp + (until - stamp) * (frame - at) / (upto - at)
 
     def keyframe_before(self, frame: int) -> int:
         """The position in ``keyframes`` of the last keyframe at or before frame ``frame``."""

@@ -93,9 +93,12 @@ def probe(data: bytes, where: str, max_pixels: int = MAX_PIXELS) -> StreamFacts:
         context = stream.codec_context
         stamps: list[int] = []
         keys: list[int] = []
+        latest = (-(1 << 62), 0)  # the latest timestamp, a held frame's (an empty packet) included, and its duration
         try:
             for packet in container.demux(stream):
                 stamp = packet.pts if packet.pts is not None else packet.dts
+                if stamp is not None and (packet.size or packet.duration):
+                    latest = max(latest, (stamp, max(packet.duration or 0, 0)))
                 if packet.size == 0 or stamp is None:
                     continue
                 if packet.is_discard:  # frames a decoder drops (an MP4 edit list): frame numbers would disagree after a seek
@@ -117,10 +120,11 @@ def probe(data: bytes, where: str, max_pixels: int = MAX_PIXELS) -> StreamFacts:
         keyframes = sorted({rank[stamp] for stamp in keys})
         if not keyframes or keyframes[0] != 0:
             raise SampleError(where, "its first frame is no keyframe (a cut without its start): convert with --reencode")
-        rate = stream.average_rate or stream.guessed_rate or stream.base_rate
-        if not rate or rate <= 0:
+        header_rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+        if not header_rate or header_rate <= 0:
             raise SampleError(where, "no frame rate in its container: convert with --reencode")
         time_base = stream.time_base or Fraction(1, 90000)
+        rate = _rate_from_timestamps(len(order), Fraction(header_rate), time_base, order, sum(latest) if latest[1] else None)
         width, height = _first_frame_size(container, stream, where, max_pixels)
         audio = container.streams.audio[0] if container.streams.audio else None
         return StreamFacts(
@@ -132,6 +136,19 @@ def probe(data: bytes, where: str, max_pixels: int = MAX_PIXELS) -> StreamFacts:
         )
     finally:
         container.close()
+
+
+def _rate_from_timestamps(frames: int, header_rate: Fraction, time_base: Fraction, order: list[int], end: int | None) -> Fraction:
+    """The average frame rate the timestamps say: ``frames`` over the time from the first frame to
+    the end of the last one shown (``end``: the latest timestamp plus its packet's duration; without
+    one, a frame at the header's rate past the last frame's timestamp). The header's rate where it agrees to within a frame (a constant rate
+    keeps its exact 30000/1001); else, a variable rate (an AVI's or a Theora file's held frames),
+    the timestamps': an AVI's header said 15 fps for 68 frames over 29.6 s."""
+    last = end if end is not None and end > order[-1] else order[-1] + max(1, round(1 / (header_rate * time_base)))
+    shown = (last - order[0]) * time_base  # seconds
+    if abs(shown - frames / header_rate) <= 1 / header_rate:
+        return header_rate
+    return Fraction(frames) / shown
 
 
 def _check_header_size(width: int, height: int, where: str, max_pixels: int) -> None:

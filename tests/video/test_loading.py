@@ -18,6 +18,7 @@ import torch
 import fastload
 from fastload import Clip
 from fastload import transforms as T
+from fastload.cli import main
 from fastload.formats.index import read_index
 from fastload.loading.stats import READ_BYTES
 from fastload.transforms import apply_plan
@@ -302,6 +303,46 @@ def test_theora_with_repeated_frames_loads_reencodes_and_verifies(tmp_path: Path
     assert verify_dataset(tmp_path / "out", decode=True).ok
     report = convert(str(tmp_path / "raw"), str(tmp_path / "reencoded"), ConvertOptions(source="videos", reencode_video=True), quiet=True)
     assert report.index.num_samples == 1 and fastload.open(tmp_path / "reencoded").stream_facts(0)["mp4"].frames == len(every_frame(data))
+
+
+VFR_STAMPS = [0, 1, 2, 5, 6, 10, 11, 12, 20, 21, 22, 30, 40, 41, 42, 43, 50, 60, 61, 62]  # 20 frames over 63 fifteenths of a second
+
+
+@pytest.mark.parametrize("codec, container, name", [("mpeg4", "avi", "vfr.avi"), ("libx264", "matroska", "vfr.mkv")])
+def test_a_variable_frame_rate_video_lasts_as_long_as_its_timestamps_say(tmp_path: Path, codec: str, container: str, name: str) -> None:
+    """20 frames shown over 4.2 s, their container's header saying 15 fps: the stream facts said
+    1.33 s (frames over the header's rate), describe put frame 8 (shown at 1.33 s) at 0.53 s and
+    inspect summed the short lengths. Times come from the timestamps; a frame is still a decoded
+    picture, so clips hold the same frames as decoding from the start."""
+    from tests.video.media import camera_frames, encode
+
+    data = encode(camera_frames(7, len(VFR_STAMPS), 96, 64), codec=codec, container=container, gop=8, rate=15, stamps=VFR_STAMPS)
+    with av.open(io.BytesIO(data)) as source:
+        assert source.streams.video[0].average_rate == 15  # the header's rate, which a frame count over it misreads
+    assert_clips_decode_as_from_the_start(tmp_path, name, data)
+    facts = fastload.open(tmp_path / "out").stream_facts(0)[name.split(".")[1]]
+    assert facts.frames == 20 and facts.keyframes == (0, 8, 16) and facts.seconds == pytest.approx(63 / 15, abs=0.002)
+    loader = fastload.DataLoader(tmp_path / "out", batch_size=1, clip=Clip(frames=2, stride=8, clips=2, sampling="uniform"), transform=[T.Resize(SIZE)])
+    first, last, start, end = loader.describe(0).samples[0].clips[0]
+    assert (first, last) == (0, 8) and start == 0.0 and end == pytest.approx(VFR_STAMPS[8] / 15, abs=0.001)
+    assert main(["inspect", str(tmp_path / "out")]) == 0
+
+
+def test_theora_held_frames_count_in_its_seconds(tmp_path: Path) -> None:
+    """libtheora writes a held frame as an empty packet: the frames are the pictures decoded (the
+    clips' frames), its length runs to its last timestamp, held frames included (it was the
+    pictures over the rate: a third of it here)."""
+    from tests.video.media import camera_frames, ffmpeg_encode
+
+    held = [frame for frame in camera_frames(3, 10, 96, 64) for _ in range(3)]
+    data = ffmpeg_encode(held, ".ogv", "-c:v", "libtheora", "-q:v", "7", "-g", "12")
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.video[0]
+        shown = max((p.pts + p.duration) * stream.time_base for p in container.demux(stream) if p.pts is not None)
+    assert_clips_decode_as_from_the_start(tmp_path, "held.ogv", data)
+    facts = fastload.open(tmp_path / "out").stream_facts(0)["ogv"]
+    assert facts.frames == len(every_frame(data)) < 0.8 * len(held) and shown >= 0.9 * len(held) / 24
+    assert facts.seconds == pytest.approx(float(shown), abs=1e-6)
 
 
 def test_the_field_video_takes_a_video_of_any_container(tmp_path: Path) -> None:
