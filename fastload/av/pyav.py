@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import io
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +36,10 @@ CONTAINERS = "MP4/MOV, Matroska/WebM, AVI, Ogg, MPEG program and elementary stre
 # Demuxers whose seeks land anywhere and whose timestamps after a seek are the parser's guesses (no
 # index, timestamps only where a PES packet starts): their clips are decoded from the file's start.
 NO_SEEK_DEMUXERS = frozenset({"mpeg", "mpegvideo"})
+# Codecs whose decoders skip the frames no other frame refers to (skip_frame NONREF) and whose
+# packets carry the frames' timestamps: frames before a clip that are not references are not decoded.
+SKIPPING_CODECS = frozenset({"h264", "hevc"})
+AHEAD_FRAMES = 4096  # the most frames between keyframes whose packets are demuxed ahead to number them (more: no frame is skipped)
 
 
 def _av() -> Any:
@@ -157,14 +161,21 @@ def _check_header_size(width: int, height: int, where: str, max_pixels: int) -> 
         raise SampleError(where, f"decompression bomb: {width}x{height} = {width * height} pixels a frame > limit {max_pixels}")
 
 
-def _decoded(container: Any, stream: Any) -> Iterator[Any]:
-    """The stream's frames from where ``container`` is, in presentation order: its packets decoded
-    but the empty ones (Theora's "repeat the frame before", which probing does not count as frames
-    and FFmpeg's decoder would take for the stream's end, refusing every packet after), then the
-    decoder drained. Probing, loading and re-encoding all decode through here."""
-    for packet in container.demux(stream):
+def _decoded(container: Any, stream: Any, packets: Iterable[Any] | None = None, skip: Callable[[Any], bool] | None = None) -> Iterator[Any]:
+    """The stream's frames from where ``container`` is (or from ``packets``), in presentation order:
+    its packets decoded but the empty ones (Theora's "repeat the frame before", which probing does
+    not count as frames and FFmpeg's decoder would take for the stream's end, refusing every packet
+    after), then the decoder drained; a packet ``skip`` picks is decoded only if other frames refer
+    to it (FFmpeg's skip_frame NONREF). Probing, loading and re-encoding all decode through here."""
+    context, skipping = stream.codec_context, False
+    for packet in container.demux(stream) if packets is None else packets:
         if packet.size:
+            if skip is not None and skip(packet) != skipping:
+                skipping = not skipping
+                context.skip_frame = "NONREF" if skipping else "DEFAULT"
             yield from packet.decode()
+    if skipping:
+        context.skip_frame = "DEFAULT"
     yield from stream.decode(None)
 
 
@@ -196,6 +207,9 @@ class _FrameCursor:
         self.position = -1  # the number of the frame last decoded
         self.key, self.landed = 0, False  # the keyframe decoding started at, and whether its first frame came
         self.seeks = self.container.format.name not in NO_SEEK_DEMUXERS
+        self.skips = self.seeks and self.container.streams.video[0].codec_context.name in SKIPPING_CODECS
+        self.target = 0  # the frame asked for: frames before it that no other frame refers to need no decoding
+        self.numbers: dict[int, int] = {}  # timestamp -> frame number, of the keyframe's group of frames where known
 
     def close(self) -> None:
         """Close the container."""
@@ -213,14 +227,69 @@ class _FrameCursor:
                 self.container.seek(self.facts.keyframe_pts[key], stream=stream, backward=True, any_frame=False)
             except av.error.FFmpegError as exc:  # a damaged stream can fail the seek itself
                 raise SampleError(self.where, f"seeking to the keyframe at frame {self.facts.keyframes[key]} failed ({type(exc).__name__})") from None
-        self.frames = _decoded(self.container, stream)
+        packets: Iterator[Any] = self.container.demux(stream)
+        self.numbers = {}
+        if self.skips and self.target > self.facts.keyframes[key]:
+            packets = self._number(packets, key)
+        self.frames = _decoded(self.container, stream, packets, self._skippable if self.numbers else None)
         self.key, self.landed, self.position = key, False, self.facts.keyframes[key] - 1
+
+    def _number(self, packets: Iterator[Any], key: int) -> Iterator[Any]:
+        """``packets``, those of keyframe ``key``'s group (the frames shown from it to the next
+        keyframe, at most AHEAD_FRAMES) demuxed ahead to number each frame by its timestamp
+        (``self.numbers``); no numbers where they do not all come within REORDER_SLACK packets more
+        (timestamps missing, a seek that landed elsewhere). A demuxing error comes where it occurred."""
+        av = _av()
+        facts = self.facts
+        low = facts.keyframe_pts[key]
+        high = facts.keyframe_pts[key + 1] if key + 1 < len(facts.keyframes) else None
+        count = (facts.keyframes[key + 1] if high is not None else facts.frames) - facts.keyframes[key]
+        ahead: list[Any] = []
+        stamps: set[int] = set()
+        if count > AHEAD_FRAMES:
+            return packets
+        ahead: list[Any] = []
+        stamps: set[int] = set()
+        rest: Iterator[Any] | Exception | None = None  # the packets after those demuxed ahead; None: the stream ended
+        try:
+            for packet in packets:
+                ahead.append(packet)
+                if packet.size and packet.pts is not None and low <= packet.pts and (high is None or packet.pts < high):
+                    stamps.add(packet.pts)
+                    if len(stamps) == count:
+                        self.numbers = {stamp: facts.keyframes[key] + i for i, stamp in enumerate(sorted(stamps))}
+                        rest = packets
+                        break
+                if len(ahead) > count + REORDER_SLACK:
+                    rest = packets
+                    break
+        except av.error.FFmpegError as exc:
+            rest = exc
+        return self._replay(ahead, rest)
+
+    @staticmethod
+    def _replay(ahead: list[Any], rest: Iterator[Any] | Exception | None) -> Iterator[Any]:
+        """The packets demuxed ahead, then the others (an ended demuxer is not asked again), or the error demuxing them raised."""
+        yield from ahead
+        if isinstance(rest, Exception):
+            raise rest
+        if rest is not None:
+            yield from rest
+
+    def _skippable(self, packet: Any) -> bool:
+        """Whether ``packet`` is a frame before the one asked for: shown before the keyframe decoding
+        started at, or numbered before the target (a frame no other refers to is then not decoded)."""
+        if packet.pts is None:
+            return False
+        number = self.numbers.get(packet.pts)
+        return packet.pts < self.facts.keyframe_pts[self.key] or (number is not None and number < self.target)
 
     def frame(self, target: int) -> Any:
         """Frame number ``target`` (at or after the last one asked for, or anywhere after a seek)."""
         av = _av()
         facts = self.facts
         key = facts.keyframe_before(target) if self.seeks else 0
+        self.target = target
         if self.frames is None or self.position >= target or facts.keyframes[key] > self.position + 1:
             self._start(key)
         budget = target - self.position + REORDER_SLACK  # for each target: one reached by decoding on gets its own
@@ -236,6 +305,11 @@ class _FrameCursor:
             budget -= 1
             if time.monotonic() > self.deadline:
                 raise SampleError(self.where, f"decoding took longer than its time limit (at frame {self.position + 1})")
+            if self.numbers and frame.pts is None:  # frames numbered by their timestamps have none here: decode every frame
+                self.skips = False
+                self._start(self.key)
+                budget = target - self.position + REORDER_SLACK
+                continue
             start_pts = facts.keyframe_pts[self.key]
             if frame.pts is not None and frame.pts < start_pts:
                 continue  # shown before the keyframe: a landing early, or a leading frame of an open GOP
@@ -247,8 +321,24 @@ class _FrameCursor:
                     self._start(self.key - 1)
                     budget = target - self.position + REORDER_SLACK
                     continue
-            self.position += 1
+            self.position = self._number_of(frame, target)
         return frame
+
+    def _number_of(self, frame: Any, target: int) -> int:
+        """The number of ``frame``, the one after the last decoded: by its timestamp where frames
+        before the target may have been skipped (past the group numbered, the next keyframe's says
+        where counting goes on), else one past the last."""
+        if not self.numbers:
+            return self.position + 1
+        number = self.numbers.get(frame.pts)
+        following = self.key + 1 < len(self.facts.keyframes)
+        if number is None and following and frame.pts == self.facts.keyframe_pts[self.key + 1]:
+            number = self.facts.keyframes[self.key + 1]
+        if number is None:
+            return self.position + 1
+        if number > target or number <= self.position:
+            raise SampleError(self.where, f"frame {number} came where frame {self.position + 1} was due (frames out of order?)")
+        return number
 
 
 def decode_frames(

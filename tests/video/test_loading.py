@@ -73,6 +73,29 @@ def test_long_clips_far_from_a_keyframe_decode_as_from_the_start(tmp_path: Path)
                 assert torch.equal(clips[0, c, t] if clip.clips > 1 else clips[0, t], torch.from_numpy(frame).permute(2, 0, 1)), (clip, c, t)
 
 
+@pytest.mark.parametrize("codec, bframes", [("libx264", 3), ("libx265", 4)])
+def test_frames_before_a_clip_that_none_refers_to_are_skipped_and_clips_stay_the_same(tmp_path: Path, codec: str, bframes: int) -> None:
+    """Frames before a clip that no other frame refers to are not decoded (FFmpeg's skip_frame
+    NONREF, numbered by their timestamps): with B-frames that other B-frames refer to (x264's and
+    x265's pyramids) and x265's open groups of frames, every clip, one crossing a keyframe, one
+    decoding on from another, far into a group or at its start, holds the frames decoding from the start gives."""
+    from tests.video.media import camera_frames, encode
+
+    data = encode(camera_frames(8, 90, 96, 64), codec=codec, gop=40, bframes=bframes)
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.video[0]
+        stream.codec_context.skip_frame = "NONREF"
+        assert len(list(container.decode(stream))) < 0.7 * 90  # frames the skip passes over
+    assert_clips_decode_as_from_the_start(tmp_path, "pyramid.mp4", data)
+    truth = every_frame(data)
+    for clip in (Clip(frames=4, stride=1, clips=9, sampling="uniform"), Clip(frames=2, stride=37, clips=3, sampling="uniform")):
+        loader = fastload.DataLoader(tmp_path / "out", batch_size=1, clip=clip, transform=[T.Resize(SIZE)])
+        (clips,) = next(iter(fastload.DataLoader(tmp_path / "out", batch_size=1, clip=clip, transform=[T.Resize(SIZE)], fields=["mp4"])))
+        for c, (first, _, _, _) in enumerate(loader.describe(0, 0).samples[0].clips):
+            for t in range(clip.frames):
+                assert torch.equal(clips[0, c, t], torch.from_numpy(truth[min(first + clip.stride * t, 89)]).permute(2, 0, 1)), (clip, c, t)
+
+
 def test_every_frame_of_a_clip_gets_the_same_crop_and_flip(video_dataset: Path) -> None:
     truth = frames_of(video_dataset)
     loader = fastload.DataLoader(video_dataset, batch_size=3, shuffle=True, seed=8, clip=Clip(frames=4, stride=2),
