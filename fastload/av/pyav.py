@@ -244,8 +244,6 @@ class _FrameCursor:
         low = facts.keyframe_pts[key]
         high = facts.keyframe_pts[key + 1] if key + 1 < len(facts.keyframes) else None
         count = (facts.keyframes[key + 1] if high is not None else facts.frames) - facts.keyframes[key]
-        ahead: list[Any] = []
-        stamps: set[int] = set()
         if count > AHEAD_FRAMES:
             return packets
         ahead: list[Any] = []
