@@ -97,12 +97,15 @@ def probe(data: bytes, where: str, max_pixels: int = MAX_PIXELS) -> StreamFacts:
         context = stream.codec_context
         stamps: list[int] = []
         keys: list[int] = []
-        latest = (-(1 << 62), 0)  # the latest timestamp, a held frame's (an empty packet) included, and its duration
+        latest = [(-(1 << 62), 0)] * 2  # the two latest timestamps, a held frame's (an empty packet) included, with their durations
         try:
             for packet in container.demux(stream):
                 stamp = packet.pts if packet.pts is not None else packet.dts
                 if stamp is not None and (packet.size or packet.duration):
-                    latest = max(latest, (stamp, max(packet.duration or 0, 0)))
+                    if stamp > latest[0][0]:
+                        latest = [(stamp, max(packet.duration or 0, 0)), latest[0]]
+                    elif latest[1][0] < stamp < latest[0][0]:
+                        latest[1] = (stamp, 0)
                 if packet.size == 0 or stamp is None:
                     continue
                 if packet.is_discard:  # frames a decoder drops (an MP4 edit list): frame numbers would disagree after a seek
@@ -128,7 +131,9 @@ def probe(data: bytes, where: str, max_pixels: int = MAX_PIXELS) -> StreamFacts:
         if not header_rate or header_rate <= 0:
             raise SampleError(where, "no frame rate in its container: convert with --reencode")
         time_base = stream.time_base or Fraction(1, 90000)
-        rate = _rate_from_timestamps(len(order), Fraction(header_rate), time_base, order, sum(latest) if latest[1] else None)
+        (stamp, duration), (before, _) = latest
+        shown = min(duration, stamp - before) if duration and len(order) > 1 else duration  # the last frame's: a packet's duration can be a decode-order gap (B-frames in MP4)
+        rate = _rate_from_timestamps(len(order), Fraction(header_rate), time_base, order, stamp + shown if shown else None)
         width, height = _first_frame_size(container, stream, where, max_pixels)
         audio = container.streams.audio[0] if container.streams.audio else None
         return StreamFacts(
@@ -144,10 +149,11 @@ def probe(data: bytes, where: str, max_pixels: int = MAX_PIXELS) -> StreamFacts:
 
 def _rate_from_timestamps(frames: int, header_rate: Fraction, time_base: Fraction, order: list[int], end: int | None) -> Fraction:
     """The average frame rate the timestamps say: ``frames`` over the time from the first frame to
-    the end of the last one shown (``end``: the latest timestamp plus its packet's duration; without
-    one, a frame at the header's rate past the last frame's timestamp). The header's rate where it agrees to within a frame (a constant rate
-    keeps its exact 30000/1001); else, a variable rate (an AVI's or a Theora file's held frames),
-    the timestamps': an AVI's header said 15 fps for 68 frames over 29.6 s."""
+    the end of the last one shown (``end``: the latest timestamp plus its duration, at most the gap
+    before it; without one, a frame at the header's rate past the last frame's timestamp). The
+    header's rate where it agrees to within a frame (a constant rate keeps its exact 30000/1001);
+    else, a variable rate (an AVI's or a Theora file's held frames), the timestamps': an AVI's
+    header said 15 fps for 68 frames over 29.6 s."""
     last = end if end is not None and end > order[-1] else order[-1] + max(1, round(1 / (header_rate * time_base)))
     shown = (last - order[0]) * time_base  # seconds
     if abs(shown - frames / header_rate) <= 1 / header_rate:
@@ -377,9 +383,11 @@ def reencode_h264(data: bytes, where: str, gop: int, max_size: int | None, max_p
     try:
         stream = source.streams.video[0]
         rate = stream.average_rate or stream.guessed_rate or Fraction(30)
+        time_base = stream.time_base or Fraction(1) / Fraction(rate)
+        tick = max(1, round(1 / (Fraction(rate) * time_base)))  # one frame at the average rate, in the time base
         with av.open(out, mode="w", format="mp4") as target:
-            encoded = None
-            for number, frame in enumerate(_decoded(source, stream)):
+            encoded, first, last = None, None, -tick
+            for frame in _decoded(source, stream):
                 _check_header_size(frame.width, frame.height, where, max_pixels)
                 if encoded is None:
                     scale = min(1.0, max_size / max(frame.width, frame.height)) if max_size else 1.0
@@ -390,8 +398,13 @@ def reencode_h264(data: bytes, where: str, gop: int, max_size: int | None, max_p
                     # one thread, and no macroblock tree: x264's reads memory its earlier encoders in this process left
                     # (the same video encoded first or after others gave other bytes); the output is then a function of the input
                     encoded.codec_context.options = {"keyint_min": str(gop), "sc_threshold": "0", "threads": "1", "mbtree": "0"}
+                    encoded.codec_context.time_base = time_base
                 picture = frame.reformat(width=encoded.width, height=encoded.height, format="yuv420p")
-                picture.pts, picture.time_base = number, Fraction(1) / Fraction(rate)  # frames in order, at the source's average rate
+                if first is None and frame.pts is not None:
+                    first = frame.pts
+                # each frame shown when the source shows it (a variable rate kept); one without a later timestamp: a frame after the last
+                stamp = frame.pts - first if frame.pts is not None and first is not None and frame.pts - first > last else last + tick
+                picture.pts, picture.time_base, last = stamp, time_base, stamp
                 picture.pict_type = av.video.frame.PictureType.NONE  # the encoder picks keyframes (a source's I frames would stay keyframes)
                 target.mux(encoded.encode(picture))
             if encoded is None:

@@ -351,6 +351,23 @@ def test_a_variable_frame_rate_video_lasts_as_long_as_its_timestamps_say(tmp_pat
     assert main(["inspect", str(tmp_path / "out")]) == 0
 
 
+@pytest.mark.parametrize("codec, container", [("mpeg4", "avi"), ("libx264", "matroska")])
+def test_reencoding_keeps_a_variable_frame_rate_videos_timestamps(tmp_path: Path, codec: str, container: str) -> None:
+    """--reencode wrote the frames evenly at the header's rate: 20 frames over 4.2 s came out 1.33 s
+    long. Each frame keeps its time (its length to within a frame: an MP4's last frame lasts what its muxer says)."""
+    from fastload.converters import ConvertOptions, convert
+    from tests.video.media import camera_frames, encode
+
+    data = encode(camera_frames(9, len(VFR_STAMPS), 96, 64), codec=codec, container=container, gop=8, rate=15, stamps=VFR_STAMPS)
+    (tmp_path / "raw" / "a").mkdir(parents=True)
+    (tmp_path / "raw" / "a" / f"vfr.{'avi' if container == 'avi' else 'mkv'}").write_bytes(data)
+    convert(str(tmp_path / "raw"), str(tmp_path / "out"), ConvertOptions(source="videos", reencode_video=True, keyframe_interval=8), quiet=True)
+    facts = fastload.open(tmp_path / "out").stream_facts(0)["mp4"]
+    assert facts.frames == 20 and facts.seconds == pytest.approx(63 / 15, abs=63 / 15 / 20)
+    loader = fastload.DataLoader(tmp_path / "out", batch_size=1, clip=Clip(frames=2, stride=8, clips=2, sampling="uniform"), transform=[T.Resize(SIZE)])
+    assert loader.describe(0).samples[0].clips[0][3] == pytest.approx(VFR_STAMPS[8] / 15, abs=0.001)
+
+
 def test_theora_held_frames_count_in_its_seconds(tmp_path: Path) -> None:
     """libtheora writes a held frame as an empty packet: the frames are the pictures decoded (the
     clips' frames), its length runs to its last timestamp, held frames included (it was the
