@@ -9,12 +9,14 @@ the frames a decoder can start at, with their timestamps (``keyframe_pts``) to s
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fastload.decode.header import MAX_PIXELS, check_pixels
 
 MAX_CODEC_NAME = 16  # bytes a codec's name takes in a sample table
 MAX_FRAMES = 1 << 24  # ~6 days at 30 fps: more is a damaged or hostile container
+REENCODE_KEYFRAME_INTERVAL = 32  # frames between keyframes of a video converted with --reencode, unless asked otherwise
 
 
 @dataclass(frozen=True)
@@ -49,17 +51,27 @@ class StreamFacts:
 
     @property
     def fps(self) -> float:
-        """Average frames per second."""
+        """Average frames per second (over the time the timestamps span: see :func:`fastload.av.pyav.probe`)."""
         return self.rate[0] / self.rate[1]
 
     @property
     def seconds(self) -> float:
-        """The video's length in seconds (frames over the average rate)."""
+        """The video's length in seconds, its first frame shown to its last one's end (frames over the average rate)."""
         return self.frames / self.fps
 
     def time_of(self, frame: int) -> float:
-        """When frame ``frame`` is shown, in seconds from the first frame (at the average rate)."""
-        return frame / self.fps
+        """When frame ``frame`` is shown, in seconds from the first frame: a keyframe's from its
+        timestamp, another's on the line between the keyframes around it (or the video's end)."""
+        k = self.keyframe_before(frame)
+        at, stamp = self.keyframes[k], (self.keyframe_pts[k] - self.start_pts) * self.time_base[0] / self.time_base[1]
+        following = k + 1 < len(self.keyframes)
+        upto = self.keyframes[k + 1] if following else self.frames
+        until = (self.keyframe_pts[k + 1] - self.start_pts) * self.time_base[0] / self.time_base[1] if following else self.seconds
+        return stamp + (until - stamp) * (frame - at) / (upto - at)
+
+    def frames_per_clip(self, span: int) -> float:
+        """The frames a clip covering ``span`` frames decodes on average at a random start (see :func:`frames_per_clip`)."""
+        return frames_per_clip(self.keyframes, self.frames, span)
 
     def keyframe_before(self, frame: int) -> int:
         """The position in ``keyframes`` of the last keyframe at or before frame ``frame``."""
@@ -68,3 +80,19 @@ class StreamFacts:
     def check_size(self, where: str, max_pixels: int = MAX_PIXELS) -> None:
         """A SampleError naming ``where`` when a frame has more pixels than ``max_pixels``."""
         check_pixels(self.width, self.height, where, max_pixels)
+
+
+def frames_per_clip(keyframes: Sequence[int], frames: int, span: int) -> float:
+    """The frames a clip covering ``span`` of a video's ``frames`` decodes on average, its start drawn
+    at random: from the keyframe at or before its first frame to its last (``keyframes``: their
+    frame numbers, ascending from 0)."""
+    if frames <= span:
+        return float(frames)
+    starts = frames - span + 1  # a clip starts at 0 to frames - span
+    total = 0
+    for i, first in enumerate(keyframes):
+        count = min(keyframes[i + 1] if i + 1 < len(keyframes) else frames, starts) - first  # starts after this keyframe
+        if count <= 0:
+            break
+        total += count * span + count * (count - 1) // 2  # a start s decodes s - first + span frames
+    return total / starts

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import io
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +36,10 @@ CONTAINERS = "MP4/MOV, Matroska/WebM, AVI, Ogg, MPEG program and elementary stre
 # Demuxers whose seeks land anywhere and whose timestamps after a seek are the parser's guesses (no
 # index, timestamps only where a PES packet starts): their clips are decoded from the file's start.
 NO_SEEK_DEMUXERS = frozenset({"mpeg", "mpegvideo"})
+# Codecs whose decoders skip the frames no other frame refers to (skip_frame NONREF) and whose
+# packets carry the frames' timestamps: frames before a clip that are not references are not decoded.
+SKIPPING_CODECS = frozenset({"h264", "hevc"})
+AHEAD_FRAMES = 4096  # the most frames between keyframes whose packets are demuxed ahead to number them (more: no frame is skipped)
 
 
 def _av() -> Any:
@@ -93,9 +97,15 @@ def probe(data: bytes, where: str, max_pixels: int = MAX_PIXELS) -> StreamFacts:
         context = stream.codec_context
         stamps: list[int] = []
         keys: list[int] = []
+        latest = [(-(1 << 62), 0)] * 2  # the two latest timestamps, a held frame's (an empty packet) included, with their durations
         try:
             for packet in container.demux(stream):
                 stamp = packet.pts if packet.pts is not None else packet.dts
+                if stamp is not None and (packet.size or packet.duration):
+                    if stamp > latest[0][0]:
+                        latest = [(stamp, max(packet.duration or 0, 0)), latest[0]]
+                    elif latest[1][0] < stamp < latest[0][0]:
+                        latest[1] = (stamp, 0)
                 if packet.size == 0 or stamp is None:
                     continue
                 if packet.is_discard:  # frames a decoder drops (an MP4 edit list): frame numbers would disagree after a seek
@@ -117,10 +127,13 @@ def probe(data: bytes, where: str, max_pixels: int = MAX_PIXELS) -> StreamFacts:
         keyframes = sorted({rank[stamp] for stamp in keys})
         if not keyframes or keyframes[0] != 0:
             raise SampleError(where, "its first frame is no keyframe (a cut without its start): convert with --reencode")
-        rate = stream.average_rate or stream.guessed_rate or stream.base_rate
-        if not rate or rate <= 0:
+        header_rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+        if not header_rate or header_rate <= 0:
             raise SampleError(where, "no frame rate in its container: convert with --reencode")
         time_base = stream.time_base or Fraction(1, 90000)
+        (stamp, duration), (before, _) = latest
+        shown = min(duration, stamp - before) if duration and len(order) > 1 else duration  # the last frame's: a packet's duration can be a decode-order gap (B-frames in MP4)
+        rate = _rate_from_timestamps(len(order), Fraction(header_rate), time_base, order, stamp + shown if shown else None)
         width, height = _first_frame_size(container, stream, where, max_pixels)
         audio = container.streams.audio[0] if container.streams.audio else None
         return StreamFacts(
@@ -134,20 +147,41 @@ def probe(data: bytes, where: str, max_pixels: int = MAX_PIXELS) -> StreamFacts:
         container.close()
 
 
+def _rate_from_timestamps(frames: int, header_rate: Fraction, time_base: Fraction, order: list[int], end: int | None) -> Fraction:
+    """The average frame rate the timestamps say: ``frames`` over the time from the first frame to
+    the end of the last one shown (``end``: the latest timestamp plus its duration, at most the gap
+    before it; without one, a frame at the header's rate past the last frame's timestamp). The
+    header's rate where it agrees to within a frame (a constant rate keeps its exact 30000/1001);
+    else, a variable rate (an AVI's or a Theora file's held frames), the timestamps': an AVI's
+    header said 15 fps for 68 frames over 29.6 s."""
+    last = end if end is not None and end > order[-1] else order[-1] + max(1, round(1 / (header_rate * time_base)))
+    shown = (last - order[0]) * time_base  # seconds
+    if abs(shown - frames / header_rate) <= 1 / header_rate:
+        return header_rate
+    return Fraction(frames) / shown
+
+
 def _check_header_size(width: int, height: int, where: str, max_pixels: int) -> None:
     """A SampleError for a frame size over the pixel limit, before anything is decoded."""
     if width * height > max_pixels:
         raise SampleError(where, f"decompression bomb: {width}x{height} = {width * height} pixels a frame > limit {max_pixels}")
 
 
-def _decoded(container: Any, stream: Any) -> Iterator[Any]:
-    """The stream's frames from where ``container`` is, in presentation order: its packets decoded
-    but the empty ones (Theora's "repeat the frame before", which probing does not count as frames
-    and FFmpeg's decoder would take for the stream's end, refusing every packet after), then the
-    decoder drained. Probing, loading and re-encoding all decode through here."""
-    for packet in container.demux(stream):
+def _decoded(container: Any, stream: Any, packets: Iterable[Any] | None = None, skip: Callable[[Any], bool] | None = None) -> Iterator[Any]:
+    """The stream's frames from where ``container`` is (or from ``packets``), in presentation order:
+    its packets decoded but the empty ones (Theora's "repeat the frame before", which probing does
+    not count as frames and FFmpeg's decoder would take for the stream's end, refusing every packet
+    after), then the decoder drained; a packet ``skip`` picks is decoded only if other frames refer
+    to it (FFmpeg's skip_frame NONREF). Probing, loading and re-encoding all decode through here."""
+    context, skipping = stream.codec_context, False
+    for packet in container.demux(stream) if packets is None else packets:
         if packet.size:
+            if skip is not None and skip(packet) != skipping:
+                skipping = not skipping
+                context.skip_frame = "NONREF" if skipping else "DEFAULT"
             yield from packet.decode()
+    if skipping:
+        context.skip_frame = "DEFAULT"
     yield from stream.decode(None)
 
 
@@ -179,6 +213,9 @@ class _FrameCursor:
         self.position = -1  # the number of the frame last decoded
         self.key, self.landed = 0, False  # the keyframe decoding started at, and whether its first frame came
         self.seeks = self.container.format.name not in NO_SEEK_DEMUXERS
+        self.skips = self.seeks and self.container.streams.video[0].codec_context.name in SKIPPING_CODECS
+        self.target = 0  # the frame asked for: frames before it that no other frame refers to need no decoding
+        self.numbers: dict[int, int] = {}  # timestamp -> frame number, of the keyframe's group of frames where known
 
     def close(self) -> None:
         """Close the container."""
@@ -196,14 +233,67 @@ class _FrameCursor:
                 self.container.seek(self.facts.keyframe_pts[key], stream=stream, backward=True, any_frame=False)
             except av.error.FFmpegError as exc:  # a damaged stream can fail the seek itself
                 raise SampleError(self.where, f"seeking to the keyframe at frame {self.facts.keyframes[key]} failed ({type(exc).__name__})") from None
-        self.frames = _decoded(self.container, stream)
+        packets: Iterator[Any] = self.container.demux(stream)
+        self.numbers = {}
+        if self.skips and self.target > self.facts.keyframes[key]:
+            packets = self._number(packets, key)
+        self.frames = _decoded(self.container, stream, packets, self._skippable if self.numbers else None)
         self.key, self.landed, self.position = key, False, self.facts.keyframes[key] - 1
+
+    def _number(self, packets: Iterator[Any], key: int) -> Iterator[Any]:
+        """``packets``, those of keyframe ``key``'s group (the frames shown from it to the next
+        keyframe, at most AHEAD_FRAMES) demuxed ahead to number each frame by its timestamp
+        (``self.numbers``); no numbers where they do not all come within REORDER_SLACK packets more
+        (timestamps missing, a seek that landed elsewhere). A demuxing error comes where it occurred."""
+        av = _av()
+        facts = self.facts
+        low = facts.keyframe_pts[key]
+        high = facts.keyframe_pts[key + 1] if key + 1 < len(facts.keyframes) else None
+        count = (facts.keyframes[key + 1] if high is not None else facts.frames) - facts.keyframes[key]
+        if count > AHEAD_FRAMES:
+            return packets
+        ahead: list[Any] = []
+        stamps: set[int] = set()
+        rest: Iterator[Any] | Exception | None = None  # the packets after those demuxed ahead; None: the stream ended
+        try:
+            for packet in packets:
+                ahead.append(packet)
+                if packet.size and packet.pts is not None and low <= packet.pts and (high is None or packet.pts < high):
+                    stamps.add(packet.pts)
+                    if len(stamps) == count:
+                        self.numbers = {stamp: facts.keyframes[key] + i for i, stamp in enumerate(sorted(stamps))}
+                        rest = packets
+                        break
+                if len(ahead) > count + REORDER_SLACK:
+                    rest = packets
+                    break
+        except av.error.FFmpegError as exc:
+            rest = exc
+        return self._replay(ahead, rest)
+
+    @staticmethod
+    def _replay(ahead: list[Any], rest: Iterator[Any] | Exception | None) -> Iterator[Any]:
+        """The packets demuxed ahead, then the others (an ended demuxer is not asked again), or the error demuxing them raised."""
+        yield from ahead
+        if isinstance(rest, Exception):
+            raise rest
+        if rest is not None:
+            yield from rest
+
+    def _skippable(self, packet: Any) -> bool:
+        """Whether ``packet`` is a frame before the one asked for: shown before the keyframe decoding
+        started at, or numbered before the target (a frame no other refers to is then not decoded)."""
+        if packet.pts is None:
+            return False
+        number = self.numbers.get(packet.pts)
+        return packet.pts < self.facts.keyframe_pts[self.key] or (number is not None and number < self.target)
 
     def frame(self, target: int) -> Any:
         """Frame number ``target`` (at or after the last one asked for, or anywhere after a seek)."""
         av = _av()
         facts = self.facts
         key = facts.keyframe_before(target) if self.seeks else 0
+        self.target = target
         if self.frames is None or self.position >= target or facts.keyframes[key] > self.position + 1:
             self._start(key)
         budget = target - self.position + REORDER_SLACK  # for each target: one reached by decoding on gets its own
@@ -219,6 +309,11 @@ class _FrameCursor:
             budget -= 1
             if time.monotonic() > self.deadline:
                 raise SampleError(self.where, f"decoding took longer than its time limit (at frame {self.position + 1})")
+            if self.numbers and frame.pts is None:  # frames numbered by their timestamps have none here: decode every frame
+                self.skips = False
+                self._start(self.key)
+                budget = target - self.position + REORDER_SLACK
+                continue
             start_pts = facts.keyframe_pts[self.key]
             if frame.pts is not None and frame.pts < start_pts:
                 continue  # shown before the keyframe: a landing early, or a leading frame of an open GOP
@@ -230,8 +325,24 @@ class _FrameCursor:
                     self._start(self.key - 1)
                     budget = target - self.position + REORDER_SLACK
                     continue
-            self.position += 1
+            self.position = self._number_of(frame, target)
         return frame
+
+    def _number_of(self, frame: Any, target: int) -> int:
+        """The number of ``frame``, the one after the last decoded: by its timestamp where frames
+        before the target may have been skipped (past the group numbered, the next keyframe's says
+        where counting goes on), else one past the last."""
+        if not self.numbers:
+            return self.position + 1
+        number = self.numbers.get(frame.pts)
+        following = self.key + 1 < len(self.facts.keyframes)
+        if number is None and following and frame.pts == self.facts.keyframe_pts[self.key + 1]:
+            number = self.facts.keyframes[self.key + 1]
+        if number is None:
+            return self.position + 1
+        if number > target or number <= self.position:
+            raise SampleError(self.where, f"frame {number} came where frame {self.position + 1} was due (frames out of order?)")
+        return number
 
 
 def decode_frames(
@@ -272,9 +383,11 @@ def reencode_h264(data: bytes, where: str, gop: int, max_size: int | None, max_p
     try:
         stream = source.streams.video[0]
         rate = stream.average_rate or stream.guessed_rate or Fraction(30)
+        time_base = stream.time_base or Fraction(1) / Fraction(rate)
+        tick = max(1, round(1 / (Fraction(rate) * time_base)))  # one frame at the average rate, in the time base
         with av.open(out, mode="w", format="mp4") as target:
-            encoded = None
-            for number, frame in enumerate(_decoded(source, stream)):
+            encoded, first, last = None, None, -tick
+            for frame in _decoded(source, stream):
                 _check_header_size(frame.width, frame.height, where, max_pixels)
                 if encoded is None:
                     scale = min(1.0, max_size / max(frame.width, frame.height)) if max_size else 1.0
@@ -285,8 +398,13 @@ def reencode_h264(data: bytes, where: str, gop: int, max_size: int | None, max_p
                     # one thread, and no macroblock tree: x264's reads memory its earlier encoders in this process left
                     # (the same video encoded first or after others gave other bytes); the output is then a function of the input
                     encoded.codec_context.options = {"keyint_min": str(gop), "sc_threshold": "0", "threads": "1", "mbtree": "0"}
+                    encoded.codec_context.time_base = time_base
                 picture = frame.reformat(width=encoded.width, height=encoded.height, format="yuv420p")
-                picture.pts, picture.time_base = number, Fraction(1) / Fraction(rate)  # frames in order, at the source's average rate
+                if first is None and frame.pts is not None:
+                    first = frame.pts
+                # each frame shown when the source shows it (a variable rate kept); one without a later timestamp: a frame after the last
+                stamp = frame.pts - first if frame.pts is not None and first is not None and frame.pts - first > last else last + tick
+                picture.pts, picture.time_base, last = stamp, time_base, stamp
                 picture.pict_type = av.video.frame.PictureType.NONE  # the encoder picks keyframes (a source's I frames would stay keyframes)
                 target.mux(encoded.encode(picture))
             if encoded is None:

@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+REENCODE_PAYS = 1.5  # inspect advises --reencode when a clip would decode this many times fewer frames
 NEAR_THRESHOLD = 12  # bits of 64: benchmarks/bench_near_dupes.py measures recall and false drops by threshold
 NEAR_HELP = (
     f"near duplicates differ in at most this many of 64 hash bits, and agree in colour (default {NEAR_THRESHOLD}, 0..24; "
@@ -17,6 +18,7 @@ NEAR_HELP = (
 )
 
 def _add_convert(sub: argparse._SubParsersAction) -> None:
+    from fastload.av.facts import REENCODE_KEYFRAME_INTERVAL
     from fastload.converters.engines import ENGINES
     from fastload.converters.options import ENCODERS
     from fastload.converters.sources import SOURCE_MODULES
@@ -44,7 +46,8 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reencode-quality", type=int, metavar="Q", help="re-encode images as JPEG of quality Q")
     p.add_argument("--max-size", type=int, metavar="PX", help="shrink images (and videos, re-encoded) so the longer side is at most PX")
     p.add_argument("--reencode", action="store_true", help="videos: re-encode to H.264 with a keyframe every --keyframe-interval frames")
-    p.add_argument("--keyframe-interval", type=int, default=32, metavar="N", help="with --reencode: frames between keyframes (default 32)")
+    p.add_argument("--keyframe-interval", type=int, default=REENCODE_KEYFRAME_INTERVAL, metavar="N",
+                   help=f"with --reencode: frames between keyframes (default {REENCODE_KEYFRAME_INTERVAL})")
     p.add_argument("--max-pixels", type=int, help="reject images with more pixels (bombs); default 89478485 (Pillow's), or FASTLOAD_MAX_PIXELS")
     p.add_argument("--follow-symlinks", action="store_true",
                    help="read files that symlinks lead to outside the source root (or a manifest's folders)")
@@ -198,13 +201,16 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="summarise a converted dataset")
     p.add_argument("dataset", help="a converted dataset folder or its URL")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--clip", default="16:2", metavar="FRAMES[:STRIDE]",
+                   help="videos: the clip whose decoding cost is estimated, and what --reencode would save (default 16:2)")
     p.set_defaults(run=_run_inspect)
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
+    from fastload.cli.describe import parse_clip
     from fastload.storage.summary import summarize
 
-    summary = summarize(args.dataset)
+    summary = summarize(args.dataset, parse_clip(args.clip, None).span)
     if args.json:
         print(json.dumps(summary, indent=1, sort_keys=True))
         return 0
@@ -221,6 +227,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
         print(f"videos    {v['count']}, {', '.join(f'{c} {n}' for c, n in v['codecs'].items())}; {v['seconds']:.1f} s, "
               f"{v['frames_min']}-{v['frames_max']} frames, a keyframe every {v['mean_frames_per_keyframe']} frames; "
               f"{v['smallest'][0]}x{v['smallest'][1]} to {v['largest'][0]}x{v['largest'][1]}; {v['with_audio']} with audio")
+        _print_clip_cost(v, args.clip)
     if summary["classes"] is not None or summary["class_counts"]:
         _print_classes(summary["class_counts"], summary["classes"], summary["class_balance"])
     print(f"skipped   {summary['skipped_total']} {summary['skipped'] or ''}")
@@ -228,6 +235,14 @@ def _run_inspect(args: argparse.Namespace) -> int:
         print(f"  {entry['where']}: {entry['reason']}")
     print(f"duplicates dropped {summary['duplicates']}")
     return 0
+
+
+def _print_clip_cost(videos: dict, clip: str) -> None:
+    """The frames a random clip decodes on average, and whether --reencode would pay off."""
+    now, then, factor = videos["clip_frames_decoded"], videos["clip_frames_decoded_reencoded"], videos["reencode_factor"]
+    print(f"clips     a random {clip} clip ({videos['clip_span']} frames) decodes {now:.1f} frames on average from the keyframe before it; "
+          f"--reencode (a keyframe every {videos['reencode_keyframe_interval']}): {then:.1f}, {factor:.2f}x fewer"
+          + (": worth it for training on clips" if factor >= REENCODE_PAYS else ""))
 
 
 def _print_tokens(tokens: dict) -> None:

@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 
 from fastload._util.sizes import parse_size
+from fastload.av.facts import REENCODE_KEYFRAME_INTERVAL
 from fastload.converters.sources import SOURCE_MODULES, TEXT_ONLY, SourceOptions
 from fastload.decode.header import MAX_PIXELS
 from fastload.errors import check_on_error
@@ -63,7 +64,7 @@ class ConvertOptions:
     max_size: int | None = None
     max_pixels: int = MAX_PIXELS  # the one limit every decode path applies (fastload.decode.header)
     reencode_video: bool = False  # videos re-encoded to H.264 (also when max_size shrinks them)
-    keyframe_interval: int = 32  # frames between keyframes of a re-encoded video
+    keyframe_interval: int = REENCODE_KEYFRAME_INTERVAL  # frames between keyframes of a re-encoded video
     source_options: SourceOptions = field(default_factory=SourceOptions)
     writer_options: WriterOptions = field(default_factory=WriterOptions)
     tokens: TokenizeOptions | None = None  # documents into token shards (layout "tokens")

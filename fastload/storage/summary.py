@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fastload.av.facts import REENCODE_KEYFRAME_INTERVAL, frames_per_clip
 from fastload.formats import open_shard
 from fastload.formats.index import SKIPPED_REPORT, VIDEO_FORMAT_VERSION, DatasetIndex, read_index
 from fastload.formats.tokens.reader import TokenShardReader
@@ -16,9 +17,9 @@ from fastload.storage import remote
 from fastload.storage.dataset import read_remote_index
 
 
-def summarize(root: str | Path) -> dict:
+def summarize(root: str | Path, clip_span: int = 31) -> dict:
     """A JSON-ready summary of a converted dataset (a folder or a URL): sizes, fields, classes,
-    skipped samples."""
+    skipped samples; videos' decoding cost for clips covering ``clip_span`` frames (16 of stride 2)."""
     if remote.is_url(str(root)):
         url = str(root)
         index = read_remote_index(url)
@@ -50,13 +51,14 @@ def summarize(root: str | Path) -> dict:
         "skipped_total": sum(index.skipped.values()),
         "skipped_samples": skipped_samples,
         "duplicates": index.duplicates,
-        "videos": video_summary(root) if index.version == VIDEO_FORMAT_VERSION else None,
+        "videos": video_summary(root, clip_span) if index.version == VIDEO_FORMAT_VERSION else None,
     }
 
 
-def video_summary(root: str | Path) -> dict:
+def video_summary(root: str | Path, clip_span: int = 31) -> dict:
     """The videos' stream facts over the dataset, from its sample tables (no video is opened):
-    how many, their codecs, frames, seconds, sizes, keyframe spacing and audio."""
+    how many, their codecs, frames, seconds, sizes, keyframe spacing and audio; the frames a random
+    clip covering ``clip_span`` frames decodes on average, as they are and re-encoded."""
     from fastload.storage.dataset import ShardedDataset
 
     ds = ShardedDataset(root)
@@ -65,6 +67,7 @@ def video_summary(root: str | Path) -> dict:
     gaps: list[float] = []
     sides: list[tuple[int, int]] = []
     seconds, audio = 0.0, 0
+    decoded, reencoded = 0.0, 0.0
     for i in range(len(ds)):
         for facts in ds.stream_facts(i).values():
             codecs[facts.codec] += 1
@@ -73,6 +76,8 @@ def video_summary(root: str | Path) -> dict:
             gaps.append(facts.frames / len(facts.keyframes))
             sides.append((facts.width, facts.height))
             audio += facts.audio_rate > 0
+            decoded += facts.frames_per_clip(clip_span)
+            reencoded += frames_per_clip(range(0, facts.frames, REENCODE_KEYFRAME_INTERVAL), facts.frames, clip_span)
     ds.close()
     if not frames:
         return {"count": 0}
@@ -82,6 +87,9 @@ def video_summary(root: str | Path) -> dict:
         "seconds": round(seconds, 1), "mean_frames_per_keyframe": round(sum(gaps) / len(gaps), 1),
         "smallest": [*smallest], "largest": [*largest],
         "with_audio": audio,
+        "clip_span": clip_span, "clip_frames_decoded": round(decoded / len(frames), 1),
+        "clip_frames_decoded_reencoded": round(reencoded / len(frames), 1), "reencode_keyframe_interval": REENCODE_KEYFRAME_INTERVAL,
+        "reencode_factor": round(decoded / reencoded, 2),
     }
 
 

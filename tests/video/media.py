@@ -45,9 +45,10 @@ def camera_frames(seed: int, frames: int, width: int, height: int) -> list[np.nd
 
 
 def encode(frames: list[np.ndarray], codec: str = "libx264", container: str = "mp4", gop: int = 8, rate: int = 24,
-           audio_rate: int = 0, bframes: int = 0) -> bytes:
-    """The frames encoded (``codec`` in ``container``, a keyframe every ``gop`` frames; x264 with 2
-    B-frames, other codecs with ``bframes``), with a sine tone of ``audio_rate`` Hz sampling where asked."""
+           audio_rate: int = 0, bframes: int = 0, stamps: list[int] | None = None) -> bytes:
+    """The frames encoded (``codec`` in ``container``, a keyframe every ``gop`` frames; x264 with
+    ``bframes`` B-frames (default 2), x265 with 4, other codecs with ``bframes``), with a sine tone of ``audio_rate`` Hz sampling where asked;
+    frame i shown at ``stamps[i] / rate`` seconds where given (a variable frame rate), else at ``i / rate``."""
     buf = io.BytesIO()
     with av.open(buf, mode="w", format=container) as out:
         stream = out.add_stream(codec, rate=rate)
@@ -55,12 +56,17 @@ def encode(frames: list[np.ndarray], codec: str = "libx264", container: str = "m
         stream.pix_fmt = "yuv420p" if codec != "mjpeg" else "yuvj420p"
         stream.codec_context.gop_size = gop
         if codec == "libx264":
-            stream.codec_context.options = {"keyint_min": str(gop), "sc_threshold": "0", "bf": "2", "threads": "1"}
+            stream.codec_context.options = {"keyint_min": str(gop), "sc_threshold": "0", "bf": str(bframes or 2), "threads": "1"}
+        elif codec == "libx265":  # x265's defaults otherwise: open groups of frames, B-frames some refer to
+            stream.codec_context.options = {"x265-params": f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes={bframes or 4}:log-level=error"}
         elif bframes:
             stream.codec_context.max_b_frames = bframes
         sound = out.add_stream("aac", rate=audio_rate) if audio_rate else None
-        for pixels in frames:
-            out.mux(stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
+        for i, pixels in enumerate(frames):
+            frame = av.VideoFrame.from_ndarray(pixels, format="rgb24")
+            if stamps is not None:
+                frame.pts, frame.time_base = stamps[i], Fraction(1, rate)
+            out.mux(stream.encode(frame))
         out.mux(stream.encode(None))
         if sound is not None:
             samples = int(audio_rate * len(frames) / rate)

@@ -18,6 +18,7 @@ import torch
 import fastload
 from fastload import Clip
 from fastload import transforms as T
+from fastload.cli import main
 from fastload.formats.index import read_index
 from fastload.transforms import apply_plan
 from fastload.workers.stage_clock import READ_BYTES
@@ -70,6 +71,29 @@ def test_long_clips_far_from_a_keyframe_decode_as_from_the_start(tmp_path: Path)
             for t in range(clip.frames):
                 frame = truth[min(first + clip.stride * t, len(truth) - 1)]
                 assert torch.equal(clips[0, c, t] if clip.clips > 1 else clips[0, t], torch.from_numpy(frame).permute(2, 0, 1)), (clip, c, t)
+
+
+@pytest.mark.parametrize("codec, bframes", [("libx264", 3), ("libx265", 4)])
+def test_frames_before_a_clip_that_none_refers_to_are_skipped_and_clips_stay_the_same(tmp_path: Path, codec: str, bframes: int) -> None:
+    """Frames before a clip that no other frame refers to are not decoded (FFmpeg's skip_frame
+    NONREF, numbered by their timestamps): with B-frames that other B-frames refer to (x264's and
+    x265's pyramids) and x265's open groups of frames, every clip, one crossing a keyframe, one
+    decoding on from another, far into a group or at its start, holds the frames decoding from the start gives."""
+    from tests.video.media import camera_frames, encode
+
+    data = encode(camera_frames(8, 90, 96, 64), codec=codec, gop=40, bframes=bframes)
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.video[0]
+        stream.codec_context.skip_frame = "NONREF"
+        assert len(list(container.decode(stream))) < 0.7 * 90  # frames the skip passes over
+    assert_clips_decode_as_from_the_start(tmp_path, "pyramid.mp4", data)
+    truth = every_frame(data)
+    for clip in (Clip(frames=4, stride=1, clips=9, sampling="uniform"), Clip(frames=2, stride=37, clips=3, sampling="uniform")):
+        loader = fastload.DataLoader(tmp_path / "out", batch_size=1, clip=clip, transform=[T.Resize(SIZE)])
+        (clips,) = next(iter(fastload.DataLoader(tmp_path / "out", batch_size=1, clip=clip, transform=[T.Resize(SIZE)], fields=["mp4"])))
+        for c, (first, _, _, _) in enumerate(loader.describe(0, 0).samples[0].clips):
+            for t in range(clip.frames):
+                assert torch.equal(clips[0, c, t], torch.from_numpy(truth[min(first + clip.stride * t, 89)]).permute(2, 0, 1)), (clip, c, t)
 
 
 def test_every_frame_of_a_clip_gets_the_same_crop_and_flip(video_dataset: Path) -> None:
@@ -302,6 +326,63 @@ def test_theora_with_repeated_frames_loads_reencodes_and_verifies(tmp_path: Path
     assert verify_dataset(tmp_path / "out", decode=True).ok
     report = convert(str(tmp_path / "raw"), str(tmp_path / "reencoded"), ConvertOptions(source="videos", reencode_video=True), quiet=True)
     assert report.index.num_samples == 1 and fastload.open(tmp_path / "reencoded").stream_facts(0)["mp4"].frames == len(every_frame(data))
+
+
+VFR_STAMPS = [0, 1, 2, 5, 6, 10, 11, 12, 20, 21, 22, 30, 40, 41, 42, 43, 50, 60, 61, 62]  # 20 frames over 63 fifteenths of a second
+
+
+@pytest.mark.parametrize("codec, container, name", [("mpeg4", "avi", "vfr.avi"), ("libx264", "matroska", "vfr.mkv")])
+def test_a_variable_frame_rate_video_lasts_as_long_as_its_timestamps_say(tmp_path: Path, codec: str, container: str, name: str) -> None:
+    """20 frames shown over 4.2 s, their container's header saying 15 fps: the stream facts said
+    1.33 s (frames over the header's rate), describe put frame 8 (shown at 1.33 s) at 0.53 s and
+    inspect summed the short lengths. Times come from the timestamps; a frame is still a decoded
+    picture, so clips hold the same frames as decoding from the start."""
+    from tests.video.media import camera_frames, encode
+
+    data = encode(camera_frames(7, len(VFR_STAMPS), 96, 64), codec=codec, container=container, gop=8, rate=15, stamps=VFR_STAMPS)
+    with av.open(io.BytesIO(data)) as source:
+        assert source.streams.video[0].average_rate == 15  # the header's rate, which a frame count over it misreads
+    assert_clips_decode_as_from_the_start(tmp_path, name, data)
+    facts = fastload.open(tmp_path / "out").stream_facts(0)[name.split(".")[1]]
+    assert facts.frames == 20 and facts.keyframes == (0, 8, 16) and facts.seconds == pytest.approx(63 / 15, abs=0.002)
+    loader = fastload.DataLoader(tmp_path / "out", batch_size=1, clip=Clip(frames=2, stride=8, clips=2, sampling="uniform"), transform=[T.Resize(SIZE)])
+    first, last, start, end = loader.describe(0).samples[0].clips[0]
+    assert (first, last) == (0, 8) and start == 0.0 and end == pytest.approx(VFR_STAMPS[8] / 15, abs=0.001)
+    assert main(["inspect", str(tmp_path / "out")]) == 0
+
+
+@pytest.mark.parametrize("codec, container", [("mpeg4", "avi"), ("libx264", "matroska")])
+def test_reencoding_keeps_a_variable_frame_rate_videos_timestamps(tmp_path: Path, codec: str, container: str) -> None:
+    """--reencode wrote the frames evenly at the header's rate: 20 frames over 4.2 s came out 1.33 s
+    long. Each frame keeps its time (its length to within a frame: an MP4's last frame lasts what its muxer says)."""
+    from fastload.converters import ConvertOptions, convert
+    from tests.video.media import camera_frames, encode
+
+    data = encode(camera_frames(9, len(VFR_STAMPS), 96, 64), codec=codec, container=container, gop=8, rate=15, stamps=VFR_STAMPS)
+    (tmp_path / "raw" / "a").mkdir(parents=True)
+    (tmp_path / "raw" / "a" / f"vfr.{'avi' if container == 'avi' else 'mkv'}").write_bytes(data)
+    convert(str(tmp_path / "raw"), str(tmp_path / "out"), ConvertOptions(source="videos", reencode_video=True, keyframe_interval=8), quiet=True)
+    facts = fastload.open(tmp_path / "out").stream_facts(0)["mp4"]
+    assert facts.frames == 20 and facts.seconds == pytest.approx(63 / 15, abs=63 / 15 / 20)
+    loader = fastload.DataLoader(tmp_path / "out", batch_size=1, clip=Clip(frames=2, stride=8, clips=2, sampling="uniform"), transform=[T.Resize(SIZE)])
+    assert loader.describe(0).samples[0].clips[0][3] == pytest.approx(VFR_STAMPS[8] / 15, abs=0.001)
+
+
+def test_theora_held_frames_count_in_its_seconds(tmp_path: Path) -> None:
+    """libtheora writes a held frame as an empty packet: the frames are the pictures decoded (the
+    clips' frames), its length runs to its last timestamp, held frames included (it was the
+    pictures over the rate: a third of it here)."""
+    from tests.video.media import camera_frames, ffmpeg_encode
+
+    held = [frame for frame in camera_frames(3, 10, 96, 64) for _ in range(3)]
+    data = ffmpeg_encode(held, ".ogv", "-c:v", "libtheora", "-q:v", "7", "-g", "12")
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.video[0]
+        shown = max((p.pts + p.duration) * stream.time_base for p in container.demux(stream) if p.pts is not None)
+    assert_clips_decode_as_from_the_start(tmp_path, "held.ogv", data)
+    facts = fastload.open(tmp_path / "out").stream_facts(0)["ogv"]
+    assert facts.frames == len(every_frame(data)) < 0.8 * len(held) and shown >= 0.9 * len(held) / 24
+    assert facts.seconds == pytest.approx(float(shown), abs=1e-6)
 
 
 def test_the_field_video_takes_a_video_of_any_container(tmp_path: Path) -> None:
