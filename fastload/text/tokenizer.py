@@ -178,11 +178,12 @@ class TextTokenizer:
         return sum(map(len, self.encode_each(texts)))
 
 
-def with_fast_encoder(tokenizer: TextTokenizer, sample: list[str]) -> tuple[TextTokenizer, str | None]:
-    """``tokenizer`` encoding with fastokens where it loads, gives every added token (special or
-    not) the id ``tokenizers`` gives it, and the same ids on ``sample`` and on the added tokens'
-    text (alone, between words, all together); else ``tokenizer`` itself and, in one line, why not."""
-    fast = replace(tokenizer, fast=True)
+def with_fast_encoder(tokenizer: TextTokenizer, sample: list[str], fast: TextTokenizer | None = None) -> tuple[TextTokenizer, str | None]:
+    """``tokenizer`` encoding with fastokens (``fast``: that one, else made here) where it loads, gives
+    every added token (special or not) the id ``tokenizers`` gives it, and the same ids on ``sample``
+    and on the added tokens' text (alone, between words, all together); else ``tokenizer`` itself
+    and, in one line, why not."""
+    fast = fast if fast is not None else replace(tokenizer, fast=True)
     added = tokenizer.added_tokens()
     texts = [*sample, *added, *(f"a{text} b {text}." for text in added), "".join(added)]
     try:
