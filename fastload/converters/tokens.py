@@ -50,8 +50,11 @@ BATCH_BYTES = 4 << 20  # ... or fewer, once their text holds this many bytes
 
 @lru_cache(maxsize=4)
 def _tokenizer(options: TokenizeOptions, fast: bool = False) -> TextTokenizer:
-    """This process's tokenizer (loaded once per process, options and encoder)."""
-    return TextTokenizer(options.tokenizer, options.bos_token, options.eos_token, options.allow_special_tokens, fast)
+    """This process's tokenizer (loaded once per process, options and encoder; both encoders share
+    one ``tokenizers`` object)."""
+    if fast:
+        return _tokenizer(options).fast_twin()
+    return TextTokenizer(options.tokenizer, options.bos_token, options.eos_token, options.allow_special_tokens)
 
 
 def _chosen_tokenizer(options: TokenizeOptions, source: TextSource, items: list[SourceItem]) -> TextTokenizer:

@@ -32,14 +32,15 @@ NESTING = 64  # a record nesting this deep is read by json as before (its recurs
 
 
 @lru_cache(maxsize=1)
-def _loads() -> Callable[[bytes], Any]:
-    """The JSON parser of a line's bytes: orjson's (the ``text`` extra) where installed, else json's
-    over its UTF-8 (either raises on what it does not take)."""
+def _parser() -> tuple[Callable[[bytes], Any], bool]:
+    """The JSON parser of a line's bytes, raising on what it does not take: orjson's (the ``text``
+    extra) where installed, else json's over its UTF-8; and whether it refuses lone surrogates
+    (orjson does: ``\\ud800`` alone is an error to it, a str holding one to json)."""
     try:
         import orjson
     except ImportError:
-        return lambda line: json.loads(line.decode())
-    return cast(Callable[[bytes], Any], orjson.loads)
+        return (lambda line: json.loads(line.decode())), False
+    return cast(Callable[[bytes], Any], orjson.loads), True
 
 
 def _shallow(record: dict) -> bool:
@@ -244,10 +245,10 @@ class JsonlSource:
     def _chunk_documents(self, path: Path, offset: int, data: bytes) -> Iterator[Document]:
         """The documents of a plain chunk's bytes ``data`` (from byte ``offset``), as ``documents``
         reads them line by line: a line parsed to a text field that needs no further check (a
-        non-empty string, ASCII or from a line without escapes, so no lone surrogate, in a record
-        nesting less than NESTING deep) is a document at once; any other line is read again by
-        ``_document``, with its newline, and so named as before."""
-        loads, field = _loads(), self.text_field
+        non-empty string, with no lone surrogate, in a record nesting less than NESTING deep) is a
+        document at once; any other line is read again by ``_document``, with its newline, and so
+        named as before."""
+        (loads, whole_text), field = _parser(), self.text_field
         lines = data.split(b"\n")
         last = len(lines) - 1
         for number, line in enumerate(lines):
@@ -259,7 +260,8 @@ class JsonlSource:
                 except (ValueError, RecursionError):  # orjson's and json's errors (UnicodeDecodeError is a ValueError)
                     record = None
                 value = record.get(field) if type(record) is dict else None
-                if type(value) is str and value and (value.isascii() or b"\\u" not in line) and _shallow(cast(dict, record)):
+                if (type(value) is str and value and (value.isascii() or whole_text or text_problem(value, field) is None)
+                        and _shallow(cast(dict, record))):
                     yield Document(where, value)
                 else:
                     yield from self._line_document(where, line + b"\n" if number < last else line, size)  # as every line was read
