@@ -3,8 +3,8 @@
 file converts on every worker; ``.gz`` and ``.zst`` files are read as they stream, one item each
 (a compressed stream cannot be entered in the middle). A line ends at ``\\n`` only; one longer than
 MAX_LINE_BYTES is a bad document, read past in pieces. A plain chunk is read at once and each line
-parsed at once (by orjson where installed, else json); a line whose document that does not take
-as good is read again as every line was, so every document and every reason stays the same."""
+parsed at once (by orjson where installed, else json); a line that parse does not take as a good
+document is read again as every line was, so every document and every reason stays the same."""
 
 from __future__ import annotations
 
