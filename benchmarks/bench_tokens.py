@@ -7,9 +7,13 @@ prose and code):
 1. WORK/corpus.jsonl: documents (paragraphs gathered to at most 4,000 characters) of the packages'
    text, and a byte-level BPE tokenizer (32,000 ids) trained on it (WORK/tokenizer.json);
 2. conversion: the tokenizer's own ``encode_batch`` on all cores over the same texts held in
-   memory, against ``fastload convert --from jsonl --tokenizer`` (2 workers, the process's start
-   included), and LitData's ``optimize()`` writing the same tokens (2 workers; the call alone, and
-   its script as a command, from its process's start to the call's return, as fastload's command is timed);
+   memory, and fastokens' ``encode_batch_flat`` (the fast encoder ``--encoder fast`` uses) over
+   them, against ``fastload convert --from jsonl --tokenizer`` (2 workers, ``--encoder ENCODER``,
+   the process's start included), and LitData's ``optimize()`` writing the same tokens (2 workers;
+   the call alone, and its script as a command, from its process's start to the call's return, as
+   fastload's command is timed); ``--repeat N`` converts the corpus written N times over (a larger
+   corpus, so each command's start is amortised: the same text again, which the encoders' caches
+   of words already seen make faster to encode than new text);
 3. loading, delivered tokens/s (``batch * seq_len`` a batch) at L = 2048 and 8192, batch 8, with 0
    and 2 workers, each loader in a fresh process: the floor (nanoGPT's ``get_batch``, random
    windows of a NumPy memmap of a ``.bin`` of the same tokens: in the training process with 0
@@ -173,14 +177,46 @@ print(n / (time.perf_counter() - start))
     return float(done.stdout)
 
 
-def time_fastload_convert(work: Path, corpus: Path, tokenizer_path: Path, workers: int) -> tuple[float, Path]:
-    """Tokens/s of ``fastload convert`` (the whole command, its process's start included) and the dataset it wrote."""
-    out = work / "fastload-tokens"
+def time_fast_encode(corpus: Path, tokenizer_path: Path) -> float:
+    """Tokens/s of fastokens' ``encode_batch_flat`` (as ``--encoder fast`` calls it: batches of
+    2,048 documents, special-token text as ordinary text) over the texts in memory (a fresh process)."""
+    code = """
+import json, sys, time
+import fastokens
+docs = [json.loads(l)["text"] for l in open(sys.argv[2])]
+t = fastokens.Tokenizer.from_file(sys.argv[1])
+start = time.perf_counter()
+n = 0
+for i in range(0, len(docs), 2048):
+    n += len(t.encode_batch_flat(docs[i:i + 2048], add_special_tokens=False, split_special_tokens=True)[0]) // 4
+print(n / (time.perf_counter() - start))
+"""
+    done = subprocess.run([sys.executable, "-c", code, str(tokenizer_path), str(corpus)], check=True, capture_output=True, text=True)
+    return float(done.stdout)
+
+
+def repeated(work: Path, corpus: Path, times: int) -> Path:
+    """WORK/corpus-xN.jsonl: the corpus written ``times`` times over (made once); the corpus itself for 1."""
+    if times == 1:
+        return corpus
+    out = work / f"corpus-x{times}.jsonl"
+    if not out.exists():
+        data = corpus.read_bytes()
+        with open(out, "wb") as f:
+            for _ in range(times):
+                f.write(data)
+    return out
+
+
+def time_fastload_convert(work: Path, corpus: Path, tokenizer_path: Path, workers: int, encoder: str = "auto",
+                          name: str = "fastload-tokens") -> tuple[float, Path]:
+    """Tokens/s of ``fastload convert`` (the whole command, its process's start included) and the dataset it wrote (WORK/NAME)."""
+    out = work / name
     shutil.rmtree(out, ignore_errors=True)
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "fastload.cli", "convert", str(corpus), str(out), "--from", "jsonl", "--tokenizer",
-                    str(tokenizer_path), "--append-eos", "--workers", str(workers), "--shard-tokens", "4M", "--quiet"],
-                   check=True, env=checkout_env())
+                    str(tokenizer_path), "--append-eos", "--workers", str(workers), "--shard-tokens", "4M", "--quiet",
+                    "--encoder", encoder], check=True, env=checkout_env())
     seconds = time.perf_counter() - start
     return json.loads((out / "index.json").read_text())["num_tokens"] / seconds, out
 
@@ -211,11 +247,12 @@ if __name__ == "__main__":
 """
 
 
-def time_litdata_optimize(work: Path, python: Path, corpus: Path, tokenizer_path: Path, workers: int) -> tuple[float, float]:
+def time_litdata_optimize(work: Path, python: Path, corpus: Path, tokenizer_path: Path, workers: int,
+                          name: str = "litdata-tokens") -> tuple[float, float]:
     """Tokens/s of LitData's ``optimize()`` tokenizing the same corpus into its token chunks
-    (WORK/litdata-tokens): of the call alone, and of its script as a command (its process's start
+    (WORK/NAME): of the call alone, and of its script as a command (its process's start
     included, as fastload convert's is)."""
-    out = work / "litdata-tokens"
+    out = work / name
     shutil.rmtree(out, ignore_errors=True)
     script = work / "litdata_optimize.py"
     script.write_text(LITDATA_OPTIMIZE)
@@ -435,6 +472,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--parts", default="convert,load,padding", help="comma-separated: convert, load, padding")
     parser.add_argument("--convert-workers", type=int, default=2)
+    parser.add_argument("--encoder", default="auto", choices=("auto", "fast", "tokenizers"), help="fastload convert's --encoder")
+    parser.add_argument("--repeat", type=int, default=1, help="convert the corpus written this many times over")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--batches", type=int, default=300, help="timed batches a loader (after the warm-up)")
     parser.add_argument("--warmup", type=int, default=20)
@@ -459,6 +498,9 @@ def main() -> None:
         time_fastload_convert(work, corpus, tokenizer_path, args.convert_workers)
     if not chunks.exists():
         time_litdata_optimize(work, peers, corpus, tokenizer_path, args.convert_workers)
+    converted = repeated(work, corpus, args.repeat)
+    if "convert" in parts:
+        print(f"converted: {converted.stat().st_size / 1e6:.1f} MB of JSONL ({args.repeat} x the corpus)")
     binfile, ends = flat_tokens(dataset)
     print(f"tokens: {int(np.load(ends)[-1]):,}")
     common = ["--dataset", str(dataset), "--chunks", str(chunks), "--bin", str(binfile), "--ends", str(ends)]
@@ -466,10 +508,12 @@ def main() -> None:
     for r in range(args.rounds):
         row: dict[str, float] = {}
         if "convert" in parts:
-            row["encode_batch"] = time_encode(corpus, tokenizer_path)
-            row["fastload convert"], _ = time_fastload_convert(work, corpus, tokenizer_path, args.convert_workers)
-            row["litdata optimize()"], row["litdata optimize script"] = time_litdata_optimize(work, peers, corpus, tokenizer_path,
-                                                                                            args.convert_workers)
+            row["encode_batch"] = time_encode(converted, tokenizer_path)
+            row["fastokens encode_batch_flat"] = time_fast_encode(converted, tokenizer_path)
+            row["fastload convert"], _ = time_fastload_convert(work, converted, tokenizer_path, args.convert_workers, args.encoder,
+                                                               "fastload-convert")  # the loaders keep reading fastload-tokens
+            row["litdata optimize()"], row["litdata optimize script"] = time_litdata_optimize(work, peers, converted, tokenizer_path,
+                                                                                            args.convert_workers, "litdata-convert")
         if "load" in parts:
             for L in SEQ_LENS:
                 for W in WORKER_COUNTS:
@@ -490,6 +534,7 @@ def main() -> None:
     ratios: dict[str, list[float]] = {}
     if "convert" in parts:
         ratios["convert / encode_batch"] = [r["fastload convert"] / r["encode_batch"] for r in rounds]
+        ratios["convert / fastokens encode_batch_flat"] = [r["fastload convert"] / r["fastokens encode_batch_flat"] for r in rounds]
         ratios["convert / litdata optimize()"] = [r["fastload convert"] / r["litdata optimize()"] for r in rounds]
         ratios["convert / litdata optimize script"] = [r["fastload convert"] / r["litdata optimize script"] for r in rounds]
     if "load" in parts:

@@ -346,7 +346,7 @@ def _write_token_shards(
     """Plan the token shards (recorded in, or checked against, the partial folder), then write those
     a previous run did not finish, a shard a task on the engine's workers."""
     assert options.tokens is not None
-    plans = plan_token_shards(source, items, options.tokens)
+    plans = plan_token_shards(source, items, options.tokens, tokenizer)
     fingerprint["plan_sha256"] = hashlib.sha256("\n".join(f"{p.name} {i.key}" for p in plans for i in p.items).encode()).hexdigest()
     check_partial(partial, fingerprint)
     position = {item.key: number for number, item in enumerate(items)}

@@ -50,8 +50,11 @@ BATCH_BYTES = 4 << 20  # ... or fewer, once their text holds this many bytes
 
 @lru_cache(maxsize=4)
 def _tokenizer(options: TokenizeOptions, fast: bool = False) -> TextTokenizer:
-    """This process's tokenizer (loaded once per process, options and encoder)."""
-    return TextTokenizer(options.tokenizer, options.bos_token, options.eos_token, options.allow_special_tokens, fast)
+    """This process's tokenizer (loaded once per process, options and encoder; both encoders share
+    one ``tokenizers`` object)."""
+    if fast:
+        return _tokenizer(options).fast_twin()
+    return TextTokenizer(options.tokenizer, options.bos_token, options.eos_token, options.allow_special_tokens)
 
 
 def _chosen_tokenizer(options: TokenizeOptions, source: TextSource, items: list[SourceItem]) -> TextTokenizer:
@@ -61,7 +64,8 @@ def _chosen_tokenizer(options: TokenizeOptions, source: TextSource, items: list[
     tokenizer = _tokenizer(options)
     if options.encoder == "tokenizers":
         return tokenizer
-    chosen, why = with_fast_encoder(tokenizer, sample_texts(source, items))
+    # this process's fast tokenizer, checked and loaded here once: the workers forked later inherit it
+    chosen, why = with_fast_encoder(tokenizer, sample_texts(source, items), _tokenizer(options, fast=True))
     if why is not None:
         if options.encoder == "fast":
             raise ValueError(f"--encoder fast: {why}")
@@ -79,10 +83,16 @@ def tokenizer_identity(options: TokenizeOptions, source: TextSource, items: list
     return identity
 
 
-def tokens_per_byte(source: TextSource, items: list[SourceItem], options: TokenizeOptions) -> float:
+def _encodes_fast(identity: TokenizerIdentity) -> bool:
+    """Whether the conversion's ids are made by fastokens (the encoder its identity records)."""
+    return (identity.encoder or "").startswith("fastokens ")
+
+
+def tokens_per_byte(source: TextSource, items: list[SourceItem], options: TokenizeOptions, fast: bool = False) -> float:
     """Tokens per byte of item size, measured on up to SAMPLED_ITEMS items spread evenly over
-    ``items``: the first SAMPLE_BYTES / SAMPLED_ITEMS of each one's text tokenized, and the share
-    of each one's size that is text (from up to SCAN_BYTES of its text)."""
+    ``items``: the first SAMPLE_BYTES / SAMPLED_ITEMS of each one's text tokenized (``fast``: by
+    fastokens, checked to give tokenizers' ids on these very texts, so the count is the same), and
+    the share of each one's size that is text (from up to SCAN_BYTES of its text)."""
     sample: list[str] = []
     sampled = text_bytes = sizes = 0
     for item in _sampled_items(items):
@@ -102,7 +112,8 @@ def tokens_per_byte(source: TextSource, items: list[SourceItem], options: Tokeni
         sizes += item.size_hint if read < SCAN_BYTES else read  # an item read in part: its text counts as its size
     if not sampled:
         return 1 / 4  # no readable text where sampled: English averages about 4 bytes a token
-    return _tokenizer(options).count_tokens(sample) / sampled * (text_bytes / max(sizes, 1))
+    count = int(_tokenizer(options, fast=True).encode_arrays(sample)[1].sum()) if fast else _tokenizer(options).count_tokens(sample)
+    return count / sampled * (text_bytes / max(sizes, 1))
 
 
 def _sampled_items(items: list[SourceItem]) -> list[SourceItem]:
@@ -125,9 +136,11 @@ def sample_texts(source: TextSource, items: list[SourceItem]) -> list[str]:
     return texts
 
 
-def plan_token_shards(source: TextSource, items: list[SourceItem], options: TokenizeOptions) -> list[ShardPlan]:
-    """The items cut into consecutive shards of about ``options.shard_tokens`` estimated tokens."""
-    rate = tokens_per_byte(source, items, options)
+def plan_token_shards(source: TextSource, items: list[SourceItem], options: TokenizeOptions,
+                      identity: TokenizerIdentity | None = None) -> list[ShardPlan]:
+    """The items cut into consecutive shards of about ``options.shard_tokens`` estimated tokens
+    (``identity``: the conversion's tokenizer, whose encoder counts the sample)."""
+    rate = tokens_per_byte(source, items, options, identity is not None and _encodes_fast(identity))
     estimated = [replace(item, size_hint=math.ceil(item.size_hint * rate)) for item in items]
     return assign_shards(estimated, "tokens", options.shard_tokens, None, overhead=0)
 
@@ -260,7 +273,7 @@ class TokenShardBuilder:
         tokens = task.options.tokens
         assert tokens is not None  # a token shard task is made for token conversions only
         self.tokens = tokens
-        self.tokenizer = _tokenizer(tokens, fast=(task.identity.encoder or "").startswith("fastokens "))
+        self.tokenizer = _tokenizer(tokens, fast=_encodes_fast(task.identity))
         if self.tokenizer.identity.sha256 != task.identity.sha256:
             raise ValueError(f"{tokens.tokenizer}: the tokenizer changed while the conversion ran (its sha256 differs)")
         if self.tokenizer.identity.encoder != task.identity.encoder:

@@ -47,7 +47,7 @@ def token_id(tokenizer: Any, text: str) -> int | None:
 
 
 def encode_arrays(tokenizer: Any, texts: list[str], allow_special: bool) -> tuple[np.ndarray, np.ndarray]:
-    """The texts' ids back to back (int64) and each text's count, no special tokens added; a
-    special token's text encoded as ordinary text unless ``allow_special``."""
+    """The texts' ids back to back (uint32, as fastokens gives them: no copy) and each text's count
+    (int64), no special tokens added; a special token's text encoded as ordinary text unless ``allow_special``."""
     ids, offsets = tokenizer.encode_batch_flat(texts, add_special_tokens=False, split_special_tokens=not allow_special)
-    return np.frombuffer(ids, dtype="<u4").astype(np.int64), np.diff(np.frombuffer(offsets, dtype="<u8")).astype(np.int64)
+    return np.frombuffer(ids, dtype="<u4"), np.diff(np.frombuffer(offsets, dtype="<u8")).astype(np.int64)

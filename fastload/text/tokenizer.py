@@ -138,6 +138,13 @@ class TextTokenizer:
             return fast_encoder.version()
         return str(module.version())
 
+    def fast_twin(self) -> TextTokenizer:
+        """This tokenizer encoding with fastokens, sharing the ``tokenizers`` object this one has
+        loaded (read once a process, not once an encoder)."""
+        twin = replace(self, fast=True)
+        twin.__dict__["_loaded"] = self._loaded  # where cached_property keeps it (frozen: no setattr)
+        return twin
+
     def encode(self, texts: list[str]) -> list[list[int]]:
         """Each text's token ids, without special tokens added."""
         if self.fast:
@@ -147,7 +154,7 @@ class TextTokenizer:
         return module.encode(tokenizer, texts, self.allow_special_tokens)
 
     def encode_arrays(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """The texts' ids back to back (int64) and each text's count."""
+        """The texts' ids back to back (uint32 from fastokens, else int64) and each text's count (int64)."""
         if self.fast:
             from fastload.text import fast_encoder
 
@@ -178,11 +185,12 @@ class TextTokenizer:
         return sum(map(len, self.encode_each(texts)))
 
 
-def with_fast_encoder(tokenizer: TextTokenizer, sample: list[str]) -> tuple[TextTokenizer, str | None]:
-    """``tokenizer`` encoding with fastokens where it loads, gives every added token (special or
-    not) the id ``tokenizers`` gives it, and the same ids on ``sample`` and on the added tokens'
-    text (alone, between words, all together); else ``tokenizer`` itself and, in one line, why not."""
-    fast = replace(tokenizer, fast=True)
+def with_fast_encoder(tokenizer: TextTokenizer, sample: list[str], fast: TextTokenizer | None = None) -> tuple[TextTokenizer, str | None]:
+    """``tokenizer`` encoding with fastokens (``fast``: that one, else made here) where it loads, gives
+    every added token (special or not) the id ``tokenizers`` gives it, and the same ids on ``sample``
+    and on the added tokens' text (alone, between words, all together); else ``tokenizer`` itself
+    and, in one line, why not."""
+    fast = fast if fast is not None else tokenizer.fast_twin()
     added = tokenizer.added_tokens()
     texts = [*sample, *added, *(f"a{text} b {text}." for text in added), "".join(added)]
     try:

@@ -201,3 +201,31 @@ def test_a_resumed_conversion_never_mixes_encoders(tokenizer_file: Path, tmp_pat
         convert(str(src), str(tmp_path / "out"), options("tokenizers"), quiet=True)
     report = convert(str(src), str(tmp_path / "out"), options("auto"), quiet=True)  # auto chooses fastokens again: resumed
     assert report.shards_reused >= 1 and report.index.tokenizer.encoder.startswith("fastokens ")
+
+
+def test_shards_are_byte_identical_for_either_encoder_and_any_worker_count(tokenizer_file: Path, tmp_path: Path) -> None:
+    """The same hostile corpus (real and forging documents between the bad-input tests' hostile
+    lines) converted with --encoder fast and tokenizers, on 1 and 2 workers, with eos, a minimum
+    length and skips: every shard file, and skipped.jsonl, the same bytes."""
+    pytest.importorskip("fastokens")
+    from fastload.converters.sources import SourceOptions
+    from tests.text.test_token_bad_input import HOSTILE_LINES
+
+    texts = [*real_paragraphs()[:1500], *forging_documents(), *UNICODE]
+    good = [json.dumps({"text": text}).encode() + b"\n" for text in texts]
+    step = len(good) // len(HOSTILE_LINES)
+    lines = [line for n, hostile in enumerate(HOSTILE_LINES) for line in (*good[n * step:(n + 1) * step], hostile)]
+    (tmp_path / "d.jsonl").write_bytes(b"".join(lines + good[len(HOSTILE_LINES) * step:]))
+    outputs = {}
+    for encoder in ("fast", "tokenizers"):
+        for workers in (1, 2):
+            out = tmp_path / f"{encoder}-{workers}"
+            options = ConvertOptions(source="jsonl", layout="tokens", workers=workers, on_error="skip", source_options=SourceOptions(),
+                                     tokens=TokenizeOptions(str(tokenizer_file), shard_tokens=30_000, encoder=encoder, append_eos=True,
+                                                            min_tokens=4))
+            index = convert(str(tmp_path / "d.jsonl"), str(out), options, quiet=True).index
+            assert index.tokenizer.encoder.startswith("fastokens " if encoder == "fast" else "tokenizers ")
+            outputs[encoder, workers] = {path.name: path.read_bytes() for path in sorted(out.iterdir()) if path.name != "index.json"}
+    first = outputs["fast", 1]
+    assert len([name for name in first if name.endswith(".bin")]) >= 3 and "skipped.jsonl" in first
+    assert all(files == first for files in outputs.values())

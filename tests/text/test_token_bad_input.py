@@ -24,6 +24,7 @@ from tests.conftest import run_cli
 from tests.converters.test_confinement import link_out
 from tests.hostile_data import PEAK_RSS, run_limited
 from tests.text.conftest import real_paragraphs, write_jsonl
+from tests.text.test_convert_tokens import documents
 
 
 def options(tokenizer: Path, on_error: str = "raise", shard_tokens: int = 100_000, **more) -> ConvertOptions:
@@ -411,3 +412,55 @@ def test_a_damaged_parquet_file_is_one_line_naming_it(tokenizer_file: Path, tmp_
             (entry,) = [json.loads(line) for line in (tmp_path / "out-page-skip" / "skipped.jsonl").read_text().splitlines()]
             assert "damaged Parquet data in row group 1" in entry["reason"] and "rows from 0 on are lost" in entry["reason"]
             assert read_index(tmp_path / "out-page-skip").num_samples == 40  # row groups 0 and 2
+
+
+# Lines a plain chunk's reader (each line parsed at once, by orjson where installed) must take as
+# the line-by-line reader of a stream does: good ones, and bad ones with the same reason
+HOSTILE_LINES = [line for line, _ in BAD_LINES] + [
+    json.dumps({"text": "caf\u00e9 na\u00efve \u4e2d\u6587 \U0001f600"}).encode() + b"\n",  # non-ASCII as \u escapes
+    json.dumps({"text": "caf\u00e9 na\u00efve \u4e2d\u6587 \U0001f600"}, ensure_ascii=False).encode() + b"\n",  # ... as UTF-8
+    b'{"text": "a lone low \\udc00 surrogate"}\n',
+    b'{"text": "a pair \\ud83d\\ude00 and a NUL \\u0000"}\n',
+    b'{"text": "first", "text": "the last of duplicate keys"}\n',
+    b'{"text": "NaN beside it", "v": NaN}\n',
+    b'{"text": "a big number beside it", "n": 123456789012345678901234567890}\n',
+    b'{"text": "nested 70 deep beside it", "m": ' + b"[" * 70 + b"]" * 70 + b"}\n",
+    b'{"text": "nested 1000 deep beside it", "m": ' + b"[" * 1000 + b"]" * 1000 + b"}\n",  # orjson takes it, json's recursion limit not
+    b'{"text": "two objects"}\r{"text": "on one line"}\n',
+    b'{"text": "one"} {"text": "two"}\n',
+    b'\xef\xbb\xbf{"text": "after a byte order mark"}\n',
+    b'{"text": "a raw\ttab"}\n',
+    b'{"text": "encoded surrogate \xed\xa0\x80"}\n',
+    b'{"text": 12}\n',
+    b'{"text": null}\n',
+    b"   \n", b"\n", b"\t\r\n",
+    b'  {"text": "spaces around it"}  \r\n',
+]
+
+
+def test_a_plain_chunk_read_whole_gives_what_the_line_by_line_reader_gives(tokenizer_file: Path, tmp_path: Path) -> None:
+    """The hostile lines between real documents, the last one without its newline: a plain file
+    (chunks read whole, each line parsed at once) gives the documents and the skip reasons a gzip
+    stream of the same bytes (read line by line) gives, and names each bad line by its byte offset."""
+    import gzip
+
+    good = [json.dumps({"text": text}).encode() + b"\n" for text in real_paragraphs()[:20 * len(HOSTILE_LINES)]]
+    lines = [line for n, hostile in enumerate(HOSTILE_LINES) for line in (*good[n * 20:(n + 1) * 20], hostile)]
+    data = b"".join(lines) + b'{"text": "the last line, with no newline"}'
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "gz").mkdir()
+    (tmp_path / "plain" / "d.jsonl").write_bytes(data)
+    (tmp_path / "gz" / "d.jsonl.gz").write_bytes(gzip.compress(data))
+    reports, skipped = {}, {}
+    for name in ("plain", "gz"):
+        reports[name] = convert(str(tmp_path / name), str(tmp_path / f"{name}.out"), options(tokenizer_file, on_error="skip", shard_tokens=10_000),
+                                quiet=True)
+        skipped[name] = [json.loads(line) for line in (tmp_path / f"{name}.out" / "skipped.jsonl").read_text().splitlines()]
+    assert len(reports["plain"].index.shards) >= 3  # several chunks (the gzip stream is one item)
+    assert [e["reason"] for e in skipped["plain"]] == [e["reason"] for e in skipped["gz"]]
+    assert len(skipped["plain"]) == len(BAD_LINES) + 9
+    assert reports["plain"].index.num_samples == len(good) + 1 + len(HOSTILE_LINES) - len(skipped["plain"]) - 3  # 3 blank lines
+    assert documents(tmp_path / "plain.out") == documents(tmp_path / "gz.out")
+    for entry in skipped["plain"]:
+        offset = int(entry["where"].rsplit(" ", 1)[1])
+        assert data[offset:].split(b"\n", 1)[0] + b"\n" in HOSTILE_LINES  # the bad line starts at the byte it is named by

@@ -2,7 +2,9 @@
 (default ``text``). Plain files are cut into chunks of about ``chunk_bytes`` at line ends, so one big
 file converts on every worker; ``.gz`` and ``.zst`` files are read as they stream, one item each
 (a compressed stream cannot be entered in the middle). A line ends at ``\\n`` only; one longer than
-MAX_LINE_BYTES is a bad document, read past in pieces."""
+MAX_LINE_BYTES is a bad document, read past in pieces. A plain chunk is read at once and each line
+parsed at once (by orjson where installed, else json); a line that parse does not take as a good
+document is read again as every line was, so every document and every reason stays the same."""
 
 from __future__ import annotations
 
@@ -12,10 +14,11 @@ import itertools
 import json
 import os
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
-from typing import IO, cast
+from typing import IO, Any, cast
 
 from fastload.converters.sample import SourceItem, file_stamp, make_key
 from fastload.converters.sources import Document, SourceOptions, decode_text, inside_source, text_problem
@@ -24,6 +27,31 @@ SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".ndjson")
 COMPRESSED_RATIO = 4  # a compressed file's size_hint: its bytes times this (text compresses about 3-5x)
 MAX_LINE_BYTES = 16 << 20  # a longer line is a bad document, read past in pieces, never held whole
 PIECE_BYTES = 1 << 20  # the pieces a line too long is read past in
+WHOLE_CHUNK_BYTES = MAX_LINE_BYTES  # a plain chunk up to this size (so no line too long) is read at once
+NESTING = 64  # a record nesting this deep is read by json as before (its recursion limit may refuse it)
+
+
+@lru_cache(maxsize=1)
+def _parser() -> tuple[Callable[[bytes], Any], bool]:
+    """The JSON parser of a line's bytes, raising on what it does not take: orjson's (the ``text``
+    extra) where installed, else json's over its UTF-8; and whether it refuses lone surrogates
+    (orjson does: ``\\ud800`` alone is an error to it, a str holding one to json)."""
+    try:
+        import orjson
+    except ImportError:
+        return (lambda line: json.loads(line.decode())), False
+    return cast(Callable[[bytes], Any], orjson.loads), True
+
+
+def _shallow(record: dict) -> bool:
+    """Whether no value of ``record`` nests lists and objects NESTING deep."""
+    level, depth = [v for v in record.values() if type(v) in (dict, list)], 1
+    while level:
+        if depth >= NESTING:
+            return False
+        level = [w for v in level for w in (v.values() if type(v) is dict else v) if type(w) in (dict, list)]
+        depth += 1
+    return True
 
 
 def _compression(path: Path) -> str | None:
@@ -201,12 +229,43 @@ class JsonlSource:
         if end < 0:
             yield from self._stream_documents(path)
             return
+        if end - start <= WHOLE_CHUNK_BYTES:
+            with open(path, "rb") as f:
+                f.seek(start)
+                data = f.read(end - start)
+            yield from self._chunk_documents(path, start, data)
+            return
         with open(path, "rb") as f:
             f.seek(start)
             offset = start
             for line, size in _lines(f, end - start):
                 yield from self._line_document(f"{path}: line at byte {offset}", line, size)
                 offset += size
+
+    def _chunk_documents(self, path: Path, offset: int, data: bytes) -> Iterator[Document]:
+        """The documents of a plain chunk's bytes ``data`` (from byte ``offset``), as ``documents``
+        reads them line by line: a line parsed to a text field that needs no further check (a
+        non-empty string, with no lone surrogate, in a record nesting less than NESTING deep) is a
+        document at once; any other line is read again by ``_document``, with its newline, and so
+        named as before."""
+        (loads, whole_text), field = _parser(), self.text_field
+        lines = data.split(b"\n")
+        last = len(lines) - 1
+        for number, line in enumerate(lines):
+            size = len(line) + (number < last)
+            if line and not line.isspace():
+                where = f"{path}: line at byte {offset}"
+                try:
+                    record = loads(line)
+                except (ValueError, RecursionError):  # orjson's and json's errors (UnicodeDecodeError is a ValueError)
+                    record = None
+                value = record.get(field) if type(record) is dict else None
+                if (type(value) is str and value and (value.isascii() or whole_text or text_problem(value, field) is None)
+                        and _shallow(cast(dict, record))):
+                    yield Document(where, value)
+                else:
+                    yield from self._line_document(where, line + b"\n" if number < last else line, size)  # as every line was read
+            offset += size
 
     def _stream_documents(self, path: Path) -> Iterator[Document]:
         """A compressed file's documents, then, where its stream is damaged (cut short, corrupt),

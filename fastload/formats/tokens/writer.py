@@ -33,7 +33,7 @@ class TokenShardWriter:
         """Append documents: their ids back to back (each below the dtype's limit) and each one's count."""
         if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= self.limit):
             raise ValueError(f"{self.path.name}: a token id outside {self.dtype.name}'s range")
-        data = ids.astype(self.dtype, copy=False).tobytes()
+        data = np.ascontiguousarray(ids.astype(self.dtype, copy=False)).data.cast("B")  # written and hashed in place, no bytes copy
         self._file.write(data)
         self._sha.update(data)
         self._lengths.append(np.asarray(lengths, dtype=np.int64))
