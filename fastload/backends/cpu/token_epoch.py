@@ -30,6 +30,7 @@ from fastload.loading.state import LoaderState
 from fastload.loading.stats import LoaderStats
 from fastload.orders.position import Position
 from fastload.storage.dataset import ShardedDataset
+from fastload.text.epoch_rows import BestFitRows
 from fastload.text.token_attention import batch_tensors, with_attention
 from fastload.text.token_batch import BatchBounds, BatchFiller
 from fastload.text.token_corpus import Segments
@@ -125,6 +126,32 @@ class TokenEpoch(EpochLifecycle):
         """Start at ``state``'s position, adopting the batches the workers made ahead for it."""
         super().reset(state)
         self.dispatch, self.stats_token = self.workers.start_run(self.start, self._work_of, self.inputs.stats, self.stats_token)
+        if self.inputs.dataset.downloads:
+            self._start_prefetch()
+
+    def _start_prefetch(self) -> None:
+        """Start downloading the remote shards this rank's batches open, in the order the epoch reads
+        them: batch by batch, or best-fit's window by window from the one holding the first batch."""
+        rows = self.inputs.rows.of(self.epoch, self.origin)
+        if isinstance(rows, BestFitRows):
+            if not self._has_batch(0):
+                return
+            first_window = self.window_reached = cast(Cursor, self._work(0)[2])[0]
+            self._prefetch(self.inputs.dataset, map(rows.window_shards, range(first_window, rows.windows)),
+                           lambda: self.window_reached - first_window + 1)
+        else:
+            self._prefetch(self.inputs.dataset, self.inputs.rows.batch_shards(rows, self.start.consumed, self.batch_size, self.rank, self.world,
+                                                                              self.inputs.options.drop_last), self._dispatched)
+
+    def _dispatched(self) -> int:
+        """Batches given to the workers (or made here) so far."""
+        return self.next_yield if self.pool is None else self.dispatch.next_submit
+
+    def _reached(self, work: BatchWork) -> BatchWork:
+        """``work``, about to be made: best-fit's prefetching goes on from its window."""
+        if self.prefetcher is not None and self.inputs.rows.options.packing is Packing.BEST_FIT and work[2] is not None:
+            self.window_reached = max(self.window_reached, work[2][0])
+        return work
 
     def _plan_epoch(self, start: Position) -> None:
         self.buffers, self.pool, self.counters = self.workers.ensure(self.inputs)
@@ -196,13 +223,13 @@ class TokenEpoch(EpochLifecycle):
         """Give every free slot the next batch of the epoch."""
         dispatch = self.dispatch
         while self._has_batch(dispatch.next_submit) and (slot := buffers.take()) is not None:
-            dispatch.submit(pool, buffers, slot, self.epoch, [(0, self.batch_size, self._work(dispatch.next_submit))])
+            dispatch.submit(pool, buffers, slot, self.epoch, [(0, self.batch_size, self._reached(self._work(dispatch.next_submit)))])
 
     def _made_here(self) -> tuple[dict[str, np.ndarray], BatchBounds]:
         """num_workers=0: the batch made in this process, into arrays of its own."""
         clock = self.inline_clock
         clock.start()
-        first, count, cursor = self._work(self.next_yield)
+        first, count, cursor = self._reached(self._work(self.next_yield))
         segments: Segments = self.inputs.rows.segments(self.epoch, first, count, cursor)
         arrays, bounds = self.inputs.filler.batch(segments, self.batch_size)
         clock.lap(TRANSFORM)
@@ -234,6 +261,8 @@ class TokenEpoch(EpochLifecycle):
 
     def _next_batch(self) -> dict[str, Any]:
         stats = self.inputs.stats
+        if self.prefetcher is not None:
+            self.prefetcher.check()
         with stats.waiting():
             if self.pool is None or self.buffers is None:
                 arrays, bounds = self._made_here()
