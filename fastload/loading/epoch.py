@@ -1,7 +1,7 @@
 r"""One pass over a rank's batches: :class:`EpochLifecycle` (whatever makes the batches, image or
 token rows: where it starts from the loader's state, advancing it batch by batch, finishing or
-breaking off, accelerate's epoch hooks, the epoch's stats) and :class:`Epoch`, the image path's
-(downloads ahead for a remote dataset, and the finishing of each batch: device, Normalize/ToDtype,
+breaking off, accelerate's epoch hooks, the epoch's stats, a remote dataset's downloads ahead of
+use) and :class:`Epoch`, the image path's (which shards its batches read, and the finishing of each batch: device, Normalize/ToDtype,
 the outputs' shape, then ``collate_fn=`` on its samples and ``batch_map=`` on the whole batch).
 Image backends subclass :class:`Epoch`, and their engines (what lasts across epochs: worker
 processes, a pipeline) are :class:`Engine`\ s; the token loader's epoch subclasses

@@ -10,7 +10,8 @@ process only hands out finished slots and submits the next batches. As the image
 last batch is handed out, the next epoch's first batch is submitted from ``Position(epoch + 1)`` at
 this rank and world size; the next iteration adopts it when it starts exactly there and its first
 batch is the same work (first row, rows, cursor), and discards it otherwise (set_epoch,
-load_state_dict, a break, another topology).
+load_state_dict, a break, another topology). A remote dataset's shards are downloaded ahead of use
+(fastload.loading.prefetch): those each batch opens (best-fit: each window), found from the index alone.
 """
 
 from __future__ import annotations
