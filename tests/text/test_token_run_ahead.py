@@ -45,9 +45,11 @@ def reads() -> int:
         return 0
 
 
-def settled() -> int:
-    """reads() once the workers have stopped reading (the run-ahead's batch is made)."""
-    deadline, count = time.monotonic() + 30, -1
+def settled(expected: int) -> int:
+    """reads() once at least ``expected`` and the workers have stopped reading (the run-ahead's batch is made)."""
+    deadline, count = time.monotonic() + 30, -1  # only guards a hang
+    while reads() < expected and time.monotonic() < deadline:
+        time.sleep(0.05)
     while count != reads() and time.monotonic() < deadline:
         count = reads()
         time.sleep(0.5)
@@ -90,8 +92,8 @@ def test_the_next_epochs_first_batch_is_made_before_it_starts_and_the_batches_ar
     want = [never_ahead(tokens, epoch, packing=packing) for epoch in range(3)]
     with loader(tokens, packing=packing, num_workers=2, worker_init_fn=log_reads) as workers:
         first = taken(workers)
-        made = settled()
-        assert made == segments(workers, 0, len(first)) + segments(workers, 1, 1), "epoch 1's first batch was not made before its iteration"
+        expected = segments(workers, 0, len(first)) + segments(workers, 1, 1)
+        assert settled(expected) == expected, "epoch 1's first batch was not made (once) before its iteration"
         got = [first, taken(workers), taken(workers)]
         state = workers.state_dict()
         rows = [int(epoch.workers[:, ROWS].sum()) for epoch in workers.stats.epochs]
