@@ -1,7 +1,7 @@
 r"""One pass over a rank's batches: :class:`EpochLifecycle` (whatever makes the batches, image or
 token rows: where it starts from the loader's state, advancing it batch by batch, finishing or
-breaking off, accelerate's epoch hooks, the epoch's stats) and :class:`Epoch`, the image path's
-(downloads ahead for a remote dataset, and the finishing of each batch: device, Normalize/ToDtype,
+breaking off, accelerate's epoch hooks, the epoch's stats, a remote dataset's downloads ahead of
+use) and :class:`Epoch`, the image path's (which shards its batches read, and the finishing of each batch: device, Normalize/ToDtype,
 the outputs' shape, then ``collate_fn=`` on its samples and ``batch_map=`` on the whole batch).
 Image backends subclass :class:`Epoch`, and their engines (what lasts across epochs: worker
 processes, a pipeline) are :class:`Engine`\ s; the token loader's epoch subclasses
@@ -10,7 +10,7 @@ processes, a pipeline) are :class:`Engine`\ s; the token loader's epoch subclass
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -74,6 +74,7 @@ class EpochLifecycle:
         self.started = self.finished = False
         self.next_yield = 0
         self.accelerate: AccelerateEpoch | None = None
+        self.prefetcher: ShardPrefetcher | None = None  # a remote dataset's shards downloaded ahead of use
 
     def reset(self, state: LoaderState) -> None:
         """Start at ``state``'s upcoming position, which this epoch then advances batch by batch."""
@@ -151,7 +152,19 @@ class EpochLifecycle:
             self.accelerate.end()
             self.accelerate = None
 
+    def _prefetch(self, dataset: ShardedDataset, shards_by_step: Iterable[np.ndarray], progress: Callable[[], int]) -> None:
+        """Download ``dataset``'s remote shards ahead of use (fastload.loading.prefetch), this rank's
+        ``shards_by_step`` (each step's, a batch or a window of rows, in reading order) as
+        ``progress()`` (the steps dispatched so far) gets near them, until the epoch ends."""
+        self.prefetcher = ShardPrefetcher(dataset, shards_in_use_order(dataset, shards_by_step), progress)
+
+    def _stop_prefetch(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.stop()
+            self.prefetcher = None
+
     def _finish(self) -> None:
+        self._stop_prefetch()
         if not self.finished:
             self.finished = True
             self.loader_state.finish()
@@ -160,6 +173,7 @@ class EpochLifecycle:
         """Abandon the epoch (a break, an exception, the iterator dropped): like torch, the next
         iteration starts this epoch over; state_dict() still says where it stopped, so
         load_state_dict resumes there."""
+        self._stop_prefetch()
         self._end_accelerate()
         if self.started and not self.finished:
             self.loader_state.break_off()
@@ -182,7 +196,6 @@ class Epoch(EpochLifecycle):
     def __init__(self, inputs: EpochInputs) -> None:
         super().__init__(inputs.state, inputs.stats, inputs.accelerate, inputs.dataset.downloads, inputs.before_start)
         self.inputs = inputs
-        self.prefetcher: ShardPrefetcher | None = None
 
     def _plan_epoch(self, start: Position) -> None:
         orders = self.inputs.orders
@@ -206,17 +219,11 @@ class Epoch(EpochLifecycle):
         shards ahead of use."""
         dataset = self.inputs.dataset
         if dataset.downloads and len(self.plan):
-            self.prefetcher = ShardPrefetcher(dataset, shards_in_use_order(dataset, map(self.indices, range(len(self.plan)))),
-                                              self._dispatched)
+            self._prefetch(dataset, (dataset.shards_of(self.indices(batch_no)) for batch_no in range(len(self.plan))), self._dispatched)
 
     def _dispatched(self) -> int:
         """Batches whose samples have been handed to the decoders so far."""
         return self.next_yield
-
-    def _stop_prefetch(self) -> None:
-        if self.prefetcher is not None:
-            self.prefetcher.stop()
-            self.prefetcher = None
 
     def indices(self, batch_no: int) -> np.ndarray:
         """Sample indices of batch ``batch_no``."""
@@ -255,15 +262,6 @@ class Epoch(EpochLifecycle):
         with inputs.stats.to_device():
             return shaped_batch(inputs.sample_spec, inputs.outputs, dict(columns), values, keys, self.valid(batch_no),
                                 inputs.device, inputs.batch_fn)
-
-    def _finish(self) -> None:
-        self._stop_prefetch()
-        super()._finish()
-
-    def close(self) -> None:
-        self._stop_prefetch()
-        super().close()
-
 
 class Engine(Protocol):
     """What makes a loader's epochs, kept across them (worker processes, a DALI pipeline) and

@@ -12,23 +12,24 @@ from fastload.storage.dataset import ShardedDataset
 SHARDS_AHEAD = 2  # shards fetched beyond the one being read: downloads overlap decoding
 
 
-def shards_in_use_order(dataset: ShardedDataset, samples_by_batch: Iterable[np.ndarray]) -> Iterator[tuple[int, int]]:
-    """(shard, batch number where it is first used) for each shard that downloads, in order of first
-    use: computed batch by batch as it is read, so nothing is done for batches far ahead."""
+def shards_in_use_order(dataset: ShardedDataset, shards_by_step: Iterable[np.ndarray]) -> Iterator[tuple[int, int]]:
+    """(shard, step where it is first used) for each shard that downloads, in order of first use:
+    ``shards_by_step`` are the shards each step (a batch; best-fit's token rows: a window) reads, in
+    reading order, computed step by step as it is read, so nothing is done for steps far ahead."""
     seen: set[int] = set()
-    for batch_no, samples in enumerate(samples_by_batch):
-        shards, first = np.unique(dataset.shards_of(samples), return_index=True)
+    for step, shards_read in enumerate(shards_by_step):
+        shards, first = np.unique(shards_read, return_index=True)
         for shard in shards[np.argsort(first)].tolist():
             if shard not in seen:
                 seen.add(shard)
                 if dataset.is_remote(shard):
-                    yield shard, batch_no
+                    yield shard, step
 
 
 class ShardPrefetcher:
-    """A daemon thread fetching shard i (of ``uses``: shards and the batch that first uses each, in
-    order) into the cache once the batch that first uses shard ``i - SHARDS_AHEAD`` has been
-    dispatched (``progress()`` = batches dispatched so far). Workers that get ahead of it fetch on
+    """A daemon thread fetching shard i (of ``uses``: shards and the step that first uses each, in
+    order) into the cache once the step that first uses shard ``i - SHARDS_AHEAD`` has been
+    dispatched (``progress()`` = steps dispatched so far). Workers that get ahead of it fetch on
     demand; the cache's lock makes either download once."""
 
     def __init__(self, dataset: ShardedDataset, uses: Iterator[tuple[int, int]], progress: Callable[[], int]) -> None:

@@ -121,6 +121,19 @@ class StreamRows:
         starts, lengths, continues = (np.concatenate(column) for column in zip(*parts))
         return starts, lengths, continues
 
+    def shards(self, first: int, count: int) -> np.ndarray:
+        """The shards reading rows ``first`` to ``first + count`` opens, in reading order, from the
+        index alone: those of the stream's blocks they are cut from (a block's document starts are read whole)."""
+        row, token = self.origin
+        begin, end = token + (first - row) * self.seq_len, min(token + (first + count - row) * self.seq_len, self.corpus.total)
+        return self.blocks_shards(begin, end)
+
+    def blocks_shards(self, begin: int, end: int) -> np.ndarray:
+        """The shards of the blocks holding stream tokens ``begin`` to ``end``, in stream order (none when the span is empty)."""
+        block = self.stream.block
+        starts, sizes = self.stream.block_spans(begin // block, -(-end // block)) if begin < end else (np.zeros(0, dtype=np.int64),) * 2
+        return self.corpus.shards_spanned(starts, starts + sizes)
+
     def segments(self, first: int, count: int) -> Segments:
         """Rows ``first`` (not before the origin's row) to ``first + count`` (past the stream's end: empty), rows numbered from 0."""
         row, token = self.origin
@@ -139,6 +152,11 @@ class PaddedRows:
 
     def __len__(self) -> int:
         return self.corpus.documents
+
+    def shards(self, first: int, count: int) -> np.ndarray:
+        """The shards of rows ``first`` to ``first + count``'s documents, in row order, from the index alone."""
+        rows = np.arange(first, min(first + count, len(self)), dtype=np.int64)
+        return np.searchsorted(self.corpus.doc_starts, self.permutation(rows), side="right") - 1
 
     def segments(self, first: int, count: int) -> Segments:
         """Rows ``first`` to ``first + count`` (past the last document: empty): each its document's first ``seq_len`` tokens."""
@@ -181,6 +199,11 @@ class BestFitRows:
         for start, end in zip(starts.tolist(), (starts + sizes).tolist()):
             lengths.append(np.diff(np.concatenate([[start], self.corpus.starts_inside(start, end), [end]])))
         return split_lengths(np.concatenate(lengths), self.seq_len)
+
+    def window_shards(self, index: int) -> np.ndarray:
+        """The shards packing window ``index`` opens (its blocks'), in stream order, from the index alone."""
+        stream = self.stream.stream
+        return self.stream.blocks_shards(index * self.window * stream.block, min((index + 1) * self.window * stream.block, stream.total))
 
     def count(self, index: int) -> int:
         """Rows packed from window ``index`` (counted without packing it)."""
@@ -301,6 +324,20 @@ class MixtureRows:
             parts.append(self._member_rows(member, j, end - run).shifted(self.bases[member], run))
             run = end
         return Segments.join(parts)
+
+    def shards(self, first: int, count: int) -> np.ndarray:
+        """The shards (numbered across the members) reading rows ``first`` to ``first + count`` opens, in reading order, from the index alone."""
+        members, local = self.members(first, count)
+        found = [np.zeros(0, dtype=np.int64)]
+        for member, row in zip(members.tolist(), local.tolist()):
+            corpus, begin, end = self.corpora[member], row * self.seq_len, (row + 1) * self.seq_len
+            while begin < end:
+                epoch, into = divmod(begin, corpus.total)
+                take = min(end - begin, corpus.total - into)
+                stream = StreamRows(corpus, self.seq_len, self.block, member_seed(self.seed, member), epoch, self.shuffle)  # not the kept ones: another thread asks
+                found.append(stream.blocks_shards(into, into + take) + self.mixture.first_shards[member])
+                begin += take
+        return np.concatenate(found)
 
     def _member_rows(self, member: int, first: int, count: int) -> Segments:
         """Member ``member``'s rows ``first`` to ``first + count``, across its epochs, rows from 0."""

@@ -70,6 +70,14 @@ class TokenCorpus:
         """The shard holding global token ``token``."""
         return int(np.searchsorted(self.token_starts, token, side="right") - 1)
 
+    def shards_spanned(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """The shards holding global tokens ``starts[i]`` through ``ends[i]`` (that one included, as
+        whether a document starts there is read; within the dataset), span by span in order: what
+        reading those spans opens, found from the index alone."""
+        first = np.searchsorted(self.token_starts, starts, side="right") - 1
+        last = np.searchsorted(self.token_starts, np.minimum(ends, self.total - 1), side="right") - 1
+        return np.concatenate([np.arange(lo, hi + 1) for lo, hi in zip(first.tolist(), last.tolist())] + [np.zeros(0, dtype=np.int64)])
+
     def starts_inside(self, start: int, end: int) -> np.ndarray:
         """Global positions of the documents starting strictly between ``start`` and ``end``."""
         found = []

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import numbers
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import TypeVar
+
+import numpy as np
 
 from fastload.storage.dataset import ShardedDataset
 from fastload.storage.mixture import MixedDataset
@@ -78,6 +80,15 @@ def read_cursor(cursor: object) -> tuple[int, int]:
             if window >= 0 and first >= 0 and not any(isinstance(value, bool) for value in cursor):
                 return window, first
     raise ValueError(f"loader state: packing_cursor={cursor!r} is not a (window, first row) pair of whole numbers")
+
+
+def rank_share(step_first: int, held: int, batch: int, rank: int, world: int) -> tuple[int, int]:
+    """(first row, rows) of ``rank``'s batch in the global step from row ``step_first`` holding ``held``
+    rows of the epoch: the r-th ``batch`` of a full step, else the rows split as evenly as they go."""
+    if held == batch * world:
+        return step_first + rank * batch, batch
+    share, extra = divmod(held, world)
+    return step_first + rank * share + min(rank, extra), share + int(rank < extra)
 
 
 EpochRows = StreamRows | PaddedRows | BestFitRows | MixtureRows
@@ -197,10 +208,19 @@ class TokenRows:
         rows = self.of(epoch, origin)
         step = batch * world
         held = rows.held(step_first, step) if isinstance(rows, BestFitRows) else max(0, min(step, len(rows) - step_first))
-        if held == step:
-            return step_first + rank * batch, batch
-        share, extra = divmod(held, world)
-        return step_first + rank * share + min(rank, extra), share + int(rank < extra)
+        return rank_share(step_first, held, batch, rank, world)
+
+    def batch_shards(self, rows: StreamRows | PaddedRows | MixtureRows, consumed: int, batch: int, rank: int, world: int, drop_last: bool) -> Iterator[np.ndarray]:
+        """The shards each of ``rank``'s batches opens, batch by batch from row ``consumed`` of ``rows``
+        (an epoch's rows of this loader, but best-fit's: those open window by window,
+        ``BestFitRows.window_shards``), from the index alone: pure arithmetic, so another thread may
+        ask while the loader iterates."""
+        step = batch * world
+        step_first = consumed
+        while step_first + (step - 1 if drop_last else 0) < len(rows):
+            first, count = rank_share(step_first, min(step, len(rows) - step_first), batch, rank, world)
+            yield rows.shards(first, count)
+            step_first += step
 
     def holds_step(self, epoch: int, first: int, rows: int, drop_last: bool, origin: Cursor | None = None) -> bool:
         """Whether ``epoch`` holds the global step of ``rows`` rows from row ``first``: its first

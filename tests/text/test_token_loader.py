@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -169,6 +170,59 @@ def test_a_token_dataset_over_http_loads_as_the_local_one_and_verifies(tokens: P
         got = [b["input_ids"] for b in loader(remote, packing="best-fit", num_workers=2)]
         want = [b["input_ids"] for b in loader(tokens, packing="best-fit")]
         assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("packing", ["concat", "best-fit"])
+def test_a_remote_token_datasets_next_shards_are_fetched_before_the_batches_that_read_them(tokens: Path, tmp_path: Path, packing: str) -> None:
+    root = tmp_path / "served"
+    shutil.copytree(tokens, root)
+    server = DatasetServer(root)
+    try:
+        remote = fastload.open(server.url, cache_dir=tmp_path / "cache")
+        kwargs = {"packing": packing, "packing_window": 4 * BLOCK}  # best-fit: windows of 4 blocks, several in the epoch
+        local = loader(tokens, **kwargs)
+        read_by = [{s["shard"] for row in local.describe(step) for s in row} for step in range(len(local))]
+        if packing == "concat":
+            part = BLOCK // (SEQ * 4)  # the batches cut from batch 0's block of the stream
+        else:  # the batches before the first holding a row of the next window (the state's packing_cursor names the next row's)
+            part = next(step for step, _ in enumerate(iter(local)) if local.state_dict()["packing_cursor"][0] > 0)
+        upcoming = read_by[part] - set().union(*read_by[:part])  # what the next block's (window's) first batch reads, and none before
+        assert upcoming
+        got = iter(loader(remote, **kwargs))  # in the training process: it reads a shard only when its batch is made
+        batches = [next(got)["input_ids"].clone()]
+        deadline = time.monotonic() + 30  # only guards a hang: without prefetching these are never fetched while the loop waits
+        while not all(server.counts[name] for name in upcoming) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(server.counts[name] for name in upcoming), (sorted(upcoming), server.counts)
+        batches += [batch["input_ids"] for batch in got]
+        want = [batch["input_ids"] for batch in local]
+        assert len(batches) == len(want) and all(torch.equal(a, b) for a, b in zip(batches, want))
+        assert all(server.counts[shard.path] == 1 for shard in remote.index.shards), server.counts  # fetched ahead, read from the cache: once each
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("kind", ["pad", "mixture"])
+def test_a_remote_token_dataset_padded_or_in_a_mixture_loads_as_the_local_one_each_shard_fetched_once(tokens: Path, tokenizer_file: Path,
+                                                                                                      tmp_path: Path, kind: str) -> None:
+    root = tmp_path / "served"
+    shutil.copytree(tokens, root)
+    server = DatasetServer(root)
+    try:
+        remote = fastload.open(server.url, cache_dir=tmp_path / "cache")
+        if kind == "pad":
+            got, want = loader(remote, packing="pad", num_workers=2), loader(tokens, packing="pad")
+        else:
+            second = str(token_member(tokenizer_file, tmp_path))
+            got = loader(fastload.mix({remote: 0.3, second: 0.7}, by="tokens"), num_workers=2)
+            want = loader(fastload.mix({str(tokens): 0.3, second: 0.7}, by="tokens"))
+        delivered, expected = [b["input_ids"] for b in got], [b["input_ids"] for b in want]
+        assert len(delivered) == len(expected) and all(torch.equal(a, b) for a, b in zip(delivered, expected))
+        assert all(server.counts[shard.path] == 1 for shard in remote.index.shards), server.counts  # fetched ahead or on demand: once each
     finally:
         server.shutdown()
         server.server_close()

@@ -12,6 +12,7 @@ epoch's stats are those of a loader that never ran ahead.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -20,9 +21,8 @@ import numpy as np
 from fastload.loading.epoch import Epoch, EpochInputs
 from fastload.loading.field_batch import as_tensor, copied
 from fastload.loading.state import LoaderState
-from fastload.orders.epoch_order import EpochOrder
+from fastload.loading.stats import LoaderStats
 from fastload.orders.position import Position
-from fastload.orders.rank_batches import RankBatches
 from fastload.workers.batch_fill import fill_fields
 from fastload.workers.pool import BatchResult, WorkerConfig, WorkerError, WorkerPool, merge_parts, raise_failure
 from fastload.workers.slots import BatchBuffers, spec_columns
@@ -104,27 +104,33 @@ class Dispatch:
         self.ready.clear()
 
 
+Parts = list[tuple[int, int, Any]]  # a batch's parts for the workers: each its first row, its rows and their work
+
+
+def same_work(got: Any, submitted: Any) -> bool:
+    """Whether a batch's work (an image batch's sample indices, a token batch's rows) is the one submitted."""
+    return got is not None and (np.array_equal(got, submitted) if isinstance(submitted, np.ndarray) else got == submitted)
+
+
 @dataclass
 class RunAhead:
-    """The next epoch's first batches, submitted as this epoch ended."""
+    """The next epoch's first batches, submitted as this epoch ended, with each one's work (an image
+    batch's sample indices; a token batch's first row, rows and cursor), checked on adoption."""
 
     start: Position  # where the next iteration must start to adopt them
-    plan: RankBatches
-    order: EpochOrder
     dispatch: Dispatch
     since: np.ndarray  # the workers' stage counters when they were submitted: the adopting epoch counts from there
-    submitted: list[np.ndarray] = field(default_factory=list)  # each batch's sample indices, checked on adoption
+    submitted: list[Any] = field(default_factory=list)  # each batch's work
 
-    def submit_more(self, pool: WorkerPool, buffers: BatchBuffers, workers: int) -> None:
-        """Give free slots the next epoch's first RUN_AHEAD_BATCHES batches."""
-        while self.dispatch.next_submit < min(len(self.plan), RUN_AHEAD_BATCHES) and (slot := buffers.take()) is not None:
-            indices = self.order.indices(self.plan.positions(self.dispatch.next_submit))
-            self.submitted.append(indices)
-            self.dispatch.submit(pool, buffers, slot, self.start.epoch, image_parts(indices, workers))
+    def fits(self, start: Position, work: Callable[[int], Any]) -> bool:
+        """Whether these are the first batches of an epoch from ``start`` whose batch b is ``work(b)`` (None: it has none)."""
+        return start == self.start and all(same_work(work(batch_no), done) for batch_no, done in enumerate(self.submitted))
 
 
-class CpuWorkers:
-    """A loader's worker pool and batch slots, made on first use and kept across its epochs."""
+class PoolEngine:
+    """What a loader keeps across its epochs on the worker pool (image or token batches): the pool
+    and its batch slots (made by a subclass's ``ensure``), the stage counters, the runs' tags, and
+    the next epoch's first batches made ahead."""
 
     def __init__(self) -> None:
         self.pool: WorkerPool | None = None
@@ -133,38 +139,39 @@ class CpuWorkers:
         self.runs = 0  # runs started (epochs, run-aheads): tags worker tasks, so answers for an abandoned one are recognised
         self._run_ahead: RunAhead | None = None  # the next epoch's first batches, made before it starts
 
-    def epoch(self, inputs: EpochInputs) -> CpuEpoch:
-        """An iterator over the next epoch's batches."""
-        return CpuEpoch(inputs, self)
-
-    def ensure(self, inputs: EpochInputs) -> tuple[BatchBuffers, WorkerPool | None, StageCounters]:
-        """The slots, (with num_workers > 0) the pool, started if not yet running, and the stage counters."""
-        options = inputs.options
-        if self.buffers is None:
-            in_flight = options.num_workers * (options.prefetch_factor or 0)
-            slots = in_flight + LENDABLE_SLOTS if in_flight else 1
-            self.buffers = BatchBuffers(slots, options.batch_size, spec_columns(inputs.sample_spec, inputs.image_shape))
-        if self.counters is None:
-            self.counters = StageCounters(options.num_workers)
-        if options.num_workers and self.pool is None:
-            config = WorkerConfig(inputs.dataset, options.transform, options.seed, options.on_error, inputs.skip_limit,
-                                  self.buffers, options.worker_init_fn, inputs.sample_spec, self.counters)
-            self.pool = WorkerPool(config, options.num_workers)
-        return self.buffers, self.pool, self.counters
-
-    def keep_run_ahead(self, ahead: RunAhead) -> None:
-        """Hold the next epoch's first batches until the next iteration adopts or discards them."""
-        self._run_ahead = ahead
-
-    def take_run_ahead(self) -> RunAhead | None:
-        """The batches made ahead, if any, now the caller's to adopt or discard."""
-        ahead, self._run_ahead = self._run_ahead, None
-        return ahead
-
     def new_run(self) -> Dispatch:
         """A run under a tag of its own."""
         self.runs += 1
         return Dispatch(self.runs)
+
+    def start_run(self, start: Position, work: Callable[[int], Any], stats: LoaderStats, stats_token: object) -> tuple[Dispatch, object]:
+        """An epoch from ``start`` (whose batch b is ``work(b)``, None past its end) starts: its run is
+        the batches made ahead when they are its first ones (its stats ``stats_token`` then count from
+        when that work began: the token returned), else a new one (those made ahead are discarded).
+        Slots still lent or being filled for an abandoned run stay out."""
+        ahead, self._run_ahead = self._run_ahead, None
+        if ahead is not None and self.buffers is not None and ahead.fits(start, work):
+            dispatch, stats_token = ahead.dispatch, stats.count_from(stats_token, ahead.since)
+        else:
+            if ahead is not None and self.buffers is not None:
+                ahead.dispatch.release(self.buffers)
+            dispatch = self.new_run()
+        if self.buffers is not None:
+            self.buffers.reclaim(held=dispatch.slots.values())
+        return dispatch, stats_token
+
+    def run_ahead(self, start: Position, works: list[Any], parts: Callable[[Any], Parts]) -> None:
+        """Give free slots the next epoch's first RUN_AHEAD_BATCHES batches (``works``: its first
+        batches' work, ``parts(work)``: as the workers take it), for the next iteration from ``start``
+        to adopt or discard."""
+        pool, buffers, counters = self.pool, self.buffers, self.counters
+        assert pool is not None and buffers is not None and counters is not None  # the epoch ending ran on them
+        ahead = self._run_ahead = RunAhead(start, self.new_run(), counters.snapshot())
+        for work in works[:RUN_AHEAD_BATCHES]:
+            if (slot := buffers.take()) is None:
+                break
+            ahead.submitted.append(work)
+            ahead.dispatch.submit(pool, buffers, slot, start.epoch, parts(work))
 
     def _stop_pool(self) -> None:
         self._run_ahead = None
@@ -186,6 +193,29 @@ class CpuWorkers:
             self.buffers = None
 
 
+class CpuWorkers(PoolEngine):
+    """A loader's worker pool and batch slots, made on first use and kept across its epochs."""
+
+    def epoch(self, inputs: EpochInputs) -> CpuEpoch:
+        """An iterator over the next epoch's batches."""
+        return CpuEpoch(inputs, self)
+
+    def ensure(self, inputs: EpochInputs) -> tuple[BatchBuffers, WorkerPool | None, StageCounters]:
+        """The slots, (with num_workers > 0) the pool, started if not yet running, and the stage counters."""
+        options = inputs.options
+        if self.buffers is None:
+            in_flight = options.num_workers * (options.prefetch_factor or 0)
+            slots = in_flight + LENDABLE_SLOTS if in_flight else 1
+            self.buffers = BatchBuffers(slots, options.batch_size, spec_columns(inputs.sample_spec, inputs.image_shape))
+        if self.counters is None:
+            self.counters = StageCounters(options.num_workers)
+        if options.num_workers and self.pool is None:
+            config = WorkerConfig(inputs.dataset, options.transform, options.seed, options.on_error, inputs.skip_limit,
+                                  self.buffers, options.worker_init_fn, inputs.sample_spec, self.counters)
+            self.pool = WorkerPool(config, options.num_workers)
+        return self.buffers, self.pool, self.counters
+
+
 class CpuEpoch(Epoch):
     """The CPU path: dispatches batches to the workers' free slots, yields them in order."""
 
@@ -201,11 +231,7 @@ class CpuEpoch(Epoch):
         self.buffers, self.pool, counters = self.workers.ensure(self.inputs)  # first: the epoch's stats start from its counters
         self.inline_clock = counters.clock(-1)  # num_workers=0: this process times its own stages
         super().reset(state)
-        ahead = self._adopt_run_ahead()
-        if ahead is not None:
-            self.stats_token = self.inputs.stats.count_from(self.stats_token, ahead.since)
-        self.dispatch = ahead.dispatch if ahead is not None else self.workers.new_run()
-        self.buffers.reclaim(held=self.dispatch.slots.values())
+        self.dispatch, self.stats_token = self.workers.start_run(self.start, self._work, self.inputs.stats, self.stats_token)
         self._start_prefetch()
 
     @property
@@ -213,17 +239,9 @@ class CpuEpoch(Epoch):
         """The tag of this epoch's worker tasks."""
         return self.dispatch.run
 
-    def _adopt_run_ahead(self) -> RunAhead | None:
-        """The run-ahead when its batches are this epoch's first ones (same start, same samples), else None (discarded)."""
-        ahead = self.workers.take_run_ahead()
-        if ahead is None:
-            return None
-        if ahead.start == self.start and len(ahead.submitted) <= len(self.plan) and all(
-            np.array_equal(indices, self._indices(batch_no)) for batch_no, indices in enumerate(ahead.submitted)
-        ):
-            return ahead
-        ahead.dispatch.release(self.buffers)
-        return None
+    def _work(self, batch_no: int) -> np.ndarray | None:
+        """The samples the workers make of batch ``batch_no`` (None past the epoch's end)."""
+        return self._indices(batch_no) if batch_no < len(self.plan) else None
 
     def _dispatched(self) -> int:
         return self.dispatch.next_submit
@@ -250,10 +268,10 @@ class CpuEpoch(Epoch):
     def _run_ahead(self, pool: WorkerPool) -> None:
         """Submit the next epoch's first batches (the epoch has just handed out its last)."""
         start = Position(self.epoch + 1)  # where LoaderState.finish() leaves the next iteration
-        orders, counters = self.inputs.orders, cast(StageCounters, self.workers.counters)  # ensure() made them
-        ahead = RunAhead(start, orders.batches(start), orders.order(start), self.workers.new_run(), counters.snapshot())
-        self.workers.keep_run_ahead(ahead)
-        ahead.submit_more(pool, self.buffers, self.inputs.options.num_workers)
+        orders = self.inputs.orders
+        plan, order = orders.batches(start), orders.order(start)
+        works = [order.indices(plan.positions(batch_no)) for batch_no in range(min(len(plan), RUN_AHEAD_BATCHES))]
+        self.workers.run_ahead(start, works, lambda indices: image_parts(indices, self.inputs.options.num_workers))
 
     def _run_inline(self) -> BatchResult:
         slot = cast(int, self.buffers.take())  # never None: the inline path copies every batch out

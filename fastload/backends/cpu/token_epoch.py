@@ -5,7 +5,13 @@ copy, or made in the training process with ``num_workers=0``.
 Each task is a whole batch: its first global row (and, for best-fit, the window holding it), which
 the worker turns into segments (fastload.text.token_rows) and fills (fastload.text.token_batch)
 from its own shard readers. Workers run ``prefetch_factor`` batches ahead each; the training
-process only hands out finished slots and submits the next batches.
+process only hands out finished slots and submits the next batches. As the image path's
+(fastload.backends.cpu.cpu_epoch.PoolEngine), the workers run ahead across an epoch's end: once its
+last batch is handed out, the next epoch's first batch is submitted from ``Position(epoch + 1)`` at
+this rank and world size; the next iteration adopts it when it starts exactly there and its first
+batch is the same work (first row, rows, cursor), and discards it otherwise (set_epoch,
+load_state_dict, a break, another topology). A remote dataset's shards are downloaded ahead of use
+(fastload.loading.prefetch): those each batch opens (best-fit: each window), found from the index alone.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from fastload.backends.cpu.cpu_epoch import LENDABLE_SLOTS, Dispatch
+from fastload.backends.cpu.cpu_epoch import LENDABLE_SLOTS, RUN_AHEAD_BATCHES, PoolEngine
 from fastload.loading.epoch import EpochLifecycle
 from fastload.loading.field_batch import copied
 from fastload.loading.options import LoaderOptions
@@ -25,6 +31,7 @@ from fastload.loading.state import LoaderState
 from fastload.loading.stats import LoaderStats
 from fastload.orders.position import Position
 from fastload.storage.dataset import ShardedDataset
+from fastload.text.epoch_rows import BestFitRows
 from fastload.text.token_attention import batch_tensors, with_attention
 from fastload.text.token_batch import BatchBounds, BatchFiller
 from fastload.text.token_corpus import Segments
@@ -82,15 +89,9 @@ class TokenEpochInputs:
     ranks: Callable[[], tuple[int, int]]  # (rank, world size), resolved when the epoch starts
 
 
-class TokenWorkers:
+class TokenWorkers(PoolEngine):
     """A token loader's engine: its worker pool and batch slots, made on first use and kept across
     epochs (the ``Engine`` protocol's shape: ``epoch(inputs)``, ``close()``)."""
-
-    def __init__(self) -> None:
-        self.pool: WorkerPool | None = None
-        self.buffers: BatchBuffers | None = None
-        self.counters: StageCounters | None = None
-        self.runs = 0
 
     def epoch(self, inputs: TokenEpochInputs) -> TokenEpoch:
         """An iterator over the next epoch's batches."""
@@ -111,26 +112,6 @@ class TokenWorkers:
             self.pool = WorkerPool(job, options.num_workers)
         return self.buffers, self.pool, self.counters
 
-    def new_run(self) -> Dispatch:
-        """A run under a tag of its own (answers for an abandoned one are recognised)."""
-        self.runs += 1
-        return Dispatch(self.runs)
-
-    def discard_pool(self) -> None:
-        """Stop the workers after a failure: the next epoch starts fresh ones."""
-        if self.pool is not None:
-            self.pool.close()
-            self.pool = None
-        if self.buffers is not None:
-            self.buffers.forget_filling()
-
-    def close(self) -> None:
-        """Stop the workers and release the shared memory."""
-        self.discard_pool()
-        if self.buffers is not None:
-            self.buffers.close()
-            self.buffers = None
-
 
 class TokenEpoch(EpochLifecycle):
     """One pass over this rank's steps: every global step is ``world_size * batch_size`` rows of
@@ -138,12 +119,43 @@ class TokenEpoch(EpochLifecycle):
     over the ranks (TokenRows.rank_rows); rows past the epoch's end are padding, so every rank
     makes the same number of steps (of full ones only, with ``drop_last``)."""
 
-    def __init__(self, inputs: TokenEpochInputs, engine: TokenWorkers) -> None:
+    def __init__(self, inputs: TokenEpochInputs, workers: TokenWorkers) -> None:
         super().__init__(inputs.state, inputs.stats, inputs.accelerate, inputs.dataset.downloads, inputs.before_start)
-        self.inputs, self.engine = inputs, engine
+        self.inputs, self.workers = inputs, workers
+
+    def reset(self, state: LoaderState) -> None:
+        """Start at ``state``'s position, adopting the batches the workers made ahead for it."""
+        super().reset(state)
+        self.dispatch, self.stats_token = self.workers.start_run(self.start, self._work_of, self.inputs.stats, self.stats_token)
+        if self.inputs.dataset.downloads:
+            self._start_prefetch()
+
+    def _start_prefetch(self) -> None:
+        """Start downloading the remote shards this rank's batches open, in the order the epoch reads
+        them: batch by batch, or best-fit's window by window from the one holding the first batch."""
+        rows = self.inputs.rows.of(self.epoch, self.origin)
+        if isinstance(rows, BestFitRows):
+            if not self._has_batch(0):
+                return
+            first_window = self.window_reached = cast(Cursor, self._work(0)[2])[0]
+            self._prefetch(self.inputs.dataset, map(rows.window_shards, range(first_window, rows.windows)),
+                           lambda: self.window_reached - first_window + 1)
+        else:
+            self._prefetch(self.inputs.dataset, self.inputs.rows.batch_shards(rows, self.start.consumed, self.batch_size, self.rank, self.world,
+                                                                              self.inputs.options.drop_last), self._dispatched)
+
+    def _dispatched(self) -> int:
+        """Batches given to the workers (or made here) so far."""
+        return self.next_yield if self.pool is None else self.dispatch.next_submit
+
+    def _reached(self, work: BatchWork) -> BatchWork:
+        """``work``, about to be made: best-fit's prefetching goes on from its window."""
+        if self.prefetcher is not None and self.inputs.rows.options.packing is Packing.BEST_FIT and work[2] is not None:
+            self.window_reached = max(self.window_reached, work[2][0])
+        return work
 
     def _plan_epoch(self, start: Position) -> None:
-        self.buffers, self.pool, self.counters = self.engine.ensure(self.inputs)
+        self.buffers, self.pool, self.counters = self.workers.ensure(self.inputs)
         self.inline_clock = self.counters.clock(-1)
         self.rank, self.world = self.inputs.ranks()
         self.batch_size = self.inputs.options.batch_size
@@ -151,15 +163,17 @@ class TokenEpoch(EpochLifecycle):
         rows = self.inputs.rows
         self.origin = rows.origin(start.resumed_from)  # concat after a resume at another seq_len: where its rows are cut from
         self.length = None if rows.options.packing is Packing.BEST_FIT else rows.length(self.epoch, self.origin)  # best-fit: found as it goes
-        self.dispatch = self.engine.new_run()
-        if self.buffers is not None:
-            self.buffers.reclaim()
+        self.batches: int | None = None  # this rank's batches in the epoch, once a batch past its end was asked for
 
     def _has_batch(self, batch_no: int) -> bool:
+        if self.batches is not None and batch_no >= self.batches:  # asked again once the run-ahead made the next epoch's rows the latest
+            return False
         first = self.start.consumed + batch_no * self.step_rows  # the global step's first row
         held = self.inputs.rows.holds_step(self.epoch, first, self.step_rows, self.inputs.options.drop_last, self.origin)
-        if not held and self.length is None:  # best-fit has located the epoch's end: its rows are counted
-            self.length = self.inputs.rows.length(self.epoch)
+        if not held:
+            self.batches = batch_no if self.batches is None else min(self.batches, batch_no)
+            if self.length is None:  # best-fit has located the epoch's end: its rows are counted
+                self.length = self.inputs.rows.length(self.epoch)
         return held
 
     def _remainder(self) -> int:
@@ -180,22 +194,43 @@ class TokenEpoch(EpochLifecycle):
 
     def _work(self, batch_no: int) -> BatchWork:
         """This rank's rows of batch ``batch_no`` (fastload.text.token_rows.TokenRows.rank_rows)."""
+        return self._step_work(self.epoch, self.start.consumed + batch_no * self.step_rows, self.origin)
+
+    def _step_work(self, epoch: int, step_first: int, origin: Cursor | None) -> BatchWork:
+        """This rank's rows of ``epoch``'s global step from row ``step_first`` (concat: rows cut from ``origin``)."""
         rows = self.inputs.rows
-        first, count = rows.rank_rows(self.epoch, self.start.consumed + batch_no * self.step_rows, self.batch_size, self.rank, self.world,
-                                      self.origin)
-        return first, count, rows.locate(self.epoch, first, self.origin)
+        first, count = rows.rank_rows(epoch, step_first, self.batch_size, self.rank, self.world, origin)
+        return first, count, rows.locate(epoch, first, origin)
+
+    def _work_of(self, batch_no: int) -> BatchWork | None:
+        """Batch ``batch_no``'s work, None past the epoch's end."""
+        return self._work(batch_no) if self._has_batch(batch_no) else None
+
+    def __next__(self) -> dict[str, Any]:
+        batch = super().__next__()
+        if self.finished and self.pool is not None and not self.inputs.dataset.downloads:
+            self._run_ahead()  # after the epoch's stats ended; remote shards are fetched for the epoch that reads them
+        return batch
+
+    def _run_ahead(self) -> None:
+        """Submit the next epoch's first batches (the epoch has just handed out its last), at this rank and world size."""
+        start = Position(self.epoch + 1)  # where LoaderState.finish() leaves the next iteration: rows from the epoch's start
+        rows, drop_last = self.inputs.rows, self.inputs.options.drop_last
+        works = [self._step_work(start.epoch, step * self.step_rows, None) for step in range(RUN_AHEAD_BATCHES)
+                 if rows.holds_step(start.epoch, step * self.step_rows, self.step_rows, drop_last)]
+        self.workers.run_ahead(start, works, lambda work: [(0, self.batch_size, work)])
 
     def _submit_more(self, pool: WorkerPool, buffers: BatchBuffers) -> None:
         """Give every free slot the next batch of the epoch."""
         dispatch = self.dispatch
         while self._has_batch(dispatch.next_submit) and (slot := buffers.take()) is not None:
-            dispatch.submit(pool, buffers, slot, self.epoch, [(0, self.batch_size, self._work(dispatch.next_submit))])
+            dispatch.submit(pool, buffers, slot, self.epoch, [(0, self.batch_size, self._reached(self._work(dispatch.next_submit)))])
 
     def _made_here(self) -> tuple[dict[str, np.ndarray], BatchBounds]:
         """num_workers=0: the batch made in this process, into arrays of its own."""
         clock = self.inline_clock
         clock.start()
-        first, count, cursor = self._work(self.next_yield)
+        first, count, cursor = self._reached(self._work(self.next_yield))
         segments: Segments = self.inputs.rows.segments(self.epoch, first, count, cursor)
         arrays, bounds = self.inputs.filler.batch(segments, self.batch_size)
         clock.lap(TRANSFORM)
@@ -210,7 +245,7 @@ class TokenEpoch(EpochLifecycle):
         try:
             got: BatchResult = self.dispatch.wait(pool, buffers, self.next_yield, self.inputs.options.timeout)
         except (WorkerError, TimeoutError):
-            self.engine.discard_pool()
+            self.workers.discard_pool()
             self.close()
             raise
         if got.error is not None:
@@ -227,6 +262,8 @@ class TokenEpoch(EpochLifecycle):
 
     def _next_batch(self) -> dict[str, Any]:
         stats = self.inputs.stats
+        if self.prefetcher is not None:
+            self.prefetcher.check()
         with stats.waiting():
             if self.pool is None or self.buffers is None:
                 arrays, bounds = self._made_here()
