@@ -3,6 +3,7 @@ batch counts on uneven sizes (no collective hangs at the epoch's end), exact and
 
 from __future__ import annotations
 
+import faulthandler
 import json
 from collections import Counter
 from pathlib import Path
@@ -29,7 +30,11 @@ def dataset_1001(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "wds"
 
 
+RANK_HANG_S = 180  # a rank's whole run takes seconds; past this it is stuck (pytest-timeout ends the test at 240 s)
+
+
 def _rank_main(rank: int, world: int, init: str, data: str | dict, out: str, kwargs: dict, state: dict | None, stop_after: int | None) -> None:
+    faulthandler.dump_traceback_later(RANK_HANG_S, exit=True)  # a rank that hangs prints its stack and fails, before pytest's timeout
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
     dataset = fastload.mix(data) if isinstance(data, dict) else data  # a dict: {path: weight} of a mixture
     loader = fastload.DataLoader(dataset, return_keys=True, transform=[fastload.transforms.CenterCrop(8)], **kwargs)
@@ -52,6 +57,7 @@ def _rank_main(rank: int, world: int, init: str, data: str | dict, out: str, kwa
     loader.close()
     dist.barrier()
     dist.destroy_process_group()
+    faulthandler.cancel_dump_traceback_later()
 
 
 def run_ranks(tmp_path: Path, world: int, data: Path | dict[str, float], kwargs: dict, state: dict | None = None,
