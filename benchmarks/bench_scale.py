@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 from statistics import median
+from typing import Any
 
 SHARD_SAMPLES = 10_000
 SIZES = {"1.28M": 128, "10.24M": 1024, "40.96M": 4096}
@@ -116,7 +117,7 @@ def run_one(path: str, order: str, workers: int, batch_size: int, batches: int, 
     from fastload.loader import DataLoader  # noqa: F401 - fastload.DataLoader is imported lazily
 
     start = time.perf_counter()
-    extra = {"shuffle_buffer": 4096} if order == "streaming" else {}
+    extra: dict[str, Any] = {"shuffle_buffer": 4096} if order == "streaming" else {}
     loader = fastload.DataLoader(path, batch_size=batch_size, shuffle=True, num_workers=workers, transform=T.train(size), **extra)
     batch_iter = iter(loader)
     next(batch_iter)
@@ -128,7 +129,7 @@ def run_one(path: str, order: str, workers: int, batch_size: int, batches: int, 
     rate = batches * batch_size / (time.perf_counter() - begin)
     cpu_ms = (cpu_seconds(processes) - cpu) * 1e6 / (batches * batch_size)  # per 1,000 images, all processes
     worker_pss = [pss_mb(pid) for pid in processes[1:]]
-    result = {"samples": len(loader.dataset), "first_batch_s": first, "worker_pss_mb": max(worker_pss), "main_pss_mb": pss_mb(os.getpid()),
+    result = {"samples": len(loader.sharded), "first_batch_s": first, "worker_pss_mb": max(worker_pss), "main_pss_mb": pss_mb(os.getpid()),
               "images_per_s": rate, "cpu_ms_per_1k": cpu_ms}
     loader.close()
     return result

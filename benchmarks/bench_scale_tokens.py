@@ -95,7 +95,7 @@ def run_one(path: str, packing: str, workers: int, batch_size: int, seq_len: int
         next(batch_iter)
     rate = batches * batch_size * seq_len / (time.perf_counter() - begin)
     worker_pss = [pss_mb(pid) for pid in children(os.getpid())]
-    index = loader.dataset.index
+    index = loader.sharded.index
     result = {"tokens": index.num_tokens, "documents": index.num_samples, "shards": len(index.shards), "first_batch_s": first,
               "worker_pss_mb": max(worker_pss), "main_pss_mb": pss_mb(os.getpid()), "tokens_per_s": rate}
     loader.close()

@@ -23,7 +23,9 @@ import json
 import math
 import random
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -189,7 +191,7 @@ def main() -> None:
     classes = sorted({p.parent.name for p in paths})
     labels = [classes.index(p.parent.name) for p in paths]
     assert len(paths) == len(fastload.open(args.dataset)), "the raw folder and the dataset hold other videos"
-    loaders = {
+    loaders: dict[str, Callable[[], Iterable[Any]]] = {
         "fastload.DataLoader": lambda: fastload.DataLoader(args.dataset, batch_size=BATCH, shuffle=True, num_workers=WORKERS,
                                                            clip=fastload.Clip(frames=FRAMES, stride=STRIDE), transform=T.train(SIZE)),
         "torch DataLoader + PyAV Dataset": lambda: torch.utils.data.DataLoader(PyAVClips(paths, labels), batch_size=BATCH, shuffle=True,

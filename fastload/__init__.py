@@ -1,18 +1,31 @@
 """fastload: fast data loading for PyTorch training.
 
-Heavy parts (torch, the loader) are imported on first use, so ``fastload convert`` starts fast.
+Heavy parts (torch, the loader) are imported on first use, so ``fastload convert`` starts fast; a
+type checker reads the same names from the imports under ``TYPE_CHECKING`` (the package ships
+``py.typed``).
 """
 
 from __future__ import annotations
 
+import warnings
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+if TYPE_CHECKING:
+    from fastload import transforms
+    from fastload.av.clips import Clip
+    from fastload.errors import DatasetIndexError, FastloadError, RemoteError, SampleError, ShardError
+    from fastload.formats.index import DatasetIndex, ShardInfo, read_index
+    from fastload.loader import DataLoader
+    from fastload.orders.schedule import WeightSchedule
+    from fastload.storage.dataset import ShardedDataset, open
+    from fastload.storage.mixture import MixedDataset, mix
+    from fastload.storage.verify import verify_dataset
+
 _EXPORTS = {
     "DataLoader": "fastload.loader",
-    "TokenDataLoader": "fastload.token_loader",
     "open": "fastload.storage.dataset",
     "ShardedDataset": "fastload.storage.dataset",
     "mix": "fastload.storage.mixture",
@@ -30,8 +43,28 @@ _EXPORTS = {
     "DatasetIndexError": "fastload.errors",
     "RemoteError": "fastload.errors",
 }
+_DEPRECATED = {"TokenDataLoader": ("DataLoader", "fastload.DataLoader(dataset, seq_len=...) is the token loader now")}
 
-__all__ = ["__version__", *_EXPORTS]
+__all__ = [  # _EXPORTS' names, spelled out for type checkers (tests/text/test_one_loader.py checks they agree)
+    "Clip",
+    "DataLoader",
+    "DatasetIndex",
+    "DatasetIndexError",
+    "FastloadError",
+    "MixedDataset",
+    "RemoteError",
+    "SampleError",
+    "ShardError",
+    "ShardInfo",
+    "ShardedDataset",
+    "WeightSchedule",
+    "__version__",
+    "mix",
+    "open",
+    "read_index",
+    "transforms",
+    "verify_dataset",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -39,4 +72,8 @@ def __getattr__(name: str) -> Any:
         return import_module("fastload.transforms")
     if name in _EXPORTS:
         return getattr(import_module(_EXPORTS[name]), name)
+    if name in _DEPRECATED:  # kept for one release (CHANGELOG.md)
+        target, why = _DEPRECATED[name]
+        warnings.warn(f"fastload.{name} is deprecated and will be removed in the next release: {why}", DeprecationWarning, stacklevel=2)
+        return __getattr__(target)
     raise AttributeError(f"module 'fastload' has no attribute {name!r}")

@@ -1,78 +1,71 @@
 """``fastload.DataLoader``: a drop-in for ``torch.utils.data.DataLoader``.
 
 Given any torch Dataset it *is* torch's DataLoader (same arguments, same batches; fastload.loading.torch_mode).
-Given a converted dataset (or its path) it takes the fast path: workers read bytes by offset, decode
-with libjpeg-turbo at the smallest sufficient DCT scale, transform, and write pixels into shared
-memory; the main process keeps ``prefetch_factor`` batches in flight per worker, pins and moves
-batches to ``device``, and applies Normalize/ToDtype there on whole batches.
+Given a converted dataset (or its path) it takes the fast path, in one of the kinds of batch of
+fastload.batch_kinds: samples with their fields (images, clips: workers read bytes by offset, decode
+with libjpeg-turbo at the smallest sufficient DCT scale or with DALI, transform, and write pixels into
+shared memory) or, with ``seq_len=``, packed token rows. The main process keeps ``prefetch_factor``
+batches in flight per worker, pins and moves batches to ``device``.
 
 The loader is its stages: options validated once (fastload.loading.options), one training position
-(fastload.loading.state), the orders (fastload.loading.loader_orders), and the engine that makes its epochs
-(fastload.backends.engines: the CPU workers, DALI or both), each starting at the state's position
-and advancing it.
+(fastload.loading.state) and its stats, the kind of batch that counts, makes and describes its
+epochs, each starting at the state's position and advancing it.
 """
 
 from __future__ import annotations
 
-import hashlib
-import logging
 import os
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
 
 from fastload._util.dist import check_ranks_agree
 from fastload.av.clips import Clip
-from fastload.backends.engines import make_engine
-from fastload.decode.header import check_pixels
+from fastload.batch_kinds.protocol import BatchKind
+from fastload.batch_kinds.samples import SampleBatches
+from fastload.batch_kinds.tokens import TokenBatches
 from fastload.errors import DEFAULT_MAX_SKIPPED
-from fastload.fields import SampleSpec
-from fastload.loading.batch_outputs import BatchOutputs
-from fastload.loading.epoch import Epoch, EpochInputs
+from fastload.loading.epoch import EpochLifecycle
 from fastload.loading.frameworks import KeptByAccelerate, accelerate_device
-from fastload.loading.loader_orders import LoaderOrders, excluded_indices
-from fastload.loading.options import LoaderOptions
-from fastload.loading.provenance import StepDescription, describe_step
-from fastload.loading.samplers import (
-    BatchIndices,
-    BatchRequest,
-    LoaderBatchSampler,
-    LoaderCollate,
-    LoaderSampler,
-    unwrap_subset,
-)
-from fastload.loading.state import LoaderState, OrderSettings, read_state_dict
+from fastload.loading.loader_orders import excluded_indices
+from fastload.loading.options import LoaderOptions, fast_path_defaults
+from fastload.loading.samplers import LoaderBatchSampler, LoaderSampler, unwrap_subset
+from fastload.loading.state import LoaderState
 from fastload.loading.stats import LoaderStats
 from fastload.loading.torch_mode import TorchMode
-from fastload.loading.torchvision_translation import TorchvisionSteps, steps_as_map
-from fastload.orders.position import Position
 from fastload.storage.dataset import ShardedDataset
-from fastload.token_loader import TokenDataLoader
-from fastload.transforms import Transform, batch_transform, output_size
-from fastload.workers.sample_decode import resolve_spec
+from fastload.text.token_rows import BLOCK_TOKENS, IGNORE_INDEX, PACKING_WINDOW, TokenOptions
+from fastload.transforms import Transform
 
-log = logging.getLogger("fastload")
-_logged: set[tuple[str, str]] = set()
-
-
-def with_torchvision_steps(spec: SampleSpec, steps: TorchvisionSteps | None) -> SampleSpec:
-    """``spec`` with a torchvision transform's untranslated steps as its map, on the primary image and
-    its masks, before the user's own ``map=`` (which then sees their result)."""
-    if steps is None:
-        return spec
-    if spec.primary is None:
-        raise ValueError("transform= holds torchvision steps for images; the fields asked for hold none")
-    masks = [f.key for f in spec.fields if f.role == "mask"]
-    return replace(spec, map=steps_as_map(steps, spec.primary.key, masks, then=spec.map))
+TOKEN_DEFAULTS = {"packing": "concat", "block_tokens": BLOCK_TOKENS, "ignore_index": IGNORE_INDEX,
+                  "packing_window": PACKING_WINDOW, "batch_format": "next-token", "attention": None}
+SAMPLE_ONLY = ("sampler", "batch_sampler", "generator", "collate_fn")  # beside fast_path_defaults(): what token rows refuse
 
 
 def is_fastload_dataset(dataset: Any) -> bool:
     """Whether ``dataset`` takes the fast path: a converted dataset, its path, or a Subset of one."""
     return isinstance(dataset, (str, os.PathLike)) or unwrap_subset(dataset)[0] is not None
+
+
+def check_kind_arguments(given: Mapping[str, Any], seq_len: int | None) -> None:
+    """Refuse arguments of the other kind of batch: token-row settings without ``seq_len=``, and
+    with it what applies to samples only (transforms, fields, samplers, backends...)."""
+    if seq_len is None:
+        stray = [name for name, default in TOKEN_DEFAULTS.items() if given[name] != default]
+        if stray:
+            raise ValueError(f"{', '.join(f'{name}=' for name in stray)} set how token rows are packed: give seq_len= "
+                             "(the tokens a row) to load a token dataset's packed rows")
+        return
+    defaults = {name: default for name, default in fast_path_defaults().items() if name not in ("rank", "world_size", "device")}
+    stray = [name for name in SAMPLE_ONLY if given[name] is not None]
+    stray += [name for name, default in defaults.items() if given[name] is not default and given[name] != default]
+    if stray:
+        raise ValueError(f"seq_len= loads packed token rows: {', '.join(f'{name}=' for name in stray)} apply to samples "
+                         "(images, fields, clips) and are not used here")
 
 
 class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
@@ -96,13 +89,22 @@ class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
     ``hw_decoder_load`` (with DALI on a GPU: the share of JPEGs sent to the hardware decoder),
     ``exclude`` (keys, or a file of one key per line, left out of every epoch) and
     ``class_weights`` / ``balanced`` (each class's share of an epoch; fastload.orders.balanced).
+
+    Token datasets: ``seq_len=`` makes batches of packed rows of ``seq_len`` tokens (shuffled by
+    default), a dict of tensors named as Hugging Face models take them. ``packing``: ``"concat"``
+    (the shuffled stream cut into rows), ``"best-fit"`` (documents packed by best-fit decreasing within
+    each window of ``packing_window`` tokens, long ones split) or ``"pad"`` (a document a row, cut or
+    padded); ``batch_format``: ``"next-token"`` (labels are the next tokens; with ``attention_mask``,
+    ``cu_seqlens``, ``max_seqlen``) or ``"transformers"`` (labels lined up with ``input_ids``);
+    ``attention``: ``"block-causal"`` (a (B, 1, L, L) additive mask) or ``"varlen"``
+    (flash-attention's ``cu_seq_lens_q/k``, ``max_length_q/k``) keeps a row's documents apart;
+    ``ignore_index`` marks labels not trained on; ``block_tokens`` is the shuffle's unit
+    (fastload.text.token_batch, fastload.text.token_rows).
     """
 
     use_stateful_dataloader = True  # Accelerate's save_state/load_state then save and load state_dict()
 
     def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> DataLoader:
-        if cls is DataLoader and "seq_len" in kwargs:  # a token dataset: its own loader (not a subclass: __init__ is not called again)
-            return TokenDataLoader(dataset, *args, **kwargs)  # type: ignore[return-value]
         if cls is DataLoader and not is_fastload_dataset(dataset):
             return super().__new__(TorchDatasetLoader)
         return super().__new__(cls)
@@ -143,23 +145,50 @@ class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
         class_weights: Mapping[str | int, float] | None = None,
         balanced: bool = False,
         clip: Clip | None = None,
+        seq_len: int | None = None,
+        packing: str = "concat",
+        block_tokens: int = BLOCK_TOKENS,
+        ignore_index: int = IGNORE_INDEX,
+        packing_window: int = PACKING_WINDOW,
+        batch_format: str = "next-token",
+        attention: str | None = None,
     ) -> None:
-        if isinstance(dataset, (str, os.PathLike)):
-            dataset = ShardedDataset(dataset)
-        sharded, subset = unwrap_subset(dataset)
-        assert sharded is not None  # __new__ sent every other dataset to torch_mode
-        self.options = options = LoaderOptions.from_arguments(
-            len(dataset), subset, sharded.url is not None, sampler=sampler, batch_sampler=batch_sampler,
-            generator=generator, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
-            batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory, drop_last=drop_last, timeout=timeout,
-            worker_init_fn=worker_init_fn, collate_fn=collate_fn, prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
-            transform=transform, backend=backend, device=device, on_error=on_error, max_skipped=max_skipped, return_keys=return_keys,
-            evaluation=evaluation, shuffle_buffer=shuffle_buffer, hw_decoder_load=hw_decoder_load, fields=fields, map=map,
-            batch_map=batch_map, exclude=excluded_indices(sharded, exclude), class_weights=class_weights, balanced=balanced,
-            clip=clip,
-        )
-        self.dataset = dataset
-        self.sharded: ShardedDataset = sharded
+        check_kind_arguments({name: value for name, value in locals().items() if name not in ("self", "dataset")}, seq_len)
+        self.stats, self.seq_len = LoaderStats(), seq_len
+        kind: BatchKind
+        if seq_len is not None:
+            if batch_size is None:
+                raise ValueError("seq_len= makes batches of packed rows: batch_size must be >= 1, not None")
+            sharded = dataset if isinstance(dataset, ShardedDataset) else ShardedDataset(dataset)
+            self.dataset = sharded  # type: ignore[assignment]  # torch annotates a map-style Dataset
+            options = LoaderOptions(batch_size=batch_size, shuffle=True if shuffle is None else bool(shuffle), num_workers=num_workers,
+                                    drop_last=drop_last, seed=seed, rank=rank, world_size=world_size, prefetch_factor=prefetch_factor,
+                                    pin_memory=pin_memory, timeout=timeout, worker_init_fn=worker_init_fn,
+                                    persistent_workers=persistent_workers, device=device)  # type: ignore[arg-type]  # checked there
+            tokens = TokenOptions(seq_len, packing, block_tokens, ignore_index, packing_window)  # type: ignore[arg-type]  # checked there
+            self.state = LoaderState()
+            kind = TokenBatches(sharded, tokens, options, self.state, self.stats, batch_format, attention)
+        else:
+            if isinstance(dataset, (str, os.PathLike)):
+                dataset = ShardedDataset(dataset)
+            self.dataset = dataset
+            found, subset = unwrap_subset(dataset)
+            assert found is not None  # __new__ sent every other dataset to torch_mode
+            sharded = found
+            options = LoaderOptions.from_arguments(
+                len(dataset), subset, sharded.url is not None, sampler=sampler, batch_sampler=batch_sampler,
+                generator=generator, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
+                batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory, drop_last=drop_last, timeout=timeout,
+                worker_init_fn=worker_init_fn, collate_fn=collate_fn, prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+                transform=transform, backend=backend, device=device, on_error=on_error, max_skipped=max_skipped, return_keys=return_keys,
+                evaluation=evaluation, shuffle_buffer=shuffle_buffer, hw_decoder_load=hw_decoder_load, fields=fields, map=map,
+                batch_map=batch_map, exclude=excluded_indices(sharded, exclude), class_weights=class_weights, balanced=balanced,
+                clip=clip,
+            )
+            self.state = LoaderState(options.streaming)
+            kind = SampleBatches(sharded, options, self.state, self.stats, self._probe_loader)
+        self.options, self.kind, self.sharded = options, kind, sharded
+        self.backend = kind.backend
         # torch's names, with torch's meanings (frameworks read them); the views refer to this loader weakly
         self.batch_size, self.drop_last, self.num_workers = options.batch_size, options.drop_last, options.num_workers
         self.pin_memory, self.pin_memory_device, self.timeout = options.pin_memory, "", options.timeout
@@ -168,25 +197,11 @@ class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
         self.generator, self.in_order = None, True
         self.sampler = options.distributed if options.distributed is not None else LoaderSampler(weakref.proxy(self))
         self.batch_sampler = LoaderBatchSampler(weakref.proxy(self))
-        self.collate_fn = LoaderCollate(options.collate_fn, options.batch_map)  # also what a torch DataLoader of this loader's parts uses
+        self.collate_fn = kind.collate_fn
         self.shuffle, self.seed = options.shuffle, options.seed
         self.device = options.device
-        # fields= and map=: what the workers make of a sample (a torchvision transform's rest first)
-        self.sample_spec = with_torchvision_steps(
-            resolve_spec(sharded, options.fields, options.map, options.transform, options.clip), options.torchvision_steps)
-        self.image_shape = self._image_shape()
-        choice, self._engine = make_engine(options, self.sample_spec, sharded.decoded, self._probe_loader)
-        self.backend = choice.name
-        if (choice.name, choice.why) not in _logged:
-            _logged.add((choice.name, choice.why))
-            log.warning("fastload: backend=%s (%s)", choice.name, choice.why)
-        self.stats = LoaderStats()
-        self.state = LoaderState(options.streaming)
-        self.orders = LoaderOrders(sharded, options)
-        self._batch_fn = batch_transform(options.transform)
-        self._batch_outputs = BatchOutputs(sharded.has_labels, options.return_keys, options.evaluation)
         self._sampler_epoch_seen = None if options.distributed is None else options.distributed.epoch
-        self._active: weakref.ref[Epoch] | None = None  # held weakly: an iterator dropped mid-epoch ends it
+        self._active: weakref.ref[EpochLifecycle] | None = None  # held weakly: an iterator dropped mid-epoch ends it
         self._agreed = False
         self._accelerate = False
 
@@ -197,86 +212,48 @@ class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
                           transform=options.transform, backend=backend, fields=options.fields, on_error=options.on_error,
                           max_skipped=options.max_skipped, hw_decoder_load=options.hw_decoder_load, clip=options.clip)
 
-    def _image_shape(self) -> tuple[int, int, int] | None:
-        if self.sample_spec.primary is None and self.sample_spec.clip is None:
-            return None  # nothing to decode: no transform needed
-        ds = self.sharded
-        size = output_size(self.options.transform)
-        channels = 3
-        if ds.index.decoded_shape is not None:  # ds.decoded
-            height, width, channels = ds.index.decoded_shape
-            if size is None:  # batches of the stored pixels: their slots are sized by what the index declares
-                check_pixels(width, height, f"{ds.location}: index.json decoded_shape")
-                size = (height, width)
-        if size is None:
-            raise ValueError(
-                f"{'videos' if self.sample_spec.primary is None else 'images'} of this dataset vary in size: give a transform "
-                "with a fixed output size, e.g. transform=fastload.transforms.val(224)"
-            )
-        return (channels, size[0], size[1])
-
     # --- the torch-compatible surface -----------------------------------------------------------
 
     @property
     def rank(self) -> int:
         """This process's rank: rank=, a DistributedSampler's, the process group's, the launcher's."""
-        return self.orders.ranks()[0]
+        return self.kind.ranks()[0]
 
     @property
     def world_size(self) -> int:
         """The number of ranks sharing the dataset, resolved like :attr:`rank`."""
-        return self.orders.ranks()[1]
+        return self.kind.ranks()[1]
 
     def __len__(self) -> int:
-        return len(self.orders.batches(replace(self.state.upcoming(), consumed=0)))
+        return self.kind.batch_count(self.state.upcoming())
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # torch annotates its own iterator class
         previous = self._active() if self._active is not None else None
         if previous is not None:
             previous.close()
-        inputs = EpochInputs(
-            self.sharded, self.options, self.sample_spec, self.image_shape, self.device, self._batch_fn, self._batch_outputs,
-            self.orders, self.state, self.stats, self._accelerate, self._before_epoch,
-        )
-        iterator = self._engine.epoch(inputs)
+        iterator = self.kind.epoch(self.device, self._accelerate, self._before_epoch)
         self._active = weakref.ref(iterator)
         return iterator
 
-    def upcoming_batches(self, from_start: bool) -> list[BatchIndices]:
+    def upcoming_batches(self, from_start: bool) -> Sequence[list[int]]:
         """This rank's batches of the upcoming epoch (from its start, or from a loaded state's
-        position) as sample indices: what ``loader.sampler`` and ``loader.batch_sampler`` yield."""
+        position) as sample indices or row numbers: what ``loader.sampler`` and ``loader.batch_sampler`` yield."""
         position = self.state.upcoming()
         if from_start:
             position = replace(position, consumed=0)
-        options = self.options
         device = self.device if self.device is not None else accelerate_device() if self._accelerate else None
-        if options.batch_map is not None and device is not None and device.type != "cpu":
-            raise NotImplementedError(
-                f"loader.batch_sampler batches with batch_map= on {device}: a torch DataLoader of this loader's parts "
-                "runs batch_map on the CPU, where its generator draws other numbers than the loader's on the device")
-        request = BatchRequest(options.transform, options.seed, position.epoch, options.on_error, self.image_shape,
-                               self._batch_outputs, self.sample_spec, self.orders.ranks()[0])
-        plan, order = self.orders.batches(position), self.orders.order(position)
-        batches = []
-        first_step = plan.start // plan.step
-        for batch_no in range(len(plan)):
-            positions, valid = plan.positions(batch_no), plan.valid(batch_no)
-            if (real := order.valid(positions)) is not None:
-                valid = valid & real
-            batches.append(BatchIndices(order.indices(positions).tolist(), request, valid.tolist(), first_step + batch_no))
-        return batches
+        return self.kind.upcoming_batches(position, device)
 
-    def describe(self, step: int, epoch: int | None = None) -> StepDescription:
+    def describe(self, step: int, epoch: int | None = None) -> Any:
         """This rank's batch at ``step`` (counted from the epoch's start) of ``epoch`` (default: the
-        one being or last iterated, else the next): each sample's key, index and planned crop, flip and DCT scale, read from the
-        shards' indexes and image headers only (fastload.loading.provenance). Steps run before an elastic
-        resume are described at the topology they ran at. With on_error="skip" each sample is the one
-        that took the place of a skipped one (``stands_in_for`` names those it replaced)."""
+        one being or last iterated, else the next), read from the indexes (and image headers) only;
+        steps run before an elastic resume are described at the topology they ran at. Samples: each
+        one's key, index and planned crop, flip and DCT scale (fastload.loading.provenance; with
+        on_error="skip" each sample is the one that took the place of a skipped one, ``stands_in_for``
+        names those it replaced). Token rows: each row's segments, named by shard, document, first
+        token in the document and length (of a mixture, the members' weights in force)."""
         epoch = self.state.current_epoch if epoch is None else int(epoch)
-        skipped = {entry["where"]: entry["reason"] for entry in self.stats.skipped.entries} if self.options.on_error == "skip" else None
-        return describe_step(self.sharded, self.orders.spec(), self.state.resumed_from(epoch), epoch, int(step), self.sample_spec,
-                             self.options.transform, self.options.seed, cpu_decode=self.backend == "cpu",
-                             classes=self.orders.classes, skipped=skipped)
+        return self.kind.describe(int(step), epoch)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose order the next iteration yields (it also advances by itself once
@@ -284,7 +261,7 @@ class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
         that state's position; setting the one it finished (saved after its last batch) yields
         nothing more of it."""
         self._settle_abandoned()
-        self.state.set_epoch(int(epoch), lambda e: len(self.orders.order(Position(e))))
+        self.state.set_epoch(int(epoch), self.kind.epoch_length)
 
     def _settle_abandoned(self) -> None:
         """Close an epoch left in progress (a break) now: closing breaks it off, which must happen
@@ -295,20 +272,9 @@ class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
 
     @property
     def identity(self) -> str:
-        """A digest of the samples this loader reads (shards, their checksums, a Subset's choice):
-        recorded in state_dict, compared across ranks."""
-        digest = hashlib.sha256()
-        for shard in self.sharded.index.shards:
-            digest.update(f"{shard.path}|{shard.samples}|{shard.sha256};".encode())
-        if self.options.take is not None:
-            digest.update(np.asarray(self.options.take, dtype=np.int64).tobytes())
-        if self.orders.mixture is not None:  # its weights and epoch length decide its order
-            digest.update(self.orders.mixture.identity().encode())
-        if self.options.exclude:
-            digest.update(b"exclude" + np.asarray(self.options.exclude, dtype=np.int64).tobytes())
-        if self.orders.class_weights is not None:
-            digest.update(b"class weights" + np.asarray(self.orders.class_weights, dtype=np.float64).tobytes())
-        return digest.hexdigest()[:16]
+        """A digest of what this loader reads (shards, their checksums, a Subset's choice; token rows:
+        how they are packed): recorded in state_dict, compared across ranks."""
+        return self.kind.identity()
 
     def _before_epoch(self) -> None:
         """As an epoch starts: a DistributedSampler passed as sampler= has its set_epoch take
@@ -318,38 +284,17 @@ class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
             self._sampler_epoch_seen = sampler.epoch
             self.set_epoch(sampler.epoch)
         if not self._agreed:
-            options = self.options
-            check_ranks_agree(
-                {"seed": options.seed, "batch_size": options.batch_size, "world_size": self.world_size,
-                 "shuffle": options.shuffle, "drop_last": options.drop_last, "streaming order": options.streaming,
-                 "dataset (its identity digest)": int(self.identity[:15], 16), "number of samples": len(cast(Sized, self.dataset))},
-                "fastload.DataLoader",
-            )
+            check_ranks_agree(self.kind.agreement(), "fastload.DataLoader")
             self._agreed = True
-
-    def _topology(self) -> tuple[int, int]:
-        """(world size, batch size): recorded in state_dict (the streaming order's positions depend on it)."""
-        return self.world_size, self.options.batch_size
-
-    def _order_settings(self) -> OrderSettings:
-        """The order's settings a position's meaning depends on (recorded in state_dict)."""
-        options = self.options
-        return OrderSettings(options.streaming, options.shuffle, options.buffer_size if options.streaming else 1)
 
     def state_dict(self) -> dict[str, Any]:
         """Where training is: only batches handed to the caller count, not prefetched ones."""
-        state = self.state.state_dict(self.options.seed, self.identity, self._topology(), self._order_settings())
-        if self.orders.mixture is not None:  # each member's own position, derived from the mixture's
-            position, mixture = self.state.position, self.orders.mixture
-            weights = self.orders.weights_at(position) if mixture.schedule is not None else None  # those in force
-            state["members"] = mixture.describe_positions(self.orders.member_positions(position), weights)
-        return state
+        return self.kind.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume: the next iteration yields exactly the samples of that epoch not yet consumed,
-        at any world size (the streaming order then deals the unseen shards anew)."""
-        position = read_state_dict(state, self.options.seed, self.identity, self._topology(), self._order_settings(),
-                                   lambda p: len(self.orders.order(p)))
+        """Resume: the next iteration yields exactly what of that epoch was not yet consumed, at any
+        world size (the streaming order then deals the unseen shards anew; token rows at any batch size too)."""
+        position = self.kind.read_state(state)
         self._settle_abandoned()
         self.state.restore(position)
 
@@ -360,7 +305,7 @@ class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
         if active is not None:
             active.close()
         self._active = None
-        self._engine.close()
+        self.kind.close()
 
     def __enter__(self) -> DataLoader:
         return self

@@ -128,7 +128,7 @@ def describe_tokens(args: argparse.Namespace, dataset: Any, state: dict[str, Any
                     seed: int) -> TokenStepDescription:
     """The token loader's batch at the step ``args`` names: its rows' segments, with the rows'
     options (``--seq-len``, required, and ``--packing``, ``--block-tokens``, ``--packing-window``) given."""
-    from fastload.token_loader import TokenDataLoader
+    from fastload.loader import DataLoader
 
     given = [option(name) for name in IMAGE_ONLY if getattr(args, name) not in (None, False)]
     if given:
@@ -137,8 +137,8 @@ def describe_tokens(args: argparse.Namespace, dataset: Any, state: dict[str, Any
         raise ValueError(f"{dataset.location} holds tokens: give --seq-len (the loader's seq_len=), and --packing, --block-tokens "
                          "and --packing-window where the loader had other than their defaults")
     rows = {name: getattr(args, name) for name in TOKEN_ONLY[1:] if getattr(args, name) is not None}
-    loader = TokenDataLoader(dataset, batch_size=batch_size, shuffle=args.shuffle, drop_last=args.drop_last, seq_len=args.seq_len,
-                             seed=seed, rank=args.rank, world_size=world, **rows)
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=args.shuffle, drop_last=args.drop_last, seq_len=args.seq_len,
+                        seed=seed, rank=args.rank, world_size=world, **rows)
     if state:
         loader.load_state_dict(state)
     epoch = args.epoch if args.epoch is not None else loader.state.current_epoch

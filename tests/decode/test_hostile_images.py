@@ -72,11 +72,11 @@ for workers in (0, 1):
     out[f"skip{{workers}}"] = run("skip")
 out["verify"] = verify_dataset(root, decode=True).problems
 loader = fastload.DataLoader(root, batch_size=16, num_workers=0, transform=T.val(32))
-feed = DaliFeed(loader.dataset, loader.sample_spec, carried_stacked(loader.sample_spec, loader.image_shape), tuple(T.val(32)), 0, "raise", len(loader.dataset), loader.orders.spec(), 0)
+feed = DaliFeed(loader.dataset, loader.kind.sample_spec, carried_stacked(loader.kind.sample_spec, loader.kind.image_shape), tuple(T.val(32)), 0, "raise", len(loader.dataset), loader.kind.orders.spec(), 0)
 notes = FeedColumns(*feed(SimpleNamespace(epoch_idx=0, iteration=0))[: len(FeedColumns._fields)]).notes
 skipped, error = read_notes([bytes(n) for n in notes])
 out["dali_plan"] = [error.where, error.reason] if error else None
-feed_skip = DaliFeed(loader.dataset, loader.sample_spec, carried_stacked(loader.sample_spec, loader.image_shape), tuple(T.val(32)), 0, "skip", len(loader.dataset), loader.orders.spec(), 0)
+feed_skip = DaliFeed(loader.dataset, loader.kind.sample_spec, carried_stacked(loader.kind.sample_spec, loader.kind.image_shape), tuple(T.val(32)), 0, "skip", len(loader.dataset), loader.kind.orders.spec(), 0)
 out["dali_plan_skip"] = read_notes([bytes(n) for n in FeedColumns(*feed_skip(SimpleNamespace(epoch_idx=0, iteration=0))[: len(FeedColumns._fields)]).notes])[0]
 out["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps(out))

@@ -23,7 +23,7 @@ vocab = train.dataset.index.tokenizer.vocab_size
 model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=64, n_embd=32, n_layer=1, n_head=1, bos_token_id=0, eos_token_id=0))
 optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
 model, optimizer, train, val = accelerator.prepare(model, optimizer, train, val)
-report: dict = {"prepared_is_fastload": isinstance(train, fastload.TokenDataLoader), "syncs": [], "batches": len(train), "losses": []}
+report: dict = {"prepared_is_fastload": isinstance(train, fastload.DataLoader), "syncs": [], "batches": len(train), "losses": []}
 
 
 def digest(batch: dict) -> str:

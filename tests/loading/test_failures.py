@@ -29,7 +29,7 @@ from tests.conftest import alive, cli_env, collection_page_faults, photo_folder
 
 
 def worker_pids(loader: fastload.DataLoader) -> list[int]:
-    return [p.pid for p in loader._engine.pool.processes]
+    return [p.pid for p in loader.kind.engine.pool.processes]
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -150,7 +150,7 @@ def test_killed_worker_raises_within_seconds(clean: Path) -> None:
     loader = fastload.DataLoader(clean, batch_size=2, num_workers=2, transform=T.val(16), prefetch_factor=1)
     it = iter(loader)
     next(it)
-    victim = loader._engine.pool.processes[0]
+    victim = loader.kind.engine.pool.processes[0]
     workers = worker_pids(loader)
     os.kill(victim.pid, signal.SIGKILL)
     start = time.monotonic()

@@ -105,7 +105,7 @@ def test_order_is_the_same_for_any_number_of_workers(members: dict[str, Path]) -
 @pytest.mark.usefixtures("schedule")
 def test_any_positions_evaluate_alone_as_in_the_whole_order(members: dict[str, Path]) -> None:
     mixture = fastload.mix({members["big"]: 2, members["small"]: 1}, samples_per_epoch=500)
-    orders = fastload.DataLoader(mixture, batch_size=8, shuffle=True, seed=9, transform=CROP).orders.spec()
+    orders = fastload.DataLoader(mixture, batch_size=8, shuffle=True, seed=9, transform=CROP).kind.orders.spec()
     assert isinstance(orders, mixture_order.MixtureOrder)
     order = orders.order(2)
     whole = order.indices(np.arange(len(order)))  # every position at once

@@ -45,7 +45,7 @@ def tokens(tokenizer_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     return root / "ds"
 
 
-def loader(path, **kwargs) -> fastload.TokenDataLoader:  # type: ignore[no-untyped-def]  # a folder, or an opened dataset
+def loader(path, **kwargs) -> fastload.DataLoader:  # type: ignore[no-untyped-def]  # a folder, or an opened dataset
     return fastload.DataLoader(str(path) if isinstance(path, Path) else path, **{"batch_size": 4, "seq_len": SEQ, "block_tokens": BLOCK, "seed": 3, **kwargs})
 
 
@@ -53,7 +53,7 @@ def covered(ld, epoch: int, steps: int, world: int) -> Counter:
     """Every (shard, document, token offset) the rows of ``steps`` global steps hold, over all ranks, counted."""
     seen: Counter = Counter()
     for rank in range(world):
-        view = loader(ld.dataset.root, rank=rank, world_size=world, packing=ld.tokens.packing.value)
+        view = loader(ld.dataset.root, rank=rank, world_size=world, packing=ld.kind.tokens.packing.value)
         for step in range(steps):
             for row in view.describe(step, epoch):
                 for s in row:
@@ -79,7 +79,7 @@ def test_every_token_of_an_epoch_exactly_once_over_the_ranks(tokens: Path, packi
     assert covered(ld, 0, steps, 3) == all_tokens(tokens)  # each token once: no token twice, none left out
 
 
-def assert_batch_is_what_describe_names(ld: fastload.TokenDataLoader, batch: dict, step: int, epoch: int) -> None:
+def assert_batch_is_what_describe_names(ld: fastload.DataLoader, batch: dict, step: int, epoch: int) -> None:
     """Each row of ``batch`` holds the segments ``describe(step, epoch)`` names: their tokens, positions
     counted from each segment's start, and labels that are the next token of the same document (the
     ignore index after its last token and on padding)."""
@@ -141,7 +141,7 @@ def test_worker_processes_make_the_same_batches_as_the_training_process(tokens: 
     inline = list(loader(tokens, packing=packing))
     with loader(tokens, packing=packing, num_workers=2, prefetch_factor=3) as ld:
         made = list(ld)
-        pool = ld._engine.pool
+        pool = ld.kind.engine.pool
         assert pool is not None and all(p.is_alive() for p in pool.processes) and len(pool.processes) == 2
         assert ld.stats.epochs[-1].busy_processes() == 2  # both workers made batches; none were made here
         assert len(made) == len(inline) and all(
@@ -493,7 +493,7 @@ def test_stats_count_tokens_and_seq_len_needs_a_token_dataset(tokens: Path) -> N
         pass
     assert ld.stats.tokens == fastload.open(tokens).index.num_tokens and ld.stats.epochs[0].complete
     with pytest.raises(ValueError, match="seq_len must be a positive number of tokens"):
-        fastload.TokenDataLoader(fastload.open(tokens), seq_len=0)
+        fastload.DataLoader(fastload.open(tokens), seq_len=0)
 
 
 def test_a_token_dataset_dropped_without_close_leaves_no_descriptor_open(tokens: Path) -> None:
@@ -587,7 +587,7 @@ def test_an_impossible_state_is_refused_naming_the_field_by_every_loader(tokens:
     """One validation for images and tokens: a state no loader could have saved is a ValueError
     naming the field, never an epoch that repeats, drops or crashes (before: only the image loader
     refused a position past the epoch, and only once it iterated)."""
-    def make() -> fastload.DataLoader | fastload.TokenDataLoader:
+    def make() -> fastload.DataLoader:
         if kind == "images":
             return fastload.DataLoader(clean, batch_size=4, transform=fastload.transforms.val(16))
         return loader(tokens, packing=kind.split()[1], packing_window=2 * BLOCK)

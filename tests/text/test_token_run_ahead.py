@@ -81,7 +81,7 @@ def assert_same(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
     assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
 
 
-def segments(ld: fastload.TokenDataLoader, epoch: int, steps: int) -> int:
+def segments(ld: fastload.DataLoader, epoch: int, steps: int) -> int:
     """The spans the first ``steps`` batches of ``epoch`` read (describe names each)."""
     return sum(len(row) for step in range(steps) for row in ld.describe(step, epoch))
 
