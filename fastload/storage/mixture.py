@@ -24,7 +24,8 @@ from fastload.formats import ShardReader
 from fastload.formats.index import FORMAT_VERSION, DatasetIndex
 from fastload.formats.table import SampleTable
 from fastload.orders.epoch_order import shards_of
-from fastload.orders.mixture import MemberPosition, MixtureOrder, apportion
+from fastload.orders.mixture import MemberPosition, MixtureOrder
+from fastload.orders.mixture_parts import apportion
 from fastload.orders.schedule import WeightSchedule
 from fastload.orders.spec import OrderSpec
 from fastload.storage.dataset import ShardedDataset, open_shards_each
