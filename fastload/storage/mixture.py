@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from fastload.formats import ShardReader
 from fastload.formats.index import FORMAT_VERSION, DatasetIndex
+from fastload.formats.shard_reader import ShardReader
 from fastload.formats.table import SampleTable
 from fastload.orders.epoch_order import shards_of
 from fastload.orders.mixture import MemberPosition, MixtureOrder
