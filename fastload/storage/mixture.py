@@ -16,7 +16,7 @@ import numbers
 import os
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import numpy as np
 
@@ -29,9 +29,6 @@ from fastload.orders.mixture_parts import apportion
 from fastload.orders.schedule import WeightSchedule
 from fastload.orders.spec import OrderSpec
 from fastload.storage.dataset import ShardedDataset, open_shards_each
-
-if TYPE_CHECKING:
-    import numpy as np
 
 Member = str | os.PathLike[str] | ShardedDataset
 
