@@ -23,7 +23,7 @@ import numpy as np
 
 from fastload.orders.balanced import ClassMembers
 from fastload.orders.epoch_order import EpochOrder
-from fastload.orders.mixture_parts import MASK64, Leaf, apportion, spread_evenly
+from fastload.orders.mixing import MASK64, Leaf, apportion, member_seed, spread_evenly
 from fastload.orders.position import ResumedFrom
 from fastload.orders.rank_batches import RankBatches
 from fastload.orders.schedule import WeightSchedule
@@ -56,11 +56,6 @@ def hypergeometric_split(rng: np.random.Generator, counts: np.ndarray, take: int
             left[member] = min(max(round(rng.normal(mean, sd)), wanted - rest, 0), good, wanted)
         wanted -= int(left[member])
     return left
-
-
-def member_seed(seed: int, member: int) -> int:
-    """The seed of member ``member``'s own epoch orders: apart from every other member's."""
-    return int(np.random.SeedSequence([seed & MASK64, member, 0x313C]).generate_state(1, np.uint64)[0])
 
 
 @dataclass(frozen=True)
