@@ -54,8 +54,8 @@ def random_resized_crop(clip: torch.Tensor, rng: random.Random) -> torch.Tensor:
     return out.flip(-1) if rng.random() < 0.5 else out
 
 
-class PyAVClips(torch.utils.data.Dataset):
-    """A video Dataset as users write it: every frame decoded from the start, every stride-th kept."""
+class VideoFiles(torch.utils.data.Dataset):
+    """Video files and their labels; a subclass reads a clip of each."""
 
     def __init__(self, paths: list[Path], labels: list[int]) -> None:
         self.paths, self.labels = paths, labels
@@ -63,58 +63,51 @@ class PyAVClips(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.paths)
 
+
+class PyAVClips(VideoFiles):
+    """A PyAV video Dataset as users write it: every frame decoded from the start, every stride-th
+    kept; with ``seek``, FFmpeg's seek to the keyframe before a random start (frame numbers from the
+    timestamps at the average rate), decoding on to the clip's last frame, each kept frame
+    converted to RGB."""
+
+    def __init__(self, paths: list[Path], labels: list[int], seek: bool = False) -> None:
+        super().__init__(paths, labels)
+        self.seek = seek
+
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         import av
 
         rng = random.Random(i * 7919 + int(time.time_ns() % 1000))
         with av.open(str(self.paths[i])) as container:
-            frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
-        start = rng.randint(0, max(len(frames) - (FRAMES - 1) * STRIDE - 1, 0))
-        kept = [frames[min(start + k * STRIDE, len(frames) - 1)] for k in range(FRAMES)]
+            kept = _seeking(container, rng) if self.seek else _from_start(container, rng)
         clip = torch.from_numpy(np.stack(kept)).permute(0, 3, 1, 2)
         return random_resized_crop(clip, rng), self.labels[i]
 
 
-class PyAVSeekClips(torch.utils.data.Dataset):
-    """A video Dataset that seeks, as users write it: FFmpeg's seek to the keyframe before a random
-    start (frame numbers from the timestamps at the average rate), decoding on to the clip's last
-    frame, each kept frame converted to RGB."""
-
-    def __init__(self, paths: list[Path], labels: list[int]) -> None:
-        self.paths, self.labels = paths, labels
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        import av
-
-        rng = random.Random(i * 7919 + int(time.time_ns() % 1000))
-        with av.open(str(self.paths[i])) as container:
-            stream = container.streams.video[0]
-            rate, first = stream.average_rate, stream.start_time or 0
-            start = rng.randint(0, max(stream.frames - (FRAMES - 1) * STRIDE - 1, 0))
-            wanted = [min(start + k * STRIDE, stream.frames - 1) for k in range(FRAMES)]
-            container.seek(first + int(start / rate / stream.time_base), stream=stream, backward=True)
-            kept: dict[int, np.ndarray] = {}
-            for frame in container.decode(stream):
-                number = round((frame.pts - first) * stream.time_base * rate)
-                if number in wanted:
-                    kept[number] = frame.to_ndarray(format="rgb24")
-                if number >= wanted[-1]:
-                    break
-        clip = torch.from_numpy(np.stack([kept[n] for n in wanted])).permute(0, 3, 1, 2)
-        return random_resized_crop(clip, rng), self.labels[i]
+def _from_start(container, rng: random.Random) -> list[np.ndarray]:
+    frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+    start = rng.randint(0, max(len(frames) - (FRAMES - 1) * STRIDE - 1, 0))
+    return [frames[min(start + k * STRIDE, len(frames) - 1)] for k in range(FRAMES)]
 
 
-class TorchcodecClips(torch.utils.data.Dataset):
+def _seeking(container, rng: random.Random) -> list[np.ndarray]:
+    stream = container.streams.video[0]
+    rate, first = stream.average_rate, stream.start_time or 0
+    start = rng.randint(0, max(stream.frames - (FRAMES - 1) * STRIDE - 1, 0))
+    wanted = [min(start + k * STRIDE, stream.frames - 1) for k in range(FRAMES)]
+    container.seek(first + int(start / rate / stream.time_base), stream=stream, backward=True)
+    kept: dict[int, np.ndarray] = {}
+    for frame in container.decode(stream):
+        number = round((frame.pts - first) * stream.time_base * rate)
+        if number in wanted:
+            kept[number] = frame.to_ndarray(format="rgb24")
+        if number >= wanted[-1]:
+            break
+    return [kept[n] for n in wanted]
+
+
+class TorchcodecClips(VideoFiles):
     """torchcodec's own clip sampler: one clip at a random index, 16 frames, 2 apart."""
-
-    def __init__(self, paths: list[Path], labels: list[int]) -> None:
-        self.paths, self.labels = paths, labels
-
-    def __len__(self) -> int:
-        return len(self.paths)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         from torchcodec.decoders import VideoDecoder
@@ -196,7 +189,7 @@ def main() -> None:
                                                            clip=fastload.Clip(frames=FRAMES, stride=STRIDE), transform=T.train(SIZE)),
         "torch DataLoader + PyAV Dataset": lambda: torch.utils.data.DataLoader(PyAVClips(paths, labels), batch_size=BATCH, shuffle=True,
                                                                                 num_workers=WORKERS, persistent_workers=True),
-        "torch DataLoader + PyAV seeking Dataset": lambda: torch.utils.data.DataLoader(PyAVSeekClips(paths, labels), batch_size=BATCH,
+        "torch DataLoader + PyAV seeking Dataset": lambda: torch.utils.data.DataLoader(PyAVClips(paths, labels, seek=True), batch_size=BATCH,
                                                                                     shuffle=True, num_workers=WORKERS, persistent_workers=True),
         "torch DataLoader + torchcodec clips_at_random_indices": lambda: torch.utils.data.DataLoader(
             TorchcodecClips(paths, labels), batch_size=BATCH, shuffle=True, num_workers=WORKERS, persistent_workers=True),

@@ -14,6 +14,8 @@ import signal
 import socket
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +34,50 @@ def collection_page_faults() -> int:
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     gc.collect()
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+class WorkerLog:
+    """A file the worker processes append a line to for each thing they do (a sample made, a span
+    read), counted in the training process; named by the training process's pid, so the workers it
+    forks write to the same file."""
+
+    def __init__(self, name: str) -> None:
+        self.path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"fastload-{name}-{os.getpid()}.log")
+
+    def note(self) -> None:
+        """One line more (called in a worker)."""
+        with open(self.path, "a") as log:
+            log.write("x\n")
+
+    def count(self) -> int:
+        """The lines so far."""
+        try:
+            with open(self.path) as log:
+                return len(log.readlines())
+        except FileNotFoundError:
+            return 0
+
+    def settled(self, expected: int = 0) -> int:
+        """count() once it is at least ``expected`` and the workers have stopped adding to it (the
+        30 s only guard a hang)."""
+        deadline, count = time.monotonic() + 30, -1
+        while self.count() < expected and time.monotonic() < deadline:
+            time.sleep(0.05)
+        while count != self.count() and time.monotonic() < deadline:
+            count = self.count()
+            time.sleep(0.5)
+        return count
+
+    def clear(self) -> None:
+        """Remove the file (counting starts at 0 again)."""
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+
+    def cleared(self) -> Iterator[None]:
+        """A fixture's body: the log empty for the test and removed after it."""
+        self.clear()
+        yield
+        self.clear()
 
 
 def jpeg_bytes(image: Image.Image, quality: int = 90, **kwargs) -> bytes:

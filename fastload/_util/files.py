@@ -1,5 +1,6 @@
-"""Dataset files handled safely: relative paths confined to the dataset root, regular files only
-(a FIFO would block a reader), new files never created through a link (a dataset folder may hold
+"""Dataset files handled safely: relative paths confined to the dataset root (the one check of where
+links lead: :func:`resolved_inside`; a dataset's files opened through it: :func:`open_in_root`),
+regular files only (a FIFO would block a reader), descriptors never shared across a fork, new files never created through a link (a dataset folder may hold
 planted symlinks), atomic and durable writes, sha256 digests."""
 
 from __future__ import annotations
@@ -16,10 +17,27 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from fastload.errors import DatasetIndexError
+from fastload.errors import DatasetIndexError, ShardError
 
 _PATH_PART = re.compile(r"[A-Za-z0-9_.+=,@-]+")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+_pid = os.getpid()
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def this_process() -> int:
+    """This process's id, kept by a fork hook: readers check it on every read (never share a
+    descriptor across a fork), and ``os.getpid()`` is a system call (~7 a sample: ~2 us)."""
+    return _pid
 
 
 def close_when_dropped(owner: object, fd: int) -> weakref.finalize:
@@ -55,9 +73,33 @@ def resolved_inside(root: str | os.PathLike[str], path: str | os.PathLike[str]) 
     return real if real.is_relative_to(os.path.realpath(root)) else None
 
 
+def inside_root(root: str, path: str) -> str:
+    """``path`` once symlinks are followed, refused with a ShardError where that leaves ``root``."""
+    real = resolved_inside(root, path)
+    if real is None:
+        raise ShardError(f"{path}: a symlink leads outside the dataset root; refusing to read it")
+    return str(real)
+
+
 def is_sha256(value: object) -> bool:
     """Whether ``value`` is a sha256 hex digest as the writers record it (64 lowercase hex digits)."""
     return isinstance(value, str) and _SHA256.fullmatch(value) is not None
+
+
+def open_in_root(path: str | Path, root: str | None) -> tuple[int, int, str | Path]:
+    """(descriptor, size, the path opened) of a regular file: a file of a dataset under ``root``
+    is opened without following a symlink at its end (two ``lstat`` calls fewer on a shard's
+    first open), a link followed only where it stays inside ``root`` (then its resolved path
+    comes back); with ``root`` None (a cache's file) as it is. OSError where it cannot be opened."""
+    if root is None:
+        return (*open_regular_sized(path), path)
+    try:
+        return (*open_regular_sized(path, follow=False), path)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+    real = inside_root(root, str(path))
+    return (*open_regular_sized(real), real)
 
 
 def open_regular(path: str | os.PathLike[str]) -> int:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from fastload.fields import LABEL_FIELD, image_field
-from fastload.formats import offsets_name
+from fastload.formats.shard_files import offsets_name
 from fastload.storage.dataset import ShardedDataset
 
 BACKENDS = ("fastload-cpu", "fastload-dali", "fastload-hybrid", "torch", "webdataset", "dali-cpu", "dali-gpu")

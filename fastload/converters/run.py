@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, ClassVar, cast
 
 from fastload._util.files import atomic_write_bytes, fsync_dir, naming, remove_temporaries
-from fastload.converters.dedupe import Duplicate, draw_duplicates, find_duplicates
+from fastload.converters.dedupe import DocumentDuplicates, Duplicate, draw_duplicates, find_duplicate_documents, find_duplicates
 from fastload.converters.engines import Engine, open_engine
 from fastload.converters.in_runs import convert_in_runs
 from fastload.converters.lock import locked_output
@@ -40,9 +40,7 @@ from fastload.converters.sample import SourceItem
 from fastload.converters.shard import ShardResult, ShardTask, WrittenShards, prepare_sample, sources_digest, write_shard
 from fastload.converters.sources import Source, TextSource, open_source
 from fastload.converters.tokens import (
-    DocumentDuplicates,
     TokenShardTask,
-    find_duplicate_documents,
     first_documents,
     plan_token_shards,
     tokenizer_identity,

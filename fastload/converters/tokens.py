@@ -1,5 +1,5 @@
 """Documents into token shards, on the conversion's engine: the plan (items cut into shards of
-about ``shard_tokens`` tokens), exact deduplication of documents, and one shard's work.
+about ``shard_tokens`` tokens) and one shard's work (its documents' exact dedupe: converters.dedupe).
 
 Shards are planned before anything is tokenized, so the plan (and every shard's bytes) stays a
 pure function of the input and the options, whatever the engine and the number of workers: each
@@ -12,7 +12,6 @@ JSONL chunk; a compressed file or a Parquet row group: all of it).
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import logging
 import math
@@ -25,7 +24,6 @@ from typing import cast
 import numpy as np
 
 from fastload._util.files import naming
-from fastload.converters.engines import Engine
 from fastload.converters.options import ConvertOptions, TokenizeOptions
 from fastload.converters.plan import ShardPlan, assign_shards
 from fastload.converters.sample import SourceItem
@@ -177,56 +175,6 @@ def first_documents(source: TextSource, items: list[SourceItem], limit: int) -> 
         if seen == limit:
             return cast(TextSource, FirstDocuments(source, item.key, count)), items[: position + 1]  # frozen: classes read-only
     return source, items
-
-
-@dataclass(frozen=True)
-class HashTask:
-    """One item's documents to hash (picklable)."""
-
-    source: TextSource
-    item: SourceItem
-
-
-def document_hashes(task: HashTask) -> np.ndarray:
-    """A 128-bit blake2b digest of each document's text (an unreadable one: of its ``where``,
-    unlike any text), as (documents, 16) uint8."""
-    digests = [hashlib.blake2b(d.text.encode() if d.text is not None else b"\0" + d.where.encode(), digest_size=16).digest()
-               for d in task.source.documents(task.item)]
-    return np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(len(digests), 16)
-
-
-@dataclass(frozen=True)
-class DocumentDuplicates:
-    """Documents whose text came earlier in the conversion: per item, the numbers of its dropped
-    documents, and a report line for each (the document, and the first with its text)."""
-
-    drops: dict[int, tuple[int, ...]]  # item position -> its dropped documents' numbers
-    lines: list[dict]
-
-    def __len__(self) -> int:
-        return len(self.lines)
-
-
-def find_duplicate_documents(source: TextSource, items: list[SourceItem], runner: Engine) -> DocumentDuplicates:
-    """Every document whose exact text an earlier document (in plan order) has: hashed on the
-    engine, compared here (16 bytes a document)."""
-    per_item: dict[int, np.ndarray] = dict(runner.map_unordered(document_hashes, [HashTask(source, item) for item in items]))
-    counts = np.array([len(per_item[p]) for p in range(len(items))], dtype=np.int64)
-    hashes = np.concatenate([per_item[p] for p in range(len(items))]) if len(items) else np.zeros((0, 16), np.uint8)
-    _, first, inverse = np.unique(hashes.view("V16").ravel(), return_index=True, return_inverse=True)
-    originals = first[inverse.ravel()]
-    duplicate = np.flatnonzero(originals != np.arange(len(hashes)))
-    starts = np.concatenate([[0], np.cumsum(counts)])
-    drops: dict[int, list[int]] = {}
-    lines = []
-    for at in duplicate.tolist():
-        item = int(np.searchsorted(starts, at, side="right") - 1)
-        origin = int(originals[at])
-        origin_item = int(np.searchsorted(starts, origin, side="right") - 1)
-        drops.setdefault(item, []).append(at - int(starts[item]))
-        lines.append({"where": items[item].where, "document": at - int(starts[item]), "duplicate_of": items[origin_item].where,
-                      "duplicate_of_document": origin - int(starts[origin_item])})
-    return DocumentDuplicates({item: tuple(numbers) for item, numbers in drops.items()}, lines)
 
 
 @dataclass(frozen=True)

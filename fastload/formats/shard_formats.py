@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Protocol
 from fastload.formats.token_counts import ShardTokens
 
 if TYPE_CHECKING:
-    from fastload.formats import ShardReader
+    from fastload.formats.shard_reader import ShardReader
     from fastload.formats.table import SampleTable
 
 
 class OpenReader(Protocol):
-    """Opens a reader over one shard's files (see :func:`fastload.formats.open_shard_files`):
+    """Opens a reader over one shard's files (see :func:`fastload.formats.shard_files.open_shard_files`):
     ``offsets``, the file beside it that locates its samples (a tar's ``.idx``, a token shard's
     document table), ``samples`` it holds, the dataset's ``decoded_shape`` (pixels stored decoded),
     how many shards a process may hold open, its sample table, the dataset root its files must stay

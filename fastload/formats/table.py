@@ -44,11 +44,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fastload._util.files import close_when_dropped, open_regular
+from fastload._util.files import close_when_dropped, open_in_root, open_regular, this_process
 from fastload.av.facts import MAX_CODEC_NAME, StreamFacts
 from fastload.errors import SampleError, ShardError
 from fastload.fields import LABEL_FIELD, parse_label
-from fastload.formats import open_in_root, this_process
 from fastload.formats.idx import Member, split_member_name
 
 TABLE_MAGIC = b"FLTABLE1"

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, cast
 from fastload._util.processes import forked_pool
 from fastload.errors import FastloadError, SampleError
 from fastload.fields import image_field
-from fastload.formats import PixelReader, ShardReader
 from fastload.formats.key_list import format_keys
+from fastload.formats.shard_reader import PixelReader, ShardReader
 from fastload.near.search import MultiIndex
 from fastload.storage.dataset import ShardedDataset
 from fastload.storage.remote import redact

@@ -18,34 +18,19 @@ at any world size continues from the samples consumed, every member where it was
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fastload.orders.balanced import ClassMembers
 from fastload.orders.epoch_order import EpochOrder
+from fastload.orders.mixing import MASK64, Leaf, apportion, member_seed, spread_evenly
 from fastload.orders.position import ResumedFrom
 from fastload.orders.rank_batches import RankBatches
+from fastload.orders.schedule import WeightSchedule
 from fastload.orders.spec import OrderSpec
 
-if TYPE_CHECKING:
-    from fastload.orders.schedule import WeightSchedule
-
 MEMBER_BUFFER = 4096  # a remote member's shuffle buffer: it reads its shards in sequence (see MixtureOrder)
-MASK64 = (1 << 64) - 1  # numpy's seeds are unsigned: a negative loader seed= is taken mod 2**64
 LEAF = 1 << 14  # positions of the smallest parts of a mixture epoch's schedule, arranged at once (MixtureOrder.leaf)
-
-
-def apportion(total: int, weights: tuple[float, ...]) -> tuple[int, ...]:
-    """``total`` split in proportion to ``weights`` (largest remainder; ties to the earlier member)."""
-    relative = np.asarray(weights, dtype=np.float64) / max(weights)  # the sum of huge weights would overflow
-    shares = relative * total / relative.sum()
-    counts = np.floor(shares).astype(np.int64)
-    left = total - int(counts.sum())
-    counts[np.argsort(-(shares - counts), kind="stable")[:left]] += 1
-    return tuple(int(c) for c in counts)
-
-
 NUMPY_HYPERGEOMETRIC_LIMIT = 10**9  # numpy's multivariate draw needs fewer items in all; the univariate, fewer of each kind
 
 
@@ -71,36 +56,6 @@ def hypergeometric_split(rng: np.random.Generator, counts: np.ndarray, take: int
             left[member] = min(max(round(rng.normal(mean, sd)), wanted - rest, 0), good, wanted)
         wanted -= int(left[member])
     return left
-
-
-def spread_evenly(counts: np.ndarray) -> np.ndarray:
-    """The member of each of ``sum(counts)`` positions, member m's j-th at (j + 1/2) / counts[m] of them."""
-    members = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
-    spots = np.concatenate([(np.arange(n) + 0.5) / n for n in counts.tolist() if n])
-    return members[np.argsort(spots, kind="stable")]
-
-
-def member_seed(seed: int, member: int) -> int:
-    """The seed of member ``member``'s own epoch orders: apart from every other member's."""
-    return int(np.random.SeedSequence([seed & MASK64, member, 0x313C]).generate_state(1, np.uint64)[0])
-
-
-@dataclass(frozen=True)
-class Leaf:
-    """A part of a mixture epoch's positions: where it starts, each member's positions before it
-    in the epoch, and the member of each of its positions."""
-
-    start: int
-    before: np.ndarray
-    members: np.ndarray
-
-    def ranks(self) -> np.ndarray:
-        """Of each position, how many of its member's positions come before it in the leaf."""
-        by_member = np.argsort(self.members, kind="stable")
-        firsts = np.concatenate([[0], np.cumsum(np.bincount(self.members))[:-1]]).astype(np.int64)
-        ranks = np.empty(len(self.members), dtype=np.int64)
-        ranks[by_member] = np.arange(len(self.members)) - firsts[self.members[by_member]]
-        return ranks
 
 
 @dataclass(frozen=True)

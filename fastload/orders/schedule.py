@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from fastload.orders.mixture import MASK64, Leaf, apportion, spread_evenly
+from fastload.orders.mixing import MASK64, Leaf, apportion, spread_evenly
 
 SCHEDULE_KEY = 0x5C4ED  # tags a scheduled part's arrangement
 PARTS_KEPT = 4  # the most recent parts' arrangements kept

@@ -16,21 +16,19 @@ import numbers
 import os
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import numpy as np
 
-from fastload.formats import ShardReader
 from fastload.formats.index import FORMAT_VERSION, DatasetIndex
+from fastload.formats.shard_reader import ShardReader
 from fastload.formats.table import SampleTable
 from fastload.orders.epoch_order import shards_of
-from fastload.orders.mixture import MemberPosition, MixtureOrder, apportion
+from fastload.orders.mixing import apportion
+from fastload.orders.mixture import MemberPosition, MixtureOrder
 from fastload.orders.schedule import WeightSchedule
 from fastload.orders.spec import OrderSpec
 from fastload.storage.dataset import ShardedDataset, open_shards_each
-
-if TYPE_CHECKING:
-    import numpy as np
 
 Member = str | os.PathLike[str] | ShardedDataset
 
@@ -234,7 +232,7 @@ def mix(members: Mapping[Member, float] | Sequence[Member], samples_per_epoch: i
     """Datasets (paths, URLs or opened datasets) sampled with the given weights, as one dataset for
     ``fastload.DataLoader``; an epoch is ``samples_per_epoch`` samples (default: all members' sizes).
     ``by="tokens"``: token datasets, each weight a share of the rows (hence of the tokens) delivered,
-    spread evenly (fastload.text.token_order.mixture_members). ``weights``: a WeightSchedule, weights
+    spread evenly (fastload.orders.mixing.mixture_members). ``weights``: a WeightSchedule, weights
     that change over the run (then ``members`` is a list). Members given as paths or URLs split
     the process's open-shard cap between them."""
     if not members:

@@ -14,8 +14,9 @@ import numpy as np
 
 from fastload._util.files import atomic_write_bytes
 from fastload.errors import ShardError
-from fastload.formats import ShardReader, open_shard, root_file, table_name
 from fastload.formats.index import DatasetIndex, ShardInfo
+from fastload.formats.shard_files import open_shard, root_file, table_name
+from fastload.formats.shard_reader import ShardReader
 from fastload.formats.table import SampleTable, key_hashes
 
 log = logging.getLogger("fastload")

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from fastload.av.facts import REENCODE_KEYFRAME_INTERVAL, frames_per_clip
-from fastload.formats import open_shard
 from fastload.formats.index import SKIPPED_REPORT, VIDEO_FORMAT_VERSION, DatasetIndex, read_index
+from fastload.formats.shard_files import open_shard
 from fastload.formats.tokens.reader import TokenShardReader
 from fastload.storage import remote
 from fastload.storage.dataset import read_remote_index

@@ -14,9 +14,10 @@ from fastload._util.files import file_sha256, read_file
 from fastload.av.facts import StreamFacts
 from fastload.errors import FastloadError, SampleError
 from fastload.fields import decode_field, default_role, image_field
-from fastload.formats import ShardReader, dataset_file, offsets_name, open_shard, open_shard_files, table_name
 from fastload.formats.index import DatasetIndex, ShardInfo, read_index
+from fastload.formats.shard_files import dataset_file, offsets_name, open_shard, open_shard_files, table_name
 from fastload.formats.shard_formats import shard_format
+from fastload.formats.shard_reader import ShardReader
 from fastload.formats.table import Facts, SampleTable
 from fastload.storage.remote import is_url
 

@@ -29,12 +29,12 @@ import itertools
 
 import numpy as np
 
-from fastload.orders.mixture import member_seed
+from fastload.orders.mixing import member_seed, mixture_members
 from fastload.orders.permutation import Permutation, mix_key
 from fastload.storage.mixture import MixedDataset
 from fastload.text.packing import best_fit_decreasing, best_fit_rows, split_lengths, split_long
 from fastload.text.token_corpus import Segments, TokenCorpus
-from fastload.text.token_order import ROW_KEY, TokenStream, block_pieces, mixture_members
+from fastload.text.token_order import ROW_KEY, TokenStream, block_pieces
 
 BLOCKS_KEPT = 8  # a stream's most recent blocks kept (their pieces)
 WINDOWS_KEPT = 2  # best-fit's most recent windows kept (their packed rows)

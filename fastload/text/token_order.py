@@ -9,9 +9,8 @@ block is held, and the shuffle is that of documents within a block and of blocks
 A *piece* is a run of one document's tokens that is contiguous in the stream; labels never cross
 from one piece to the next.
 
-The mixture of several token datasets by tokens (:func:`mixture_members`) gives each member its
-weight's share of rows, spread evenly: after any k rows, member m has had within log2(members)
-rows of ``k * weight_m``.
+Which member of a mixture by tokens each row comes from is the mixtures' arithmetic
+(:func:`fastload.orders.mixing.mixture_members`).
 """
 
 from __future__ import annotations
@@ -83,31 +82,3 @@ def block_pieces(stream: TokenStream, number: int, start: int, length: int, doc_
     starts, lengths = starts[order], lengths[order]
     keep = lengths > 0
     return starts[keep], lengths[keep]
-
-
-def mixture_members(rows: np.ndarray, weights: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """For mixture rows ``rows``, each one's member and its row number in that member's own
-    sequence: the members split in halves recursively, each half's count after k rows being
-    ``floor(k * share + 1/2)``, so every member's count stays within a row per halving of ``k * weight``."""
-    rows = np.asarray(rows, dtype=np.int64)
-    members = np.zeros(len(rows), dtype=np.int64)
-    local = rows.copy()
-    _split(local, members, np.arange(len(rows)), np.asarray(weights, dtype=np.float64) / sum(weights), 0)
-    return members, local
-
-
-def _split(local: np.ndarray, members: np.ndarray, at: np.ndarray, weights: np.ndarray, first: int) -> None:
-    """Assign the rows ``at`` (numbered ``local`` within this group of members ``first..``) to the group's members."""
-    if len(weights) == 1 or not len(at):
-        members[at] = first
-        return
-    half = len(weights) // 2
-    share = weights[:half].sum() / weights.sum()
-    k = local[at]
-    before = np.floor(k * share + 0.5).astype(np.int64)
-    into_left = np.floor((k + 1) * share + 0.5).astype(np.int64) > before
-    left, right = at[into_left], at[~into_left]
-    local[left] = before[into_left]
-    local[right] = k[~into_left] - before[~into_left]
-    _split(local, members, left, weights[:half], first)
-    _split(local, members, right, weights[half:], first + half)

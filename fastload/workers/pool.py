@@ -27,6 +27,7 @@ from typing import Any, NoReturn, Protocol, cast
 
 import numpy as np
 
+from fastload._util.processes import die_with_parent
 from fastload.errors import FastloadError, SampleError, rebuild_error
 from fastload.fields import SampleSpec
 from fastload.storage.dataset import ShardedDataset
@@ -119,6 +120,7 @@ class WorkerConfig:
 
 def _worker_main(worker_id: int, config: WorkerJob, tasks: multiprocessing.Queue, results: multiprocessing.Queue, parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    die_with_parent(parent)  # even while worker_init_fn or a batch is stuck
     # Objects inherited from the parent (torch, numpy, the index: ~40 MB) go to the permanent
     # generation: a collection here would otherwise write to every one of them, copying all
     # their pages (a fresh worker's first sample took ~100 ms and 11k page faults).
@@ -132,12 +134,7 @@ def _worker_main(worker_id: int, config: WorkerJob, tasks: multiprocessing.Queue
             return
     clock = config.counters.clock(worker_id)
     while True:
-        try:
-            task = tasks.get(timeout=POLL_S * 5)
-        except queue.Empty:
-            if os.getppid() != parent:
-                return  # the main process is gone
-            continue
+        task = tasks.get()
         if task is None:
             break
         run, batch_no, slot, epoch, start, count, work = task

@@ -7,8 +7,6 @@ load_state_dict, a break). The data: conftest's ``clean`` (30 JPEGs in 4 tar sha
 from __future__ import annotations
 
 import itertools
-import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,43 +17,22 @@ import torch
 import fastload
 from fastload import transforms as T
 from fastload.workers.stage_clock import WORKER_STAGES
+from tests.conftest import WorkerLog
 
 BATCH = 4
 EPOCH_SAMPLES = 30
-MADE = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"fastload-run-ahead-{os.getpid()}.log")
+MADE = WorkerLog("run-ahead")
 
 
 def count_made(sample: dict[str, Any], rng: Any) -> dict[str, Any]:
-    """A no-op map= that notes each sample a worker makes (one line each, appended)."""
-    with open(MADE, "a") as log:
-        log.write("x\n")
+    """A no-op map= that notes each sample a worker makes."""
+    MADE.note()
     return sample
-
-
-def made() -> int:
-    try:
-        with open(MADE) as log:
-            return len(log.readlines())
-    except FileNotFoundError:
-        return 0
-
-
-def settled() -> int:
-    """made() once the workers have stopped making samples (the run-ahead's batches are all made)."""
-    deadline, count = time.monotonic() + 30, -1
-    while count != made() and time.monotonic() < deadline:
-        count = made()
-        time.sleep(0.5)
-    return count
 
 
 @pytest.fixture()
 def made_log() -> Iterator[None]:
-    if os.path.exists(MADE):
-        os.unlink(MADE)
-    yield
-    if os.path.exists(MADE):
-        os.unlink(MADE)
+    yield from MADE.cleared()
 
 
 def loader(clean: Path, workers: int) -> fastload.DataLoader:
@@ -78,11 +55,11 @@ def test_the_next_epoch_is_made_before_it_starts_and_equals_a_loader_that_never_
     with loader(clean, 0) as inline:
         expected = [taken(inline) for _ in range(3)]
         want_state = inline.state_dict()
-    assert made() == 3 * EPOCH_SAMPLES
-    os.unlink(MADE)
+    assert MADE.count() == 3 * EPOCH_SAMPLES
+    MADE.clear()
     with loader(clean, 2) as workers:
         first = taken(workers)
-        assert settled() > EPOCH_SAMPLES, "no sample of epoch 1 was made before its iteration started"
+        assert MADE.settled() > EPOCH_SAMPLES, "no sample of epoch 1 was made before its iteration started"
         held = list(workers)  # epoch 1's batches as lent (the first from the run-ahead's slot), copied only now
         got = [first, taken(held), taken(workers)]
         assert workers.state_dict() == want_state

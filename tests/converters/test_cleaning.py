@@ -16,8 +16,8 @@ from PIL import Image
 from fastload.converters import ConvertOptions, SourceOptions, convert
 from fastload.decode.cpu import decode_image
 from fastload.errors import SampleError
-from fastload.formats import open_shard
 from fastload.formats.index import read_index
+from fastload.formats.shard_files import open_shard
 from tests.conftest import jpeg_bytes, png_bytes, run_cli, small_photo
 from tests.hostile_data import fake_png_header
 

@@ -17,8 +17,8 @@ import fastload
 from fastload.converters import ConvertOptions, SourceOptions, WriterOptions, convert
 from fastload.converters.sources import open_source
 from fastload.errors import SampleError
-from fastload.formats import open_shard
 from fastload.formats.index import read_index
+from fastload.formats.shard_files import open_shard
 from tests.conftest import jpeg_bytes, run_cli, small_photo
 
 

@@ -9,7 +9,7 @@ import pytest
 
 import fastload
 from fastload.converters import ConvertOptions, convert
-from fastload.formats import offsets_name
+from fastload.formats.shard_files import offsets_name
 from fastload.formats.shard_formats import LAYOUTS, SHARD_FORMATS
 
 

@@ -16,8 +16,8 @@ import pytest
 from fastload.cli.command import main
 from fastload.converters import ConvertOptions, convert
 from fastload.converters.options import TokenizeOptions
-from fastload.formats import open_shard
 from fastload.formats.index import read_index
+from fastload.formats.shard_files import open_shard
 from fastload.formats.tokens.reader import TokenShardReader
 from fastload.storage.summary import summarize
 from fastload.storage.verify import verify_dataset

@@ -17,8 +17,8 @@ from fastload.converters import ConvertOptions, convert
 from fastload.converters.lock import LOCK_FILE
 from fastload.converters.options import TokenizeOptions
 from fastload.errors import DatasetIndexError, FastloadError, SampleError, ShardError
-from fastload.formats import open_shard
 from fastload.formats.index import DatasetIndex, read_index
+from fastload.formats.shard_files import open_shard
 from fastload.storage.verify import verify_dataset
 from tests.conftest import run_cli
 from tests.converters.test_confinement import link_out

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -818,23 +819,30 @@ def test_two_ranks_deliver_different_rows_that_together_are_the_epochs(tokens: P
     assert ranks[0] + ranks[1] == rows()
 
 
+def rows_of_ranks(make: Callable[[int], fastload.TokenDataLoader], world: int, state: dict | None = None,
+                  steps: int | None = None) -> tuple[Counter, dict]:
+    """The rows (their real tokens) the ``world`` ranks' loaders ``make(rank)`` deliver in an epoch,
+    each resumed from ``state`` if given, and with ``steps`` stopping there: the state saved then."""
+    delivered: Counter = Counter()
+    saved: dict = {}
+    for rank in range(world):
+        ld = make(rank)
+        if state is not None:
+            ld.load_state_dict(state)
+        for step, batch in enumerate(ld, start=1):
+            delivered.update(tuple(row[mask.bool()].tolist()) for row, mask in zip(batch["input_ids"], batch["attention_mask"]) if mask.any())
+            if step == steps:
+                saved = ld.state_dict()
+                break
+    return delivered, saved
+
+
 @pytest.mark.parametrize("world_after", [2, 3])
 def test_a_resume_of_two_ranks_counts_the_global_step(tokens: Path, world_after: int) -> None:
     """Two ranks save after 5 steps (5 x 2 x 4 rows consumed, not 5 x 4); resumed at 2 or 3 ranks, the
     rows before and after are the epoch's rows once each."""
     def ranks(world: int, state: dict | None = None, steps: int | None = None) -> tuple[Counter, dict]:
-        delivered: Counter = Counter()
-        saved: dict = {}
-        for rank in range(world):
-            ld = loader(tokens, batch_size=4, rank=rank, world_size=world)
-            if state is not None:
-                ld.load_state_dict(state)
-            for step, batch in enumerate(ld, start=1):
-                delivered.update(tuple(row[mask.bool()].tolist()) for row, mask in zip(batch["input_ids"], batch["attention_mask"]) if mask.any())
-                if step == steps:
-                    saved = ld.state_dict()
-                    break
-        return delivered, saved
+        return rows_of_ranks(lambda rank: loader(tokens, batch_size=4, rank=rank, world_size=world), world, state, steps)
 
     before, state = ranks(2, steps=5)
     assert state["samples_consumed"] == 5 * 2 * 4

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,9 +18,10 @@ import torch
 
 import fastload
 from fastload.workers.stage_clock import WORKER_STAGES
+from tests.conftest import WorkerLog
 from tests.text.test_token_loader import loader, tokens  # noqa: F401 - a fixture
 
-READS = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"fastload-token-run-ahead-{os.getpid()}.log")
+READS = WorkerLog("token-run-ahead")
 ROWS = len(WORKER_STAGES) + 1  # the workers' counters' column of rows made (stage_clock.SAMPLES)
 
 
@@ -30,39 +30,15 @@ def log_reads(worker_id: int) -> None:
     read = os.preadv
 
     def logged(fd: int, buffers: Any, offset: int) -> int:
-        with open(READS, "a") as log:
-            log.write("x\n")
+        READS.note()
         return read(fd, buffers, offset)
 
     os.preadv = logged
 
 
-def reads() -> int:
-    try:
-        with open(READS) as log:
-            return len(log.readlines())
-    except FileNotFoundError:
-        return 0
-
-
-def settled(expected: int) -> int:
-    """reads() once at least ``expected`` and the workers have stopped reading (the run-ahead's batch is made)."""
-    deadline, count = time.monotonic() + 30, -1  # only guards a hang
-    while reads() < expected and time.monotonic() < deadline:
-        time.sleep(0.05)
-    while count != reads() and time.monotonic() < deadline:
-        count = reads()
-        time.sleep(0.5)
-    return count
-
-
 @pytest.fixture()
 def reads_log() -> Iterator[None]:
-    if os.path.exists(READS):
-        os.unlink(READS)
-    yield
-    if os.path.exists(READS):
-        os.unlink(READS)
+    yield from READS.cleared()
 
 
 def taken(batches: Any, count: int | None = None) -> list[torch.Tensor]:
@@ -93,7 +69,7 @@ def test_the_next_epochs_first_batch_is_made_before_it_starts_and_the_batches_ar
     with loader(tokens, packing=packing, num_workers=2, worker_init_fn=log_reads) as workers:
         first = taken(workers)
         expected = segments(workers, 0, len(first)) + segments(workers, 1, 1)
-        assert settled(expected) == expected, "epoch 1's first batch was not made (once) before its iteration"
+        assert READS.settled(expected) == expected, "epoch 1's first batch was not made (once) before its iteration"
         got = [first, taken(workers), taken(workers)]
         state = workers.state_dict()
         rows = [int(epoch.workers[:, ROWS].sum()) for epoch in workers.stats.epochs]

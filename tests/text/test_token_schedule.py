@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import fastload
-from tests.text.test_token_loader import BLOCK, SEQ, member_of, token_member, tokens  # noqa: F401 - a fixture
+from tests.text.test_token_loader import BLOCK, SEQ, member_of, rows_of_ranks, token_member, tokens  # noqa: F401 - a fixture
 
 STAGES = [(0, [0.9, 0.1]), (200_000, [0.2, 0.8]), (400_000, [0.5, 0.5])]  # tokens of the run
 
@@ -57,18 +57,8 @@ def test_a_resume_at_another_world_size_across_the_change_delivers_the_epochs_ro
     """Epoch 0 runs through the change at 200K tokens: two ranks save after 4 steps; resumed at 1
     or 3 ranks, the rows before and after are the uninterrupted epoch's, each once."""
     def ranks(world: int, state: dict | None = None, steps: int | None = None) -> tuple[Counter, dict]:
-        delivered: Counter = Counter()
-        saved: dict = {}
-        for rank in range(world):
-            ld = fastload.DataLoader(mixture, batch_size=4, seq_len=SEQ, block_tokens=BLOCK, seed=3, rank=rank, world_size=world)
-            if state is not None:
-                ld.load_state_dict(state)
-            for step, batch in enumerate(ld, start=1):
-                delivered.update(tuple(row[mask.bool()].tolist()) for row, mask in zip(batch["input_ids"], batch["attention_mask"]) if mask.any())
-                if step == steps:
-                    saved = ld.state_dict()
-                    break
-        return delivered, saved
+        return rows_of_ranks(lambda rank: fastload.DataLoader(mixture, batch_size=4, seq_len=SEQ, block_tokens=BLOCK, seed=3,
+                                                              rank=rank, world_size=world), world, state, steps)
 
     before, state = ranks(2, steps=40)
     assert state["samples_consumed"] == 40 * 2 * 4

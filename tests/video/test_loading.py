@@ -223,17 +223,24 @@ def test_stats_time_reading_decoding_and_transforming_clips(video_dataset: Path)
     loader.close()
 
 
-def test_a_video_that_fails_to_decode_is_skipped_by_name(video_dataset: Path, tmp_path: Path) -> None:
+def with_a_broken_video(video_dataset: Path, tmp_path: Path, index: int) -> tuple[Path, str, str]:
+    """A copy of the dataset in which sample ``index``'s video has its header and first frames
+    overwritten: (the copy, the sample's key, where it is)."""
     copy = tmp_path / "copy"
     shutil.copytree(video_dataset, copy)
     ds = fastload.open(copy)
-    shard, row = ds.locate(1)
+    shard, row = ds.locate(index)
     offset, size = ds.reader(shard).spans(row)["mp4"]
-    key = ds.key_of(1)
+    key, where = ds.key_of(index), ds.where(index)
     ds.close()
-    with open(copy / read_index(copy).shards[shard].path, "r+b") as f:  # its header and first frames overwritten
+    with open(copy / read_index(copy).shards[shard].path, "r+b") as f:
         f.seek(offset)
         f.write(b"\0" * (size // 2))
+    return copy, key, where
+
+
+def test_a_video_that_fails_to_decode_is_skipped_by_name(video_dataset: Path, tmp_path: Path) -> None:
+    copy, key, _ = with_a_broken_video(video_dataset, tmp_path, 1)
     options = dict(batch_size=2, clip=Clip(frames=3), transform=T.train(16), return_keys=True)
     with pytest.raises(fastload.SampleError, match=f"shard-00000.tar:{key}: (not a readable video|its format .* is not a video container)"):
         list(fastload.DataLoader(copy, **options))
@@ -409,16 +416,7 @@ def test_the_field_video_takes_a_video_of_any_container(tmp_path: Path) -> None:
 def test_describe_names_the_video_that_stood_in_for_a_skipped_one(video_dataset: Path, tmp_path: Path) -> None:
     """With on_error="skip", describe(step) named the video that failed to decode (its stream facts
     plan fine); it names the one that took its place, as the batch's keys do, and the one it replaced."""
-    copy = tmp_path / "copy"
-    shutil.copytree(video_dataset, copy)
-    ds = fastload.open(copy)
-    shard, row = ds.locate(2)
-    offset, size = ds.reader(shard).spans(row)["mp4"]
-    bad = ds.where(2)
-    ds.close()
-    with open(copy / read_index(copy).shards[shard].path, "r+b") as f:
-        f.seek(offset)
-        f.write(b"\0" * (size // 2))
+    copy, _, bad = with_a_broken_video(video_dataset, tmp_path, 2)
     loader = fastload.DataLoader(copy, batch_size=2, shuffle=True, seed=5, on_error="skip", num_workers=2, return_keys=True,
                                  clip=Clip(frames=3), transform=T.train(16))
     for epoch in range(2):

@@ -24,11 +24,10 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from fastload._util.files import close_when_dropped, open_regular_sized
+from fastload._util.files import close_when_dropped, open_regular_sized, this_process
 from fastload.decode.header import check_pixels
 from fastload.errors import SampleError, ShardError
 from fastload.fields import LABEL_FIELD, format_label
-from fastload.formats import this_process
 from fastload.formats.columns import PackedStrings, int_column
 
 if TYPE_CHECKING:

@@ -32,9 +32,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fastload._util.files import close_when_dropped
+from fastload._util.files import close_when_dropped, open_in_root, this_process
 from fastload.errors import ShardError
-from fastload.formats import open_in_root, this_process
 from fastload.formats.token_counts import ShardTokens
 
 if TYPE_CHECKING:

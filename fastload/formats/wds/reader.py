@@ -8,10 +8,9 @@ import os
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-from fastload._util.files import close_when_dropped, read_file
+from fastload._util.files import close_when_dropped, open_in_root, read_file, this_process
 from fastload.errors import DatasetIndexError, SampleError, ShardError
 from fastload.fields import is_field_member
-from fastload.formats import open_in_root, this_process
 from fastload.formats.idx import TarMembers, parse_dali_index
 from fastload.formats.table import Facts, SampleTable, encode_table, tar_labels
 from fastload.formats.tar_headers import TarDamage, read_tar_members
