@@ -31,6 +31,8 @@ def dataset_1001(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 RANK_HANG_S = 180  # a rank's whole run takes seconds; past this it is stuck (pytest-timeout ends the test at 240 s)
+# The watchdog stays armed after _rank_main returns: a rank stuck on its way out (multiprocessing's exit joining
+# children or threads) also prints its stack and fails, instead of hanging mp.spawn's join with no stack of its own.
 
 
 def _rank_main(rank: int, world: int, init: str, data: str | dict, out: str, kwargs: dict, state: dict | None, stop_after: int | None) -> None:
@@ -57,7 +59,6 @@ def _rank_main(rank: int, world: int, init: str, data: str | dict, out: str, kwa
     loader.close()
     dist.barrier()
     dist.destroy_process_group()
-    faulthandler.cancel_dump_traceback_later()
 
 
 def run_ranks(tmp_path: Path, world: int, data: Path | dict[str, float], kwargs: dict, state: dict | None = None,

@@ -8,8 +8,8 @@ partial step its rows split evenly over the ranks; rows past the epoch's end are
 rank makes the same number of steps, and a rank's batch is all padding only when fewer rows than
 ranks are left). So a step's batch is a pure function of (seed, epoch, step, rank, world size), the
 state is (epoch, rows consumed) plus, for best-fit, where its packing got to, and a resume at
-another world size continues with the rows not yet consumed (at another seq_len too, for concat
-and pad rows: fastload.text.token_rows' origin).
+another world size continues with the rows not yet consumed (at another seq_len too, but for a
+mixture's rows: fastload.text.token_rows' origin).
 """
 
 from __future__ import annotations
@@ -122,13 +122,13 @@ class TokenBatches:
 
     def _seq_len_may_change(self) -> bool:
         """Whether a state saved at another seq_len resumes here: concat rows go on from the stream's token the
-        saved rows ended at, pad rows from the same document; best-fit's packed windows and a mixture's row
-        schedule count rows of the saved length."""
-        return self.mixture is None and self.tokens.packing is not Packing.BEST_FIT
+        saved rows ended at, pad rows from the same document, best-fit's from the pieces of the saved window its
+        rows did not hold; a mixture's row schedule counts rows of the saved length."""
+        return self.mixture is None
 
     def _check_rows(self, state: dict[str, Any]) -> int:
         """The seq_len ``state`` was saved at; a state saved with rows cut another way (packing, block_tokens,
-        best-fit's window; seq_len for best-fit and mixtures) is refused naming each argument that changed:
+        best-fit's window; seq_len for mixtures) is refused naming each argument that changed:
         its rows consumed would name other tokens here."""
         saved = state.get("rows")
         if not isinstance(saved, dict):
@@ -138,8 +138,8 @@ class TokenBatches:
                    if saved.get(name) != value and name not in free]
         if changed:
             why = ("" if "seq_len" in free or saved.get("seq_len") == self.tokens.seq_len else
-                   " (only concat and pad rows of one dataset, with the packing they were saved with, resume at another seq_len: "
-                   "best-fit packs whole windows, and a mixture by tokens deals its members, in rows of the saved length)")
+                   " (only rows of one dataset, with the packing they were saved with, resume at another seq_len: "
+                   "a mixture by tokens deals its members in rows of the saved length)")
             raise ValueError(f"state was saved with {', '.join(changed)}: its {state.get('samples_consumed')} rows consumed of epoch "
                              f"{state.get('epoch')} are cut from the token stream another way, so here they would name other tokens{why}. "
                              "Resume with the saved values to finish that epoch (batch_size and world_size may change), then change "
@@ -154,26 +154,25 @@ class TokenBatches:
         holding the next row with that window's first row (so a resume counts on from there)."""
         state = self.state.state_dict(self.options.seed, self.identity(), (self.ranks()[1], self.options.batch_size), self._settings())
         position = self.state.position
-        cursor = self.rows.locate(position.epoch, position.consumed) if position.consumed else None
+        cursor = self.rows.packing_cursor(position.epoch, position.consumed, position.resumed_from)
         if cursor is not None:
-            state["packing_cursor"] = list(cursor)
+            state["packing_cursor"] = cursor
         state["rows"] = self._row_settings()
         return state
 
     def read_state(self, state: dict[str, Any]) -> Position:
-        """The position ``state`` names, at any world size and batch size, concat and pad rows at any seq_len too
-        (concat from the stream's token the saved rows ended at, pad from the next document; the rest cut as saved)."""
+        """The position ``state`` names, at any world size and batch size, and but for a mixture at any seq_len too
+        (concat from the stream's token the saved rows ended at, pad from the next document, best-fit from the pieces
+        of the saved window its rows did not hold; the rest cut as saved: packing, block_tokens, window)."""
         saved_len = self._check_rows(state)
         cursor = state.get("packing_cursor")
         position = read_state_dict(state, self.options.seed, self._identity(saved_len), (self.ranks()[1], self.options.batch_size),
                                    self._settings(), lambda p: self.rows.resume_rows(p.epoch, p.consumed, cursor, self.rows.origin(p.resumed_from)),
-                                   "rows", (saved_len, self.tokens.seq_len))
-        if cursor is not None:
-            self.rows.of(position.epoch, read_cursor(cursor))
+                                   "rows", (saved_len, self.tokens.seq_len), None if cursor is None else read_cursor(cursor))
         return position
 
     def _first_row(self, step: int, epoch: int) -> tuple[int, int, int, int, Cursor | None] | None:
-        """(first row, rows, batch size, seq_len, concat's origin) of this rank's batch at global ``step`` of ``epoch``: steps
+        """(first row, rows, batch size, seq_len, the rows' origin) of this rank's batch at global ``step`` of ``epoch``: steps
         run before a resume at another topology or seq_len as they ran (None where this rank did not exist)."""
         rank, world = self.ranks()
         steps_before, rows_before = 0, 0

@@ -127,12 +127,14 @@ class LoaderState:
 
 
 def read_state_dict(state: dict[str, Any], seed: int, identity: str, topology: tuple[int, int], order: OrderSettings,
-                    epoch_samples: Callable[[Position], int], unit: str = "samples", lengths: tuple[int, int] | None = None) -> Position:
+                    epoch_samples: Callable[[Position], int], unit: str = "samples", lengths: tuple[int, int] | None = None,
+                    cursor: tuple[int, int] | None = None) -> Position:
     """The position of a checkpoint made for the same seed, dataset and order, every field checked
     (a ValueError naming it; ``epoch_samples(position)``: the samples, or ``unit``, the position's
     epoch holds); saved at another topology, the saved one is recorded in ``resumed_from`` (the streaming
     order then deals the unseen samples anew, from position 0; the global order continues at the same position).
-    ``lengths``: the token loader's (saved, this loader's) seq_len, part of its topology and of each ``resumed_from`` entry."""
+    ``lengths``: the token loader's (saved, this loader's) seq_len, part of its topology and of each ``resumed_from`` entry;
+    ``cursor``: best-fit's window holding row ``samples_consumed`` and its first row, which an entry for another seq_len ends with."""
     if state.get("version") in OLDER_ORDERS:
         raise ValueError(f"this loader state (version {state['version']}) was saved by an older fastload whose shuffled "
                          f"orders differ from this one's ({OLDER_ORDERS[state['version']]} since): resuming from it would "
@@ -156,7 +158,8 @@ def read_state_dict(state: dict[str, Any], seed: int, identity: str, topology: t
              state_number(state.get("batch_size", topology[1]), "batch_size", 1))
     resumed_from = read_resumed_from(state.get("resumed_from", []), consumed, order.streaming, None if lengths is None else lengths[0])
     if consumed and (saved != topology or (lengths is not None and lengths[0] != lengths[1])):
-        resumed_from.append((*saved, consumed) if lengths is None else (*saved, consumed, lengths[0]))
+        resumed_from.append((*saved, consumed) if lengths is None else
+                            (*saved, consumed, lengths[0], *(cursor if cursor is not None and lengths[0] != lengths[1] else ())))
         if order.streaming:
             consumed = 0
     position = Position(epoch, consumed, tuple(resumed_from))
@@ -181,17 +184,19 @@ def state_number(value: Any, name: str, least: int) -> int:
 def read_resumed_from(entries: Any, consumed: int, streaming: bool, seq_len: int | None = None) -> list[ResumedFrom]:
     """A state's ``resumed_from``: (world size >= 1, batch size >= 1, samples consumed >= 0) triples; in the
     global order, whose positions run on across topologies, ascending and none past ``samples_consumed``.
-    With ``seq_len`` (a token loader's, as saved) each entry ends with its rows' seq_len >= 1 (a triple: ``seq_len``'s)."""
+    With ``seq_len`` (a token loader's, as saved) each entry goes on with its rows' seq_len >= 1 (a triple: ``seq_len``'s)
+    and, best-fit's where the seq_len changed there, the window holding its row and that window's first row (>= 0)."""
     triples: list[ResumedFrom] = []
-    names = ("world_size", "batch_size", "samples_consumed", "seq_len")
+    names = ("world_size", "batch_size", "samples_consumed", "seq_len", "window", "window_first")
     for number, entry in enumerate(entries if isinstance(entries, (list, tuple)) else [entries]):
-        if not isinstance(entry, (list, tuple)) or not (len(entry) == 3 or (seq_len is not None and len(entry) == 4)):
+        if not isinstance(entry, (list, tuple)) or not (len(entry) == 3 or (seq_len is not None and len(entry) in (4, 6))):
             raise ValueError(f"loader state: resumed_from holds {entry!r}, not a (world_size, batch_size, samples_consumed) triple"
-                             + ("" if seq_len is None else " (nor one with its rows' seq_len)"))
-        triples.append(tuple(state_number(value, f"resumed_from[{number}].{name}", least) for value, name, least in zip(entry, names, (1, 1, 0, 1))))
+                             + ("" if seq_len is None else " (nor one with its rows' seq_len, and best-fit's window and its first row)"))
+        triples.append(tuple(state_number(value, f"resumed_from[{number}].{name}", least)
+                             for value, name, least in zip(entry, names, (1, 1, 0, 1, 0, 0))))
     if not streaming and any(b[2] < a[2] for a, b in itertools.pairwise([*triples, (1, 1, consumed)])):
         raise ValueError(f"loader state: resumed_from {[list(t) for t in triples]} does not ascend to samples_consumed={consumed}")
-    return triples if seq_len is None else [t if len(t) == 4 else (*t, seq_len) for t in triples]
+    return triples if seq_len is None else [t if len(t) > 3 else (*t, seq_len) for t in triples]
 
 
 STATE_REQUIRED = ("seed", "epoch", "samples_consumed")  # what a state_dict() always holds

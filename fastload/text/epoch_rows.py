@@ -15,7 +15,10 @@ its first column; what is left of the row is padding.
   another: row numbers run on from window to window, so finding row k needs the row counts of the
   windows before it; :class:`BestFitRows` locates rows forward from a cursor (the window holding
   a row and that window's first row), which ``state_dict`` saves, so a resume never counts from
-  the epoch's start;
+  the epoch's start. After a resume at another seq_len at row C (a :class:`Boundary`), the rows
+  before C stay as they were cut; the pieces of C's window that rows before C did not hold (its
+  *remnant*) are packed anew at the new seq_len as rows from C on, then the later windows at the
+  new seq_len: each token of the epoch in exactly one row, none lost, none repeated;
 - ``pad``: row k is the k-th document of a seeded permutation of all documents, its first L tokens;
 - a mixture by tokens (:class:`MixtureRows`): row k from the member :func:`mixture_members` gives
   it, each member's rows cut from its stream of epochs one after another, so every row is L
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from typing import NamedTuple
 
 import numpy as np
 
@@ -167,33 +171,73 @@ class PaddedRows:
         return Segments(starts[keep], take[keep], (take < lengths)[keep], (rows - first)[keep])
 
 
+class Boundary(NamedTuple):
+    """Where an epoch's best-fit rows of one seq_len give way to rows of another (a resume at another
+    seq_len): at row ``row``, which the rows before, cut at ``seq_len``, hold in window ``window``
+    whose first row is ``first`` (``window`` past the epoch's windows: ``row`` ends the rows before)."""
+
+    row: int
+    seq_len: int
+    window: int
+    first: int
+
+
 class BestFitRows:
     """Rows packed by best-fit decreasing, a window of ``window`` consecutive blocks of the stream
     at a time; ``counts`` holds each window's rows as counted, ``firsts`` the first row of windows
-    ``base`` onwards, as far as located."""
+    ``base`` onwards, as far as located. With an ``origin`` (the :class:`Boundary` of each resume at
+    another seq_len, the last one this ``seq_len``'s), these are the rows from the last boundary's
+    row on: first its window's remnant, then the later windows; rows before it are not theirs."""
 
     def __init__(self, corpus: TokenCorpus, seq_len: int, block: int, window: int, seed: int, epoch: int, shuffle: bool,
-                 cursor: tuple[int, int] = (0, 0)) -> None:
-        self.corpus, self.seq_len, self.window = corpus, seq_len, window
+                 cursor: tuple[int, int] | None = None, origin: tuple[Boundary, ...] = ()) -> None:
+        self.corpus, self.seq_len, self.window, self.block = corpus, seq_len, window, block
         self.stream = StreamRows(corpus, seq_len, block, seed, epoch, shuffle)
         self.windows = -(-self.stream.stream.blocks // window)
         self.seed, self.epoch, self.shuffle = seed, epoch, shuffle
+        self.origin = origin
+        self.start = (origin[-1].window, origin[-1].row) if origin else (0, 0)  # the first window of these rows and its first row
         self.counts: dict[int, int] = {}
-        self.base, self.firsts = cursor[0], [cursor[1]]
+        base, first = cursor if cursor is not None else self.start
+        self.base, self.firsts = base, [first]
         self._packed: dict[int, Segments] = {}
+        self._previous: BestFitRows | None = None
+        self._remnant: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def previous(self) -> BestFitRows:
+        """The rows before the last boundary (cut at its seq_len), located from the window holding it."""
+        if self._previous is None:
+            last = self.origin[-1]
+            self._previous = BestFitRows(self.corpus, last.seq_len, self.block, self.window, self.seed, self.epoch, self.shuffle,
+                                         (last.window, last.first), self.origin[:-1])
+        return self._previous
+
+    def _window_pieces(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Window ``index``'s pieces before any is cut to a row: its blocks' in stream order (first tokens,
+        lengths, whether each one's document goes on past its block); the last boundary's window: the pieces
+        the rows before the boundary's row did not hold, as packed at the seq_len before."""
+        if self.origin and index == self.start[0]:
+            if self._remnant is None:
+                last = self.origin[-1]
+                rows = self.previous().window_rows(last.window)
+                left = rows.row >= last.row - last.first
+                self._remnant = rows.start[left], rows.length[left], rows.continues[left]
+            return self._remnant
+        blocks = [self.stream.block(b) for b in range(index * self.window, min((index + 1) * self.window, self.stream.stream.blocks))]
+        return tuple(np.concatenate([b[column] for b in blocks]) for column in (0, 1, 3))  # type: ignore[return-value]
 
     def _pieces(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Window ``index``'s pieces (its blocks' in stream order), those longer than a row cut into
-        row-long parts: first tokens, lengths, whether each goes on (in its next part, or past its block)."""
-        blocks = [self.stream.block(b) for b in range(index * self.window, min((index + 1) * self.window, self.stream.stream.blocks))]
-        starts, lengths = np.concatenate([b[0] for b in blocks]), np.concatenate([b[1] for b in blocks])
-        piece_continues = np.concatenate([b[3] for b in blocks])
+        """Window ``index``'s pieces (:meth:`_window_pieces`), those longer than a row cut into
+        row-long parts: first tokens, lengths, whether each goes on (in its next part, or past its piece)."""
+        starts, lengths, piece_continues = self._window_pieces(index)
         parts, part_lengths, owner = split_long(starts, lengths, self.seq_len)
         return parts, part_lengths, (parts + part_lengths < (starts + lengths)[owner]) | piece_continues[owner]
 
     def _piece_lengths(self, index: int) -> np.ndarray:
         """The lengths of window ``index``'s pieces, as :meth:`_pieces` cuts them, in no order (a
         block's pieces are its documents cut at its edges: their order within it is not needed)."""
+        if self.origin and index == self.start[0]:
+            return split_lengths(self._window_pieces(index)[1], self.seq_len)
         lengths = []
         starts, sizes = self.stream.stream.block_spans(index * self.window, min((index + 1) * self.window, self.stream.stream.blocks))
         for start, end in zip(starts.tolist(), (starts + sizes).tolist()):
@@ -229,9 +273,12 @@ class BestFitRows:
 
     def locate(self, k: int) -> tuple[int, int] | None:
         """(window, its first row) of the window holding row ``k`` (None past the epoch's end),
-        counting forward from the windows located so far (from the epoch's start for a row before them)."""
+        counting forward from the windows located so far (from these rows' start for a row before them; a row
+        before that, an earlier seq_len's: None)."""
         if k < self.firsts[0]:
-            self.base, self.firsts = 0, [0]
+            if k < self.start[1]:  # before these rows (an earlier seq_len's)
+                return None
+            self.base, self.firsts = self.start[0], [self.start[1]]
         while k >= self.firsts[-1] and self.base + len(self.firsts) - 1 < self.windows:
             self.firsts.append(self.firsts[-1] + self.count(self.base + len(self.firsts) - 1))
         at = bisect.bisect_right(self.firsts, k) - 1
@@ -258,9 +305,34 @@ class BestFitRows:
     def plausible_first(self, index: int, first: int) -> bool:
         """Whether window ``index`` may start at row ``first``: the windows before it (full, ``T``
         tokens) pack into at least ``T / seq_len`` rows and, as best fit leaves at most one row of a
-        window at most half full, fewer than ``2 T / seq_len + 1`` each."""
-        tokens = index * self.window * self.stream.stream.block
-        return -(-tokens // self.seq_len) <= first <= 2 * tokens // self.seq_len + index
+        window at most half full, fewer than ``2 T / seq_len + 1`` each (from these rows' first window
+        on, its remnant at most a window's tokens)."""
+        start_window, start_row = self.start
+        if index <= start_window:
+            return index == start_window and first == start_row
+        tokens = self.window * self.stream.stream.block
+        before = (index - start_window - (1 if self.origin else 0)) * tokens  # the remnant may hold nothing
+        return start_row + -(-before // self.seq_len) <= first <= start_row + 2 * (index - start_window) * tokens // self.seq_len + index - start_window
+
+    def seek(self, index: int, first: int) -> None:
+        """Locate rows from window ``index``, whose first row is ``first`` (a saved cursor, checked by the caller)."""
+        self.base, self.firsts = index, [first]
+
+    def check_origin(self) -> None:
+        """A ValueError naming ``resumed_from`` unless each boundary's window holds its row among the rows before it
+        (a boundary past the last window: unless its row is the end of the rows before)."""
+        if not self.origin:
+            return
+        last, previous = self.origin[-1], self.previous()
+        previous.check_origin()
+        if last.window >= self.windows:
+            if previous.total() != last.row:
+                raise ValueError(f"loader state: resumed_from's entry at samples_consumed={last.row} (seq_len={last.seq_len}) names no "
+                                 f"best-fit window, but epoch {self.epoch} holds {previous.total()} rows at that seq_len: save it with its packing_cursor")
+        elif not (previous.plausible_first(last.window, last.first) and last.first <= last.row < last.first + previous.count(last.window)):
+            raise ValueError(f"loader state: resumed_from's entry at samples_consumed={last.row} (seq_len={last.seq_len}) names best-fit "
+                             f"window {last.window} from row {last.first}, which cannot hold that row")
+
     def held(self, first: int, count: int) -> int:
         """How many of rows ``first`` to ``first + count`` the epoch holds (past its last row, every window is counted)."""
         if self.locate(first + count - 1) is not None:
@@ -268,8 +340,9 @@ class BestFitRows:
         return max(0, min(count, self.firsts[-1] - first))
 
     def total(self) -> int:
-        """Rows in the whole epoch (every window counted, once: for ``len()``)."""
-        return sum(self.count(index) for index in range(self.windows))
+        """Rows in the whole epoch (every window counted, once: for ``len()``; after a resume at another seq_len,
+        the rows before it and those counted from it)."""
+        return self.start[1] + sum(self.count(index) for index in range(self.start[0], self.windows))
 
 
 class MixtureRows:

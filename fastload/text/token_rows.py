@@ -2,8 +2,9 @@
 mode's rows of each epoch (fastload.text.epoch_rows: which token spans each row holds) and the
 epoch's arithmetic over them that iteration, ``len()``, the samplers, ``describe`` and resume all
 use: an epoch's length, where a resume continues (best-fit's cursor; after a resume at another
-``seq_len``, the *origin* (C, T): rows from row C on cut from the stream's token T), and the rows
-of each rank in a global step."""
+``seq_len``, the *origin*: concat's (C, T), rows from row C on cut from the stream's token T;
+best-fit's :class:`~fastload.text.epoch_rows.Boundary` of each such resume, each naming the window
+holding its row, which a state records in its ``resumed_from`` entry), and the rows of each rank in a global step."""
 
 from __future__ import annotations
 
@@ -12,13 +13,13 @@ import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
 from fastload.storage.dataset import ShardedDataset
 from fastload.storage.mixture import MixedDataset
-from fastload.text.epoch_rows import BestFitRows, MixtureRows, PaddedRows, StreamRows, refuse_members_shorter_than_a_row
+from fastload.text.epoch_rows import BestFitRows, Boundary, MixtureRows, PaddedRows, StreamRows, refuse_members_shorter_than_a_row
 from fastload.text.token_corpus import Segments, TokenCorpus
 
 BLOCK_TOKENS = 1 << 16  # the stream's blocks: documents are shuffled within one, blocks within the epoch
@@ -92,7 +93,10 @@ def rank_share(step_first: int, held: int, batch: int, rank: int, world: int) ->
 
 
 EpochRows = StreamRows | PaddedRows | BestFitRows | MixtureRows
-Cursor = tuple[int, int]  # best-fit: the window holding a row and its first row; concat: the origin (StreamRows)
+# best-fit: the window holding a row and its first row (and, after a resume at another seq_len, the origin of its rows:
+# their boundaries); concat: the origin (StreamRows: row, token); an origin is best-fit's boundaries too (TokenRows.origin)
+Cursor = tuple[Any, ...]
+KEPT_EPOCH_ROWS = 2  # epochs' rows kept, by (epoch, origin): an epoch's and the next one's the workers run ahead into
 
 
 class TokenRows:
@@ -108,36 +112,50 @@ class TokenRows:
             raise ValueError("a mixture by tokens is made of concat rows (every row seq_len tokens of one member): packing='concat'")
         if self.mixture is not None:
             refuse_members_shorter_than_a_row(self.mixture, options.seq_len)
-        self._latest: tuple[int, EpochRows] | None = None
+        self._kept: dict[tuple[int, Cursor | None], EpochRows] = {}
 
-    def of(self, epoch: int, cursor: Cursor | None = None) -> EpochRows:
-        """The rows of ``epoch``; for best-fit, ``cursor`` (a window of the stream and its first row) is where locating starts;
-        for concat, it is the origin the rows are cut from after a resume at another seq_len (None: the epoch's start)."""
-        latest = self._latest[1] if self._latest is not None and self._latest[0] == epoch else None
+    def of(self, epoch: int, origin: Cursor | None = None) -> EpochRows:
+        """The rows of ``epoch``; ``origin`` (:meth:`origin`; None: the epoch's start) is where they are cut from after a
+        resume at another seq_len: for concat, (row, stream token); for best-fit, the resumes' boundaries."""
         concat = self.mixture is None and self.options.packing is Packing.CONCAT
-        if latest is not None and (cursor is None if not concat else isinstance(latest, StreamRows) and latest.origin == (cursor or (0, 0))):
-            return latest
+        key = (epoch, (origin or (0, 0)) if concat else tuple(origin or ()) if self.options.packing is Packing.BEST_FIT else None)
+        rows = self._kept.get(key)
+        if rows is not None:
+            return rows
         options, corpus = self.options, self.corpus
-        rows: EpochRows
         if self.mixture is not None:
             rows = MixtureRows(self.mixture, corpus, options.seq_len, options.block_tokens, self.seed, epoch, self.shuffle)
         elif concat:
-            rows = StreamRows(corpus, options.seq_len, options.block_tokens, self.seed, epoch, self.shuffle, cursor or (0, 0))
+            rows = StreamRows(corpus, options.seq_len, options.block_tokens, self.seed, epoch, self.shuffle, origin or (0, 0))
         elif options.packing is Packing.PAD:
             rows = PaddedRows(corpus, options.seq_len, self.seed, epoch, self.shuffle)
         else:
-            rows = BestFitRows(corpus, options.seq_len, options.block_tokens, options.window_blocks, self.seed, epoch, self.shuffle,
-                               cursor or (0, 0))
-        self._latest = (epoch, rows)
+            rows = self._best_fit(epoch, options.seq_len, origin)
+        if len(self._kept) >= KEPT_EPOCH_ROWS:
+            self._kept.pop(next(iter(self._kept)))
+        self._kept[key] = rows
         return rows
 
+    def _best_fit(self, epoch: int, seq_len: int, origin: Cursor | None) -> BestFitRows:
+        """``epoch``'s best-fit rows cut at ``seq_len`` from ``origin`` (boundaries; None: the epoch's start)."""
+        options = self.options
+        return BestFitRows(self.corpus, seq_len, options.block_tokens, options.window_blocks, self.seed, epoch, self.shuffle,
+                           origin=tuple(origin or ()))
+
     def cuts(self, resumed_from: Sequence[tuple[int, ...]]) -> list[tuple[int, Cursor | None]]:
-        """(seq_len, concat's origin) of the rows before each of an epoch's ``resumed_from`` entries (their 4th
+        """(seq_len, origin) of the rows before each of an epoch's ``resumed_from`` entries (their 4th
         number: the seq_len they were cut at), and last of this loader's rows from the last one: the origin
-        is where rows of that seq_len count from (None where that is the epoch's start: every row before cut as long)."""
+        is where rows of that seq_len count from (None where that is the epoch's start: every row before cut as long).
+        Concat's is (row, stream token); best-fit's the :class:`Boundary` of each entry where the seq_len changed, its
+        window the entry's 5th and 6th numbers (none: past the epoch's windows, the entry's row the end of the rows before)."""
+        if self.options.packing is Packing.BEST_FIT:
+            return self._best_fit_cuts(resumed_from)
         cuts: list[tuple[int, Cursor | None]] = []
         row, token = 0, 0
         for entry in (*resumed_from, None):
+            if entry is not None and len(entry) > 4:
+                raise ValueError(f"loader state: resumed_from holds {list(entry)}, but only best-fit's entries name a window "
+                                 f"(this loader packs {self.options.packing.value!r})")
             seq_len = entry[3] if entry is not None and len(entry) > 3 else self.options.seq_len
             from_start = token == row * seq_len or self.mixture is not None or self.options.packing is not Packing.CONCAT
             cuts.append((seq_len, None if from_start else (row, token)))
@@ -145,43 +163,82 @@ class TokenRows:
                 row, token = entry[2], token + (entry[2] - row) * seq_len
         return cuts
 
+    def _best_fit_cuts(self, resumed_from: Sequence[tuple[int, ...]]) -> list[tuple[int, Cursor | None]]:
+        """:meth:`cuts` for best-fit rows: their origins are the boundaries before them."""
+        lengths = [entry[3] if len(entry) > 3 else self.options.seq_len for entry in resumed_from] + [self.options.seq_len]
+        cuts: list[tuple[int, Cursor | None]] = []
+        boundaries: list[Boundary] = []
+        for n, entry in enumerate(resumed_from):
+            cuts.append((lengths[n], tuple(boundaries) or None))
+            if lengths[n + 1] != lengths[n]:
+                past_end = len(entry) < 6  # no window: the row ends the rows before (saved at the epoch's end)
+                window, first = (self._best_fit(0, lengths[n], None).windows, entry[2]) if past_end else (entry[4], entry[5])
+                boundaries.append(Boundary(entry[2], lengths[n], window, first))
+            elif len(entry) > 4:
+                raise ValueError(f"loader state: resumed_from holds {list(entry)}, which names a window, but the seq_len after it is the same")
+        cuts.append((lengths[-1], tuple(boundaries) or None))
+        return cuts
+
     def origin(self, resumed_from: Sequence[tuple[int, ...]]) -> Cursor | None:
-        """Concat: the origin of this loader's rows in an epoch resumed from ``resumed_from`` (None: the epoch's start; other packings: None)."""
+        """The origin of this loader's rows in an epoch resumed from ``resumed_from`` (None: the epoch's start; pad and mixtures: None)."""
         return self.cuts(resumed_from)[-1][1]
 
     def length(self, epoch: int, origin: Cursor | None = None) -> int:
-        """Rows in ``epoch`` (for best-fit, every window's rows counted, once per epoch; concat: cut from ``origin``)."""
+        """Rows in ``epoch`` (for best-fit, every window's rows counted, once per epoch; cut from ``origin``)."""
         rows = self.of(epoch, origin)
         return rows.total() if isinstance(rows, BestFitRows) else len(rows)
 
     def segments(self, epoch: int, first: int, count: int, cursor: Cursor | None = None) -> Segments:
         """Rows ``first`` to ``first + count`` of ``epoch`` (past its end: empty), numbered from 0;
-        ``cursor``: best-fit's window holding row ``first`` and that window's first row, when known; concat's origin."""
-        rows = self.of(epoch, None if self.options.packing is Packing.BEST_FIT else cursor)
-        if isinstance(rows, BestFitRows):
-            return rows.segments(first, count, cursor)
+        ``cursor``: best-fit's window holding row ``first`` and that window's first row, when known (:meth:`locate`,
+        with the rows' origin); concat's origin."""
+        if count <= 0:
+            return Segments.join([])
+        if self.options.packing is Packing.BEST_FIT:
+            rows = self.of(epoch, cursor[2] if cursor is not None and len(cursor) > 2 else None)
+            assert isinstance(rows, BestFitRows)
+            return rows.segments(first, count, None if cursor is None else (cursor[0], cursor[1]))
+        rows = self.of(epoch, cursor)
+        assert not isinstance(rows, BestFitRows)
         return rows.segments(first, count)
 
     def cut_at(self, epoch: int, first: int, count: int, seq_len: int, origin: Cursor | None) -> Segments:
-        """Rows ``first`` to ``first + count`` of ``epoch`` as cut at another ``seq_len`` (concat from ``origin``, or pad),
+        """Rows ``first`` to ``first + count`` of ``epoch`` as cut at another ``seq_len`` (from ``origin``),
         numbered from 0: the rows delivered before a resume at this loader's seq_len."""
         options = self.options
         if options.packing is Packing.PAD:
             return PaddedRows(self.corpus, seq_len, self.seed, epoch, self.shuffle).segments(first, count)
+        if options.packing is Packing.BEST_FIT:
+            return self._best_fit(epoch, seq_len, origin).segments(first, count, None)
         return StreamRows(self.corpus, seq_len, options.block_tokens, self.seed, epoch, self.shuffle, origin or (0, 0)).segments(first, count)
 
     def locate(self, epoch: int, row: int, origin: Cursor | None = None) -> Cursor | None:
-        """Best-fit: the window holding ``row`` of ``epoch`` and its first row (None past the end); concat: ``origin``; pad: None."""
+        """Best-fit: the window holding ``row`` of ``epoch`` and its first row, with the rows' origin if any (None past the
+        end); concat: ``origin``; pad: None."""
         rows = self.of(epoch, origin)
         if isinstance(rows, BestFitRows):
-            return rows.locate(row)
+            found = rows.locate(row)
+            return found if found is None or not rows.origin else (*found, rows.origin)
         return origin
+
+    def packing_cursor(self, epoch: int, consumed: int, resumed_from: Sequence[tuple[int, ...]]) -> list[int] | None:
+        """What a best-fit state at row ``consumed`` of ``epoch`` saves as its ``packing_cursor``: the window holding that
+        row and the window's first row (None at the epoch's start or end, and for other packings)."""
+        if self.options.packing is not Packing.BEST_FIT or not consumed:
+            return None
+        found = self.locate(epoch, consumed, self.origin(resumed_from))
+        return None if found is None else [found[0], found[1]]
 
     def resume_rows(self, epoch: int, consumed: int, cursor: object, origin: Cursor | None = None) -> int:
         """Rows of ``epoch`` that a state at row ``consumed`` with best-fit's ``packing_cursor`` may
         lie within (a ValueError naming ``packing_cursor`` where it is malformed, past the epoch, or
-        disagrees with ``consumed``): the epoch's rows, or with a cursor those through its window; concat: cut from ``origin``."""
+        disagrees with ``consumed``): the epoch's rows, or with a cursor those through its window, where
+        locating the rows then starts; cut from ``origin`` (best-fit's boundaries checked, each against the rows before it)."""
         rows = self.of(epoch, origin)
+        if isinstance(rows, BestFitRows):
+            rows.check_origin()
+            if rows.origin and rows.origin[-1].row == consumed:  # resumed here at another seq_len: the cursor is the boundary's
+                return consumed + (rows.count(rows.start[0]) if rows.start[0] < rows.windows else 0)
         if cursor is None:
             return rows.total() if isinstance(rows, BestFitRows) else len(rows)
         if not isinstance(rows, BestFitRows):
@@ -193,6 +250,7 @@ class TokenRows:
         if not rows.plausible_first(window, first) or not first <= consumed < first + rows.count(window):
             raise ValueError(f"loader state: packing_cursor={cursor!r} disagrees with samples_consumed={consumed}: "
                              f"window {window} cannot start at row {first} and hold row {consumed}")
+        rows.seek(window, first)
         return first + rows.count(window)
 
     def exists(self, epoch: int, row: int, origin: Cursor | None = None) -> bool:

@@ -21,7 +21,7 @@ from tests.text.test_token_loader import SEQ, tokens  # noqa: F401 - a fixture
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_a_token_loader_is_a_fastload_dataloader_with_torchs_attributes(tokens: Path) -> None:
+def test_a_token_loader_is_a_fastload_dataloader_with_torchs_attributes(tokens: Path) -> None:  # noqa: F811
     loader = fastload.DataLoader(tokens, batch_size=4, seq_len=SEQ, seed=1)
     assert isinstance(loader, fastload.DataLoader) and isinstance(loader, torch.utils.data.DataLoader)
     assert loader.seq_len == SEQ and loader.shuffle and loader.backend == "cpu"  # token rows are shuffled unless asked otherwise
@@ -31,7 +31,7 @@ def test_a_token_loader_is_a_fastload_dataloader_with_torchs_attributes(tokens: 
     loader.close()
 
 
-def test_each_kind_refuses_the_other_kinds_arguments_by_name(tokens: Path, clean: Path) -> None:
+def test_each_kind_refuses_the_other_kinds_arguments_by_name(tokens: Path, clean: Path) -> None:  # noqa: F811
     with pytest.raises(ValueError, match=r"seq_len= loads packed token rows: transform=, fields= apply to samples"):
         fastload.DataLoader(tokens, seq_len=SEQ, transform=fastload.transforms.val(32), fields=["input_ids"])
     with pytest.raises(ValueError, match=r"collate_fn= apply to samples"):
@@ -41,7 +41,7 @@ def test_each_kind_refuses_the_other_kinds_arguments_by_name(tokens: Path, clean
     fastload.DataLoader(tokens, seq_len=SEQ, rank=0, world_size=2, device="cpu").close()  # what both kinds take
 
 
-def test_token_data_loader_is_a_deprecated_alias_of_dataloader(tokens: Path) -> None:
+def test_token_data_loader_is_a_deprecated_alias_of_dataloader(tokens: Path) -> None:  # noqa: F811
     with pytest.warns(DeprecationWarning, match=r"fastload.TokenDataLoader is deprecated.*DataLoader\(dataset, seq_len=\.\.\.\)"):
         alias = fastload.TokenDataLoader
     assert alias is fastload.DataLoader

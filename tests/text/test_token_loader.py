@@ -750,7 +750,7 @@ def test_a_resume_at_another_batch_size_reads_every_token_of_the_epoch_once(toke
     assert len(list(resumed)) == steps - 5
 
 
-@pytest.mark.parametrize(("changed", "named"), [({"seq_len": 2 * SEQ}, f"seq_len={SEQ} (this loader: {2 * SEQ})"),
+@pytest.mark.parametrize(("changed", "named"), [({"seq_len": 2 * SEQ, "packing_window": 4 * BLOCK}, f"packing_window={8 * BLOCK} (this loader: {4 * BLOCK})"),
                                                 ({"packing": "concat"}, "packing='best-fit' (this loader: 'concat')"),
                                                 ({"block_tokens": 2 * BLOCK}, f"block_tokens={BLOCK} (this loader: {2 * BLOCK})"),
                                                 ({"packing_window": 4 * BLOCK}, f"packing_window={8 * BLOCK} (this loader: {4 * BLOCK})")])
@@ -866,7 +866,7 @@ def test_the_sampler_and_batch_sampler_step_by_the_global_batch(tokens: Path) ->
         assert torch.equal(made["input_ids"], own["input_ids"]) and torch.equal(made["labels"], own["labels"])
 
 
-def seq_len_resumes(tokens: Path, packing: str, lengths: list[int], worlds: list[int], num_workers: int) -> tuple[list, list, dict, int]:
+def seq_len_resumes(tokens: Path, packing: str, lengths: list[int], worlds: list[int], num_workers: int, **kwargs: object) -> tuple[list, list, dict, int]:
     """Train at ``lengths[0]`` on ``worlds[0]`` ranks, saving a state after 5 steps at each length and resuming it at the
     next (on ``worlds[n]`` ranks; the last run to the epoch's end, with ``num_workers``): every batch delivered (rank, step, batch, seq_len),
     each rank's last loader (which ran the epoch's end), the state it was resumed from and the step it resumed at."""
@@ -878,7 +878,7 @@ def seq_len_resumes(tokens: Path, packing: str, lengths: list[int], worlds: list
             state, resumed_at = json.loads(json.dumps(last[0].state_dict())), step
         last = []
         for rank in range(world):
-            ld = loader(tokens, packing=packing, seq_len=seq_len, rank=rank, world_size=world, num_workers=num_workers if n else 0)
+            ld = loader(tokens, packing=packing, seq_len=seq_len, rank=rank, world_size=world, num_workers=num_workers if n else 0, **kwargs)
             if state is not None:
                 ld.load_state_dict(state)
             batches = list(itertools.islice(ld, 5)) if n < len(lengths) - 1 else list(ld)
@@ -889,23 +889,27 @@ def seq_len_resumes(tokens: Path, packing: str, lengths: list[int], worlds: list
     return delivered, last, state, resumed_at
 
 
-@pytest.mark.parametrize("packing", ["concat", "pad"])
-@pytest.mark.parametrize(("lengths", "worlds", "num_workers"), [([64, 128], [1, 1], 0), ([128, 64], [2, 2], 2), ([64, 128, 96], [2, 1, 2], 0)])
+@pytest.mark.parametrize("packing", ["concat", "pad", "best-fit"])
+@pytest.mark.parametrize(("lengths", "worlds", "num_workers"), [([64, 128], [1, 1], 0), ([128, 64], [2, 2], 2), ([64, 128, 96], [2, 1, 2], 0),
+                                                              ([64, 128, 64], [1, 2, 2], 2)])
 def test_a_resume_at_another_seq_len_delivers_every_token_of_the_epoch_once(tokens: Path, packing: str, lengths: list[int], worlds: list[int],
                                                                             num_workers: int) -> None:
-    """Short-to-long warm-up: a state saved at one seq_len resumes at another (twice over, 64 -> 128 -> 96): concat goes on
-    from the stream's token the rows delivered so far ended at, pad from the next document, so over the ranks the epoch
-    delivers each token (pad: each document, as much as the seq_len that delivered it takes) once; ``describe`` names
-    every step as it was delivered, before and after the resumes; the batch sampler makes the same batches; the next
-    epoch runs at the new seq_len whole; the world size may change too. Before: refused ("state was saved with seq_len=...")."""
-    delivered, last, state, resumed_at = seq_len_resumes(tokens, packing, lengths, worlds, num_workers)
+    """Short-to-long warm-up: a state saved at one seq_len resumes at another (twice over, 64 -> 128 -> 96 or back to 64):
+    concat goes on from the stream's token the rows delivered so far ended at, pad from the next document, best-fit
+    from the pieces of the saved window its rows did not hold, packed anew (windows of one block here, so the resumes
+    fall in the first and later windows), so over the ranks the epoch delivers each token (pad: each document, as much
+    as the seq_len that delivered it takes) once; ``describe`` names every step as it was delivered, before and after
+    the resumes; the batch sampler makes the same batches; the next epoch runs at the new seq_len whole; the world
+    size may change too. Before: refused ("state was saved with seq_len=..."; best-fit: "best-fit packs whole windows")."""
+    kwargs = {"packing_window": BLOCK} if packing == "best-fit" else {}
+    delivered, last, state, resumed_at = seq_len_resumes(tokens, packing, lengths, worlds, num_workers, **kwargs)
     world = worlds[-1]
     for rank, step, batch, seq_len in delivered:
         assert batch["input_ids"].shape == (4, seq_len)
         assert_batch_is_what_describe_names(last[rank], batch, step, 0)
     steps = range(1 + max(step for _, step, _, _ in delivered))
     rows = [(rank, step, row) for rank, ld in enumerate(last) for step in steps for row in ld.describe(step, 0) if row]
-    if packing == "concat":  # every token once; and the tokens themselves, counted from the batches
+    if packing != "pad":  # every token once; and the tokens themselves, counted from the batches
         assert Counter((s["shard"], s["document"], s["offset"] + i) for _, _, row in rows for s in row for i in range(s["tokens"])) == all_tokens(tokens)
         ds = fastload.open(tokens)
         every = Counter(t for shard in range(len(ds.index.shards)) for d in range(len(ds.reader(shard)))
@@ -921,39 +925,72 @@ def test_a_resume_at_another_seq_len_delivers_every_token_of_the_epoch_once(toke
             start, end = ds.reader(shard_of[segment["shard"]]).bounds(segment["document"])
             assert segment["offset"] == 0 and segment["tokens"] == min(end - start, seq_len_at[(rank, step)])
     for rank in range(world):  # the batch sampler of a loader resumed as the last one was: the same batches
-        view = loader(tokens, packing=packing, seq_len=lengths[-1], rank=rank, world_size=world)
+        view = loader(tokens, packing=packing, seq_len=lengths[-1], rank=rank, world_size=world, **kwargs)
         view.load_state_dict(state)
         made = [b.fill(view.dataset)["input_ids"] for b in view.batch_sampler]
         assert len(made) == len(list(b for r, step, b, _ in delivered if r == rank and step >= resumed_at))
         for got, (_, _, batch, _) in zip(made, [d for d in delivered if d[0] == rank and d[1] >= resumed_at], strict=True):
             assert torch.equal(got, batch["input_ids"])
     for rank, ld in enumerate(last):  # the next epoch: whole at the last seq_len
-        fresh = loader(tokens, packing=packing, seq_len=lengths[-1], rank=rank, world_size=world)
+        fresh = loader(tokens, packing=packing, seq_len=lengths[-1], rank=rank, world_size=world, **kwargs)
         fresh.set_epoch(1)
         assert len(ld) == len(fresh)
         for ours, theirs in zip(ld, fresh, strict=True):
             assert torch.equal(ours["input_ids"], theirs["input_ids"]) and torch.equal(ours["labels"], theirs["labels"])
 
 
-@pytest.mark.parametrize("kind", ["best-fit", "mixture"])
-def test_a_resume_at_another_seq_len_of_best_fit_or_a_mixture_is_refused_saying_why(tokens: Path, tokenizer_file: Path, tmp_path: Path,
-                                                                                     kind: str) -> None:
-    """Best-fit packs whole windows at the saved seq_len and a mixture's member schedule counts its rows: a resume
-    at another seq_len is refused naming seq_len, why, and what to do; a saved seq_len no loader has is named."""
-    data = fastload.mix({str(tokens): 0.3, str(token_member(tokenizer_file, tmp_path)): 0.7}, by="tokens") if kind == "mixture" else tokens
-    packing = "best-fit" if kind == "best-fit" else "concat"
-    first = loader(data, packing=packing)
+def test_a_resume_at_another_seq_len_of_a_mixture_or_another_packing_is_refused_saying_why(tokens: Path, tokenizer_file: Path,
+                                                                                            tmp_path: Path) -> None:
+    """A mixture's member schedule counts its rows: a resume at another seq_len is refused naming seq_len, why, and what
+    to do; best-fit saved, concat resumed at another seq_len: both named at once; a saved seq_len no loader has is named."""
+    data = fastload.mix({str(tokens): 0.3, str(token_member(tokenizer_file, tmp_path)): 0.7}, by="tokens")
+    first = loader(data)
     next(iter(first))
     state = json.loads(json.dumps(first.state_dict()))
-    why = "best-fit packs whole windows" if kind == "best-fit" else "a mixture by tokens deals its members"
     with pytest.raises(ValueError, match=re.escape(f"state was saved with seq_len={SEQ} (this loader: {2 * SEQ})")) as error:
-        loader(data, packing=packing, seq_len=2 * SEQ).load_state_dict(state)
-    assert why in str(error.value) and "only concat and pad rows of one dataset, with the packing they were saved with" in str(error.value)
-    if kind == "best-fit":  # saved as best-fit, resumed as concat at another seq_len: both named at once
-        with pytest.raises(ValueError, match=re.escape(f"seq_len={SEQ} (this loader: {2 * SEQ}), packing='best-fit' (this loader: 'concat')")):
-            loader(data, seq_len=2 * SEQ).load_state_dict(state)
+        loader(data, seq_len=2 * SEQ).load_state_dict(state)
+    assert "a mixture by tokens deals its members" in str(error.value) and "only rows of one dataset, with the packing they were saved with" in str(error.value)
+    best_fit = loader(tokens, packing="best-fit")
+    next(iter(best_fit))
+    state = json.loads(json.dumps(best_fit.state_dict()))
+    with pytest.raises(ValueError, match=re.escape(f"seq_len={SEQ} (this loader: {2 * SEQ}), packing='best-fit' (this loader: 'concat')")):
+        loader(tokens, seq_len=2 * SEQ).load_state_dict(state)
     with pytest.raises(ValueError, match=re.escape("loader state: rows.seq_len=0 is less than 1")):
         loader(tokens, seq_len=2 * SEQ).load_state_dict({**state, "rows": {**state["rows"], "seq_len": 0, "packing": "concat"}})
+
+
+def test_a_best_fit_state_resumed_at_another_seq_len_checks_the_window_it_names_and_resumes_at_the_epochs_end(tokens: Path) -> None:
+    """The window a best-fit resume at another seq_len records in its ``resumed_from`` entry must hold that entry's row
+    (else a one-line error naming it); an entry for the same seq_len names none; a state saved at the epoch's end (no
+    packing_cursor) resumes at another seq_len with nothing left, but one without a packing_cursor mid-epoch is refused."""
+    first = loader(tokens, packing="best-fit", seq_len=64, packing_window=BLOCK)
+    list(itertools.islice(first, 20))  # 80 rows: past the first window's
+    resumed = loader(tokens, packing="best-fit", packing_window=BLOCK)
+    resumed.load_state_dict(first.state_dict())
+    state = json.loads(json.dumps(resumed.state_dict()))
+    [entry] = state["resumed_from"]
+    assert entry[:4] == [1, 4, 80, 64] and entry[4] >= 1 and entry[5] <= 80 and state["packing_cursor"] == [entry[4], 80]
+    for window, first_row in ((entry[4] + 5, entry[5]), (entry[4], 81)):  # a window 5 further cannot start so early; none starts past its row
+        with pytest.raises(ValueError, match=re.escape(f"loader state: resumed_from's entry at samples_consumed=80 (seq_len=64) names best-fit "
+                                                       f"window {window} from row {first_row}, which cannot hold that row")):
+            loader(tokens, packing="best-fit", packing_window=BLOCK).load_state_dict({**state, "resumed_from": [[1, 4, 80, 64, window, first_row]]})
+    with pytest.raises(ValueError, match=re.escape("resumed_from holds [1, 4, 80, 128, 1, 0], which names a window, but the seq_len after it is the same")):
+        loader(tokens, packing="best-fit", packing_window=BLOCK).load_state_dict({**state, "resumed_from": [[1, 4, 80, 128, 1, 0]]})
+    mid = {**first.state_dict()}
+    del mid["packing_cursor"]
+    with pytest.raises(ValueError, match=re.escape("resumed_from's entry at samples_consumed=80 (seq_len=64) names no best-fit window, but epoch 0 "
+                                                   "holds")):
+        loader(tokens, packing="best-fit", packing_window=BLOCK).load_state_dict(mid)
+    done = loader(tokens, packing="best-fit", seq_len=64, packing_window=BLOCK)
+    list(done)
+    ended = loader(tokens, packing="best-fit", seq_len=64, packing_window=BLOCK)
+    ended.load_state_dict(done.state_dict())
+    ended.set_epoch(0)  # a state saved after the epoch's last batch, set to that epoch again: at its end
+    at_end = ended.state_dict()
+    assert at_end["epoch"] == 0 and at_end["samples_consumed"] > 80 and "packing_cursor" not in at_end
+    later = loader(tokens, packing="best-fit", packing_window=BLOCK)
+    later.load_state_dict(at_end)
+    assert list(later) == [] and later.state_dict()["epoch"] == 1
 
 
 def test_the_seq_len_of_a_token_states_resumed_from_entry_is_checked_and_an_image_state_has_none(tokens: Path, clean: Path) -> None:

@@ -161,7 +161,7 @@ class TokenEpoch(EpochLifecycle):
         self.batch_size = self.inputs.options.batch_size
         self.step_rows = self.batch_size * self.world
         rows = self.inputs.rows
-        self.origin = rows.origin(start.resumed_from)  # concat after a resume at another seq_len: where its rows are cut from
+        self.origin = rows.origin(start.resumed_from)  # after a resume at another seq_len: where its rows are cut from
         self.length = None if rows.options.packing is Packing.BEST_FIT else rows.length(self.epoch, self.origin)  # best-fit: found as it goes
         self.batches: int | None = None  # this rank's batches in the epoch, once a batch past its end was asked for
 
@@ -173,7 +173,7 @@ class TokenEpoch(EpochLifecycle):
         if not held:
             self.batches = batch_no if self.batches is None else min(self.batches, batch_no)
             if self.length is None:  # best-fit has located the epoch's end: its rows are counted
-                self.length = self.inputs.rows.length(self.epoch)
+                self.length = self.inputs.rows.length(self.epoch, self.origin)
         return held
 
     def _remainder(self) -> int:
