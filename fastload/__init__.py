@@ -20,6 +20,7 @@ _EXPORTS = {
     "WeightSchedule": "fastload.orders.schedule",
     "transforms": "fastload.transforms",
     "Clip": "fastload.av.clips",
+    "Audio": "fastload.av.crops",
     "DatasetIndex": "fastload.formats.index",
     "ShardInfo": "fastload.formats.index",
     "read_index": "fastload.formats.index",

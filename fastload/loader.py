@@ -27,6 +27,7 @@ import torch
 
 from fastload._util.dist import check_ranks_agree
 from fastload.av.clips import Clip
+from fastload.av.crops import Audio
 from fastload.backends.engines import make_engine
 from fastload.decode.header import check_pixels
 from fastload.errors import DEFAULT_MAX_SKIPPED
@@ -143,6 +144,7 @@ class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
         class_weights: Mapping[str | int, float] | None = None,
         balanced: bool = False,
         clip: Clip | None = None,
+        audio: Audio | None = None,
     ) -> None:
         if isinstance(dataset, (str, os.PathLike)):
             dataset = ShardedDataset(dataset)
@@ -156,7 +158,7 @@ class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
             transform=transform, backend=backend, device=device, on_error=on_error, max_skipped=max_skipped, return_keys=return_keys,
             evaluation=evaluation, shuffle_buffer=shuffle_buffer, hw_decoder_load=hw_decoder_load, fields=fields, map=map,
             batch_map=batch_map, exclude=excluded_indices(sharded, exclude), class_weights=class_weights, balanced=balanced,
-            clip=clip,
+            clip=clip, audio=audio,
         )
         self.dataset = dataset
         self.sharded: ShardedDataset = sharded
@@ -173,7 +175,7 @@ class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
         self.device = options.device
         # fields= and map=: what the workers make of a sample (a torchvision transform's rest first)
         self.sample_spec = with_torchvision_steps(
-            resolve_spec(sharded, options.fields, options.map, options.transform, options.clip), options.torchvision_steps)
+            resolve_spec(sharded, options.fields, options.map, options.transform, options.clip, options.audio), options.torchvision_steps)
         self.image_shape = self._image_shape()
         choice, self._engine = make_engine(options, self.sample_spec, sharded.decoded, self._probe_loader)
         self.backend = choice.name
@@ -195,7 +197,8 @@ class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
         options = self.options
         return DataLoader(self.dataset, batch_size=options.batch_size, shuffle=True, num_workers=options.num_workers,
                           transform=options.transform, backend=backend, fields=options.fields, on_error=options.on_error,
-                          max_skipped=options.max_skipped, hw_decoder_load=options.hw_decoder_load, clip=options.clip)
+                          max_skipped=options.max_skipped, hw_decoder_load=options.hw_decoder_load, clip=options.clip,
+                          audio=options.audio)
 
     def _image_shape(self) -> tuple[int, int, int] | None:
         if self.sample_spec.primary is None and self.sample_spec.clip is None:

@@ -222,7 +222,11 @@ def _run_inspect(args: argparse.Namespace) -> int:
         _print_tokens(summary["tokens"])
     if summary["decoded_shape"]:
         print(f"pixels    {summary['decoded_shape']} uint8 per sample")
-    if summary["videos"]:
+    if summary["audio"] and summary["audio"]["count"]:
+        a = summary["audio"]
+        print(f"audio     {a['count']}, {', '.join(f'{c} {n}' for c, n in a['codecs'].items())}; {a['seconds']:.1f} s "
+              f"({a['seconds_min']}-{a['seconds_max']} s each); Hz {a['rates']}, channels {a['channels']}")
+    if summary["videos"] and summary["videos"]["count"]:
         v = summary["videos"]
         print(f"videos    {v['count']}, {', '.join(f'{c} {n}' for c, n in v['codecs'].items())}; {v['seconds']:.1f} s, "
               f"{v['frames_min']}-{v['frames_max']} frames, a keyframe every {v['mean_frames_per_keyframe']} frames; "
@@ -434,6 +438,7 @@ def _run_describe(args: argparse.Namespace) -> int:
             f" {s.source_size[0]}x{s.source_size[1]} crop ({s.box[0]:.1f}, {s.box[1]:.1f}, {s.box[2]:.1f}, {s.box[3]:.1f})"  # type: ignore[index]
             f" -> {s.size[0]}x{s.size[1]}{' flipped' if s.flip else ''}{f' at DCT scale {s.dct_scale}' if s.dct_scale else ''}")  # type: ignore[index]
         clips = "".join(f" frames {a}-{b} ({t0:.2f}-{t1:.2f} s)" for a, b, t0, t1 in s.clips)
+        clips += "".join(f" audio {t0:.3f}-{t1:.3f} s" for t0, t1 in s.crops)
         print(f"{n:>5} {s.index:>9} {s.shard}:{s.key}{'' if s.valid else ' (padding)'}{clips}{geometry}{f' PROBLEM {s.problem}' if s.problem else ''}")
     return 0
 
