@@ -515,6 +515,8 @@ def probe_audio(data: bytes, where: str) -> AudioFacts:
             raise SampleError(where, f"does not decode at {samples / rate:.2f} s ({type(exc).__name__})") from None
         if not samples:
             raise SampleError(where, "zero-length audio stream: no samples")
+        if container.format.name == "wav":
+            _check_wav_data(data, where)
         declared = _declared_seconds(container, stream)
         if declared is not None and declared > samples / rate + TRUNCATION_SLACK_S + 0.01 * declared:
             raise SampleError(where, f"truncated or a lying header: it declares {declared:.2f} s and decodes to {samples / rate:.2f} s")
@@ -526,6 +528,25 @@ def probe_audio(data: bytes, where: str) -> AudioFacts:
         )
     finally:
         container.close()
+
+
+WAV_UNKNOWN_SIZES = (0, 0xFFFFFFFF)  # a data chunk's size a streaming writer leaves for "until the file ends"
+
+
+def _check_wav_data(data: bytes, where: str) -> None:
+    """A SampleError when a WAV's data chunk declares more bytes than the file holds (FFmpeg reads
+    what is there, so a truncated WAV or a lying size would otherwise pass for a shorter one)."""
+    offset = 12  # past "RIFF", its size and "WAVE"
+    for _ in range(64):  # chunks before the data: fmt, LIST, fact, ...
+        if offset + 8 > len(data):
+            return
+        name, size = data[offset : offset + 4], int.from_bytes(data[offset + 4 : offset + 8], "little")
+        if name == b"data":
+            held = len(data) - offset - 8
+            if size not in WAV_UNKNOWN_SIZES and size > held:
+                raise SampleError(where, f"truncated or a lying header: its data chunk declares {size} bytes, the file holds {held}")
+            return
+        offset += 8 + size + (size & 1)
 
 
 def _declared_seconds(container: Any, stream: Any) -> float | None:

@@ -1,0 +1,236 @@
+"""Loading recordings through fastload.DataLoader(audio=fastload.Audio(...)): the samples each
+crop's plan names (describe), decoded from a seek before them, mixed down and resampled; a pure
+function of (seed, epoch, index): worker counts, exact and elastic resume, equal batches across
+ranks; short recordings padded or dropped; several crops; a video's sound track; log-mel."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import fastload
+from fastload import Audio
+from fastload.converters import ConvertOptions, convert
+from tests.audio.conftest import PLAN
+from tests.test_resume_contract import run_resume_contract
+
+
+def reference(truth: np.ndarray, rate: int, start_s: float, target_rate: int, count: int, channels: int = 1) -> np.ndarray:
+    """The crop from ``start_s`` of ``truth`` (channels, n at ``rate``), mixed to mono where asked,
+    at ``target_rate`` by linear interpolation (exact enough for a tone under 2 kHz)."""
+    mixed = truth.mean(axis=0, keepdims=True) if channels == 1 else truth
+    times = start_s + np.arange(count) / target_rate
+    return np.stack([np.interp(times * rate, np.arange(mixed.shape[1]), row) for row in mixed]).astype(np.float32)
+
+
+def rate_of(key: str) -> tuple[str, int]:
+    ext, _, rate, _ = PLAN[int(key.split("/r")[1])]
+    return ext, {"opus": 48000}.get(ext, rate)
+
+
+@pytest.mark.parametrize("target_rate", [16000, 8000])
+def test_crops_hold_the_samples_describe_names_mixed_and_resampled(audio_dataset: Path, recordings, target_rate: int) -> None:
+    _, truth = recordings
+    audio = Audio(seconds=0.5, rate=target_rate)
+    loader = fastload.DataLoader(audio_dataset, batch_size=4, shuffle=True, seed=3, num_workers=2, return_keys=True, audio=audio)
+    seen = 0
+    for step, (samples, lengths, _, keys) in enumerate(loader):
+        assert samples.shape == (4, 1, audio.length) and samples.dtype == torch.float32 and lengths.tolist() == [audio.length] * 4
+        for row, sample in enumerate(loader.describe(step, 0).samples):
+            assert sample.key == keys[row] and len(sample.crops) == 1
+            ext, rate = rate_of(sample.key)
+            start, end = sample.crops[0]
+            assert end - start == pytest.approx(0.5, abs=1 / rate) and start >= 0 and end <= truth[sample.key].shape[1] / rate + 1e-6
+            want = reference(truth[sample.key], rate, round(start * rate) / rate, target_rate, audio.length)  # a crop starts at a sample
+            got = samples[row].numpy()
+            edge = 64  # the resampler's filter sees zeros past a crop's ends
+            error = np.abs(got[:, edge:-edge] - want[:, edge:-edge]).max()
+            if ext in ("flac", "wav") and rate == target_rate:
+                assert error < 2e-4, (sample.key, error)  # the very samples (16-bit quantised)
+            else:
+                assert error < (0.02 if ext in ("flac", "wav") else 0.08), (sample.key, error)  # resampled / lossy, but aligned
+                assert np.corrcoef(got[0, edge:-edge], want[0, edge:-edge])[0, 1] > 0.97, sample.key
+            seen += 1
+    assert seen == len(PLAN)
+
+
+def test_stereo_keeps_its_channels_and_mono_is_their_mean(audio_dataset: Path, recordings) -> None:
+    _, truth = recordings
+    stereo = fastload.DataLoader(audio_dataset, batch_size=8, audio=Audio(seconds=0.4, channels=2, rate=16000), return_keys=True)
+    mono = fastload.DataLoader(audio_dataset, batch_size=8, audio=Audio(seconds=0.4, channels=1, rate=16000), return_keys=True)
+    (two, _, _, keys), (one, _, _, _) = next(iter(stereo)), next(iter(mono))
+    assert two.shape == (8, 2, 6400) and one.shape == (8, 1, 6400)
+    for row, key in enumerate(keys):
+        if truth[key].shape[0] == 2:
+            assert not torch.allclose(two[row, 0], two[row, 1])  # the fixture's channels differ in loudness
+            if rate_of(key)[1] == 16000:
+                assert torch.allclose(one[row, 0], two[row].mean(0), atol=1e-6)
+        else:
+            assert torch.equal(two[row, 0], two[row, 1])  # mono to stereo: the one channel twice
+
+
+def test_crops_are_a_pure_function_of_seed_epoch_and_index(audio_dataset: Path) -> None:
+    def run(workers: int) -> list[torch.Tensor]:
+        loader = fastload.DataLoader(audio_dataset, batch_size=3, shuffle=True, seed=7, num_workers=workers,
+                                     audio=Audio(seconds=0.3, rate=12000, crops=2))
+        loader.set_epoch(2)
+        return [batch[0] for batch in loader]
+
+    inline, pooled = run(0), run(2)
+    assert len(inline) == 3 and all(torch.equal(a, b) for a, b in zip(inline, pooled))
+
+
+def test_a_random_crop_changes_from_epoch_to_epoch(audio_dataset: Path) -> None:
+    loader = fastload.DataLoader(audio_dataset, batch_size=4, shuffle=True, seed=1, audio=Audio(seconds=0.25))
+    starts: dict[str, set[float]] = {}
+    for epoch in range(4):
+        for step in range(len(loader)):
+            for sample in loader.describe(step, epoch).samples:
+                starts.setdefault(sample.key, set()).add(sample.crops[0][0])
+    assert len(starts) == len(PLAN) and all(len(s) > 1 for s in starts.values())
+
+
+@pytest.mark.parametrize("taken", [0, 1])
+def test_resume_mid_epoch_equals_an_uninterrupted_run(audio_dataset: Path, taken: int) -> None:
+    """The harness compares (samples, lengths, keys) batches: fields=["audio"] gives the first two."""
+    run_resume_contract(lambda: fastload.DataLoader(audio_dataset, batch_size=4, shuffle=True, seed=5, num_workers=1, return_keys=True,
+                                                    fields=["audio"], audio=Audio(seconds=0.3, rate=8000)), taken)
+
+
+def test_elastic_resume_delivers_every_remaining_recording_once_with_equal_batches_per_rank(audio_dataset: Path) -> None:
+    options = dict(batch_size=1, shuffle=True, seed=2, return_keys=True, audio=Audio(seconds=0.2, rate=8000))
+    whole = [k for *_, keys in fastload.DataLoader(audio_dataset, **options) for k in keys]
+    first = [fastload.DataLoader(audio_dataset, rank=r, world_size=2, **options) for r in range(2)]
+    assert len(first[0]) == len(first[1]) == 4  # equal batches on every rank
+    before = [k for loader in first for k in next(iter(loader))[-1]]
+    state = first[0].state_dict()
+    resumed = fastload.DataLoader(audio_dataset, world_size=3, rank=0, **options)
+    resumed.load_state_dict(state)
+    others = [fastload.DataLoader(audio_dataset, world_size=3, rank=r, **options) for r in (1, 2)]
+    for other in others:
+        other.load_state_dict(state)
+    after = [[k for *_, keys in loader for k in keys] for loader in (resumed, *others)]
+    assert len({len(keys) for keys in after}) == 1  # equal batches on every rank of the new world
+    assert set(Counter(before) + Counter(k for keys in after for k in keys)) == set(whole)
+    assert Counter(before) + Counter(k for keys in after for k in keys) - Counter(whole) <= Counter(k for keys in after for k in keys)
+
+
+def test_several_uniform_crops_for_evaluation(audio_dataset: Path) -> None:
+    loader = fastload.DataLoader(audio_dataset, batch_size=8, audio=Audio(seconds=0.5, crops=3, rate=8000))
+    samples, lengths, _ = next(iter(loader))
+    assert samples.shape == (8, 3, 1, 4000) and lengths.shape == (8, 3) and loader.options.audio.sampling == "uniform"
+    ds = fastload.open(audio_dataset)
+    for sample in loader.describe(0, 0).samples:
+        facts = next(iter(ds.stream_facts(sample.index).values()))
+        last = (facts.samples - round(0.5 * facts.rate)) / facts.rate
+        assert [round(c[0], 4) for c in sample.crops] == [0.0, round(round(last * facts.rate / 2) / facts.rate, 4), round(last, 4)]
+
+
+def test_a_recording_shorter_than_a_crop_is_padded_with_its_length_or_dropped_by_name(audio_dataset: Path, recordings) -> None:
+    _, truth = recordings
+    padded = fastload.DataLoader(audio_dataset, batch_size=8, audio=Audio(seconds=2.2, rate=8000, sampling="start"), return_keys=True)
+    samples, lengths, _, keys = next(iter(padded))
+    ds = fastload.open(audio_dataset)
+    for row, (key, sample) in enumerate(zip(keys, padded.describe(0, 0).samples)):
+        assert sample.key == key
+        facts = next(iter(ds.stream_facts(sample.index).values()))
+        if facts.seconds < 2.2:  # its every sample (as decoded: a lossy codec's padding included), then zeros
+            assert lengths[row] == round(facts.samples * 8000 / facts.rate) and not samples[row, :, lengths[row]:].any()
+            assert sample.crops == ((0.0, round(facts.seconds, 6)),)
+            assert samples[row, :, : lengths[row]].abs().max() > 0.1
+        else:
+            assert lengths[row] == 17600
+    with pytest.raises(ValueError, match="short='drop'.* needs on_error='skip'"):
+        fastload.DataLoader(audio_dataset, batch_size=2, audio=Audio(seconds=2.2, short="drop"))
+    dropped = fastload.DataLoader(audio_dataset, batch_size=1, audio=Audio(seconds=2.2, short="drop", rate=8000), on_error="skip",
+                                  return_keys=True, max_skipped=None)
+    kept = [k for *_, keys in dropped for k in keys]
+    long = {k for k in truth if truth[k].shape[1] / rate_of(k)[1] >= 2.2}
+    assert set(kept) == long
+    reasons = {entry["reason"] for entry in dropped.stats.skipped.entries}
+    assert reasons and all("shorter than a crop of 2.2 s (Audio short='drop')" in reason for reason in reasons)
+
+
+def test_audio_and_audio_fields_are_asked_for_together(audio_dataset: Path, clean: Path) -> None:
+    with pytest.raises(ValueError, match="field flac is audio: give audio=fastload.Audio"):
+        fastload.DataLoader(audio_dataset, batch_size=2, fields=["flac"])
+    with pytest.raises(ValueError, match="audio= takes crops of recordings; the fields asked for hold none"):
+        fastload.DataLoader(clean, batch_size=2, fields=["cls"], audio=Audio())
+    with pytest.raises(ValueError, match="Audio channels must be a whole number from 1 to 64, got 0"):
+        Audio(channels=0)
+    fields = fastload.DataLoader(audio_dataset, batch_size=2, fields=["audio", "cls"], audio=Audio(seconds=0.1))
+    samples, lengths, labels = next(iter(fields))
+    assert samples.shape == (2, 1, 1600) and lengths.shape == (2,) and labels.shape == (2,)
+
+
+def test_the_sound_track_of_a_video_loads_and_a_video_without_one_is_a_bad_sample_by_name(tmp_path: Path) -> None:
+    from tests.video.media import camera_frames, encode
+
+    (tmp_path / "raw" / "a").mkdir(parents=True)
+    frames = camera_frames(1, 48, 64, 48)
+    (tmp_path / "raw" / "a" / "with.mp4").write_bytes(encode(frames, audio_rate=16000))  # 2 s of a 440 Hz tone
+    (tmp_path / "raw" / "a" / "without.mp4").write_bytes(encode(frames))
+    convert(str(tmp_path / "raw"), str(tmp_path / "out"), ConvertOptions(source="videos"), quiet=True)
+    options = dict(batch_size=1, fields={"mp4": "audio"}, audio=Audio(seconds=1.0, rate=8000, sampling="centred"), return_keys=True)
+    with pytest.raises(fastload.SampleError, match="shard-00000.tar:a/without: field mp4: a video with no audio stream, and its audio was asked for"):
+        list(fastload.DataLoader(tmp_path / "out", **options))
+    loader = fastload.DataLoader(tmp_path / "out", on_error="skip", **options)
+    batches = list(loader)  # the one with sound stands in for the one without: every batch keeps its size
+    assert [keys for _, _, keys in batches] == [["a/with"]] * 2
+    sound, lengths, _ = batches[0]
+    assert sound.shape == (1, 1, 8000) and lengths.tolist() == [8000]
+    assert [entry["reason"] for entry in loader.stats.skipped.entries] == ["field mp4: a video with no audio stream, and its audio was asked for"]
+    spectrum = np.abs(np.fft.rfft(sound[0, 0].numpy()))
+    assert abs(np.argmax(spectrum) - 440) <= 1 and sound.abs().max() > 0.1  # bins of 1 Hz: the tone, heard
+
+
+def whisper_log_mel(audio: np.ndarray, n_mels: int) -> np.ndarray:
+    """openai-whisper's ``log_mel_spectrogram`` (whisper/audio.py), line by line, with the filters of
+    ``librosa.filters.mel(sr=16000, n_fft=400, n_mels=n_mels)`` (what its mel_filters.npz holds)
+    written out as librosa computes them."""
+    sr, n_fft, hop = 16000, 400, 160
+    # librosa.filters.mel: fft_frequencies, mel_frequencies (Slaney), triangular weights, slaney norm
+    fftfreqs = np.fft.rfftfreq(n=n_fft, d=1.0 / sr)
+    f_sp = 200.0 / 3
+    min_log_hz, logstep = 1000.0, np.log(6.4) / 27.0
+    min_log_mel = min_log_hz / f_sp
+
+    def hz_to_mel(f: float) -> float:
+        return f / f_sp if f < min_log_hz else min_log_mel + np.log(f / min_log_hz) / logstep
+
+    mels = np.linspace(hz_to_mel(0.0), hz_to_mel(sr / 2), n_mels + 2)
+    mel_f = np.where(mels >= min_log_mel, min_log_hz * np.exp(logstep * (mels - min_log_mel)), f_sp * mels)
+    fdiff = np.diff(mel_f)
+    ramps = np.subtract.outer(mel_f, fftfreqs)
+    weights = np.zeros((n_mels, len(fftfreqs)))
+    for i in range(n_mels):
+        lower = -ramps[i] / fdiff[i]
+        upper = ramps[i + 2] / fdiff[i + 1]
+        weights[i] = np.maximum(0, np.minimum(lower, upper))
+    weights *= (2.0 / (mel_f[2 : n_mels + 2] - mel_f[:n_mels]))[:, np.newaxis]
+    filters = torch.from_numpy(weights.astype(np.float32))
+    # whisper.audio.log_mel_spectrogram
+    window = torch.hann_window(n_fft)
+    stft = torch.stft(torch.from_numpy(audio), n_fft, hop, window=window, return_complex=True)
+    magnitudes = stft[..., :-1].abs() ** 2
+    mel_spec = filters @ magnitudes
+    log_spec = torch.clamp(mel_spec, min=1e-10).log10()
+    log_spec = torch.maximum(log_spec, log_spec.max() - 8.0)
+    return ((log_spec + 4.0) / 4.0).numpy()
+
+
+@pytest.mark.parametrize("bins", [80, 128])
+def test_log_mel_features_equal_whispers_recipe(audio_dataset: Path, bins: int) -> None:
+    audio = Audio(seconds=1.0, rate=16000, mel=bins, sampling="start", short="pad")
+    features = fastload.DataLoader(audio_dataset, batch_size=8, audio=audio)
+    waves = fastload.DataLoader(audio_dataset, batch_size=8, audio=Audio(seconds=1.0, rate=16000, sampling="start"))
+    (mel, lengths, _), (samples, _, _) = next(iter(features)), next(iter(waves))
+    assert mel.shape == (8, 1, bins, 100) and mel.dtype == torch.float32 and lengths.tolist() == [16000] * 8
+    for row in range(8):
+        want = whisper_log_mel(samples[row, 0].numpy(), bins)
+        assert want.shape == (bins, 100)
+        assert np.abs(mel[row, 0].numpy() - want).max() < 1e-4, row
