@@ -107,7 +107,7 @@ def prepare_videos(sample: Sample, options: ConvertOptions) -> tuple[dict[str, b
                                         "their stream facts live in the sample tables")
     from fastload.av.pyav import probe, probe_audio, reencode_h264
 
-    extra, facts = dict(sample.extra), {}
+    extra, facts = dict(sample.extra), {}  # type: dict[str, bytes], dict[str, MediaFacts]
     for name in streams:
         where = f"{sample.where} ({name})" if len(streams) > 1 else sample.where
         data = extra[name]

@@ -91,8 +91,8 @@ def _facts_sections(facts: Sequence[Facts]) -> tuple[list[str], bytes, int]:
             f = sample.get(name)
             if f is None:
                 continue
-            rows[i, v], keyframes = facts_row(f, len(pairs))
-            pairs += keyframes
+            rows[i, v], own = facts_row(f, len(pairs))
+            pairs += own
     keyframes = np.asarray(pairs, dtype="<i8").reshape(len(pairs), 2)
     return videos, _names_section(videos) + rows.tobytes() + keyframes.tobytes(), len(pairs)
 

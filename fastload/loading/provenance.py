@@ -30,7 +30,7 @@ from fastload.orders.spec import OrderSpec
 from fastload.storage.dataset import ShardedDataset
 from fastload.transforms import Plan, Transform, plan
 from fastload.workers.audio_decode import audio_facts, plan_audio
-from fastload.workers.clip_decode import plan_video
+from fastload.workers.clip_decode import plan_video, video_facts
 from fastload.workers.rng import sample_rng
 
 HEAD_BYTES = 4096  # an image's first read; a JPEG whose size marker lies further (big EXIF) is read 4x more at a time
@@ -216,7 +216,9 @@ def describe_video(ds: ShardedDataset, index: int, spec: SampleSpec, transforms:
     if name is None:
         return replace(base, problem=f"no stream facts for {field.name} in its shard's sample table")
     try:
-        planned = plan_video(facts[name], spec.clip, transforms, seed, epoch, index)
+        planned = plan_video(video_facts(facts[name], f"{base.shard}:{base.key}", name), spec.clip, transforms, seed, epoch, index)
+    except SampleError as exc:
+        return replace(base, video=name, problem=exc.reason)
     except ValueError as exc:
         return replace(base, video=name, problem=str(exc))
     return replace(base, video=name, source_size=(planned.facts.height, planned.facts.width), box=planned.plan.box,

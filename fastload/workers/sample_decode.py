@@ -44,7 +44,7 @@ from fastload.transforms import (
     resample_into,
 )
 from fastload.workers.audio_decode import audio_facts, fill_audio, plan_audio
-from fastload.workers.clip_decode import fill_video, plan_video
+from fastload.workers.clip_decode import fill_video, plan_video, video_facts
 from fastload.workers.rng import sample_generator, sample_rng
 from fastload.workers.stage_clock import DECODE, MAP, READ, READ_BYTES, SAMPLES, TRANSFORM, StageClock, untimed
 
@@ -198,10 +198,7 @@ def _fill_video(
 ) -> None:
     """Video field ``name``'s clips, planned from its stream facts, decoded into its batch row."""
     clip = cast(Clip, sample_spec.clip)  # a spec with a video field has one (SampleSpec checks)
-    facts = ds.stream_facts(index).get(name)
-    if facts is None:
-        raise SampleError(where, f"field {name}: no stream facts in its shard's sample table (convert the dataset with fastload convert to record them)")
-    planned = plan_video(facts, clip, transforms, seed, epoch, index)
+    planned = plan_video(video_facts(ds.stream_facts(index).get(name), where, name), clip, transforms, seed, epoch, index)
     fill_video(data, where, planned, row, clip.timeout_s, clock)
 
 

@@ -116,3 +116,30 @@ def test_a_damaged_audio_row_is_a_shard_error_never_a_crash(audio_dataset: Path,
     table_path.write_bytes(bytes(raw))
     with pytest.raises(fastload.ShardError, match="row 0's stream facts for .* are inconsistent"):
         SampleTable(table_path, shard.samples).stream_facts(0)
+
+
+def test_verify_decode_checks_each_recordings_facts(audio_dataset: Path, tmp_path: Path) -> None:
+    import hashlib
+    import shutil
+    from dataclasses import replace
+
+    from fastload.formats.index import write_index
+    from fastload.formats.table import SampleTable
+    from fastload.storage.verify import verify_dataset
+
+    assert verify_dataset(audio_dataset, decode=True).ok
+    copy = tmp_path / "copy"
+    shutil.copytree(audio_dataset, copy)
+    index = read_index(copy)
+    table = copy / index.shards[0].table
+    parsed = SampleTable(table, index.shards[0].samples)
+    facts_at = parsed.schema.facts_at
+    parsed.close()
+    data = bytearray(table.read_bytes())
+    data[facts_at + 4 * 8 : facts_at + 5 * 8] = np.int64(31999).tobytes()  # the first recording one sample shorter
+    table.write_bytes(bytes(data))
+    shards = (replace(index.shards[0], table_sha256=hashlib.sha256(bytes(data)).hexdigest()), *index.shards[1:])
+    write_index(copy, replace(index, shards=shards))  # a table tampered with consistently: only decoding tells
+    assert verify_dataset(copy).ok
+    problems = verify_dataset(copy, decode=True).problems
+    assert len(problems) == 1 and problems[0].endswith("field flac: its stream facts in the sample table disagree with the recording (tampered table?)")
