@@ -143,3 +143,17 @@ def test_verify_decode_checks_each_recordings_facts(audio_dataset: Path, tmp_pat
     assert verify_dataset(copy).ok
     problems = verify_dataset(copy, decode=True).problems
     assert len(problems) == 1 and problems[0].endswith("field flac: its stream facts in the sample table disagree with the recording (tampered table?)")
+
+
+def test_from_wds_keeps_recordings_and_records_their_facts(tmp_path: Path) -> None:
+    members: dict[str, bytes] = {}
+    for i, ext in enumerate(("flac", "opus", "m4a")):  # a sample's members next to each other, as webdataset groups them
+        members[f"k{i}.{ext}"], members[f"k{i}.txt"] = recording(ext, 1.0, seed=i)[0], f"said {i}".encode()
+    (tmp_path / "tars").mkdir()
+    _tar_of_recordings(tmp_path / "tars" / "a.tar", members)
+    convert(str(tmp_path / "tars"), str(tmp_path / "out"), ConvertOptions(source="wds"), quiet=True)
+    ds = fastload.open(tmp_path / "out")
+    assert read_index(tmp_path / "out").version == VIDEO_FORMAT_VERSION
+    assert [sorted(ds.stream_facts(i)) for i in range(len(ds))] == [["flac"], ["opus"], ["m4a"]]
+    samples, lengths, texts = next(iter(fastload.DataLoader(tmp_path / "out", batch_size=3, audio=fastload.Audio(seconds=0.5))))
+    assert samples.shape == (3, 1, 8000) and texts == ["said 0", "said 1", "said 2"]

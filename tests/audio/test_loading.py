@@ -186,6 +186,15 @@ def test_the_sound_track_of_a_video_loads_and_a_video_without_one_is_a_bad_sampl
     assert [entry["reason"] for entry in loader.stats.skipped.entries] == ["field mp4: a video with no audio stream, and its audio was asked for"]
     spectrum = np.abs(np.fft.rfft(sound[0, 0].numpy()))
     assert abs(np.argmax(spectrum) - 440) <= 1 and sound.abs().max() > 0.1  # bins of 1 Hz: the tone, heard
+    from fastload import Clip
+    from fastload import transforms as T
+
+    both = fastload.DataLoader(tmp_path / "out", batch_size=1, fields={"mp4": "video", "video": "audio"}, clip=Clip(frames=4),
+                               audio=Audio(seconds=0.5, rate=8000), transform=[T.Resize((48, 64))], on_error="skip")
+    clips, sound, lengths = next(iter(both))  # the frames and the sound of one file, as two fields
+    described = both.describe(0, 0).samples[0]
+    assert clips.shape == (1, 4, 3, 48, 64) and sound.shape == (1, 1, 4000) and described.video == described.audio == "mp4"
+    assert len(described.clips) == len(described.crops) == 1
 
 
 def whisper_log_mel(audio: np.ndarray, n_mels: int) -> np.ndarray:
