@@ -156,4 +156,4 @@ def test_from_wds_keeps_recordings_and_records_their_facts(tmp_path: Path) -> No
     assert read_index(tmp_path / "out").version == VIDEO_FORMAT_VERSION
     assert [sorted(ds.stream_facts(i)) for i in range(len(ds))] == [["flac"], ["opus"], ["m4a"]]
     samples, lengths, texts = next(iter(fastload.DataLoader(tmp_path / "out", batch_size=3, audio=fastload.Audio(seconds=0.5))))
-    assert samples.shape == (3, 1, 8000) and texts == ["said 0", "said 1", "said 2"]
+    assert samples.shape == (3, 1, 8000) and lengths.tolist() == [8000] * 3 and texts == ["said 0", "said 1", "said 2"]
