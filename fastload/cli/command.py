@@ -55,7 +55,7 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
                    help="manifest: a folder besides the manifest's own that its rows may read from (absolute paths, .. paths); repeatable")
     p.add_argument("--path-column", default="path", help="manifest: column of image paths")
     p.add_argument("--label-column", default="label", help="manifest/parquet/videos: column of labels")
-    p.add_argument("--caption-column", default="caption", help="videos manifest: column of captions (stored as txt), if present")
+    p.add_argument("--caption-column", default="caption", help="videos or audio manifest: column of captions or transcripts (stored as txt), if present")
     p.add_argument("--image-column", default="image", help="parquet: column of images")
     p.add_argument("--split", default="train", choices=["train", "test"], help="cifar/mnist: which split")
     text = p.add_argument_group("documents into token shards (--from jsonl, text; parquet and wds with --text-field)")
