@@ -619,28 +619,50 @@ def _decode_range(av: Any, container: Any, stream: Any, where: str, facts: Audio
 
 
 def resample_audio(samples: np.ndarray, rate: int, target_rate: int, channels: int, where: str) -> np.ndarray:
-    """``samples`` (C, n float32 at ``rate``) as ``channels`` channels at ``target_rate`` by FFmpeg's
-    resampler (swr), flushed, so the output holds ``round(n * target_rate / rate)`` samples, the
-    last padded with zeros where swr gives fewer. Mono is the channels' mean; other channel counts
-    are swr's remix of the default layouts."""
+    """``samples`` (C, n float32 at ``rate``) as ``channels`` channels at ``target_rate``: mono is the
+    channels' mean, one channel is repeated to more, other counts are swr's remix of FFmpeg's
+    default layouts; then FFmpeg's resampler (swr), flushed, so the output holds ``round(n *
+    target_rate / rate)`` samples (the last zero-padded where swr gives fewer)."""
     import numpy as np
 
     av = _av()
-    if channels == 1 and samples.shape[0] > 1:
-        samples = samples.mean(axis=0, keepdims=True, dtype=np.float32)
-    if (samples.shape[0] == channels and rate == target_rate) or not samples.shape[1]:
-        return samples if samples.shape[0] == channels else np.zeros((channels, 0), np.float32)
+    count = samples.shape[0]
+    if channels == 1 and count > 1:
+        samples, count = samples.mean(axis=0, keepdims=True, dtype=np.float32), 1
+    elif count == 1 and channels > 1:
+        samples, count = np.repeat(samples, channels, axis=0), channels
+    if not samples.shape[1]:
+        return np.zeros((channels, 0), np.float32)
+    if count == channels and rate == target_rate:
+        return samples
+    source, layout = _layout(count), _layout(channels)
+    if source is None or layout is None:
+        if count != channels:
+            raise SampleError(where, f"cannot remix {count} channels to {channels} (fastload remixes 1 to 7 channels; ask for 1 or {count})")
+        return np.concatenate([resample_audio(row[None], rate, target_rate, 1, where) for row in samples])  # channel by channel
     wanted = round(samples.shape[1] * target_rate / rate)
-    layout = av.AudioLayout(channels).name if channels > 2 else ("mono", "stereo")[channels - 1]
-    source = av.AudioLayout(samples.shape[0]).name if samples.shape[0] > 2 else ("mono", "stereo")[samples.shape[0] - 1]
     try:
         frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(samples, dtype=np.float32), format="fltp", layout=source)
         frame.sample_rate = rate
         resampler = av.AudioResampler(format="fltp", layout=layout, rate=target_rate)
         parts = [f.to_ndarray() for f in (*resampler.resample(frame), *resampler.resample(None))]
-    except (av.error.FFmpegError, ValueError) as exc:
-        raise SampleError(where, f"cannot resample {samples.shape[0]} channels at {rate} Hz to {channels} at {target_rate} Hz ({type(exc).__name__})") from None
+    except (av.error.FFmpegError, ValueError, IndexError) as exc:
+        raise SampleError(where, f"cannot resample {count} channels at {rate} Hz to {channels} at {target_rate} Hz ({type(exc).__name__})") from None
     resampled = np.concatenate(parts, axis=1) if parts else np.zeros((channels, 0), np.float32)
     out = np.zeros((channels, wanted), np.float32)
     out[:, : min(wanted, resampled.shape[1])] = resampled[:, :wanted]
     return out
+
+
+def _layout(channels: int) -> str | None:
+    """FFmpeg's default layout of ``channels`` channels (mono, stereo, 2.1, ..., 6.1), or None past 7
+    (PyAV fills at most 7 planes of a frame: 7.1 and larger fail) or where it has none."""
+    av = _av()
+    if channels > 7:
+        return None
+    try:
+        layout = av.AudioLayout(f"{channels}c")
+    except ValueError:
+        return None
+    name = str(layout.name)
+    return name if layout.nb_channels == channels and not name.endswith("channels") else None  # "12 channels": no order, which PyAV cannot fill

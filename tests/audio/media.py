@@ -35,7 +35,7 @@ def encode(samples: np.ndarray, rate: int, ext: str) -> bytes:
     """``samples`` (channels, n float32) encoded as a file of extension ``ext`` (CODECS)."""
     encoder, container = CODECS[ext]
     channels = samples.shape[0]
-    layout = "mono" if channels == 1 else "stereo" if channels == 2 else av.AudioLayout(channels).name
+    layout = av.AudioLayout(f"{channels}c").name  # FFmpeg's default layout: mono, stereo, 2.1, ..., 5.1, 6.1
     buf = io.BytesIO()
     with av.open(buf, mode="w", format=container) as out:
         stream = out.add_stream(encoder, rate=rate, layout=layout)

@@ -243,3 +243,21 @@ def test_log_mel_features_equal_whispers_recipe(audio_dataset: Path, bins: int) 
         want = whisper_log_mel(samples[row, 0].numpy(), bins)
         assert want.shape == (bins, 100)
         assert np.abs(mel[row, 0].numpy() - want).max() < 1e-4, row
+
+
+def test_surround_recordings_mix_down_remix_or_keep_their_channels(tmp_path: Path) -> None:
+    from tests.audio.media import chirp, encode
+
+    (tmp_path / "raw" / "a").mkdir(parents=True)
+    six = chirp(16000, 1.0, 6)  # 5.1, each channel louder than the one before
+    (tmp_path / "raw" / "a" / "surround.flac").write_bytes(encode(six, 16000, "flac"))
+    convert(str(tmp_path / "raw"), str(tmp_path / "out"), ConvertOptions(source="audio"), quiet=True)
+
+    def load(channels: int) -> torch.Tensor:
+        loader = fastload.DataLoader(tmp_path / "out", batch_size=1, audio=Audio(seconds=0.5, channels=channels, sampling="start"))
+        return next(iter(loader))[0][0]
+
+    kept, mono, stereo = load(6), load(1), load(2)
+    assert kept.shape == (6, 8000) and np.abs(kept.numpy() - six[:, :8000]).max() < 2e-4  # the stored samples
+    assert torch.allclose(mono[0], kept.mean(0), atol=1e-6)
+    assert stereo.shape == (2, 8000) and not torch.allclose(stereo[0], stereo[1]) and stereo.abs().max() > 0.1  # swr's 5.1 downmix
