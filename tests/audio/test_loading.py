@@ -261,3 +261,33 @@ def test_surround_recordings_mix_down_remix_or_keep_their_channels(tmp_path: Pat
     assert kept.shape == (6, 8000) and np.abs(kept.numpy() - six[:, :8000]).max() < 2e-4  # the stored samples
     assert torch.allclose(mono[0], kept.mean(0), atol=1e-6)
     assert stereo.shape == (2, 8000) and not torch.allclose(stereo[0], stereo[1]) and stereo.abs().max() > 0.1  # swr's 5.1 downmix
+
+
+def test_a_mixture_of_audio_datasets_loads_and_describes_its_crops(audio_dataset: Path, tmp_path: Path) -> None:
+    import shutil
+
+    shutil.copytree(audio_dataset, tmp_path / "other")
+    mixed = fastload.mix({str(audio_dataset): 0.5, str(tmp_path / "other"): 0.5})
+    loader = fastload.DataLoader(mixed, batch_size=4, shuffle=True, seed=4, num_workers=1, return_keys=True, audio=Audio(seconds=0.25))
+    members = set()
+    for step, (samples, lengths, _, keys) in enumerate(loader):
+        described = loader.describe(step, 0).samples
+        assert samples.shape == (4, 1, 4000) and lengths.tolist() == [4000] * 4 and [s.key for s in described] == keys
+        assert all(len(s.crops) == 1 and s.crops[0][1] - s.crops[0][0] == pytest.approx(0.25, abs=1e-4) for s in described)
+        members |= {key.split("/")[0] for key in keys}
+    assert members == {"0", "1"}
+
+
+def test_stats_time_reading_decoding_and_resampling(audio_dataset: Path) -> None:
+    from fastload.workers.stage_clock import READ_BYTES
+
+    loader = fastload.DataLoader(audio_dataset, batch_size=4, num_workers=2, audio=Audio(seconds=0.5, rate=8000))
+    for _ in loader:
+        pass
+    epoch = loader.stats.epochs[-1]
+    stages = epoch.stage_s()
+    ds = fastload.open(audio_dataset)
+    stored = sum(len(value) for i in range(len(ds)) for value in ds.raw(i)[1].values())
+    assert epoch.samples == len(PLAN) and epoch.workers is not None and epoch.workers[:, READ_BYTES].sum() == stored
+    assert stages["decode"] > 0 and stages["transform"] > 0 and stages["read"] > 0
+    loader.close()
