@@ -409,7 +409,9 @@ def _add_describe(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--transform", choices=["train", "val", "none"], default="train", help="fastload.transforms.train/val(SIZE)")
     p.add_argument("--size", type=int, default=224, help="the transform's output side")
     p.add_argument("--clip", metavar="FRAMES[:STRIDE[:CLIPS]]", help="a video dataset: the loader's clip=fastload.Clip(FRAMES, STRIDE, CLIPS)")
-    p.add_argument("--sampling", choices=["random", "uniform"], help="with --clip: the clip's sampling (default: random when shuffled)")
+    p.add_argument("--audio", metavar="SECONDS[:CROPS]", help="an audio dataset: the loader's audio=fastload.Audio(SECONDS, CROPS)")
+    p.add_argument("--sampling", choices=["random", "uniform", "centred", "start"],
+                   help="with --clip (random, uniform) or --audio: the sampling (default: random when shuffled)")
     p.add_argument("--seq-len", type=int, help="a token dataset (required for one): the loader's seq_len=")
     p.add_argument("--packing", choices=["concat", "best-fit", "pad"], help="a token dataset: the loader's packing= (default concat)")
     p.add_argument("--block-tokens", type=int, help="a token dataset: the loader's block_tokens= (default 65536)")

@@ -157,3 +157,14 @@ def test_from_wds_keeps_recordings_and_records_their_facts(tmp_path: Path) -> No
     assert [sorted(ds.stream_facts(i)) for i in range(len(ds))] == [["flac"], ["opus"], ["m4a"]]
     samples, lengths, texts = next(iter(fastload.DataLoader(tmp_path / "out", batch_size=3, audio=fastload.Audio(seconds=0.5))))
     assert samples.shape == (3, 1, 8000) and lengths.tolist() == [8000] * 3 and texts == ["said 0", "said 1", "said 2"]
+
+
+def test_fastload_describe_names_each_crops_seconds(audio_dataset: Path, capsys) -> None:
+    assert main(["describe", str(audio_dataset), "--step", "1", "--batch-size", "2", "--audio", "0.5:2", "--seed", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()[1:]
+    loader = fastload.DataLoader(audio_dataset, batch_size=2, shuffle=True, seed=3, audio=fastload.Audio(0.5, crops=2))
+    for line, sample in zip(lines, loader.describe(1, 0).samples, strict=True):
+        crops = "".join(f" audio {t0:.3f}-{t1:.3f} s" for t0, t1 in sample.crops)
+        assert line.endswith(f"{sample.shard}:{sample.key}{crops}") and len(sample.crops) == 2, line
+    assert main(["describe", str(audio_dataset), "--step", "0", "--audio", "x"]) == 2
+    assert "fastload describe: error: --audio x: expected SECONDS[:CROPS]" in capsys.readouterr().err
