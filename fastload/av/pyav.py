@@ -618,6 +618,64 @@ def _decode_range(av: Any, container: Any, stream: Any, where: str, facts: Audio
     return parts
 
 
+# --audio-codec: (encoder, muxer, the field it is stored under)
+AUDIO_ENCODERS: dict[str, tuple[str, str, str]] = {"flac": ("flac", "flac", "flac"), "opus": ("libopus", "ogg", "opus")}
+
+
+def check_audio_encoding(codec: str, rate: int | None) -> None:
+    """A ValueError unless recordings can be re-encoded to ``codec`` at ``rate`` (None: each its own)."""
+    from fastload.av.facts import MAX_AUDIO_RATE
+
+    if codec not in AUDIO_ENCODERS:
+        raise ValueError(f"--audio-codec must be one of {sorted(AUDIO_ENCODERS)}, got {codec!r}")
+    if rate is not None and not 0 < rate <= MAX_AUDIO_RATE:
+        raise ValueError(f"--audio-rate must be 1 to {MAX_AUDIO_RATE} Hz, got {rate}")
+    if codec == "opus" and rate not in (None, 48000):
+        raise ValueError(f"--audio-rate {rate}: Opus decodes at 48000 Hz whatever it encoded (leave --audio-rate out, or re-encode to flac)")
+
+
+def reencode_audio(data: bytes, where: str, codec: str, rate: int | None) -> bytes:
+    """The recording in ``data`` decoded and encoded again as ``codec`` (AUDIO_ENCODERS) at ``rate``
+    (None: its own; Opus: 48 kHz), its channels kept (at most 7: swr's layouts); a
+    SampleError when it does not decode (the probe's limits apply: rate, channels, 24 hours)."""
+    from fastload.av.facts import MAX_AUDIO_SECONDS
+
+    av = _av()
+    encoder, muxer, _ = AUDIO_ENCODERS[codec]
+    source, stream = _open_audio(data, where)
+    out = io.BytesIO()
+    try:
+        channels, source_rate = int(stream.codec_context.channels), int(stream.codec_context.sample_rate)
+        layout = _layout(channels)
+        if layout is None:
+            raise SampleError(where, f"{channels} channels: fastload re-encodes 1 to 7")
+        target_rate = rate or (48000 if codec == "opus" else source_rate)
+        limit, decoded = MAX_AUDIO_SECONDS * source_rate, 0
+        with av.open(out, mode="w", format=muxer, container_options={"fflags": "+bitexact"}) as target:  # Ogg: no random serial number
+            encoded = target.add_stream(encoder, rate=target_rate, layout=layout)
+            encoded.codec_context.thread_count = 1
+            encoded.codec_context.options = {"flags": "+bitexact"}  # no encoder version in the file: the same bytes from any FFmpeg build
+            convert = av.AudioResampler(format=encoded.codec_context.codec.audio_formats[0].name, layout=layout, rate=target_rate)
+            for packet in source.demux(stream):
+                for frame in packet.decode():
+                    decoded += frame.samples
+                    if decoded > limit:
+                        raise SampleError(where, f"longer than {MAX_AUDIO_SECONDS} s")
+                    frame.pts = None  # the resampler counts samples; a source's timestamps may jump
+                    for part in convert.resample(frame):
+                        target.mux(encoded.encode(part))
+            for part in convert.resample(None):
+                target.mux(encoded.encode(part))
+            if not decoded:
+                raise SampleError(where, "zero-length audio stream: no samples")
+            target.mux(encoded.encode(None))
+    except av.error.FFmpegError as exc:
+        raise SampleError(where, f"does not decode for re-encoding ({type(exc).__name__})") from None
+    finally:
+        source.close()
+    return out.getvalue()
+
+
 def resample_audio(samples: np.ndarray, rate: int, target_rate: int, channels: int, where: str) -> np.ndarray:
     """``samples`` (C, n float32 at ``rate``) as ``channels`` channels at ``target_rate``: mono is the
     channels' mean, one channel is repeated to more, other counts are swr's remix of FFmpeg's

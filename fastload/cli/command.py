@@ -46,6 +46,8 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reencode-quality", type=int, metavar="Q", help="re-encode images as JPEG of quality Q")
     p.add_argument("--max-size", type=int, metavar="PX", help="shrink images (and videos, re-encoded) so the longer side is at most PX")
     p.add_argument("--reencode", action="store_true", help="videos: re-encode to H.264 with a keyframe every --keyframe-interval frames")
+    p.add_argument("--audio-codec", choices=["flac", "opus"], help="recordings: re-encode to FLAC (lossless) or Opus")
+    p.add_argument("--audio-rate", type=int, metavar="HZ", help="recordings: re-encode at this sample rate (FLAC unless --audio-codec)")
     p.add_argument("--keyframe-interval", type=int, default=REENCODE_KEYFRAME_INTERVAL, metavar="N",
                    help=f"with --reencode: frames between keyframes (default {REENCODE_KEYFRAME_INTERVAL})")
     p.add_argument("--max-pixels", type=int, help="reject images with more pixels (bombs); default 89478485 (Pillow's), or FASTLOAD_MAX_PIXELS")
@@ -121,6 +123,8 @@ def _run_convert(args: argparse.Namespace) -> int:
         max_size=args.max_size,
         reencode_video=args.reencode,
         keyframe_interval=args.keyframe_interval,
+        audio_codec=args.audio_codec,
+        audio_rate=args.audio_rate,
         max_pixels=MAX_PIXELS if args.max_pixels is None else args.max_pixels,
         source_options=SourceOptions(
             follow_symlinks=args.follow_symlinks,

@@ -96,7 +96,8 @@ def prepare_sample(sample: Sample, options: ConvertOptions, decoded_shape: tuple
 
 
 def prepare_videos(sample: Sample, options: ConvertOptions) -> tuple[dict[str, bytes], dict[str, MediaFacts]]:
-    """The sample's fields with each video re-encoded where asked (``--reencode``, ``--max-size``),
+    """The sample's fields with each video re-encoded where asked (``--reencode``, ``--max-size``) and
+    each recording (``--audio-codec``, ``--audio-rate``),
     and each video's and recording's stream facts; a SampleError for one that does not probe
     (corrupt, truncated, empty, a codec FFmpeg lacks, over the pixel or the audio limits)."""
     streams = stream_fields(sample.extra)
@@ -105,13 +106,19 @@ def prepare_videos(sample: Sample, options: ConvertOptions) -> tuple[dict[str, b
     if options.layout != "wds":
         raise SampleError(sample.where, f"videos and recordings are stored in tar shards (--to wds), not {options.layout}: "
                                         "their stream facts live in the sample tables")
-    from fastload.av.pyav import probe, probe_audio, reencode_h264
+    from fastload.av.pyav import AUDIO_ENCODERS, probe, probe_audio, reencode_audio, reencode_h264
 
     extra, facts = dict(sample.extra), {}  # type: dict[str, bytes], dict[str, MediaFacts]
     for name in streams:
         where = f"{sample.where} ({name})" if len(streams) > 1 else sample.where
         data = extra[name]
         if default_role(name) == "audio":
+            if options.audio_codec is not None or options.audio_rate is not None:
+                codec = options.audio_codec or "flac"
+                data = reencode_audio(data, where, codec, options.audio_rate)
+                del extra[name]
+                name = AUDIO_ENCODERS[codec][2]
+                extra[name] = data
             facts[name] = probe_audio(data, where)
             continue
         if options.reencode_video or options.max_size is not None:

@@ -168,3 +168,33 @@ def test_fastload_describe_names_each_crops_seconds(audio_dataset: Path, capsys)
         assert line.endswith(f"{sample.shard}:{sample.key}{crops}") and len(sample.crops) == 2, line
     assert main(["describe", str(audio_dataset), "--step", "0", "--audio", "x"]) == 2
     assert "fastload describe: error: --audio x: expected SECONDS[:CROPS]" in capsys.readouterr().err
+
+
+def test_audio_codec_and_rate_reencode_every_recording_the_same_bytes_whatever_the_workers(recordings, tmp_path: Path) -> None:
+    root, truth = recordings
+    for workers in (1, 2):
+        assert main(["convert", str(root), str(tmp_path / f"out{workers}"), "--from", "audio", "--audio-rate", "8000",
+                     "--workers", str(workers), "--quiet"]) == 0
+    shards = [sorted((tmp_path / f"out{w}").glob("*.tar")) for w in (1, 2)]
+    assert [p.read_bytes() for p in shards[0]] == [p.read_bytes() for p in shards[1]]
+    ds = fastload.open(tmp_path / "out1")
+    assert ds.index.fields == ("cls", "flac") and ds.index.conversion["audio_rate"] == 8000
+    for i in range(len(ds)):
+        facts = ds.stream_facts(i)["flac"]
+        source = truth[ds.key_of(i)]
+        assert facts.codec == "flac" and facts.rate == 8000 and facts.channels == source.shape[0]
+    assert main(["convert", str(root), str(tmp_path / "opus"), "--from", "audio", "--audio-codec", "opus", "--quiet"]) == 0
+    opus = fastload.open(tmp_path / "opus")
+    assert opus.index.fields == ("cls", "opus") and {opus.stream_facts(i)["opus"].rate for i in range(len(opus))} == {48000}
+    with pytest.raises(ValueError, match="--audio-rate 16000: Opus decodes at 48000 Hz"):
+        ConvertOptions(source="audio", audio_codec="opus", audio_rate=16000)
+
+
+def test_reencoding_a_lossless_recording_to_flac_keeps_every_sample(tmp_path: Path) -> None:
+    data, samples = recording("wav", 1.0, 22050, 2)
+    (tmp_path / "raw" / "a").mkdir(parents=True)
+    (tmp_path / "raw" / "a" / "x.wav").write_bytes(data)
+    convert(str(tmp_path / "raw"), str(tmp_path / "out"), ConvertOptions(source="audio", audio_codec="flac"), quiet=True)
+    loader = fastload.DataLoader(tmp_path / "out", batch_size=1, audio=fastload.Audio(seconds=1.0, rate=22050, channels=2, sampling="start"))
+    crop, lengths, _ = next(iter(loader))
+    assert lengths.tolist() == [22050] and np.abs(crop[0].numpy() - samples).max() < 2e-4  # 16-bit, as the WAV held them
