@@ -1,6 +1,8 @@
 """The one module importing PyAV (FFmpeg's libraries, bundled in its wheels), lazily: probing a
 video's stream facts at conversion, decoding the frames a clip needs (a seek to the keyframe at
-or before them, then decoding only to the last one), and re-encoding to H.264.
+or before them, then decoding only to the last one), and re-encoding to H.264; for recordings
+(and a video's sound track), probing by decoding them whole, decoding a crop's samples from a seek
+a little before it, mixing down and resampling (swr), and re-encoding to FLAC or Opus.
 
 Chosen over torchcodec by measurement (docs/video.md: benchmarks/bench_video_decoders.py): on
 the same clips, PyAV seeking to the keyframe the sample table names and converting each kept
@@ -20,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from fastload.av.facts import MAX_FRAMES, AudioFacts, StreamFacts
+from fastload.av.facts import MAX_AUDIO_RATE, MAX_AUDIO_SECONDS, MAX_CHANNELS, MAX_FRAMES, AudioFacts, StreamFacts
 from fastload.decode.header import MAX_PIXELS
 from fastload.errors import SampleError
 
@@ -433,8 +435,6 @@ _SAMPLE_SCALE = {"s16": 1 / 32768, "s32": 1 / 2147483648, "u8": 1 / 128, "flt": 
 def _open_audio(data: bytes, where: str) -> tuple[Any, Any]:
     """(container, its first audio stream) over ``data`` in one of AUDIO_DEMUXERS, its rate and
     channels checked against the limits before anything is decoded; a SampleError otherwise."""
-    from fastload.av.facts import MAX_AUDIO_RATE, MAX_CHANNELS
-
     av = _av()
     if not data:
         raise SampleError(where, "empty recording: zero bytes")
@@ -487,8 +487,6 @@ def probe_audio(data: bytes, where: str) -> AudioFacts:
     decodes, and counting its samples: a header's duration can lie), at most MAX_AUDIO_SECONDS; a
     SampleError when it does not decode, changes rate or channels mid-stream, or holds less than its
     header declares (truncated)."""
-    from fastload.av.facts import MAX_AUDIO_SECONDS, AudioFacts
-
     av = _av()
     container, stream = _open_audio(data, where)
     try:
@@ -624,8 +622,6 @@ AUDIO_ENCODERS: dict[str, tuple[str, str, str]] = {"flac": ("flac", "flac", "fla
 
 def check_audio_encoding(codec: str, rate: int | None) -> None:
     """A ValueError unless recordings can be re-encoded to ``codec`` at ``rate`` (None: each its own)."""
-    from fastload.av.facts import MAX_AUDIO_RATE
-
     if codec not in AUDIO_ENCODERS:
         raise ValueError(f"--audio-codec must be one of {sorted(AUDIO_ENCODERS)}, got {codec!r}")
     if rate is not None and not 0 < rate <= MAX_AUDIO_RATE:
@@ -638,8 +634,6 @@ def reencode_audio(data: bytes, where: str, codec: str, rate: int | None) -> byt
     """The recording in ``data`` decoded and encoded again as ``codec`` (AUDIO_ENCODERS) at ``rate``
     (None: its own; Opus: 48 kHz), its channels kept (at most 7: swr's layouts); a
     SampleError when it does not decode (the probe's limits apply: rate, channels, 24 hours)."""
-    from fastload.av.facts import MAX_AUDIO_SECONDS
-
     av = _av()
     encoder, muxer, _ = AUDIO_ENCODERS[codec]
     source, stream = _open_audio(data, where)
