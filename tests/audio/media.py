@@ -31,9 +31,9 @@ def chirp(rate: int, seconds: float, channels: int = 1, seed: int = 0) -> np.nda
     return np.stack([tone * (1 + 0.5 * c) / (1 + 0.5 * (channels - 1)) for c in range(channels)]).astype(np.float32)
 
 
-def encode(samples: np.ndarray, rate: int, ext: str) -> bytes:
-    """``samples`` (channels, n float32) encoded as a file of extension ``ext`` (CODECS)."""
-    encoder, container = CODECS[ext]
+def encode(samples: np.ndarray, rate: int, ext: str, encoder: str | None = None) -> bytes:
+    """``samples`` (channels, n float32) encoded as a file of extension ``ext`` (CODECS; ``encoder``: another of its container's)."""
+    encoder, container = encoder or CODECS[ext][0], CODECS[ext][1]
     channels = samples.shape[0]
     layout = av.AudioLayout(f"{channels}c").name  # FFmpeg's default layout: mono, stereo, 2.1, ..., 5.1, 6.1
     buf = io.BytesIO()

@@ -291,3 +291,19 @@ def test_stats_time_reading_decoding_and_resampling(audio_dataset: Path) -> None
     assert epoch.samples == len(PLAN) and epoch.workers is not None and epoch.workers[:, READ_BYTES].sum() == stored
     assert stages["decode"] > 0 and stages["transform"] > 0 and stages["read"] > 0
     loader.close()
+
+
+@pytest.mark.parametrize("encoder, step", [("pcm_u8", 1 / 128), ("pcm_s24le", 1 / 2**23), ("pcm_s32le", 1 / 2**31), ("pcm_f32le", 0.0),
+                                           ("pcm_f64le", 0.0)])
+def test_every_pcm_sample_format_becomes_float32_in_minus_one_to_one(tmp_path: Path, encoder: str, step: float) -> None:
+    """8-bit unsigned (its zero at 128), 24-, 32-bit and float samples, packed as WAV stores them."""
+    from tests.audio.media import chirp, encode
+
+    (tmp_path / "raw" / "a").mkdir(parents=True)
+    samples = chirp(16000, 1.0, 2)
+    (tmp_path / "raw" / "a" / "x.wav").write_bytes(encode(samples, 16000, "wav", encoder))
+    convert(str(tmp_path / "raw"), str(tmp_path / "out"), ConvertOptions(source="audio"), quiet=True)
+    loader = fastload.DataLoader(tmp_path / "out", batch_size=1, audio=Audio(seconds=0.5, channels=2, sampling="centred"))
+    crop, _, _ = next(iter(loader))
+    start = round(loader.describe(0, 0).samples[0].crops[0][0] * 16000)
+    assert np.abs(crop[0].numpy() - samples[:, start : start + 8000]).max() <= step + 1e-7
