@@ -1,11 +1,12 @@
 """Audio crops, side by side in one run on the same real recordings (benchmarks/fetch_audio.py):
 fastload's loader (``audio=fastload.Audio(...)``: each crop decoded from a seek before it, mixed
-down and resampled by FFmpeg's swr in the workers) against a torch DataLoader over a Dataset
+down and resampled by torchaudio's recipe in the workers) against a torch DataLoader over a Dataset
 written as users write it: ``soundfile.read`` of the crop (libsndfile seeks to it), the channels'
 mean, then torchaudio's default resampler (``torchaudio.functional.resample``'s windowed sinc,
 written out here: torchaudio cannot be installed beside this torch), zero-padded. Both: 2 workers,
 batches of 16 random 2 s crops at 16 kHz mono with their lengths, the label beside. Each loader
 runs whole epochs in rounds, alternating, after one warm-up epoch; the median round is reported.
+Then each side's cost a crop in one process on one thread (no workers, nothing crossing processes).
 Conversion: ``fastload convert --from audio`` (every recording decoded once for its stream facts)
 against webdataset's ``TarWriter`` storing the same files, input MB/s.
 
@@ -93,6 +94,23 @@ def time_epoch(loader) -> tuple[float, int]:
     return time.perf_counter() - start, samples
 
 
+def in_process_ms(dataset: Path, paths: list[Path], labels: list[int], rounds: int) -> dict[str, float]:
+    """Milliseconds a crop costs each side in this one process on one thread (no workers, no batches
+    crossing processes): fastload's loader with num_workers=0 against the Dataset's __getitem__."""
+    torch.set_num_threads(1)
+    inline = fastload.DataLoader(dataset, batch_size=BATCH, shuffle=True, audio=fastload.Audio(seconds=SECONDS, rate=RATE))
+    baseline = SoundfileCrops(paths, labels)
+    times: dict[str, list[float]] = {"fastload": [], "soundfile+resample": []}
+    for _ in range(rounds):
+        seconds, samples = time_epoch(inline)
+        times["fastload"].append(1000 * seconds / samples)
+        start = time.perf_counter()
+        for i in range(len(baseline)):
+            baseline[i]
+        times["soundfile+resample"].append(1000 * (time.perf_counter() - start) / len(baseline))
+    return {name: round(statistics.median(t), 2) for name, t in times.items()}
+
+
 def conversion(folder: Path, out: Path) -> dict[str, float]:
     """Input MB/s of fastload convert --from audio (2 workers) and of webdataset's TarWriter over the same files."""
     import webdataset
@@ -140,10 +158,15 @@ def main() -> None:
                     seconds, samples = seconds + s, samples + n
                 rates[name].append(samples / seconds)
         medians = {name: round(statistics.median(r), 1) for name, r in rates.items()}
+        for loader in loaders.values():
+            del loader  # the workers end before the one-process measurement
+        loaders.clear()
+        per_crop = in_process_ms(dataset, paths, labels, args.rounds)
         result = {
             "recordings": len(paths), "crop_s": SECONDS, "rate": RATE, "batch": BATCH, "workers": WORKERS, "rounds": args.rounds,
             "crops_per_s": medians, "rounds_crops_per_s": {k: [round(x, 1) for x in v] for k, v in rates.items()},
             "speedup": round(medians["fastload"] / medians["soundfile+resample"], 2), "conversion": converted,
+            "in_process_ms_per_crop": per_crop,
         }
         print(json.dumps(result, indent=1))
     finally:

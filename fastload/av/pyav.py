@@ -2,7 +2,8 @@
 video's stream facts at conversion, decoding the frames a clip needs (a seek to the keyframe at
 or before them, then decoding only to the last one), and re-encoding to H.264; for recordings
 (and a video's sound track), probing by decoding them whole, decoding a crop's samples from a seek
-a little before it, mixing down and resampling (swr), and re-encoding to FLAC or Opus.
+a little before it, remixing (swr) and resampling (fastload.av.resample, or swr), and re-encoding to
+FLAC or Opus.
 
 Chosen over torchcodec by measurement (docs/video.md: benchmarks/bench_video_decoders.py): on
 the same clips, PyAV seeking to the keyframe the sample table names and converting each kept
@@ -23,6 +24,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from fastload.av.facts import MAX_AUDIO_RATE, MAX_AUDIO_SECONDS, MAX_CHANNELS, MAX_FRAMES, AudioFacts, StreamFacts
+from fastload.av.resample import sinc_resample
 from fastload.decode.header import MAX_PIXELS
 from fastload.errors import SampleError
 
@@ -679,11 +681,11 @@ def reencode_audio(data: bytes, where: str, codec: str, rate: int | None) -> byt
 def resample_audio(samples: np.ndarray, rate: int, target_rate: int, channels: int, where: str) -> np.ndarray:
     """``samples`` (C, n float32 at ``rate``) as ``channels`` channels at ``target_rate``: mono is the
     channels' mean, one channel is repeated to more, other counts are swr's remix of FFmpeg's
-    default layouts; then FFmpeg's resampler (swr), flushed, so the output holds ``round(n *
-    target_rate / rate)`` samples (the last zero-padded where swr gives fewer)."""
+    default layouts; then resampled (:func:`fastload.av.resample.sinc_resample`, torchaudio's
+    recipe; swr for pairs of rates it has no kernel for) to ``round(n * target_rate / rate)``
+    samples (the last zero-padded where fewer come)."""
     import numpy as np
 
-    av = _av()
     count = samples.shape[0]
     if channels == 1 and count > 1:
         samples, count = samples.mean(axis=0, keepdims=True, dtype=np.float32), 1
@@ -691,14 +693,30 @@ def resample_audio(samples: np.ndarray, rate: int, target_rate: int, channels: i
         samples, count = np.repeat(samples, channels, axis=0), channels
     if not samples.shape[1]:
         return np.zeros((channels, 0), np.float32)
-    if count == channels and rate == target_rate:
+    if count != channels:
+        samples = _swr(samples, rate, rate, channels, where)  # a remix, at the source's rate
+    if rate == target_rate:
         return samples
+    resampled = sinc_resample(samples, rate, target_rate)
+    if resampled is None:
+        resampled = _swr(samples, rate, target_rate, channels, where)
+    wanted = round(samples.shape[1] * target_rate / rate)
+    out = np.zeros((channels, wanted), np.float32)
+    out[:, : min(wanted, resampled.shape[1])] = resampled[:, :wanted]
+    return out
+
+
+def _swr(samples: np.ndarray, rate: int, target_rate: int, channels: int, where: str) -> np.ndarray:
+    """``samples`` (C, n) remixed to ``channels`` and resampled to ``target_rate`` by FFmpeg's swr, flushed."""
+    import numpy as np
+
+    av = _av()
+    count = samples.shape[0]
     source, layout = _layout(count), _layout(channels)
     if source is None or layout is None:
         if count != channels:
             raise SampleError(where, f"cannot remix {count} channels to {channels} (fastload remixes 1 to 7 channels; ask for 1 or {count})")
-        return np.concatenate([resample_audio(row[None], rate, target_rate, 1, where) for row in samples])  # channel by channel
-    wanted = round(samples.shape[1] * target_rate / rate)
+        return np.concatenate([_swr(row[None], rate, target_rate, 1, where) for row in samples])  # channel by channel
     try:
         frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(samples, dtype=np.float32), format="fltp", layout=source)
         frame.sample_rate = rate
@@ -706,10 +724,7 @@ def resample_audio(samples: np.ndarray, rate: int, target_rate: int, channels: i
         parts = [f.to_ndarray() for f in (*resampler.resample(frame), *resampler.resample(None))]
     except (av.error.FFmpegError, ValueError, IndexError) as exc:
         raise SampleError(where, f"cannot resample {count} channels at {rate} Hz to {channels} at {target_rate} Hz ({type(exc).__name__})") from None
-    resampled = np.concatenate(parts, axis=1) if parts else np.zeros((channels, 0), np.float32)
-    out = np.zeros((channels, wanted), np.float32)
-    out[:, : min(wanted, resampled.shape[1])] = resampled[:, :wanted]
-    return out
+    return np.concatenate(parts, axis=1) if parts else np.zeros((channels, 0), np.float32)
 
 
 def _layout(channels: int) -> str | None:

@@ -2,7 +2,7 @@
 
 A recording's crops (which samples) are planned from its stream facts in the sample table, from
 (seed, epoch, index) alone; the decoder then seeks to a little before each crop and decodes only
-to its end (fastload.av.pyav), and each crop is mixed down and resampled (FFmpeg's swr) into its
+to its end (fastload.av.pyav), and each crop is mixed down and resampled (fastload.av.resample) into its
 row, or turned into Whisper's log-mel features (fastload.av.mel). Decoding is timed as the decode
 stage, the rest as the transform stage. A video field asked for as audio gives its sound track,
 planned from the video's facts (its length, its sound's rate and channels).

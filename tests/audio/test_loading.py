@@ -307,3 +307,57 @@ def test_every_pcm_sample_format_becomes_float32_in_minus_one_to_one(tmp_path: P
     crop, _, _ = next(iter(loader))
     start = round(loader.describe(0, 0).samples[0].crops[0][0] * 16000)
     assert np.abs(crop[0].numpy() - samples[:, start : start + 8000]).max() <= step + 1e-7
+
+
+def torchaudio_resample(waveform: torch.Tensor, orig_freq: int, new_freq: int) -> torch.Tensor:
+    """torchaudio.functional.resample(waveform, orig_freq, new_freq) with its defaults (sinc_interp_hann,
+    lowpass_filter_width=6, rolloff=0.99), line by line from torchaudio/functional/functional.py."""
+    import math
+
+    gcd = math.gcd(orig_freq, new_freq)
+    orig_freq, new_freq = orig_freq // gcd, new_freq // gcd
+    base_freq = min(orig_freq, new_freq) * 0.99
+    width = math.ceil(6 * orig_freq / base_freq)
+    idx = torch.arange(-width, width + orig_freq, dtype=torch.float64)[None, None] / orig_freq
+    t = torch.arange(0, -new_freq, -1, dtype=torch.float64)[:, None, None] / new_freq + idx
+    t *= base_freq
+    t = t.clamp_(-6, 6)
+    window = torch.cos(t * math.pi / 6 / 2) ** 2
+    t *= math.pi
+    kernels = torch.where(t == 0, torch.tensor(1.0).to(t), t.sin() / t) * window * (base_freq / orig_freq)
+    length = waveform.shape[-1]
+    padded = torch.nn.functional.pad(waveform.to(torch.float64), (width, width + orig_freq))
+    resampled = torch.nn.functional.conv1d(padded[:, None], kernels, stride=orig_freq).transpose(1, 2).reshape(waveform.shape[0], -1)
+    return resampled[..., : math.ceil(new_freq * length / orig_freq)]
+
+
+@pytest.mark.parametrize("rate", [22050, 44100, 48000, 11025])
+def test_a_crop_is_resampled_as_torchaudio_resamples_it(tmp_path: Path, rate: int) -> None:
+    from tests.audio.media import chirp, encode
+
+    (tmp_path / "raw" / "a").mkdir(parents=True)
+    data = encode(chirp(rate, 1.5, 1), rate, "flac")
+    (tmp_path / "raw" / "a" / "x.flac").write_bytes(data)
+    convert(str(tmp_path / "raw"), str(tmp_path / "out"), ConvertOptions(source="audio"), quiet=True)
+    loader = fastload.DataLoader(tmp_path / "out", batch_size=1, shuffle=True, audio=Audio(seconds=1.0, rate=16000))
+    crop, lengths, _ = next(iter(loader))
+    start = round(loader.describe(0, 0).samples[0].crops[0][0] * rate)
+    from fastload.av.pyav import decode_audio
+
+    stored = torch.from_numpy(decode_audio(data, "x", fastload.open(tmp_path / "out").stream_facts(0)["flac"], start, rate, float("inf")))
+    want = torchaudio_resample(stored, rate, 16000)[:, :16000].float()
+    assert lengths.tolist() == [16000] and torch.allclose(crop[0], want, atol=1e-5)
+
+
+def test_rates_sharing_no_large_divisor_are_resampled_by_swr(tmp_path: Path) -> None:
+    from tests.audio.media import chirp, encode
+
+    (tmp_path / "raw" / "a").mkdir(parents=True)
+    samples = chirp(16001, 1.5, 1)  # 16001 and 16000: a 16000 x 32001 kernel, over the cap
+    (tmp_path / "raw" / "a" / "x.wav").write_bytes(encode(samples, 16001, "wav"))
+    convert(str(tmp_path / "raw"), str(tmp_path / "out"), ConvertOptions(source="audio"), quiet=True)
+    loader = fastload.DataLoader(tmp_path / "out", batch_size=1, audio=Audio(seconds=1.0, rate=16000, sampling="centred"))
+    crop, lengths, _ = next(iter(loader))
+    start_s = round(loader.describe(0, 0).samples[0].crops[0][0] * 16001) / 16001
+    want = reference(samples, 16001, start_s, 16000, 16000)
+    assert lengths.tolist() == [16000] and np.abs(crop[0].numpy()[:, 64:-64] - want[:, 64:-64]).max() < 0.01
