@@ -56,6 +56,8 @@ class Audio:
             raise ValueError(f"Audio mel must be one of {MEL_BINS} (Whisper's recipes) or None, got {self.mel!r}")
         if self.mel is not None and self.rate != 16000:
             raise ValueError("Audio mel= is Whisper's recipe, at 16000 samples a second: give rate=16000")
+        if self.mel is not None and self.length <= 200:
+            raise ValueError(f"Audio mel= needs crops of more than 200 samples (its window reflects 200 at each end), got {self.length}")
         if not self.timeout_s > 0:
             raise ValueError(f"Audio timeout_s must be positive, got {self.timeout_s!r}")
 

@@ -162,6 +162,10 @@ def test_audio_and_audio_fields_are_asked_for_together(audio_dataset: Path, clea
         fastload.DataLoader(clean, batch_size=2, fields=["cls"], audio=Audio())
     with pytest.raises(ValueError, match="Audio channels must be a whole number from 1 to 64, got 0"):
         Audio(channels=0)
+    with pytest.raises(ValueError, match="Audio mel= needs crops of more than 200 samples"):
+        Audio(seconds=0.01, mel=80)
+    with pytest.raises(ValueError, match="Audio sampling='centred' takes one crop a recording"):
+        Audio(crops=2, sampling="centred")
     fields = fastload.DataLoader(audio_dataset, batch_size=2, fields=["audio", "cls"], audio=Audio(seconds=0.1))
     samples, lengths, labels = next(iter(fields))
     assert samples.shape == (2, 1, 1600) and lengths.shape == (2,) and labels.shape == (2,)
