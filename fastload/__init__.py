@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from fastload import transforms
     from fastload.av.clips import Clip
+    from fastload.av.crops import Audio
     from fastload.errors import DatasetIndexError, FastloadError, RemoteError, SampleError, ShardError
     from fastload.formats.index import DatasetIndex, ShardInfo, read_index
     from fastload.loader import DataLoader
@@ -33,6 +34,7 @@ _EXPORTS = {
     "WeightSchedule": "fastload.orders.schedule",
     "transforms": "fastload.transforms",
     "Clip": "fastload.av.clips",
+    "Audio": "fastload.av.crops",
     "DatasetIndex": "fastload.formats.index",
     "ShardInfo": "fastload.formats.index",
     "read_index": "fastload.formats.index",
@@ -46,6 +48,7 @@ _EXPORTS = {
 _DEPRECATED = {"TokenDataLoader": ("DataLoader", "fastload.DataLoader(dataset, seq_len=...) is the token loader now")}
 
 __all__ = [  # _EXPORTS' names, spelled out for type checkers (tests/text/test_one_loader.py checks they agree)
+    "Audio",
     "Clip",
     "DataLoader",
     "DatasetIndex",

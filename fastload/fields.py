@@ -20,21 +20,25 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from fastload.av.clips import Clip
+from fastload.av.crops import Audio
 from fastload.errors import SampleError
 
 if TYPE_CHECKING:
     import numpy as np
 
-Role = Literal["image", "mask", "boxes", "label", "text", "json", "array", "video", "bytes"]
-ROLES: tuple[str, ...] = ("image", "mask", "boxes", "label", "text", "json", "array", "video", "bytes")
+Role = Literal["image", "mask", "boxes", "label", "text", "json", "array", "video", "audio", "bytes"]
+ROLES: tuple[str, ...] = ("image", "mask", "boxes", "label", "text", "json", "array", "video", "audio", "bytes")
 GEOMETRIC_ROLES: tuple[str, ...] = ("image", "mask", "boxes")  # follow the primary image's crop, resize and flip
 DECLARED_ROLES: tuple[str, ...] = ("mask", "boxes")  # never defaulted from an extension
 
 IMAGE_FIELDS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm")
 # the video containers fastload opens (fastload.av.pyav.DEMUXERS) by their files' extensions; an Ogg
-# video file named .ogg is stored as ogv (an .ogg member of a tar is often audio, so ogg stays bytes)
+# video file named .ogg is stored as ogv (an .ogg member of a tar is audio: AUDIO_FIELDS)
 VIDEO_FIELDS: tuple[str, ...] = ("mp4", "webm", "mkv", "mov", "avi", "ogv", "m4v", "mpg", "mpeg", "mpv", "m1v", "m2v")
 VIDEO_ANY = "video"  # in fields=: a sample's video, whatever its container's extension (any of VIDEO_FIELDS)
+# recordings (fastload.av.pyav.AUDIO_DEMUXERS) by their files' extensions
+AUDIO_FIELDS: tuple[str, ...] = ("flac", "wav", "mp3", "ogg", "oga", "opus", "m4a", "aac", "aiff", "aif", "weba")
+AUDIO_ANY = "audio"  # in fields=: a sample's recording, whatever its extension (any of AUDIO_FIELDS)
 LABEL_FIELD = "cls"
 JPEG_FIELD = "jpg"  # where a re-encoded image is stored
 DECODED_FIELD = "pixels"  # HDF5 shards of decoded pixels: the image, already decoded
@@ -42,6 +46,7 @@ ARRAY_FIELD = "npy"
 _DEFAULT_ROLES: dict[str, Role] = {
     **{ext: "image" for ext in IMAGE_FIELDS},
     **{ext: "video" for ext in VIDEO_FIELDS},
+    **{ext: "audio" for ext in AUDIO_FIELDS},
     DECODED_FIELD: "image",
     LABEL_FIELD: "label",
     "txt": "text",
@@ -85,6 +90,11 @@ def has_images(fields: Iterable[str]) -> bool:
 def video_fields(fields: Iterable[str]) -> list[str]:
     """Those of these field names that are videos by default, in their order."""
     return [name for name in fields if default_role(name) == "video"]
+
+
+def stream_fields(fields: Iterable[str]) -> list[str]:
+    """Those of these field names that are videos or recordings by default (their stream facts go in the sample tables)."""
+    return [name for name in fields if default_role(name) in ("video", "audio")]
 
 
 def parse_label(data: bytes, where: str) -> int:
@@ -272,6 +282,15 @@ class VideoCodec:
         return data
 
 
+class AudioCodec:
+    """A recording (flac, wav, mp3, ...): its bytes; the workers decode only a crop's samples
+    (:mod:`fastload.workers.audio_decode`), planned from its stream facts in the sample table."""
+
+    def decode(self, data: bytes, where: str, field: str) -> bytes:
+        """The encoded recording, as stored."""
+        return data
+
+
 class BytesCodec:
     """Anything else: the stored bytes, untouched."""
 
@@ -289,6 +308,7 @@ CODECS: dict[str, Codec] = {
     "json": JsonCodec(),
     "array": ArrayCodec(),
     "video": VideoCodec(),
+    "audio": AudioCodec(),
     "bytes": BytesCodec(),
 }
 
@@ -316,9 +336,6 @@ class FieldSpec:
         object.__setattr__(self, "key", self.key or self.name)
         if not isinstance(self.name, str) or not self.name or any(not part for part in self.name.split(";")):
             raise ValueError(f"a field name must be a non-empty string such as 'jpg' or 'jpg;png', got {self.name!r}")
-        if self.role == "audio":
-            raise ValueError(f"field {self.name}: audio beside clips is not supported yet (the stream facts record each video's "
-                             "audio track: fastload inspect shows them); ask for the video as 'bytes' and decode its audio yourself")
         if self.role not in ROLES:
             raise ValueError(f"field {self.name}: role must be one of {ROLES}, got {self.role!r}")
         if self.optional and self.role != "label":
@@ -335,12 +352,18 @@ class FieldSpec:
     def alternatives(self) -> tuple[str, ...]:
         """The stored names it may take, in order of preference (``video``: a stored field of that
         name, else any video container's)."""
-        return tuple(dict.fromkeys(alt for part in self.name.split(";") for alt in ((part, *VIDEO_FIELDS) if part == VIDEO_ANY else (part,))))
+        anys = {VIDEO_ANY: VIDEO_FIELDS, AUDIO_ANY: AUDIO_FIELDS}
+        return tuple(dict.fromkeys(alt for part in self.name.split(";") for alt in ((part, *anys[part]) if part in anys else (part,))))
 
     @property
     def stacked(self) -> bool:
         """Whether values are batched in shared memory (fixed shape), else as a list."""
-        return self.role in ("image", "mask", "label", "array", "video")
+        return self.role in ("image", "mask", "label", "array", "video", "audio")
+
+
+def lengths_key(key: str) -> str:
+    """The slot column holding audio field ``key``'s valid samples a crop (the batch's lengths)."""
+    return f"{key}.lengths"
 
 
 SampleMap = Callable[[dict, "np.random.Generator"], dict]
@@ -356,6 +379,7 @@ class SampleSpec:
     map: SampleMap | None = None
     classic: bool = False
     clip: Clip | None = None  # what a video field's rows hold (its sampling decided)
+    audio: Audio | None = None  # what an audio field's rows hold (its sampling decided)
     array_shapes: tuple[tuple[str, tuple[int, ...], str], ...] = ()  # (field name, shape, dtype) of stacked arrays
     wide_masks: tuple[str, ...] = ()  # mask fields stacked as uint16 (16-bit masks among the first samples)
 
@@ -374,6 +398,11 @@ class SampleSpec:
             raise ValueError(f"field {videos[0]} is a video: give clip=fastload.Clip(frames=..., stride=...) to say which frames to take")
         if self.clip is not None and not videos:
             raise ValueError("clip= takes frames of videos; the fields asked for hold none")
+        recordings = [f.name for f in self.fields if f.role == "audio"]
+        if recordings and self.audio is None:
+            raise ValueError(f"field {recordings[0]} is audio: give audio=fastload.Audio(seconds=..., rate=...) to say which samples to take")
+        if self.audio is not None and not recordings:
+            raise ValueError("audio= takes crops of recordings; the fields asked for hold none")
 
     @functools.cached_property
     def primary(self) -> FieldSpec | None:
@@ -407,17 +436,22 @@ def classic_spec(decoded: bool, map: SampleMap | None = None, clip: Clip | None 
 def _requested_role(name: str) -> Role:
     """The role of a requested field not given one: its first alternative's default (``video``: video)."""
     first = name.split(";")[0]
-    return "video" if first == VIDEO_ANY else default_role(first)
+    return "video" if first == VIDEO_ANY else "audio" if first == AUDIO_ANY else default_role(first)
 
 
 def requested_spec(
     fields: Sequence[str] | Mapping[str, str] | None, dataset_fields: Sequence[str], decoded: bool,
-    map: SampleMap | None = None, images: bool = False, clip: Clip | None = None,
+    map: SampleMap | None = None, images: bool = False, clip: Clip | None = None, audio: Audio | None = None,
 ) -> SampleSpec:
     """The SampleSpec of a loader's ``fields=`` (a sequence of names, or a mapping name -> role),
     ``map=`` and ``clip=``. Without ``fields=``: the classic layout when the dataset has images (or
-    ``images``: the caller expects them) or, with ``clip``, videos; else every field of the
-    dataset in its index's order."""
+    ``images``: the caller expects them) or, with ``clip``, videos; with ``audio``: the recording
+    (any extension) and, where the dataset has them, its label and transcript (``txt``); else
+    every field of the dataset in its index's order."""
+    if fields is None and audio is not None:
+        extra = [FieldSpec(LABEL_FIELD, "label", optional=True)] if LABEL_FIELD in dataset_fields else []
+        extra += [FieldSpec("txt", "text")] if "txt" in dataset_fields else []
+        return SampleSpec((FieldSpec(AUDIO_ANY, "audio"), *extra), map=map, audio=audio)
     if fields is None:
         videos = video_fields(dataset_fields)
         if videos and (clip is not None or not (decoded or has_images(dataset_fields))):
@@ -433,4 +467,4 @@ def requested_spec(
         raise TypeError(f"fields= takes a list of field names or a mapping name -> role, got the string {fields!r}")
     roles = dict(fields) if isinstance(fields, Mapping) else {name: None for name in fields}
     specs = tuple(FieldSpec(name, role or _requested_role(name)) for name, role in roles.items())
-    return SampleSpec(specs, map=map, clip=clip)
+    return SampleSpec(specs, map=map, clip=clip, audio=audio)

@@ -25,6 +25,7 @@ import torch
 
 from fastload._util.dist import check_ranks_agree
 from fastload.av.clips import Clip
+from fastload.av.crops import Audio
 from fastload.batch_kinds.protocol import BatchKind
 from fastload.batch_kinds.samples import SampleBatches
 from fastload.batch_kinds.tokens import TokenBatches
@@ -145,6 +146,7 @@ class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
         class_weights: Mapping[str | int, float] | None = None,
         balanced: bool = False,
         clip: Clip | None = None,
+        audio: Audio | None = None,
         seq_len: int | None = None,
         packing: str = "concat",
         block_tokens: int = BLOCK_TOKENS,
@@ -183,7 +185,7 @@ class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
                 transform=transform, backend=backend, device=device, on_error=on_error, max_skipped=max_skipped, return_keys=return_keys,
                 evaluation=evaluation, shuffle_buffer=shuffle_buffer, hw_decoder_load=hw_decoder_load, fields=fields, map=map,
                 batch_map=batch_map, exclude=excluded_indices(sharded, exclude), class_weights=class_weights, balanced=balanced,
-                clip=clip,
+                clip=clip, audio=audio,
             )
             self.state = LoaderState(options.streaming)
             kind = SampleBatches(sharded, options, self.state, self.stats, self._probe_loader)
@@ -210,7 +212,8 @@ class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
         options = self.options
         return DataLoader(self.dataset, batch_size=options.batch_size, shuffle=True, num_workers=options.num_workers,
                           transform=options.transform, backend=backend, fields=options.fields, on_error=options.on_error,
-                          max_skipped=options.max_skipped, hw_decoder_load=options.hw_decoder_load, clip=options.clip)
+                          max_skipped=options.max_skipped, hw_decoder_load=options.hw_decoder_load, clip=options.clip,
+                          audio=options.audio)
 
     # --- the torch-compatible surface -----------------------------------------------------------
 

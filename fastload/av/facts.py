@@ -9,7 +9,7 @@ the frames a decoder can start at, with their timestamps (``keyframe_pts``) to s
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from fastload.decode.header import MAX_PIXELS, check_pixels
@@ -96,3 +96,86 @@ def frames_per_clip(keyframes: Sequence[int], frames: int, span: int) -> float:
             break
         total += count * span + count * (count - 1) // 2  # a start s decodes s - first + span frames
     return total / starts
+
+
+MAX_AUDIO_RATE = 768_000  # samples per second a recording may have (DXD's 352.8 kHz, doubled): more is a damaged or hostile header
+MAX_CHANNELS = 64  # channels a recording may have (Ambisonics of the 7th order); more is refused before anything is decoded
+MAX_AUDIO_SECONDS = 24 * 3600  # one recording of a day at most: longer is refused at conversion (its decode stops there)
+
+
+@dataclass(frozen=True)
+class AudioFacts:
+    """One audio stream (a recording, or a video's sound track): codec, sample rate, channels, its
+    length in samples a channel as decoded at conversion (not its header's duration, which may
+    lie), packets, the timestamps' base and the first one, and whether its container seeks."""
+
+    codec: str
+    rate: int  # samples per second
+    channels: int
+    samples: int  # a channel's samples, decoded
+    packets: int
+    time_base: tuple[int, int]  # seconds per timestamp unit as (numerator, denominator)
+    start_pts: int  # the first packet's timestamp
+    seekable: bool  # False: a crop is decoded from the file's start (a container without timestamps to seek by)
+
+    def __post_init__(self) -> None:
+        if not self.codec.isascii() or not 0 < len(self.codec) <= MAX_CODEC_NAME:
+            raise ValueError(f"a codec name is 1 to {MAX_CODEC_NAME} ASCII characters, got {self.codec!r}")
+        if not 0 < self.rate <= MAX_AUDIO_RATE:
+            raise ValueError(f"a sample rate is 1 to {MAX_AUDIO_RATE} Hz, got {self.rate}")
+        if not 0 < self.channels <= MAX_CHANNELS:
+            raise ValueError(f"an audio stream has 1 to {MAX_CHANNELS} channels, got {self.channels}")
+        if not (0 < self.samples <= MAX_AUDIO_SECONDS * self.rate and 0 < self.packets <= self.samples):
+            raise ValueError(f"an audio stream has 1 to {MAX_AUDIO_SECONDS} s of samples in at most as many packets, got {self.samples} in {self.packets}")
+        if min(self.time_base) <= 0:
+            raise ValueError(f"time base {self.time_base} must be a positive fraction")
+
+    @property
+    def seconds(self) -> float:
+        """The recording's length in seconds."""
+        return self.samples / self.rate
+
+    def seconds_of(self, pts: int) -> float:
+        """Timestamp ``pts`` in seconds from the stream's first one."""
+        return (pts - self.start_pts) * self.time_base[0] / self.time_base[1]
+
+    def pts_of(self, sample: int) -> int:
+        """The timestamp at which a channel's sample number ``sample`` is played (rounded down)."""
+        return self.start_pts + sample * self.time_base[1] // (self.rate * self.time_base[0])
+
+
+MediaFacts = StreamFacts | AudioFacts  # what a sample table records of one video or audio field
+FACT_COLUMNS = 14  # int64 columns of one field's facts in a sample table (fastload.formats.table)
+_AUDIO_ROW = 0  # a row's second column (a video's width, never 0) is 0 for audio
+
+
+def facts_row(facts: MediaFacts, first_keyframe: int) -> tuple[list[int], list[tuple[int, int]]]:
+    """One field's facts as a sample table stores them: FACT_COLUMNS int64 (the codec's name in the
+    last two), and the (frame number, timestamp) pairs of its keyframes, which the table keeps in a
+    section of their own from ``first_keyframe`` on (audio: none)."""
+    codec = [int.from_bytes(facts.codec.encode().ljust(MAX_CODEC_NAME, b"\0")[i : i + 8], "little", signed=True) for i in (0, 8)]
+    if isinstance(facts, AudioFacts):
+        row = [facts.packets, _AUDIO_ROW, facts.channels, facts.rate, facts.samples, *facts.time_base, facts.start_pts, 0, 0,
+               int(facts.seekable), 0]
+        return row + codec, []
+    row = [facts.frames, facts.width, facts.height, *facts.rate, *facts.time_base, facts.start_pts, first_keyframe, len(facts.keyframes),
+           facts.audio_rate, facts.audio_channels]
+    return row + codec, list(zip(facts.keyframes, facts.keyframe_pts))
+
+
+def facts_from_row(row: Sequence[int], keyframes: Callable[[int, int], list[tuple[int, int]]]) -> MediaFacts:
+    """The facts :func:`facts_row` stored (``keyframes(first, count)``: those pairs of the table's
+    keyframes); a ValueError when the row is inconsistent."""
+    packets_or_frames, kind, c2, c3, c4, tb_num, tb_den, start_pts, first, count, c10, c11 = row[:12]
+    codec = b"".join(int(v).to_bytes(8, "little", signed=True) for v in row[12:14]).rstrip(b"\0")
+    try:
+        name = codec.decode("ascii")
+    except UnicodeDecodeError:
+        raise ValueError("a codec's name is not ASCII") from None
+    if kind == _AUDIO_ROW:
+        if first or count or c10 not in (0, 1) or c11:
+            raise ValueError("an audio row with keyframes")
+        return AudioFacts(name, c3, c2, c4, packets_or_frames, (tb_num, tb_den), start_pts, bool(c10))
+    pairs = keyframes(first, count)
+    return StreamFacts(name, kind, c2, packets_or_frames, (c3, c4), (tb_num, tb_den), start_pts, tuple(p[0] for p in pairs),
+                       tuple(p[1] for p in pairs), c10, c11)

@@ -1,6 +1,9 @@
 """The one module importing PyAV (FFmpeg's libraries, bundled in its wheels), lazily: probing a
 video's stream facts at conversion, decoding the frames a clip needs (a seek to the keyframe at
-or before them, then decoding only to the last one), and re-encoding to H.264.
+or before them, then decoding only to the last one), and re-encoding to H.264; for recordings
+(and a video's sound track), probing by decoding them whole, decoding a crop's samples from a seek
+a little before it, remixing (swr) and resampling (fastload.av.resample, or swr), and re-encoding to
+FLAC or Opus.
 
 Chosen over torchcodec by measurement (docs/video.md: benchmarks/bench_video_decoders.py): on
 the same clips, PyAV seeking to the keyframe the sample table names and converting each kept
@@ -20,7 +23,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from fastload.av.facts import MAX_FRAMES, StreamFacts
+from fastload.av.facts import MAX_AUDIO_RATE, MAX_AUDIO_SECONDS, MAX_CHANNELS, MAX_FRAMES, AudioFacts, StreamFacts
+from fastload.av.resample import sinc_resample
 from fastload.decode.header import MAX_PIXELS
 from fastload.errors import SampleError
 
@@ -415,3 +419,323 @@ def reencode_h264(data: bytes, where: str, gop: int, max_size: int | None, max_p
     finally:
         source.close()
     return out.getvalue()
+
+
+# --- audio ------------------------------------------------------------------------------------
+
+# The demuxers a recording is opened with (besides the video containers, whose sound tracks load the
+# same way): FLAC, WAV (and Wave64), MP3, Ogg (Vorbis, Opus, FLAC), MP4/M4A, Matroska/WebM, ADTS AAC, AIFF.
+AUDIO_DEMUXERS: tuple[str, ...] = ("flac", "wav", "w64", "mp3", "aac", "aiff", *DEMUXERS)
+AUDIO_CONTAINERS = "FLAC, WAV, MP3, Ogg (Vorbis, Opus), M4A/MP4, Matroska/WebM, AAC, AIFF, or a video's sound track"
+# Demuxers whose timestamps after a seek are guesses (ADTS AAC has none to seek by): crops decoded from the file's start.
+NO_SEEK_AUDIO = frozenset({"aac", "mpeg", "mpegvideo"})
+SEEK_PREROLL_S = 0.25  # seconds decoded before a crop after a seek (MP3's bit reservoir, AAC's and Opus's overlap), then dropped
+TRUNCATION_SLACK_S = 0.25  # seconds a decoded recording may fall short of its header's duration (encoder padding) before it counts as truncated
+# a sample format's (numpy dtype, scale to [-1, 1]), planar or packed
+_SAMPLE_TYPES = {"s16": ("<i2", 1 / 32768), "s32": ("<i4", 1 / 2147483648), "u8": ("u1", 1 / 128), "flt": ("<f4", 1.0),
+                 "dbl": ("<f8", 1.0), "s64": ("<i8", 1 / 9223372036854775808)}
+
+
+def _open_audio(data: bytes, where: str) -> tuple[Any, Any]:
+    """(container, its first audio stream) over ``data`` in one of AUDIO_DEMUXERS, its rate and
+    channels checked against the limits before anything is decoded; a SampleError otherwise."""
+    av = _av()
+    if not data:
+        raise SampleError(where, "empty recording: zero bytes")
+    try:
+        container = av.open(io.BytesIO(data), mode="r", metadata_errors="ignore",
+                            container_options={"format_whitelist": ",".join(AUDIO_DEMUXERS)})
+    except (av.error.FFmpegError, ValueError, OSError) as exc:
+        log = getattr(exc, "log", None)
+        if log and "not on whitelist" in str(log[2]):
+            raise SampleError(where, f"its format ({log[1]}) is not an audio container fastload reads ({AUDIO_CONTAINERS})") from None
+        raise SampleError(where, f"not a readable recording ({type(exc).__name__})") from None
+    try:
+        if not container.streams.audio:
+            raise SampleError(where, "holds no audio stream")
+        stream = container.streams.audio[0]
+        context = stream.codec_context
+        if context is None:
+            raise SampleError(where, f"no decoder for its audio codec ({getattr(stream, 'codec_tag', '') or 'unknown'!r}) in this FFmpeg")
+        rate, channels = int(context.sample_rate or 0), int(context.channels or 0)
+        if not 0 < rate <= MAX_AUDIO_RATE:
+            raise SampleError(where, f"its header declares {rate} samples a second (fastload reads 1 to {MAX_AUDIO_RATE})")
+        if not 0 < channels <= MAX_CHANNELS:
+            raise SampleError(where, f"its header declares {channels} channels (fastload reads 1 to {MAX_CHANNELS})")
+        context.thread_count = 1
+    except BaseException:
+        container.close()
+        raise
+    return container, stream
+
+
+def _samples_of(frame: Any, where: str) -> np.ndarray:
+    """A decoded frame's samples as float32 (channels, n) in [-1, 1], read from its planes' buffers
+    (a fifth of the time PyAV's ``to_ndarray`` takes on a 128-sample Vorbis frame)."""
+    import numpy as np
+
+    name = frame.format.name
+    kind = _SAMPLE_TYPES.get(name.rstrip("p"))
+    if kind is None:
+        raise SampleError(where, f"decodes to samples of format {name}, which fastload does not convert")
+    dtype, scale = kind
+    n, channels = frame.samples, frame.layout.nb_channels
+    if frame.format.is_planar:
+        planes = frame.planes
+        values = np.stack([np.frombuffer(planes[c], dtype=dtype, count=n) for c in range(channels)])
+    else:
+        values = np.frombuffer(frame.planes[0], dtype=dtype, count=n * channels).reshape(n, channels).T
+    if name.startswith("u8"):
+        return (values.astype(np.float32) - 128) * np.float32(scale)
+    return values.astype(np.float32) * np.float32(scale) if scale != 1.0 else values.astype(np.float32)
+
+
+def probe_audio(data: bytes, where: str) -> AudioFacts:
+    """The stream facts of the recording in ``data``: every packet demuxed and decoded (proving it
+    decodes, and counting its samples: a header's duration can lie), at most MAX_AUDIO_SECONDS; a
+    SampleError when it does not decode, changes rate or channels mid-stream, or holds less than its
+    header declares (truncated)."""
+    av = _av()
+    container, stream = _open_audio(data, where)
+    try:
+        rate, channels = int(stream.codec_context.sample_rate), int(stream.codec_context.channels)
+        limit = MAX_AUDIO_SECONDS * rate
+        samples = packets = 0
+        start_pts: int | None = None
+        timed = True
+        try:
+            for packet in container.demux(stream):
+                if packet.size:
+                    packets += 1
+                for frame in packet.decode():
+                    if frame.sample_rate != rate or frame.layout.nb_channels != channels:
+                        raise SampleError(where, f"changes from {rate} Hz, {channels} channels to {frame.sample_rate} Hz, "
+                                                 f"{frame.layout.nb_channels} channels mid-stream: convert it with ffmpeg first")
+                    if start_pts is None:  # demux ends with an empty packet, whose decode drains the decoder
+                        start_pts = frame.pts
+                    timed = timed and frame.pts is not None
+                    samples += frame.samples
+                    if samples > limit:
+                        raise SampleError(where, f"longer than {MAX_AUDIO_SECONDS} s")
+        except av.error.FFmpegError as exc:
+            raise SampleError(where, f"does not decode at {samples / rate:.2f} s ({type(exc).__name__})") from None
+        if not samples:
+            raise SampleError(where, "zero-length audio stream: no samples")
+        if container.format.name == "wav":
+            _check_wav_data(data, where)
+        declared = _declared_seconds(container, stream)
+        if declared is not None and declared > samples / rate + TRUNCATION_SLACK_S + 0.01 * declared:
+            raise SampleError(where, f"truncated or a lying header: it declares {declared:.2f} s and decodes to {samples / rate:.2f} s")
+        time_base = stream.time_base or Fraction(1, rate)
+        return AudioFacts(
+            codec=stream.codec_context.name[:16], rate=rate, channels=channels, samples=samples, packets=max(min(packets, samples), 1),
+            time_base=(time_base.numerator, time_base.denominator), start_pts=start_pts or 0,
+            seekable=timed and container.format.name not in NO_SEEK_AUDIO,
+        )
+    finally:
+        container.close()
+
+
+WAV_UNKNOWN_SIZES = (0, 0xFFFFFFFF)  # a data chunk's size a streaming writer leaves for "until the file ends"
+
+
+def _check_wav_data(data: bytes, where: str) -> None:
+    """A SampleError when a WAV's data chunk declares more bytes than the file holds (FFmpeg reads
+    what is there, so a truncated WAV or a lying size would otherwise pass for a shorter one)."""
+    offset = 12  # past "RIFF", its size and "WAVE"
+    for _ in range(64):  # chunks before the data: fmt, LIST, fact, ...
+        if offset + 8 > len(data):
+            return
+        name, size = data[offset : offset + 4], int.from_bytes(data[offset + 4 : offset + 8], "little")
+        if name == b"data":
+            held = len(data) - offset - 8
+            if size not in WAV_UNKNOWN_SIZES and size > held:
+                raise SampleError(where, f"truncated or a lying header: its data chunk declares {size} bytes, the file holds {held}")
+            return
+        offset += 8 + size + (size & 1)
+
+
+def _declared_seconds(container: Any, stream: Any) -> float | None:
+    """The recording's length its header declares, where it declares one."""
+    if stream.duration is not None and stream.time_base:
+        return float(stream.duration * stream.time_base)
+    if container.duration is not None:
+        return container.duration / 1_000_000
+    return None
+
+
+def decode_audio(data: bytes, where: str, facts: AudioFacts, start: int, count: int, deadline: float) -> np.ndarray:
+    """A channel's samples ``start`` to ``start + count`` of the recording in ``data``, as float32
+    (channels, n), decoded from a seek to a little before them (or from the file's start: a
+    container that does not seek, a seek that landed past them); n < ``count`` only where the
+    recording ends. Nothing is allocated but what the decoder gave. A SampleError naming ``where``
+    when it does not decode, differs from its facts, or passes ``deadline``."""
+    import numpy as np
+
+    av = _av()
+    origin = facts.start_pts * facts.time_base[0] / facts.time_base[1]  # seconds of sample 0
+    seek_to = max(0.0, (start / facts.rate) - SEEK_PREROLL_S)
+    for seeking in ((True, False) if facts.seekable and seek_to > 0 else (False,)):
+        container, stream = _open_audio(data, where)
+        try:
+            parts = _decode_range(av, container, stream, where, facts, origin, seek_to if seeking else None, start, count, deadline)
+        finally:
+            container.close()
+        if parts is not None:
+            return np.concatenate(parts, axis=1) if parts else np.zeros((facts.channels, 0), np.float32)
+    raise SampleError(where, f"decoding from its start never reached sample {start}")  # unreachable: no seek always lands at 0
+
+
+def _decode_range(av: Any, container: Any, stream: Any, where: str, facts: AudioFacts, origin: float, seek_to: float | None,
+                  start: int, count: int, deadline: float) -> list[np.ndarray] | None:
+    """One try of :func:`decode_audio`: the crop's parts, or None when a seek to ``seek_to`` seconds landed past ``start``."""
+    if seek_to is not None:
+        try:
+            container.seek(int((origin + seek_to) * 1_000_000), backward=True, any_frame=False)
+        except av.error.FFmpegError:
+            return None
+    position: int | None = None if seek_to is not None else 0
+    end = start + count
+    parts: list[np.ndarray] = []
+    try:
+        for packet in container.demux(stream):
+            for frame in packet.decode():
+                if frame.sample_rate != facts.rate or frame.layout.nb_channels != facts.channels:
+                    raise SampleError(where, f"decodes to {frame.sample_rate} Hz, {frame.layout.nb_channels} channels; "
+                                             f"its sample table says {facts.rate} Hz, {facts.channels}")
+                if position is None:
+                    if frame.pts is None:
+                        return None
+                    position = round((float(frame.pts * frame.time_base) - origin) * facts.rate)
+                    if position > start:
+                        return None
+                n = frame.samples
+                if position + n > start:
+                    parts.append(_samples_of(frame, where)[:, max(start - position, 0) : min(end - position, n)])
+                position += n
+                if position >= end:
+                    return parts
+                if time.monotonic() > deadline:
+                    raise SampleError(where, f"decoding took longer than its time limit (at {position / facts.rate:.2f} s)")
+    except av.error.FFmpegError as exc:
+        raise SampleError(where, f"does not decode at {(position or 0) / facts.rate:.2f} s ({type(exc).__name__})") from None
+    if (position or 0) < min(end, facts.samples) - round(TRUNCATION_SLACK_S * facts.rate):
+        raise SampleError(where, f"ends at {(position or 0) / facts.rate:.2f} s, its sample table says {facts.seconds:.2f} s")
+    return parts
+
+
+# --audio-codec: (encoder, muxer, the field it is stored under)
+AUDIO_ENCODERS: dict[str, tuple[str, str, str]] = {"flac": ("flac", "flac", "flac"), "opus": ("libopus", "ogg", "opus")}
+
+
+def check_audio_encoding(codec: str, rate: int | None) -> None:
+    """A ValueError unless recordings can be re-encoded to ``codec`` at ``rate`` (None: each its own)."""
+    if codec not in AUDIO_ENCODERS:
+        raise ValueError(f"--audio-codec must be one of {sorted(AUDIO_ENCODERS)}, got {codec!r}")
+    if rate is not None and not 0 < rate <= MAX_AUDIO_RATE:
+        raise ValueError(f"--audio-rate must be 1 to {MAX_AUDIO_RATE} Hz, got {rate}")
+    if codec == "opus" and rate not in (None, 48000):
+        raise ValueError(f"--audio-rate {rate}: Opus decodes at 48000 Hz whatever it encoded (leave --audio-rate out, or re-encode to flac)")
+
+
+def reencode_audio(data: bytes, where: str, codec: str, rate: int | None) -> bytes:
+    """The recording in ``data`` decoded and encoded again as ``codec`` (AUDIO_ENCODERS) at ``rate``
+    (None: its own; Opus: 48 kHz), its channels kept (at most 7: swr's layouts); a
+    SampleError when it does not decode (the probe's limits apply: rate, channels, 24 hours)."""
+    av = _av()
+    encoder, muxer, _ = AUDIO_ENCODERS[codec]
+    source, stream = _open_audio(data, where)
+    out = io.BytesIO()
+    try:
+        channels, source_rate = int(stream.codec_context.channels), int(stream.codec_context.sample_rate)
+        layout = _layout(channels)
+        if layout is None:
+            raise SampleError(where, f"{channels} channels: fastload re-encodes 1 to 7")
+        target_rate = rate or (48000 if codec == "opus" else source_rate)
+        limit, decoded = MAX_AUDIO_SECONDS * source_rate, 0
+        with av.open(out, mode="w", format=muxer, container_options={"fflags": "+bitexact"}) as target:  # Ogg: no random serial number
+            encoded = target.add_stream(encoder, rate=target_rate, layout=layout)
+            encoded.codec_context.thread_count = 1
+            encoded.codec_context.options = {"flags": "+bitexact"}  # no encoder version in the file: the same bytes from any FFmpeg build
+            convert = av.AudioResampler(format=encoded.codec_context.codec.audio_formats[0].name, layout=layout, rate=target_rate)
+            for packet in source.demux(stream):
+                for frame in packet.decode():
+                    decoded += frame.samples
+                    if decoded > limit:
+                        raise SampleError(where, f"longer than {MAX_AUDIO_SECONDS} s")
+                    frame.pts = None  # the resampler counts samples; a source's timestamps may jump
+                    for part in convert.resample(frame):
+                        target.mux(encoded.encode(part))
+            for part in convert.resample(None):
+                target.mux(encoded.encode(part))
+            if not decoded:
+                raise SampleError(where, "zero-length audio stream: no samples")
+            target.mux(encoded.encode(None))
+    except av.error.FFmpegError as exc:
+        raise SampleError(where, f"does not decode for re-encoding ({type(exc).__name__})") from None
+    finally:
+        source.close()
+    return out.getvalue()
+
+
+def resample_audio(samples: np.ndarray, rate: int, target_rate: int, channels: int, where: str) -> np.ndarray:
+    """``samples`` (C, n float32 at ``rate``) as ``channels`` channels at ``target_rate``: mono is the
+    channels' mean, one channel is repeated to more, other counts are swr's remix of FFmpeg's
+    default layouts; then resampled (:func:`fastload.av.resample.sinc_resample`, torchaudio's
+    recipe; swr for pairs of rates it has no kernel for) to ``round(n * target_rate / rate)``
+    samples (the last zero-padded where fewer come)."""
+    import numpy as np
+
+    count = samples.shape[0]
+    if channels == 1 and count > 1:
+        samples, count = samples.mean(axis=0, keepdims=True, dtype=np.float32), 1
+    elif count == 1 and channels > 1:
+        samples, count = np.repeat(samples, channels, axis=0), channels
+    if not samples.shape[1]:
+        return np.zeros((channels, 0), np.float32)
+    if count != channels:
+        samples = _swr(samples, rate, rate, channels, where)  # a remix, at the source's rate
+    if rate == target_rate:
+        return samples
+    resampled = sinc_resample(samples, rate, target_rate)
+    if resampled is None:
+        resampled = _swr(samples, rate, target_rate, channels, where)
+    wanted = round(samples.shape[1] * target_rate / rate)
+    out = np.zeros((channels, wanted), np.float32)
+    out[:, : min(wanted, resampled.shape[1])] = resampled[:, :wanted]
+    return out
+
+
+def _swr(samples: np.ndarray, rate: int, target_rate: int, channels: int, where: str) -> np.ndarray:
+    """``samples`` (C, n) remixed to ``channels`` and resampled to ``target_rate`` by FFmpeg's swr, flushed."""
+    import numpy as np
+
+    av = _av()
+    count = samples.shape[0]
+    source, layout = _layout(count), _layout(channels)
+    if source is None or layout is None:
+        if count != channels:
+            raise SampleError(where, f"cannot remix {count} channels to {channels} (fastload remixes 1 to 7 channels; ask for 1 or {count})")
+        return np.concatenate([_swr(row[None], rate, target_rate, 1, where) for row in samples])  # channel by channel
+    try:
+        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(samples, dtype=np.float32), format="fltp", layout=source)
+        frame.sample_rate = rate
+        resampler = av.AudioResampler(format="fltp", layout=layout, rate=target_rate)
+        parts = [f.to_ndarray() for f in (*resampler.resample(frame), *resampler.resample(None))]
+    except (av.error.FFmpegError, ValueError, IndexError) as exc:
+        raise SampleError(where, f"cannot resample {count} channels at {rate} Hz to {channels} at {target_rate} Hz ({type(exc).__name__})") from None
+    return np.concatenate(parts, axis=1) if parts else np.zeros((channels, 0), np.float32)
+
+
+def _layout(channels: int) -> str | None:
+    """FFmpeg's default layout of ``channels`` channels (mono, stereo, 2.1, ..., 6.1), or None past 7
+    (PyAV fills at most 7 planes of a frame: 7.1 and larger fail) or where it has none."""
+    av = _av()
+    if channels > 7:
+        return None
+    try:
+        layout = av.AudioLayout(f"{channels}c")
+    except ValueError:
+        return None
+    name = str(layout.name)
+    return name if layout.nb_channels == channels and not name.endswith("channels") else None  # "12 channels": no order, which PyAV cannot fill

@@ -54,7 +54,7 @@ class SampleBatches:
                  probe_loader: Callable[[str], Iterable]) -> None:
         self.sharded, self.options, self.state, self.stats = sharded, options, state, stats
         self.sample_spec = with_torchvision_steps(
-            resolve_spec(sharded, options.fields, options.map, options.transform, options.clip), options.torchvision_steps)
+            resolve_spec(sharded, options.fields, options.map, options.transform, options.clip, options.audio), options.torchvision_steps)
         self.image_shape = self._image_shape()
         choice, self.engine = make_engine(options, self.sample_spec, sharded.decoded, probe_loader)
         self.backend = choice.name

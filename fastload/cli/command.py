@@ -46,6 +46,8 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reencode-quality", type=int, metavar="Q", help="re-encode images as JPEG of quality Q")
     p.add_argument("--max-size", type=int, metavar="PX", help="shrink images (and videos, re-encoded) so the longer side is at most PX")
     p.add_argument("--reencode", action="store_true", help="videos: re-encode to H.264 with a keyframe every --keyframe-interval frames")
+    p.add_argument("--audio-codec", choices=["flac", "opus"], help="recordings: re-encode to FLAC (lossless) or Opus")
+    p.add_argument("--audio-rate", type=int, metavar="HZ", help="recordings: re-encode at this sample rate (FLAC unless --audio-codec)")
     p.add_argument("--keyframe-interval", type=int, default=REENCODE_KEYFRAME_INTERVAL, metavar="N",
                    help=f"with --reencode: frames between keyframes (default {REENCODE_KEYFRAME_INTERVAL})")
     p.add_argument("--max-pixels", type=int, help="reject images with more pixels (bombs); default 89478485 (Pillow's), or FASTLOAD_MAX_PIXELS")
@@ -55,7 +57,7 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
                    help="manifest: a folder besides the manifest's own that its rows may read from (absolute paths, .. paths); repeatable")
     p.add_argument("--path-column", default="path", help="manifest: column of image paths")
     p.add_argument("--label-column", default="label", help="manifest/parquet/videos: column of labels")
-    p.add_argument("--caption-column", default="caption", help="videos manifest: column of captions (stored as txt), if present")
+    p.add_argument("--caption-column", default="caption", help="videos or audio manifest: column of captions or transcripts (stored as txt), if present")
     p.add_argument("--image-column", default="image", help="parquet: column of images")
     p.add_argument("--split", default="train", choices=["train", "test"], help="cifar/mnist: which split")
     text = p.add_argument_group("documents into token shards (--from jsonl, text; parquet and wds with --text-field)")
@@ -121,6 +123,8 @@ def _run_convert(args: argparse.Namespace) -> int:
         max_size=args.max_size,
         reencode_video=args.reencode,
         keyframe_interval=args.keyframe_interval,
+        audio_codec=args.audio_codec,
+        audio_rate=args.audio_rate,
         max_pixels=MAX_PIXELS if args.max_pixels is None else args.max_pixels,
         source_options=SourceOptions(
             follow_symlinks=args.follow_symlinks,
@@ -222,7 +226,11 @@ def _run_inspect(args: argparse.Namespace) -> int:
         _print_tokens(summary["tokens"])
     if summary["decoded_shape"]:
         print(f"pixels    {summary['decoded_shape']} uint8 per sample")
-    if summary["videos"]:
+    if summary["audio"] and summary["audio"]["count"]:
+        a = summary["audio"]
+        print(f"audio     {a['count']}, {', '.join(f'{c} {n}' for c, n in a['codecs'].items())}; {a['seconds']:.1f} s "
+              f"({a['seconds_min']}-{a['seconds_max']} s each); Hz {a['rates']}, channels {a['channels']}")
+    if summary["videos"] and summary["videos"]["count"]:
         v = summary["videos"]
         print(f"videos    {v['count']}, {', '.join(f'{c} {n}' for c, n in v['codecs'].items())}; {v['seconds']:.1f} s, "
               f"{v['frames_min']}-{v['frames_max']} frames, a keyframe every {v['mean_frames_per_keyframe']} frames; "
@@ -405,7 +413,9 @@ def _add_describe(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--transform", choices=["train", "val", "none"], default="train", help="fastload.transforms.train/val(SIZE)")
     p.add_argument("--size", type=int, default=224, help="the transform's output side")
     p.add_argument("--clip", metavar="FRAMES[:STRIDE[:CLIPS]]", help="a video dataset: the loader's clip=fastload.Clip(FRAMES, STRIDE, CLIPS)")
-    p.add_argument("--sampling", choices=["random", "uniform"], help="with --clip: the clip's sampling (default: random when shuffled)")
+    p.add_argument("--audio", metavar="SECONDS[:CROPS]", help="an audio dataset: the loader's audio=fastload.Audio(SECONDS, CROPS)")
+    p.add_argument("--sampling", choices=["random", "uniform", "centred", "start"],
+                   help="with --clip (random, uniform) or --audio: the sampling (default: random when shuffled)")
     p.add_argument("--seq-len", type=int, help="a token dataset (required for one): the loader's seq_len=")
     p.add_argument("--packing", choices=["concat", "best-fit", "pad"], help="a token dataset: the loader's packing= (default concat)")
     p.add_argument("--block-tokens", type=int, help="a token dataset: the loader's block_tokens= (default 65536)")
@@ -434,6 +444,7 @@ def _run_describe(args: argparse.Namespace) -> int:
             f" {s.source_size[0]}x{s.source_size[1]} crop ({s.box[0]:.1f}, {s.box[1]:.1f}, {s.box[2]:.1f}, {s.box[3]:.1f})"  # type: ignore[index]
             f" -> {s.size[0]}x{s.size[1]}{' flipped' if s.flip else ''}{f' at DCT scale {s.dct_scale}' if s.dct_scale else ''}")  # type: ignore[index]
         clips = "".join(f" frames {a}-{b} ({t0:.2f}-{t1:.2f} s)" for a, b, t0, t1 in s.clips)
+        clips += "".join(f" audio {t0:.3f}-{t1:.3f} s" for t0, t1 in s.crops)
         print(f"{n:>5} {s.index:>9} {s.shard}:{s.key}{'' if s.valid else ' (padding)'}{clips}{geometry}{f' PROBLEM {s.problem}' if s.problem else ''}")
     return 0
 

@@ -11,7 +11,8 @@ processes (default: one per CPU; each writes its tar's .idx and table, fsynced; 
 fsynced once). ``benchmarks/bench_index.py`` measures this against ``cat`` and sha256 alone.
 Members are grouped into samples as webdataset does: by key, the name up to the first dot of its
 last path part, consecutive members sharing one; files without an extension, hidden files and
-``__*__`` metadata members are left out.
+``__*__`` metadata members are left out. Recordings (``.flac``, ``.wav``, ``.mp3``, ...) are
+decoded once to record their stream facts in the sample table, as a conversion does.
 """
 
 from __future__ import annotations
@@ -25,14 +26,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fastload._util.files import atomic_write_bytes, check_relative_path, fsync_dir, remove_temporaries
+from fastload._util.files import atomic_write_bytes, check_relative_path, fsync_dir, open_regular, remove_temporaries
 from fastload._util.processes import forked_pool
 from fastload.converters.lock import locked_output
 from fastload.errors import DatasetIndexError, SampleError
-from fastload.fields import IMAGE_FIELDS, LABEL_FIELD, is_field_member, parse_label
+from fastload.fields import IMAGE_FIELDS, LABEL_FIELD, default_role, is_field_member, parse_label
 from fastload.formats.idx import IDX_WHITESPACE, Member, format_dali_index, split_member_name
-from fastload.formats.index import INDEX_FILE, DatasetIndex, ShardInfo, write_index
-from fastload.formats.table import MAX_LABEL_BYTES, TABLE_SUFFIX, tar_table
+from fastload.formats.index import FORMAT_VERSION, INDEX_FILE, VIDEO_FORMAT_VERSION, DatasetIndex, ShardInfo, write_index
+from fastload.formats.table import MAX_LABEL_BYTES, TABLE_SUFFIX, Facts, tar_table
 from fastload.formats.tar_headers import mapped, tar_members
 
 SOURCE_NAME = "wds-index"  # the index's ``source``: tars indexed in place, not converted
@@ -45,6 +46,7 @@ class IndexedTar:
     samples: list[list[Member]] = field(default_factory=list)
     fields: set[str] = field(default_factory=set)
     labels: Counter[int] = field(default_factory=Counter)
+    streams: bool = False  # whether its sample table records recordings' stream facts
 
 
 def scan_tar(path: Path, shown: str | None = None) -> tuple[int, str, IndexedTar]:
@@ -133,7 +135,7 @@ def index_tar(tar: Path) -> tuple[ShardInfo, IndexedTar]:
     info, files = indexed_shard(tar, scanned, size, sha256)
     for path, data in files.items():
         _write_file(path, data)
-    return info, IndexedTar(fields=scanned.fields, labels=scanned.labels)
+    return info, IndexedTar(fields=scanned.fields, labels=scanned.labels, streams=scanned.streams)
 
 
 def check_tar_name(name: str, where: str) -> None:
@@ -148,10 +150,34 @@ def indexed_shard(tar: Path, scanned: IndexedTar, size: int, sha256: str) -> tup
     """A tar's index entry (``size`` and ``sha256`` its own) and the files that index it, by the
     path beside it each goes to: its ``.idx`` and its sample table."""
     idx, table = tar.with_suffix(".idx"), tar.with_suffix(TABLE_SUFFIX)
-    files = {idx: format_dali_index(scanned.samples), table: tar_table(tar, scanned.samples)}
+    facts = recording_facts(tar, scanned.samples)
+    scanned.streams = any(facts)
+    files = {idx: format_dali_index(scanned.samples), table: tar_table(tar, scanned.samples, facts)}
     info = ShardInfo(tar.name, len(scanned.samples), size, sha256, idx.name, hashlib.sha256(files[idx]).hexdigest(),
                      table.name, hashlib.sha256(files[table]).hexdigest())
     return info, files
+
+
+def recording_facts(tar: Path, samples: list[list[Member]]) -> list[Facts]:
+    """Each sample's recordings' stream facts, each member probed (fastload.av.pyav.probe_audio);
+    one that does not probe gets none, so loading it is a bad sample that says so."""
+    wanted = [[(ext, offset, size) for ext, offset, size, _ in members if default_role(ext) == "audio"] for members in samples]
+    if not any(wanted):
+        return []
+    from fastload.av.pyav import probe_audio
+
+    facts: list[Facts] = []
+    fd = open_regular(tar)
+    try:
+        for members, recordings in zip(samples, wanted):
+            found: Facts = {}
+            for ext, offset, size in recordings:
+                with contextlib.suppress(SampleError):
+                    found[ext] = probe_audio(os.pread(fd, size, offset) if size > 0 else b"", f"{tar.name}:{members[0][3]}")
+            facts.append(found)
+    finally:
+        os.close(fd)
+    return facts
 
 
 def dataset_index(shards: list[ShardInfo], scans: list[IndexedTar]) -> DatasetIndex:
@@ -168,6 +194,7 @@ def dataset_index(shards: list[ShardInfo], scans: list[IndexedTar]) -> DatasetIn
         class_counts={str(label): count for label, count in sorted(labels.items())},
         image_fields=tuple(sorted(f for f in fields if f in IMAGE_FIELDS)),
         source=SOURCE_NAME,
+        version=VIDEO_FORMAT_VERSION if any(scanned.streams for scanned in scans) else FORMAT_VERSION,
     )
 
 

@@ -65,6 +65,8 @@ class ConvertOptions:
     max_pixels: int = MAX_PIXELS  # the one limit every decode path applies (fastload.decode.header)
     reencode_video: bool = False  # videos re-encoded to H.264 (also when max_size shrinks them)
     keyframe_interval: int = REENCODE_KEYFRAME_INTERVAL  # frames between keyframes of a re-encoded video
+    audio_codec: str | None = None  # recordings re-encoded to this codec (fastload.av.pyav.AUDIO_ENCODERS); with audio_rate alone: flac
+    audio_rate: int | None = None  # recordings resampled to this rate when re-encoded
     source_options: SourceOptions = field(default_factory=SourceOptions)
     writer_options: WriterOptions = field(default_factory=WriterOptions)
     tokens: TokenizeOptions | None = None  # documents into token shards (layout "tokens")
@@ -93,6 +95,10 @@ class ConvertOptions:
             raise ValueError("max_size must be >= 1")
         if self.keyframe_interval < 1:
             raise ValueError("keyframe_interval must be >= 1")
+        if self.audio_codec is not None or self.audio_rate is not None:
+            from fastload.av.pyav import check_audio_encoding
+
+            check_audio_encoding(self.audio_codec or "flac", self.audio_rate)
         if self.near_threshold is not None:
             from fastload.near.search import check_threshold
 
@@ -134,4 +140,7 @@ class ConvertOptions:
         if not self.reencode_video:
             data.pop("reencode_video")  # likewise
             data.pop("keyframe_interval")
+        for name in ("audio_codec", "audio_rate"):
+            if data[name] is None:
+                data.pop(name)  # likewise
         return json.loads(json.dumps(data))  # as plan.json reads it back: a tuple option (--allow-root) compares as a list

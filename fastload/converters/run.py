@@ -284,10 +284,12 @@ def _convert(
 
 
 def _costs_cpu(options: ConvertOptions) -> bool:
-    """Whether preparing a sample re-encodes it (``--reencode-quality``, ``--max-size``): then the
+    """Whether preparing a sample re-encodes it (``--reencode-quality``, ``--max-size``, ``--reencode``,
+    ``--audio-codec``, ``--audio-rate``): then the
     work is spread sample by sample (converters.in_runs), else shard by shard (decoded HDF5 too:
     its pixels would cross to the writing process)."""
-    return options.reencode_quality is not None or options.max_size is not None or options.reencode_video
+    return (options.reencode_quality is not None or options.max_size is not None or options.reencode_video
+            or options.audio_codec is not None or options.audio_rate is not None)
 
 
 def _plan(

@@ -16,7 +16,7 @@ from fastload.converters.sample import Sample, SourceItem
 from fastload.converters.sources import Source
 from fastload.decode.header import image_size
 from fastload.errors import SampleError
-from fastload.fields import JPEG_FIELD, LABEL_FIELD, default_role, video_fields
+from fastload.fields import JPEG_FIELD, LABEL_FIELD, default_role, stream_fields
 from fastload.formats.index import ShardInfo
 from fastload.formats.table import TABLE_SUFFIX
 from fastload.formats.writing import PreparedSample, open_writer
@@ -24,7 +24,7 @@ from fastload.formats.writing import PreparedSample, open_writer
 if TYPE_CHECKING:
     import numpy as np
 
-    from fastload.av.facts import StreamFacts
+    from fastload.av.facts import MediaFacts
 
 
 @dataclass(frozen=True)
@@ -95,21 +95,32 @@ def prepare_sample(sample: Sample, options: ConvertOptions, decoded_shape: tuple
     return PreparedSample(key=sample.key, image_field=field_name, image=stored, label=sample.label, extra=extra, facts=facts)
 
 
-def prepare_videos(sample: Sample, options: ConvertOptions) -> tuple[dict[str, bytes], dict[str, StreamFacts]]:
-    """The sample's fields with each video re-encoded where asked (``--reencode``, ``--max-size``),
-    and each video's stream facts; a SampleError for a video that does not probe (corrupt,
-    truncated, no frames, a codec FFmpeg lacks, over the pixel limit)."""
-    videos = video_fields(sample.extra)
-    if not videos:
+def prepare_videos(sample: Sample, options: ConvertOptions) -> tuple[dict[str, bytes], dict[str, MediaFacts]]:
+    """The sample's fields with each video re-encoded where asked (``--reencode``, ``--max-size``) and
+    each recording (``--audio-codec``, ``--audio-rate``),
+    and each video's and recording's stream facts; a SampleError for one that does not probe
+    (corrupt, truncated, empty, a codec FFmpeg lacks, over the pixel or the audio limits)."""
+    streams = stream_fields(sample.extra)
+    if not streams:
         return sample.extra, {}
     if options.layout != "wds":
-        raise SampleError(sample.where, f"videos are stored in tar shards (--to wds), not {options.layout}: their stream facts live in the sample tables")
-    from fastload.av.pyav import probe, reencode_h264
+        raise SampleError(sample.where, f"videos and recordings are stored in tar shards (--to wds), not {options.layout}: "
+                                        "their stream facts live in the sample tables")
+    from fastload.av.pyav import AUDIO_ENCODERS, probe, probe_audio, reencode_audio, reencode_h264
 
-    extra, facts = dict(sample.extra), {}
-    for name in videos:
-        where = f"{sample.where} ({name})" if len(videos) > 1 else sample.where
+    extra, facts = dict(sample.extra), {}  # type: dict[str, bytes], dict[str, MediaFacts]
+    for name in streams:
+        where = f"{sample.where} ({name})" if len(streams) > 1 else sample.where
         data = extra[name]
+        if default_role(name) == "audio":
+            if options.audio_codec is not None or options.audio_rate is not None:
+                codec = options.audio_codec or "flac"
+                data = reencode_audio(data, where, codec, options.audio_rate)
+                del extra[name]
+                name = AUDIO_ENCODERS[codec][2]
+                extra[name] = data
+            facts[name] = probe_audio(data, where)
+            continue
         if options.reencode_video or options.max_size is not None:
             data = reencode_h264(data, where, options.keyframe_interval, options.max_size, options.max_pixels)
             del extra[name]

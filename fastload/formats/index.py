@@ -17,7 +17,7 @@ from pathlib import Path
 
 from fastload._util.files import atomic_write_bytes, check_relative_path, is_sha256, read_file
 from fastload.errors import DatasetIndexError
-from fastload.fields import video_fields
+from fastload.fields import stream_fields
 from fastload.formats.shard_formats import LAYOUTS, shard_format
 
 FORMAT_NAME = "fastload"
@@ -192,8 +192,8 @@ class DatasetIndex:
         if self.num_samples > MAX_INT:
             raise DatasetIndexError("shards: more than 2**63 - 1 samples in all")
         self._check_tokens()
-        if self.version == VIDEO_FORMAT_VERSION and not video_fields(self.fields):
-            raise DatasetIndexError(f"fields: a video dataset (version {VIDEO_FORMAT_VERSION}) lists no video field")
+        if self.version == VIDEO_FORMAT_VERSION and not stream_fields(self.fields):
+            raise DatasetIndexError(f"fields: a video or audio dataset (version {VIDEO_FORMAT_VERSION}) lists no video or audio field")
 
     def _check_tokens(self) -> None:
         """A token dataset (and only one) names its tokenizer, is of version 5 and counts each shard's tokens."""

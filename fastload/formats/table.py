@@ -14,7 +14,7 @@ rather than misreading a table:
 bytes 0-7               magic ``b"FLTABLE1"``
 8-15, 16-23             N samples (uint64), F field columns (uint64)
 24-31, 32-39            names bytes (uint64, a multiple of 8), keys bytes (uint64)
-40-47, 48-55, 56-63     version 2: V video fields, K keyframes in all, video names bytes (uint64,
+40-47, 48-55, 56-63     version 2: V video (or audio) fields, K keyframes in all, video names bytes (uint64,
                         a multiple of 8); version 1: zero
 names                   F field names (UTF-8), each ending in NUL, zero-padded to a multiple of 8
 rows                    N rows of 2 + 2F int64: key start, key end, then (offset, size) per field;
@@ -26,7 +26,10 @@ video names             version 2: the V video fields' names, as the field names
 facts                   version 2: N x V rows of 14 int64 (frames, width, height, rate and time
                         base as fractions, first timestamp, first keyframe and keyframe count in
                         the keyframes, audio rate and channels, the codec's name in 16 bytes);
-                        frames -1: the sample lacks that field
+                        frames -1: the sample lacks that field. An audio field's row (a
+                        recording, fastload.av.facts.AudioFacts) has width 0, then (packets, 0,
+                        channels, sample rate, samples, time base, first timestamp, 0, 0,
+                        seekable, 0, codec): fastload.av.facts.facts_row is the one writer
 keyframes               version 2: K pairs of int64 (frame number, timestamp)
 ======================  =====================================================================
 """
@@ -45,7 +48,7 @@ from typing import NamedTuple
 import numpy as np
 
 from fastload._util.files import close_when_dropped, open_in_root, open_regular, this_process
-from fastload.av.facts import MAX_CODEC_NAME, StreamFacts
+from fastload.av.facts import FACT_COLUMNS, MediaFacts, facts_from_row, facts_row
 from fastload.errors import SampleError, ShardError
 from fastload.fields import LABEL_FIELD, parse_label
 from fastload.formats.idx import Member, split_member_name
@@ -54,7 +57,6 @@ TABLE_MAGIC = b"FLTABLE1"
 VIDEO_TABLE_MAGIC = b"FLTABLE2"  # version 2: with videos' stream facts
 TABLE_SUFFIX = ".table"
 _HEADER = struct.Struct("<8sQQQQQQQ")
-FACT_COLUMNS = 14
 NO_FACTS = -1  # frames of a sample lacking the video field
 MAX_FIELDS = 4096
 MAX_LABEL_BYTES = 32  # a longer cls member is no label a table records
@@ -62,7 +64,7 @@ MAX_LABEL_BYTES = 32  # a longer cls member is no label a table records
 ABSENT = -1  # the size of a field the sample lacks
 BAD_SIZE = -2  # a negative size given for a field (a hostile .idx): kept, so reading it is refused
 Spans = dict[str, tuple[int, int]]
-Facts = dict[str, StreamFacts]  # a sample's videos' stream facts by field name
+Facts = dict[str, MediaFacts]  # a sample's videos' and recordings' stream facts by field name
 
 
 def key_hashes(keys: Iterable[str]) -> np.ndarray:
@@ -78,7 +80,7 @@ def _names_section(names: Sequence[str]) -> bytes:
 
 
 def _facts_sections(facts: Sequence[Facts]) -> tuple[list[str], bytes, int]:
-    """(the video fields' names, the video names + facts rows + keyframes sections, keyframes in all)."""
+    """(the media fields' names, the media names + facts rows + keyframes sections, keyframes in all)."""
     videos = sorted({name for sample in facts for name in sample})
     rows = np.zeros((len(facts), len(videos), FACT_COLUMNS), dtype="<i8")
     rows[:, :, 0] = NO_FACTS
@@ -88,10 +90,8 @@ def _facts_sections(facts: Sequence[Facts]) -> tuple[list[str], bytes, int]:
             f = sample.get(name)
             if f is None:
                 continue
-            codec = np.frombuffer(f.codec.encode().ljust(MAX_CODEC_NAME, b"\0"), dtype="<i8")
-            rows[i, v] = (f.frames, f.width, f.height, *f.rate, *f.time_base, f.start_pts, len(pairs), len(f.keyframes),
-                          f.audio_rate, f.audio_channels, *codec.tolist())
-            pairs += zip(f.keyframes, f.keyframe_pts)
+            rows[i, v], own = facts_row(f, len(pairs))
+            pairs += own
     keyframes = np.asarray(pairs, dtype="<i8").reshape(len(pairs), 2)
     return videos, _names_section(videos) + rows.tobytes() + keyframes.tobytes(), len(pairs)
 
@@ -357,17 +357,18 @@ class SampleTable:
         rows = np.frombuffer(self._read(schema.facts_at + i * row_bytes, row_bytes), dtype="<i8").reshape(len(schema.videos), FACT_COLUMNS)
         out: Facts = {}
         for name, row in zip(schema.videos, rows.tolist()):
-            frames, width, height, rate_num, rate_den, tb_num, tb_den, start_pts, first, count, audio_rate, audio_channels = row[:12]
-            if frames == NO_FACTS:
+            if row[0] == NO_FACTS:
                 continue
-            if not (first >= 0 and count > 0 and first + count <= schema.keyframes):
-                raise ShardError(f"{self.path}: row {i}'s keyframes lie outside the table (tampered?)")
-            pairs = np.frombuffer(self._read(schema.keyframes_at + first * 16, count * 16), dtype="<i8").reshape(count, 2)
-            codec = np.asarray(row[12:], dtype="<i8").tobytes().rstrip(b"\0")
+
+            def keyframes(first: int, count: int) -> list[tuple[int, int]]:
+                if not (first >= 0 and count > 0 and first + count <= schema.keyframes):
+                    raise ShardError(f"{self.path}: row {i}'s keyframes lie outside the table (tampered?)")
+                pairs = np.frombuffer(self._read(schema.keyframes_at + first * 16, count * 16), dtype="<i8").reshape(count, 2)
+                return [(int(a), int(b)) for a, b in pairs.tolist()]
+
             try:
-                out[name] = StreamFacts(codec.decode("ascii"), width, height, frames, (rate_num, rate_den), (tb_num, tb_den), start_pts,
-                                        tuple(pairs[:, 0].tolist()), tuple(pairs[:, 1].tolist()), audio_rate, audio_channels)
-            except (ValueError, UnicodeDecodeError):
+                out[name] = facts_from_row(row, keyframes)
+            except ValueError:
                 raise ShardError(f"{self.path}: row {i}'s stream facts for {name} are inconsistent (tampered?)") from None
         return out
 

@@ -18,7 +18,7 @@ from fastload.formats.shard_formats import shard_format
 if TYPE_CHECKING:
     import numpy as np
 
-    from fastload.av.facts import StreamFacts
+    from fastload.av.facts import MediaFacts
 
 @dataclass
 class PreparedSample:
@@ -31,7 +31,7 @@ class PreparedSample:
     image: bytes | np.ndarray | None
     label: int | None = None
     extra: dict[str, bytes] = field(default_factory=dict)
-    facts: dict[str, StreamFacts] = field(default_factory=dict)  # each video field's stream facts (for the sample table)
+    facts: dict[str, MediaFacts] = field(default_factory=dict)  # each video or audio field's stream facts (for the sample table)
 
 
 class ShardWriter(Protocol):

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastload.fields import SampleSpec
+from fastload.fields import SampleSpec, lengths_key
 from fastload.loading.batch_outputs import BatchOutputs
 
 
@@ -40,7 +40,7 @@ def field_batch(
     image_fn: Callable[[torch.Tensor], torch.Tensor] | None,
 ) -> tuple:
     """The batch as a tuple in ``spec``'s field order: stacked columns on ``device`` (images through
-    ``image_fn``), boxes and ragged arrays as lists of tensors, other values as lists."""
+    ``image_fn``; audio followed by its lengths), boxes and ragged arrays as lists of tensors, other values as lists."""
     out: list[Any] = []
     for field in spec.fields:
         if field.key in columns:
@@ -50,6 +50,9 @@ def field_batch(
             if field.role in ("image", "video") and image_fn is not None and isinstance(value, torch.Tensor):
                 value = image_fn(value)
             out.append(value)
+            if field.role == "audio":  # then its lengths: each crop's valid samples
+                lengths = columns[lengths_key(field.key)]
+                out.append(lengths.to(device, non_blocking=True) if device is not None and isinstance(lengths, torch.Tensor) else lengths)
         elif field.role in ("boxes", "array"):
             arrays = (np.asarray(v) for v in values[field.key])
             out.append([as_tensor(a if a.flags.writeable else a.copy()) for a in arrays])

@@ -14,6 +14,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from fastload._util.dist import resolve_rank_world
 from fastload.av.clips import Clip
+from fastload.av.crops import Audio
 from fastload.errors import DEFAULT_MAX_SKIPPED, OnError, check_max_skipped, check_on_error
 from fastload.loading.samplers import adopt_sampler
 from fastload.loading.torchvision_translation import TorchvisionSteps, is_torchvision_pipeline, translate
@@ -70,6 +71,7 @@ class LoaderOptions:
     class_weights: Mapping[str | int, float] | None = fast_path_only(None)  # class name or label -> share (fastload.orders.balanced)
     balanced: bool = fast_path_only(False)  # every class an equal share of each epoch
     clip: Clip | None = fast_path_only(None)  # which frames of each video (fastload.av.clips); stored with its sampling decided
+    audio: Audio | None = fast_path_only(None)  # which crops of each recording (fastload.av.crops); stored with its sampling decided
     take: tuple[int, ...] | None = None  # the sample indices a Subset / SubsetRandomSampler selects
     drop_remainder: bool = False  # as DistributedSampler(drop_last=True)
     distributed: DistributedSampler | None = None  # a sampler= whose set_epoch the loader follows
@@ -113,6 +115,12 @@ class LoaderOptions:
             if not isinstance(self.clip, Clip):
                 raise TypeError(f"clip= takes a fastload.Clip, got {type(self.clip).__name__}")
             object.__setattr__(self, "clip", self.clip.resolved(self.shuffle and not self.evaluation))
+        if self.audio is not None:
+            if not isinstance(self.audio, Audio):
+                raise TypeError(f"audio= takes a fastload.Audio, got {type(self.audio).__name__}")
+            if self.audio.short == "drop" and self.on_error != "skip":
+                raise ValueError("Audio(short='drop') makes a recording shorter than a crop a bad sample: it needs on_error='skip'")
+            object.__setattr__(self, "audio", self.audio.resolved(self.shuffle and not self.evaluation))
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.backend == "hybrid" and self.num_workers == 0:

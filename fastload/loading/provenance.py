@@ -29,7 +29,8 @@ from fastload.orders.position import ResumedFrom
 from fastload.orders.spec import OrderSpec
 from fastload.storage.dataset import ShardedDataset
 from fastload.transforms import Plan, Transform, plan
-from fastload.workers.clip_decode import plan_video
+from fastload.workers.audio_decode import audio_facts, plan_audio
+from fastload.workers.clip_decode import plan_video, video_facts
 from fastload.workers.rng import sample_rng
 
 HEAD_BYTES = 4096  # an image's first read; a JPEG whose size marker lies further (big EXIF) is read 4x more at a time
@@ -52,6 +53,8 @@ class SampleDescription:
     problem: str | None = None  # why it could not be planned (the workers would raise, or skip it)
     video: str | None = None  # the video field its clips come from
     clips: tuple[tuple[int, int, float, float], ...] = ()  # each clip's first and last frame, and their times in seconds
+    audio: str | None = None  # the audio field its crops come from
+    crops: tuple[tuple[float, float], ...] = ()  # each audio crop's start and end in seconds
     stands_in_for: tuple[tuple[str, str], ...] = ()  # on_error="skip": (where, reason) of the bad samples whose place it took
 
 
@@ -164,7 +167,7 @@ def describe_sample(ds: ShardedDataset, index: int, valid: bool, spec: SampleSpe
     shard, _ = ds.locate(index)
     base = SampleDescription(index, ds.key_of(index), ds.shard_name(shard), valid)
     if spec.primary is None:
-        return describe_video(ds, index, spec, transforms, seed, epoch, base)
+        return describe_audio(ds, index, spec, seed, epoch, describe_video(ds, index, spec, transforms, seed, epoch, base))
     read = 0
     try:
         if ds.decoded and DECODED_FIELD in spec.primary.alternatives:
@@ -183,6 +186,24 @@ def describe_sample(ds: ShardedDataset, index: int, valid: bool, spec: SampleSpe
                    dct_scale=scale, bytes_read=read)
 
 
+def describe_audio(ds: ShardedDataset, index: int, spec: SampleSpec, seed: int, epoch: int, base: SampleDescription) -> SampleDescription:
+    """``base`` with the crops of the sample's (first requested) audio field, planned from its stream
+    facts in the sample table as a worker plans them (nothing of the recording is read)."""
+    field = next((f for f in spec.fields if f.role == "audio"), None)
+    if field is None or spec.audio is None or base.problem is not None:
+        return base
+    facts = ds.stream_facts(index)
+    name = field.find(facts)
+    if name is None:
+        return replace(base, problem=f"no stream facts for {field.name} in its shard's sample table")
+    where = f"{base.shard}:{base.key}"
+    try:
+        planned = plan_audio(audio_facts(facts[name], where, name), spec.audio, seed, epoch, index, where)
+    except SampleError as exc:
+        return replace(base, audio=name, problem=exc.reason)
+    return replace(base, audio=name, crops=planned.spans())
+
+
 def describe_video(ds: ShardedDataset, index: int, spec: SampleSpec, transforms: Sequence[Transform], seed: int, epoch: int,
                    base: SampleDescription) -> SampleDescription:
     """``base`` with the clips and geometry of the sample's (first requested) video, planned from
@@ -195,7 +216,9 @@ def describe_video(ds: ShardedDataset, index: int, spec: SampleSpec, transforms:
     if name is None:
         return replace(base, problem=f"no stream facts for {field.name} in its shard's sample table")
     try:
-        planned = plan_video(facts[name], spec.clip, transforms, seed, epoch, index)
+        planned = plan_video(video_facts(facts[name], f"{base.shard}:{base.key}", name), spec.clip, transforms, seed, epoch, index)
+    except SampleError as exc:
+        return replace(base, video=name, problem=exc.reason)
     except ValueError as exc:
         return replace(base, video=name, problem=str(exc))
     return replace(base, video=name, source_size=(planned.facts.height, planned.facts.width), box=planned.plan.box,

@@ -99,7 +99,7 @@ def adopt_sampler(sampler: Any, size: int) -> SamplerChoice:
 
 class SamplingLoader(Protocol):
     """What the sampler views read from their loader (a fast-path ``fastload.DataLoader``, or a
-    ``TokenDataLoader``: its batches are lists of rows, fastload.text.token_samplers)."""
+    token rows' loader: its batches are lists of rows, fastload.text.token_samplers)."""
 
     dataset: Any
     batch_size: int

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fastload.av.facts import REENCODE_KEYFRAME_INTERVAL, frames_per_clip
+from fastload.av.facts import REENCODE_KEYFRAME_INTERVAL, AudioFacts, StreamFacts, frames_per_clip
 from fastload.formats.index import SKIPPED_REPORT, VIDEO_FORMAT_VERSION, DatasetIndex, read_index
 from fastload.formats.shard_files import open_shard
 from fastload.formats.tokens.reader import TokenShardReader
@@ -52,7 +52,33 @@ def summarize(root: str | Path, clip_span: int = 31) -> dict:
         "skipped_samples": skipped_samples,
         "duplicates": index.duplicates,
         "videos": video_summary(root, clip_span) if index.version == VIDEO_FORMAT_VERSION else None,
+        "audio": audio_summary(root) if index.version == VIDEO_FORMAT_VERSION else None,
     }
+
+
+def audio_summary(root: str | Path) -> dict:
+    """The recordings' stream facts over the dataset, from its sample tables (none is opened):
+    how many, their codecs, sample rates, channels and seconds."""
+    from fastload.storage.dataset import ShardedDataset
+
+    ds = ShardedDataset(root)
+    codecs: Counter[str] = Counter()
+    rates: Counter[int] = Counter()
+    channels: Counter[int] = Counter()
+    seconds: list[float] = []
+    for i in range(len(ds)):
+        for facts in ds.stream_facts(i).values():
+            if isinstance(facts, AudioFacts):
+                codecs[facts.codec] += 1
+                rates[facts.rate] += 1
+                channels[facts.channels] += 1
+                seconds.append(facts.seconds)
+    ds.close()
+    if not seconds:
+        return {"count": 0}
+    return {"count": len(seconds), "codecs": dict(codecs.most_common()), "rates": dict(rates.most_common()),
+            "channels": dict(channels.most_common()), "seconds": round(sum(seconds), 1),
+            "seconds_min": round(min(seconds), 3), "seconds_max": round(max(seconds), 3)}
 
 
 def video_summary(root: str | Path, clip_span: int = 31) -> dict:
@@ -70,6 +96,8 @@ def video_summary(root: str | Path, clip_span: int = 31) -> dict:
     decoded, reencoded = 0.0, 0.0
     for i in range(len(ds)):
         for facts in ds.stream_facts(i).values():
+            if not isinstance(facts, StreamFacts):
+                continue
             codecs[facts.codec] += 1
             frames.append(facts.frames)
             seconds += facts.seconds

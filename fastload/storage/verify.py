@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastload._util.files import file_sha256, read_file
-from fastload.av.facts import StreamFacts
+from fastload.av.facts import AudioFacts, StreamFacts
 from fastload.errors import FastloadError, SampleError
 from fastload.fields import decode_field, default_role, image_field
 from fastload.formats.index import DatasetIndex, ShardInfo, read_index
@@ -127,8 +127,11 @@ def _decode_all(reader, shard: ShardInfo, report: VerifyReport, images: bool, fa
             report.problems.append(f"{where}: no image field among {sorted(fields)}")
         for name, data in fields.items():
             try:
+                recorded = facts[i].get(name) if facts else None
                 if default_role(name) == "video":
-                    _check_video(data, where, name, facts[i].get(name) if facts else None)
+                    _check_video(data, where, name, recorded if isinstance(recorded, StreamFacts) else None)
+                elif default_role(name) == "audio":
+                    _check_audio(data, where, name, recorded if isinstance(recorded, AudioFacts) else None)
                 else:
                     decode_field(default_role(name), data, where, name)
             except FastloadError as exc:
@@ -147,6 +150,18 @@ def _check_video(data: bytes, where: str, name: str, recorded: StreamFacts | Non
         raise SampleError(where, f"field {name}: its stream facts in the sample table disagree with the video (tampered table?)")
     for _ in decode_frames(data, where, recorded, range(recorded.frames), None, math.inf):
         pass
+
+
+def _check_audio(data: bytes, where: str, name: str, recorded: AudioFacts | None) -> None:
+    """A SampleError unless the recording decodes (every sample: a probe decodes it whole) to the
+    stream facts its sample table ``recorded``."""
+    from fastload.av.pyav import probe_audio
+
+    found = probe_audio(data, where)
+    if recorded is None:
+        raise SampleError(where, f"field {name}: a recording without stream facts in its sample table (convert or index it with fastload)")
+    if found != recorded:
+        raise SampleError(where, f"field {name}: its stream facts in the sample table disagree with the recording (tampered table?)")
 
 
 def verify_dataset(root: str | Path, decode: bool = False) -> VerifyReport:

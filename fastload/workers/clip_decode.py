@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fastload.av.clips import CLIP_SALT, Clip, plan_clips
-from fastload.av.facts import StreamFacts
+from fastload.av.facts import MediaFacts, StreamFacts
 from fastload.av.pyav import decode_frames
 from fastload.errors import SampleError
 from fastload.transforms import Plan, Transform, plan, resample_into
@@ -35,6 +35,15 @@ class PlannedVideo:
     def spans(self) -> tuple[tuple[int, int, float, float], ...]:
         """Each clip's first and last frame, and the seconds they are shown at."""
         return tuple((c[0], c[-1], round(self.facts.time_of(c[0]), 6), round(self.facts.time_of(c[-1]), 6)) for c in self.clips)
+
+
+def video_facts(facts: MediaFacts | None, where: str, name: str) -> StreamFacts:
+    """A video field's facts from its sample table; a SampleError when it has none or a recording's."""
+    if facts is None:
+        raise SampleError(where, f"field {name}: no stream facts in its shard's sample table (convert the dataset with fastload convert to record them)")
+    if not isinstance(facts, StreamFacts):
+        raise SampleError(where, f"field {name}: a recording, not a video (ask for it as audio)")
+    return facts
 
 
 def plan_video(facts: StreamFacts, clip: Clip, transforms: Sequence[Transform], seed: int, epoch: int, index: int) -> PlannedVideo:

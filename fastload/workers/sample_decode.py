@@ -17,6 +17,7 @@ from typing import Any, cast
 import numpy as np
 
 from fastload.av.clips import Clip
+from fastload.av.crops import Audio
 from fastload.decode.cpu import decode_image, turbo
 from fastload.decode.header import MAX_PIXELS, image_size
 from fastload.decode.mask import mask_dtype, mask_into, read_png_mask
@@ -27,6 +28,7 @@ from fastload.fields import (
     SampleMap,
     SampleSpec,
     decode_field,
+    lengths_key,
     requested_spec,
 )
 from fastload.storage.dataset import ShardedDataset
@@ -41,7 +43,8 @@ from fastload.transforms import (
     plan,
     resample_into,
 )
-from fastload.workers.clip_decode import fill_video, plan_video
+from fastload.workers.audio_decode import audio_facts, fill_audio, plan_audio
+from fastload.workers.clip_decode import fill_video, plan_video, video_facts
 from fastload.workers.rng import sample_generator, sample_rng
 from fastload.workers.stage_clock import DECODE, MAP, READ, READ_BYTES, SAMPLES, TRANSFORM, StageClock, untimed
 
@@ -181,6 +184,8 @@ def fill_beside_primary(
             rows[field.key][...] = decode_field("label", data, where, name)
         elif field.role == "video":
             _fill_video(ds, index, sample_spec, transforms, seed, epoch, data, where, name, rows[field.key], clock)
+        elif field.role == "audio":
+            _fill_audio(ds, index, sample_spec, seed, epoch, data, where, name, rows[field.key], rows[lengths_key(field.key)], clock)
         else:
             values[field.key] = decode_field(field.role, data, where, name)
     clock.lap(TRANSFORM)
@@ -193,11 +198,21 @@ def _fill_video(
 ) -> None:
     """Video field ``name``'s clips, planned from its stream facts, decoded into its batch row."""
     clip = cast(Clip, sample_spec.clip)  # a spec with a video field has one (SampleSpec checks)
+    planned = plan_video(video_facts(ds.stream_facts(index).get(name), where, name), clip, transforms, seed, epoch, index)
+    fill_video(data, where, planned, row, clip.timeout_s, clock)
+
+
+def _fill_audio(
+    ds: ShardedDataset, index: int, sample_spec: SampleSpec, seed: int, epoch: int, data: bytes, where: str, name: str,
+    row: np.ndarray, lengths: np.ndarray, clock: StageClock,
+) -> None:
+    """Audio field ``name``'s crops, planned from its stream facts, decoded into its batch row and lengths."""
+    audio = cast(Audio, sample_spec.audio)  # a spec with an audio field has one (SampleSpec checks)
     facts = ds.stream_facts(index).get(name)
     if facts is None:
-        raise SampleError(where, f"field {name}: no stream facts in its shard's sample table (convert the dataset with fastload convert to record them)")
-    planned = plan_video(facts, clip, transforms, seed, epoch, index)
-    fill_video(data, where, planned, row, clip.timeout_s, clock)
+        raise SampleError(where, f"field {name}: no stream facts in its shard's sample table (it did not probe when converted or indexed)")
+    planned = plan_audio(audio_facts(facts, where, name), audio, seed, epoch, index, where)
+    fill_audio(data, where, planned, audio, row, lengths, clock)
 
 
 def _fill_mask(data: bytes, geometry: PlannedSample, row: np.ndarray, where: str, name: str) -> None:
@@ -229,6 +244,8 @@ def _stored_name(field: FieldSpec, present: dict[str, Any], where: str) -> str |
             raise SampleError(where, f"no image field among {sorted(present)}")
         if field.role == "video":
             raise SampleError(where, f"no field {field.name} among {sorted(present)} (the field 'video' takes a video of any container)")
+        if field.role == "audio":
+            raise SampleError(where, f"no field {field.name} among {sorted(present)} (the field 'audio' takes a recording of any extension)")
         raise SampleError(where, f"no field {field.name} among {sorted(present)}")
     return name
 
@@ -313,14 +330,14 @@ def probe_array_shapes(ds: ShardedDataset, sample_spec: SampleSpec) -> SampleSpe
 
 def resolve_spec(
     ds: ShardedDataset, fields: Sequence[str] | Mapping[str, str] | None, map: SampleMap | None, transform: Sequence[Transform],
-    clip: Clip | None = None,
+    clip: Clip | None = None, audio: Audio | None = None,
 ) -> SampleSpec:
-    """What a loader's workers make of each sample of ``ds``, from its ``fields=``, ``map=`` and
-    ``clip=`` (its sampling decided): :func:`fastload.fields.requested_spec`, with stacked
-    arrays' shapes probed."""
+    """What a loader's workers make of each sample of ``ds``, from its ``fields=``, ``map=``,
+    ``clip=`` and ``audio=`` (their sampling decided): :func:`fastload.fields.requested_spec`,
+    with stacked arrays' shapes probed."""
     geometric = any(isinstance(t, (*GEOMETRIC, RandomHorizontalFlip)) for t in transform)
     images = bool(ds.index.image_fields) or geometric  # a transform: images are expected, whatever the index lists
-    sample_spec = probe_array_shapes(ds, requested_spec(fields, ds.index.fields, ds.decoded, map, images, clip))
+    sample_spec = probe_array_shapes(ds, requested_spec(fields, ds.index.fields, ds.decoded, map, images, clip, audio))
     if sample_spec.primary is None and geometric and sample_spec.clip is None:
         raise ValueError(f"transform= crops and flips images; the fields asked for ({', '.join(f.name for f in sample_spec.fields)}) hold none")
     return sample_spec

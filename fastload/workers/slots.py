@@ -12,7 +12,7 @@ from typing import cast
 
 import numpy as np
 
-from fastload.fields import SampleSpec
+from fastload.fields import SampleSpec, lengths_key
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class Column:
 def spec_columns(spec: SampleSpec, image_shape: tuple[int, int, int] | None) -> tuple[Column, ...]:
     """The slot columns of a SampleSpec: images (C, H, W) uint8 and masks (H, W) uint8 (uint16 for
     16-bit masks) of the transforms' output size ``image_shape``, labels int64, arrays of their
-    probed shape; in field order."""
+    probed shape, audio float32 and its lengths int64; in field order."""
     columns = []
     for f in spec.fields:
         if not spec.is_stacked(f):
@@ -43,6 +43,10 @@ def spec_columns(spec: SampleSpec, image_shape: tuple[int, int, int] | None) -> 
             if image_shape is None or spec.clip is None:
                 raise ValueError(f"field {f.name}: a video needs clip= and a transform with a fixed output size")
             columns.append(Column(f.key, (*spec.clip.shape(), *image_shape), "uint8"))
+        elif f.role == "audio":
+            if spec.audio is None:
+                raise ValueError(f"field {f.name}: audio needs audio=")
+            columns += [Column(f.key, spec.audio.shape(), "float32"), Column(lengths_key(f.key), spec.audio.lengths_shape(), "int64")]
         elif f.role == "label":
             columns.append(Column(f.key, (), "int64"))
         else:

@@ -110,7 +110,7 @@ def test_from_wds_keeps_mp4_members_and_records_their_facts(tmp_path: Path) -> N
 
 
 def test_videos_refuse_hdf5_shards_by_name(tmp_path: Path, videos: Path) -> None:
-    with pytest.raises(fastload.SampleError, match="c0/v00.mp4: videos are stored in tar shards"):
+    with pytest.raises(fastload.SampleError, match="c0/v00.mp4: videos and recordings are stored in tar shards"):
         convert(str(videos), str(tmp_path / "out"), ConvertOptions(source="videos", layout="hdf5"), quiet=True)
 
 

@@ -265,9 +265,10 @@ def test_clip_and_video_fields_are_asked_for_together(video_dataset: Path, clean
     assert clips.shape == (2, 2, 3, 16, 16) and labels.shape == (2,)
 
 
-def test_audio_beside_clips_is_refused_by_name(video_dataset: Path) -> None:
-    with pytest.raises(ValueError, match="field mp4: audio beside clips is not supported yet"):
-        fastload.DataLoader(video_dataset, batch_size=2, fields={"mp4": "audio"}, clip=Clip(frames=2), transform=T.train(16))
+def test_a_videos_sound_needs_audio_and_its_bytes_stay_available(video_dataset: Path) -> None:
+    """A video's sound track loads as audio (tests/audio/test_loading.py) when audio= says which crops."""
+    with pytest.raises(ValueError, match="field mp4 is audio: give audio=fastload.Audio"):
+        fastload.DataLoader(video_dataset, batch_size=2, fields={"mp4": "audio"})
     raw = fastload.DataLoader(video_dataset, batch_size=2, fields={"mp4": "bytes"})
     (videos,) = next(iter(raw))
     assert isinstance(videos[0], bytes) and videos[0][4:8] == b"ftyp"  # the file, for audio decoded elsewhere

@@ -26,7 +26,7 @@ from fastload.loading.epoch import Epoch, EpochInputs
 from fastload.loading.field_batch import as_tensor
 from fastload.loading.state import LoaderState
 from fastload.workers.batch_fill import Substitutes, fill_fields
-from fastload.workers.clip_decode import plan_video
+from fastload.workers.clip_decode import plan_video, video_facts
 
 log = logging.getLogger("fastload")
 
@@ -144,9 +144,7 @@ class DaliVideoEpoch(Epoch):
         name = video.find(stored)
         if name is None:
             raise SampleError(where, f"no field {video.name} among {sorted(stored)}")
-        facts = inputs.dataset.stream_facts(index).get(name)
-        if facts is None:
-            raise SampleError(where, f"field {name}: no stream facts in its shard's sample table")
+        facts = video_facts(inputs.dataset.stream_facts(index).get(name), where, name)
         planned = plan_video(facts, clip, inputs.options.transform, inputs.options.seed, self.epoch, index)
         frames = np.asarray([frame for each in planned.clips for frame in each], dtype=np.int32)
         found = label.find(stored) if label is not None else None

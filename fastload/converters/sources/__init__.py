@@ -25,6 +25,7 @@ SOURCE_MODULES: dict[str, str] = {
     "parquet": "fastload.converters.sources.parquet",
     "wds": "fastload.converters.sources.wds",
     "videos": "fastload.converters.sources.videos",
+    "audio": "fastload.converters.sources.audio",
     "jsonl": "fastload.converters.sources.jsonl",
     "text": "fastload.converters.sources.text",
 }

@@ -5,7 +5,7 @@ video's stream facts are read when the sample is prepared (fastload.converters.s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastload.converters.sample import Sample, SourceItem, make_key, unique_keys
@@ -27,6 +27,8 @@ class VideoSource:
 
     files: ImageFolderSource | ManifestSource
     captions: dict[str, str]
+    field_of_extension: dict[str, str] = field(default_factory=lambda: FIELD_OF_EXTENSION)  # a file's extension: its field
+    kind: str = "video"  # what its files are, in errors
 
     @property
     def classes(self) -> tuple[str, ...] | None:
@@ -39,12 +41,12 @@ class VideoSource:
 
     def load(self, item: SourceItem) -> Sample:
         """The video's bytes under its extension, its label and caption."""
-        field = FIELD_OF_EXTENSION.get(Path(item.ref[0]).suffix.lower())  # a folder's and a manifest's ref: (relative path, label, ...)
-        if field is None:
-            raise SampleError(item.where, f"not a video file name (expected one of {', '.join(sorted(VIDEO_EXTENSIONS))})")
+        name = self.field_of_extension.get(Path(item.ref[0]).suffix.lower())  # a folder's and a manifest's ref: (relative path, label, ...)
+        if name is None:
+            raise SampleError(item.where, f"not a {self.kind} file name (expected one of {', '.join(sorted(self.field_of_extension))})")
         read = self.files.load(item)
         assert isinstance(read.image, bytes)  # a folder's and a manifest's samples are the file's bytes
-        extra = {field: read.image}
+        extra = {name: read.image}
         if item.key in self.captions:
             extra["txt"] = self.captions[item.key].encode()
         return Sample(key=item.key, where=item.where, image=None, label=read.label, extra=extra)
@@ -52,10 +54,16 @@ class VideoSource:
 
 def open_source(path: str, options: SourceOptions) -> VideoSource:
     """A folder of class folders of videos, or a manifest file listing videos."""
+    return open_media(path, options, FIELD_OF_EXTENSION, "video")
+
+
+def open_media(path: str, options: SourceOptions, field_of_extension: dict[str, str], kind: str) -> VideoSource:
+    """A folder of class folders of media files, or a manifest listing them (with captions or
+    transcripts in its caption column), each stored under ``field_of_extension[its extension]``."""
     if Path(path).is_dir():
-        return VideoSource(open_folder(path, options, VIDEO_EXTENSIONS), {})
+        return VideoSource(open_folder(path, options, frozenset(field_of_extension)), {}, field_of_extension, kind)
     manifest = open_manifest(path, options)
     rows = read_rows(Path(path))
     keys = unique_keys([make_key(str(row[options.path_column])) for row in rows])
     captions = {key: str(row[options.caption_column]) for key, row in zip(keys, rows) if row.get(options.caption_column) not in (None, "")}
-    return VideoSource(manifest, captions)
+    return VideoSource(manifest, captions, field_of_extension, kind)

@@ -1,0 +1,51 @@
+"""One loader's throughput in this process, for paired runs of two checkouts of fastload ("nothing
+slower": the code before a change against the code after it, rounds alternating):
+
+    farm-bench -n 6 --timeout 1800 --vs "env PYTHONPATH=OLD_TREE python benchmarks/bench_versions.py images DATA" \
+        -- env PYTHONPATH=NEW_TREE python benchmarks/bench_versions.py images DATA
+
+``images DATA``: a converted image dataset, ``train(224)``, batch 256, 2 workers, 2 epochs;
+``tokens DATA``: a token dataset, rows of 2048 tokens, batch 8, 2 workers, 400 batches
+(``--packing best-fit`` for best-fit). Prints the rate and the fastload module that ran, so a pairing
+that imported the wrong tree shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def main() -> None:
+    """Load as the arguments say; print the delivered rate."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("kind", choices=("images", "tokens"))
+    parser.add_argument("data")
+    parser.add_argument("--packing", default="concat")
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    import fastload
+    from fastload import transforms as T
+
+    start = time.perf_counter()
+    if args.kind == "images":
+        loader = fastload.DataLoader(args.data, batch_size=256, shuffle=True, num_workers=args.workers, transform=T.train(224))
+        count = 0
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            count += sum(len(batch[0]) for batch in loader)
+        unit = "images"
+    else:
+        loader = fastload.DataLoader(args.data, batch_size=8, seq_len=2048, packing=args.packing, num_workers=args.workers)
+        batches = iter(loader)
+        count = 0
+        for _ in range(400):
+            count += next(batches)["input_ids"].numel()
+        unit = "tokens"
+    seconds = time.perf_counter() - start
+    print(f"{count / seconds:.0f} {unit}/s ({fastload.__file__})")
+    loader.close()
+
+
+if __name__ == "__main__":
+    main()
