@@ -26,6 +26,7 @@ from fastload.loading.options import LoaderOptions
 from fastload.loading.state import LoaderState, OrderSettings, read_state_dict, state_number
 from fastload.loading.stats import LoaderStats
 from fastload.orders.position import Position
+from fastload.orders.steps import step_at
 from fastload.storage.dataset import ShardedDataset
 from fastload.storage.mixture import MixedDataset
 from fastload.text.epoch_rows import MixtureRows
@@ -175,21 +176,14 @@ class TokenBatches:
         """(first row, rows, batch size, seq_len, the rows' origin) of this rank's batch at global ``step`` of ``epoch``: steps
         run before a resume at another topology or seq_len as they ran (None where this rank did not exist)."""
         rank, world = self.ranks()
-        steps_before, rows_before = 0, 0
         resumed_from = self.state.resumed_from(epoch)
         cuts = self.rows.cuts(resumed_from)
-        origin = cuts[-1][1]
-        for (saved_world, saved_batch, consumed, *_), (seq_len, cut) in zip(resumed_from, cuts):
-            steps = -(-(consumed - rows_before) // (saved_world * saved_batch))
-            if step < steps_before + steps:
-                if rank >= saved_world:
-                    return None
-                step_first = rows_before + (step - steps_before) * saved_world * saved_batch
-                return (*self.rows.rank_rows(epoch, step_first, saved_batch, rank, saved_world, origin), saved_batch, seq_len, cut)
-            steps_before, rows_before = steps_before + steps, consumed
-        batch = self.options.batch_size
-        step_first = rows_before + (step - steps_before) * world * batch
-        return (*self.rows.rank_rows(epoch, step_first, batch, rank, world, origin), batch, self.tokens.seq_len, origin)
+        found = step_at(epoch, step, resumed_from, world, self.options.batch_size, rank)
+        if not found.rank_existed:
+            return None
+        seq_len, cut = cuts[found.segment]
+        first, count = self.rows.rank_rows(epoch, found.consumed, found.batch_size, rank, found.world_size, cuts[-1][1])
+        return first, count, found.batch_size, seq_len, cut
 
     def describe(self, step: int, epoch: int) -> list[list[dict[str, Any]]]:
         """Each row of this rank's batch at global ``step`` of ``epoch`` (steps before a resume at another topology or

@@ -24,9 +24,11 @@ from fastload.errors import SampleError
 from fastload.fields import DECODED_FIELD, SampleSpec
 from fastload.formats.wds.reader import TarShardReader
 from fastload.orders.balanced import ClassMembers
+from fastload.orders.epoch_order import EpochOrder
 from fastload.orders.mixture import MixtureOrder
 from fastload.orders.position import ResumedFrom
 from fastload.orders.spec import OrderSpec
+from fastload.orders.steps import step_at
 from fastload.storage.dataset import ShardedDataset
 from fastload.transforms import Plan, Transform, plan
 from fastload.workers.audio_decode import audio_facts, plan_audio
@@ -95,30 +97,30 @@ def step_batch(spec: OrderSpec | MixtureOrder, resumed_from: Sequence[ResumedFro
     """This rank's batch at ``step`` of ``epoch`` (``spec``: the current topology; ``resumed_from``:
     the topologies the epoch was resumed from as (world size, batch size, samples consumed) when it left them;
     ``classes``: as the class-balanced order needs)."""
-    if step < 0:
-        raise ValueError(f"step must be >= 0, got {step}")
-    first_step, start = 0, 0
-    segments: list[tuple[OrderSpec | MixtureOrder, int | None]] = [
-        (spec.at_topology(w, b, tuple(resumed_from[:g])), end) for g, (w, b, end) in enumerate(resumed_from)]
-    segments.append((spec.at_topology(spec.world_size, spec.batch_size, tuple(resumed_from)), None))
-    for at, end in segments:
-        order = at.order(epoch, classes)
-        start = 0 if spec.streaming else start
-        # rank 0's batches (a rank's batches depend on its topology only): every rank has as many
-        counted = at.at_topology(at.world_size, at.batch_size, (), rank=0).batches(len(order), start)
-        ran = len(counted) if end is None else min(len(counted), -(-(end - start) // counted.step))
-        if step < first_step + ran:
-            if spec.rank >= at.world_size:
-                raise ValueError(f"rank {spec.rank} did not exist at steps {first_step}.. of epoch {epoch} (world size {at.world_size})")
-            plan_, batch_no = at.batches(len(order), start), step - first_step
-            positions = plan_.positions(batch_no)
-            valid = plan_.valid(batch_no)
-            if (real := order.valid(positions)) is not None:
-                valid = valid & real
-            return StepBatch(order.indices(positions), valid, at.world_size, at.batch_size, int(positions[0]) if len(positions) else len(order))
-        first_step += ran
-        start = end if end is not None else start  # the global order's next topology continues here
-    raise IndexError(f"step {step} is past the end of epoch {epoch} ({first_step} steps)")
+    topologies = [spec.at_topology(w, b, tuple(resumed_from[:g])) for g, (w, b, *_) in enumerate(resumed_from)]
+    topologies.append(spec.at_topology(spec.world_size, spec.batch_size, tuple(resumed_from)))
+    orders: dict[int, EpochOrder] = {}
+
+    def order_of(segment: int) -> EpochOrder:
+        if segment not in orders:
+            orders[segment] = topologies[segment].order(epoch, classes)
+        return orders[segment]
+
+    def held(segment: int, start: int) -> int:
+        """Rank 0's batches (a rank's batches depend on its topology only): every rank has as many."""
+        at = topologies[segment]
+        return len(at.at_topology(at.world_size, at.batch_size, (), rank=0).batches(len(order_of(segment)), start))
+
+    found = step_at(epoch, step, resumed_from, spec.world_size, spec.batch_size, spec.rank, held, restarts=spec.streaming)
+    if not found.rank_existed:
+        raise ValueError(f"rank {spec.rank} did not exist at steps {found.first_step}.. of epoch {epoch} (world size {found.world_size})")
+    order = order_of(found.segment)
+    plan_ = topologies[found.segment].batches(len(order), found.start)
+    positions = plan_.positions(found.index)
+    valid = plan_.valid(found.index)
+    if (real := order.valid(positions)) is not None:
+        valid = valid & real
+    return StepBatch(order.indices(positions), valid, found.world_size, found.batch_size, int(positions[0]) if len(positions) else len(order))
 
 
 def turbo_scale(plan_: Plan) -> str:

@@ -2,8 +2,9 @@
 the image path's, tests/backends/test_cpu_run_ahead.py): the next epoch's first batch is made while this
 epoch's last ones are handed out. Its batches and state stay those of a loader that never runs ahead
 (a fresh one set to that epoch), whether the next iteration adopts that batch (it starts where the
-epoch left off) or discards it (set_epoch, load_state_dict, a break, another topology). The data:
-test_token_loader's real paragraphs in token shards."""
+epoch left off) or discards it (another topology here; set_epoch, load_state_dict and a break in
+tests/backends/test_cpu_run_ahead.py, for both kinds of batch). The data: test_token_loader's real
+paragraphs in token shards."""
 
 from __future__ import annotations
 
@@ -81,24 +82,6 @@ def test_the_next_epochs_first_batch_is_made_before_it_starts_and_the_batches_ar
         for _ in range(3):
             taken(inline)
         assert state == inline.state_dict()
-
-
-def test_a_break_set_epoch_or_load_state_dict_discards_the_run_ahead(tokens: Path) -> None:  # noqa: F811
-    want = {epoch: never_ahead(tokens, epoch, packing="best-fit") for epoch in (0, 1, 5)}
-    with loader(tokens, packing="best-fit", num_workers=2) as workers:
-        taken(workers)  # epoch 0, which runs ahead into epoch 1
-        assert_same(taken(iter(workers), 2), want[1][:2])  # adopted, then broken off
-        assert_same(taken(workers), want[1])  # epoch 1 over, its run-ahead discarded by the break
-        workers.set_epoch(5)  # another epoch than the one run ahead into (2): discarded
-        assert_same(taken(workers), want[5])
-        workers.set_epoch(0)
-        mid = taken(iter(workers), 3)
-        state = workers.state_dict()
-        workers.set_epoch(0)
-        taken(workers)  # epoch 0 whole, running ahead into epoch 1
-        workers.load_state_dict(state)  # back into epoch 0: the run-ahead is discarded
-        assert_same(mid + taken(workers), want[0])
-        assert_same(taken(workers), want[1])
 
 
 def test_another_topology_at_the_next_epoch_discards_the_run_ahead(tokens: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
