@@ -103,6 +103,7 @@ class ShardedDataset:
         self._readers: dict[int, ShardReader] = {}  # local: every shard read so far (closed or open)
         self._open: OrderedDict[int, ShardReader] = OrderedDict()  # the open ones, least recently used first
         self._reserved = -1  # the process that reserved descriptors for its shards
+        self._process = this_process()  # the process its remote readers were opened in
         limit = min(self.max_open_shards, MAX_OPEN_REMOTE_SHARDS) if self.root is None else self.max_open_shards
         self._evicts = len(self.index.shards) > limit  # False: every shard stays open, no LRU order kept
         counts = [s.samples for s in self.index.shards]
@@ -189,6 +190,8 @@ class ShardedDataset:
         process, least recently used closed first (a local reader keeps its table's schema, so
         reopening is two ``open`` calls); a remote dataset keeps at most
         ``MAX_OPEN_REMOTE_SHARDS`` and drops evicted readers, so evicted cache entries free their disk."""
+        if self._process != this_process() and self.root is None:  # forked: the parent's cached copies may be evicted by now
+            self._open, self._readers, self._process = OrderedDict(), {}, this_process()
         reader = self._open.get(shard)  # one lookup a read
         if reader is not None:
             if self._evicts:  # the order matters only where shards are ever closed
@@ -257,8 +260,9 @@ class ShardedDataset:
         info = self.index.shards[shard]
         if self.layout.in_place:  # a row group's bytes and its file's footer, by range requests: never the whole file
             url, size, footer = join(self.url, info.path), info.file_bytes or 0, info.footer_bytes or 0
+            footer_copy = self.cache.path(RemoteFile(url, info.path, None, footer, start=size - footer, version=info.sha256))
             span = RemoteFile(url, info.path, None, info.bytes, start=info.span_start, version=info.sha256)
-            return self.cache.path(span), self.cache.path(RemoteFile(url, info.path, None, footer, start=size - footer, version=info.sha256))
+            return self.cache.path(span), footer_copy  # the group last: the most recently used, the last evicted
         offsets = None
         if self.layout.offsets_beside:
             name = offsets_name(info)

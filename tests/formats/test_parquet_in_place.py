@@ -6,11 +6,14 @@ the cache) and its change checks; orders, exact and elastic resume, describe; ho
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
 import subprocess
 import sys
+import threading
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -251,3 +254,71 @@ print(json.dumps({{"grown": peak_rss() - before, "sizes": sizes}}))
 """, memory_bytes=2 << 30, env={"FASTLOAD_PARQUET_MEMORY": "32MiB", "FASTLOAD_CACHE_DIR": str(tmp_path / "cache")})
     assert got["sizes"] == [8 << 20] * 16
     assert got["grown"] < 72 << 20, got  # the budget, a batch being read and a row's copy; the group is 128 MiB
+
+
+class RangeHandler(SimpleHTTPRequestHandler):
+    """Serves files and byte ranges (``Range: bytes=A-B``), recording each GET's path and range."""
+
+    def do_GET(self) -> None:
+        server: RangeServer = self.server  # type: ignore[assignment]
+        path = Path(self.directory) / self.path.split("?")[0].lstrip("/")
+        asked = self.headers.get("Range")
+        server.gets.append((path.name, asked))
+        if asked is None or not path.is_file():
+            return super().do_GET()
+        start, _, end = asked.removeprefix("bytes=").partition("-")
+        data = path.read_bytes()
+        first, last = int(start), min(int(end) if end else len(data) - 1, len(data) - 1)
+        self.send_response(206)
+        self.send_header("Content-Range", f"bytes {first}-{last}/{len(data)}")
+        self.send_header("Content-Length", str(last + 1 - first))
+        self.end_headers()
+        self.wfile.write(data[first : last + 1])
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class RangeServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(("127.0.0.1", 0), functools.partial(RangeHandler, directory=str(directory)))
+        self.gets: list[tuple[str, str | None]] = []
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+def test_parquet_over_http_is_read_by_ranges_through_the_cache(tmp_path: Path) -> None:
+    """The files' URLs (a loopback server answering range requests): the same batches as the local
+    files, every byte fetched by a range request (never a whole file), under a cache limit of a third
+    of the data (four row groups with their footers)."""
+    folder = tmp_path / "served"
+    folder.mkdir()
+    for n in range(2):
+        rows = range(60 * n, 60 * n + 60)
+        pq.write_table(pa.table({"image": [jpeg_bytes(small_photo(i, i % 3)) for i in rows], "label": [i % 3 for i in rows]}),
+                       folder / f"part-{n}.parquet", row_group_size=5, write_statistics=False)  # a small footer
+    server = RangeServer(folder)
+    try:
+        urls = [f"{server.url}/part-{n}.parquet" for n in range(2)]
+        largest = max(s.bytes + (s.footer_bytes or 0) for s in fastload.open(folder).index.shards)
+        limit = largest * 4
+        assert limit * 3 < sum(p.stat().st_size for p in folder.iterdir()) * 2  # a third of the data at most
+        remote = fastload.open(urls, cache_dir=tmp_path / "cache", cache_size=limit)
+        assert len(remote) == 120 and remote.downloads and remote.where(61) == "part-1.parquet:row1"
+        kwargs = dict(batch_size=6, transform=T.train(24), seed=3, shuffle=True, return_keys=True)
+        with fastload.DataLoader(remote, num_workers=2, **kwargs) as loader:  # type: ignore[arg-type]
+            got = list(loader)
+        with fastload.DataLoader(str(folder), **kwargs) as loader:  # type: ignore[arg-type]
+            want = list(loader)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [k for *_, k in got] == [k for *_, k in want] and len(got) == 20
+    assert all(torch.equal(x, wx) for (x, *_), (wx, *_) in zip(got, want))
+    gets = [(name, asked) for name, asked in server.gets if name.endswith(".parquet")]
+    assert gets and all(asked is not None for _, asked in gets), gets  # ranges only

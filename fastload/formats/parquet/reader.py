@@ -153,6 +153,14 @@ class SpanFile(io.RawIOBase):
         super().close()
 
 
+def _footer_metadata(footer: str | Path) -> Any:
+    """The metadata parsed from a file's fetched footer (its last bytes: the footer, its length, PAR1)."""
+    import pyarrow as pa
+
+    with open(footer, "rb") as file:
+        return import_pyarrow_parquet().read_metadata(pa.BufferReader(b"PAR1" + file.read()))
+
+
 def memory_budget() -> int:
     """FASTLOAD_PARQUET_MEMORY (bytes, or a size such as "512MB"), else DEFAULT_MEMORY."""
     from fastload._util.sizes import parse_size
@@ -257,8 +265,8 @@ class ParquetGroupReader:
         source = self._source()
         if meta is None:
             pq = import_pyarrow_parquet()
-            try:
-                meta = pq.read_metadata(source)
+            try:  # a remote file's footer is parsed from its fetched copy (pyarrow would read the file's last 64 KiB)
+                meta = pq.read_metadata(source) if self.footer is None else _footer_metadata(self.footer)
             except arrow_errors() as exc:
                 raise ShardError(f"{self.shown}: not a readable Parquet file ({damage(exc)})") from None
             footers[file] = meta
