@@ -282,8 +282,8 @@ class RangeHandler(SimpleHTTPRequestHandler):
 class RangeServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, directory: Path) -> None:
-        super().__init__(("127.0.0.1", 0), functools.partial(RangeHandler, directory=str(directory)))
+    def __init__(self, directory: Path, handler: type[SimpleHTTPRequestHandler] = RangeHandler) -> None:
+        super().__init__(("127.0.0.1", 0), functools.partial(handler, directory=str(directory)))
         self.gets: list[tuple[str, str | None]] = []
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
@@ -322,3 +322,72 @@ def test_parquet_over_http_is_read_by_ranges_through_the_cache(tmp_path: Path) -
     assert all(torch.equal(x, wx) for (x, *_), (wx, *_) in zip(got, want))
     gets = [(name, asked) for name, asked in server.gets if name.endswith(".parquet")]
     assert gets and all(asked is not None for _, asked in gets), gets  # ranges only
+
+
+class HubHandler(RangeHandler):
+    """The Hub endpoints huggingface_hub's HfFileSystem calls, for the one dataset ``server.repo_id``
+    held in ``directory``: its info, its tree (recursive or not) and its files by ``resolve`` (ranges)."""
+
+    def do_GET(self) -> None:
+        server: RangeServer = self.server  # type: ignore[assignment]
+        root, repo = Path(self.directory), server.repo_id  # type: ignore[attr-defined]
+        path, _, query = self.path.partition("?")
+        api = f"/api/datasets/{repo}"
+        if path == api or path.startswith(f"{api}/revision/"):
+            return self.reply({"id": repo, "sha": "0" * 40, "private": False, "siblings": []})
+        if path.startswith(f"{api}/tree/"):
+            folder = path[len(f"{api}/tree/"):].partition("/")[2].strip("/")
+            base = root / folder
+            entries = sorted(base.rglob("*") if "recursive=true" in query.lower() else base.iterdir())
+            return self.reply([{"type": "file" if e.is_file() else "directory", "oid": "1" * 40, "size": e.stat().st_size if e.is_file() else 0,
+                                "path": str(e.relative_to(root))} for e in entries])
+        prefix = f"/datasets/{repo}/resolve/"
+        if path.startswith(prefix):
+            self.path = "/" + path[len(prefix):].partition("/")[2]
+            return super().do_GET()
+        self.send_error(404)
+
+    def do_HEAD(self) -> None:
+        prefix = f"/datasets/{self.server.repo_id}/resolve/"  # type: ignore[attr-defined]
+        if self.path.startswith(prefix):
+            self.path = "/" + self.path[len(prefix):].partition("/")[2]
+        super().do_HEAD()
+
+    def reply(self, value: object) -> None:
+        body = json.dumps(value).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_a_hub_dataset_is_read_by_the_real_huggingface_hub_client(hub: Path, tmp_path: Path) -> None:
+    """``hf://datasets/ORG/NAME`` through huggingface_hub's HfFileSystem, against a loopback server
+    answering the Hub's endpoints (HF_ENDPOINT): its Parquet files found by the tree listing, read by
+    ranges of ``resolve``; the same rows as the local files."""
+    pytest.importorskip("huggingface_hub")
+    repo = tmp_path / "repo"
+    (repo / "data").mkdir(parents=True)
+    for file in hub.iterdir():
+        (repo / "data" / file.name).write_bytes(file.read_bytes())
+    (repo / "README.md").write_text("a dataset card\n")
+    server = RangeServer(repo, HubHandler)
+    server.repo_id = "someone/photos"  # type: ignore[attr-defined]
+    try:
+        got = run_limited("""
+import json
+import fastload
+ds = fastload.open("hf://datasets/someone/photos")
+with fastload.DataLoader(ds, batch_size=9, fields=["caption", "label"], num_workers=1) as loader:
+    rows = [(c, int(y)) for captions, labels in loader for c, y in zip(captions, labels)]
+print(json.dumps({"names": sorted({s.path for s in ds.index.shards}), "rows": rows, "where": ds.where(44)}))
+""", env={"HF_ENDPOINT": server.url, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1", "HF_TOKEN": "",
+          "FASTLOAD_CACHE_DIR": str(tmp_path / "cache"), "HF_HOME": str(tmp_path / "hf")})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert got["names"] == [f"data/{p.name}" for p in sorted(hub.iterdir())]
+    assert got["rows"] == [[f"photo {i}", i % 3] for i in range(ROWS)] and got["where"] == "data/train-00001-of-00002.parquet:row14"
+    files = [(name, asked) for name, asked in server.gets if name.endswith(".parquet")]
+    assert files and all(asked is not None for _, asked in files)
