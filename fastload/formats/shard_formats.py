@@ -83,7 +83,7 @@ def _open_parquet(data: str | Path, offsets: str | Path | None, samples: int, de
 
     if shard is None or columns is None:
         raise ValueError(f"{data}: a Parquet row group is read with its index entry and its columns' roles; not given")
-    return ParquetGroupReader(data, shard, columns, offsets, root)  # offsets: a remote file's fetched footer
+    return ParquetGroupReader(data, shard, columns, offsets)  # offsets: a remote file's fetched footer
 
 
 SHARD_FORMATS: dict[str, ShardFormat] = {

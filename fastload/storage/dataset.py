@@ -156,7 +156,7 @@ class ShardedDataset:
         (FASTLOAD_PARQUET_MEMORY), so each worker decodes a window's row groups once."""
         if not self.layout.in_place or not len(self):
             return None
-        from fastload.formats.parquet.reader import memory_budget
+        from fastload.formats.in_place import memory_budget
 
         row_bytes = max(1, self.index.total_bytes // len(self))
         return max(1, memory_budget() // 2 // row_bytes)

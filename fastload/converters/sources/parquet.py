@@ -14,6 +14,7 @@ from fastload.converters.sample import Sample, SourceItem, file_stamp, unique_ke
 from fastload.converters.sources import Document, SourceOptions, inside_source, text_problem
 from fastload.errors import SampleError
 from fastload.formats.idx import IDX_WHITESPACE
+from fastload.formats.in_place import class_names
 from fastload.formats.parquet.bounds import (
     MAX_ROW_GROUP_BYTES,
     arrow_errors,
@@ -24,7 +25,6 @@ from fastload.formats.parquet.bounds import (
     group_batches,
     parquet_file,
 )
-from fastload.formats.parquet.reader import class_names
 
 OPEN_GROUPS = 4  # row groups a process reads forward at once
 

@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fastload.formats.in_place import class_names, role_of
 from fastload.formats.index import IN_PLACE_VERSION, DatasetIndex, ShardInfo
 from fastload.formats.parquet.bounds import arrow_errors, damage, import_pyarrow_parquet
-from fastload.formats.parquet.reader import class_names, role_of
 
 MAGIC = b"PAR1"
 TAIL = 8  # the footer's length (4 bytes, little-endian) and the magic
