@@ -86,6 +86,7 @@ class ShardInfo:
     file_bytes: int | None = None
     footer_bytes: int | None = None
     mtime_ns: int | None = None
+    version: int | None = None  # a Lance dataset's version (its fragments are read at it)
 
     def __post_init__(self) -> None:
         check_relative_path(self.path, "path")
@@ -95,8 +96,8 @@ class ShardInfo:
             if value is not None:
                 _check_int(value, name)
         if self.row_group is not None:
-            if any(getattr(self, name) is None for name in IN_PLACE_FIELDS if name != "mtime_ns"):
-                raise DatasetIndexError(f"row_group: a row group names its {', '.join(IN_PLACE_FIELDS[1:-1])}")
+            if any(getattr(self, name) is None for name in IN_PLACE_FIELDS[1:5]):
+                raise DatasetIndexError(f"row_group: a row group names its {', '.join(IN_PLACE_FIELDS[1:5])}")
             file_bytes, footer = cast(int, self.file_bytes), cast(int, self.footer_bytes)
             if footer > file_bytes or cast(int, self.span_start) + self.bytes > file_bytes - footer:
                 raise DatasetIndexError("span_start: the row group's bytes must lie before the file's footer")
@@ -112,7 +113,7 @@ class ShardInfo:
         _check_sha256(self.table_sha256, "table_sha256", optional=True)
 
 
-IN_PLACE_FIELDS = ("row_group", "first_row", "span_start", "file_bytes", "footer_bytes", "mtime_ns")
+IN_PLACE_FIELDS = ("row_group", "first_row", "span_start", "file_bytes", "footer_bytes", "mtime_ns", "version")
 
 
 TOKEN_DTYPES = {"uint16": 2**16, "uint32": 2**32}  # a token shard's dtype -> the ids it can hold

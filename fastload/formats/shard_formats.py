@@ -86,6 +86,26 @@ def _open_parquet(data: str | Path, offsets: str | Path | None, samples: int, de
     return ParquetGroupReader(data, shard, columns, offsets)  # offsets: a remote file's fetched footer
 
 
+def _open_arrow(data: str | Path, offsets: str | Path | None, samples: int, decoded_shape: tuple[int, ...] | None,
+                open_files: int, table: SampleTable | None, root: str | None, tokens: ShardTokens | None,
+                shard: ShardInfo | None = None, columns: Mapping[str, str] | None = None) -> ShardReader:
+    from fastload.formats.arrow.reader import ArrowBatchReader
+
+    if shard is None or columns is None:
+        raise ValueError(f"{data}: an Arrow record batch is read with its index entry and its columns' roles; not given")
+    return ArrowBatchReader(data, shard, columns)
+
+
+def _open_lance(data: str | Path, offsets: str | Path | None, samples: int, decoded_shape: tuple[int, ...] | None,
+                open_files: int, table: SampleTable | None, root: str | None, tokens: ShardTokens | None,
+                shard: ShardInfo | None = None, columns: Mapping[str, str] | None = None) -> ShardReader:
+    from fastload.formats.lance.reader import LanceSliceReader
+
+    if shard is None or columns is None:
+        raise ValueError(f"{data}: a Lance fragment is read with its index entry and its columns' roles; not given")
+    return LanceSliceReader(data, shard, columns, shard.version)
+
+
 SHARD_FORMATS: dict[str, ShardFormat] = {
     "wds": ShardFormat("wds", ".tar", offsets_beside=True, reads_through_table=True, opened_by_path=False,
                        holds_pixels=False, open_reader=_open_tar, writer="fastload.formats.wds.writer"),
@@ -97,6 +117,10 @@ SHARD_FORMATS: dict[str, ShardFormat] = {
     "parquet": ShardFormat("parquet", ".parquet", offsets_beside=False, reads_through_table=False, opened_by_path=True,
                            holds_pixels=False, open_reader=_open_parquet, writer="", sample_tables=False,
                            in_place=True),  # read where it is (fastload/formats/parquet/README.md): written by others
+    "arrow": ShardFormat("arrow", ".arrow", offsets_beside=False, reads_through_table=False, opened_by_path=True,
+                         holds_pixels=False, open_reader=_open_arrow, writer="", sample_tables=False, in_place=True),
+    "lance": ShardFormat("lance", ".lance", offsets_beside=False, reads_through_table=False, opened_by_path=True,
+                         holds_pixels=False, open_reader=_open_lance, writer="", sample_tables=False, in_place=True),
 }
 LAYOUTS: tuple[str, ...] = tuple(SHARD_FORMATS)
 WRITTEN_LAYOUTS: tuple[str, ...] = tuple(name for name, row in SHARD_FORMATS.items() if not row.in_place)  # convert --to's choices

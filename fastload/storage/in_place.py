@@ -19,15 +19,20 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fastload._util.files import atomic_write_bytes, check_relative_path, read_file, resolved_inside
 from fastload.errors import DatasetIndexError
+from fastload.formats.in_place import column_roles as in_place_roles
+from fastload.formats.in_place import in_place_index
 from fastload.formats.index import INDEX_FILE, DatasetIndex, ShardInfo, write_index
-from fastload.formats.parquet.footer import TAIL, Footer, column_roles, footer_length, in_place_index, parse_footer, row_groups
+from fastload.formats.parquet.footer import TAIL, Footer, footer_length, parse_footer, row_groups
 from fastload.storage import remote
 from fastload.storage.remote import is_url
 
 SUFFIX = ".parquet"
+SAVED_STATE = "state.json"  # datasets.save_to_disk's, beside its Arrow files (and dataset_info.json)
+LANCE_VERSIONS = "_versions"  # a Lance dataset's manifests
 HUB = "hf://"
 CACHE_FOLDER = "in-place"
 log = logging.getLogger("fastload")
@@ -41,6 +46,7 @@ class Located:
     base: str
     names: tuple[str, ...]
     folder: Path | None = None
+    layout: str = "parquet"  # or "arrow" (datasets.save_to_disk), "lance"
 
     @property
     def remote(self) -> bool:
@@ -50,7 +56,7 @@ class Located:
     @property
     def key(self) -> str:
         """What names its cached index: the files' full paths or URLs (credentials included: hashed only)."""
-        return json.dumps([self.base, *self.names])
+        return json.dumps([self.layout, self.base, *self.names])
 
     def file(self, name: str) -> str:
         """The path or URL of file ``name``."""
@@ -81,7 +87,27 @@ def locate(location: object, storage_options: dict | None = None) -> Located | N
         return _listed([text])
     if not path.is_dir() or (path / INDEX_FILE).exists():
         return None
+    if (path / LANCE_VERSIONS).is_dir():
+        return Located(str(path.parent), (path.name,), layout="lance")
+    if (path / SAVED_STATE).is_file():
+        return saved_to_disk(path)
     return in_folder(path)
+
+
+def saved_to_disk(path: Path) -> Located:
+    """A ``datasets.save_to_disk`` folder: the Arrow stream files its state.json lists, in order."""
+    try:
+        state = json.loads(read_file(path / SAVED_STATE))
+        names = tuple(entry["filename"] for entry in state["_data_files"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path / SAVED_STATE}: not a datasets.save_to_disk state ({type(exc).__name__})") from None
+    if not names or not all(isinstance(name, str) for name in names):
+        raise ValueError(f"{path / SAVED_STATE}: lists no data files")
+    for name in names:
+        check_relative_path(name, f"{path / SAVED_STATE}: file {name!r}")
+        if resolved_inside(path, path / name) is None:
+            raise ValueError(f"{path / name}: a symlink leads outside {path}; refusing to read it")
+    return Located(str(path), names, path, layout="arrow")
 
 
 def in_folder(path: Path) -> Located | None:
@@ -154,22 +180,42 @@ def shown(located: Located) -> str:
 
 
 def build_index(located: Located, storage_options: dict | None = None) -> DatasetIndex:
-    """The index of ``located``'s files, from their footers (every file's columns must be the
-    first's, with the same roles); a ValueError naming the file that cannot be indexed."""
-    shards: list[ShardInfo] = []
+    """The index of ``located``'s files, from their footers (Parquet), their messages' headers
+    (Arrow streams) or their fragments (Lance); every file's columns must be the first's, with the
+    same roles. A ValueError naming the file that cannot be indexed."""
+    if located.layout == "lance":
+        from fastload.formats.lance.reader import lance_parts
+
+        shards, schema, _ = lance_parts(located.file(located.names[0]), located.names[0])
+        return in_place_index("lance", shards, in_place_roles(schema), schema.metadata)
+    every: list[ShardInfo] = []
     columns: dict[str, str] | None = None
-    first: Footer | None = None
+    metadata = None
     for name in located.names:
         check_relative_path(name, f"{shown(located)}: file {name}")
-        footer, size, mtime = read_footer(located, name, storage_options)
-        roles = column_roles(footer)
+        shards, schema = _parts(located, name, storage_options)
+        roles = in_place_roles(schema)
         if columns is None:
-            columns, first = roles, footer
+            columns, metadata = roles, schema.metadata
         elif roles != columns:
             raise ValueError(f"{located.file(name)}: its columns {roles} differ from the first file's {columns}")
-        shards += row_groups(name, footer, size, mtime, remote.redact(located.file(name)))
-    assert columns is not None and first is not None  # names is never empty
-    return in_place_index(shards, columns, first)
+        every += shards
+    assert columns is not None  # names is never empty
+    return in_place_index(located.layout, every, columns, metadata)
+
+
+def _parts(located: Located, name: str, storage_options: dict | None) -> tuple[list[ShardInfo], Any]:
+    """(the index's entries of file ``name``, its Arrow schema)."""
+    where = located.file(name)
+    if located.layout == "arrow":
+        from fastload.formats.arrow.reader import stream_parts
+
+        if located.remote:
+            raise ValueError(f"{remote.redact(where)}: Arrow stream files are read in place from a local folder only")
+        st = os.stat(where)
+        return stream_parts(where, name, st.st_size, st.st_mtime_ns)
+    footer, size, mtime = read_footer(located, name, storage_options)
+    return row_groups(name, footer, size, mtime, remote.redact(where)), footer.meta.schema.to_arrow_schema()
 
 
 def read_footer(located: Located, name: str, storage_options: dict | None = None) -> tuple[Footer, int, int | None]:
@@ -194,6 +240,11 @@ def read_footer(located: Located, name: str, storage_options: dict | None = None
 def changed(located: Located, index: DatasetIndex, storage_options: dict | None = None) -> str | None:
     """What changed in ``located``'s files since ``index`` was made (a file added, gone, of another
     size or mtime), or None: a ``stat`` a file (a URL: its size, looked up)."""
+    if located.layout == "lance":
+        from fastload.formats.lance.reader import dataset_version
+
+        version = dataset_version(located.file(located.names[0]))
+        return None if all(shard.version == version for shard in index.shards) else f"its version is {version} now"
     files = {shard.path: shard for shard in index.shards}
     if set(files) != set(located.names):
         return f"its files are not those indexed ({len(located.names)} now, {len(files)} indexed)"
@@ -215,34 +266,33 @@ def changed(located: Located, index: DatasetIndex, storage_options: dict | None 
 def check_beside(folder: Path, index: DatasetIndex) -> None:
     """A DatasetIndexError naming the folder when its files changed since ``fastload index`` wrote
     ``index``."""
-    names = tuple(sorted({shard.path for shard in index.shards}))
     present = in_folder(folder)
     why = changed(present, index) if present is not None else "its Parquet files are gone"
-    if why is not None and names:
+    if why is not None:
         raise DatasetIndexError(f"{folder / INDEX_FILE}: {why}; run `fastload index {folder} --force` again")
 
 
 def index_in_place(location: str | Path, force: bool = False) -> tuple[DatasetIndex, float, Path]:
-    """``fastload index LOCATION`` for Parquet files: a folder's index written beside its files as
-    index.json (replacing one only with ``force``); a file's, a list's or a URL's built anew and
-    kept in the cache folder. Returns the index, the seconds it took and where it went."""
-    start = time.perf_counter()
-    folder = Path(location) if not is_url(location) and Path(location).is_dir() else None
-    if folder is not None:
-        if (folder / INDEX_FILE).exists() and not force:
-            raise FileExistsError(f"{folder / INDEX_FILE} exists: pass --force to replace it")
-        located = in_folder(folder)
-        if located is None:
-            raise FileNotFoundError(f"{folder}: no {SUFFIX} files to index")
-        index = build_index(located)
-        write_index(folder, index)
-        return index, time.perf_counter() - start, folder / INDEX_FILE
+    """``fastload index LOCATION`` for data read in place: a folder of Parquet files gets its index
+    beside them as index.json (replacing one only with ``force``); a file's, a list's, a URL's, a
+    ``save_to_disk`` folder's or a Lance dataset's is built anew and kept in the cache folder.
+    Returns the index, the seconds it took and where it went."""
     from fastload.storage.cache import default_cache_dir
 
-    found = locate(location)
+    start = time.perf_counter()
+    folder = Path(location) if not is_url(location) and Path(location).is_dir() else None
+    if folder is not None and (folder / INDEX_FILE).exists():
+        if not force:
+            raise FileExistsError(f"{folder / INDEX_FILE} exists: pass --force to replace it")
+        found = in_folder(folder)
+    else:
+        found = locate(location)
     if found is None:
-        raise FileNotFoundError(f"{location}: no {SUFFIX} files to index")
+        raise FileNotFoundError(f"{location}: no {SUFFIX} files, datasets.save_to_disk folder or Lance dataset to index")
     index = build_index(found)
+    if found.folder is not None and found.layout == "parquet":
+        write_index(found.folder, index)
+        return index, time.perf_counter() - start, found.folder / INDEX_FILE
     kept = cached_path(found, default_cache_dir())
     kept.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(kept, index.to_json().encode(), durable=False)

@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fastload.formats.in_place import class_names, role_of
-from fastload.formats.index import IN_PLACE_VERSION, DatasetIndex, ShardInfo
+from fastload.formats.in_place import column_roles as in_place_roles
+from fastload.formats.index import ShardInfo
 from fastload.formats.parquet.bounds import arrow_errors, damage, import_pyarrow_parquet
 
 MAGIC = b"PAR1"
 TAIL = 8  # the footer's length (4 bytes, little-endian) and the magic
 MAX_FOOTER_BYTES = 64 << 20  # a footer this big describes ~10^6 column chunks: refused past it
-SOURCE_NAME = "parquet-in-place"
 
 
 @dataclass(frozen=True)
@@ -89,18 +87,5 @@ def row_groups(path: str, footer: Footer, size: int, mtime_ns: int | None, where
 
 
 def column_roles(footer: Footer) -> dict[str, str]:
-    """Each top-level column's role (:func:`fastload.formats.parquet.reader.role_of`), by name."""
-    schema = footer.meta.schema.to_arrow_schema()
-    return {f.name: role_of(f.type) for f in schema}
-
-
-def in_place_index(shards: list[ShardInfo], columns: Mapping[str, str], footer: Footer) -> DatasetIndex:
-    """The index of Parquet files read in place: their row groups, their columns' roles, and the
-    class names the Hub's feature description gives the label column (``label``, else the first)."""
-    labels = [name for name, role in columns.items() if role == "label"]
-    label = "label" if "label" in labels else labels[0] if labels else None
-    schema = footer.meta.schema.to_arrow_schema()
-    classes = class_names(schema.metadata, label) if label is not None else None
-    return DatasetIndex(layout="parquet", shards=tuple(shards), fields=tuple(columns), classes=classes,
-                        image_fields=tuple(name for name, role in columns.items() if role == "image"),
-                        columns=dict(columns), source=SOURCE_NAME, version=IN_PLACE_VERSION)
+    """Each top-level column's role, by name."""
+    return in_place_roles(footer.meta.schema.to_arrow_schema())
