@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastload.errors import SampleError, ShardError
 from fastload.fields import format_label
+from fastload.formats.parquet.bounds import import_pyarrow
 
 if TYPE_CHECKING:
     from fastload.formats.index import DatasetIndex, ShardInfo
@@ -32,8 +33,7 @@ def role_of(arrow_type: Any) -> str:
     """The role (:data:`fastload.fields.ROLES`) of a column of ``arrow_type``: the Hub's image struct
     (``{"bytes", "path"}``) or binary an image, an integer a label, a string text, a list of numbers
     an array, anything else JSON."""
-    import pyarrow as pa
-
+    pa = import_pyarrow()
     t = arrow_type
     if pa.types.is_dictionary(t):
         t = t.value_type

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastload.errors import ShardError
 from fastload.formats.in_place import OPEN_FILES, InPlaceReader, _cache
-from fastload.formats.parquet.bounds import arrow_errors, damage
+from fastload.formats.parquet.bounds import arrow_errors, damage, import_pyarrow
 
 if TYPE_CHECKING:
     from fastload.formats.index import ShardInfo
@@ -26,8 +26,7 @@ if TYPE_CHECKING:
 
 def _mapped(path: str, shown: str) -> tuple[Any, Any]:
     """(the memory-mapped file, its stream's schema), kept per process for OPEN_FILES files."""
-    import pyarrow as pa
-
+    pa = import_pyarrow()
     key = ("arrow", path)
     found = _cache.files.get(key)
     if found is None:
@@ -60,8 +59,7 @@ class ArrowBatchReader(InPlaceReader):
         return self._cached(columns, 0, lambda: iter([self._record_batch(columns)])), i
 
     def _record_batch(self, columns: tuple[str, ...]) -> Any:
-        import pyarrow as pa
-
+        pa = import_pyarrow()
         source, schema = _mapped(self.path, self.shown)
         start, length = self.shard.span_start or 0, self.shard.bytes
         if start + length > source.size():
@@ -80,8 +78,7 @@ class ArrowBatchReader(InPlaceReader):
 def stream_parts(path: str, name: str, size: int, mtime_ns: int | None) -> tuple[list[ShardInfo], Any]:
     """(the index's entries of the stream file at ``path``, named ``name`` in the dataset: one a
     record batch; its schema); a ValueError naming the file where it is no readable stream."""
-    import pyarrow as pa
-
+    pa = import_pyarrow()
     from fastload.formats.index import ShardInfo
 
     shards: list[ShardInfo] = []

@@ -15,6 +15,15 @@ MAX_ROW_GROUP_BYTES = 512 << 20  # the most the columns read of one row group ma
 BATCH_BYTES = 16 << 20  # about what one batch of rows decodes at once (HF image exports: ~100 rows a group)
 
 
+def import_pyarrow() -> Any:
+    """pyarrow, or an error naming the extra that installs it (the one place fastload imports it)."""
+    try:
+        import pyarrow as pa
+    except ImportError:
+        raise ImportError("reading Parquet or Arrow needs pyarrow: pip install 'fastload[parquet]'") from None
+    return pa
+
+
 def import_pyarrow_parquet() -> Any:
     """pyarrow.parquet, or an error naming the extra that installs it."""
     try:
@@ -31,8 +40,7 @@ def damage(exc: BaseException) -> str:
 
 def arrow_errors() -> tuple[type[BaseException], ...]:
     """What pyarrow raises for a damaged file: its own errors, and OSError for what it reads."""
-    import pyarrow as pa
-
+    pa = import_pyarrow()
     return (pa.ArrowException, OSError)
 
 
@@ -87,8 +95,7 @@ def group_batches(source: Any, group: int, columns: tuple[str, ...], batch_rows:
 def column_values(column: Any) -> list:
     """A batch's column as Python values; of a dictionary column, each value its rows use decoded
     once (the rows repeating it share that one object)."""
-    import pyarrow as pa
-
+    pa = import_pyarrow()
     if not pa.types.is_dictionary(column.type):
         return column.to_pylist()
     indices = column.indices.to_pylist()

@@ -16,7 +16,7 @@ from typing import Any
 
 from fastload.formats.in_place import column_roles as in_place_roles
 from fastload.formats.index import ShardInfo
-from fastload.formats.parquet.bounds import arrow_errors, damage, import_pyarrow_parquet
+from fastload.formats.parquet.bounds import arrow_errors, damage, import_pyarrow, import_pyarrow_parquet
 
 MAGIC = b"PAR1"
 TAIL = 8  # the footer's length (4 bytes, little-endian) and the magic
@@ -46,8 +46,7 @@ def footer_length(last: bytes, size: int, name: str) -> int:
 def parse_footer(tail: bytes, size: int, name: str) -> Footer:
     """The footer of the file ``name`` of ``size`` bytes, from its last ``len(tail)`` bytes (exactly
     the footer and its 8-byte tail); a ValueError naming the file when pyarrow cannot parse it."""
-    import pyarrow as pa
-
+    pa = import_pyarrow()
     pq = import_pyarrow_parquet()
     try:
         meta = pq.read_metadata(pa.BufferReader(MAGIC + tail))

@@ -26,6 +26,7 @@ from fastload.formats.parquet.bounds import (
     damage,
     declared_bytes,
     group_batches,
+    import_pyarrow,
     import_pyarrow_parquet,
 )
 
@@ -76,8 +77,7 @@ class SpanFile(io.RawIOBase):
 
 def _footer_metadata(footer: str | Path) -> Any:
     """The metadata parsed from a file's fetched footer (its last bytes: the footer, its length, PAR1)."""
-    import pyarrow as pa
-
+    pa = import_pyarrow()
     with open(footer, "rb") as file:
         return import_pyarrow_parquet().read_metadata(pa.BufferReader(b"PAR1" + file.read()))
 
