@@ -179,17 +179,14 @@ def _add_index(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_index(args: argparse.Namespace) -> int:
-    from fastload.storage.in_place import index_in_place, locate
+    from fastload.storage.in_place import PARTS, index_in_place, locate
     from fastload.storage.remote import is_url, redact
 
     folder = Path(args.dataset)
     if locate(args.dataset) is not None or (folder.is_dir() and not any(folder.glob("*.tar")) and any(folder.rglob("*.parquet"))):
         index, seconds, kept = index_in_place(args.dataset, force=args.force)
-        groups = len(index.shards)
         files = len({shard.path for shard in index.shards})
-        part, kind = {"parquet": ("row groups", "Parquet file(s)"), "arrow": ("record batches", "Arrow file(s)"),
-                      "lance": ("fragment slices", "Lance dataset")}[index.layout]
-        print(f"{redact(args.dataset)}: indexed {index.num_samples} rows in {groups} {part} of {files} {kind} in "
+        print(f"{redact(args.dataset)}: indexed {index.num_samples} rows in {len(index.shards)} {PARTS[index.layout]} of {files} file(s) in "
               f"{seconds:.1f}s, read in place; columns {', '.join(f'{c} ({r})' for c, r in index.columns.items())}; index in {kept}")
         return 0
     if is_url(args.dataset):

@@ -35,6 +35,7 @@ SAVED_STATE = "state.json"  # datasets.save_to_disk's, beside its Arrow files (a
 LANCE_VERSIONS = "_versions"  # a Lance dataset's manifests
 HUB = "hf://"
 CACHE_FOLDER = "in-place"
+PARTS = {"parquet": "Parquet row groups", "arrow": "Arrow record batches", "lance": "Lance fragment slices"}  # a layout's shards, in words
 log = logging.getLogger("fastload")
 
 
@@ -162,9 +163,8 @@ def open_index(located: Located, cache_root: Path, storage_options: dict | None 
         atomic_write_bytes(cached, index.to_json().encode(), durable=False)
     except OSError as exc:
         log.warning("%s: cannot keep its index in %s (%s): it is built again at each open", shown(located), cached, exc.strerror)
-    log.warning("%s: indexed %d rows in %d row groups of %d Parquet file(s) in %.1fs (kept in %s; `fastload index` writes it "
-                "beside a folder's files)", shown(located), index.num_samples, len(index.shards), len(located.names),
-                time.perf_counter() - start, cached)
+    log.warning("%s: indexed %d rows in %d %s in %.1fs (kept in %s; `fastload index` makes it ahead of a run)", shown(located),
+                index.num_samples, len(index.shards), PARTS[located.layout], time.perf_counter() - start, cached)
     return index
 
 

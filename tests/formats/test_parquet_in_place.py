@@ -135,7 +135,7 @@ def test_fastload_index_writes_the_index_beside_and_a_changed_file_is_named(hub:
     kept = list((cache / "in-place").iterdir())
     assert len(kept) == 1
     out = run_cli("index", str(folder))
-    assert "indexed 45 rows in 7 row groups of 2 Parquet file(s)" in out.stdout and "image (image), label (label)" in out.stdout
+    assert "indexed 45 rows in 7 Parquet row groups of 2 file(s)" in out.stdout and "image (image), label (label)" in out.stdout
     index = json.loads((folder / "index.json").read_text())
     assert index["layout"] == "parquet" and index["version"] == 6 and index["num_samples"] == ROWS
     assert {s["path"] for s in index["shards"]} == {p.name for p in hub.iterdir()}
