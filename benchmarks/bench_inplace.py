@@ -50,8 +50,8 @@ def prepare(photos: Path, workdir: Path, images: int) -> dict[str, Path]:
         classes = sorted(p.name for p in photos.iterdir() if p.is_dir())
         items = [(str(p), label) for label, c in enumerate(classes) for p in sorted((photos / c).glob("*.jpg"))][:images]
         features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=classes)})
-        images = [{"bytes": Path(p).read_bytes(), "path": Path(p).name} for p, _ in items]  # embedded, as the Hub's files hold them
-        ds = datasets.Dataset.from_dict({"image": images, "label": [y for _, y in items]}, features=features)
+        embedded = [{"bytes": Path(p).read_bytes(), "path": Path(p).name} for p, _ in items]  # as the Hub's files hold them
+        ds = datasets.Dataset.from_dict({"image": embedded, "label": [y for _, y in items]}, features=features)
         ds = ds.shuffle(seed=0).flatten_indices()
         out["parquet"].mkdir(parents=True)
         shards = (len(ds) + FILE_ROWS - 1) // FILE_ROWS

@@ -163,7 +163,7 @@ class InPlaceReader:
         self.shard, self.columns = shard, dict(columns)
         self.part = shard.row_group if shard.row_group is not None else 0
         self.rows = shard.samples
-        self._id = (shard.path, shard.sha256, self.part)  # the file's footer (a Lance dataset's version) names its content
+        self._id: tuple[Any, ...] = (shard.path, shard.sha256, self.part)  # the file's footer (a Lance dataset's version) names its content
 
     def __len__(self) -> int:
         return self.rows
