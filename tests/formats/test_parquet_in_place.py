@@ -391,3 +391,19 @@ print(json.dumps({"names": sorted({s.path for s in ds.index.shards}), "rows": ro
     assert got["rows"] == [[f"photo {i}", i % 3] for i in range(ROWS)] and got["where"] == "data/train-00001-of-00002.parquet:row14"
     files = [(name, asked) for name, asked in server.gets if name.endswith(".parquet")]
     assert files and all(asked is not None for _, asked in files)
+
+
+def test_inspect_and_verify_read_in_place(hub: Path, tmp_path: Path) -> None:
+    import shutil
+
+    folder = tmp_path / "copy"
+    shutil.copytree(hub, folder)
+    summary = json.loads(run_cli("inspect", str(folder), "--json").stdout)
+    assert (summary["layout"], summary["samples"], summary["shards"]) == ("parquet", ROWS, 7)
+    assert "7 shards, 45 samples verified and decoded: OK" in run_cli("verify", str(folder), "--decode").stdout
+    damaged = folder / "train-00001-of-00002.parquet"
+    data = bytearray(damaged.read_bytes())
+    data[1000:1400] = bytes(400)  # inside the first row group's image chunk
+    damaged.write_bytes(bytes(data))
+    out = run_cli("verify", str(folder), "--decode", check=False)
+    assert out.returncode != 0 and "train-00001-of-00002.parquet (part 0)" in out.stdout + out.stderr
