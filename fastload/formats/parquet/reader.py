@@ -93,6 +93,7 @@ class ParquetGroupReader(InPlaceReader):
         self._pid = -1
         self._meta: Any = None
         self._span: SpanFile | None = None  # a remote file's fetched pieces, held open (an evicted entry stays readable)
+        self._planned: dict[tuple[str, ...], tuple[int, int]] = {}  # columns -> (bytes they declare, rows a batch)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -146,11 +147,14 @@ class ParquetGroupReader(InPlaceReader):
         """(the decoded batch holding row ``i``, its row there): a group whose read columns declare
         more than MAX_ROW_GROUP_BYTES refused row by row (a SampleError naming the file and row)."""
         meta = self.metadata()
-        declared = declared_bytes(meta, self.group, columns)
+        planned = self._planned.get(columns)
+        if planned is None:  # once a set of columns: the footer's metadata is walked in Python
+            declared = declared_bytes(meta, self.group, columns)
+            planned = self._planned[columns] = (declared, batch_rows(meta, self.group, columns, declared))
+        declared, per_batch = planned
         if declared > MAX_ROW_GROUP_BYTES:
             raise SampleError(self.where(i), f"row group {self.group} declares {declared} bytes uncompressed in columns "
                                              f"{', '.join(columns)}, over the {MAX_ROW_GROUP_BYTES} fastload reads of a group")
-        per_batch = batch_rows(meta, self.group, columns, declared)
         number, row = divmod(i, per_batch)
         try:
             return self._cached(columns, number, lambda: group_batches(self._source(), self.group, columns, per_batch, meta)), row
