@@ -8,7 +8,7 @@ PHOTO_FOLDER holds real photos by class (``benchmarks/make_photos.py``). Made on
 photos as Hub-style Parquet written by ``datasets`` (an ``Image`` feature: ``{bytes, path}``
 structs; a ClassLabel; row groups of 100 rows, as the Hub's image exports), the same rows
 converted to fastload tar shards, saved with ``save_to_disk`` (Arrow) and written as Lance. Each
-round loads, in turn (the first alternates), an epoch of each with ``T.train(224)``, batch 64,
+round loads, in turn (the first alternates), each in a fresh process, an epoch of each with ``T.train(224)``, batch 64,
 WORKERS workers, the CPU backend:
 
 - ``parquet in place``, ``arrow in place``, ``lance in place``: ``fastload.DataLoader(LOCATION)``;
@@ -93,7 +93,7 @@ class HubImages:
         return pillow_transform(row["image"], self.specs, sample_rng(0, 0, i)), row["label"]
 
 
-def run_one(name: str, made: dict[str, Path], workers: int, hub: Any) -> float:
+def run_one(name: str, made: dict[str, Path], workers: int, workdir: Path) -> float:
     """Images/s of one epoch of configuration ``name`` (a fresh loader; its start-up counted)."""
     import torch
 
@@ -102,7 +102,8 @@ def run_one(name: str, made: dict[str, Path], workers: int, hub: Any) -> float:
 
     start = time.perf_counter()
     if name == "hf datasets":
-        loader: Any = torch.utils.data.DataLoader(hub, batch_size=64, shuffle=True, num_workers=workers, persistent_workers=False)
+        loader: Any = torch.utils.data.DataLoader(HubImages(made["parquet"], workdir / "hf-cache"), batch_size=64, shuffle=True,
+                                                  num_workers=workers)
     else:
         location = {"parquet in place": made["parquet"], "arrow in place": made["arrow"], "lance in place": made["lance"],
                     "converted shards": made["wds"]}[name]
@@ -112,6 +113,15 @@ def run_one(name: str, made: dict[str, Path], workers: int, hub: Any) -> float:
     if hasattr(loader, "close"):
         loader.close()
     return images / seconds
+
+
+def run_apart(name: str, args: argparse.Namespace) -> float:
+    """:func:`run_one` in a fresh process: what one configuration loads (pylance's threads, which
+    are not fork-safe; datasets' caches) cannot slow or hang the next."""
+    command = [sys.executable, __file__, str(args.photos), str(args.workdir), "--workers", str(args.workers), "--images", str(args.images),
+               "--run", name]
+    out = subprocess.run(command, check=True, capture_output=True, text=True, timeout=900).stdout
+    return float(json.loads(out.strip().splitlines()[-1])["rate"])
 
 
 SIMULATE = """
@@ -165,20 +175,23 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=2000)
     parser.add_argument("--only", nargs="*", help="the configurations to run (default: all)")
     parser.add_argument("--simulate-rows", type=int)
+    parser.add_argument("--run", help=argparse.SUPPRESS)  # one configuration, in this process (run_apart)
     args = parser.parse_args()
     if args.simulate_rows:
         simulate(args.simulate_rows, args.workdir)
         return
     made = prepare(args.photos, args.workdir, args.images)
-    hub = HubImages(made["parquet"], args.workdir / "hf-cache")
+    if args.run:
+        print(json.dumps({"rate": run_one(args.run, made, args.workers, args.workdir)}))
+        return
     names = args.only or ["parquet in place", "converted shards", "hf datasets", "arrow in place", "lance in place"]
     rates: dict[str, list[float]] = {name: [] for name in names}
     for round_no in range(args.rounds):
         order = names[round_no % len(names):] + names[: round_no % len(names)]
         for name in order:
-            rates[name].append(run_one(name, made, args.workers, hub))
+            rates[name].append(run_apart(name, args))
         print(f"round {round_no + 1}: " + ", ".join(f"{name} {rates[name][-1]:.0f}/s" for name in names), flush=True)
-    print(f"\n{len(hub)} photos, batch 64, T.train(224), {args.workers} workers, median of {args.rounds} rounds")
+    print(f"\n{args.images} photos, batch 64, T.train(224), {args.workers} workers, median of {args.rounds} rounds")
     for name in names:
         print(f"{name:18s} {statistics.median(rates[name]):8.0f} images/s")
     base = names[0]
