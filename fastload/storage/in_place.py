@@ -74,6 +74,11 @@ def locate(location: object, storage_options: dict | None = None) -> Located | N
         return None
     text = str(location)
     if is_url(text):
+        if any(c in text.rsplit("/", 1)[-1] for c in "*?["):  # s3://bucket/data/*.parquet: the files matching
+            names = tuple(remote.glob_sizes(text, storage_options))
+            if not names:
+                raise FileNotFoundError(f"{remote.redact(text)}: matches no file")
+            return Located(text[: min(text.index(c) for c in "*?[" if c in text)].rsplit("/", 1)[0], names)
         if text.endswith(SUFFIX):
             return _listed([text])
         if text.startswith(HUB):

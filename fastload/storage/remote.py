@@ -263,6 +263,20 @@ def find_sizes(url: str, suffix: str, storage_options: dict | None = None) -> di
     return retrying("list it", url, find)
 
 
+def glob_sizes(pattern: str, storage_options: dict | None = None) -> dict[str, int]:
+    """Size in bytes of each object matching ``pattern`` (``s3://bucket/data/*.parquet``), by its
+    path relative to the pattern's fixed part (the folder before the first wildcard), sorted."""
+    fs, path = filesystem(pattern, storage_options)
+    fixed = path[: min(path.index(c) for c in "*?[" if c in path)].rsplit("/", 1)[0] + "/"
+
+    def glob() -> dict[str, int]:
+        found = fs.glob(path, detail=True)
+        return {name[len(fixed):]: int(entry["size"]) for name, entry in sorted(found.items())
+                if name.startswith(fixed) and entry.get("type", "file") != "directory"}
+
+    return retrying("list it", pattern, glob)
+
+
 def read_range(url: str, start: int, length: int, storage_options: dict | None = None) -> bytes:
     """``length`` bytes of the object at ``url`` from byte ``start`` (one range request; a server
     answering with more or fewer is a RemoteError naming the URL)."""

@@ -407,3 +407,14 @@ def test_inspect_and_verify_read_in_place(hub: Path, tmp_path: Path) -> None:
     damaged.write_bytes(bytes(data))
     out = run_cli("verify", str(folder), "--decode", check=False)
     assert out.returncode != 0 and "train-00001-of-00002.parquet (part 0)" in out.stdout + out.stderr
+
+
+def test_parquet_in_s3_by_a_glob(hub: Path, s3_endpoint, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """``s3://bucket/prefix/*.parquet`` (moto's S3 server on loopback): the files matching, read by ranges."""
+    for file in hub.iterdir():
+        s3_endpoint.put(str(file), f"fastload-test/inplace/data/{file.name}")
+    ds = fastload.open("s3://fastload-test/inplace/data/*.parquet", cache_dir=tmp_path / "cache")
+    assert len(ds) == ROWS and ds.where(44) == "train-00001-of-00002.parquet:row14"
+    with fastload.DataLoader(ds, batch_size=9, fields=["caption"], num_workers=1) as loader:
+        captions = [c for (batch,) in loader for c in batch]
+    assert captions == [f"photo {i}" for i in range(ROWS)]
