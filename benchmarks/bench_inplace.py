@@ -120,8 +120,11 @@ def run_apart(name: str, args: argparse.Namespace) -> float:
     are not fork-safe; datasets' caches) cannot slow or hang the next."""
     command = [sys.executable, __file__, str(args.photos), str(args.workdir), "--workers", str(args.workers), "--images", str(args.images),
                "--run", name]
-    out = subprocess.run(command, check=True, capture_output=True, text=True, timeout=900).stdout
-    return float(json.loads(out.strip().splitlines()[-1])["rate"])
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        print(f"{name} failed (exit status {done.returncode}): {done.stderr.strip().splitlines()[-1:]}", flush=True)
+        return float("nan")
+    return float(json.loads(done.stdout.strip().splitlines()[-1])["rate"])
 
 
 SIMULATE = """
@@ -193,7 +196,7 @@ def main() -> None:
         print(f"round {round_no + 1}: " + ", ".join(f"{name} {rates[name][-1]:.0f}/s" for name in names), flush=True)
     print(f"\n{args.images} photos, batch 64, T.train(224), {args.workers} workers, median of {args.rounds} rounds")
     for name in names:
-        print(f"{name:18s} {statistics.median(rates[name]):8.0f} images/s")
+        print(f"{name:18s} {statistics.median(rates[name]):8.0f} images/s  (rounds: {', '.join(f'{r:.0f}' for r in rates[name])})")
     base = names[0]
     for name in names[1:]:
         ratios = [a / b for a, b in zip(rates[base], rates[name])]

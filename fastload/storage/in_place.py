@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from fastload._util.files import atomic_write_bytes, check_relative_path, read_file, resolved_inside
+from fastload._util.processes import in_fresh_process
 from fastload.errors import DatasetIndexError
 from fastload.formats.in_place import column_roles as in_place_roles
 from fastload.formats.in_place import in_place_index
@@ -191,7 +192,8 @@ def build_index(located: Located, storage_options: dict | None = None) -> Datase
     if located.layout == "lance":
         from fastload.formats.lance.reader import lance_parts
 
-        shards, schema, _ = lance_parts(located.file(located.names[0]), located.names[0])
+        # in a spawned process: pylance's threads, once started here, could deadlock the workers this process forks
+        shards, schema, _ = in_fresh_process(lance_parts, located.file(located.names[0]), located.names[0])
         return in_place_index("lance", shards, in_place_roles(schema), schema.metadata)
     every: list[ShardInfo] = []
     columns: dict[str, str] | None = None
@@ -248,7 +250,7 @@ def changed(located: Located, index: DatasetIndex, storage_options: dict | None 
     if located.layout == "lance":
         from fastload.formats.lance.reader import dataset_version
 
-        version = dataset_version(located.file(located.names[0]))
+        version = in_fresh_process(dataset_version, located.file(located.names[0]))  # as in build_index
         return None if all(shard.version == version for shard in index.shards) else f"its version is {version} now"
     files = {shard.path: shard for shard in index.shards}
     if set(files) != set(located.names):
