@@ -1,14 +1,14 @@
 """Data in place against the same images converted, and against Hugging Face ``datasets``, side by
 side in one run (#40).
 
-    python benchmarks/bench_inplace.py PHOTO_FOLDER WORKDIR [--workers 2] [--rounds 3] [--images 2000]
+    python benchmarks/bench_inplace.py PHOTO_FOLDER WORKDIR [--workers 2] [--rounds 3] [--images 2000] [--epochs 2]
     python benchmarks/bench_inplace.py --simulate-rows 10000000 WORKDIR    # start-up and memory at scale
 
 PHOTO_FOLDER holds real photos by class (``benchmarks/make_photos.py``). Made once in WORKDIR: the
 photos as Hub-style Parquet written by ``datasets`` (an ``Image`` feature: ``{bytes, path}``
 structs; a ClassLabel; row groups of 100 rows, as the Hub's image exports), the same rows
 converted to fastload tar shards, saved with ``save_to_disk`` (Arrow) and written as Lance. Each
-round loads, in turn (the first alternates), each in a fresh process, an epoch of each with ``T.train(224)``, batch 64,
+round loads, in turn (the first alternates), each in a fresh process, EPOCHS epochs (default 2) of each with ``T.train(224)``, batch 64,
 WORKERS workers, the CPU backend:
 
 - ``parquet in place``, ``arrow in place``, ``lance in place``: ``fastload.DataLoader(LOCATION)``;
@@ -93,8 +93,8 @@ class HubImages:
         return pillow_transform(row["image"], self.specs, sample_rng(0, 0, i)), row["label"]
 
 
-def run_one(name: str, made: dict[str, Path], workers: int, workdir: Path) -> float:
-    """Images/s of one epoch of configuration ``name`` (a fresh loader; its start-up counted)."""
+def run_one(name: str, made: dict[str, Path], workers: int, workdir: Path, epochs: int) -> float:
+    """Images/s over ``epochs`` epochs of configuration ``name`` (a fresh loader; its start-up counted)."""
     import torch
 
     import fastload
@@ -108,7 +108,7 @@ def run_one(name: str, made: dict[str, Path], workers: int, workdir: Path) -> fl
         location = {"parquet in place": made["parquet"], "arrow in place": made["arrow"], "lance in place": made["lance"],
                     "converted shards": made["wds"]}[name]
         loader = fastload.DataLoader(str(location), batch_size=64, shuffle=True, num_workers=workers, transform=T.train(224), backend="cpu")
-    images = sum(len(x) for x, _ in loader)
+    images = sum(len(x) for _ in range(epochs) for x, _ in loader)
     seconds = time.perf_counter() - start
     if hasattr(loader, "close"):
         loader.close()
@@ -119,7 +119,7 @@ def run_apart(name: str, args: argparse.Namespace) -> float:
     """:func:`run_one` in a fresh process: what one configuration loads (pylance's threads, which
     are not fork-safe; datasets' caches) cannot slow or hang the next."""
     command = [sys.executable, __file__, str(args.photos), str(args.workdir), "--workers", str(args.workers), "--images", str(args.images),
-               "--run", name]
+               "--epochs", str(args.epochs), "--run", name]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         print(f"{name} failed (exit status {done.returncode}): {done.stderr.strip().splitlines()[-1:]}", flush=True)
@@ -176,6 +176,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--images", type=int, default=2000)
+    parser.add_argument("--epochs", type=int, default=2, help="epochs a loader runs (its start-up counted once)")
     parser.add_argument("--only", nargs="*", help="the configurations to run (default: all)")
     parser.add_argument("--simulate-rows", type=int)
     parser.add_argument("--run", help=argparse.SUPPRESS)  # one configuration, in this process (run_apart)
@@ -185,7 +186,7 @@ def main() -> None:
         return
     made = prepare(args.photos, args.workdir, args.images)
     if args.run:
-        print(json.dumps({"rate": run_one(args.run, made, args.workers, args.workdir)}))
+        print(json.dumps({"rate": run_one(args.run, made, args.workers, args.workdir, args.epochs)}))
         return
     names = args.only or ["parquet in place", "converted shards", "hf datasets", "arrow in place", "lance in place"]
     rates: dict[str, list[float]] = {name: [] for name in names}
@@ -194,7 +195,8 @@ def main() -> None:
         for name in order:
             rates[name].append(run_apart(name, args))
         print(f"round {round_no + 1}: " + ", ".join(f"{name} {rates[name][-1]:.0f}/s" for name in names), flush=True)
-    print(f"\n{args.images} photos, batch 64, T.train(224), {args.workers} workers, median of {args.rounds} rounds")
+    print(f"\n{args.images} photos, batch 64, T.train(224), {args.workers} workers, {args.epochs} epochs a loader (its start-up "
+          f"counted), median of {args.rounds} rounds")
     for name in names:
         print(f"{name:18s} {statistics.median(rates[name]):8.0f} images/s  (rounds: {', '.join(f'{r:.0f}' for r in rates[name])})")
     base = names[0]

@@ -98,6 +98,10 @@ class ShardedDataset:
                     f"{self.location}: the cache limit ({self.cache.max_bytes} bytes) is smaller than its largest "
                     f"shard ({largest} bytes); give cache_size= (or FASTLOAD_CACHE_SIZE) a few shards' worth"
                 )
+        if self.layout.in_place:  # pyarrow imported here once, not in each forked worker at its first row (~0.4 s a worker)
+            from fastload.formats.parquet.bounds import import_pyarrow_parquet
+
+            import_pyarrow_parquet()
         self._starts = list(itertools.accumulate((s.samples for s in self.index.shards), initial=0))
         self.max_open_shards = _max_open_shards(max_open_shards)
         self._readers: dict[int, ShardReader] = {}  # local: every shard read so far (closed or open)
