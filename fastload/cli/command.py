@@ -445,7 +445,7 @@ def _run_describe(args: argparse.Namespace) -> int:
             f" {s.source_size[0]}x{s.source_size[1]} crop ({s.box[0]:.1f}, {s.box[1]:.1f}, {s.box[2]:.1f}, {s.box[3]:.1f})"  # type: ignore[index]
             f" -> {s.size[0]}x{s.size[1]}{' flipped' if s.flip else ''}{f' at DCT scale {s.dct_scale}' if s.dct_scale else ''}")  # type: ignore[index]
         clips = "".join(f" frames {a}-{b} ({t0:.2f}-{t1:.2f} s)" for a, b, t0, t1 in s.clips)
-        print(f"{n:>5} {s.index:>9} {s.shard}:{s.key}{'' if s.valid else ' (padding)'}{clips}{geometry}{f' PROBLEM {s.problem}' if s.problem else ''}")
+        print(f"{n:>5} {s.index:>9} {s.where}{'' if s.valid else ' (padding)'}{clips}{geometry}{f' PROBLEM {s.problem}' if s.problem else ''}")
     return 0
 
 

@@ -10,6 +10,7 @@ import functools
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -401,6 +402,8 @@ def test_inspect_and_verify_read_in_place(hub: Path, tmp_path: Path) -> None:
     summary = json.loads(run_cli("inspect", str(folder), "--json").stdout)
     assert (summary["layout"], summary["samples"], summary["shards"]) == ("parquet", ROWS, 7)
     assert "7 shards, 45 samples verified and decoded: OK" in run_cli("verify", str(folder), "--decode").stdout
+    described = run_cli("describe", str(folder), "--step", "1", "--batch-size", "4", "--transform", "val").stdout
+    assert len(re.findall(r" train-0000[01]-of-00002\.parquet:row\d+ 48x64 crop", described)) == 4 and "parquet:train" not in described
     damaged = folder / "train-00001-of-00002.parquet"
     data = bytearray(damaged.read_bytes())
     data[1000:1400] = bytes(400)  # inside the first row group's image chunk
