@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 GROUP_ROWS = 100  # the Hub's row groups of image datasets
 FILE_ROWS = 1000
 
@@ -69,7 +71,7 @@ def prepare(photos: Path, workdir: Path, images: int) -> dict[str, Path]:
     return out
 
 
-class HubImages:
+class HubImages(torch.utils.data.Dataset):
     """The Parquet files as Hugging Face ``datasets`` loads them (map-style): a row's image decoded by
     its Image feature, then cropped, resized and flipped as fastload plans it."""
 
@@ -95,8 +97,6 @@ class HubImages:
 
 def run_one(name: str, made: dict[str, Path], workers: int, workdir: Path, epochs: int) -> float:
     """Images/s over ``epochs`` epochs of configuration ``name`` (a fresh loader; its start-up counted)."""
-    import torch
-
     import fastload
     from fastload import transforms as T
 
