@@ -423,14 +423,21 @@ class SampleSpec:
         return field.stacked and (field.role != "array" or self.shape_of(field.name) is not None)
 
 
-def classic_spec(decoded: bool, map: SampleMap | None = None, clip: Clip | None = None) -> SampleSpec:
+def classic_spec(decoded: bool, map: SampleMap | None = None, clip: Clip | None = None, roles: Mapping[str, str] | None = None) -> SampleSpec:
     """Today's classification sample: the image (whatever its extension; with ``clip``, the video)
-    and an optional label, seen by ``map`` as ``image`` (``video``) and ``label``."""
+    and an optional label, seen by ``map`` as ``image`` (``video``) and ``label``; of data read in
+    place (``roles``: each column's), its first image column and its label column (``label``, else
+    the first integer column)."""
+    image, label = ";".join(IMAGE_FIELDS), LABEL_FIELD
+    if roles:
+        image = next((name for name, role in roles.items() if role == "image"), image)
+        labels = [name for name, role in roles.items() if role == "label"]
+        label = "label" if "label" in labels else labels[0] if labels else label
     if clip is not None:
         first = FieldSpec(VIDEO_ANY, "video")
     else:
-        first = FieldSpec(DECODED_FIELD if decoded else ";".join(IMAGE_FIELDS), "image", key="image")
-    return SampleSpec(fields=(first, FieldSpec(LABEL_FIELD, "label", optional=True, key="label")), map=map, classic=True, clip=clip)
+        first = FieldSpec(DECODED_FIELD if decoded else image, "image", key="image")
+    return SampleSpec(fields=(first, FieldSpec(label, "label", optional=True, key="label")), map=map, classic=True, clip=clip)
 
 
 def _requested_role(name: str) -> Role:
@@ -442,12 +449,15 @@ def _requested_role(name: str) -> Role:
 def requested_spec(
     fields: Sequence[str] | Mapping[str, str] | None, dataset_fields: Sequence[str], decoded: bool,
     map: SampleMap | None = None, images: bool = False, clip: Clip | None = None, audio: Audio | None = None,
+    roles: Mapping[str, str] | None = None,
 ) -> SampleSpec:
     """The SampleSpec of a loader's ``fields=`` (a sequence of names, or a mapping name -> role),
     ``map=`` and ``clip=``. Without ``fields=``: the classic layout when the dataset has images (or
     ``images``: the caller expects them) or, with ``clip``, videos; with ``audio``: the recording
     (any extension) and, where the dataset has them, its label and transcript (``txt``); else
-    every field of the dataset in its index's order."""
+    every field of the dataset in its index's order. ``roles``: the roles of data read in place, by column name (a
+    field named without a role takes its column's)."""
+    roles = roles or {}
     if fields is None and audio is not None:
         extra = [FieldSpec(LABEL_FIELD, "label", optional=True)] if LABEL_FIELD in dataset_fields else []
         extra += [FieldSpec("txt", "text")] if "txt" in dataset_fields else []
@@ -460,11 +470,11 @@ def requested_spec(
             return classic_spec(decoded, map, clip)
         if clip is not None:
             raise ValueError("clip= takes frames of videos; the fields asked for hold none")
-        if images or decoded or has_images(dataset_fields):
-            return classic_spec(decoded, map)
+        if images or decoded or has_images(dataset_fields) or "image" in roles.values():
+            return classic_spec(decoded, map, roles=roles)
         fields = list(dataset_fields)
     if isinstance(fields, str):
         raise TypeError(f"fields= takes a list of field names or a mapping name -> role, got the string {fields!r}")
-    roles = dict(fields) if isinstance(fields, Mapping) else {name: None for name in fields}
-    specs = tuple(FieldSpec(name, role or _requested_role(name)) for name, role in roles.items())
+    given = dict(fields) if isinstance(fields, Mapping) else {name: None for name in fields}
+    specs = tuple(FieldSpec(name, role or roles.get(name) or _requested_role(name)) for name, role in given.items())
     return SampleSpec(specs, map=map, clip=clip, audio=audio)

@@ -178,14 +178,14 @@ class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
             assert found is not None  # __new__ sent every other dataset to torch_mode
             sharded = found
             options = LoaderOptions.from_arguments(
-                len(dataset), subset, sharded.url is not None, sampler=sampler, batch_sampler=batch_sampler,
+                len(dataset), subset, sharded.streams, sampler=sampler, batch_sampler=batch_sampler,
                 generator=generator, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
                 batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory, drop_last=drop_last, timeout=timeout,
                 worker_init_fn=worker_init_fn, collate_fn=collate_fn, prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                 transform=transform, backend=backend, device=device, on_error=on_error, max_skipped=max_skipped, return_keys=return_keys,
                 evaluation=evaluation, shuffle_buffer=shuffle_buffer, hw_decoder_load=hw_decoder_load, fields=fields, map=map,
                 batch_map=batch_map, exclude=excluded_indices(sharded, exclude), class_weights=class_weights, balanced=balanced,
-                clip=clip, audio=audio,
+                clip=clip, audio=audio, stream_buffer=sharded.shuffle_window,
             )
             self.state = LoaderState(options.streaming)
             kind = SampleBatches(sharded, options, self.state, self.stats, self._probe_loader)

@@ -19,9 +19,13 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from typing import Any, TypeVar
 
 PARENT_POLL_S = 0.2  # how often a forked child checks that its parent is alive
+
+T = TypeVar("T")
 
 
 def die_with_parent(parent: int) -> None:
@@ -50,3 +54,10 @@ def forked_pool(workers: int) -> ProcessPoolExecutor:
     method = "fork" if sys.platform.startswith("linux") else "spawn"
     return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method),
                                initializer=_start_child, initargs=(os.getpid(),))
+
+
+def in_fresh_process(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` run in a freshly spawned Python (not forked): what a library that is not
+    fork-safe (pylance's threads) does there leaves this process free to fork its workers."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()

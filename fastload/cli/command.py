@@ -22,13 +22,13 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     from fastload.converters.engines import ENGINES
     from fastload.converters.options import ENCODERS
     from fastload.converters.sources import SOURCE_MODULES
-    from fastload.formats.shard_formats import LAYOUTS
+    from fastload.formats.shard_formats import WRITTEN_LAYOUTS
 
     p = sub.add_parser("convert", help="convert a raw dataset into sharded WebDataset tar or HDF5, or documents into token shards")
     p.add_argument("src", help="the raw dataset (folder or file)")
     p.add_argument("out", help="output folder for shards and index.json, or a URL (s3://bucket/prefix, gs://..., any fsspec URL)")
     p.add_argument("--from", dest="source", required=True, choices=sorted(SOURCE_MODULES))
-    p.add_argument("--to", dest="layout", choices=sorted(LAYOUTS), help="default: wds, or tokens with --tokenizer")
+    p.add_argument("--to", dest="layout", choices=sorted(WRITTEN_LAYOUTS), help="default: wds, or tokens with --tokenizer")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--shard-size", default="256MB", help="target shard size, e.g. 256MB, 1GiB (default 256MB)")
     size.add_argument("--samples-per-shard", type=int, help="samples per shard instead of a size")
@@ -170,9 +170,12 @@ def _run_convert(args: argparse.Namespace) -> int:
 
 
 def _add_index(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("index", help="make a folder of existing WebDataset tars a dataset in place (.idx files, index.json)")
+    p = sub.add_parser("index", help="make a folder of existing WebDataset tars a dataset in place (.idx files, index.json), "
+                                     "or index Parquet files read in place")
     p.add_argument("dataset", help="a folder of .tar files (img2dataset's, any WebDataset writer's), or a writable URL "
-                                   "holding them (s3://bucket/prefix, gs://...); the tars are not rewritten")
+                                   "holding them (s3://bucket/prefix, gs://...); the tars are not rewritten. Or Parquet files: "
+                                   "a folder of them (index.json written beside them), a .parquet file or URL, hf://datasets/ORG/NAME "
+                                   "(the index kept in the cache folder, FASTLOAD_CACHE_DIR); docs/in-place.md")
     p.add_argument("--force", action="store_true", help="replace an existing index.json")
     p.add_argument("--scratch", help="for a URL: where each tar is downloaded to be indexed (default: the temp folder)")
     p.add_argument("--workers", type=int, help="for a folder: processes indexing tars at once (default: one per CPU)")
@@ -180,8 +183,16 @@ def _add_index(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_index(args: argparse.Namespace) -> int:
+    from fastload.storage.in_place import PARTS, index_in_place, locate
     from fastload.storage.remote import is_url, redact
 
+    folder = Path(args.dataset)
+    if locate(args.dataset) is not None or (folder.is_dir() and not any(folder.glob("*.tar")) and any(folder.rglob("*.parquet"))):
+        index, seconds, kept = index_in_place(args.dataset, force=args.force)
+        files = len({shard.path for shard in index.shards})
+        print(f"{redact(args.dataset)}: indexed {index.num_samples} rows in {len(index.shards)} {PARTS[index.layout]} of {files} file(s) in "
+              f"{seconds:.1f}s, read in place; columns {', '.join(f'{c} ({r})' for c, r in index.columns.items())}; index in {kept}")
+        return 0
     if is_url(args.dataset):
         from fastload.converters.index_remote import index_remote
 
@@ -445,7 +456,7 @@ def _run_describe(args: argparse.Namespace) -> int:
             f" -> {s.size[0]}x{s.size[1]}{' flipped' if s.flip else ''}{f' at DCT scale {s.dct_scale}' if s.dct_scale else ''}")  # type: ignore[index]
         clips = "".join(f" frames {a}-{b} ({t0:.2f}-{t1:.2f} s)" for a, b, t0, t1 in s.clips)
         clips += "".join(f" audio {t0:.3f}-{t1:.3f} s" for t0, t1 in s.crops)
-        print(f"{n:>5} {s.index:>9} {s.shard}:{s.key}{'' if s.valid else ' (padding)'}{clips}{geometry}{f' PROBLEM {s.problem}' if s.problem else ''}")
+        print(f"{n:>5} {s.index:>9} {s.where}{'' if s.valid else ' (padding)'}{clips}{geometry}{f' PROBLEM {s.problem}' if s.problem else ''}")
     return 0
 
 

@@ -10,7 +10,7 @@ from fastload.av.facts import REENCODE_KEYFRAME_INTERVAL
 from fastload.converters.sources import SOURCE_MODULES, TEXT_ONLY, SourceOptions
 from fastload.decode.header import MAX_PIXELS
 from fastload.errors import check_on_error
-from fastload.formats.shard_formats import LAYOUTS
+from fastload.formats.shard_formats import WRITTEN_LAYOUTS
 from fastload.formats.writing import WriterOptions
 
 __all__ = ["ConvertOptions", "TokenizeOptions", "parse_size"]
@@ -74,8 +74,8 @@ class ConvertOptions:
     def __post_init__(self) -> None:
         if self.source not in SOURCE_MODULES:
             raise ValueError(f"unknown source {self.source!r}; expected one of {sorted(SOURCE_MODULES)}")
-        if self.layout not in LAYOUTS:
-            raise ValueError(f"unknown output layout {self.layout!r}; expected one of {sorted(LAYOUTS)}")
+        if self.layout not in WRITTEN_LAYOUTS:
+            raise ValueError(f"unknown output layout {self.layout!r}; expected one of {sorted(WRITTEN_LAYOUTS)}")
         check_on_error(self.on_error)
         if self.samples_per_shard is not None:
             if self.samples_per_shard < 1:

@@ -14,10 +14,11 @@ import os
 from dataclasses import MISSING, asdict, dataclass, field
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
+from typing import cast
 
 from fastload._util.files import atomic_write_bytes, check_relative_path, is_sha256, read_file
 from fastload.errors import DatasetIndexError
-from fastload.fields import stream_fields
+from fastload.fields import ROLES, stream_fields
 from fastload.formats.shard_formats import LAYOUTS, shard_format
 
 FORMAT_NAME = "fastload"
@@ -26,7 +27,10 @@ VIDEO_FORMAT_VERSION = 4  # 4: sample tables of version 2, with videos' stream f
 # 5: token datasets (layout "tokens": the tokenizer, tokens per shard). Only they are written as 5, so a reader
 # of versions 1-4 still reads every image and video dataset and refuses a token dataset by its version.
 TOKENS_VERSION = 5
-READABLE_VERSIONS = (1, 2, 3, 4, 5)
+# 6: data read in place (layout "parquet": row groups of Parquet files as shards, their columns' roles). Only
+# those are written as 6, so an older fastload refuses them by version rather than misreading a row group.
+IN_PLACE_VERSION = 6
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
 INDEX_FILE = "index.json"
 SKIPPED_REPORT = "skipped.jsonl"
 
@@ -72,10 +76,31 @@ class ShardInfo:
     table: str | None = None  # the shard's sample table (fastload.formats.table; a token shard's document table)
     table_sha256: str | None = None  # its checksum (fetched tables are checked too)
     tokens: int | None = None  # a token shard's tokens (its ``samples`` are documents)
+    # data read in place (fastload/formats/parquet/README.md): the shard is row group ``row_group`` of the file
+    # at ``path`` (of ``file_bytes``, modified at ``mtime_ns`` where local), its rows from ``first_row`` of the
+    # file on, its column chunks the ``bytes`` from ``span_start``; the file's footer is its last
+    # ``footer_bytes``, and ``sha256`` is the footer's (a file rewritten has another)
+    row_group: int | None = None
+    first_row: int | None = None
+    span_start: int | None = None
+    file_bytes: int | None = None
+    footer_bytes: int | None = None
+    mtime_ns: int | None = None
+    version: int | None = None  # a Lance dataset's version (its fragments are read at it)
 
     def __post_init__(self) -> None:
         check_relative_path(self.path, "path")
         _check_int(self.samples, "samples")
+        for name in IN_PLACE_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                _check_int(value, name)
+        if self.row_group is not None:
+            if any(getattr(self, name) is None for name in IN_PLACE_FIELDS[1:5]):
+                raise DatasetIndexError(f"row_group: a row group names its {', '.join(IN_PLACE_FIELDS[1:5])}")
+            file_bytes, footer = cast(int, self.file_bytes), cast(int, self.footer_bytes)
+            if footer > file_bytes or cast(int, self.span_start) + self.bytes > file_bytes - footer:
+                raise DatasetIndexError("span_start: the row group's bytes must lie before the file's footer")
         if self.tokens is not None:
             _check_int(self.tokens, "tokens")
         _check_int(self.bytes, "bytes")
@@ -86,6 +111,9 @@ class ShardInfo:
         if self.table is not None:
             check_relative_path(self.table, "table")
         _check_sha256(self.table_sha256, "table_sha256", optional=True)
+
+
+IN_PLACE_FIELDS = ("row_group", "first_row", "span_start", "file_bytes", "footer_bytes", "mtime_ns", "version")
 
 
 TOKEN_DTYPES = {"uint16": 2**16, "uint32": 2**32}  # a token shard's dtype -> the ids it can hold
@@ -159,6 +187,7 @@ class DatasetIndex:
     source: str = ""  # the source kind it was converted from
     conversion: dict = field(default_factory=dict)  # the options that produced it
     tokenizer: TokenizerIdentity | None = None  # a token dataset's tokenizer (layout "tokens")
+    columns: dict[str, str] = field(default_factory=dict)  # data read in place: each field (column) -> its role (fastload.fields)
     format: str = FORMAT_NAME
     version: int = FORMAT_VERSION
 
@@ -192,6 +221,7 @@ class DatasetIndex:
         if self.num_samples > MAX_INT:
             raise DatasetIndexError("shards: more than 2**63 - 1 samples in all")
         self._check_tokens()
+        self._check_in_place()
         if self.version == VIDEO_FORMAT_VERSION and not stream_fields(self.fields):
             raise DatasetIndexError(f"fields: a video or audio dataset (version {VIDEO_FORMAT_VERSION}) lists no video or audio field")
 
@@ -200,9 +230,9 @@ class DatasetIndex:
         tokens = shard_format(self.layout).holds_tokens
         if tokens != (self.tokenizer is not None):
             raise DatasetIndexError(f"tokenizer: {'missing' if tokens else 'only a token dataset names one'}")
-        if tokens != (self.version >= TOKENS_VERSION):
+        if tokens != (self.version == TOKENS_VERSION) and not shard_format(self.layout).in_place:
             raise DatasetIndexError(f"version: a {'token' if tokens else 'non-token'} dataset is of version "
-                                    f"{TOKENS_VERSION if tokens else f'1 to {TOKENS_VERSION - 1}'}")
+                                    f"{TOKENS_VERSION if tokens else f'1 to {TOKENS_VERSION - 1}'}")  # in place: _check_in_place
         if self.tokenizer is not None and not isinstance(self.tokenizer, TokenizerIdentity):
             raise DatasetIndexError("tokenizer: must be an object")
         for number, shard in enumerate(self.shards):
@@ -210,6 +240,19 @@ class DatasetIndex:
                 raise DatasetIndexError(f"shards[{number}].tokens: {'missing' if tokens else 'only a token shard counts tokens'}")
         if self.num_tokens > MAX_INT:
             raise DatasetIndexError("shards: more than 2**63 - 1 tokens in all")
+
+    def _check_in_place(self) -> None:
+        """Data read in place (and only it) is of version 6, its shards row groups, its columns' roles known ones."""
+        in_place = shard_format(self.layout).in_place
+        if in_place != (self.version == IN_PLACE_VERSION):
+            raise DatasetIndexError(f"version: {'data read in place is' if in_place else 'only data read in place is'} of version {IN_PLACE_VERSION}")
+        if not isinstance(self.columns, dict) or not all(isinstance(k, str) and v in ROLES for k, v in self.columns.items()):
+            raise DatasetIndexError(f"columns: must be an object of roles ({', '.join(ROLES)})")
+        if self.columns and not in_place:
+            raise DatasetIndexError("columns: only data read in place gives its columns' roles")
+        for number, shard in enumerate(self.shards):
+            if in_place != (shard.row_group is not None):
+                raise DatasetIndexError(f"shards[{number}].row_group: {'missing' if in_place else 'only data read in place has row groups'}")
 
     @property
     def num_tokens(self) -> int:
@@ -234,6 +277,11 @@ class DatasetIndex:
             del data["tokenizer"]  # the same bytes as before token datasets existed
             for shard in data["shards"]:
                 del shard["tokens"]
+        if not shard_format(self.layout).in_place:
+            del data["columns"]  # the same bytes as before data was read in place
+            for shard in data["shards"]:
+                for name in IN_PLACE_FIELDS:
+                    del shard[name]
         else:
             data["num_tokens"] = self.num_tokens
         return json.dumps(data, indent=1, sort_keys=True) + "\n"

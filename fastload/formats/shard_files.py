@@ -89,4 +89,5 @@ def open_shard_files(
     is parsed into memory); a token shard's document table is at ``offsets``."""
     tokenizer = index.tokenizer
     tokens = None if tokenizer is None else ShardTokens(shard.tokens or 0, tokenizer.dtype, tokenizer.vocab_size)
-    return shard_format(index.layout).open_reader(data, offsets, shard.samples, index.decoded_shape, open_files, table, root, tokens)
+    return shard_format(index.layout).open_reader(data, offsets, shard.samples, index.decoded_shape, open_files, table, root, tokens,
+                                                  shard, index.columns)

@@ -75,7 +75,8 @@ class LoaderOptions:
     take: tuple[int, ...] | None = None  # the sample indices a Subset / SubsetRandomSampler selects
     drop_remainder: bool = False  # as DistributedSampler(drop_last=True)
     distributed: DistributedSampler | None = None  # a sampler= whose set_epoch the loader follows
-    remote: bool = False  # the dataset is a URL: always the streaming order
+    remote: bool = False  # the dataset is a URL, or data read in place: always the streaming order
+    stream_buffer: int | None = None  # the streaming order's buffer without shuffle_buffer= (ShardedDataset.shuffle_window; None: REMOTE_SHUFFLE_BUFFER)
     torchvision_steps: TorchvisionSteps | None = None  # what of a torchvision transform= torchvision still runs (set here)
 
     def __post_init__(self) -> None:
@@ -180,7 +181,7 @@ class LoaderOptions:
     @property
     def buffer_size(self) -> int:
         """The streaming order's shuffle buffer (1: in shard order, without shuffling)."""
-        return (self.shuffle_buffer or REMOTE_SHUFFLE_BUFFER) if self.shuffle else 1
+        return (self.shuffle_buffer or self.stream_buffer or REMOTE_SHUFFLE_BUFFER) if self.shuffle else 1
 
 
 def fast_path_defaults() -> dict[str, Any]:

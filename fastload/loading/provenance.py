@@ -59,6 +59,12 @@ class SampleDescription:
     crops: tuple[tuple[float, float], ...] = ()  # each audio crop's start and end in seconds
     stands_in_for: tuple[tuple[str, str], ...] = ()  # on_error="skip": (where, reason) of the bad samples whose place it took
 
+    @property
+    def where(self) -> str:
+        """'shard:key', as errors and skip reports name the sample (a key of data read in place
+        already names its file: then the key alone)."""
+        return self.key if self.key.startswith(f"{self.shard}:") else f"{self.shard}:{self.key}"
+
 
 @dataclass(frozen=True)
 class StepDescription:
@@ -177,7 +183,7 @@ def describe_sample(ds: ShardedDataset, index: int, valid: bool, spec: SampleSpe
             jpeg = False
         else:
             head, read, _ = _image_head(ds, index, spec)
-            width, height = image_size(head, f"{base.shard}:{base.key}")
+            width, height = image_size(head, base.where)
             jpeg = sniff_image_format(head) == "jpg"
         planned = plan(transforms, height, width, sample_rng(seed, epoch, index))
     except (SampleError, ValueError) as exc:
@@ -253,7 +259,7 @@ def stand_in(ds: ShardedDataset, index: int, skipped: Mapping[str, str] | None,
     passed: list[tuple[str, str]] = []
     for offset in range(len(ds)):
         candidate = first if offset == 0 else describe(ds.substitute(index, offset))
-        where = f"{candidate.shard}:{candidate.key}"
+        where = candidate.where
         reason = skipped.get(where) or candidate.problem
         if reason is None:
             return replace(candidate, valid=first.valid, stands_in_for=tuple(passed))

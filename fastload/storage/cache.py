@@ -66,6 +66,8 @@ class RemoteFile:
     sha256: str | None
     bytes: int | None
     max_bytes: int = remote.MAX_UNSIZED_BYTES
+    start: int | None = None  # a range of the file: its ``bytes`` from here (a Parquet row group read in place)
+    version: str = ""  # what names the file's content where it has no sha256 (a Parquet file's footer's)
 
     def __post_init__(self) -> None:
         check_relative_path(self.name, f"{remote.redact(self.url)}: name")
@@ -87,7 +89,8 @@ class ShardCache:
     def entry(self, file: RemoteFile) -> Path:
         """The cache path of ``file``, directly under the cache root: by content hash (checked to be
         hex), or by a hash of its URL when the index has none; the suffix is of its checked name."""
-        digest = file.sha256 or "url-" + hashlib.sha256(file.url.encode()).hexdigest()
+        named = file.url if file.start is None else f"{file.url}#{file.start}+{file.bytes}@{file.version}"
+        digest = file.sha256 or "url-" + hashlib.sha256(named.encode()).hexdigest()
         return self.root / f"{digest}{Path(file.name).suffix}"
 
     def path(self, file: RemoteFile) -> Path:
@@ -118,7 +121,7 @@ class ShardCache:
             finally:
                 os.close(fd)
         try:
-            remote.download(file.url, path, file.sha256, file.bytes, self.storage_options, file.max_bytes)
+            remote.download(file.url, path, file.sha256, file.bytes, self.storage_options, file.max_bytes, file.start)
             with contextlib.suppress(FileNotFoundError):  # evicted at once by another process: path() fetches it again
                 self._stamp(path)
         finally:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from fastload._util.files import reserve_descriptors, this_process
 from fastload.errors import ShardError
-from fastload.fields import DECODED_FIELD, LABEL_FIELD, decode_field, image_field
+from fastload.fields import DECODED_FIELD, LABEL_FIELD, decode_field, default_role, image_field
 from fastload.formats.index import INDEX_FILE, DatasetIndex, ShardInfo, read_index
 from fastload.formats.shard_files import offsets_name, open_shard, open_shard_files, table_name
 from fastload.formats.shard_formats import ShardFormat, shard_format
@@ -70,31 +70,45 @@ class ShardedDataset:
         storage_options: dict | None = None,
         max_open_shards: int | None = None,
     ) -> None:
+        from fastload.storage.in_place import locate
+
+        located = locate(root, storage_options)  # Parquet files read in place (None: a dataset with its index.json)
+        if located is not None:
+            root = located.base
         url = str(root).rstrip("/") if is_url(root) else None
         self.url, self.root = url, (Path(root) if url is None else None)
         if url is None:
-            if cache_dir is not None or cache_size is not None or storage_options is not None:
+            if located is None and (cache_dir is not None or cache_size is not None or storage_options is not None):
                 raise ValueError("cache_dir, cache_size and storage_options apply to remote datasets (URLs)")
-            self.index: DatasetIndex = read_index(Path(root))
+            self.index: DatasetIndex = read_index(Path(root)) if located is None else _in_place_index(located, cache_dir, storage_options)
+            if located is None and self.layout.in_place:
+                from fastload.storage.in_place import check_beside
+
+                check_beside(Path(root), self.index)
             self.cache = None
         else:
             from fastload._util.sizes import parse_size
             from fastload.storage.cache import ShardCache
 
-            self.index = read_remote_index(url, storage_options)
             limit = parse_size(cache_size) if isinstance(cache_size, str) else cache_size
             self.cache = ShardCache(cache_dir, limit, storage_options)
-            largest = max((shard.bytes for shard in self.index.shards), default=0)
+            self.index = read_remote_index(url, storage_options) if located is None else _in_place_index(located, self.cache.root, storage_options)
+            largest = max((shard.bytes + (shard.footer_bytes or 0) for shard in self.index.shards), default=0)
             if largest > self.cache.max_bytes:
                 raise ValueError(
                     f"{self.location}: the cache limit ({self.cache.max_bytes} bytes) is smaller than its largest "
                     f"shard ({largest} bytes); give cache_size= (or FASTLOAD_CACHE_SIZE) a few shards' worth"
                 )
+        if self.layout.in_place:  # pyarrow imported here once, not in each forked worker at its first row (~0.4 s a worker)
+            from fastload.formats.parquet.bounds import import_pyarrow_parquet
+
+            import_pyarrow_parquet()
         self._starts = list(itertools.accumulate((s.samples for s in self.index.shards), initial=0))
         self.max_open_shards = _max_open_shards(max_open_shards)
         self._readers: dict[int, ShardReader] = {}  # local: every shard read so far (closed or open)
         self._open: OrderedDict[int, ShardReader] = OrderedDict()  # the open ones, least recently used first
         self._reserved = -1  # the process that reserved descriptors for its shards
+        self._process = this_process()  # the process its remote readers were opened in
         limit = min(self.max_open_shards, MAX_OPEN_REMOTE_SHARDS) if self.root is None else self.max_open_shards
         self._evicts = len(self.index.shards) > limit  # False: every shard stays open, no LRU order kept
         counts = [s.samples for s in self.index.shards]
@@ -131,8 +145,30 @@ class ShardedDataset:
 
     @property
     def has_labels(self) -> bool:
-        """Whether samples carry a ``cls`` label."""
-        return LABEL_FIELD in self.index.fields
+        """Whether samples carry a label (a ``cls`` field, or a column read in place as one)."""
+        return LABEL_FIELD in self.index.fields or "label" in self.index.columns.values()
+
+    @property
+    def streams(self) -> bool:
+        """Whether it is read in the streaming order (shards in sequence, shuffled within a window):
+        a remote dataset, or data read in place (whose rows are read a row group's batch at a time)."""
+        return self.url is not None or self.layout.in_place
+
+    @property
+    def shuffle_window(self) -> int | None:
+        """The streaming order's shuffle buffer where none is given (None: the loader's default). For
+        data read in place: the rows whose bytes fill half of a process's Parquet memory
+        (FASTLOAD_PARQUET_MEMORY), so each worker decodes a window's row groups once."""
+        if not self.layout.in_place or not len(self):
+            return None
+        from fastload.formats.in_place import memory_budget
+
+        row_bytes = max(1, self.index.total_bytes // len(self))
+        return max(1, memory_budget() // 2 // row_bytes)
+
+    def role(self, field: str) -> str:
+        """The role of stored field ``field``: its column's, for data read in place, else its extension's default."""
+        return self.index.columns.get(field) or default_role(field)
 
     @property
     def decoded(self) -> bool:
@@ -159,6 +195,8 @@ class ShardedDataset:
         process, least recently used closed first (a local reader keeps its table's schema, so
         reopening is two ``open`` calls); a remote dataset keeps at most
         ``MAX_OPEN_REMOTE_SHARDS`` and drops evicted readers, so evicted cache entries free their disk."""
+        if self._process != this_process() and self.root is None:  # forked: the parent's cached copies may be evicted by now
+            self._open, self._readers, self._process = OrderedDict(), {}, this_process()
         reader = self._open.get(shard)  # one lookup a read
         if reader is not None:
             if self._evicts:  # the order matters only where shards are ever closed
@@ -225,6 +263,11 @@ class ShardedDataset:
         if self.cache is None or self.url is None:
             raise ValueError(f"{self.location} is a local dataset: nothing to fetch")
         info = self.index.shards[shard]
+        if self.layout.in_place:  # a row group's bytes and its file's footer, by range requests: never the whole file
+            url, size, footer = join(self.url, info.path), info.file_bytes or 0, info.footer_bytes or 0
+            footer_copy = self.cache.path(RemoteFile(url, info.path, None, footer, start=size - footer, version=info.sha256))
+            span = RemoteFile(url, info.path, None, info.bytes, start=info.span_start, version=info.sha256)
+            return self.cache.path(span), footer_copy  # the group last: the most recently used, the last evicted
         offsets = None
         if self.layout.offsets_beside:
             name = offsets_name(info)
@@ -254,9 +297,10 @@ class ShardedDataset:
         return self.index.shards[shard].path
 
     def where(self, i: int) -> str:
-        """'shard-00003.tar:key' — how errors name a sample."""
+        """'shard-00003.tar:key' — how errors name a sample ('file.parquet:row12' for data read in place)."""
         shard, row = self.locate(i)
-        return f"{self.index.shards[shard].path}:{self.reader(shard).key(row)}"
+        key = self.reader(shard).key(row)
+        return key if self.layout.in_place else f"{self.index.shards[shard].path}:{key}"  # in place: the key names its file
 
     def raw(self, i: int, fields: Collection[str] | None = None) -> tuple[str, dict[str, bytes], np.ndarray | None]:
         """(key, encoded fields, decoded pixels or None) of sample ``i``, without decoding; only the
@@ -276,6 +320,9 @@ class ShardedDataset:
     def __getitem__(self, i: int) -> dict[str, Any]:
         key, fields, pixels = self.raw(i)
         out: dict[str, Any] = {"key": key}
+        if self.index.columns:  # read in place: each column by its role, under its name
+            out.update({name: decode_field(self.role(name), data, self.where(i), name) for name, data in fields.items()})
+            return out
         field = image_field(fields)
         if pixels is not None:
             out["image"] = pixels
@@ -393,6 +440,15 @@ def _max_open_shards(value: int | None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"max_open_shards: must be a whole number of shards, at least 1 (got {value!r})")
     return value
+
+
+def _in_place_index(located: Any, cache_dir: str | os.PathLike[str] | None, storage_options: dict | None) -> DatasetIndex:
+    """The index of files read in place (:mod:`fastload.storage.in_place`), kept under ``cache_dir``
+    (default: the shard cache's folder)."""
+    from fastload.storage.cache import default_cache_dir
+    from fastload.storage.in_place import open_index
+
+    return open_index(located, Path(cache_dir) if cache_dir is not None else default_cache_dir(), storage_options)
 
 
 def read_remote_index(url: str, storage_options: dict | None = None) -> DatasetIndex:

@@ -192,9 +192,12 @@ def read_if_exists(url: str, storage_options: dict | None = None, max_bytes: int
     return retrying("read it", url, cat)
 
 
-def _stream(fs: Any, path: str, url: str, size: int | None) -> Any:
+def _stream(fs: Any, path: str, url: str, size: int | None, start: int | None = None) -> Any:
     """``path`` opened for one pass from its start: over HTTP(S) a plain streamed GET (``size``
-    known or not), elsewhere the filesystem's own file."""
+    known or not), elsewhere the filesystem's own file; with ``start``, its ``size`` bytes from
+    there, read by range requests."""
+    if start is not None:
+        return _Range(fs, path, start, size or 0)
     kwargs: dict[str, Any] = {"block_size": 0, "size": size} if url.startswith(("http://", "https://")) else {}
     return fs.open(path, "rb", **kwargs)
 
@@ -246,6 +249,49 @@ def list_sizes(url: str, suffix: str, storage_options: dict | None = None) -> di
     return retrying("list it", url, ls)
 
 
+def find_sizes(url: str, suffix: str, storage_options: dict | None = None) -> dict[str, int]:
+    """Size in bytes of each object anywhere under ``url`` whose name ends in ``suffix``, by its path
+    relative to ``url``, sorted (``hf://datasets/ORG/NAME``: the repository's files)."""
+    fs, path = filesystem(url, storage_options)
+    base = path.rstrip("/") + "/"
+
+    def find() -> dict[str, int]:
+        found = fs.find(path, detail=True)
+        return {name[len(base):]: int(entry["size"]) for name, entry in sorted(found.items())
+                if name.endswith(suffix) and name.startswith(base) and entry.get("type", "file") != "directory"}
+
+    return retrying("list it", url, find)
+
+
+def glob_sizes(pattern: str, storage_options: dict | None = None) -> dict[str, int]:
+    """Size in bytes of each object matching ``pattern`` (``s3://bucket/data/*.parquet``), by its
+    path relative to the pattern's fixed part (the folder before the first wildcard), sorted."""
+    fs, path = filesystem(pattern, storage_options)
+    fixed = path[: min(path.index(c) for c in "*?[" if c in path)].rsplit("/", 1)[0] + "/"
+
+    def glob() -> dict[str, int]:
+        found = fs.glob(path, detail=True)
+        return {name[len(fixed):]: int(entry["size"]) for name, entry in sorted(found.items())
+                if name.startswith(fixed) and entry.get("type", "file") != "directory"}
+
+    return retrying("list it", pattern, glob)
+
+
+def read_range(url: str, start: int, length: int, storage_options: dict | None = None) -> bytes:
+    """``length`` bytes of the object at ``url`` from byte ``start`` (one range request; a server
+    answering with more or fewer is a RemoteError naming the URL)."""
+    fs, path = filesystem(url, storage_options)
+
+    def read() -> bytes:
+        with _Range(fs, path, start, length) as src:
+            data = b"".join(_blocks(src, url, length))
+        if len(data) != length:
+            raise _Mismatch(f"got {len(data)} bytes of the {length} asked for from byte {start}")
+        return data
+
+    return retrying(f"read bytes {start}-{start + length}", url, read)
+
+
 def remove(url: str, storage_options: dict | None = None) -> None:
     """Delete the object at ``url``; absent is fine."""
     fs, path = filesystem(url, storage_options)
@@ -269,10 +315,12 @@ def upload(local: str | os.PathLike[str], url: str, storage_options: dict | None
 
 def download(
     url: str, dest: Path, sha256: str | None, expected_bytes: int | None, storage_options: dict | None = None,
-    max_bytes: int = MAX_UNSIZED_BYTES,
+    max_bytes: int = MAX_UNSIZED_BYTES, start: int | None = None,
 ) -> None:
     """Stream ``url`` into ``dest`` (via a temporary name beside it), checking size and sha256 when
-    given; the file may hold ``expected_bytes``, else at most ``max_bytes``.
+    given; the file may hold ``expected_bytes``, else at most ``max_bytes``. With ``start``: the
+    ``expected_bytes`` from byte ``start`` on, read by ranges of at most CHUNK bytes (a Parquet
+    row group of a file read in place, never the whole file).
 
     A transfer cut short or a checksum mismatch is retried like any transient failure (a fresh
     download each time); one that still mismatches after the last attempt raises, naming the URL.
@@ -287,7 +335,7 @@ def download(
         got = 0
         fd, tmp = temporary_beside(dest)
         try:
-            with os.fdopen(fd, "wb") as out, _stream(fs, path, url, expected_bytes or None) as src:
+            with os.fdopen(fd, "wb") as out, _stream(fs, path, url, expected_bytes or None, start) as src:
                 for block in _blocks(src, url, limit):
                     digest.update(block)
                     out.write(block)
@@ -301,6 +349,27 @@ def download(
             tmp.unlink(missing_ok=True)
 
     retrying("download it", url, fetch)
+
+
+class _Range:
+    """``length`` bytes of ``path`` from ``start``, read by range requests of at most CHUNK bytes:
+    the file-like ``_blocks`` reads (``read(n)``; a context manager)."""
+
+    def __init__(self, fs: Any, path: str, start: int, length: int) -> None:
+        self._file = fs.open(path, "rb", block_size=max(1, min(length, CHUNK)), cache_type="none")
+        self._at, self._end = start, start + length
+        self._file.seek(start)
+
+    def read(self, size: int) -> bytes:
+        data = self._file.read(min(size, self._end - self._at)) if self._at < self._end else b""
+        self._at += len(data)
+        return data
+
+    def __enter__(self) -> _Range:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._file.close()
 
 
 class _Mismatch(ConnectionError):

@@ -20,7 +20,13 @@ from fastload.storage.dataset import read_remote_index
 def summarize(root: str | Path, clip_span: int = 31) -> dict:
     """A JSON-ready summary of a converted dataset (a folder or a URL): sizes, fields, classes,
     skipped samples; videos' decoding cost for clips covering ``clip_span`` frames (16 of stride 2)."""
-    if remote.is_url(str(root)):
+    from fastload.storage.in_place import locate
+
+    if locate(root) is not None:  # data read in place, never indexed beside it: its index as the loader makes it
+        from fastload.storage.dataset import ShardedDataset
+
+        index, report_name, report_bytes = ShardedDataset(root).index, "", b""
+    elif remote.is_url(str(root)):
         url = str(root)
         index = read_remote_index(url)
         report_name = remote.redact(remote.join(url, SKIPPED_REPORT))

@@ -14,7 +14,7 @@ from fastload._util.files import file_sha256, read_file
 from fastload.av.facts import AudioFacts, StreamFacts
 from fastload.errors import FastloadError, SampleError
 from fastload.fields import decode_field, default_role, image_field
-from fastload.formats.index import DatasetIndex, ShardInfo, read_index
+from fastload.formats.index import INDEX_FILE, DatasetIndex, ShardInfo, read_index
 from fastload.formats.shard_files import dataset_file, offsets_name, open_shard, open_shard_files, table_name
 from fastload.formats.shard_formats import shard_format
 from fastload.formats.shard_reader import ShardReader
@@ -167,6 +167,10 @@ def _check_audio(data: bytes, where: str, name: str, recorded: AudioFacts | None
 def verify_dataset(root: str | Path, decode: bool = False) -> VerifyReport:
     """Verify every shard listed in ``root/index.json`` (``root`` a folder or a URL); never
     raises for a bad shard, reports it."""
+    from fastload.storage.in_place import locate
+
+    if isinstance(root, (str, Path)) and (locate(root) is not None or _indexed_in_place(root)):
+        return _verify_in_place(root, decode)
     if is_url(str(root)):
         return _verify_remote(str(root), decode)
     root = Path(root)
@@ -174,6 +178,34 @@ def verify_dataset(root: str | Path, decode: bool = False) -> VerifyReport:
     report = VerifyReport(shards=len(index.shards))
     for shard in index.shards:
         _check_shard(root, index, shard, decode, report)
+    return report
+
+
+def _indexed_in_place(root: str | Path) -> bool:
+    """Whether ``root`` is a local folder whose index.json is of data read in place."""
+    if is_url(str(root)) or not (Path(root) / INDEX_FILE).is_file():
+        return False
+    return shard_format(read_index(root).layout).in_place
+
+
+def _verify_in_place(root: str | Path, decode: bool) -> VerifyReport:
+    """Data read in place (:mod:`fastload.storage.in_place`): opened as the loader opens it (the
+    files checked against the index), then every row of every part read, and with ``decode`` each
+    field decoded by its column's role; a problem line a part, naming its file and row."""
+    from fastload.storage.dataset import ShardedDataset
+
+    ds = ShardedDataset(root)
+    report = VerifyReport(shards=len(ds.index.shards))
+    for number, shard in enumerate(ds.index.shards):
+        try:
+            reader = ds.reader(number)
+            for row in range(shard.samples):
+                for name, data in reader.read(row).items():
+                    if decode:
+                        decode_field(ds.role(name), data, reader.key(row), name)
+                report.samples += 1
+        except (FastloadError, OSError, ValueError) as exc:
+            report.problems.append(f"{shard.path} (part {shard.row_group}): {exc}")
     return report
 
 

@@ -68,15 +68,21 @@ def test_versions_one_to_four_are_read_and_later_ones_refused(ds_root: Path) -> 
         assert read_index(ds_root).version == version
         assert len(fastload.open(ds_root)) == 30
     rewrite_index(ds_root, version=4)  # the version of video datasets: it lists a video field
-    with pytest.raises(DatasetIndexError, match=re.escape("fields: a video dataset (version 4) lists no video field")):
+    with pytest.raises(DatasetIndexError, match=re.escape("fields: a video or audio dataset (version 4) lists no video or audio field")):
         read_index(ds_root)
     rewrite_index(ds_root, version=4, fields=["cls", "jpg", "mp4"])
     assert read_index(ds_root).version == 4
     rewrite_index(ds_root, version=5)  # the version of token datasets
     with pytest.raises(DatasetIndexError, match=re.escape("version: a non-token dataset is of version 1 to 4")):
         read_index(ds_root)
-    rewrite_index(ds_root, version=6)
-    with pytest.raises(DatasetIndexError, match=re.escape("index version 6 is not supported (this fastload reads (1, 2, 3, 4, 5))")):
+    rewrite_index(ds_root, version=6)  # the version of data read in place (Parquet row groups)
+    with pytest.raises(DatasetIndexError, match=re.escape("version: only data read in place is of version 6")):
+        read_index(ds_root)
+    rewrite_index(ds_root, version=6, layout="parquet")  # its shards must be row groups
+    with pytest.raises(DatasetIndexError, match=re.escape("shards[0].row_group: missing")):
+        read_index(ds_root)
+    rewrite_index(ds_root, version=7)
+    with pytest.raises(DatasetIndexError, match=re.escape("index version 7 is not supported (this fastload reads (1, 2, 3, 4, 5, 6))")):
         read_index(ds_root)
 
 

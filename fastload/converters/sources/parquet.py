@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -15,93 +14,19 @@ from fastload.converters.sample import Sample, SourceItem, file_stamp, unique_ke
 from fastload.converters.sources import Document, SourceOptions, inside_source, text_problem
 from fastload.errors import SampleError
 from fastload.formats.idx import IDX_WHITESPACE
+from fastload.formats.in_place import class_names
+from fastload.formats.parquet.bounds import (
+    MAX_ROW_GROUP_BYTES,
+    arrow_errors,
+    batch_rows,
+    column_values,
+    damage,
+    declared_bytes,
+    group_batches,
+    parquet_file,
+)
 
-
-def import_pyarrow_parquet():
-    """pyarrow.parquet, or an error naming the extra that installs it."""
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise ImportError("reading Parquet needs pyarrow: pip install 'fastload[parquet]'") from None
-    return pq
-
-
-def damage(exc: BaseException) -> str:
-    """pyarrow's complaint about a damaged file as one short line (its messages span lines)."""
-    return " ".join(str(exc).split())[:160] or type(exc).__name__
-
-
-def arrow_errors() -> tuple[type[BaseException], ...]:
-    """What pyarrow raises for a damaged file: its own errors, and OSError for what it reads."""
-    import pyarrow as pa
-
-    return (pa.ArrowException, OSError)
-
-
-def parquet_file(path: Path) -> Any:
-    """``path`` opened as a Parquet file, or a ValueError naming it in one line (a damaged footer or
-    schema: no row of it can be read)."""
-    pq = import_pyarrow_parquet()
-    try:
-        return pq.ParquetFile(path)
-    except arrow_errors() as exc:
-        raise ValueError(f"{path}: not a readable Parquet file ({damage(exc)})") from None
-
-
-MAX_ROW_GROUP_BYTES = 512 << 20  # the most the columns read of one row group may declare, uncompressed
-BATCH_BYTES = 16 << 20  # about what one batch of rows decodes at once (HF image exports: ~100 rows a group)
 OPEN_GROUPS = 4  # row groups a process reads forward at once
-
-
-def declared_bytes(meta, group: int, columns: tuple[str, ...]) -> int:
-    """What row group ``group``'s ``columns`` (and their nested leaves) declare they hold, uncompressed."""
-    row_group = meta.row_group(group)
-    return sum(
-        leaf.total_uncompressed_size for leaf in (row_group.column(c) for c in range(row_group.num_columns))
-        if leaf.path_in_schema.split(".", 1)[0] in columns
-    )
-
-
-def batch_rows(meta, group: int, columns: tuple[str, ...], declared: int) -> int:
-    """The rows a batch of row group ``group`` holds: about BATCH_BYTES of what its ``columns``
-    declare (``declared``, encoded), or one where a binary or string leaf shares prefixes between
-    values (DELTA_BYTE_ARRAY: 64 rows of 8 MiB in a 689-byte file, declaring 8 MiB, decoded to
-    800 MB at once; one row at a time, to about ten times a value)."""
-    row_group = meta.row_group(group)
-    chunks = map(row_group.column, range(row_group.num_columns))
-    if any("DELTA_BYTE_ARRAY" in chunk.encodings for chunk in chunks if chunk.path_in_schema.split(".", 1)[0] in columns):
-        return 1
-    return max(1, BATCH_BYTES * row_group.num_rows // max(declared, 1))
-
-
-def group_batches(path: Path, group: int, columns: tuple[str, ...], batch_rows: int) -> Iterator[Any]:
-    """Row group ``group``'s ``columns`` in batches of ``batch_rows`` rows (pyarrow's
-    ``iter_batches``), their dictionary-encoded binary and string leaves read as dictionaries: a
-    value a dictionary page repeats is held once, never once a row. A batch's rows are sized from
-    the group's declared (encoded) size, which says nothing of how often a dictionary repeats a
-    value: a 49 KB file's group of one 8 MiB value in every row decoded to 1 GB, one of 50 KB of
-    text to 450 MiB. (A plain-encoded leaf is read as it is: made a dictionary, its values would
-    be copied twice more.)"""
-    pq = import_pyarrow_parquet()
-    meta = pq.read_metadata(path)
-    chunks = map(meta.row_group(group).column, range(meta.num_columns))
-    leaves = [chunk.path_in_schema for chunk in chunks if chunk.physical_type == "BYTE_ARRAY"
-              and chunk.path_in_schema.split(".", 1)[0] in columns and any("DICTIONARY" in encoding for encoding in chunk.encodings)]
-    file = pq.ParquetFile(path, metadata=meta, read_dictionary=leaves)
-    return file.iter_batches(batch_size=batch_rows, row_groups=[group], columns=list(columns), use_threads=False)
-
-
-def column_values(column: Any) -> list:
-    """A batch's column as Python values; of a dictionary column, each value its rows use decoded
-    once (the rows repeating it share that one object)."""
-    import pyarrow as pa
-
-    if not pa.types.is_dictionary(column.type):
-        return column.to_pylist()
-    indices = column.indices.to_pylist()
-    used = sorted({i for i in indices if i is not None})
-    decoded = dict(zip(used, column.dictionary.take(used).to_pylist()))
-    return [None if i is None else decoded[i] for i in indices]
 
 
 class GroupRows:
@@ -139,16 +64,6 @@ def _row(path: Path, group: int, row: int, columns: tuple[str, ...], batch_rows:
     while len(_open_groups) > OPEN_GROUPS:
         _open_groups.popitem(last=False)
     return reader.row(row)
-
-
-def _class_names(schema_metadata: dict | None, label_column: str) -> tuple[str, ...] | None:
-    """Class names from the Hugging Face feature description stored in the file, if present."""
-    raw = (schema_metadata or {}).get(b"huggingface")
-    if not raw:
-        return None
-    info = json.loads(raw).get("info", {}).get("features", {}).get(label_column, {})
-    names = info.get("names")
-    return tuple(names) if names else None
 
 
 @dataclass(frozen=True)
@@ -277,5 +192,5 @@ def open_source(path: str, options: SourceOptions) -> ParquetSource | ParquetTex
         files=files,
         image_column=options.image_column,
         label_column=label_column,
-        classes=_class_names(schema.metadata, options.label_column),
+        classes=class_names(schema.metadata, options.label_column),
     )

@@ -1,0 +1,251 @@
+"""What every layout read in place shares (``parquet``, ``arrow``, ``lance``: data written by others,
+read where it is): a column's role from its Arrow type, a value as the bytes its role's codec reads
+(:mod:`fastload.fields`), the per-process cache of decoded batches, and the reader every such
+layout's is (:class:`InPlaceReader`: a shard is a part of a file, a row a sample, each column a
+field). The batches a process has read are kept up to ``FASTLOAD_PARQUET_MEMORY`` (default 256 MiB;
+least recently used dropped), so rows asked for in any order within the streaming order's window
+are decoded once."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from fastload.errors import SampleError, ShardError
+from fastload.fields import format_label
+from fastload.formats.parquet.bounds import import_pyarrow
+
+if TYPE_CHECKING:
+    from fastload.formats.index import DatasetIndex, ShardInfo
+    from fastload.formats.table import Facts
+
+MEMORY_ENV = "FASTLOAD_PARQUET_MEMORY"
+DEFAULT_MEMORY = 256 << 20  # decoded batches a process keeps
+OPEN_GROUPS = 8  # shards a process keeps a forward reader of
+OPEN_FILES = 64  # files whose parsed footer (schema, handle) a process keeps
+
+
+def role_of(arrow_type: Any) -> str:
+    """The role (:data:`fastload.fields.ROLES`) of a column of ``arrow_type``: the Hub's image struct
+    (``{"bytes", "path"}``) or binary an image, an integer a label, a string text, a list of numbers
+    an array, anything else JSON."""
+    pa = import_pyarrow()
+    t = arrow_type
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    binary = lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t)  # noqa: E731
+    if pa.types.is_struct(t) and any(t.field(i).name == "bytes" and binary(t.field(i).type) for i in range(t.num_fields)):
+        return "image"
+    if binary(t) or pa.types.is_fixed_size_binary(t):
+        return "image"
+    if pa.types.is_integer(t):
+        return "label"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "text"
+    inner = t
+    while pa.types.is_list(inner) or pa.types.is_large_list(inner) or pa.types.is_fixed_size_list(inner):
+        inner = inner.value_type
+    if inner is not t and (pa.types.is_integer(inner) or pa.types.is_floating(inner) or pa.types.is_boolean(inner)):
+        return "array"
+    return "json"
+
+
+def class_names(schema_metadata: Mapping[bytes, bytes] | None, label_column: str) -> tuple[str, ...] | None:
+    """Class names of ``label_column`` from the Hugging Face feature description stored in a file
+    (a ClassLabel's names), if present and well formed."""
+    raw = (schema_metadata or {}).get(b"huggingface")
+    if not raw:
+        return None
+    try:
+        info = json.loads(raw).get("info", {}).get("features", {}).get(label_column, {})
+        names = info.get("names") if isinstance(info, dict) else None
+    except (ValueError, AttributeError):
+        return None
+    return tuple(names) if isinstance(names, list) and names and all(isinstance(n, str) for n in names) else None
+
+
+def column_roles(schema: Any) -> dict[str, str]:
+    """Each top-level column's role (:func:`role_of`) of an Arrow ``schema``, by name."""
+    return {f.name: role_of(f.type) for f in schema}
+
+
+def in_place_index(layout: str, shards: list[ShardInfo], columns: Mapping[str, str], schema_metadata: Mapping[bytes, bytes] | None) -> DatasetIndex:
+    """The index of data read in place: its parts as shards, its columns' roles, and the class names
+    the Hub's feature description (``schema_metadata``) gives the label column (``label``, else the first)."""
+    from fastload.formats.index import IN_PLACE_VERSION, DatasetIndex
+
+    labels = [name for name, role in columns.items() if role == "label"]
+    label = "label" if "label" in labels else labels[0] if labels else None
+    classes = class_names(schema_metadata, label) if label is not None else None
+    return DatasetIndex(layout=layout, shards=tuple(shards), fields=tuple(columns), classes=classes,
+                        image_fields=tuple(name for name, role in columns.items() if role == "image"),
+                        columns=dict(columns), source=f"{layout}-in-place", version=IN_PLACE_VERSION)
+
+
+def field_bytes(role: str, value: Any, where: str, column: str) -> bytes:
+    """A column's value as the bytes its role's codec reads: an image's encoded bytes (of a Hub
+    image struct, its ``bytes``), a label in decimal, text as UTF-8, an array as ``.npy``, else JSON."""
+    if role == "image":
+        data = value.get("bytes") if isinstance(value, dict) else value
+        if not isinstance(data, (bytes, bytearray)):
+            path = value.get("path") if isinstance(value, dict) else None
+            raise SampleError(where, f"column {column!r} holds no image bytes" + (" (only a path, which fastload does not follow)" if path else ""))
+        return bytes(data)
+    if role == "label":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SampleError(where, f"column {column!r}: the label is not an integer")
+        return format_label(value)
+    if role == "text":
+        if not isinstance(value, str):
+            raise SampleError(where, f"column {column!r}: not text")
+        return value.encode("utf-8", "surrogatepass")
+    if role == "array":
+        import numpy as np
+
+        out = io.BytesIO()
+        try:
+            np.save(out, np.asarray(value), allow_pickle=False)
+        except ValueError:
+            raise SampleError(where, f"column {column!r}: its lists are ragged, not an array") from None
+        return out.getvalue()
+    return json.dumps(value, ensure_ascii=False, default=str).encode()
+
+
+def memory_budget() -> int:
+    """FASTLOAD_PARQUET_MEMORY (bytes, or a size such as "512MB"), else DEFAULT_MEMORY."""
+    from fastload._util.sizes import parse_size
+
+    text = os.environ.get(MEMORY_ENV)
+    return parse_size(text) if text else DEFAULT_MEMORY
+
+
+class _Cache:
+    """This process's decoded batches (least recently used dropped past the budget), forward readers
+    of shards and per-file handles."""
+
+    def __init__(self) -> None:
+        self.batches: OrderedDict[tuple, Any] = OrderedDict()
+        self.held = 0
+        self.readers: OrderedDict[tuple, tuple[Iterator[Any], int]] = OrderedDict()  # group -> (its batches, the next one's number)
+        self.files: OrderedDict[tuple, Any] = OrderedDict()  # a layout's per-file handles (parsed footers, schemas)
+        self.budget = -1
+
+    def keep(self, key: tuple, batch: Any) -> None:
+        if self.budget < 0:
+            self.budget = memory_budget()
+        self.batches[key] = batch
+        self.held += batch.nbytes
+        while self.held > self.budget and len(self.batches) > 1:
+            _, dropped = self.batches.popitem(last=False)
+            self.held -= dropped.nbytes
+
+
+_cache = _Cache()  # this process's (shared by every in-place layout's readers)
+
+
+def _forked() -> None:
+    global _cache
+    _cache = _Cache()  # this process's (shared by every in-place layout's readers)  # a reader is never shared across a fork
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+class InPlaceReader:
+    """One shard of data read in place (``shard``: its index entry; ``columns``: each column read, by
+    its role): rows by number as their columns' bytes. A layout's reader gives :meth:`_batch_of`."""
+
+    def __init__(self, shard: ShardInfo, columns: Mapping[str, str]) -> None:
+        self.shard, self.columns = shard, dict(columns)
+        self.part = shard.row_group if shard.row_group is not None else 0
+        self.rows = shard.samples
+        self._id: tuple[Any, ...] = (shard.path, shard.sha256, self.part)  # the file's footer (a Lance dataset's version) names its content
+
+    def __len__(self) -> int:
+        return self.rows
+
+    @property
+    def shown(self) -> str:
+        """The file as errors name it: its path in the dataset."""
+        return self.shard.path
+
+    def where(self, i: int) -> str:
+        """How errors name row ``i``: its key."""
+        return self.key(i)
+
+    def key(self, i: int) -> str:
+        """The key of row ``i``: its file and its row number there, ``data/train.parquet:row123``
+        (unique in the dataset, as a tar's keys are)."""
+        return f"{self.shown}:row{(self.shard.first_row or 0) + i}"
+
+    def read(self, i: int, fields: Collection[str] | None = None) -> dict[str, bytes]:
+        """Row ``i``'s columns (those named in ``fields`` when given) as their roles' bytes; a null
+        value is left out, as a tar leaves out a member a sample lacks."""
+        columns = tuple(name for name in self.columns if fields is None or name in fields)
+        if not columns:
+            return {}
+        if not 0 <= i < self.rows:
+            raise IndexError(f"{self.shown}: row {i} of part {self.part} out of range ({self.rows} rows)")
+        batch, row = self._batch_of(i, columns)
+        out = {}
+        for name in columns:
+            value = batch.column(name)[row].as_py()
+            if value is not None:
+                out[name] = field_bytes(self.columns[name], value, self.where(i), name)
+        return out
+
+    def _batch_of(self, i: int, columns: tuple[str, ...]) -> tuple[Any, int]:
+        """(a decoded batch holding row ``i``'s ``columns``, its row there)."""
+        raise NotImplementedError
+
+    def _cached(self, columns: tuple[str, ...], number: int, read: Callable[[], Iterator[Any]]) -> Any:
+        """Batch ``number`` of this shard's ``columns``: from the process's cache, else read forward
+        through the shard's reader (``read()`` makes a new one where the batch lies behind it)."""
+        key = (*self._id, columns, number)
+        batch = _cache.batches.get(key)
+        if batch is not None:
+            _cache.batches.move_to_end(key)
+            return batch
+        group_key = (*self._id, columns)
+        batches, at = _cache.readers.pop(group_key, (None, 0))
+        if batches is None or at > number:
+            batches, at = read(), 0
+        try:
+            while at <= number:
+                batch = next(batches)
+                _cache.keep((*group_key, at), batch)
+                at += 1
+        except StopIteration:
+            raise ShardError(f"{self.shown}: part {self.part} ends before its batch {number} (the file changed since it was indexed?)") from None
+        _cache.readers[group_key] = (batches, at)
+        while len(_cache.readers) > OPEN_GROUPS:
+            _cache.readers.popitem(last=False)
+        return batch
+
+    def open(self) -> None:
+        """Open what reading it needs in this process now."""
+
+    def check(self) -> None:
+        """Read every row (for ``verify``): a ShardError naming the file where one cannot be."""
+        for i in range(self.rows):
+            try:
+                self.read(i)
+            except SampleError as exc:
+                raise ShardError(str(exc)) from None
+
+    def sample_table(self, facts: Sequence[Facts] = ()) -> bytes:
+        """Data read in place has no sample table: its index locates every row."""
+        raise ValueError(f"{self.shown}: read in place, without a sample table")
+
+    def stream_facts(self, i: int) -> Facts:
+        """No videos are read in place: no stream facts."""
+        return {}
+
+    def close(self) -> None:
+        """Drop this shard's forward readers (the batches read stay in the process's cache until evicted)."""
+        for key in [key for key in _cache.readers if key[:3] == self._id]:
+            del _cache.readers[key]

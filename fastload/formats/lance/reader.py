@@ -1,0 +1,107 @@
+"""A Lance dataset read in place: the one module importing ``lance`` (pylance). A fragment's rows
+are cut into slices of at most SLICE_ROWS, each a shard (a fragment holds up to a million rows by
+default: as one shard it would be one window of the streaming order); a slice is read through
+the fragment's scanner (its offset and limit) in batches of BATCH_ROWS, kept in the process's
+cache of decoded batches (:mod:`fastload.formats.in_place`). The index records the dataset's
+version: a dataset written to since has another, and its index is made again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fastload.errors import SampleError, ShardError
+from fastload.formats.in_place import OPEN_FILES, InPlaceReader, _cache
+
+if TYPE_CHECKING:
+    from fastload.formats.index import ShardInfo
+
+SLICE_ROWS = 512  # a shard: at most this many rows of one fragment
+BATCH_ROWS = 64  # rows a read decodes at once (images: a few MB)
+
+
+def import_lance() -> Any:
+    """lance, or an error naming the package that installs it."""
+    try:
+        import lance
+    except ImportError:
+        raise ImportError("reading a Lance dataset needs pylance: pip install pylance") from None
+    return lance
+
+
+def open_dataset(uri: str, version: int | None = None) -> Any:
+    """The Lance dataset at ``uri`` (at ``version``), kept per process for OPEN_FILES datasets; a
+    ValueError naming it where it cannot be opened."""
+    key = ("lance", uri, version)
+    found = _cache.files.get(key)
+    if found is None:
+        try:
+            found = import_lance().dataset(uri, version=version)
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise ValueError(f"{uri}: not a readable Lance dataset ({' '.join(str(exc).split())[:160]})") from None
+        _cache.files[key] = found
+        while len(_cache.files) > OPEN_FILES:
+            _cache.files.popitem(last=False)
+    _cache.files.move_to_end(key)
+    return found
+
+
+def version_digest(version: int) -> str:
+    """What the index records as a Lance dataset's checksum: the sha256 naming its version."""
+    return hashlib.sha256(f"lance version {version}".encode()).hexdigest()
+
+
+def dataset_version(uri: str) -> int:
+    """The dataset's latest version."""
+    return int(import_lance().dataset(uri).version)
+
+
+def lance_parts(uri: str, name: str) -> tuple[list[ShardInfo], Any, int]:
+    """(the index's entries of the dataset at ``uri``, named ``name``: slices of SLICE_ROWS rows of
+    each fragment; its schema; its version)."""
+    from fastload.formats.index import ShardInfo
+
+    dataset = open_dataset(uri, dataset_version(uri))  # the latest version, pinned (a reader reads the one indexed)
+    digest, shards = version_digest(int(dataset.version)), []
+    for fragment in dataset.get_fragments():
+        rows = int(fragment.count_rows())
+        for start in range(0, rows, SLICE_ROWS):
+            shards.append(ShardInfo(name, min(SLICE_ROWS, rows - start), 0, digest, row_group=int(fragment.fragment_id),
+                                    first_row=start, span_start=0, file_bytes=0, footer_bytes=0, version=int(dataset.version)))
+    return shards, dataset.schema, int(dataset.version)
+
+
+class LanceSliceReader(InPlaceReader):
+    """Rows ``first_row`` on of fragment ``row_group`` of the Lance dataset at ``uri`` (of the
+    index's version) as a shard; ``columns`` maps each column read to its role."""
+
+    def __init__(self, uri: str | Path, shard: ShardInfo, columns: Mapping[str, str], version: int | None) -> None:
+        super().__init__(shard, columns)
+        self.uri, self.version = str(uri), version
+        self._id = (*self._id, shard.first_row)  # a fragment's slices are shards of their own
+
+    def key(self, i: int) -> str:
+        """``photos.lance:fragment3:row12``: the dataset, the fragment and its row."""
+        return f"{self.shown}:fragment{self.part}:row{(self.shard.first_row or 0) + i}"
+
+    def open(self) -> None:
+        """Open the dataset in this process now."""
+        open_dataset(self.uri, self.version)
+
+    def _batch_of(self, i: int, columns: tuple[str, ...]) -> tuple[Any, int]:
+        number, row = divmod(i, BATCH_ROWS)
+        fragment = open_dataset(self.uri, self.version).get_fragment(self.part)
+        if fragment is None:
+            raise ShardError(f"{self.shown}: no fragment {self.part} (the dataset changed since it was indexed?)")
+
+        def batches() -> Any:
+            return fragment.to_batches(columns=list(columns), offset=self.shard.first_row or 0, limit=self.rows, batch_size=BATCH_ROWS,
+                                       strict_batch_size=True)
+
+        try:
+            return self._cached(columns, number, batches), row
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise SampleError(self.where(i), f"damaged Lance data in fragment {self.part} ({' '.join(str(exc).split())[:160]})") from None

@@ -1,0 +1,108 @@
+"""``datasets.save_to_disk`` folders (Arrow stream files: a record batch a shard) and Lance datasets
+(a slice of a fragment a shard) read in place (#40), row for row the same as the Parquet files of
+the same rows; their orders and resume are those of every dataset; changes are seen."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import fastload
+from fastload import transforms as T
+from tests.formats.test_parquet_in_place import ROWS, hub, hub_rows  # noqa: F401  # hub: the module fixture of the same rows as Parquet
+from tests.test_resume_contract import BATCH, run_resume_contract
+
+datasets = pytest.importorskip("datasets")
+pa = pytest.importorskip("pyarrow")
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("FASTLOAD_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture(scope="module")
+def saved(hub: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
+    """The Parquet rows loaded by ``datasets`` and saved to disk in two Arrow files."""
+    out = tmp_path_factory.mktemp("saved") / "photos"
+    ds = datasets.load_dataset("parquet", data_files=sorted(str(p) for p in hub.iterdir()), split="train",
+                               cache_dir=str(tmp_path_factory.mktemp("hf-cache")))
+    ds.save_to_disk(str(out), num_shards=2)
+    return out
+
+
+@pytest.fixture(scope="module")
+def lanced(hub: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
+    """The same rows as a Lance dataset of fragments of 20 rows."""
+    lance = pytest.importorskip("lance")
+    import pyarrow.parquet as pq
+
+    table = pa.concat_tables([pq.read_table(p) for p in sorted(hub.iterdir())])
+    path = tmp_path_factory.mktemp("lance") / "photos.lance"
+    lance.write_dataset(table, str(path), max_rows_per_file=20)
+    return path
+
+
+def rows_of(location: object) -> list[tuple[str, int, list[float]]]:
+    with fastload.DataLoader(location, batch_size=8, fields=["caption", "label", "emb"], num_workers=1) as loader:
+        return [(c, int(y), e.tolist()) for captions, labels, emb in loader for c, y, e in zip(captions, labels, emb)]
+
+
+@pytest.mark.parametrize("kind", ["arrow", "lance"])
+def test_rows_equal_those_of_the_parquet_files(kind: str, hub: Path, saved: Path, lanced: Path) -> None:  # noqa: F811
+    location = saved if kind == "arrow" else lanced
+    ds = fastload.open(location)
+    assert ds.index.layout == kind and ds.layout.in_place
+    assert len(ds) == ROWS and ds.index.columns == {"image": "image", "label": "label", "caption": "text", "emb": "array", "meta": "json"}
+    if kind == "arrow":
+        assert ds.classes == ["cat", "dog", "owl"] and ds.index.shards[0].path == "data-00000-of-00002.arrow"
+        assert ds.where(40) == "data-00001-of-00002.arrow:row" + str(40 - len(datasets.load_from_disk(str(saved)).shard(2, 0)))
+    else:
+        assert [(s.row_group, s.samples) for s in ds.index.shards] == [(0, 20), (1, 20), (2, 5)]
+        assert ds.where(21) == "photos.lance:fragment1:row1"
+    assert rows_of(location) == rows_of(hub)
+    parquet = fastload.open(hub)
+    for i in (0, 21, 44):
+        assert np.array_equal(ds[i]["image"], parquet[i]["image"]) and ds[i]["meta"] == parquet[i]["meta"]
+    with fastload.DataLoader(location, batch_size=5, transform=T.train(16), seed=2, num_workers=2) as loader, \
+            fastload.DataLoader(str(hub), batch_size=5, transform=T.train(16), seed=2) as parquet_loader:
+        assert all(torch.equal(x, px) and torch.equal(y, py) for (x, y), (px, py) in zip(loader, parquet_loader, strict=True))
+
+
+@pytest.mark.parametrize("kind", ["arrow", "lance"])
+def test_resume_equals_an_uninterrupted_run(kind: str, saved: Path, lanced: Path) -> None:
+    location = str(saved if kind == "arrow" else lanced)
+    run_resume_contract(lambda: fastload.DataLoader(location, batch_size=BATCH, shuffle=True, seed=5, transform=T.train(16),
+                                                    return_keys=True, num_workers=2, shuffle_buffer=12), 3)
+
+
+def test_a_lance_dataset_written_to_is_indexed_again(lanced: Path, tmp_path: Path) -> None:
+    import shutil
+
+    import lance
+
+    copy = tmp_path / "photos.lance"
+    shutil.copytree(lanced, copy)
+    assert len(fastload.open(copy)) == ROWS
+    lance.write_dataset(lance.dataset(str(copy)).to_table().slice(0, 3), str(copy), mode="append")
+    again = fastload.open(copy)
+    assert len(again) == ROWS + 3 and again.index.shards[-1].version == lance.dataset(str(copy)).version
+
+
+def test_a_damaged_arrow_file_is_one_line_naming_it(saved: Path, tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "saved"
+    shutil.copytree(saved, copy)
+    state = json.loads((copy / "state.json").read_text())
+    damaged = copy / state["_data_files"][1]["filename"]
+    damaged.write_bytes(damaged.read_bytes()[:-5000])  # its last record batch cut short
+    with pytest.raises(ValueError) as raised:
+        fastload.open(copy)
+    assert str(damaged) in str(raised.value) and "\n" not in str(raised.value)
