@@ -6,7 +6,8 @@ slower": the code before a change against the code after it, rounds alternating)
 
 ``images DATA``: a converted image dataset, ``train(224)``, batch 256, 2 workers, 2 epochs;
 ``tokens DATA``: a token dataset, rows of 2048 tokens, batch 8, 2 workers, 400 batches
-(``--packing best-fit`` for best-fit). Prints the rate and the fastload module that ran, so a pairing
+(``--packing best-fit`` for best-fit); ``videos DATA``: a video dataset, clips of 16 frames at stride 2,
+``train(224)``, batch 8, 2 workers, 2 epochs (as benchmarks/bench_video.py). Prints the rate and the fastload module that ran, so a pairing
 that imported the wrong tree shows.
 """
 
@@ -19,7 +20,7 @@ import time
 def main() -> None:
     """Load as the arguments say; print the delivered rate."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("kind", choices=("images", "tokens"))
+    parser.add_argument("kind", choices=("images", "tokens", "videos"))
     parser.add_argument("data")
     parser.add_argument("--packing", default="concat")
     parser.add_argument("--workers", type=int, default=2)
@@ -28,13 +29,15 @@ def main() -> None:
     from fastload import transforms as T
 
     start = time.perf_counter()
-    if args.kind == "images":
-        loader = fastload.DataLoader(args.data, batch_size=256, shuffle=True, num_workers=args.workers, transform=T.train(224))
+    if args.kind in ("images", "videos"):
+        clip = fastload.Clip(frames=16, stride=2) if args.kind == "videos" else None
+        loader = fastload.DataLoader(args.data, batch_size=8 if clip else 256, shuffle=True, num_workers=args.workers,
+                                     transform=T.train(224), clip=clip)
         count = 0
         for epoch in range(2):
             loader.set_epoch(epoch)
             count += sum(len(batch[0]) for batch in loader)
-        unit = "images"
+        unit = args.kind
     else:
         loader = fastload.DataLoader(args.data, batch_size=8, seq_len=2048, packing=args.packing, num_workers=args.workers)
         batches = iter(loader)
