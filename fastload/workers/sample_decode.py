@@ -5,7 +5,8 @@ to every geometric field: images are decoded only where the crop is (libjpeg-tur
 cropped by nearest neighbour (class ids stay class ids), boxes are mapped through the same plan.
 Fixed-shape fields are written into their rows of the batch slot; the rest are returned as
 values. A user ``map`` then sees the decoded sample with a generator seeded from (seed, epoch,
-index). What each field's bytes mean is :mod:`fastload.fields`' business.
+index). What each field's bytes mean is :mod:`fastload.fields`' business; a video's or a recording's
+fill is its row of :mod:`fastload.media`'s (handed this worker's random streams and stage clock).
 """
 
 from __future__ import annotations
