@@ -40,8 +40,10 @@ def field_batch(
     device: torch.device | None,
     image_fn: Callable[[torch.Tensor], torch.Tensor] | None,
 ) -> tuple:
-    """The batch as a tuple in ``spec``'s field order: stacked columns on ``device`` (images through
-    ``image_fn``; a media field followed by the columns its row of fastload.media puts beside it: audio's lengths), boxes and ragged arrays as lists of tensors, other values as lists."""
+    """The batch as a tuple in ``spec``'s field order: stacked columns on ``device`` (images and
+    video frames through ``image_fn``; a media field followed by the columns its row of
+    fastload.media puts beside it: audio's lengths), boxes and ragged arrays as lists of tensors,
+    other values as lists."""
     out: list[Any] = []
     for field in spec.fields:
         if field.key in columns:
