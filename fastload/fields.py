@@ -275,7 +275,7 @@ class MaskCodec:
 
 class VideoCodec:
     """A video file (mp4, webm, ...): its bytes; the workers decode only a clip's frames
-    (:mod:`fastload.workers.clip_decode`), planned from its stream facts in the sample table."""
+    (:mod:`fastload.av.clip_decode`), planned from its stream facts in the sample table."""
 
     def decode(self, data: bytes, where: str, field: str) -> bytes:
         """The encoded video, as stored."""
@@ -284,7 +284,7 @@ class VideoCodec:
 
 class AudioCodec:
     """A recording (flac, wav, mp3, ...): its bytes; the workers decode only a crop's samples
-    (:mod:`fastload.workers.audio_decode`), planned from its stream facts in the sample table."""
+    (:mod:`fastload.av.audio_decode`), planned from its stream facts in the sample table."""
 
     def decode(self, data: bytes, where: str, field: str) -> bytes:
         """The encoded recording, as stored."""
@@ -359,11 +359,6 @@ class FieldSpec:
     def stacked(self) -> bool:
         """Whether values are batched in shared memory (fixed shape), else as a list."""
         return self.role in ("image", "mask", "label", "array", "video", "audio")
-
-
-def lengths_key(key: str) -> str:
-    """The slot column holding audio field ``key``'s valid samples a crop (the batch's lengths)."""
-    return f"{key}.lengths"
 
 
 SampleMap = Callable[[dict, "np.random.Generator"], dict]

@@ -159,21 +159,24 @@ def indexed_shard(tar: Path, scanned: IndexedTar, size: int, sha256: str) -> tup
 
 
 def recording_facts(tar: Path, samples: list[list[Member]]) -> list[Facts]:
-    """Each sample's recordings' stream facts, each member probed (fastload.av.pyav.probe_audio);
-    one that does not probe gets none, so loading it is a bad sample that says so."""
-    wanted = [[(ext, offset, size) for ext, offset, size, _ in members if default_role(ext) == "audio"] for members in samples]
+    """Each sample's stream facts, each member of a media role that is probed in place probed
+    (fastload.media's ``probe_in_place``: recordings); one that does not probe gets none, so
+    loading it is a bad sample that says so."""
+    from fastload.media import MEDIA_ROLES
+
+    probes = {role: media.probe_in_place for role, media in MEDIA_ROLES.items() if media.probe_in_place is not None}
+    wanted = [[(ext, offset, size, probes[default_role(ext)]) for ext, offset, size, _ in members if default_role(ext) in probes]
+              for members in samples]
     if not any(wanted):
         return []
-    from fastload.av.pyav import probe_audio
-
     facts: list[Facts] = []
     fd = open_regular(tar)
     try:
         for members, recordings in zip(samples, wanted):
             found: Facts = {}
-            for ext, offset, size in recordings:
+            for ext, offset, size, probe in recordings:
                 with contextlib.suppress(SampleError):
-                    found[ext] = probe_audio(os.pread(fd, size, offset) if size > 0 else b"", f"{tar.name}:{members[0][3]}")
+                    found[ext] = probe(os.pread(fd, size, offset) if size > 0 else b"", f"{tar.name}:{members[0][3]}")
             facts.append(found)
     finally:
         os.close(fd)

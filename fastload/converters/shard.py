@@ -70,7 +70,7 @@ def prepare_sample(sample: Sample, options: ConvertOptions, decoded_shape: tuple
     """Validate and convert one loaded sample to what the writer stores; raises SampleError."""
     image = sample.image
     decoded = options.writer_options.hdf5_decoded
-    extra, facts = prepare_videos(sample, options)
+    extra, facts = prepare_streams(sample, options)
     if image is None:  # arrays, text, ...: nothing to clean
         if decoded:
             raise SampleError(sample.where, "has no image to store as decoded pixels (--hdf5-decoded)")
@@ -95,10 +95,10 @@ def prepare_sample(sample: Sample, options: ConvertOptions, decoded_shape: tuple
     return PreparedSample(key=sample.key, image_field=field_name, image=stored, label=sample.label, extra=extra, facts=facts)
 
 
-def prepare_videos(sample: Sample, options: ConvertOptions) -> tuple[dict[str, bytes], dict[str, MediaFacts]]:
-    """The sample's fields with each video re-encoded where asked (``--reencode``, ``--max-size``) and
-    each recording (``--audio-codec``, ``--audio-rate``),
-    and each video's and recording's stream facts; a SampleError for one that does not probe
+def prepare_streams(sample: Sample, options: ConvertOptions) -> tuple[dict[str, bytes], dict[str, MediaFacts]]:
+    """The sample's fields with each of a media role (fastload.media) prepared by its role: a video
+    re-encoded where asked (``--reencode``, ``--max-size``), a recording (``--audio-codec``,
+    ``--audio-rate``); and their stream facts; a SampleError for one that does not probe
     (corrupt, truncated, empty, a codec FFmpeg lacks, over the pixel or the audio limits)."""
     streams = stream_fields(sample.extra)
     if not streams:
@@ -106,27 +106,17 @@ def prepare_videos(sample: Sample, options: ConvertOptions) -> tuple[dict[str, b
     if options.layout != "wds":
         raise SampleError(sample.where, f"videos and recordings are stored in tar shards (--to wds), not {options.layout}: "
                                         "their stream facts live in the sample tables")
-    from fastload.av.pyav import AUDIO_ENCODERS, probe, probe_audio, reencode_audio, reencode_h264
+    from fastload.media import MEDIA_ROLES
 
     extra, facts = dict(sample.extra), {}  # type: dict[str, bytes], dict[str, MediaFacts]
     for name in streams:
         where = f"{sample.where} ({name})" if len(streams) > 1 else sample.where
         data = extra[name]
-        if default_role(name) == "audio":
-            if options.audio_codec is not None or options.audio_rate is not None:
-                codec = options.audio_codec or "flac"
-                data = reencode_audio(data, where, codec, options.audio_rate)
-                del extra[name]
-                name = AUDIO_ENCODERS[codec][2]
-                extra[name] = data
-            facts[name] = probe_audio(data, where)
-            continue
-        if options.reencode_video or options.max_size is not None:
-            data = reencode_h264(data, where, options.keyframe_interval, options.max_size, options.max_pixels)
+        stored_name, stored, facts_of = MEDIA_ROLES[default_role(name)].prepare(data, where, name, options)
+        if stored is not data:  # re-encoded: stored under its new name, after the others
             del extra[name]
-            name = "mp4"
-            extra[name] = data
-        facts[name] = probe(data, where, options.max_pixels)
+            extra[stored_name] = stored
+        facts[stored_name] = facts_of
     return extra, facts
 
 

@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastload.fields import SampleSpec, lengths_key
+from fastload.fields import SampleSpec
 from fastload.loading.batch_outputs import BatchOutputs
+from fastload.media import MEDIA_ROLES
 
 
 def as_tensor(array: np.ndarray) -> torch.Tensor | np.ndarray:
@@ -39,20 +40,23 @@ def field_batch(
     device: torch.device | None,
     image_fn: Callable[[torch.Tensor], torch.Tensor] | None,
 ) -> tuple:
-    """The batch as a tuple in ``spec``'s field order: stacked columns on ``device`` (images through
-    ``image_fn``; audio followed by its lengths), boxes and ragged arrays as lists of tensors, other values as lists."""
+    """The batch as a tuple in ``spec``'s field order: stacked columns on ``device`` (images and
+    video frames through ``image_fn``; a media field followed by the columns its row of
+    fastload.media puts beside it: audio's lengths), boxes and ragged arrays as lists of tensors,
+    other values as lists."""
     out: list[Any] = []
     for field in spec.fields:
         if field.key in columns:
             value = columns[field.key]
             if device is not None and isinstance(value, torch.Tensor):
                 value = value.to(device, non_blocking=True)
-            if field.role in ("image", "video") and image_fn is not None and isinstance(value, torch.Tensor):
+            media = MEDIA_ROLES.get(field.role)
+            if (field.role == "image" or (media is not None and media.images)) and image_fn is not None and isinstance(value, torch.Tensor):
                 value = image_fn(value)
             out.append(value)
-            if field.role == "audio":  # then its lengths: each crop's valid samples
-                lengths = columns[lengths_key(field.key)]
-                out.append(lengths.to(device, non_blocking=True) if device is not None and isinstance(lengths, torch.Tensor) else lengths)
+            for column in media.beside(field.key) if media is not None else ():  # then audio's lengths: each crop's valid samples
+                beside = columns[column]
+                out.append(beside.to(device, non_blocking=True) if device is not None and isinstance(beside, torch.Tensor) else beside)
         elif field.role in ("boxes", "array"):
             arrays = (np.asarray(v) for v in values[field.key])
             out.append([as_tensor(a if a.flags.writeable else a.copy()) for a in arrays])

@@ -23,6 +23,7 @@ from fastload.decode.header import image_size, jpeg_size, png_size, sniff_image_
 from fastload.errors import SampleError
 from fastload.fields import DECODED_FIELD, SampleSpec
 from fastload.formats.wds.reader import TarShardReader
+from fastload.media import MEDIA_ROLES
 from fastload.orders.balanced import ClassMembers
 from fastload.orders.epoch_order import EpochOrder
 from fastload.orders.mixture import MixtureOrder
@@ -31,8 +32,6 @@ from fastload.orders.spec import OrderSpec
 from fastload.orders.steps import step_at
 from fastload.storage.dataset import ShardedDataset
 from fastload.transforms import Plan, Transform, plan
-from fastload.workers.audio_decode import audio_facts, plan_audio
-from fastload.workers.clip_decode import plan_video, video_facts
 from fastload.workers.rng import sample_rng
 
 HEAD_BYTES = 4096  # an image's first read; a JPEG whose size marker lies further (big EXIF) is read 4x more at a time
@@ -175,7 +174,7 @@ def describe_sample(ds: ShardedDataset, index: int, valid: bool, spec: SampleSpe
     shard, _ = ds.locate(index)
     base = SampleDescription(index, ds.key_of(index), ds.shard_name(shard), valid)
     if spec.primary is None:
-        return describe_audio(ds, index, spec, seed, epoch, describe_video(ds, index, spec, transforms, seed, epoch, base))
+        return describe_media(ds, index, spec, transforms, seed, epoch, base)
     read = 0
     try:
         if ds.decoded and DECODED_FIELD in spec.primary.alternatives:
@@ -194,43 +193,25 @@ def describe_sample(ds: ShardedDataset, index: int, valid: bool, spec: SampleSpe
                    dct_scale=scale, bytes_read=read)
 
 
-def describe_audio(ds: ShardedDataset, index: int, spec: SampleSpec, seed: int, epoch: int, base: SampleDescription) -> SampleDescription:
-    """``base`` with the crops of the sample's (first requested) audio field, planned from its stream
-    facts in the sample table as a worker plans them (nothing of the recording is read)."""
-    field = next((f for f in spec.fields if f.role == "audio"), None)
-    if field is None or spec.audio is None or base.problem is not None:
-        return base
-    facts = ds.stream_facts(index)
-    name = field.find(facts)
-    if name is None:
-        return replace(base, problem=f"no stream facts for {field.name} in its shard's sample table")
-    where = f"{base.shard}:{base.key}"
-    try:
-        planned = plan_audio(audio_facts(facts[name], where, name), spec.audio, seed, epoch, index, where)
-    except SampleError as exc:
-        return replace(base, audio=name, problem=exc.reason)
-    return replace(base, audio=name, crops=planned.spans())
-
-
-def describe_video(ds: ShardedDataset, index: int, spec: SampleSpec, transforms: Sequence[Transform], seed: int, epoch: int,
+def describe_media(ds: ShardedDataset, index: int, spec: SampleSpec, transforms: Sequence[Transform], seed: int, epoch: int,
                    base: SampleDescription) -> SampleDescription:
-    """``base`` with the clips and geometry of the sample's (first requested) video, planned from
-    its stream facts in the sample table as a worker plans them (nothing of the video is read)."""
-    field = next((f for f in spec.fields if f.role == "video"), None)
-    if field is None or spec.clip is None:
-        return base
-    facts = ds.stream_facts(index)
-    name = field.find(facts)
-    if name is None:
-        return replace(base, problem=f"no stream facts for {field.name} in its shard's sample table")
-    try:
-        planned = plan_video(video_facts(facts[name], f"{base.shard}:{base.key}", name), spec.clip, transforms, seed, epoch, index)
-    except SampleError as exc:
-        return replace(base, video=name, problem=exc.reason)
-    except ValueError as exc:
-        return replace(base, video=name, problem=str(exc))
-    return replace(base, video=name, source_size=(planned.facts.height, planned.facts.width), box=planned.plan.box,
-                   size=planned.plan.size, flip=planned.plan.flip, clips=planned.spans())
+    """``base`` with the clips and geometry of the sample's (first requested) video and the crops of
+    its (first requested) audio field (each media role of fastload.media in turn, until one has a
+    problem), planned from their stream facts in the sample table as a worker plans them (nothing
+    of them is read)."""
+    for role, media in MEDIA_ROLES.items():
+        field = next((f for f in spec.fields if f.role == role), None)
+        option = getattr(spec, media.keyword)
+        if field is None or option is None or base.problem is not None:
+            continue
+        facts = ds.stream_facts(index)
+        name = field.find(facts)
+        if name is None:
+            base = replace(base, problem=f"no stream facts for {field.name} in its shard's sample table")
+            continue
+        base = replace(base, **media.describe(facts[name], f"{base.shard}:{base.key}", name, option, transforms, seed, epoch, index,
+                                              sample_rng))
+    return base
 
 
 def describe_step(ds: ShardedDataset, order_spec: OrderSpec | MixtureOrder, resumed_from: Sequence[ResumedFrom], epoch: int, step: int,

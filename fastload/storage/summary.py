@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
-from fastload.av.facts import REENCODE_KEYFRAME_INTERVAL, AudioFacts, StreamFacts, frames_per_clip
 from fastload.formats.index import SKIPPED_REPORT, VIDEO_FORMAT_VERSION, DatasetIndex, read_index
 from fastload.formats.shard_files import open_shard
 from fastload.formats.tokens.reader import TokenShardReader
@@ -57,78 +55,24 @@ def summarize(root: str | Path, clip_span: int = 31) -> dict:
         "skipped_total": sum(index.skipped.values()),
         "skipped_samples": skipped_samples,
         "duplicates": index.duplicates,
-        "videos": video_summary(root, clip_span) if index.version == VIDEO_FORMAT_VERSION else None,
-        "audio": audio_summary(root) if index.version == VIDEO_FORMAT_VERSION else None,
+        **media_summary(root, clip_span, index.version == VIDEO_FORMAT_VERSION),
     }
 
 
-def audio_summary(root: str | Path) -> dict:
-    """The recordings' stream facts over the dataset, from its sample tables (none is opened):
-    how many, their codecs, sample rates, channels and seconds."""
+def media_summary(root: str | Path, clip_span: int, streams: bool) -> dict:
+    """Each media role's part of the summary (fastload.media: "videos", "audio"), summed up from the
+    stream facts in the sample tables (nothing is opened); each None for a dataset without ``streams``
+    (an index before version 2)."""
+    from fastload.media import MEDIA_ROLES
+
+    if not streams:
+        return {media.summary_key: None for media in MEDIA_ROLES.values()}
     from fastload.storage.dataset import ShardedDataset
 
     ds = ShardedDataset(root)
-    codecs: Counter[str] = Counter()
-    rates: Counter[int] = Counter()
-    channels: Counter[int] = Counter()
-    seconds: list[float] = []
-    for i in range(len(ds)):
-        for facts in ds.stream_facts(i).values():
-            if isinstance(facts, AudioFacts):
-                codecs[facts.codec] += 1
-                rates[facts.rate] += 1
-                channels[facts.channels] += 1
-                seconds.append(facts.seconds)
+    facts = [facts for i in range(len(ds)) for facts in ds.stream_facts(i).values()]
     ds.close()
-    if not seconds:
-        return {"count": 0}
-    return {"count": len(seconds), "codecs": dict(codecs.most_common()), "rates": dict(rates.most_common()),
-            "channels": dict(channels.most_common()), "seconds": round(sum(seconds), 1),
-            "seconds_min": round(min(seconds), 3), "seconds_max": round(max(seconds), 3)}
-
-
-def video_summary(root: str | Path, clip_span: int = 31) -> dict:
-    """The videos' stream facts over the dataset, from its sample tables (no video is opened):
-    how many, their codecs, frames, seconds, sizes, keyframe spacing and audio; the frames a random
-    clip covering ``clip_span`` frames decodes on average, as they are and re-encoded."""
-    from fastload.storage.dataset import ShardedDataset
-
-    ds = ShardedDataset(root)
-    codecs: Counter[str] = Counter()
-    frames: list[int] = []
-    gaps: list[float] = []
-    sides: list[tuple[int, int]] = []
-    seconds, audio = 0.0, 0
-    decoded, reencoded = 0.0, 0.0
-    for i in range(len(ds)):
-        for facts in ds.stream_facts(i).values():
-            if not isinstance(facts, StreamFacts):
-                continue
-            codecs[facts.codec] += 1
-            frames.append(facts.frames)
-            seconds += facts.seconds
-            gaps.append(facts.frames / len(facts.keyframes))
-            sides.append((facts.width, facts.height))
-            audio += facts.audio_rate > 0
-            decoded += facts.frames_per_clip(clip_span)
-            reencoded += frames_per_clip(range(0, facts.frames, REENCODE_KEYFRAME_INTERVAL), facts.frames, clip_span)
-    ds.close()
-    if not frames:
-        return {"count": 0}
-    smallest, largest = min(sides, key=_area), max(sides, key=_area)
-    return {
-        "count": len(frames), "codecs": dict(codecs.most_common()), "frames_min": min(frames), "frames_max": max(frames),
-        "seconds": round(seconds, 1), "mean_frames_per_keyframe": round(sum(gaps) / len(gaps), 1),
-        "smallest": [*smallest], "largest": [*largest],
-        "with_audio": audio,
-        "clip_span": clip_span, "clip_frames_decoded": round(decoded / len(frames), 1),
-        "clip_frames_decoded_reencoded": round(reencoded / len(frames), 1), "reencode_keyframe_interval": REENCODE_KEYFRAME_INTERVAL,
-        "reencode_factor": round(decoded / reencoded, 2),
-    }
-
-
-def _area(side: tuple[int, int]) -> int:
-    return side[0] * side[1]
+    return {media.summary_key: media.summarize(facts, clip_span) for media in MEDIA_ROLES.values()}
 
 
 def read_skipped_report(data: bytes, where: str) -> list[dict[str, str]]:

@@ -4,14 +4,12 @@ temporary cache (checked on the way in) and checked the same way."""
 
 from __future__ import annotations
 
-import math
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastload._util.files import file_sha256, read_file
-from fastload.av.facts import AudioFacts, StreamFacts
 from fastload.errors import FastloadError, SampleError
 from fastload.fields import decode_field, default_role, image_field
 from fastload.formats.index import INDEX_FILE, DatasetIndex, ShardInfo, read_index
@@ -19,6 +17,7 @@ from fastload.formats.shard_files import dataset_file, offsets_name, open_shard,
 from fastload.formats.shard_formats import shard_format
 from fastload.formats.shard_reader import ShardReader
 from fastload.formats.table import Facts, SampleTable
+from fastload.media import MEDIA_ROLES
 from fastload.storage.remote import is_url
 
 
@@ -128,40 +127,12 @@ def _decode_all(reader, shard: ShardInfo, report: VerifyReport, images: bool, fa
         for name, data in fields.items():
             try:
                 recorded = facts[i].get(name) if facts else None
-                if default_role(name) == "video":
-                    _check_video(data, where, name, recorded if isinstance(recorded, StreamFacts) else None)
-                elif default_role(name) == "audio":
-                    _check_audio(data, where, name, recorded if isinstance(recorded, AudioFacts) else None)
+                if default_role(name) in MEDIA_ROLES:
+                    MEDIA_ROLES[default_role(name)].check(data, where, name, recorded)
                 else:
                     decode_field(default_role(name), data, where, name)
             except FastloadError as exc:
                 report.problems.append(str(exc))
-
-
-def _check_video(data: bytes, where: str, name: str, recorded: StreamFacts | None) -> None:
-    """A SampleError unless the video probes to the stream facts its sample table ``recorded`` and
-    every one of its frames decodes as a loader decodes them (a probe decodes the first alone)."""
-    from fastload.av.pyav import decode_frames, probe
-
-    found = probe(data, where)
-    if recorded is None:
-        raise SampleError(where, f"field {name}: a video without stream facts in its sample table (convert it with fastload convert)")
-    if found != recorded:
-        raise SampleError(where, f"field {name}: its stream facts in the sample table disagree with the video (tampered table?)")
-    for _ in decode_frames(data, where, recorded, range(recorded.frames), None, math.inf):
-        pass
-
-
-def _check_audio(data: bytes, where: str, name: str, recorded: AudioFacts | None) -> None:
-    """A SampleError unless the recording decodes (every sample: a probe decodes it whole) to the
-    stream facts its sample table ``recorded``."""
-    from fastload.av.pyav import probe_audio
-
-    found = probe_audio(data, where)
-    if recorded is None:
-        raise SampleError(where, f"field {name}: a recording without stream facts in its sample table (convert or index it with fastload)")
-    if found != recorded:
-        raise SampleError(where, f"field {name}: its stream facts in the sample table disagree with the recording (tampered table?)")
 
 
 def verify_dataset(root: str | Path, decode: bool = False) -> VerifyReport:

@@ -5,7 +5,8 @@ to every geometric field: images are decoded only where the crop is (libjpeg-tur
 cropped by nearest neighbour (class ids stay class ids), boxes are mapped through the same plan.
 Fixed-shape fields are written into their rows of the batch slot; the rest are returned as
 values. A user ``map`` then sees the decoded sample with a generator seeded from (seed, epoch,
-index). What each field's bytes mean is :mod:`fastload.fields`' business.
+index). What each field's bytes mean is :mod:`fastload.fields`' business; a video's or a recording's
+fill is its row of :mod:`fastload.media`'s (handed this worker's random streams and stage clock).
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ from fastload.fields import (
     SampleMap,
     SampleSpec,
     decode_field,
-    lengths_key,
     requested_spec,
 )
+from fastload.media import MEDIA_ROLES
 from fastload.storage.dataset import ShardedDataset
 from fastload.transforms import (
     GEOMETRIC,
@@ -43,8 +44,6 @@ from fastload.transforms import (
     plan,
     resample_into,
 )
-from fastload.workers.audio_decode import audio_facts, fill_audio, plan_audio
-from fastload.workers.clip_decode import fill_video, plan_video, video_facts
 from fastload.workers.rng import sample_generator, sample_rng
 from fastload.workers.stage_clock import DECODE, MAP, READ, READ_BYTES, SAMPLES, TRANSFORM, StageClock, untimed
 
@@ -182,37 +181,14 @@ def fill_beside_primary(
             _copy_array(decode_field("array", data, where, name), rows[field.key], where, name)
         elif field.role == "label":
             rows[field.key][...] = decode_field("label", data, where, name)
-        elif field.role == "video":
-            _fill_video(ds, index, sample_spec, transforms, seed, epoch, data, where, name, rows[field.key], clock)
-        elif field.role == "audio":
-            _fill_audio(ds, index, sample_spec, seed, epoch, data, where, name, rows[field.key], rows[lengths_key(field.key)], clock)
+        elif field.role in MEDIA_ROLES:  # its sampling: a spec with such a field has one (SampleSpec checks)
+            media = MEDIA_ROLES[field.role]
+            media.fill(data, where, name, ds.stream_facts(index).get(name), getattr(sample_spec, media.keyword), transforms, seed, epoch,
+                       index, [rows[field.key]] + [rows[column] for column in media.beside(field.key)], sample_rng, clock)
         else:
             values[field.key] = decode_field(field.role, data, where, name)
     clock.lap(TRANSFORM)
     return key, planned, values
-
-
-def _fill_video(
-    ds: ShardedDataset, index: int, sample_spec: SampleSpec, transforms: Sequence[Transform], seed: int, epoch: int, data: bytes,
-    where: str, name: str, row: np.ndarray, clock: StageClock,
-) -> None:
-    """Video field ``name``'s clips, planned from its stream facts, decoded into its batch row."""
-    clip = cast(Clip, sample_spec.clip)  # a spec with a video field has one (SampleSpec checks)
-    planned = plan_video(video_facts(ds.stream_facts(index).get(name), where, name), clip, transforms, seed, epoch, index)
-    fill_video(data, where, planned, row, clip.timeout_s, clock)
-
-
-def _fill_audio(
-    ds: ShardedDataset, index: int, sample_spec: SampleSpec, seed: int, epoch: int, data: bytes, where: str, name: str,
-    row: np.ndarray, lengths: np.ndarray, clock: StageClock,
-) -> None:
-    """Audio field ``name``'s crops, planned from its stream facts, decoded into its batch row and lengths."""
-    audio = cast(Audio, sample_spec.audio)  # a spec with an audio field has one (SampleSpec checks)
-    facts = ds.stream_facts(index).get(name)
-    if facts is None:
-        raise SampleError(where, f"field {name}: no stream facts in its shard's sample table (it did not probe when converted or indexed)")
-    planned = plan_audio(audio_facts(facts, where, name), audio, seed, epoch, index, where)
-    fill_audio(data, where, planned, audio, row, lengths, clock)
 
 
 def _fill_mask(data: bytes, geometry: PlannedSample, row: np.ndarray, where: str, name: str) -> None:
@@ -242,10 +218,8 @@ def _stored_name(field: FieldSpec, present: dict[str, Any], where: str) -> str |
     if name is None and not field.optional:
         if field.role == "image":
             raise SampleError(where, f"no image field among {sorted(present)}")
-        if field.role == "video":
-            raise SampleError(where, f"no field {field.name} among {sorted(present)} (the field 'video' takes a video of any container)")
-        if field.role == "audio":
-            raise SampleError(where, f"no field {field.name} among {sorted(present)} (the field 'audio' takes a recording of any extension)")
+        if field.role in MEDIA_ROLES:
+            raise SampleError(where, f"no field {field.name} among {sorted(present)} (the field '{field.role}' {MEDIA_ROLES[field.role].takes})")
         raise SampleError(where, f"no field {field.name} among {sorted(present)}")
     return name
 

@@ -12,7 +12,8 @@ from typing import cast
 
 import numpy as np
 
-from fastload.fields import SampleSpec, lengths_key
+from fastload.fields import SampleSpec
+from fastload.media import MEDIA_ROLES
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,8 @@ class Column:
 def spec_columns(spec: SampleSpec, image_shape: tuple[int, int, int] | None) -> tuple[Column, ...]:
     """The slot columns of a SampleSpec: images (C, H, W) uint8 and masks (H, W) uint8 (uint16 for
     16-bit masks) of the transforms' output size ``image_shape``, labels int64, arrays of their
-    probed shape, audio float32 and its lengths int64; in field order."""
+    probed shape, a media role's as its row of fastload.media says (a video's clips uint8, audio
+    float32 and its lengths int64); in field order."""
     columns = []
     for f in spec.fields:
         if not spec.is_stacked(f):
@@ -39,14 +41,9 @@ def spec_columns(spec: SampleSpec, image_shape: tuple[int, int, int] | None) -> 
                 columns.append(Column(f.key, image_shape, "uint8"))
             else:
                 columns.append(Column(f.key, image_shape[1:], "uint16" if f.name in spec.wide_masks else "uint8"))
-        elif f.role == "video":
-            if image_shape is None or spec.clip is None:
-                raise ValueError(f"field {f.name}: a video needs clip= and a transform with a fixed output size")
-            columns.append(Column(f.key, (*spec.clip.shape(), *image_shape), "uint8"))
-        elif f.role == "audio":
-            if spec.audio is None:
-                raise ValueError(f"field {f.name}: audio needs audio=")
-            columns += [Column(f.key, spec.audio.shape(), "float32"), Column(lengths_key(f.key), spec.audio.lengths_shape(), "int64")]
+        elif f.role in MEDIA_ROLES:
+            media = MEDIA_ROLES[f.role]
+            columns += [Column(*column) for column in media.columns(f.name, f.key, getattr(spec, media.keyword), image_shape)]
         elif f.role == "label":
             columns.append(Column(f.key, (), "int64"))
         else:

@@ -11,8 +11,10 @@ import time
 
 import numpy as np
 
-WORKER_STAGES = ("read", "decode", "transform", "map")  # seconds, in these columns of a worker's row
-READ, DECODE, TRANSFORM, MAP = range(len(WORKER_STAGES))
+from fastload._util.stages import DECODE, MAP, READ, TRANSFORM, WORKER_STAGES
+
+__all__ = ["BUSY", "COLUMNS", "DECODE", "MAP", "READ", "READ_BYTES", "SAMPLES", "TRANSFORM", "WORKER_STAGES", "StageClock",
+           "StageCounters", "untimed"]
 READ_BYTES, SAMPLES, BUSY = range(len(WORKER_STAGES), len(WORKER_STAGES) + 3)  # bytes read, samples made, seconds in tasks
 COLUMNS = len(WORKER_STAGES) + 3
 class StageClock:

@@ -1,7 +1,7 @@
 """Clips decoded by DALI: NVDEC on a GPU through DALI's in-memory video decoder
 (``fn.decoders.video`` on the ``mixed`` device; its ``cpu`` device without a GPU), fed the bytes,
 frame numbers and crops the CPU workers use (planned here from the stream facts,
-fastload.workers.clip_decode), then resized (antialiased linear, the exact fractional crop box),
+fastload.av.clip_decode), then resized (antialiased linear, the exact fractional crop box),
 mirrored and laid out (F, C, H, W).
 
 Tested with DALI on the CPU; the GPU (mixed) device has not run yet (docs/video.md says what the
@@ -18,6 +18,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from fastload.av.clip_decode import plan_video, video_facts
 from fastload.av.clips import Clip
 from fastload.backends.dali.library import images_as_torch, import_dali
 from fastload.errors import SampleError
@@ -26,7 +27,7 @@ from fastload.loading.epoch import Epoch, EpochInputs
 from fastload.loading.field_batch import as_tensor
 from fastload.loading.state import LoaderState
 from fastload.workers.batch_fill import Substitutes, fill_fields
-from fastload.workers.clip_decode import plan_video, video_facts
+from fastload.workers.rng import sample_rng
 
 log = logging.getLogger("fastload")
 
@@ -145,7 +146,7 @@ class DaliVideoEpoch(Epoch):
         if name is None:
             raise SampleError(where, f"no field {video.name} among {sorted(stored)}")
         facts = video_facts(inputs.dataset.stream_facts(index).get(name), where, name)
-        planned = plan_video(facts, clip, inputs.options.transform, inputs.options.seed, self.epoch, index)
+        planned = plan_video(facts, clip, inputs.options.transform, inputs.options.seed, self.epoch, index, sample_rng)
         frames = np.asarray([frame for each in planned.clips for frame in each], dtype=np.int32)
         found = label.find(stored) if label is not None else None
         value = decode_field("label", stored[found], where, found) if found is not None else -1

@@ -4,24 +4,33 @@ A video's clips (which frames) and its geometry (crop, resize, flip: the same fo
 every clip) are planned from its stream facts in the sample table, from (seed, epoch, index)
 alone; then the decoder seeks to the keyframe before each clip and decodes only to its last
 frame (fastload.av.pyav), and each kept frame is resampled into its row. Decoding (with the
-conversion to RGB) is timed as the decode stage, the resample as the transform stage.
+conversion to RGB) is timed as the decode stage, the resample as the transform stage. The random
+streams and the stage clock are the worker's, handed in (fastload.workers.rng, fastload.workers.stage_clock).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
-from fastload.av.clips import CLIP_SALT, Clip, plan_clips
+from fastload._util.stages import DECODE, TRANSFORM
+from fastload._util.stages import Laps as StageClock
+from fastload.av.clips import CLIP_SALT, Clip, Draws, plan_clips
 from fastload.av.facts import MediaFacts, StreamFacts
 from fastload.av.pyav import decode_frames
 from fastload.errors import SampleError
-from fastload.transforms import Plan, Transform, plan, resample_into
-from fastload.workers.rng import sample_rng
-from fastload.workers.stage_clock import DECODE, TRANSFORM, StageClock
+from fastload.transforms import Plan, RandomSource, Transform, plan, resample_into
+
+
+class SampleStream(Draws, RandomSource, Protocol):
+    """A sample's random stream as a video's plan draws from it (fastload.workers.rng.SampleRandom)."""
+
+
+SampleRng = Callable[[int, int, int], SampleStream]  # (seed, epoch, index) -> its stream: the worker's, handed in
 
 
 @dataclass(frozen=True)
@@ -46,9 +55,10 @@ def video_facts(facts: MediaFacts | None, where: str, name: str) -> StreamFacts:
     return facts
 
 
-def plan_video(facts: StreamFacts, clip: Clip, transforms: Sequence[Transform], seed: int, epoch: int, index: int) -> PlannedVideo:
+def plan_video(facts: StreamFacts, clip: Clip, transforms: Sequence[Transform], seed: int, epoch: int, index: int,
+               sample_rng: SampleRng) -> PlannedVideo:
     """The clips and geometry of sample ``index``'s video: pure functions of (seed, epoch, index)
-    and its facts (the crop's random stream is an image's; the clips' is independent of it)."""
+    and its facts, drawn from ``sample_rng`` (the crop's random stream is an image's; the clips' is independent of it)."""
     clips = plan_clips(clip, facts.frames, sample_rng(seed ^ CLIP_SALT, epoch, index))
     return PlannedVideo(facts, clips, plan(transforms, facts.height, facts.width, sample_rng(seed, epoch, index)))
 

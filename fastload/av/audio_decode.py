@@ -5,23 +5,26 @@ A recording's crops (which samples) are planned from its stream facts in the sam
 to its end (fastload.av.pyav), and each crop is mixed down and resampled (fastload.av.resample) into its
 row, or turned into Whisper's log-mel features (fastload.av.mel). Decoding is timed as the decode
 stage, the rest as the transform stage. A video field asked for as audio gives its sound track,
-planned from the video's facts (its length, its sound's rate and channels).
+planned from the video's facts (its length, its sound's rate and channels). The random streams and
+the stage clock are the worker's, handed in (fastload.workers.rng, fastload.workers.stage_clock).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from fastload._util.stages import DECODE, TRANSFORM
+from fastload._util.stages import Laps as StageClock
+from fastload.av.clips import Draws
 from fastload.av.crops import CROP_SALT, Audio, plan_crops
 from fastload.av.facts import AudioFacts, MediaFacts
 from fastload.av.mel import log_mel
 from fastload.av.pyav import decode_audio, resample_audio
 from fastload.errors import SampleError
-from fastload.workers.rng import sample_rng
-from fastload.workers.stage_clock import DECODE, TRANSFORM, StageClock
 
 
 @dataclass(frozen=True)
@@ -50,9 +53,10 @@ def audio_facts(facts: MediaFacts, where: str, name: str) -> AudioFacts:
         raise SampleError(where, f"field {name}: its sound track's facts are out of bounds ({exc})") from None
 
 
-def plan_audio(facts: AudioFacts, audio: Audio, seed: int, epoch: int, index: int, where: str) -> PlannedAudio:
+def plan_audio(facts: AudioFacts, audio: Audio, seed: int, epoch: int, index: int, where: str,
+               sample_rng: Callable[[int, int, int], Draws]) -> PlannedAudio:
     """The crops of sample ``index``'s recording: pure functions of (seed, epoch, index) and its
-    facts; a SampleError when it is shorter than a crop and ``audio.short`` is "drop"."""
+    facts, drawn from the worker's ``sample_rng``; a SampleError when it is shorter than a crop and ``audio.short`` is "drop"."""
     crops = plan_crops(audio, facts, sample_rng(seed ^ CROP_SALT, epoch, index))
     if crops is None:
         raise SampleError(where, f"{facts.seconds:.2f} s long, shorter than a crop of {audio.seconds} s (Audio short='drop')")

@@ -1,0 +1,114 @@
+"""Audio as the media roles' registry (fastload.media) calls it, one function a place where a
+field's role is dispatched: probed (and re-encoded where asked) at conversion and when a tar is
+indexed in place, its batch columns (the crops and their lengths), its crops filled in a worker,
+described, verified and summed up for ``fastload inspect``. The planning and decoding are
+fastload.av.audio_decode's; the worker's random streams and stage clock come in as arguments."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from fastload._util.stages import Laps
+from fastload.av.audio_decode import audio_facts, fill_audio, plan_audio
+from fastload.av.clips import Draws
+from fastload.av.crops import Audio
+from fastload.av.facts import AudioFacts, MediaFacts
+from fastload.av.pyav import AUDIO_ENCODERS, probe_audio, reencode_audio
+from fastload.errors import SampleError
+from fastload.transforms import Transform
+
+Columns = tuple[tuple[str, tuple[int, ...], str], ...]  # a field's batch columns: (name, one sample's shape, dtype)
+SampleRng = Callable[[int, int, int], Draws]  # (seed, epoch, index) -> its random stream: the worker's, handed in
+
+
+class AudioConversion(Protocol):
+    """The conversion options a recording's preparation reads (fastload.converters.options.ConvertOptions)."""
+
+    @property
+    def audio_codec(self) -> str | None: ...
+    @property
+    def audio_rate(self) -> int | None: ...
+
+
+def prepare_audio(data: bytes, where: str, name: str, options: AudioConversion) -> tuple[str, bytes, MediaFacts]:
+    """The recording as stored (re-encoded with ``--audio-codec`` or ``--audio-rate``, flac unless
+    named) and its stream facts; a SampleError for one that does not probe."""
+    if options.audio_codec is not None or options.audio_rate is not None:
+        codec = options.audio_codec or "flac"
+        data = reencode_audio(data, where, codec, options.audio_rate)
+        name = AUDIO_ENCODERS[codec][2]
+    return name, data, probe_audio(data, where)
+
+
+def lengths_key(key: str) -> str:
+    """The slot column holding audio field ``key``'s valid samples a crop (the batch's lengths)."""
+    return f"{key}.lengths"
+
+
+def audio_beside(key: str) -> tuple[str, ...]:
+    """The columns a batch gives after audio field ``key``'s crops: their lengths."""
+    return (lengths_key(key),)
+
+
+def audio_columns(name: str, key: str, audio: Audio | None, image_shape: tuple[int, int, int] | None) -> Columns:
+    """An audio field's columns: its crops float32 (Audio.shape) and their valid samples int64."""
+    if audio is None:
+        raise ValueError(f"field {name}: audio needs audio=")
+    return ((key, audio.shape(), "float32"), (lengths_key(key), audio.lengths_shape(), "int64"))
+
+
+def fill_audio_field(
+    data: bytes, where: str, name: str, facts: MediaFacts | None, audio: Audio, transforms: Sequence[Transform], seed: int,
+    epoch: int, index: int, rows: Sequence[np.ndarray], sample_rng: SampleRng, clock: Laps,
+) -> None:
+    """Audio field ``name``'s crops, planned from its stream ``facts``, decoded into its batch rows
+    (the crops, then their lengths); ``transforms`` (an image's geometry) do not apply to sound."""
+    if facts is None:
+        raise SampleError(where, f"field {name}: no stream facts in its shard's sample table (it did not probe when converted or indexed)")
+    planned = plan_audio(audio_facts(facts, where, name), audio, seed, epoch, index, where, sample_rng)
+    fill_audio(data, where, planned, audio, rows[0], rows[1], clock)
+
+
+def describe_audio(facts: MediaFacts, where: str, name: str, audio: Audio, transforms: Sequence[Transform], seed: int, epoch: int,
+                   index: int, sample_rng: SampleRng) -> dict[str, Any]:
+    """A sample description's audio fields: its crops as a worker plans them (nothing of the
+    recording is read), or the problem that stops it."""
+    try:
+        planned = plan_audio(audio_facts(facts, where, name), audio, seed, epoch, index, where, sample_rng)
+    except SampleError as exc:
+        return {"audio": name, "problem": exc.reason}
+    return {"audio": name, "crops": planned.spans()}
+
+
+def check_audio(data: bytes, where: str, name: str, recorded: MediaFacts | None) -> None:
+    """A SampleError unless the recording decodes (every sample: a probe decodes it whole) to the
+    stream facts its sample table ``recorded``."""
+    found = probe_audio(data, where)
+    if not isinstance(recorded, AudioFacts):
+        raise SampleError(where, f"field {name}: a recording without stream facts in its sample table (convert or index it with fastload)")
+    if found != recorded:
+        raise SampleError(where, f"field {name}: its stream facts in the sample table disagree with the recording (tampered table?)")
+
+
+def summarize_audio(stream_facts: Iterable[MediaFacts], clip_span: int) -> dict:
+    """The recordings' stream facts over a dataset (none is opened): how many, their codecs, sample
+    rates, channels and seconds (``clip_span``, a video clip's, does not apply)."""
+    codecs: Counter[str] = Counter()
+    rates: Counter[int] = Counter()
+    channels: Counter[int] = Counter()
+    seconds: list[float] = []
+    for facts in stream_facts:
+        if isinstance(facts, AudioFacts):
+            codecs[facts.codec] += 1
+            rates[facts.rate] += 1
+            channels[facts.channels] += 1
+            seconds.append(facts.seconds)
+    if not seconds:
+        return {"count": 0}
+    return {"count": len(seconds), "codecs": dict(codecs.most_common()), "rates": dict(rates.most_common()),
+            "channels": dict(channels.most_common()), "seconds": round(sum(seconds), 1),
+            "seconds_min": round(min(seconds), 3), "seconds_max": round(max(seconds), 3)}

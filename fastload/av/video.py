@@ -1,0 +1,127 @@
+"""Video as the media roles' registry (fastload.media) calls it, one function a place where a
+field's role is dispatched: probed (and re-encoded where asked) at conversion, its batch column,
+its clips filled in a worker, described, verified and summed up for ``fastload inspect``. The
+planning and decoding are fastload.av.clip_decode's; the worker's random streams and stage clock
+come in as arguments, so nothing here imports the workers."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from fastload._util.stages import Laps
+from fastload.av.clip_decode import SampleRng, fill_video, plan_video, video_facts
+from fastload.av.clips import Clip
+from fastload.av.facts import REENCODE_KEYFRAME_INTERVAL, MediaFacts, StreamFacts, frames_per_clip
+from fastload.av.pyav import decode_frames, probe, reencode_h264
+from fastload.errors import SampleError
+from fastload.transforms import Transform
+
+Columns = tuple[tuple[str, tuple[int, ...], str], ...]  # a field's batch columns: (name, one sample's shape, dtype)
+
+
+class VideoConversion(Protocol):
+    """The conversion options a video's preparation reads (fastload.converters.options.ConvertOptions)."""
+
+    @property
+    def reencode_video(self) -> bool: ...
+    @property
+    def max_size(self) -> int | None: ...
+    @property
+    def keyframe_interval(self) -> int: ...
+    @property
+    def max_pixels(self) -> int: ...
+
+
+def prepare_video(data: bytes, where: str, name: str, options: VideoConversion) -> tuple[str, bytes, MediaFacts]:
+    """The video field as stored (re-encoded to H.264 in ``mp4`` with ``--reencode`` or ``--max-size``)
+    and its stream facts; a SampleError for one that does not probe."""
+    if options.reencode_video or options.max_size is not None:
+        data = reencode_h264(data, where, options.keyframe_interval, options.max_size, options.max_pixels)
+        name = "mp4"
+    return name, data, probe(data, where, options.max_pixels)
+
+
+def video_columns(name: str, key: str, clip: Clip | None, image_shape: tuple[int, int, int] | None) -> Columns:
+    """A video field's column: (clips,) frames, C, H, W uint8 of the transforms' output size."""
+    if image_shape is None or clip is None:
+        raise ValueError(f"field {name}: a video needs clip= and a transform with a fixed output size")
+    return ((key, (*clip.shape(), *image_shape), "uint8"),)
+
+
+def fill_video_field(
+    data: bytes, where: str, name: str, facts: MediaFacts | None, clip: Clip, transforms: Sequence[Transform], seed: int,
+    epoch: int, index: int, rows: Sequence[np.ndarray], sample_rng: SampleRng, clock: Laps,
+) -> None:
+    """Video field ``name``'s clips, planned from its stream ``facts``, decoded into its batch row."""
+    planned = plan_video(video_facts(facts, where, name), clip, transforms, seed, epoch, index, sample_rng)
+    fill_video(data, where, planned, rows[0], clip.timeout_s, clock)
+
+
+def describe_video(facts: MediaFacts, where: str, name: str, clip: Clip, transforms: Sequence[Transform], seed: int, epoch: int,
+                   index: int, sample_rng: SampleRng) -> dict[str, Any]:
+    """A sample description's video fields: its clips and geometry as a worker plans them (nothing
+    of the video is read), or the problem that stops it."""
+    try:
+        planned = plan_video(video_facts(facts, where, name), clip, transforms, seed, epoch, index, sample_rng)
+    except SampleError as exc:
+        return {"video": name, "problem": exc.reason}
+    except ValueError as exc:
+        return {"video": name, "problem": str(exc)}
+    return {"video": name, "source_size": (planned.facts.height, planned.facts.width), "box": planned.plan.box,
+            "size": planned.plan.size, "flip": planned.plan.flip, "clips": planned.spans()}
+
+
+def check_video(data: bytes, where: str, name: str, recorded: MediaFacts | None) -> None:
+    """A SampleError unless the video probes to the stream facts its sample table ``recorded`` and
+    every one of its frames decodes as a loader decodes them (a probe decodes the first alone)."""
+    found = probe(data, where)
+    if not isinstance(recorded, StreamFacts):
+        raise SampleError(where, f"field {name}: a video without stream facts in its sample table (convert it with fastload convert)")
+    if found != recorded:
+        raise SampleError(where, f"field {name}: its stream facts in the sample table disagree with the video (tampered table?)")
+    for _ in decode_frames(data, where, recorded, range(recorded.frames), None, math.inf):
+        pass
+
+
+def summarize_videos(stream_facts: Iterable[MediaFacts], clip_span: int) -> dict:
+    """The videos' stream facts over a dataset (no video is opened): how many, their codecs, frames,
+    seconds, sizes, keyframe spacing and audio; the frames a random clip covering ``clip_span``
+    frames decodes on average, as they are and re-encoded."""
+    codecs: Counter[str] = Counter()
+    frames: list[int] = []
+    gaps: list[float] = []
+    sides: list[tuple[int, int]] = []
+    seconds, audio = 0.0, 0
+    decoded, reencoded = 0.0, 0.0
+    for facts in stream_facts:
+        if not isinstance(facts, StreamFacts):
+            continue
+        codecs[facts.codec] += 1
+        frames.append(facts.frames)
+        seconds += facts.seconds
+        gaps.append(facts.frames / len(facts.keyframes))
+        sides.append((facts.width, facts.height))
+        audio += facts.audio_rate > 0
+        decoded += facts.frames_per_clip(clip_span)
+        reencoded += frames_per_clip(range(0, facts.frames, REENCODE_KEYFRAME_INTERVAL), facts.frames, clip_span)
+    if not frames:
+        return {"count": 0}
+    smallest, largest = min(sides, key=_area), max(sides, key=_area)
+    return {
+        "count": len(frames), "codecs": dict(codecs.most_common()), "frames_min": min(frames), "frames_max": max(frames),
+        "seconds": round(seconds, 1), "mean_frames_per_keyframe": round(sum(gaps) / len(gaps), 1),
+        "smallest": [*smallest], "largest": [*largest],
+        "with_audio": audio,
+        "clip_span": clip_span, "clip_frames_decoded": round(decoded / len(frames), 1),
+        "clip_frames_decoded_reencoded": round(reencoded / len(frames), 1), "reencode_keyframe_interval": REENCODE_KEYFRAME_INTERVAL,
+        "reencode_factor": round(decoded / reencoded, 2),
+    }
+
+
+def _area(side: tuple[int, int]) -> int:
+    return side[0] * side[1]
