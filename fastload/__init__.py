@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     from fastload.av.clips import Clip
     from fastload.av.crops import Audio
     from fastload.errors import DatasetIndexError, FastloadError, RemoteError, SampleError, ShardError
-    from fastload.formats.index import DatasetIndex, ShardInfo, read_index
+    from fastload.formats.index import DatasetIndex, read_index
+    from fastload.formats.shard_info import ShardInfo
     from fastload.loader import DataLoader
     from fastload.orders.schedule import WeightSchedule
     from fastload.storage.dataset import ShardedDataset, open
@@ -36,7 +37,7 @@ _EXPORTS = {
     "Clip": "fastload.av.clips",
     "Audio": "fastload.av.crops",
     "DatasetIndex": "fastload.formats.index",
-    "ShardInfo": "fastload.formats.index",
+    "ShardInfo": "fastload.formats.shard_info",
     "read_index": "fastload.formats.index",
     "verify_dataset": "fastload.storage.verify",
     "FastloadError": "fastload.errors",

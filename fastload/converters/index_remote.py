@@ -14,7 +14,8 @@ from pathlib import Path
 
 from fastload._util.files import atomic_write_bytes
 from fastload.converters.index_tars import IndexedTar, check_tar_name, dataset_index, indexed_shard, scan_tar
-from fastload.formats.index import INDEX_FILE, DatasetIndex, ShardInfo, write_index
+from fastload.formats.index import INDEX_FILE, DatasetIndex, write_index
+from fastload.formats.shard_info import ShardInfo
 from fastload.storage import remote
 
 TARS_IN_FLIGHT = 2

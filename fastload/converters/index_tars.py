@@ -32,7 +32,8 @@ from fastload.converters.lock import locked_output
 from fastload.errors import DatasetIndexError, SampleError
 from fastload.fields import IMAGE_FIELDS, LABEL_FIELD, default_role, is_field_member, parse_label
 from fastload.formats.idx import IDX_WHITESPACE, Member, format_dali_index, split_member_name
-from fastload.formats.index import FORMAT_VERSION, INDEX_FILE, VIDEO_FORMAT_VERSION, DatasetIndex, ShardInfo, write_index
+from fastload.formats.index import FORMAT_VERSION, INDEX_FILE, VIDEO_FORMAT_VERSION, DatasetIndex, write_index
+from fastload.formats.shard_info import ShardInfo
 from fastload.formats.table import MAX_LABEL_BYTES, TABLE_SUFFIX, Facts, tar_table
 from fastload.formats.tar_headers import mapped, tar_members
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from fastload._util.files import atomic_write_bytes, naming
 from fastload.converters.shard import ShardResult
-from fastload.formats.index import ShardInfo
+from fastload.formats.shard_info import ShardInfo
 from fastload.storage import remote
 
 PARTIAL_DIR = ".fastload-partial"

@@ -17,7 +17,7 @@ from fastload.converters.sources import Source
 from fastload.decode.header import image_size
 from fastload.errors import SampleError
 from fastload.fields import JPEG_FIELD, LABEL_FIELD, default_role, stream_fields
-from fastload.formats.index import ShardInfo
+from fastload.formats.shard_info import ShardInfo
 from fastload.formats.table import TABLE_SUFFIX
 from fastload.formats.writing import PreparedSample, open_writer
 

@@ -20,7 +20,7 @@ from fastload.fields import format_label
 from fastload.formats.parquet.bounds import import_pyarrow
 
 if TYPE_CHECKING:
-    from fastload.formats.index import DatasetIndex, ShardInfo
+    from fastload.formats.shard_info import ShardInfo
     from fastload.formats.table import Facts
 
 MEMORY_ENV = "FASTLOAD_PARQUET_MEMORY"
@@ -71,19 +71,6 @@ def class_names(schema_metadata: Mapping[bytes, bytes] | None, label_column: str
 def column_roles(schema: Any) -> dict[str, str]:
     """Each top-level column's role (:func:`role_of`) of an Arrow ``schema``, by name."""
     return {f.name: role_of(f.type) for f in schema}
-
-
-def in_place_index(layout: str, shards: list[ShardInfo], columns: Mapping[str, str], schema_metadata: Mapping[bytes, bytes] | None) -> DatasetIndex:
-    """The index of data read in place: its parts as shards, its columns' roles, and the class names
-    the Hub's feature description (``schema_metadata``) gives the label column (``label``, else the first)."""
-    from fastload.formats.index import IN_PLACE_VERSION, DatasetIndex
-
-    labels = [name for name, role in columns.items() if role == "label"]
-    label = "label" if "label" in labels else labels[0] if labels else None
-    classes = class_names(schema_metadata, label) if label is not None else None
-    return DatasetIndex(layout=layout, shards=tuple(shards), fields=tuple(columns), classes=classes,
-                        image_fields=tuple(name for name, role in columns.items() if role == "image"),
-                        columns=dict(columns), source=f"{layout}-in-place", version=IN_PLACE_VERSION)
 
 
 def field_bytes(role: str, value: Any, where: str, column: str) -> bytes:

@@ -14,12 +14,12 @@ import os
 from dataclasses import MISSING, asdict, dataclass, field
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
-from typing import cast
 
-from fastload._util.files import atomic_write_bytes, check_relative_path, is_sha256, read_file
+from fastload._util.files import atomic_write_bytes, read_file
 from fastload.errors import DatasetIndexError
 from fastload.fields import ROLES, stream_fields
 from fastload.formats.shard_formats import LAYOUTS, shard_format
+from fastload.formats.shard_info import IN_PLACE_FIELDS, MAX_INT, ShardInfo, check_counts, check_int, check_sha256, check_strings
 
 FORMAT_NAME = "fastload"
 FORMAT_VERSION = 3  # 2: HDF5 byte columns stored flat (a group of `bytes` + `offsets`); 3: per-shard sample tables
@@ -36,84 +36,6 @@ SKIPPED_REPORT = "skipped.jsonl"
 
 
 
-MAX_INT = 2**63 - 1  # counts, sizes and labels all fit an int64
-
-
-def _check_sha256(value: object, name: str, optional: bool = False) -> None:
-    if not (is_sha256(value) or (optional and value is None)):
-        raise DatasetIndexError(f"{name}: must be a sha256 digest (64 lowercase hex digits)")
-
-
-def _check_int(value: object, name: str, minimum: int = 0) -> None:
-    """An int (bool is not one) from ``minimum`` to 2**63 - 1."""
-    if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= MAX_INT:
-        raise DatasetIndexError(f"{name}: must be an integer from {minimum} to 2**63 - 1")
-
-
-def _check_strings(value: object, name: str) -> None:
-    if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
-        raise DatasetIndexError(f"{name}: must be a list of strings")
-
-
-def _check_counts(value: object, name: str) -> None:
-    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-        raise DatasetIndexError(f"{name}: must be an object of counts")
-    for count in value.values():
-        _check_int(count, name)
-
-
-@dataclass(frozen=True)
-class ShardInfo:
-    """One shard file: its path relative to the dataset root, sample count, size and checksum.
-    Every field is checked with its type on construction, so readers trust them afterwards."""
-
-    path: str
-    samples: int
-    bytes: int
-    sha256: str
-    offsets: str | None = None  # the DALI .idx beside a tar shard
-    offsets_sha256: str | None = None  # its checksum (fetched .idx files are checked too)
-    table: str | None = None  # the shard's sample table (fastload.formats.table; a token shard's document table)
-    table_sha256: str | None = None  # its checksum (fetched tables are checked too)
-    tokens: int | None = None  # a token shard's tokens (its ``samples`` are documents)
-    # data read in place (fastload/formats/parquet/README.md): the shard is row group ``row_group`` of the file
-    # at ``path`` (of ``file_bytes``, modified at ``mtime_ns`` where local), its rows from ``first_row`` of the
-    # file on, its column chunks the ``bytes`` from ``span_start``; the file's footer is its last
-    # ``footer_bytes``, and ``sha256`` is the footer's (a file rewritten has another)
-    row_group: int | None = None
-    first_row: int | None = None
-    span_start: int | None = None
-    file_bytes: int | None = None
-    footer_bytes: int | None = None
-    mtime_ns: int | None = None
-    version: int | None = None  # a Lance dataset's version (its fragments are read at it)
-
-    def __post_init__(self) -> None:
-        check_relative_path(self.path, "path")
-        _check_int(self.samples, "samples")
-        for name in IN_PLACE_FIELDS:
-            value = getattr(self, name)
-            if value is not None:
-                _check_int(value, name)
-        if self.row_group is not None:
-            if any(getattr(self, name) is None for name in IN_PLACE_FIELDS[1:5]):
-                raise DatasetIndexError(f"row_group: a row group names its {', '.join(IN_PLACE_FIELDS[1:5])}")
-            file_bytes, footer = cast(int, self.file_bytes), cast(int, self.footer_bytes)
-            if footer > file_bytes or cast(int, self.span_start) + self.bytes > file_bytes - footer:
-                raise DatasetIndexError("span_start: the row group's bytes must lie before the file's footer")
-        if self.tokens is not None:
-            _check_int(self.tokens, "tokens")
-        _check_int(self.bytes, "bytes")
-        _check_sha256(self.sha256, "sha256")
-        if self.offsets is not None:
-            check_relative_path(self.offsets, "offsets")
-        _check_sha256(self.offsets_sha256, "offsets_sha256", optional=True)
-        if self.table is not None:
-            check_relative_path(self.table, "table")
-        _check_sha256(self.table_sha256, "table_sha256", optional=True)
-
-
-IN_PLACE_FIELDS = ("row_group", "first_row", "span_start", "file_bytes", "footer_bytes", "mtime_ns", "version")
 
 
 TOKEN_DTYPES = {"uint16": 2**16, "uint32": 2**32}  # a token shard's dtype -> the ids it can hold
@@ -149,8 +71,8 @@ class TokenizerIdentity:
     encoder: str | None = None  # the library and version that made the ids, e.g. "tokenizers 0.21.0" (None: not recorded)
 
     def __post_init__(self) -> None:
-        _check_sha256(self.sha256, "tokenizer.sha256")
-        _check_int(self.vocab_size, "tokenizer.vocab_size", minimum=1)
+        check_sha256(self.sha256, "tokenizer.sha256")
+        check_int(self.vocab_size, "tokenizer.vocab_size", minimum=1)
         if self.dtype not in TOKEN_DTYPES or self.vocab_size > TOKEN_DTYPES[self.dtype]:
             raise DatasetIndexError(f"tokenizer.dtype: must be one of {sorted(TOKEN_DTYPES)} holding ids below vocab_size")
         if self.kind not in ("tokenizer.json", "transformers"):
@@ -158,13 +80,13 @@ class TokenizerIdentity:
         for name in ("bos_id", "eos_id", "pad_id"):
             value = getattr(self, name)
             if value is not None:
-                _check_int(value, f"tokenizer.{name}")
+                check_int(value, f"tokenizer.{name}")
                 if value >= self.vocab_size:
                     raise DatasetIndexError(f"tokenizer.{name}: must be below vocab_size")
         if not isinstance(self.special, dict) or not all(isinstance(k, str) for k in self.special):
             raise DatasetIndexError("tokenizer.special: must be an object of ids")
         for value in self.special.values():
-            _check_int(value, "tokenizer.special")
+            check_int(value, "tokenizer.special")
         if self.special_text not in (None, *SPECIAL_TEXT):
             raise DatasetIndexError(f"tokenizer.special_text: must be one of {list(SPECIAL_TEXT)}")
         if self.encoder is not None and not isinstance(self.encoder, str):
@@ -200,13 +122,13 @@ class DatasetIndex:
             raise DatasetIndexError(f"layout: must be one of {LAYOUTS}")
         if not isinstance(self.shards, tuple) or not all(isinstance(s, ShardInfo) for s in self.shards):
             raise DatasetIndexError("shards: must be a list of shards")
-        _check_strings(self.fields, "fields")
-        _check_strings(self.image_fields, "image_fields")
+        check_strings(self.fields, "fields")
+        check_strings(self.image_fields, "image_fields")
         if self.classes is not None:
-            _check_strings(self.classes, "classes")
-        _check_counts(self.class_counts, "class_counts")
-        _check_counts(self.skipped, "skipped")
-        _check_int(self.duplicates, "duplicates")
+            check_strings(self.classes, "classes")
+        check_counts(self.class_counts, "class_counts")
+        check_counts(self.skipped, "skipped")
+        check_int(self.duplicates, "duplicates")
         if not isinstance(self.source, str):
             raise DatasetIndexError("source: must be a string")
         if not isinstance(self.conversion, dict):
@@ -217,7 +139,7 @@ class DatasetIndex:
             if not isinstance(self.decoded_shape, tuple) or len(self.decoded_shape) != 3:
                 raise DatasetIndexError("decoded_shape: must be [height, width, channels]")
             for side in self.decoded_shape:
-                _check_int(side, "decoded_shape", minimum=1)
+                check_int(side, "decoded_shape", minimum=1)
         if self.num_samples > MAX_INT:
             raise DatasetIndexError("shards: more than 2**63 - 1 samples in all")
         self._check_tokens()
@@ -320,11 +242,11 @@ class DatasetIndex:
                 data["tokenizer"] = TokenizerIdentity(**data["tokenizer"])
             index = cls(**data)
             if total is not None:
-                _check_int(total, "num_samples")
+                check_int(total, "num_samples")
                 if total != index.num_samples:
                     raise DatasetIndexError(f"num_samples: says {total}, the shards hold {index.num_samples}")
             if total_tokens is not None:
-                _check_int(total_tokens, "num_tokens")
+                check_int(total_tokens, "num_tokens")
                 if total_tokens != index.num_tokens:
                     raise DatasetIndexError(f"num_tokens: says {total_tokens}, the shards hold {index.num_tokens}")
             return index
@@ -335,7 +257,7 @@ class DatasetIndex:
 def check_version(version: object) -> None:
     """A DatasetIndexError unless ``version`` is one this fastload reads (checked before anything
     else, so a newer index is refused by its version rather than by the fields it added)."""
-    _check_int(version, "version")
+    check_int(version, "version")
     if version not in READABLE_VERSIONS:
         raise DatasetIndexError(f"index version {version} is not supported (this fastload reads {READABLE_VERSIONS})")
 

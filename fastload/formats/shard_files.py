@@ -16,8 +16,9 @@ import stat
 from pathlib import Path
 
 from fastload._util.files import inside_root
-from fastload.formats.index import DatasetIndex, ShardInfo
+from fastload.formats.index import DatasetIndex
 from fastload.formats.shard_formats import shard_format
+from fastload.formats.shard_info import ShardInfo
 from fastload.formats.shard_reader import ShardReader
 from fastload.formats.table import TABLE_SUFFIX, SampleTable
 from fastload.formats.token_counts import ShardTokens

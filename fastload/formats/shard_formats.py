@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 from fastload.formats.token_counts import ShardTokens
 
 if TYPE_CHECKING:
-    from fastload.formats.index import ShardInfo
+    from fastload.formats.shard_info import ShardInfo
     from fastload.formats.shard_reader import ShardReader
     from fastload.formats.table import SampleTable
 

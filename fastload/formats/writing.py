@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from fastload._util.files import temporary_beside
-from fastload.formats.index import ShardInfo
 from fastload.formats.shard_formats import shard_format
+from fastload.formats.shard_info import ShardInfo
 
 if TYPE_CHECKING:
     import numpy as np

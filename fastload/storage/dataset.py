@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any, cast
 from fastload._util.files import reserve_descriptors, this_process
 from fastload.errors import ShardError
 from fastload.fields import DECODED_FIELD, LABEL_FIELD, decode_field, default_role, image_field
-from fastload.formats.index import INDEX_FILE, DatasetIndex, ShardInfo, read_index
+from fastload.formats.index import INDEX_FILE, DatasetIndex, read_index
 from fastload.formats.shard_files import offsets_name, open_shard, open_shard_files, table_name
 from fastload.formats.shard_formats import ShardFormat, shard_format
+from fastload.formats.shard_info import ShardInfo
 from fastload.formats.shard_reader import PixelReader, ShardReader
 from fastload.formats.table import Facts, SampleTable
 from fastload.storage.remote import is_url

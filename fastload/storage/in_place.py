@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,11 @@ from typing import Any
 from fastload._util.files import atomic_write_bytes, check_relative_path, read_file, resolved_inside
 from fastload._util.processes import in_fresh_process
 from fastload.errors import DatasetIndexError
+from fastload.formats.in_place import class_names
 from fastload.formats.in_place import column_roles as in_place_roles
-from fastload.formats.in_place import in_place_index
-from fastload.formats.index import INDEX_FILE, DatasetIndex, ShardInfo, write_index
+from fastload.formats.index import IN_PLACE_VERSION, INDEX_FILE, DatasetIndex, write_index
 from fastload.formats.parquet.footer import TAIL, Footer, footer_length, parse_footer, row_groups
+from fastload.formats.shard_info import ShardInfo
 from fastload.storage import remote
 from fastload.storage.remote import is_url
 
@@ -304,3 +306,14 @@ def index_in_place(location: str | Path, force: bool = False) -> tuple[DatasetIn
     kept.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(kept, index.to_json().encode(), durable=False)
     return index, time.perf_counter() - start, kept
+
+
+def in_place_index(layout: str, shards: list[ShardInfo], columns: Mapping[str, str], schema_metadata: Mapping[bytes, bytes] | None) -> DatasetIndex:
+    """The index of data read in place: its parts as shards, its columns' roles, and the class names
+    the Hub's feature description (``schema_metadata``) gives the label column (``label``, else the first)."""
+    labels = [name for name, role in columns.items() if role == "label"]
+    label = "label" if "label" in labels else labels[0] if labels else None
+    classes = class_names(schema_metadata, label) if label is not None else None
+    return DatasetIndex(layout=layout, shards=tuple(shards), fields=tuple(columns), classes=classes,
+                        image_fields=tuple(name for name, role in columns.items() if role == "image"),
+                        columns=dict(columns), source=f"{layout}-in-place", version=IN_PLACE_VERSION)

@@ -14,8 +14,9 @@ import numpy as np
 
 from fastload._util.files import atomic_write_bytes
 from fastload.errors import ShardError
-from fastload.formats.index import DatasetIndex, ShardInfo
+from fastload.formats.index import DatasetIndex
 from fastload.formats.shard_files import open_shard, root_file, table_name
+from fastload.formats.shard_info import ShardInfo
 from fastload.formats.shard_reader import ShardReader
 from fastload.formats.table import SampleTable, key_hashes
 

@@ -12,9 +12,10 @@ from pathlib import Path
 from fastload._util.files import file_sha256, read_file
 from fastload.errors import FastloadError, SampleError
 from fastload.fields import decode_field, default_role, image_field
-from fastload.formats.index import INDEX_FILE, DatasetIndex, ShardInfo, read_index
+from fastload.formats.index import INDEX_FILE, DatasetIndex, read_index
 from fastload.formats.shard_files import dataset_file, offsets_name, open_shard, open_shard_files, table_name
 from fastload.formats.shard_formats import shard_format
+from fastload.formats.shard_info import ShardInfo
 from fastload.formats.shard_reader import ShardReader
 from fastload.formats.table import Facts, SampleTable
 from fastload.media import MEDIA_ROLES

@@ -21,7 +21,7 @@ from fastload.formats.in_place import OPEN_FILES, InPlaceReader, _cache
 from fastload.formats.parquet.bounds import arrow_errors, damage, import_pyarrow
 
 if TYPE_CHECKING:
-    from fastload.formats.index import ShardInfo
+    from fastload.formats.shard_info import ShardInfo
 
 
 def _mapped(path: str, shown: str) -> tuple[Any, Any]:
@@ -79,7 +79,7 @@ def stream_parts(path: str, name: str, size: int, mtime_ns: int | None) -> tuple
     """(the index's entries of the stream file at ``path``, named ``name`` in the dataset: one a
     record batch; its schema); a ValueError naming the file where it is no readable stream."""
     pa = import_pyarrow()
-    from fastload.formats.index import ShardInfo
+    from fastload.formats.shard_info import ShardInfo
 
     shards: list[ShardInfo] = []
     try:

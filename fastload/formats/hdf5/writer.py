@@ -19,7 +19,8 @@ import numpy as np
 from fastload._util.files import file_sha256, temporary_beside
 from fastload.fields import LABEL_FIELD
 from fastload.formats.hdf5.reader import MAX_DECOMPRESSED_BYTES
-from fastload.formats.index import FORMAT_NAME, FORMAT_VERSION, ShardInfo
+from fastload.formats.index import FORMAT_NAME, FORMAT_VERSION
+from fastload.formats.shard_info import ShardInfo
 from fastload.formats.table import TABLE_SUFFIX, encode_table
 from fastload.formats.writing import PreparedSample, WriterOptions, publish, write_beside
 

@@ -17,7 +17,7 @@ from fastload.errors import SampleError, ShardError
 from fastload.formats.in_place import OPEN_FILES, InPlaceReader, _cache
 
 if TYPE_CHECKING:
-    from fastload.formats.index import ShardInfo
+    from fastload.formats.shard_info import ShardInfo
 
 SLICE_ROWS = 512  # a shard: at most this many rows of one fragment
 BATCH_ROWS = 64  # rows a read decodes at once (images: a few MB)
@@ -62,7 +62,7 @@ def dataset_version(uri: str) -> int:
 def lance_parts(uri: str, name: str) -> tuple[list[ShardInfo], Any, int]:
     """(the index's entries of the dataset at ``uri``, named ``name``: slices of SLICE_ROWS rows of
     each fragment; its schema; its version)."""
-    from fastload.formats.index import ShardInfo
+    from fastload.formats.shard_info import ShardInfo
 
     dataset = open_dataset(uri, dataset_version(uri))  # the latest version, pinned (a reader reads the one indexed)
     digest, shards = version_digest(int(dataset.version)), []

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastload.formats.in_place import column_roles as in_place_roles
-from fastload.formats.index import ShardInfo
 from fastload.formats.parquet.bounds import arrow_errors, damage, import_pyarrow, import_pyarrow_parquet
+from fastload.formats.shard_info import ShardInfo
 
 MAGIC = b"PAR1"
 TAIL = 8  # the footer's length (4 bytes, little-endian) and the magic

@@ -31,7 +31,7 @@ from fastload.formats.parquet.bounds import (
 )
 
 if TYPE_CHECKING:
-    from fastload.formats.index import ShardInfo
+    from fastload.formats.shard_info import ShardInfo
 
 
 class SpanFile(io.RawIOBase):

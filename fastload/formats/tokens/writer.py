@@ -11,7 +11,8 @@ from typing import BinaryIO
 import numpy as np
 
 from fastload._util.files import temporary_beside
-from fastload.formats.index import TOKEN_DTYPES, ShardInfo
+from fastload.formats.index import TOKEN_DTYPES
+from fastload.formats.shard_info import ShardInfo
 from fastload.formats.tokens.reader import DOCS_SUFFIX, encode_documents
 from fastload.formats.writing import WriterOptions, publish, write_beside
 

@@ -11,7 +11,7 @@ from typing import BinaryIO
 from fastload._util.files import temporary_beside
 from fastload.fields import LABEL_FIELD, format_label
 from fastload.formats.idx import Member, format_dali_index
-from fastload.formats.index import ShardInfo
+from fastload.formats.shard_info import ShardInfo
 from fastload.formats.table import TABLE_SUFFIX, Facts, tar_table
 from fastload.formats.writing import PreparedSample, WriterOptions, publish, write_beside
 
