@@ -335,7 +335,7 @@ def torchaudio_resample(waveform: torch.Tensor, orig_freq: int, new_freq: int) -
     return resampled[..., : math.ceil(new_freq * length / orig_freq)]
 
 
-@pytest.mark.parametrize("rate", [22050, 44100, 48000, 11025])
+@pytest.mark.parametrize("rate", [22050, 44100, 48000, 11025, 8000, 96000, 32000])
 def test_a_crop_is_resampled_as_torchaudio_resamples_it(tmp_path: Path, rate: int) -> None:
     from tests.audio.media import chirp, encode
 
