@@ -565,30 +565,41 @@ def _declared_seconds(container: Any, stream: Any) -> float | None:
     return None
 
 
-def decode_audio(data: bytes, where: str, facts: AudioFacts, start: int, count: int, deadline: float) -> np.ndarray:
-    """A channel's samples ``start`` to ``start + count`` of the recording in ``data``, as float32
-    (channels, n): a PCM WAV's read at their bytes (fastload.av.wav), others decoded from a seek to a
-    little before them (or from the file's start: a container that does not seek, a seek that landed
-    past them); n < ``count`` only where the recording ends. Nothing is allocated but what the file
+def decode_crops(data: bytes, where: str, facts: AudioFacts, crops: Sequence[tuple[int, int]], deadline: float) -> Iterator[np.ndarray]:
+    """Each crop's samples (a channel's ``start`` to ``start + count``, for each (start, count) of
+    ``crops``) of the recording in ``data``, as float32 (channels, n): a PCM WAV's read at their bytes
+    (fastload.av.wav), others decoded from a seek to a little before them (or from the file's start:
+    a container that does not seek, a seek that landed past them), the container opened once for all
+    of them; n < ``count`` only where the recording ends. Nothing is allocated but what the file
     holds or the decoder gave. A SampleError naming ``where`` when it does not decode, differs from
     its facts, or passes ``deadline``."""
     wav = wav_layout(data, where)
     if wav is not None:
         _check_facts(where, facts, wav.rate, wav.channels)
-        _check_length(where, facts, wav.samples, start + count)
-        return read_wav(data, wav, start, count)
+        for start, count in crops:
+            _check_length(where, facts, wav.samples, start + count)
+            yield read_wav(data, wav, start, count)
+        return
     av = _av()
     origin = facts.start_pts * facts.time_base[0] / facts.time_base[1]  # seconds of sample 0
-    seek_to = max(0.0, (start / facts.rate) - SEEK_PREROLL_S)
-    for seeking in ((True, False) if facts.seekable and seek_to > 0 else (False,)):
-        container, stream = _open_audio(data, where)
-        try:
-            gathered = _decode_range(av, container, stream, where, facts, origin, seek_to if seeking else None, start, count, deadline)
-        finally:
+    container = stream = None
+    try:
+        for start, count in crops:
+            seek_to = max(0.0, (start / facts.rate) - SEEK_PREROLL_S)
+            for seeking in ((True, False) if facts.seekable and seek_to > 0 else (False,)):
+                if container is None or not seeking:  # a seek flushes the decoder; decoding from the start needs a fresh one
+                    if container is not None:
+                        container.close()
+                    container, stream = _open_audio(data, where)
+                gathered = _decode_range(av, container, stream, where, facts, origin, seek_to if seeking else None, start, count, deadline)
+                if gathered is not None:
+                    break
+            else:  # unreachable: no seek always lands at 0
+                raise SampleError(where, f"decoding from its start never reached sample {start}")
+            yield gathered.samples()
+    finally:
+        if container is not None:
             container.close()
-        if gathered is not None:
-            return gathered.samples()
-    raise SampleError(where, f"decoding from its start never reached sample {start}")  # unreachable: no seek always lands at 0
 
 
 def _check_facts(where: str, facts: AudioFacts, rate: int, channels: int) -> None:
@@ -605,7 +616,7 @@ def _check_length(where: str, facts: AudioFacts, position: int, end: int) -> Non
 
 def _decode_range(av: Any, container: Any, stream: Any, where: str, facts: AudioFacts, origin: float, seek_to: float | None,
                   start: int, count: int, deadline: float) -> _Gathered | None:
-    """One try of :func:`decode_audio`: the crop's samples, or None when a seek to ``seek_to`` seconds landed past ``start``."""
+    """One crop's try in :func:`decode_crops`: the crop's samples, or None when a seek to ``seek_to`` seconds landed past ``start``."""
     if seek_to is not None:
         try:
             container.seek(int((origin + seek_to) * 1_000_000), backward=True, any_frame=False)

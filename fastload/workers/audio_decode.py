@@ -2,7 +2,8 @@
 
 A recording's crops (which samples) are planned from its stream facts in the sample table, from
 (seed, epoch, index) alone; the decoder then seeks to a little before each crop and decodes only
-to its end (fastload.av.pyav), and each crop is mixed down and resampled (fastload.av.resample) into its
+to its end, the container opened once for a recording's crops (fastload.av.pyav; a PCM WAV's
+crops are read at their bytes), and each crop is mixed down and resampled (fastload.av.resample) into its
 row, or turned into Whisper's log-mel features (fastload.av.mel). Decoding is timed as the decode
 stage, the rest as the transform stage. A video field asked for as audio gives its sound track,
 planned from the video's facts (its length, its sound's rate and channels).
@@ -18,7 +19,7 @@ import numpy as np
 from fastload.av.crops import CROP_SALT, Audio, plan_crops
 from fastload.av.facts import AudioFacts, MediaFacts
 from fastload.av.mel import log_mel
-from fastload.av.pyav import decode_audio, resample_audio
+from fastload.av.pyav import decode_crops, resample_audio
 from fastload.errors import SampleError
 from fastload.workers.rng import sample_rng
 from fastload.workers.stage_clock import DECODE, TRANSFORM, StageClock
@@ -67,8 +68,7 @@ def fill_audio(data: bytes, where: str, planned: PlannedAudio, audio: Audio, out
     counts = lengths.reshape(-1)
     deadline = time.monotonic() + audio.timeout_s
     clock.lap(TRANSFORM)
-    for row, (start, count) in enumerate(planned.crops):
-        source = decode_audio(data, where, facts, start, count, deadline)
+    for row, source in enumerate(decode_crops(data, where, facts, planned.crops, deadline)):
         clock.lap(DECODE)
         samples = resample_audio(source, facts.rate, audio.rate, audio.channels, where)
         valid = min(audio.length, samples.shape[1])
