@@ -477,6 +477,7 @@ class _Gathered:
     def __init__(self, where: str, channels: int) -> None:
         self.where, self.channels = where, channels
         self.format: str | None = None
+        self.width = 0  # bytes of one sample in a plane: one channel's (planar) or every channel's (packed)
         self.planes: list[list[bytes]] = []
 
     def add(self, frame: Any, first: int, last: int) -> None:
@@ -486,10 +487,11 @@ class _Gathered:
             if name.rstrip("p") not in _SAMPLE_TYPES:
                 raise SampleError(self.where, f"decodes to samples of format {name}, which fastload does not convert")
             self.format = name
+            self.width = np.dtype(_SAMPLE_TYPES[name.rstrip("p")][0]).itemsize * (1 if name.endswith("p") else self.channels)
             self.planes = [[] for _ in range(self.channels if name.endswith("p") else 1)]
         elif name != self.format:
             raise SampleError(self.where, f"changes its decoded sample format from {self.format} to {name} mid-stream")
-        width = np.dtype(_SAMPLE_TYPES[name.rstrip("p")][0]).itemsize * (1 if name.endswith("p") else self.channels)
+        width = self.width
         for plane, gathered in zip(frame.planes, self.planes):
             gathered.append(bytes(memoryview(plane)[first * width : last * width]))
 
