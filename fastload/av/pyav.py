@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import io
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -567,7 +567,7 @@ def _declared_seconds(container: Any, stream: Any) -> float | None:
     return None
 
 
-def decode_crops(data: bytes, where: str, facts: AudioFacts, crops: Sequence[tuple[int, int]], deadline: float) -> Iterator[np.ndarray]:
+def decode_crops(data: bytes, where: str, facts: AudioFacts, crops: Sequence[tuple[int, int]], deadline: float) -> Generator[np.ndarray, None, None]:
     """Each crop's samples (a channel's ``start`` to ``start + count``, for each (start, count) of
     ``crops``) of the recording in ``data``, as float32 (channels, n): a PCM WAV's read at their bytes
     (fastload.av.wav), others decoded from a seek to a little before them (or from the file's start:

@@ -11,6 +11,7 @@ planned from the video's facts (its length, its sound's rate and channels).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -68,17 +69,18 @@ def fill_audio(data: bytes, where: str, planned: PlannedAudio, audio: Audio, out
     counts = lengths.reshape(-1)
     deadline = time.monotonic() + audio.timeout_s
     clock.lap(TRANSFORM)
-    for row, source in enumerate(decode_crops(data, where, facts, planned.crops, deadline)):
-        clock.lap(DECODE)
-        samples = resample_audio(source, facts.rate, audio.rate, audio.channels, where)
-        valid = min(audio.length, samples.shape[1])
-        if audio.mel is None:
-            rows[row][:, :valid] = samples[:, :valid]
-            rows[row][:, valid:] = 0
-        else:
-            crop = np.zeros((audio.channels, audio.length), np.float32)
-            crop[:, :valid] = samples[:, :valid]
-            for channel in range(audio.channels):
-                log_mel(crop[channel], audio.mel, rows[row][channel])
-        counts[row] = valid
-        clock.lap(TRANSFORM)
+    with contextlib.closing(decode_crops(data, where, facts, planned.crops, deadline)) as crops:  # its container closed on an error too
+        for row, source in enumerate(crops):
+            clock.lap(DECODE)
+            samples = resample_audio(source, facts.rate, audio.rate, audio.channels, where)
+            valid = min(audio.length, samples.shape[1])
+            if audio.mel is None:
+                rows[row][:, :valid] = samples[:, :valid]
+                rows[row][:, valid:] = 0
+            else:
+                crop = np.zeros((audio.channels, audio.length), np.float32)
+                crop[:, :valid] = samples[:, :valid]
+                for channel in range(audio.channels):
+                    log_mel(crop[channel], audio.mel, rows[row][channel])
+            counts[row] = valid
+            clock.lap(TRANSFORM)
