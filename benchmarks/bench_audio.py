@@ -3,15 +3,19 @@ fastload's loader (``audio=fastload.Audio(...)``: each crop decoded from a seek 
 down and resampled by torchaudio's recipe in the workers) against a torch DataLoader over a Dataset
 written as users write it: ``soundfile.read`` of the crop (libsndfile seeks to it), the channels'
 mean, then torchaudio's default resampler (``torchaudio.functional.resample``'s windowed sinc,
-written out here: torchaudio cannot be installed beside this torch), zero-padded. Both: 2 workers,
+written out here: torchaudio cannot be installed beside this torch), zero-padded. Each: 2 workers,
 batches of 16 random 2 s crops at 16 kHz mono with their lengths, the label beside. Each loader
 runs whole epochs in rounds, alternating, after one warm-up epoch; the median round is reported.
 Then each side's cost a crop in one process on one thread (no workers, nothing crossing processes).
-Conversion: ``fastload convert --from audio`` (every recording decoded once for its stream facts)
-against webdataset's ``TarWriter`` storing the same files, input MB/s.
+With ``--torchcodec-python`` (a Python whose environment has torch and torchcodec:
+torchcodec's wheels are built for one torch release each), a third side: a Dataset decoding each
+crop with torchcodec's ``AudioDecoder`` (benchmarks/bench_audio_torchcodec.py, in its own process,
+its rounds alternating with the others'). Conversion: ``fastload convert --from audio`` (every
+recording decoded once for its stream facts) against webdataset's ``TarWriter`` storing the same
+files, input MB/s.
 
     python benchmarks/fetch_audio.py data/audio
-    python benchmarks/bench_audio.py data/audio --rounds 3
+    python benchmarks/bench_audio.py data/audio --rounds 3 --torchcodec-python /work/venv-tc/bin/python
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import math
 import random
 import shutil
 import statistics
+import subprocess
 import tempfile
 import time
 from functools import lru_cache
@@ -133,7 +138,13 @@ def main() -> None:
     parser.add_argument("recordings", type=Path, help="class folders of recordings (benchmarks/fetch_audio.py)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=2, help="epochs a loader runs each round")
+    parser.add_argument("--torchcodec-python", help="a Python with torch and torchcodec installed: adds torchcodec's AudioDecoder Dataset")
     args = parser.parse_args()
+    torchcodec = None
+    if args.torchcodec_python:
+        script = Path(__file__).with_name("bench_audio_torchcodec.py")
+        torchcodec = subprocess.Popen([args.torchcodec_python, str(script), str(args.recordings), "--epochs", str(args.epochs)],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     work = Path(tempfile.mkdtemp(prefix="bench-audio-"))
     try:
         converted = conversion(args.recordings, work)
@@ -148,6 +159,10 @@ def main() -> None:
                                                               num_workers=WORKERS, persistent_workers=True),
         }
         rates: dict[str, list[float]] = {name: [] for name in loaders}
+        versions = {}
+        if torchcodec is not None:
+            versions["torchcodec"] = ask(torchcodec, None)["ready"]  # its warm-up epoch done
+            rates["torchcodec"] = []
         for loader in loaders.values():
             time_epoch(loader)  # warm-up: workers started, files in the page cache
         for _ in range(args.rounds):
@@ -157,20 +172,38 @@ def main() -> None:
                     s, n = time_epoch(loader)
                     seconds, samples = seconds + s, samples + n
                 rates[name].append(samples / seconds)
+            if torchcodec is not None:
+                rates["torchcodec"].append(ask(torchcodec, "round")["crops_per_s"])
         medians = {name: round(statistics.median(r), 1) for name, r in rates.items()}
         for loader in loaders.values():
             del loader  # the workers end before the one-process measurement
         loaders.clear()
         per_crop = in_process_ms(dataset, paths, labels, args.rounds)
+        if torchcodec is not None:
+            per_crop["torchcodec"] = round(statistics.median(ask(torchcodec, "inline")["ms_per_crop"] for _ in range(args.rounds)), 2)
+        speedups = {f"x {name}": round(medians["fastload"] / medians[name], 2) for name in medians if name != "fastload"}
         result = {
             "recordings": len(paths), "crop_s": SECONDS, "rate": RATE, "batch": BATCH, "workers": WORKERS, "rounds": args.rounds,
             "crops_per_s": medians, "rounds_crops_per_s": {k: [round(x, 1) for x in v] for k, v in rates.items()},
-            "speedup": round(medians["fastload"] / medians["soundfile+resample"], 2), "conversion": converted,
-            "in_process_ms_per_crop": per_crop,
+            "speedup": speedups, "conversion": converted, "in_process_ms_per_crop": per_crop, **versions,
         }
         print(json.dumps(result, indent=1))
     finally:
+        if torchcodec is not None:
+            torchcodec.stdin.close()  # type: ignore[union-attr]
+            torchcodec.wait(timeout=60)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def ask(process: subprocess.Popen, command: str | None) -> dict:
+    """Send ``command`` (None: nothing) to the torchcodec side and return its JSON answer."""
+    if command is not None:
+        process.stdin.write(command + "\n")  # type: ignore[union-attr]
+        process.stdin.flush()  # type: ignore[union-attr]
+    line = process.stdout.readline()  # type: ignore[union-attr]
+    if not line:
+        raise RuntimeError(f"the torchcodec side ended (exit status {process.wait()})")
+    return json.loads(line)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 A recording's crops (which samples) are planned from its stream facts in the sample table, from
 (seed, epoch, index) alone; the decoder then seeks to a little before each crop and decodes only
-to its end (fastload.av.pyav), and each crop is mixed down and resampled (fastload.av.resample) into its
+to its end, the container opened once for a recording's crops (fastload.av.pyav; a PCM WAV's
+crops are read at their bytes), and each crop is mixed down and resampled (fastload.av.resample) into its
 row, or turned into Whisper's log-mel features (fastload.av.mel). Decoding is timed as the decode
 stage, the rest as the transform stage. A video field asked for as audio gives its sound track,
 planned from the video's facts (its length, its sound's rate and channels). The random streams and
@@ -11,6 +12,7 @@ the stage clock are the worker's, handed in (fastload.workers.rng, fastload.work
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +25,7 @@ from fastload.av.clips import Draws
 from fastload.av.crops import CROP_SALT, Audio, plan_crops
 from fastload.av.facts import AudioFacts, MediaFacts
 from fastload.av.mel import log_mel
-from fastload.av.pyav import decode_audio, resample_audio
+from fastload.av.pyav import decode_crops, resample_audio
 from fastload.errors import SampleError
 
 
@@ -71,18 +73,18 @@ def fill_audio(data: bytes, where: str, planned: PlannedAudio, audio: Audio, out
     counts = lengths.reshape(-1)
     deadline = time.monotonic() + audio.timeout_s
     clock.lap(TRANSFORM)
-    for row, (start, count) in enumerate(planned.crops):
-        source = decode_audio(data, where, facts, start, count, deadline)
-        clock.lap(DECODE)
-        samples = resample_audio(source, facts.rate, audio.rate, audio.channels, where)
-        valid = min(audio.length, samples.shape[1])
-        if audio.mel is None:
-            rows[row][:, :valid] = samples[:, :valid]
-            rows[row][:, valid:] = 0
-        else:
-            crop = np.zeros((audio.channels, audio.length), np.float32)
-            crop[:, :valid] = samples[:, :valid]
-            for channel in range(audio.channels):
-                log_mel(crop[channel], audio.mel, rows[row][channel])
-        counts[row] = valid
-        clock.lap(TRANSFORM)
+    with contextlib.closing(decode_crops(data, where, facts, planned.crops, deadline)) as crops:  # its container closed on an error too
+        for row, source in enumerate(crops):
+            clock.lap(DECODE)
+            samples = resample_audio(source, facts.rate, audio.rate, audio.channels, where)
+            valid = min(audio.length, samples.shape[1])
+            if audio.mel is None:
+                rows[row][:, :valid] = samples[:, :valid]
+                rows[row][:, valid:] = 0
+            else:
+                crop = np.zeros((audio.channels, audio.length), np.float32)
+                crop[:, :valid] = samples[:, :valid]
+                for channel in range(audio.channels):
+                    log_mel(crop[channel], audio.mel, rows[row][channel])
+            counts[row] = valid
+            clock.lap(TRANSFORM)

@@ -335,7 +335,7 @@ def torchaudio_resample(waveform: torch.Tensor, orig_freq: int, new_freq: int) -
     return resampled[..., : math.ceil(new_freq * length / orig_freq)]
 
 
-@pytest.mark.parametrize("rate", [22050, 44100, 48000, 11025])
+@pytest.mark.parametrize("rate", [22050, 44100, 48000, 11025, 8000, 96000, 32000])
 def test_a_crop_is_resampled_as_torchaudio_resamples_it(tmp_path: Path, rate: int) -> None:
     from tests.audio.media import chirp, encode
 
@@ -346,9 +346,9 @@ def test_a_crop_is_resampled_as_torchaudio_resamples_it(tmp_path: Path, rate: in
     loader = fastload.DataLoader(tmp_path / "out", batch_size=1, shuffle=True, audio=Audio(seconds=1.0, rate=16000))
     crop, lengths, _ = next(iter(loader))
     start = round(loader.describe(0, 0).samples[0].crops[0][0] * rate)
-    from fastload.av.pyav import decode_audio
+    from fastload.av.pyav import decode_crops
 
-    stored = torch.from_numpy(decode_audio(data, "x", fastload.open(tmp_path / "out").stream_facts(0)["flac"], start, rate, float("inf")))
+    stored = torch.from_numpy(next(decode_crops(data, "x", fastload.open(tmp_path / "out").stream_facts(0)["flac"], [(start, rate)], float("inf"))))
     want = torchaudio_resample(stored, rate, 16000)[:, :16000].float()
     assert lengths.tolist() == [16000] and torch.allclose(crop[0], want, atol=1e-5)
 
@@ -365,3 +365,21 @@ def test_rates_sharing_no_large_divisor_are_resampled_by_swr(tmp_path: Path) -> 
     start_s = round(loader.describe(0, 0).samples[0].crops[0][0] * 16001) / 16001
     want = reference(samples, 16001, start_s, 16000, 16000)
     assert lengths.tolist() == [16000] and np.abs(crop[0].numpy()[:, 64:-64] - want[:, 64:-64]).max() < 0.01
+
+
+def test_several_crops_of_a_recording_decoded_from_one_open_container_each_hold_their_samples(audio_dataset: Path, recordings) -> None:
+    """Three random crops of each recording (one container opened, sought three times, its decoder
+    flushed between) each equal the recording's samples where describe places them."""
+    _, truth = recordings
+    loader = fastload.DataLoader(audio_dataset, batch_size=len(PLAN), shuffle=True, seed=11, return_keys=True,
+                                 audio=Audio(seconds=0.4, crops=3, rate=16000))
+    samples, lengths, _, keys = next(iter(loader))
+    assert lengths.tolist() == [[6400] * 3] * len(PLAN)
+    for row, sample in enumerate(loader.describe(0, 0).samples):
+        assert sample.key == keys[row]
+        ext, rate = rate_of(sample.key)
+        for crop, (start, _) in enumerate(sample.crops):
+            want = reference(truth[sample.key], rate, round(start * rate) / rate, 16000, 6400)
+            got = samples[row, crop].numpy()
+            error = np.abs(got[:, 64:-64] - want[:, 64:-64]).max()
+            assert error < (2e-4 if ext in ("flac", "wav") and rate == 16000 else 0.02 if ext in ("flac", "wav") else 0.08), (sample.key, crop, error)
