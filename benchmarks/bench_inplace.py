@@ -133,7 +133,7 @@ def rss():
     with open("/proc/self/status") as status:
         return int(status.read().split("VmRSS:")[1].split()[0]) * 1024
 import fastload
-from fastload.loading.options import LoaderOptions
+from fastload.loading.loader_options import LoaderOptions
 from fastload.loading.loader_orders import LoaderOrders
 from fastload.orders.position import Position
 before, start = rss(), time.perf_counter()

@@ -45,7 +45,7 @@ def first_batch(order_kind: str, samples: int) -> dict:
     spec = OrderSpec(shards, 0, True, BATCH, 0, WORLD, False, streaming, 4096 if streaming else 1)
     if order_kind == "mixture":
         from fastload.orders.mixing import apportion
-        from fastload.orders.mixture import MixtureOrder
+        from fastload.orders.mixture_order import MixtureOrder
 
         big = samples * 5 // 6 // SHARD
         members = ((SHARD,) * big, (SHARD,) * (samples // SHARD - big))

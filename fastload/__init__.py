@@ -23,15 +23,15 @@ if TYPE_CHECKING:
     from fastload.loader import DataLoader
     from fastload.orders.schedule import WeightSchedule
     from fastload.storage.dataset import ShardedDataset, open
-    from fastload.storage.mixture import MixedDataset, mix
+    from fastload.storage.mixed_dataset import MixedDataset, mix
     from fastload.storage.verify import verify_dataset
 
 _EXPORTS = {
     "DataLoader": "fastload.loader",
     "open": "fastload.storage.dataset",
     "ShardedDataset": "fastload.storage.dataset",
-    "mix": "fastload.storage.mixture",
-    "MixedDataset": "fastload.storage.mixture",
+    "mix": "fastload.storage.mixed_dataset",
+    "MixedDataset": "fastload.storage.mixed_dataset",
     "WeightSchedule": "fastload.orders.schedule",
     "transforms": "fastload.transforms",
     "Clip": "fastload.av.clips",

@@ -7,7 +7,7 @@ with libjpeg-turbo at the smallest sufficient DCT scale or with DALI, transform,
 shared memory) or, with ``seq_len=``, packed token rows. The main process keeps ``prefetch_factor``
 batches in flight per worker, pins and moves batches to ``device``.
 
-The loader is its stages: options validated once (fastload.loading.options), one training position
+The loader is its stages: options validated once (fastload.loading.loader_options), one training position
 (fastload.loading.state) and its stats, the kind of batch that counts, makes and describes its
 epochs, each starting at the state's position and advancing it.
 """
@@ -26,14 +26,14 @@ import torch
 from fastload._util.dist import check_ranks_agree
 from fastload.av.clips import Clip
 from fastload.av.crops import Audio
-from fastload.batch_kinds.protocol import BatchKind
-from fastload.batch_kinds.samples import SampleBatches
-from fastload.batch_kinds.tokens import TokenBatches
+from fastload.batch_kinds.batch_kind import BatchKind
+from fastload.batch_kinds.sample_batches import SampleBatches
+from fastload.batch_kinds.token_batches import TokenBatches
 from fastload.errors import DEFAULT_MAX_SKIPPED
 from fastload.loading.epoch import EpochLifecycle
 from fastload.loading.frameworks import KeptByAccelerate, accelerate_device
+from fastload.loading.loader_options import LoaderOptions, fast_path_defaults
 from fastload.loading.loader_orders import excluded_indices
-from fastload.loading.options import LoaderOptions, fast_path_defaults
 from fastload.loading.samplers import LoaderBatchSampler, LoaderSampler, unwrap_subset
 from fastload.loading.state import LoaderState
 from fastload.loading.stats import LoaderStats

@@ -1,7 +1,7 @@
 """The media roles' registry: for each field role whose samples are streams (video, audio), one
 row of the functions every place that dispatches on a field's role calls, so those places loop
 over or look up this table and name no modality. A row's functions live in its modality's folder
-(fastload/av/video.py, fastload/av/audio.py); those that run in a worker are handed the worker's
+(fastload/av/video_role.py, fastload/av/audio_role.py); those that run in a worker are handed the worker's
 random streams and stage clock, since a modality's folder lies below the workers.
 
 Where each is called: ``prepare`` in conversion (fastload.converters.shard), ``probe_in_place`` by
@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fastload.av import audio, video
+from fastload.av import audio_role as audio
+from fastload.av import video_role as video
 from fastload.av.pyav import probe_audio
 
 if TYPE_CHECKING:

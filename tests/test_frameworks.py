@@ -19,8 +19,8 @@ from torch.utils.data.distributed import DistributedSampler
 
 import fastload
 from fastload import transforms as T
-from fastload.converters.options import ConvertOptions
-from fastload.converters.run import convert
+from fastload.converters.conversion import convert
+from fastload.converters.convert_options import ConvertOptions
 from tests.conftest import run_script, torchrun
 
 HERE = Path(__file__).parent / "frameworks"

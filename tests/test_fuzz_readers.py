@@ -823,7 +823,7 @@ def small_tokenizer(path: Path, texts: list[str]) -> Path:
 def token_dataset(folder: Path) -> Path:
     """Real paragraphs (licenses, Python sources) with eos, tokenized by a small BPE trained on
     them, in three token shards."""
-    from fastload.converters.options import TokenizeOptions
+    from fastload.converters.convert_options import TokenizeOptions
     from tests.text.conftest import real_paragraphs, write_jsonl
 
     texts = real_paragraphs(120)

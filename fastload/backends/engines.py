@@ -3,7 +3,7 @@
 loader's epochs (an :class:`~fastload.loading.epoch.Engine`).
 
 To add a backend: a folder under ``backends/`` with an engine class (``epoch(inputs)``,
-``close()``), its row in :data:`ENGINES`, and its name in ``fastload.loading.options.Backend``.
+``close()``), its row in :data:`ENGINES`, and its name in ``fastload.loading.loader_options.Backend``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from fastload.backends.dali.dali_epoch import DaliPipeline, dali_refusal
 from fastload.backends.hybrid.hybrid_epoch import HybridEngine
 from fastload.fields import SampleSpec
 from fastload.loading.epoch import Engine
-from fastload.loading.options import LoaderOptions
+from fastload.loading.loader_options import LoaderOptions
 
 
 def _hybrid(choice: BackendChoice, options: LoaderOptions, key: str) -> Engine:

@@ -5,9 +5,9 @@
 ``report`` (table, JSON, plot).
 """
 
+from fastload.bench.bench_report import format_table, write_outputs
+from fastload.bench.bench_rounds import TRANSFORMS, run_bench
 from fastload.bench.loaders import BACKENDS
 from fastload.bench.measure import time_batches
-from fastload.bench.report import format_table, write_outputs
-from fastload.bench.run import TRANSFORMS, run_bench
 
 __all__ = ["BACKENDS", "TRANSFORMS", "format_table", "run_bench", "time_batches", "write_outputs"]

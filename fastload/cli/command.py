@@ -19,8 +19,8 @@ NEAR_HELP = (
 
 def _add_convert(sub: argparse._SubParsersAction) -> None:
     from fastload.av.facts import REENCODE_KEYFRAME_INTERVAL
+    from fastload.converters.convert_options import ENCODERS
     from fastload.converters.engines import ENGINES
-    from fastload.converters.options import ENCODERS
     from fastload.converters.sources import SOURCE_MODULES
     from fastload.formats.shard_formats import WRITTEN_LAYOUTS
 
@@ -85,7 +85,7 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
 
 def parse_count(text: str, name: str) -> int:
     """A count as people write it: 100M, 2G, 1.5K or 500000 (decimal)."""
-    from fastload.converters.options import parse_size
+    from fastload.converters.convert_options import parse_size
 
     if text.strip().upper().endswith(("IB", "B")):
         raise ValueError(f"{name}: a count of tokens (e.g. 100M), not a size in bytes")
@@ -93,8 +93,8 @@ def parse_count(text: str, name: str) -> int:
 
 
 def _run_convert(args: argparse.Namespace) -> int:
-    from fastload.converters.options import TOKENS_LAYOUT, ConvertOptions, TokenizeOptions, parse_size
-    from fastload.converters.run import convert
+    from fastload.converters.conversion import convert
+    from fastload.converters.convert_options import TOKENS_LAYOUT, ConvertOptions, TokenizeOptions, parse_size
     from fastload.converters.sources import SourceOptions
     from fastload.decode.header import MAX_PIXELS
     from fastload.formats.writing import WriterOptions
@@ -183,7 +183,7 @@ def _add_index(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_index(args: argparse.Namespace) -> int:
-    from fastload.storage.in_place import PARTS, index_in_place, locate
+    from fastload.storage.in_place_index import PARTS, index_in_place, locate
     from fastload.storage.remote import is_url, redact
 
     folder = Path(args.dataset)

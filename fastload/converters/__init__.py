@@ -1,7 +1,7 @@
 """Converters: raw datasets -> sharded WebDataset tar or HDF5 files with an index.json."""
 
-from fastload.converters.options import ConvertOptions, parse_size
-from fastload.converters.run import ConvertReport, convert
+from fastload.converters.conversion import ConvertReport, convert
+from fastload.converters.convert_options import ConvertOptions, parse_size
 from fastload.converters.sources import SourceOptions
 from fastload.formats.writing import WriterOptions
 

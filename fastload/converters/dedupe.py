@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from fastload.converters.engines import Engine
+from fastload.converters.engines import ConversionEngine
 from fastload.converters.sample import SourceItem
 from fastload.converters.sources import Source, TextSource
 from fastload.errors import SampleError
@@ -104,7 +104,7 @@ class Unit:
     number: int
 
 
-def exact_duplicates(source: Source | TextSource, items: list[SourceItem], engine: Engine,
+def exact_duplicates(source: Source | TextSource, items: list[SourceItem], engine: ConversionEngine,
                      digests: Callable[[Any, SourceItem], list[bytes | None]], batch: int) -> list[tuple[Unit, Unit]]:
     """Every unit whose digest an earlier unit (in plan order) has, with that first one: hashed on
     the engine in runs of ``batch`` items, compared here in plan order, so the survivors are the
@@ -126,7 +126,7 @@ def exact_duplicates(source: Source | TextSource, items: list[SourceItem], engin
     return pairs
 
 
-def find_duplicates(source: Source, items: list[SourceItem], engine: Engine) -> list[Duplicate]:
+def find_duplicates(source: Source, items: list[SourceItem], engine: ConversionEngine) -> list[Duplicate]:
     """Items whose content is identical to an earlier one's, in item order, each with the first."""
     return [Duplicate(items[unit.item], items[kept.item]) for unit, kept in exact_duplicates(source, items, engine, sample_digest, HASH_BATCH)]
 
@@ -143,7 +143,7 @@ class DocumentDuplicates:
         return len(self.lines)
 
 
-def find_duplicate_documents(source: TextSource, items: list[SourceItem], engine: Engine) -> DocumentDuplicates:
+def find_duplicate_documents(source: TextSource, items: list[SourceItem], engine: ConversionEngine) -> DocumentDuplicates:
     """Every document whose exact text an earlier document (in plan order) has, with the first."""
     drops: dict[int, list[int]] = {}
     lines = []
@@ -156,8 +156,8 @@ def find_duplicate_documents(source: TextSource, items: list[SourceItem], engine
 
 def draw_duplicates(path: str, source: Source, duplicates: list[Duplicate], title: str) -> int:
     """The report PNG of ``duplicates``: one row per kept item, its dropped duplicates beside it
-    (fastload.near.report); returns the number of groups drawn."""
-    from fastload.near.report import Tile, draw_groups
+    (fastload.near.duplicate_report); returns the number of groups drawn."""
+    from fastload.near.duplicate_report import Tile, draw_groups
 
     groups: dict[int, list[Tile[SourceItem]]] = {}
     for dup in duplicates:

@@ -5,7 +5,7 @@ fastload.near.search) and writes each kept sample into its shard behind that dec
 work is spread over the workers sample by sample rather than shard by shard, so a conversion
 whose samples cost CPU (re-encoding, resizing, decoding for HDF5) keeps every worker busy to the
 end however few its shards; the survivors and bytes are the same for any worker count, and the
-same as the shard-by-shard path's (fastload.converters.run) for the same options.
+same as the shard-by-shard path's (fastload.converters.conversion) for the same options.
 
 Resumable like any conversion (fastload.converters.partial): each run's signatures are saved as
 it comes back and a finished shard leaves its result file; a rerun signs only the runs not saved,
@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import TypeVar
 
 from fastload._util.files import naming
+from fastload.converters.convert_options import ConvertOptions
 from fastload.converters.dedupe import Duplicate
-from fastload.converters.engines import Engine
-from fastload.converters.options import ConvertOptions
+from fastload.converters.engines import ConversionEngine
 from fastload.converters.partial import SignatureLog, finished_result, remove_unplanned_shards, save_result
 from fastload.converters.plan import ShardCutter, shard_name
 from fastload.converters.sample import SourceItem
@@ -175,7 +175,7 @@ def _loaded(source: Source, item: SourceItem, prepared: Prepared) -> PreparedSam
 
 
 def convert_in_runs(
-    source: Source, items: list[SourceItem], engine: Engine, options: ConvertOptions, out: Path, partial: Path, url: str | None,
+    source: Source, items: list[SourceItem], engine: ConversionEngine, options: ConvertOptions, out: Path, partial: Path, url: str | None,
     progress: Callable[[int], None],
 ) -> tuple[list[Duplicate], WrittenShards, tuple[int, ...] | None]:
     """Write ``items`` into shards under ``out`` (then uploaded to ``url`` if given), dropping their

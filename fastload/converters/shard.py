@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from fastload._util.files import naming
 from fastload.converters.clean import check_image, encode_png, reencode_jpeg
-from fastload.converters.options import ConvertOptions
+from fastload.converters.convert_options import ConvertOptions
 from fastload.converters.plan import ShardPlan
 from fastload.converters.sample import Sample, SourceItem
 from fastload.converters.sources import Source

@@ -24,7 +24,7 @@ from typing import cast
 import numpy as np
 
 from fastload._util.files import naming
-from fastload.converters.options import ConvertOptions, TokenizeOptions
+from fastload.converters.convert_options import ConvertOptions, TokenizeOptions
 from fastload.converters.plan import ShardPlan, assign_shards
 from fastload.converters.sample import SourceItem
 from fastload.converters.shard import ShardResult, sources_digest, upload_shard

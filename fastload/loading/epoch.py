@@ -22,8 +22,8 @@ from fastload.fields import SampleSpec
 from fastload.loading.batch_outputs import BatchOutputs, samples_of
 from fastload.loading.field_batch import shaped_batch
 from fastload.loading.frameworks import AccelerateEpoch
+from fastload.loading.loader_options import LoaderOptions
 from fastload.loading.loader_orders import LoaderOrders
-from fastload.loading.options import LoaderOptions
 from fastload.loading.prefetch import ShardPrefetcher, shards_in_use_order
 from fastload.loading.state import LoaderState
 from fastload.loading.stats import LoaderStats

@@ -11,15 +11,15 @@ from pathlib import Path
 
 from fastload._util.dist import resolve_rank_world
 from fastload.formats.key_list import parse_keys
-from fastload.loading.options import LoaderOptions
+from fastload.loading.loader_options import LoaderOptions
 from fastload.orders.balanced import ClassMembers, class_members, class_weight_vector
 from fastload.orders.epoch_order import EpochOrder
-from fastload.orders.mixture import MemberPosition, MixtureOrder
+from fastload.orders.mixture_order import MemberPosition, MixtureOrder
 from fastload.orders.position import Position, ResumedFrom
 from fastload.orders.rank_batches import RankBatches
 from fastload.orders.spec import OrderSpec
 from fastload.storage.dataset import ShardedDataset
-from fastload.storage.mixture import MixedDataset
+from fastload.storage.mixed_dataset import MixedDataset
 
 
 def read_exclude(exclude: Sequence[str] | str | os.PathLike[str]) -> list[str]:
@@ -124,7 +124,7 @@ def refuse_for_mixture(options: LoaderOptions) -> None:
         raise ValueError("a Subset (or SubsetRandomSampler) of a mixture: give mix() the members' own datasets instead")
     if options.shuffle_buffer is not None:
         raise ValueError("shuffle_buffer= (the streaming order) with a mixture: its remote members already read their "
-                         "shards in sequence (fastload.orders.mixture)")
+                         "shards in sequence (fastload.orders.mixture_order)")
     if options.evaluation:
         raise ValueError("evaluation= reads every sample once, and a weighted mixture has no such pass: evaluate each member on its own")
     if options.drop_remainder:

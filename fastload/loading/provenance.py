@@ -26,7 +26,7 @@ from fastload.formats.wds.reader import TarShardReader
 from fastload.media import MEDIA_ROLES
 from fastload.orders.balanced import ClassMembers
 from fastload.orders.epoch_order import EpochOrder
-from fastload.orders.mixture import MixtureOrder
+from fastload.orders.mixture_order import MixtureOrder
 from fastload.orders.position import ResumedFrom
 from fastload.orders.spec import OrderSpec
 from fastload.orders.steps import step_at

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset, RandomSampler
 
-from fastload.loading.options import fast_path_defaults
+from fastload.loading.loader_options import fast_path_defaults
 from fastload.loading.state import STATE_VERSION
 from fastload.loading.stats import LoaderStats
 from fastload.orders.epoch_order import epoch_seed

@@ -179,7 +179,7 @@ def write_exclude(path: str | Path, overlap: Overlap) -> int:
 
 def draw_overlap(path: str | Path, overlap: Overlap) -> int:
     """The report PNG: one row per sample of A that B overlaps, B's samples beside it."""
-    from fastload.near.report import Tile, draw_groups
+    from fastload.near.duplicate_report import Tile, draw_groups
 
     datasets = {"a": ShardedDataset(overlap.a), "b": ShardedDataset(overlap.b)}
     groups: dict[int, list[Tile[tuple[str, int]]]] = {}

@@ -1,5 +1,5 @@
 """How a mixture shares positions among its members, the arithmetic every mixture order uses (the
-fixed-weight order by samples, :mod:`fastload.orders.mixture`; weights that change over the run,
+fixed-weight order by samples, :mod:`fastload.orders.mixture_order`; weights that change over the run,
 :mod:`fastload.orders.schedule`; the rows of a mixture by tokens, :mod:`fastload.text.epoch_rows`):
 how many positions each member gets (:func:`apportion`, by largest remainder), which member each
 position of a part takes (:class:`Leaf`: spread evenly or permuted by a seeded draw), which member

@@ -71,7 +71,7 @@ class ShardedDataset:
         storage_options: dict | None = None,
         max_open_shards: int | None = None,
     ) -> None:
-        from fastload.storage.in_place import locate
+        from fastload.storage.in_place_index import locate
 
         located = locate(root, storage_options)  # Parquet files read in place (None: a dataset with its index.json)
         if located is not None:
@@ -83,7 +83,7 @@ class ShardedDataset:
                 raise ValueError("cache_dir, cache_size and storage_options apply to remote datasets (URLs)")
             self.index: DatasetIndex = read_index(Path(root)) if located is None else _in_place_index(located, cache_dir, storage_options)
             if located is None and self.layout.in_place:
-                from fastload.storage.in_place import check_beside
+                from fastload.storage.in_place_index import check_beside
 
                 check_beside(Path(root), self.index)
             self.cache = None
@@ -162,7 +162,7 @@ class ShardedDataset:
         (FASTLOAD_PARQUET_MEMORY), so each worker decodes a window's row groups once."""
         if not self.layout.in_place or not len(self):
             return None
-        from fastload.formats.in_place import memory_budget
+        from fastload.formats.in_place_reader import memory_budget
 
         row_bytes = max(1, self.index.total_bytes // len(self))
         return max(1, memory_budget() // 2 // row_bytes)
@@ -444,10 +444,10 @@ def _max_open_shards(value: int | None) -> int:
 
 
 def _in_place_index(located: Any, cache_dir: str | os.PathLike[str] | None, storage_options: dict | None) -> DatasetIndex:
-    """The index of files read in place (:mod:`fastload.storage.in_place`), kept under ``cache_dir``
+    """The index of files read in place (:mod:`fastload.storage.in_place_index`), kept under ``cache_dir``
     (default: the shard cache's folder)."""
     from fastload.storage.cache import default_cache_dir
-    from fastload.storage.in_place import open_index
+    from fastload.storage.in_place_index import open_index
 
     return open_index(located, Path(cache_dir) if cache_dir is not None else default_cache_dir(), storage_options)
 

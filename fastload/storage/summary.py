@@ -18,7 +18,7 @@ from fastload.storage.dataset import read_remote_index
 def summarize(root: str | Path, clip_span: int = 31) -> dict:
     """A JSON-ready summary of a converted dataset (a folder or a URL): sizes, fields, classes,
     skipped samples; videos' decoding cost for clips covering ``clip_span`` frames (16 of stride 2)."""
-    from fastload.storage.in_place import locate
+    from fastload.storage.in_place_index import locate
 
     if locate(root) is not None:  # data read in place, never indexed beside it: its index as the loader makes it
         from fastload.storage.dataset import ShardedDataset

@@ -139,7 +139,7 @@ def _decode_all(reader, shard: ShardInfo, report: VerifyReport, images: bool, fa
 def verify_dataset(root: str | Path, decode: bool = False) -> VerifyReport:
     """Verify every shard listed in ``root/index.json`` (``root`` a folder or a URL); never
     raises for a bad shard, reports it."""
-    from fastload.storage.in_place import locate
+    from fastload.storage.in_place_index import locate
 
     if isinstance(root, (str, Path)) and (locate(root) is not None or _indexed_in_place(root)):
         return _verify_in_place(root, decode)
@@ -161,7 +161,7 @@ def _indexed_in_place(root: str | Path) -> bool:
 
 
 def _verify_in_place(root: str | Path, decode: bool) -> VerifyReport:
-    """Data read in place (:mod:`fastload.storage.in_place`): opened as the loader opens it (the
+    """Data read in place (:mod:`fastload.storage.in_place_index`): opened as the loader opens it (the
     files checked against the index), then every row of every part read, and with ``decode`` each
     field decoded by its column's role; a problem line a part, naming its file and row."""
     from fastload.storage.dataset import ShardedDataset

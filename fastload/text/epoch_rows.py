@@ -35,7 +35,7 @@ import numpy as np
 
 from fastload.orders.mixing import member_seed, mixture_members
 from fastload.orders.permutation import Permutation, mix_key
-from fastload.storage.mixture import MixedDataset
+from fastload.storage.mixed_dataset import MixedDataset
 from fastload.text.packing import best_fit_decreasing, best_fit_rows, split_lengths, split_long
 from fastload.text.token_corpus import Segments, TokenCorpus
 from fastload.text.token_order import ROW_KEY, TokenStream, block_pieces

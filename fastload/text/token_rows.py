@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from fastload.storage.dataset import ShardedDataset
-from fastload.storage.mixture import MixedDataset
+from fastload.storage.mixed_dataset import MixedDataset
 from fastload.text.epoch_rows import BestFitRows, Boundary, MixtureRows, PaddedRows, StreamRows, refuse_members_shorter_than_a_row
 from fastload.text.token_corpus import Segments, TokenCorpus
 

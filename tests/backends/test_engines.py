@@ -4,7 +4,7 @@ fastload.backends.engines (the engines themselves: test_dali, test_hybrid, the l
 from __future__ import annotations
 
 from fastload.backends.engines import ENGINES
-from fastload.loading.options import BACKENDS
+from fastload.loading.loader_options import BACKENDS
 
 
 def test_every_backend_name_has_an_engine() -> None:

@@ -95,7 +95,7 @@ def test_a_kill_while_the_bookkeeping_is_removed_never_lends_old_shards_to_other
     and a rerun with other options is refused rather than keeping shards made with the old ones.
     Shard results found without their plan are never trusted either."""
     from fastload.converters import ConvertOptions, convert, partial
-    from fastload.converters.run import ConversionConflict
+    from fastload.converters.conversion import ConversionConflict
 
     def killed_part_way(path: Path, ignore_errors: bool = False) -> None:
         if path.name.endswith(partial.REMOVED_SUFFIX) and (path / "plan.json").exists():

@@ -365,7 +365,7 @@ def test_every_dropped_copy_names_the_kept_first_one(image_folder: Path, tmp_pat
 
     from PIL import Image
 
-    from fastload.near.report import GROUPS_CHUNK
+    from fastload.near.duplicate_report import GROUPS_CHUNK
 
     src = tmp_path / "src"
     shutil.copytree(image_folder, src)
@@ -456,7 +456,7 @@ def test_a_field_or_label_a_sample_lacks_is_absent_in_hdf5_as_in_tar(tmp_path: P
 
 
 def test_rerun_of_finished_conversion_is_a_no_op_and_other_options_conflict(image_folder: Path, tmp_path: Path) -> None:
-    from fastload.converters.run import ConversionConflict
+    from fastload.converters.conversion import ConversionConflict
 
     options = ConvertOptions(source="imagefolder", samples_per_shard=10)
     convert(str(image_folder), str(tmp_path), options)

@@ -24,7 +24,7 @@ from fastload.formats.key_list import format_keys, parse_keys
 from fastload.formats.writing import PreparedSample, WriterOptions, open_writer
 from fastload.loading.loader_orders import read_exclude
 from fastload.near import search
-from fastload.near.report import GROUPS_CHUNK
+from fastload.near.duplicate_report import GROUPS_CHUNK
 from fastload.near.search import MultiIndex, first_occurrences
 from fastload.near.signature import COLOUR_TOLERANCE, colours_match, hamming, signatures
 from tests.conftest import jpeg_bytes, run_cli, tree_bytes

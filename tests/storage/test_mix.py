@@ -14,8 +14,8 @@ import torch
 
 import fastload
 from fastload import transforms as T
-from fastload.converters.options import ConvertOptions
-from fastload.converters.run import convert
+from fastload.converters.conversion import convert
+from fastload.converters.convert_options import ConvertOptions
 from fastload.orders import mixture as mixture_order
 from tests.test_distributed import run_ranks
 from tests.test_resume_contract import BATCH, LOCAL_PATHS, dali_installed, run_resume_contract, served  # noqa: F401 - a fixture
@@ -255,7 +255,7 @@ def test_epochs_past_numpys_hypergeometric_limit_split_exactly() -> None:
     """A mixture epoch of 1.2 billion positions (numpy's multivariate draw refuses 10^9): every split
     takes exactly its size within each member's count, the same for the same seed, centred on the
     proportional share; a batch's indices fall in the right members."""
-    from fastload.orders.mixture import MixtureOrder, hypergeometric_split
+    from fastload.orders.mixture_order import MixtureOrder, hypergeometric_split
     from fastload.orders.spec import OrderSpec
 
     counts = np.array([700_000_000, 400_000_000, 100_000_000], dtype=np.int64)

@@ -15,7 +15,7 @@ import pytest
 
 from fastload.cli.command import main
 from fastload.converters import ConvertOptions, convert
-from fastload.converters.options import TokenizeOptions
+from fastload.converters.convert_options import TokenizeOptions
 from fastload.formats.index import read_index
 from fastload.formats.shard_files import open_shard
 from fastload.formats.tokens.reader import TokenShardReader

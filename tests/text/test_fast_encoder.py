@@ -15,7 +15,7 @@ import pytest
 
 from fastload.cli.command import main
 from fastload.converters import ConvertOptions, convert
-from fastload.converters.options import TokenizeOptions
+from fastload.converters.convert_options import TokenizeOptions
 from fastload.formats.index import read_index
 from tests.text.conftest import VOCAB, forging_documents, real_paragraphs, write_jsonl
 from tests.text.test_convert_tokens import documents

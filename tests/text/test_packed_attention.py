@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import fastload
 from fastload.converters import ConvertOptions, convert
-from fastload.converters.options import TokenizeOptions
+from fastload.converters.convert_options import TokenizeOptions
 from tests.text.conftest import VOCAB, real_paragraphs, write_jsonl
 
 transformers = pytest.importorskip("transformers")

@@ -14,8 +14,8 @@ import pytest
 
 from fastload.cli.command import main
 from fastload.converters import ConvertOptions, convert
+from fastload.converters.convert_options import TokenizeOptions
 from fastload.converters.lock import LOCK_FILE
-from fastload.converters.options import TokenizeOptions
 from fastload.errors import DatasetIndexError, FastloadError, SampleError, ShardError
 from fastload.formats.index import DatasetIndex, read_index
 from fastload.formats.shard_files import open_shard
@@ -261,7 +261,7 @@ def test_a_line_too_long_is_a_bad_document_read_in_bounded_pieces(tokenizer_file
     convert_to = PEAK_RSS + f"""
 import json
 from fastload.converters import ConvertOptions, convert
-from fastload.converters.options import TokenizeOptions
+from fastload.converters.convert_options import TokenizeOptions
 from fastload.errors import SampleError
 def options(on_error):
     return ConvertOptions(source="jsonl", layout="tokens", on_error=on_error, tokens=TokenizeOptions({str(tokenizer_file)!r}))
@@ -371,7 +371,7 @@ def test_a_parquet_text_a_dictionary_repeats_is_decoded_once(tokenizer_file: Pat
     got = run_limited(PEAK_RSS + f"""
 import json
 from fastload.converters import ConvertOptions, convert
-from fastload.converters.options import TokenizeOptions
+from fastload.converters.convert_options import TokenizeOptions
 from fastload.converters.sources import SourceOptions
 def options(limit):
     return ConvertOptions(source="parquet", layout="tokens", limit=limit, source_options=SourceOptions(text_field="body"),

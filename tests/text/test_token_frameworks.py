@@ -13,7 +13,7 @@ import pytest
 
 import fastload
 from fastload.converters import ConvertOptions, convert
-from fastload.converters.options import TokenizeOptions
+from fastload.converters.convert_options import TokenizeOptions
 from tests.conftest import run_script, torchrun
 from tests.text.conftest import real_paragraphs, write_jsonl
 

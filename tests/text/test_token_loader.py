@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 
 import fastload
 from fastload.converters import ConvertOptions, convert
-from fastload.converters.options import TokenizeOptions
+from fastload.converters.convert_options import TokenizeOptions
 from fastload.storage.verify import verify_dataset
 from fastload.text.packing import padding_fraction
 from tests.conftest import cli_env

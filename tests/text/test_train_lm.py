@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fastload.converters import ConvertOptions, convert
-from fastload.converters.options import TokenizeOptions
+from fastload.converters.convert_options import TokenizeOptions
 from tests.conftest import cli_env, kill_like_a_dying_machine
 from tests.text.conftest import real_paragraphs, write_jsonl
 

@@ -26,7 +26,7 @@ import torch
 from fastload.backends.cpu.cpu_epoch import LENDABLE_SLOTS, RUN_AHEAD_BATCHES, PoolEngine
 from fastload.loading.epoch import EpochLifecycle
 from fastload.loading.field_batch import copied
-from fastload.loading.options import LoaderOptions
+from fastload.loading.loader_options import LoaderOptions
 from fastload.loading.state import LoaderState
 from fastload.loading.stats import LoaderStats
 from fastload.orders.position import Position

@@ -21,7 +21,7 @@ from fastload.errors import SampleError
 from fastload.fields import SampleSpec
 from fastload.orders.balanced import ClassMembers
 from fastload.orders.epoch_order import EpochOrder
-from fastload.orders.mixture import MixtureOrder
+from fastload.orders.mixture_order import MixtureOrder
 from fastload.orders.rank_batches import RankBatches
 from fastload.orders.spec import OrderSpec
 from fastload.storage.dataset import ShardedDataset

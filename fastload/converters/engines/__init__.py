@@ -9,7 +9,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-class Engine(Protocol):
+class ConversionEngine(Protocol):
     """Runs ``fn`` over tasks; yields ``(task position, result)`` in completion order."""
 
     def map_unordered(self, fn: Callable[[T], R], tasks: Iterable[T]) -> Iterator[tuple[int, R]]:
@@ -19,7 +19,7 @@ class Engine(Protocol):
 ENGINES = ("local", "ray")
 
 
-def open_engine(name: str, workers: int, address: str | None = None) -> Engine:
+def open_engine(name: str, workers: int, address: str | None = None) -> ConversionEngine:
     """The engine called ``name``: "local" (a process pool) or "ray" (a Ray cluster at ``address``)."""
     if name == "local":
         from fastload.converters.engines.local import LocalEngine

@@ -14,7 +14,7 @@ from fastload.converters.sample import Sample, SourceItem, file_stamp, unique_ke
 from fastload.converters.sources import Document, SourceOptions, inside_source, text_problem
 from fastload.errors import SampleError
 from fastload.formats.idx import IDX_WHITESPACE
-from fastload.formats.in_place import class_names
+from fastload.formats.in_place_reader import class_names
 from fastload.formats.parquet.bounds import (
     MAX_ROW_GROUP_BYTES,
     arrow_errors,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastload.errors import ShardError
-from fastload.formats.in_place import OPEN_FILES, InPlaceReader, _cache
+from fastload.formats.in_place_reader import OPEN_FILES, InPlaceReader, _cache
 from fastload.formats.parquet.bounds import arrow_errors, damage, import_pyarrow
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 are cut into slices of at most SLICE_ROWS, each a shard (a fragment holds up to a million rows by
 default: as one shard it would be one window of the streaming order); a slice is read through
 the fragment's scanner (its offset and limit) in batches of BATCH_ROWS, kept in the process's
-cache of decoded batches (:mod:`fastload.formats.in_place`). The index records the dataset's
+cache of decoded batches (:mod:`fastload.formats.in_place_reader`). The index records the dataset's
 version: a dataset written to since has another, and its index is made again.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastload.errors import SampleError, ShardError
-from fastload.formats.in_place import OPEN_FILES, InPlaceReader, _cache
+from fastload.formats.in_place_reader import OPEN_FILES, InPlaceReader, _cache
 
 if TYPE_CHECKING:
     from fastload.formats.shard_info import ShardInfo

@@ -14,7 +14,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from fastload.formats.in_place import column_roles as in_place_roles
+from fastload.formats.in_place_reader import column_roles as in_place_roles
 from fastload.formats.parquet.bounds import arrow_errors, damage, import_pyarrow, import_pyarrow_parquet
 from fastload.formats.shard_info import ShardInfo
 

@@ -1,5 +1,5 @@
 """A row group of a Parquet file read in place as one shard, a row as one sample
-(:class:`fastload.formats.in_place.InPlaceReader`: each column a field, given as the bytes its
+(:class:`fastload.formats.in_place_reader.InPlaceReader`: each column a field, given as the bytes its
 role's codec reads, so the workers decode, crop and transform it as any shard's field).
 
 A row group is read in bounded batches (:mod:`fastload.formats.parquet.bounds`), never whole,
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastload._util.files import this_process
 from fastload.errors import SampleError, ShardError
-from fastload.formats.in_place import OPEN_FILES, InPlaceReader, _cache
+from fastload.formats.in_place_reader import OPEN_FILES, InPlaceReader, _cache
 from fastload.formats.parquet.bounds import (
     MAX_ROW_GROUP_BYTES,
     arrow_errors,

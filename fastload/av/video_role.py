@@ -25,7 +25,7 @@ Columns = tuple[tuple[str, tuple[int, ...], str], ...]  # a field's batch column
 
 
 class VideoConversion(Protocol):
-    """The conversion options a video's preparation reads (fastload.converters.options.ConvertOptions)."""
+    """The conversion options a video's preparation reads (fastload.converters.convert_options.ConvertOptions)."""
 
     @property
     def reencode_video(self) -> bool: ...

@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any, ClassVar, cast
 
 from fastload._util.files import atomic_write_bytes, fsync_dir, naming, remove_temporaries
+from fastload.converters.convert_options import ConvertOptions
 from fastload.converters.dedupe import DocumentDuplicates, Duplicate, draw_duplicates, find_duplicate_documents, find_duplicates
-from fastload.converters.engines import Engine, open_engine
+from fastload.converters.engines import ConversionEngine, open_engine
 from fastload.converters.in_runs import convert_in_runs
 from fastload.converters.lock import locked_output
-from fastload.converters.options import ConvertOptions
 from fastload.converters.partial import (
     PARTIAL_DIR,
     ConversionConflict,
@@ -307,7 +307,7 @@ def _plan(
 
 
 def _write_planned(
-    source: Source, items: list[SourceItem], plans: list[ShardPlan], runner: Engine, options: ConvertOptions,
+    source: Source, items: list[SourceItem], plans: list[ShardPlan], runner: ConversionEngine, options: ConvertOptions,
     out: Path, partial: Path, url: str | None, bar,
 ) -> tuple[WrittenShards, tuple[int, ...] | None]:
     """Write the planned shards a previous run did not finish, a shard a task on the engine's
@@ -340,7 +340,7 @@ def _write_planned(
 
 
 def _write_token_shards(
-    source: TextSource, items: list[SourceItem], duplicates: DocumentDuplicates, tokenizer: TokenizerIdentity, runner: Engine,
+    source: TextSource, items: list[SourceItem], duplicates: DocumentDuplicates, tokenizer: TokenizerIdentity, runner: ConversionEngine,
     options: ConvertOptions, out: Path, partial: Path, url: str | None, fingerprint: dict[str, Any], bar,
 ) -> WrittenShards:
     """Plan the token shards (recorded in, or checked against, the partial folder), then write those

@@ -2,7 +2,7 @@
 
 A :class:`MixedDataset` is a sharded dataset whose shards are its members' shards, concatenated:
 sample indices run through member 0, then member 1, and so on. Its loader draws them in the
-mixture's own order (fastload.orders.mixture). A sample's key is the member's number in the
+mixture's own order (fastload.orders.mixture_order). A sample's key is the member's number in the
 mixture, a slash, and the member's own key (``"1/000042"``): :meth:`MixedDataset.member_key`
 splits it again.
 """
@@ -25,7 +25,7 @@ from fastload.formats.shard_reader import ShardReader
 from fastload.formats.table import SampleTable
 from fastload.orders.epoch_order import shards_of
 from fastload.orders.mixing import apportion
-from fastload.orders.mixture import MemberPosition, MixtureOrder
+from fastload.orders.mixture_order import MemberPosition, MixtureOrder
 from fastload.orders.schedule import WeightSchedule
 from fastload.orders.spec import OrderSpec
 from fastload.storage.dataset import ShardedDataset, open_shards_each

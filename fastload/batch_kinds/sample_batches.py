@@ -19,8 +19,8 @@ from fastload.decode.header import check_pixels
 from fastload.fields import SampleSpec
 from fastload.loading.batch_outputs import BatchOutputs
 from fastload.loading.epoch import Epoch, EpochInputs
+from fastload.loading.loader_options import LoaderOptions
 from fastload.loading.loader_orders import LoaderOrders
-from fastload.loading.options import LoaderOptions
 from fastload.loading.provenance import StepDescription, describe_step
 from fastload.loading.samplers import BatchIndices, BatchRequest, LoaderCollate
 from fastload.loading.state import LoaderState, OrderSettings, read_state_dict

@@ -1,5 +1,5 @@
 """``fastload.DataLoader``'s arguments for a converted dataset, validated once, in one frozen dataclass
-(as :class:`fastload.converters.options.ConvertOptions` does for conversion)."""
+(as :class:`fastload.converters.convert_options.ConvertOptions` does for conversion)."""
 
 from __future__ import annotations
 

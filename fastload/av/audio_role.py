@@ -26,7 +26,7 @@ SampleRng = Callable[[int, int, int], Draws]  # (seed, epoch, index) -> its rand
 
 
 class AudioConversion(Protocol):
-    """The conversion options a recording's preparation reads (fastload.converters.options.ConvertOptions)."""
+    """The conversion options a recording's preparation reads (fastload.converters.convert_options.ConvertOptions)."""
 
     @property
     def audio_codec(self) -> str | None: ...

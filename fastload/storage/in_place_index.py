@@ -25,8 +25,8 @@ from typing import Any
 from fastload._util.files import atomic_write_bytes, check_relative_path, read_file, resolved_inside
 from fastload._util.processes import in_fresh_process
 from fastload.errors import DatasetIndexError
-from fastload.formats.in_place import class_names
-from fastload.formats.in_place import column_roles as in_place_roles
+from fastload.formats.in_place_reader import class_names
+from fastload.formats.in_place_reader import column_roles as in_place_roles
 from fastload.formats.index import IN_PLACE_VERSION, INDEX_FILE, DatasetIndex, write_index
 from fastload.formats.parquet.footer import TAIL, Footer, footer_length, parse_footer, row_groups
 from fastload.formats.shard_info import ShardInfo

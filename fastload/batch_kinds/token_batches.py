@@ -22,13 +22,13 @@ import torch
 
 from fastload._util.dist import resolve_rank_world
 from fastload.backends.cpu.token_epoch import TokenEpoch, TokenEpochInputs, TokenWorkers
-from fastload.loading.options import LoaderOptions
+from fastload.loading.loader_options import LoaderOptions
 from fastload.loading.state import LoaderState, OrderSettings, read_state_dict, state_number
 from fastload.loading.stats import LoaderStats
 from fastload.orders.position import Position
 from fastload.orders.steps import step_at
 from fastload.storage.dataset import ShardedDataset
-from fastload.storage.mixture import MixedDataset
+from fastload.storage.mixed_dataset import MixedDataset
 from fastload.text.epoch_rows import MixtureRows
 from fastload.text.token_batch import Attention, BatchFiller, BatchFormat
 from fastload.text.token_rows import Cursor, Packing, TokenOptions, TokenRows, choice, read_cursor
