@@ -17,7 +17,7 @@ packages (a manual's HTML page and its source, licences, navigation lines), and 
 paragraphs are gathered into documents of at most 4,000 characters (a longer paragraph cut
 at line ends), one JSON object a line
 (``{"text": ...}``, non-ASCII written as itself). The packages' text as of Debian 12, 2026-12-05:
-314 MB of distinct paragraphs, 330 MB of JSONL.
+311.8 MB of distinct paragraphs, 326.2 MB of JSONL (106,509 documents).
 """
 
 from __future__ import annotations
