@@ -5,7 +5,9 @@ prose and code):
     python benchmarks/bench_tokens.py WORK --rounds 3 --json WORK/result.json --plot WORK/tokens.png
 
 1. WORK/corpus.jsonl: documents (paragraphs gathered to at most 4,000 characters) of the packages'
-   text, and a byte-level BPE tokenizer (32,000 ids) trained on it (WORK/tokenizer.json);
+   text (unless WORK holds one already: ``benchmarks/make_text.py WORK`` writes 326 MB of distinct
+   text), and a byte-level BPE tokenizer (32,000 ids) trained on it, on every n-th document of a
+   corpus over 64 MB (WORK/tokenizer.json);
 2. conversion: the tokenizer's own ``encode_batch`` on all cores over the same texts held in
    memory, and fastokens' ``encode_batch_flat`` (the fast encoder ``--encoder fast`` uses) over
    them, against ``fastload convert --from jsonl --tokenizer`` (2 workers, ``--encoder ENCODER``,
@@ -13,7 +15,8 @@ prose and code):
    the call alone, and its script as a command, from its process's start to the call's return, as
    fastload's command is timed); ``--repeat N`` converts the corpus written N times over (a larger
    corpus, so each command's start is amortised: the same text again, which the encoders' caches
-   of words already seen make faster to encode than new text);
+   of words already seen make faster to encode than new text); ``--parts convert-fast`` times
+   only fastokens and ``fastload convert`` (on a large corpus the others take minutes a round);
 3. loading, delivered tokens/s (``batch * seq_len`` a batch) at L = 2048 and 8192, batch 8, with 0
    and 2 workers, each loader in a fresh process: the floor (nanoGPT's ``get_batch``, random
    windows of a NumPy memmap of a ``.bin`` of the same tokens: in the training process with 0
@@ -50,11 +53,13 @@ from pathlib import Path
 from statistics import median
 
 import numpy as np
+from make_text import fetch_packages
 
 PACKAGES = ("python3.11-doc", "debian-reference-en", "perl-doc", "postgresql-doc-15", "git-doc")
 HTML_FROM = ("debian-reference", "postgresql")  # packages whose text is HTML (the others' HTML repeats their .txt)
 DOC_CHARS = 4000
 VOCAB = 32000
+TRAIN_BYTES = 64 << 20  # the tokenizer is trained on about this much of the corpus at most
 SEQ_LENS = (2048, 8192)
 WORKER_COUNTS = (0, 2)
 LOADERS = ("floor", "fastload concat", "fastload best-fit", "litdata TokensLoader", "grain best-fit")
@@ -68,17 +73,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def fetch_text(work: Path) -> Path:
     """WORK/debs/extracted: the documentation packages, downloaded with apt and unpacked."""
-    debs = work / "debs"
-    extracted = debs / "extracted"
-    missing = [p for p in PACKAGES if not any(debs.glob(f"{p}_*.deb"))]
-    if missing:
-        debs.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["apt-get", "download", *missing], cwd=debs, check=True)
-        shutil.rmtree(extracted, ignore_errors=True)
-    if not extracted.exists():
-        for deb in sorted(debs.glob("*.deb")):
-            subprocess.run(["dpkg-deb", "-x", str(deb), str(extracted)], check=True)
-    return extracted
+    return fetch_packages(work / "debs", PACKAGES)
 
 
 def documents(extracted: Path) -> list[str]:
@@ -116,7 +111,9 @@ def prepare(work: Path) -> tuple[Path, Path, int]:
     if not tokenizer_path.exists():
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-        docs = [json.loads(line)["text"] for line in corpus.open()]
+        docs = [json.loads(line)["text"] for line in corpus.open(encoding="utf-8")]
+        every = -(-corpus.stat().st_size // TRAIN_BYTES)  # a large corpus: trained on every n-th document
+        docs = docs[::every]
         tokenizer = Tokenizer(models.BPE())
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tokenizer.decoder = decoders.ByteLevel()
@@ -124,7 +121,7 @@ def prepare(work: Path) -> tuple[Path, Path, int]:
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
         tokenizer.train_from_iterator(docs, trainer=trainer)
         tokenizer.save(str(tokenizer_path))
-    return corpus, tokenizer_path, sum(1 for _ in corpus.open())
+    return corpus, tokenizer_path, sum(1 for _ in corpus.open("rb"))
 
 
 def peers_python(work: Path) -> Path:
@@ -165,7 +162,7 @@ def time_encode(corpus: Path, tokenizer_path: Path) -> float:
     code = """
 import json, sys, time
 from tokenizers import Tokenizer
-docs = [json.loads(l)["text"] for l in open(sys.argv[2])]
+docs = [json.loads(l)["text"] for l in open(sys.argv[2], encoding="utf-8")]
 t = Tokenizer.from_file(sys.argv[1])
 start = time.perf_counter()
 n = 0
@@ -183,7 +180,7 @@ def time_fast_encode(corpus: Path, tokenizer_path: Path) -> float:
     code = """
 import json, sys, time
 import fastokens
-docs = [json.loads(l)["text"] for l in open(sys.argv[2])]
+docs = [json.loads(l)["text"] for l in open(sys.argv[2], encoding="utf-8")]
 t = fastokens.Tokenizer.from_file(sys.argv[1])
 start = time.perf_counter()
 n = 0
@@ -230,7 +227,7 @@ from tokenizers import Tokenizer
 
 tok = Tokenizer.from_file(sys.argv[1])
 corpus, out, workers = sys.argv[2], sys.argv[3], int(sys.argv[4])
-lines = open(corpus).read().splitlines()
+lines = [l for l in open(corpus, encoding="utf-8").read().split("\n") if l]  # not splitlines: a text may hold U+2028
 parts = [lines[i::workers * 4] for i in range(workers * 4)]
 
 def tokenize(part):
@@ -470,7 +467,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("work", type=Path)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--parts", default="convert,load,padding", help="comma-separated: convert, load, padding")
+    parser.add_argument("--parts", default="convert,load,padding",
+                        help="comma-separated: convert, load, padding; or convert-fast (fastload convert and fastokens only)")
     parser.add_argument("--convert-workers", type=int, default=2)
     parser.add_argument("--encoder", default="auto", choices=("auto", "fast", "tokenizers"), help="fastload convert's --encoder")
     parser.add_argument("--repeat", type=int, default=1, help="convert the corpus written this many times over")
@@ -488,32 +486,37 @@ def main() -> None:
         print(json.dumps(run_load(args) if args.child == "load" else run_padding(args)))
         return
     parts = set(args.parts.split(","))
+    converting = bool(parts & {"convert", "convert-fast"})
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     corpus, tokenizer_path, count = prepare(work)
-    peers = peers_python(work)
     print(f"corpus: {count} documents, {corpus.stat().st_size / 1e6:.1f} MB of JSONL")
-    dataset, chunks = work / "fastload-tokens", work / "litdata-tokens"
-    if not (dataset / "index.json").exists():
-        time_fastload_convert(work, corpus, tokenizer_path, args.convert_workers)
-    if not chunks.exists():
-        time_litdata_optimize(work, peers, corpus, tokenizer_path, args.convert_workers)
     converted = repeated(work, corpus, args.repeat)
-    if "convert" in parts:
+    if converting:
         print(f"converted: {converted.stat().st_size / 1e6:.1f} MB of JSONL ({args.repeat} x the corpus)")
-    binfile, ends = flat_tokens(dataset)
-    print(f"tokens: {int(np.load(ends)[-1]):,}")
-    common = ["--dataset", str(dataset), "--chunks", str(chunks), "--bin", str(binfile), "--ends", str(ends)]
+    peers, common = Path(sys.executable), []
+    if parts & {"convert", "load", "padding"}:  # LitData's venv, and the datasets the loaders read
+        peers = peers_python(work)
+        dataset, chunks = work / "fastload-tokens", work / "litdata-tokens"
+        if not (dataset / "index.json").exists():
+            time_fastload_convert(work, corpus, tokenizer_path, args.convert_workers)
+        if not chunks.exists():
+            time_litdata_optimize(work, peers, corpus, tokenizer_path, args.convert_workers)
+        binfile, ends = flat_tokens(dataset)
+        print(f"tokens: {int(np.load(ends)[-1]):,}")
+        common = ["--dataset", str(dataset), "--chunks", str(chunks), "--bin", str(binfile), "--ends", str(ends)]
     rounds: list[dict[str, float]] = []
     for r in range(args.rounds):
         row: dict[str, float] = {}
-        if "convert" in parts:
-            row["encode_batch"] = time_encode(converted, tokenizer_path)
+        if converting:
+            if "convert" in parts:
+                row["encode_batch"] = time_encode(converted, tokenizer_path)
             row["fastokens encode_batch_flat"] = time_fast_encode(converted, tokenizer_path)
             row["fastload convert"], _ = time_fastload_convert(work, converted, tokenizer_path, args.convert_workers, args.encoder,
                                                                "fastload-convert")  # the loaders keep reading fastload-tokens
-            row["litdata optimize()"], row["litdata optimize script"] = time_litdata_optimize(work, peers, converted, tokenizer_path,
-                                                                                            args.convert_workers, "litdata-convert")
+            if "convert" in parts:
+                row["litdata optimize()"], row["litdata optimize script"] = time_litdata_optimize(work, peers, converted, tokenizer_path,
+                                                                                                args.convert_workers, "litdata-convert")
         if "load" in parts:
             for L in SEQ_LENS:
                 for W in WORKER_COUNTS:
@@ -532,9 +535,10 @@ def main() -> None:
         print(f"round {r}: " + ", ".join(f"{k} {v / 1e6:.2f}M" if v > 1 else f"{k} {100 * v:.2f}%" for k, v in row.items()), flush=True)
     medians = {k: median(r[k] for r in rounds if k in r) for k in rounds[0]}
     ratios: dict[str, list[float]] = {}
+    if converting:
+        ratios["convert / fastokens encode_batch_flat"] = [r["fastload convert"] / r["fastokens encode_batch_flat"] for r in rounds]
     if "convert" in parts:
         ratios["convert / encode_batch"] = [r["fastload convert"] / r["encode_batch"] for r in rounds]
-        ratios["convert / fastokens encode_batch_flat"] = [r["fastload convert"] / r["fastokens encode_batch_flat"] for r in rounds]
         ratios["convert / litdata optimize()"] = [r["fastload convert"] / r["litdata optimize()"] for r in rounds]
         ratios["convert / litdata optimize script"] = [r["fastload convert"] / r["litdata optimize script"] for r in rounds]
     if "load" in parts:

@@ -59,6 +59,7 @@ from fastload.formats.index import (
     write_index,
 )
 from fastload.storage import remote
+from fastload.text.fast_encoder import share_cores
 
 __all__ = ["PARTIAL_DIR", "ConversionConflict", "ConvertReport", "convert", "staging_dir"]
 DUPLICATES_REPORT = "duplicates.jsonl"
@@ -238,6 +239,8 @@ def _convert(
     dup_lines: list[dict] = []
     with _progress(len(items), quiet) as bar:
         if options.tokens is not None:  # documents into token shards (fastload.converters.tokens)
+            if engine == "local" and options.workers > 1:  # the workers, forked later, each encode on their share of the cores
+                share_cores(options.workers)
             tokenizer = tokenizer_identity(options.tokens, text, items)
             fingerprint["tokenizer_sha256"], fingerprint["encoder"] = tokenizer.sha256, tokenizer.encoder  # no resume mixes encoders
             found = find_duplicate_documents(text, items, runner) if options.dedupe else DocumentDuplicates({}, [])

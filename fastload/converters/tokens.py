@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -28,7 +29,7 @@ from fastload.converters.convert_options import ConvertOptions, TokenizeOptions
 from fastload.converters.plan import ShardPlan, assign_shards
 from fastload.converters.sample import SourceItem
 from fastload.converters.shard import ShardResult, sources_digest, upload_shard
-from fastload.converters.sources import Document, TextSource
+from fastload.converters.sources import Document, TextRun, TextSource, text_runs
 from fastload.errors import SampleError
 from fastload.formats.index import TokenizerIdentity
 from fastload.formats.table import TABLE_SUFFIX
@@ -43,7 +44,7 @@ SAMPLE_BYTES = 1 << 18  # text tokenized to estimate tokens per byte
 SCAN_BYTES = 16 << 20  # the most of a sampled item's text read to measure its share of the item's bytes
 SAMPLED_ITEMS = 16  # items the estimate samples, spread evenly over the plan
 BATCH_DOCUMENTS = 2048  # documents tokenized at once (encode_batch_fast spreads them over the cores)
-BATCH_BYTES = 4 << 20  # ... or fewer, once their text holds this many bytes
+BATCH_BYTES = 4 << 20  # ... or fewer, once their text holds this many characters (a run's part joins whole)
 
 
 @lru_cache(maxsize=4)
@@ -199,13 +200,19 @@ def write_token_shard(task: TokenShardTask) -> ShardResult:
         try:
             for number, item in enumerate(task.plan.items):
                 dropped = set(task.drops[number]) if task.drops else set()
-                for n, document in enumerate(task.source.documents(item)):
-                    if n in dropped:
+                first = 0  # the item's documents before this run
+                for run in text_runs(task.source, item):
+                    if isinstance(run, Document):
+                        if first not in dropped:
+                            builder.reject(item, run.where, run.problem or "unreadable")
+                        first += 1
                         continue
-                    if document.text is None:
-                        builder.reject(item, document.where, document.problem or "unreadable")
-                    else:
-                        builder.add(item, document.where, document.text)
+                    count = len(run.texts)
+                    if dropped and not dropped.isdisjoint(range(first, first + count)):
+                        kept = [k for k in range(count) if first + k not in dropped]
+                        run = TextRun([run.texts[k] for k in kept], [run.wheres[k] for k in kept])
+                    builder.add(item, run)
+                    first += count
             return builder.finish()
         except BaseException:
             builder.writer.abort()
@@ -213,8 +220,8 @@ def write_token_shard(task: TokenShardTask) -> ShardResult:
 
 
 class TokenShardBuilder:
-    """One token shard filled document by document: texts gathered into batches, each tokenized
-    at once, given bos/eos, filtered by length and appended to the writer."""
+    """One token shard filled run by run: texts gathered into batches, each tokenized at once,
+    given bos/eos, filtered by length and appended to the writer."""
 
     def __init__(self, task: TokenShardTask, path: Path) -> None:
         self.task, self.path, self.options = task, path, task.options
@@ -230,8 +237,7 @@ class TokenShardBuilder:
         self.writer: TokenShardWriter = open_writer("tokens", path, WriterOptions(token_dtype=task.identity.dtype))  # type: ignore[assignment]
         self.result = ShardResult(number=task.plan.number, info=None, fields=[TOKENS_FIELD])
         self._texts: list[str] = []
-        self._where: list[str] = []
-        self._keys: list[str] = []
+        self._parts: list[tuple[int, SourceItem, TextRun, int]] = []  # (first in the batch, item, run, first of the run)
         self._bytes = 0
 
     def reject(self, item: SourceItem, where: str, reason: str) -> None:
@@ -240,14 +246,22 @@ class TokenShardBuilder:
             raise SampleError(where, reason)
         self.result.skipped.append({"key": item.key, "where": where, "reason": reason})
 
-    def add(self, item: SourceItem, where: str, text: str) -> None:
-        """Queue one document's text; a full batch is tokenized and written."""
-        self._texts.append(text)
-        self._where.append(where)
-        self._keys.append(item.key)
-        self._bytes += len(text)
-        if len(self._texts) >= BATCH_DOCUMENTS or self._bytes >= BATCH_BYTES:
-            self._flush()
+    def add(self, item: SourceItem, run: TextRun) -> None:
+        """Queue a run of documents' texts; each full batch is tokenized and written."""
+        texts, taken = run.texts, 0
+        while taken < len(texts):
+            part = texts[taken : taken + BATCH_DOCUMENTS - len(self._texts)]
+            self._parts.append((len(self._texts), item, run, taken))
+            self._texts += part
+            self._bytes += sum(map(len, part))
+            taken += len(part)
+            if len(self._texts) >= BATCH_DOCUMENTS or self._bytes >= BATCH_BYTES:
+                self._flush()
+
+    def _document(self, at: int) -> tuple[SourceItem, str]:
+        """The item and place of the batch's document ``at``."""
+        begin, item, run, first = self._parts[bisect_right([part[0] for part in self._parts], at) - 1]
+        return item, run.wheres[first + at - begin]
 
     def _flush(self) -> None:
         if not self._texts:
@@ -259,11 +273,11 @@ class TokenShardBuilder:
         keep = np.ones(len(lengths), dtype=bool)
         added = int(tokens.bos) + int(tokens.append_eos)
         for at in np.flatnonzero((lengths <= added) | (lengths > tokens.shard_tokens)).tolist():
-            item = SourceItem(self._keys[at], self._where[at], 0)
+            item, where = self._document(at)
             if lengths[at] <= added:
-                self.reject(item, self._where[at], "empty document (no tokens)")
+                self.reject(item, where, "empty document (no tokens)")
             else:
-                self.reject(item, self._where[at], f"{int(lengths[at])} tokens, more than a shard holds (--shard-tokens {tokens.shard_tokens})")
+                self.reject(item, where, f"{int(lengths[at])} tokens, more than a shard holds (--shard-tokens {tokens.shard_tokens})")
             keep[at] = False
         short = keep & (lengths < tokens.min_tokens)
         self.result.filtered += int(short.sum())
@@ -272,7 +286,7 @@ class TokenShardBuilder:
             ids = ids[np.repeat(keep, lengths)]
             lengths = lengths[keep]
         self.writer.add_documents(ids, lengths)
-        self._texts, self._where, self._keys, self._bytes = [], [], [], 0
+        self._texts, self._parts, self._bytes = [], [], 0
 
     def finish(self) -> ShardResult:
         """Publish the shard (none when no document was kept) and upload it where asked."""

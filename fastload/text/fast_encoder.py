@@ -5,6 +5,7 @@ exactly (an NFKC normalizer, for one) when it loads the file."""
 
 from __future__ import annotations
 
+import os
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import numpy as np
 
 EXTRA = "fast-tokenizer"  # the extra that installs it: pip install 'fastload[fast-tokenizer]'
+THREADS = "FASTOKENS_BPE_THREADS"  # the threads it encodes a batch with, read once a process (at its first batch)
 
 
 def import_fastokens() -> Any:
@@ -21,6 +23,15 @@ def import_fastokens() -> Any:
     except ImportError:
         raise ImportError(f"fastokens is not installed: pip install 'fastload[{EXTRA}]'") from None
     return fastokens
+
+
+def share_cores(processes: int) -> None:
+    """Have fastokens encode on this process's share of the cores, where ``processes`` processes
+    forked from it encode at once: ``THREADS`` set to the cores over ``processes`` (at least 1),
+    unless the environment sets it. Called before this process encodes (the variable is read once a
+    process), so one thread each leaves no pool thread of fastokens' alive when the workers fork."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    os.environ.setdefault(THREADS, str(max(1, cores // processes)))
 
 
 def version() -> str:

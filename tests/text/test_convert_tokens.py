@@ -134,6 +134,18 @@ def test_exact_duplicates_are_dropped_keeping_the_first(tokenizer_file: Path, tm
     assert len(lines) == 70 and lines[0]["duplicate_of_document"] == 0
 
 
+def test_duplicates_after_a_bad_line_in_the_same_chunk_are_dropped(tokenizer_file: Path, tmp_path: Path) -> None:
+    """Duplicates are named by their document's number in the chunk, a bad line counted: those
+    after a bad line (read as a second run of texts) are dropped, and only they."""
+    texts = real_paragraphs()[:11]
+    lines = [json.dumps({"text": text}) for text in texts[:10]] + ['{"text": 12}'] + [json.dumps({"text": text}) for text in (*texts[:2], texts[10])]
+    (tmp_path / "a.jsonl").write_text("".join(line + "\n" for line in lines))
+    options = ConvertOptions(source="jsonl", layout="tokens", dedupe=True, on_error="skip", tokens=TokenizeOptions(str(tokenizer_file)))
+    report = convert(str(tmp_path / "a.jsonl"), str(tmp_path / "out"), options, quiet=True)
+    assert report.index.duplicates == 2 and sum(report.index.skipped.values()) == 1
+    assert documents(tmp_path / "out") == TextTokenizer(str(tokenizer_file)).encode(texts)
+
+
 def test_bos_and_min_tokens(corpus: Path, tokenizer_file: Path, tmp_path: Path) -> None:
     texts = ["a b", "a much longer paragraph of several words than the first", "x"]
     write_jsonl(tmp_path / "a.jsonl", texts)

@@ -181,6 +181,31 @@ def test_auto_without_fastokens_says_so_in_one_line(tokenizer_file: Path, tmp_pa
     assert read_index(tmp_path / "out").tokenizer.encoder.startswith("tokenizers ")
 
 
+@pytest.mark.parametrize("preset", [None, "3"])
+def test_forked_workers_share_the_cores_between_them(tokenizer_file: Path, tmp_path: Path, preset: str | None) -> None:
+    """With 2 workers, fastokens is told to encode on each one's share of the cores (cores // 2
+    threads, at least one) before the command encodes anything, unless the environment says;
+    the shards are those one worker writes."""
+    import os
+
+    pytest.importorskip("fastokens")
+    write_jsonl(tmp_path / "docs.jsonl", real_paragraphs()[:600])
+    script = ("import json, os, sys; from fastload.cli.command import main; "
+              f"code = main(['convert', {str(tmp_path / 'docs.jsonl')!r}, {str(tmp_path / 'two')!r}, '--from', 'jsonl', "
+              f"'--tokenizer', {str(tokenizer_file)!r}, '--quiet', '--encoder', 'fast', '--workers', '2', '--shard-tokens', '20000']); "
+              "print(json.dumps([code, os.environ.get('FASTOKENS_BPE_THREADS')]))")
+    env = {k: v for k, v in os.environ.items() if k != "FASTOKENS_BPE_THREADS"} | ({"FASTOKENS_BPE_THREADS": preset} if preset else {})
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False, env=env)
+    code, threads = json.loads(run.stdout.strip().splitlines()[-1])
+    assert code == 0, run.stderr
+    assert threads == (preset or str(max(1, len(os.sched_getaffinity(0)) // 2)))
+    options = ConvertOptions(source="jsonl", layout="tokens", tokens=TokenizeOptions(str(tokenizer_file), shard_tokens=20_000, encoder="fast"))
+    convert(str(tmp_path / "docs.jsonl"), str(tmp_path / "one"), options, quiet=True)
+    assert len(read_index(tmp_path / "two").shards) > 2
+    for name in sorted(p.name for p in (tmp_path / "one").glob("shard-*")):
+        assert (tmp_path / "two" / name).read_bytes() == (tmp_path / "one" / name).read_bytes(), name
+
+
 def test_a_resumed_conversion_never_mixes_encoders(tokenizer_file: Path, tmp_path: Path) -> None:
     from fastload.converters.partial import ConversionConflict
 

@@ -75,6 +75,29 @@ def test_a_document_longer_than_a_shard_is_refused(tokenizer_file: Path, tmp_pat
         convert(str(tmp_path / "d.jsonl"), str(tmp_path / "out"), options(tokenizer_file, shard_tokens=500), quiet=True)
 
 
+def test_documents_refused_deep_in_a_long_run_are_named_by_their_own_lines(tokenizer_file: Path, tmp_path: Path) -> None:
+    """One plain chunk of 2,600 short documents (read as one run of texts, tokenized in two batches)
+    with two too long for a shard among them, one in each batch: each skip names its own line's
+    byte offset, and every other document is kept, in order, with the ids tokenizers gives it."""
+    from tokenizers import Tokenizer
+
+    long_text = " ".join(real_paragraphs()[:20])  # 1,000 words
+    texts = [long_text if n in (100, 2300) else str(n) for n in range(2600)]
+    lines = [json.dumps({"text": text}).encode() + b"\n" for text in texts]
+    data = b"".join(lines)
+    assert len(data) < 64 << 10  # one chunk (the least a chunk holds)
+    (tmp_path / "d.jsonl").write_bytes(data)
+    report = convert(str(tmp_path / "d.jsonl"), str(tmp_path / "out"), options(tokenizer_file, on_error="skip", shard_tokens=600), quiet=True)
+    skipped = [json.loads(line) for line in (tmp_path / "out" / "skipped.jsonl").read_text().splitlines()]
+    offsets = [sum(map(len, lines[:n])) for n in (100, 2300)]
+    assert [entry["where"] for entry in skipped] == [f"{tmp_path / 'd.jsonl'}: line at byte {offset}" for offset in offsets]
+    assert all("tokens, more than a shard holds (--shard-tokens 600)" in entry["reason"] for entry in skipped)
+    assert len(report.index.shards) == 1 and report.index.num_samples == 2598
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    kept = [text for text in texts if text != long_text]
+    assert documents(tmp_path / "out") == [tokenizer.encode(text, add_special_tokens=False).ids for text in kept]
+
+
 def test_a_tokenizer_that_does_not_parse_is_named(tmp_path: Path, capsys) -> None:
     write_jsonl(tmp_path / "d.jsonl", ["text"])
     (tmp_path / "tokenizer.json").write_text('{"model": {"type": "nothing-like-it"}}')
@@ -288,7 +311,7 @@ def test_a_plain_file_reads_past_a_line_too_long_in_pieces(tokenizer_file: Path,
     """The same limit in a plain file, whose chunks are cut at line ends past it."""
     long_line = b'{"text": "' + b" " * (17 << 20) + b'"}\n'
     (tmp_path / "d.jsonl").write_bytes(b'{"text": "before"}\n' + long_line + b'{"text": "after"}\n')
-    report = convert(str(tmp_path / "d.jsonl"), str(tmp_path / "out"), options(tokenizer_file, on_error="skip", shard_tokens=1000), quiet=True)
+    report = convert(str(tmp_path / "d.jsonl"), str(tmp_path / "out"), options(tokenizer_file, on_error="skip", shard_tokens=600), quiet=True)
     assert report.index.num_samples == 2
     (entry,) = [json.loads(line) for line in (tmp_path / "out" / "skipped.jsonl").read_text().splitlines()]
     assert entry["where"].endswith("d.jsonl: line at byte 19")

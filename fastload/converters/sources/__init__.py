@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -78,7 +78,9 @@ class Document:
 
 class TextSource(Protocol):
     """What a source of documents returns from ``open_source`` (with ``text_field`` for parquet and
-    wds): items are chunks of documents (a span of a file, a row group, a tar), each read whole."""
+    wds): items are chunks of documents (a span of a file, a row group, a tar), each read whole. A
+    source may also have ``text_runs(item)``, the same documents as ``text_runs`` gives them, read
+    without a Python object a document (jsonl's plain chunks)."""
 
     classes: tuple[str, ...] | None
 
@@ -87,6 +89,40 @@ class TextSource(Protocol):
 
     def documents(self, item: SourceItem) -> Iterator[Document]:
         """The chunk's documents in order (a problem reported per document, never raised)."""
+
+
+@dataclass(frozen=True)
+class TextRun:
+    """Consecutive readable documents of a chunk: their texts and, for errors, where each one is
+    (``wheres[k]``: a list, or a sequence naming each one only when asked)."""
+
+    texts: list[str]
+    wheres: Sequence[str]
+
+
+def text_runs(source: TextSource, item: SourceItem) -> Iterator[TextRun | Document]:
+    """The chunk's documents in order, readable ones gathered into runs and each unreadable one a
+    Document (``text`` None): the source's own ``text_runs`` where it has one, else its
+    ``documents`` gathered."""
+    own = getattr(source, "text_runs", None)
+    return own(item) if own is not None else gather_runs(source.documents(item))
+
+
+def gather_runs(documents: Iterable[Document]) -> Iterator[TextRun | Document]:
+    """``documents`` with consecutive readable ones gathered into runs (each unreadable one as it is)."""
+    texts: list[str] = []
+    wheres: list[str] = []
+    for document in documents:
+        if document.text is None:
+            if texts:
+                yield TextRun(texts, wheres)
+                texts, wheres = [], []
+            yield document
+        else:
+            texts.append(document.text)
+            wheres.append(document.where)
+    if texts:
+        yield TextRun(texts, wheres)
 
 
 def text_problem(value: object, field: str) -> str | None:

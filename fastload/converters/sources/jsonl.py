@@ -3,8 +3,10 @@
 file converts on every worker; ``.gz`` and ``.zst`` files are read as they stream, one item each
 (a compressed stream cannot be entered in the middle). A line ends at ``\\n`` only; one longer than
 MAX_LINE_BYTES is a bad document, read past in pieces. A plain chunk is read at once and each line
-parsed at once (by orjson where installed, else json); a line that parse does not take as a good
-document is read again as every line was, so every document and every reason stays the same."""
+parsed at once, from a view of the chunk (by orjson where installed, else json), its good documents
+handed on as runs of texts (``text_runs``: no Python object a document); a line that parse does not
+take as a good document is read again as every line was, so every document and every reason stays
+the same."""
 
 from __future__ import annotations
 
@@ -14,14 +16,14 @@ import itertools
 import json
 import os
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any, cast, overload
 
 from fastload.converters.sample import SourceItem, file_stamp, make_key
-from fastload.converters.sources import Document, SourceOptions, decode_text, inside_source, text_problem
+from fastload.converters.sources import Document, SourceOptions, TextRun, decode_text, gather_runs, inside_source, text_problem
 
 SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".ndjson")
 COMPRESSED_RATIO = 4  # a compressed file's size_hint: its bytes times this (text compresses about 3-5x)
@@ -32,15 +34,15 @@ NESTING = 64  # a record nesting this deep is read by json as before (its recurs
 
 
 @lru_cache(maxsize=1)
-def _parser() -> tuple[Callable[[bytes], Any], bool]:
-    """The JSON parser of a line's bytes, raising on what it does not take: orjson's (the ``text``
-    extra) where installed, else json's over its UTF-8; and whether it refuses lone surrogates
-    (orjson does: ``\\ud800`` alone is an error to it, a str holding one to json)."""
+def _parser() -> tuple[Callable[[memoryview], Any], bool]:
+    """The JSON parser of a view of a line's bytes, raising on what it does not take: orjson's (the
+    ``text`` extra) where installed, else json's over its UTF-8; and whether it refuses lone
+    surrogates (orjson does: ``\\ud800`` alone is an error to it, a str holding one to json)."""
     try:
         import orjson
     except ImportError:
-        return (lambda line: json.loads(line.decode())), False
-    return cast(Callable[[bytes], Any], orjson.loads), True
+        return (lambda line: json.loads(str(line, "utf-8"))), False
+    return cast(Callable[[memoryview], Any], orjson.loads), True
 
 
 def _shallow(record: dict) -> bool:
@@ -52,6 +54,32 @@ def _shallow(record: dict) -> bool:
         level = [w for v in level for w in (v.values() if type(v) is dict else v) if type(w) in (dict, list)]
         depth += 1
     return True
+
+
+def _read_span(path: Path, start: int, end: int) -> bytes:
+    """Bytes ``start`` to ``end`` of the file ``path``."""
+    with open(path, "rb") as f:
+        f.seek(start)
+        return f.read(end - start)
+
+
+class _LineNames(Sequence[str]):
+    """Where each document of a run of a chunk's lines is (``PATH: line at byte N``), named only when asked."""
+
+    def __init__(self, path: Path, starts: list[int]) -> None:
+        self.path, self.starts = path, starts
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    @overload
+    def __getitem__(self, k: int) -> str: ...
+    @overload
+    def __getitem__(self, k: slice) -> list[str]: ...
+    def __getitem__(self, k: int | slice) -> str | list[str]:
+        if isinstance(k, slice):
+            return [f"{self.path}: line at byte {start}" for start in self.starts[k]]
+        return f"{self.path}: line at byte {self.starts[k]}"
 
 
 def _compression(path: Path) -> str | None:
@@ -230,10 +258,11 @@ class JsonlSource:
             yield from self._stream_documents(path)
             return
         if end - start <= WHOLE_CHUNK_BYTES:
-            with open(path, "rb") as f:
-                f.seek(start)
-                data = f.read(end - start)
-            yield from self._chunk_documents(path, start, data)
+            for run in self._chunk_runs(path, start, _read_span(path, start, end)):
+                if isinstance(run, Document):
+                    yield run
+                else:
+                    yield from map(Document, run.wheres, run.texts)
             return
         with open(path, "rb") as f:
             f.seek(start)
@@ -242,30 +271,53 @@ class JsonlSource:
                 yield from self._line_document(f"{path}: line at byte {offset}", line, size)
                 offset += size
 
-    def _chunk_documents(self, path: Path, offset: int, data: bytes) -> Iterator[Document]:
+    def text_runs(self, item: SourceItem) -> Iterator[TextRun | Document]:
+        """The item's documents as ``fastload.converters.sources.text_runs`` gives them: a plain
+        chunk's lines parsed at once, with no Python object a document; any other item's gathered."""
+        path, start, end = item.ref
+        if end >= 0 and end - start <= WHOLE_CHUNK_BYTES:
+            yield from self._chunk_runs(path, start, _read_span(path, start, end))
+        else:
+            yield from gather_runs(self.documents(item))
+
+    def _chunk_runs(self, path: Path, offset: int, data: bytes) -> Iterator[TextRun | Document]:
         """The documents of a plain chunk's bytes ``data`` (from byte ``offset``), as ``documents``
-        reads them line by line: a line parsed to a text field that needs no further check (a
-        non-empty string, with no lone surrogate, in a record nesting less than NESTING deep) is a
-        document at once; any other line is read again by ``_document``, with its newline, and so
-        named as before."""
+        read them line by line: a line parsed to a text field that needs no further check (a
+        non-empty string, with no lone surrogate, in a record nesting less than NESTING deep) joins
+        the run of texts (each named by its line's offset only when asked); any other non-blank
+        line is read again by ``_document``, with its newline, and so named as before (a document
+        it reads joins the run; a bad one ends it). Each line is parsed from a view of ``data``,
+        not copied out of it."""
         (loads, whole_text), field = _parser(), self.text_field
-        lines = data.split(b"\n")
-        last = len(lines) - 1
-        for number, line in enumerate(lines):
-            size = len(line) + (number < last)
-            if line and not line.isspace():
-                where = f"{path}: line at byte {offset}"
-                try:
-                    record = loads(line)
-                except (ValueError, RecursionError):  # orjson's and json's errors (UnicodeDecodeError is a ValueError)
-                    record = None
-                value = record.get(field) if type(record) is dict else None
-                if (type(value) is str and value and (value.isascii() or whole_text or text_problem(value, field) is None)
-                        and _shallow(cast(dict, record))):
-                    yield Document(where, value)
+        view, find, size = memoryview(data), data.find, len(data)
+        texts: list[str] = []
+        starts: list[int] = []
+        at = 0
+        while at < size:
+            stop = find(b"\n", at)
+            stop = size if stop < 0 else stop
+            try:
+                record = loads(view[at:stop])
+            except (ValueError, RecursionError):  # orjson's and json's errors (UnicodeDecodeError is a ValueError); a blank line
+                record = None
+            value = record.get(field) if type(record) is dict else None
+            if type(value) is str and value and (whole_text or value.isascii() or text_problem(value, field) is None) and (len(record) == 1 or _shallow(record)):
+                texts.append(value)
+                starts.append(offset + at)
+            elif not (line := data[at:stop]).isspace() and line:
+                ended = stop < size
+                (document,) = self._line_document(f"{path}: line at byte {offset + at}", line + b"\n" if ended else line, len(line) + ended)
+                if document.text is not None:
+                    texts.append(document.text)
+                    starts.append(offset + at)
                 else:
-                    yield from self._line_document(where, line + b"\n" if number < last else line, size)  # as every line was read
-            offset += size
+                    if texts:
+                        yield TextRun(texts, _LineNames(path, starts))
+                        texts, starts = [], []
+                    yield document
+            at = stop + 1
+        if texts:
+            yield TextRun(texts, _LineNames(path, starts))
 
     def _stream_documents(self, path: Path) -> Iterator[Document]:
         """A compressed file's documents, then, where its stream is damaged (cut short, corrupt),
