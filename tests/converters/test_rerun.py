@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fastload.converters import ConvertOptions, convert, run
+from fastload.converters import ConvertOptions, conversion, convert
 from tests.conftest import jpeg_bytes, photo_folder, small_photo, tree_bytes
 
 
@@ -30,7 +30,7 @@ def test_a_rerun_redoes_the_shard_whose_image_changed_in_place(tmp_path: Path, l
     src = photo_folder(tmp_path / "src", 6, (24, 32))
     options = ConvertOptions(source="imagefolder", layout=layout, samples_per_shard=2)
     with monkeypatch.context() as patch:
-        patch.setattr(run, "write_index", killed_before_the_index)
+        patch.setattr(conversion, "write_index", killed_before_the_index)
         with pytest.raises(KeyboardInterrupt):
             convert(str(src), str(tmp_path / "out"), options, quiet=True)
     changed = src / "c1" / "0004.jpg"  # sorted: c0/0000 c0/0003 | c1/0001 c1/0004 | c2/...: the second shard

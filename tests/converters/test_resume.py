@@ -126,7 +126,7 @@ def test_a_resumed_decoded_hdf5_conversion_whose_first_image_changed_equals_a_fr
     import numpy as np
     from PIL import Image
 
-    from fastload.converters import ConvertOptions, WriterOptions, convert, run
+    from fastload.converters import ConvertOptions, WriterOptions, conversion, convert
 
     def image(path: Path, side: int, value: int) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -141,7 +141,7 @@ def test_a_resumed_decoded_hdf5_conversion_whose_first_image_changed_equals_a_fr
         raise KeyboardInterrupt("killed before index.json")
 
     with monkeypatch.context() as patch:
-        patch.setattr(run, "write_index", killed)
+        patch.setattr(conversion, "write_index", killed)
         with pytest.raises(KeyboardInterrupt):
             convert(str(src), str(tmp_path / "out"), options, quiet=True)
     time.sleep(0.01)

@@ -16,7 +16,7 @@ import fastload
 from fastload import transforms as T
 from fastload.converters.conversion import convert
 from fastload.converters.convert_options import ConvertOptions
-from fastload.orders import mixture as mixture_order
+from fastload.orders import mixture_order
 from tests.test_distributed import run_ranks
 from tests.test_resume_contract import BATCH, LOCAL_PATHS, dali_installed, run_resume_contract, served  # noqa: F401 - a fixture
 
