@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from fastload._util.files import reserve_descriptors, this_process
 from fastload.errors import ShardError
-from fastload.fields import DECODED_FIELD, LABEL_FIELD, decode_field, default_role, image_field
+from fastload.fields import DECODED_FIELD, LABEL_FIELD, classic_names, decode_field, default_role, image_field
 from fastload.formats.index import INDEX_FILE, DatasetIndex, ShardInfo, read_index
 from fastload.formats.shard_files import offsets_name, open_shard, open_shard_files, table_name
 from fastload.formats.shard_formats import ShardFormat, shard_format
@@ -70,9 +70,10 @@ class ShardedDataset:
         storage_options: dict | None = None,
         max_open_shards: int | None = None,
     ) -> None:
-        from fastload.storage.in_place import locate
+        from fastload.storage.in_place import locate, shown
 
         located = locate(root, storage_options)  # Parquet files read in place (None: a dataset with its index.json)
+        self._shown = shown(located) if located is not None else None  # one file read in place: its path, not its folder
         if located is not None:
             root = located.base
         url = str(root).rstrip("/") if is_url(root) else None
@@ -133,9 +134,11 @@ class ShardedDataset:
 
     @property
     def location(self) -> str:
-        """The dataset's folder or URL (without credentials)."""
+        """The dataset's folder or URL (without credentials); of one file read in place, the file's."""
         from fastload.storage.remote import redact
 
+        if self._shown is not None:
+            return self._shown
         return redact(self.url) if self.url is not None else str(self.root)
 
     @property
@@ -165,6 +168,11 @@ class ShardedDataset:
 
         row_bytes = max(1, self.index.total_bytes // len(self))
         return max(1, memory_budget() // 2 // row_bytes)
+
+    @property
+    def classic_names(self) -> tuple[str, str]:
+        """(image, label) stored names of the classic sample (:func:`fastload.fields.classic_names`)."""
+        return classic_names(self.index.columns)
 
     def role(self, field: str) -> str:
         """The role of stored field ``field``: its column's, for data read in place, else its extension's default."""
