@@ -51,6 +51,10 @@ def test_in_place_and_converted_members_give_their_classic_samples_by_weight(hub
     with fastload.DataLoader(mixture, batch_size=6, shuffle=True, seed=2, transform=T.val(16), return_keys=True,
                              num_workers=2) as loader:
         batches = list(loader)
+        described = loader.describe(1, 0)
+    assert described.keys == batches[1][2]
+    for sample in described.samples:  # each names its member's file: a Parquet file of the hub, a tar shard
+        assert sample.shard.startswith(f"{hub}/train-") if sample.key.startswith("0/") else sample.shard.startswith(f"{shards}/shard-")
     keys = [key for _, _, ks in batches for key in ks]
     by_member = [[own for number, own in map(mixture.member_key, keys) if number == member] for member in range(2)]
     assert [len(own) for own in by_member] == [30, 60] and len(set(by_member[0])) == 30 and len(set(by_member[1])) == 45
