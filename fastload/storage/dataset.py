@@ -14,6 +14,7 @@ from fastload._util.files import reserve_descriptors, this_process
 from fastload.errors import ShardError
 from fastload.fields import DECODED_FIELD, LABEL_FIELD, classic_names, decode_field, default_role, image_field
 from fastload.formats.index import INDEX_FILE, DatasetIndex, ShardInfo, read_index
+from fastload.formats.part_table import PartTable
 from fastload.formats.shard_files import offsets_name, open_shard, open_shard_files, table_name
 from fastload.formats.shard_formats import ShardFormat, shard_format
 from fastload.formats.shard_reader import PixelReader, ShardReader
@@ -94,7 +95,7 @@ class ShardedDataset:
             limit = parse_size(cache_size) if isinstance(cache_size, str) else cache_size
             self.cache = ShardCache(cache_dir, limit, storage_options)
             self.index = read_remote_index(url, storage_options) if located is None else _in_place_index(located, self.cache.root, storage_options)
-            largest = max((shard.bytes + (shard.footer_bytes or 0) for shard in self.index.shards), default=0)
+            largest = self._largest_shard()
             if largest > self.cache.max_bytes:
                 raise ValueError(
                     f"{self.location}: the cache limit ({self.cache.max_bytes} bytes) is smaller than its largest "
@@ -104,7 +105,8 @@ class ShardedDataset:
             from fastload.formats.parquet.bounds import import_pyarrow_parquet
 
             import_pyarrow_parquet()
-        self._starts = list(itertools.accumulate((s.samples for s in self.index.shards), initial=0))
+        counts = self.index.shard_samples().tolist()
+        self._starts = list(itertools.accumulate(counts, initial=0))
         self.max_open_shards = _max_open_shards(max_open_shards)
         self._readers: dict[int, ShardReader] = {}  # local: every shard read so far (closed or open)
         self._open: OrderedDict[int, ShardReader] = OrderedDict()  # the open ones, least recently used first
@@ -112,7 +114,6 @@ class ShardedDataset:
         self._process = this_process()  # the process its remote readers were opened in
         limit = min(self.max_open_shards, MAX_OPEN_REMOTE_SHARDS) if self.root is None else self.max_open_shards
         self._evicts = len(self.index.shards) > limit  # False: every shard stays open, no LRU order kept
-        counts = [s.samples for s in self.index.shards]
         self._per_shard = counts[0] if counts and counts[0] > 0 and all(c == counts[0] for c in counts[:-1]) and counts[-1] <= counts[0] else 0
         if self.root is not None and (missing := missing_tables(self.root, self.index)):
             log.warning(
@@ -202,7 +203,8 @@ class ShardedDataset:
         """The open reader of shard number ``shard``. At most ``max_open_shards`` stay open per
         process, least recently used closed first (a local reader keeps its table's schema, so
         reopening is two ``open`` calls); a remote dataset keeps at most
-        ``MAX_OPEN_REMOTE_SHARDS`` and drops evicted readers, so evicted cache entries free their disk."""
+        ``MAX_OPEN_REMOTE_SHARDS`` and drops evicted readers, so evicted cache entries free their disk;
+        data read in place drops them too, so a process keeps no reader per row group it read."""
         if self._process != this_process() and self.root is None:  # forked: the parent's cached copies may be evicted by now
             self._open, self._readers, self._process = OrderedDict(), {}, this_process()
         reader = self._open.get(shard)  # one lookup a read
@@ -215,7 +217,7 @@ class ShardedDataset:
         while len(self._open) >= limit:
             evicted, closing = self._open.popitem(last=False)
             closing.close()
-            if remote:
+            if remote or self.layout.in_place:  # a row group's reader is cheap to make again: not one kept a row group read
                 del self._readers[evicted]
         reader = self._readers.get(shard)
         if reader is None:
@@ -260,6 +262,13 @@ class ShardedDataset:
     def is_remote(self, shard: int) -> bool:
         """Whether shard number ``shard`` is downloaded before it is read."""
         return self.url is not None
+
+    def _largest_shard(self) -> int:
+        """The bytes of its largest shard as the cache holds it (read in place: a row group and its file's footer)."""
+        shards = self.index.shards
+        if isinstance(shards, PartTable):
+            return int((shards.column("bytes") + shards.column("footer_bytes")).max(initial=0))
+        return max((shard.bytes for shard in shards), default=0)
 
     def fetch(self, shard: int) -> tuple[Path, Path | None]:
         """Local paths of a remote shard's files (data, offset index: a token shard's document

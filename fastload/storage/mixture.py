@@ -23,6 +23,7 @@ import numpy as np
 
 from fastload.fields import default_role
 from fastload.formats.index import FORMAT_VERSION, IN_PLACE_FIELDS, DatasetIndex
+from fastload.formats.part_table import PartTable
 from fastload.formats.shard_reader import ShardReader
 from fastload.formats.table import SampleTable
 from fastload.orders.epoch_order import shards_of
@@ -66,17 +67,17 @@ def compatible_index(members: tuple[ShardedDataset, ...]) -> DatasetIndex:
         raise ValueError(f"mix: member 0 ({members[0].location}) names its fields unlike the others and holds no images "
                          "(the one sample they could share): members must hold the same fields")
     classes = next((m.index.classes for m in members if m.index.classes is not None), None)
-    shards = tuple(itertools.chain.from_iterable(m.index.shards for m in members))
     fields = tuple(f for f in first.fields if all(f in m.index.fields for m in members))  # what every member holds
     image_fields = first.image_fields if not classic else tuple(dict.fromkeys(f for m in members for f in m.index.image_fields))
     converted = next((m.index for m in members if not m.layout.in_place), None)
-    if converted is None:  # all read in place: the first's layout, every member's columns' roles
+    if converted is None:  # all read in place: the first's layout, every member's columns' roles and parts
         columns = {name: role for m in members for name, role in m.index.columns.items()}
-        return DatasetIndex(first.layout, shards, fields, classes, image_fields=image_fields, columns=columns, version=first.version)
+        parts = PartTable.joined([cast(PartTable, m.index.shards) for m in members])
+        return DatasetIndex(first.layout, parts, fields, classes, image_fields=image_fields, columns=columns, version=first.version)
     # with a converted member, its layout's: a part of a file read in place is one of its shards here (its path,
     # samples, bytes and checksum; each member reads its own shards through its own index)
     no_parts: dict[str, Any] = dict.fromkeys(IN_PLACE_FIELDS)
-    shards = tuple(replace(s, **no_parts) if s.row_group is not None else s for s in shards)
+    shards = tuple(replace(s, **no_parts) if s.row_group is not None else s for m in members for s in m.index.shards)
     return DatasetIndex(converted.layout, shards, fields, classes, image_fields=image_fields, decoded_shape=first.decoded_shape,
                         tokenizer=first.tokenizer, version=first.version if first.tokenizer is not None else FORMAT_VERSION)
 
@@ -95,7 +96,7 @@ class MixedDataset(ShardedDataset):
         self.url, self.root, self.cache = None, None, None  # remote members fetch through their own caches
         self._offsets = list(itertools.accumulate((len(m) for m in members), initial=0))
         self._first_shards = list(itertools.accumulate((len(m.index.shards) for m in members), initial=0))
-        self._starts = list(itertools.accumulate((s.samples for s in self.index.shards), initial=0))
+        self._starts = list(itertools.accumulate(self.index.shard_samples().tolist(), initial=0))
 
     def __len__(self) -> int:
         return self._offsets[-1]
@@ -262,7 +263,7 @@ class MixedDataset(ShardedDataset):
     def order(self, loader: OrderSpec) -> MixtureOrder:
         """The mixture's orders for a loader whose own orders would be ``loader``'s."""
         buffers = tuple((m.shuffle_window or MEMBER_BUFFER) if m.streams else 0 for m in self.members)
-        return MixtureOrder(loader, tuple(tuple(s.samples for s in m.index.shards) for m in self.members), self.counts, buffers, self.schedule)
+        return MixtureOrder(loader, tuple(tuple(m.index.shard_samples().tolist()) for m in self.members), self.counts, buffers, self.schedule)
 
     def describe_positions(self, positions: tuple[MemberPosition, ...], weights: tuple[float, ...] | None = None) -> list[dict]:
         """Each member's position as a state_dict records it (location, weight: ``weights``, those in
