@@ -472,3 +472,24 @@ def test_a_damaged_row_group_table_is_one_line_naming_the_index(hub: Path, tmp_p
             "span": "bytes must lie before its file's footer"}[damage]
     with pytest.raises(DatasetIndexError, match=rf"^{re.escape(str(folder / 'index.json'))}: parts: .*{re.escape(want)}"):
         fastload.open(folder)
+
+
+def test_an_index_listing_each_row_group_is_still_read(hub: Path, tmp_path: Path) -> None:
+    """The first version-6 indexes listed a shard object per row group: read as the compact form."""
+    import base64
+    import shutil
+    import zlib
+
+    folder = tmp_path / "copy"
+    shutil.copytree(hub, folder)
+    run_cli("index", str(folder))
+    index = json.loads((folder / "index.json").read_text())
+    files = index["shards"]["files"]
+    parts = np.frombuffer(zlib.decompress(base64.b64decode(index["shards"]["parts"]["data"])), dtype="<i8").reshape(-1, 6)
+    index["shards"] = [{**files[f], "row_group": g, "samples": n, "first_row": r, "span_start": s, "bytes": b,
+                        "offsets": None, "offsets_sha256": None, "table": None, "table_sha256": None}
+                       for f, g, n, r, s, b in parts.tolist()]
+    (folder / "index.json").write_text(json.dumps(index))
+    listed = fastload.open(folder)
+    assert len(listed) == ROWS and [s.samples for s in listed.index.shards] == [8, 8, 8, 6, 7, 7, 1]
+    assert listed[31]["caption"] == "photo 31"
