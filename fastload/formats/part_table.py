@@ -71,6 +71,14 @@ class PartTable(Sequence["ShardInfo"]):
         return cls(tuple(files), parts)
 
     @classmethod
+    def of_whole(cls, shards: Sequence[ShardInfo]) -> PartTable:
+        """Shards that are files of their own (a converted dataset's) as parts: each file one part of
+        its samples and bytes, no footer (a mixture's index, beside members read in place)."""
+        files = tuple((s.path, s.bytes, 0, None, s.sha256, None) for s in shards)
+        parts = np.array([[n, 0, s.samples, 0, 0, s.bytes] for n, s in enumerate(shards)], dtype=np.int64).reshape(-1, len(PART_COLUMNS))
+        return cls(files, parts)
+
+    @classmethod
     def joined(cls, tables: Sequence[PartTable]) -> PartTable:
         """The parts of ``tables`` one after another (a mixture's members read in place)."""
         firsts = np.cumsum([0, *(len(t.files) for t in tables)])

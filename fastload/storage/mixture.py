@@ -15,14 +15,13 @@ import math
 import numbers
 import os
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 
 from fastload.fields import default_role
-from fastload.formats.index import FORMAT_VERSION, IN_PLACE_FIELDS, DatasetIndex
+from fastload.formats.index import FORMAT_VERSION, DatasetIndex
 from fastload.formats.part_table import PartTable
 from fastload.formats.shard_reader import ShardReader
 from fastload.formats.table import SampleTable
@@ -69,17 +68,16 @@ def compatible_index(members: tuple[ShardedDataset, ...]) -> DatasetIndex:
     classes = next((m.index.classes for m in members if m.index.classes is not None), None)
     fields = tuple(f for f in first.fields if all(f in m.index.fields for m in members))  # what every member holds
     image_fields = first.image_fields if not classic else tuple(dict.fromkeys(f for m in members for f in m.index.image_fields))
-    converted = next((m.index for m in members if not m.layout.in_place), None)
-    if converted is None:  # all read in place: the first's layout, every member's columns' roles and parts
-        columns = {name: role for m in members for name, role in m.index.columns.items()}
-        parts = PartTable.joined([cast(PartTable, m.index.shards) for m in members])
-        return DatasetIndex(first.layout, parts, fields, classes, image_fields=image_fields, columns=columns, version=first.version)
-    # with a converted member, its layout's: a part of a file read in place is one of its shards here (its path,
-    # samples, bytes and checksum; each member reads its own shards through its own index)
-    no_parts: dict[str, Any] = dict.fromkeys(IN_PLACE_FIELDS)
-    shards = tuple(replace(s, **no_parts) if s.row_group is not None else s for m in members for s in m.index.shards)
-    return DatasetIndex(converted.layout, shards, fields, classes, image_fields=image_fields, decoded_shape=first.decoded_shape,
-                        tokenizer=first.tokenizer, version=first.version if first.tokenizer is not None else FORMAT_VERSION)
+    if not any(m.layout.in_place for m in members):
+        shards = tuple(itertools.chain.from_iterable(m.index.shards for m in members))
+        return DatasetIndex(first.layout, shards, fields, classes, image_fields=image_fields, decoded_shape=first.decoded_shape,
+                            tokenizer=first.tokenizer, version=first.version if first.tokenizer is not None else FORMAT_VERSION)
+    # with a member read in place, its layout's: the members' parts one table (a converted member's shards as
+    # whole files), so a member of a million row groups makes no object each; each member reads through its own index
+    in_place = next(m.index for m in members if m.layout.in_place)
+    parts = PartTable.joined([m.index.shards if isinstance(m.index.shards, PartTable) else PartTable.of_whole(m.index.shards) for m in members])
+    columns = {name: role for m in members for name, role in m.index.columns.items()}
+    return DatasetIndex(in_place.layout, parts, fields, classes, image_fields=image_fields, columns=columns, version=in_place.version)
 
 
 class MixedDataset(ShardedDataset):
