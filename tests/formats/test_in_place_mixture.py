@@ -16,7 +16,7 @@ import fastload
 from fastload import transforms as T
 from tests.conftest import png_bytes, small_photo
 from tests.formats.test_parquet_in_place import converted, hub, hub_rows  # noqa: F401  # hub: the module fixture
-from tests.test_resume_contract import BATCH, run_resume_contract
+from tests.test_resume_contract import BATCH, LOCAL_PATHS, dali_installed, run_resume_contract
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -87,10 +87,15 @@ def test_in_place_members_named_differently_mix(hub: Path, tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("taken", [1, 3])
-def test_resume_of_a_mixture_with_a_member_in_place_equals_an_uninterrupted_run(hub: Path, shards: Path, taken: int) -> None:  # noqa: F811
+@pytest.mark.parametrize("path", ["cpu workers", "dali on the cpu"])
+def test_resume_of_a_mixture_with_a_member_in_place_equals_an_uninterrupted_run(hub: Path, shards: Path, path: str,  # noqa: F811
+                                                                                taken: int) -> None:
+    if path.startswith("dali") and not dali_installed():
+        pytest.skip("needs NVIDIA DALI")
+
     def make_loader() -> fastload.DataLoader:
         return fastload.DataLoader(fastload.mix({fastload.open(shards): 1, fastload.open(hub): 1}, samples_per_epoch=40),
-                                   batch_size=BATCH, shuffle=True, seed=5, transform=T.train(16), return_keys=True, num_workers=2)
+                                   batch_size=BATCH, shuffle=True, seed=5, transform=T.train(16), return_keys=True, **LOCAL_PATHS[path])
 
     run_resume_contract(make_loader, taken)
 
