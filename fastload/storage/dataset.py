@@ -112,8 +112,7 @@ class ShardedDataset:
         self._open: OrderedDict[int, ShardReader] = OrderedDict()  # the open ones, least recently used first
         self._reserved = -1  # the process that reserved descriptors for its shards
         self._process = this_process()  # the process its remote readers were opened in
-        limit = min(self.max_open_shards, MAX_OPEN_REMOTE_SHARDS) if self.root is None else self.max_open_shards
-        self._evicts = len(self.index.shards) > limit  # False: every shard stays open, no LRU order kept
+        self._evicts = len(self.index.shards) > self._open_limit()  # False: every shard stays open, no LRU order kept
         self._per_shard = counts[0] if counts and counts[0] > 0 and all(c == counts[0] for c in counts[:-1]) and counts[-1] <= counts[0] else 0
         if self.root is not None and (missing := missing_tables(self.root, self.index)):
             log.warning(
@@ -204,7 +203,8 @@ class ShardedDataset:
         process, least recently used closed first (a local reader keeps its table's schema, so
         reopening is two ``open`` calls); a remote dataset keeps at most
         ``MAX_OPEN_REMOTE_SHARDS`` and drops evicted readers, so evicted cache entries free their disk;
-        data read in place drops them too, so a process keeps no reader per row group it read."""
+        data read in place keeps at most ``MAX_OPEN_IN_PLACE`` and drops them too, so a process keeps
+        no reader per row group it read (its decoded batches are the process's cache's)."""
         if self._process != this_process() and self.root is None:  # forked: the parent's cached copies may be evicted by now
             self._open, self._readers, self._process = OrderedDict(), {}, this_process()
         reader = self._open.get(shard)  # one lookup a read
@@ -212,12 +212,11 @@ class ShardedDataset:
             if self._evicts:  # the order matters only where shards are ever closed
                 self._open.move_to_end(shard)
             return reader
-        remote = self.root is None
-        limit = min(self.max_open_shards, MAX_OPEN_REMOTE_SHARDS) if remote else self.max_open_shards
+        remote, in_place, limit = self.root is None, self.layout.in_place, self._open_limit()
         while len(self._open) >= limit:
             evicted, closing = self._open.popitem(last=False)
             closing.close()
-            if remote or self.layout.in_place:  # a row group's reader is cheap to make again: not one kept a row group read
+            if remote or in_place:  # a row group's reader is cheap to make again: not one kept a row group read
                 del self._readers[evicted]
         reader = self._readers.get(shard)
         if reader is None:
@@ -229,6 +228,12 @@ class ShardedDataset:
         reader.open()
         self._open[shard] = reader
         return reader
+
+    def _open_limit(self) -> int:
+        """The readers a process keeps open (see :meth:`reader`)."""
+        if self.root is None:
+            return min(self.max_open_shards, MAX_OPEN_REMOTE_SHARDS)
+        return min(self.max_open_shards, MAX_OPEN_IN_PLACE) if self.layout.in_place else self.max_open_shards
 
     def _open_local(self, shard: int) -> ShardReader:
         info, root = self.index.shards[shard], cast(Path, self.root)
@@ -417,6 +422,7 @@ class ShardedDataset:
 
 
 MAX_OPEN_REMOTE_SHARDS = 16
+MAX_OPEN_IN_PLACE = 1024  # readers of row groups a process keeps (a few KiB each, made again in microseconds)
 
 
 def side_file_bytes(shard: ShardInfo) -> int:
