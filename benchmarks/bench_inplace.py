@@ -20,7 +20,8 @@ WORKERS workers, the CPU backend:
 It prints each one's median images/s and the medians of the per-round ratios. With
 ``--simulate-rows``: that many rows of Parquet (1,000 files of 100-row groups of a tiny column) are
 written once, indexed, then opened in a fresh process: the seconds to open the index and make an
-epoch's order, and the resident memory it adds (what each forked worker shares).
+epoch's order, the resident memory they add beyond importing pyarrow (what each forked worker
+shares), and the index's size.
 Run it under ``flock /tmp/fastload-bench.lock``.
 """
 
@@ -128,14 +129,17 @@ def run_apart(name: str, args: argparse.Namespace) -> float:
 
 
 SIMULATE = """
-import json, resource, sys, time
+import json, os, resource, sys, time
 def rss():
     with open("/proc/self/status") as status:
         return int(status.read().split("VmRSS:")[1].split()[0]) * 1024
 import fastload
 from fastload.loading.loader_options import LoaderOptions
+from fastload.formats.parquet.bounds import import_pyarrow_parquet
+from fastload.loading.loader_options import LoaderOptions
 from fastload.loading.loader_orders import LoaderOrders
 from fastload.orders.position import Position
+import_pyarrow_parquet()  # what any Parquet read costs (about 50 MB), apart from the index
 before, start = rss(), time.perf_counter()
 ds = fastload.open(sys.argv[1])
 opened = time.perf_counter() - start
@@ -146,7 +150,7 @@ order = orders.order(Position(0))
 first = order.indices(batches.positions(0))
 ordered = time.perf_counter() - start
 print(json.dumps({"rows": len(ds), "shards": len(ds.index.shards), "open_s": opened, "open_and_order_s": ordered,
-                  "rss_added_mb": (rss() - before) / 2**20}))
+                  "rss_added_mb": (rss() - before) / 2**20, "index_json_mb": os.path.getsize(sys.argv[1] + "/index.json") / 1e6}))
 """
 
 

@@ -49,7 +49,7 @@ def first_batch(order_kind: str, samples: int) -> dict:
 
         big = samples * 5 // 6 // SHARD
         members = ((SHARD,) * big, (SHARD,) * (samples // SHARD - big))
-        spec = MixtureOrder(spec, members, tuple(apportion(samples, (5.0, 1.0))), (False, False))  # type: ignore[assignment]
+        spec = MixtureOrder(spec, members, tuple(apportion(samples, (5.0, 1.0))), (0, 0))  # type: ignore[assignment]
     order = spec.order(0)
     plan = spec.batches(len(order), 0)
     new = hasattr(order, "indices")

@@ -418,16 +418,23 @@ class SampleSpec:
         return field.stacked and (field.role != "array" or self.shape_of(field.name) is not None)
 
 
-def classic_spec(decoded: bool, map: SampleMap | None = None, clip: Clip | None = None, roles: Mapping[str, str] | None = None) -> SampleSpec:
-    """Today's classification sample: the image (whatever its extension; with ``clip``, the video)
-    and an optional label, seen by ``map`` as ``image`` (``video``) and ``label``; of data read in
-    place (``roles``: each column's), its first image column and its label column (``label``, else
-    the first integer column)."""
+def classic_names(roles: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """(image, label) stored names of the classic sample, each alternatives joined by ``;``: any
+    image extension and ``cls``; of data read in place (``roles``: each column's), its first image
+    column and its label column (``label``, else the first integer column)."""
     image, label = ";".join(IMAGE_FIELDS), LABEL_FIELD
     if roles:
         image = next((name for name, role in roles.items() if role == "image"), image)
         labels = [name for name, role in roles.items() if role == "label"]
         label = "label" if "label" in labels else labels[0] if labels else label
+    return image, label
+
+
+def classic_spec(decoded: bool, map: SampleMap | None = None, clip: Clip | None = None, names: tuple[str, str] | None = None) -> SampleSpec:
+    """Today's classification sample: the image (whatever its extension; with ``clip``, the video)
+    and an optional label, seen by ``map`` as ``image`` (``video``) and ``label``; ``names``: their
+    stored names (:func:`classic_names`; a mixture's: each member's, as alternatives)."""
+    image, label = names or classic_names()
     if clip is not None:
         first = FieldSpec(VIDEO_ANY, "video")
     else:
@@ -444,14 +451,15 @@ def _requested_role(name: str) -> Role:
 def requested_spec(
     fields: Sequence[str] | Mapping[str, str] | None, dataset_fields: Sequence[str], decoded: bool,
     map: SampleMap | None = None, images: bool = False, clip: Clip | None = None, audio: Audio | None = None,
-    roles: Mapping[str, str] | None = None,
+    roles: Mapping[str, str] | None = None, classic: tuple[str, str] | None = None,
 ) -> SampleSpec:
     """The SampleSpec of a loader's ``fields=`` (a sequence of names, or a mapping name -> role),
     ``map=`` and ``clip=``. Without ``fields=``: the classic layout when the dataset has images (or
     ``images``: the caller expects them) or, with ``clip``, videos; with ``audio``: the recording
     (any extension) and, where the dataset has them, its label and transcript (``txt``); else
     every field of the dataset in its index's order. ``roles``: the roles of data read in place, by column name (a
-    field named without a role takes its column's)."""
+    field named without a role takes its column's); ``classic``: the classic sample's stored names
+    where not those ``roles`` give (a mixture's members')."""
     roles = roles or {}
     if fields is None and audio is not None:
         extra = [FieldSpec(LABEL_FIELD, "label", optional=True)] if LABEL_FIELD in dataset_fields else []
@@ -466,7 +474,7 @@ def requested_spec(
         if clip is not None:
             raise ValueError("clip= takes frames of videos; the fields asked for hold none")
         if images or decoded or has_images(dataset_fields) or "image" in roles.values():
-            return classic_spec(decoded, map, roles=roles)
+            return classic_spec(decoded, map, names=classic or classic_names(roles))
         fields = list(dataset_fields)
     if isinstance(fields, str):
         raise TypeError(f"fields= takes a list of field names or a mapping name -> role, got the string {fields!r}")

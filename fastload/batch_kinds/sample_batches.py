@@ -6,6 +6,7 @@ orders of fastload.loading.loader_orders, described from the indexes (fastload.l
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -17,6 +18,7 @@ import torch
 from fastload.backends.engines import make_engine
 from fastload.decode.header import check_pixels
 from fastload.fields import SampleSpec
+from fastload.formats.part_table import PartTable
 from fastload.loading.batch_outputs import BatchOutputs
 from fastload.loading.epoch import Epoch, EpochInputs
 from fastload.loading.loader_options import LoaderOptions
@@ -133,8 +135,12 @@ class SampleBatches:
         """A digest of the samples read (shards, their checksums, a Subset's choice, a mixture's
         weights, exclusions, class weights)."""
         digest = hashlib.sha256()
-        for shard in self.sharded.index.shards:
-            digest.update(f"{shard.path}|{shard.samples}|{shard.sha256};".encode())
+        shards = self.sharded.index.shards
+        if isinstance(shards, PartTable):  # data read in place: its files and parts, without making a shard of each
+            digest.update(json.dumps(shards.files).encode() + shards.parts.tobytes())
+        else:
+            for shard in shards:
+                digest.update(f"{shard.path}|{shard.samples}|{shard.sha256};".encode())
         if self.options.take is not None:
             digest.update(np.asarray(self.options.take, dtype=np.int64).tobytes())
         if self.orders.mixture is not None:  # its weights and epoch length decide its order

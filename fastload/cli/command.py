@@ -183,13 +183,14 @@ def _add_index(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_index(args: argparse.Namespace) -> int:
+    from fastload.formats.part_table import PartTable
     from fastload.storage.in_place_index import PARTS, index_in_place, locate
     from fastload.storage.remote import is_url, redact
 
     folder = Path(args.dataset)
     if locate(args.dataset) is not None or (folder.is_dir() and not any(folder.glob("*.tar")) and any(folder.rglob("*.parquet"))):
         index, seconds, kept = index_in_place(args.dataset, force=args.force)
-        files = len({shard.path for shard in index.shards})
+        files = len({entry[0] for entry in index.shards.files}) if isinstance(index.shards, PartTable) else len(index.shards)
         print(f"{redact(args.dataset)}: indexed {index.num_samples} rows in {len(index.shards)} {PARTS[index.layout]} of {files} file(s) in "
               f"{seconds:.1f}s, read in place; columns {', '.join(f'{c} ({r})' for c, r in index.columns.items())}; index in {kept}")
         return 0

@@ -15,9 +15,12 @@ from dataclasses import MISSING, asdict, dataclass, field
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
 
+import numpy as np
+
 from fastload._util.files import atomic_write_bytes, read_file
 from fastload.errors import DatasetIndexError
 from fastload.fields import ROLES, stream_fields
+from fastload.formats.part_table import PartTable
 from fastload.formats.shard_formats import LAYOUTS, shard_format
 from fastload.formats.shard_info import IN_PLACE_FIELDS, MAX_INT, ShardInfo, check_counts, check_int, check_sha256, check_strings
 
@@ -98,7 +101,7 @@ class DatasetIndex:
     """Everything a reader needs to know about a converted dataset."""
 
     layout: str
-    shards: tuple[ShardInfo, ...]
+    shards: tuple[ShardInfo, ...] | PartTable  # data read in place: a PartTable (its parts made as asked for)
     fields: tuple[str, ...]
     classes: tuple[str, ...] | None = None
     class_counts: dict[str, int] = field(default_factory=dict)
@@ -120,7 +123,12 @@ class DatasetIndex:
         check_version(self.version)
         if self.layout not in LAYOUTS:
             raise DatasetIndexError(f"layout: must be one of {LAYOUTS}")
-        if not isinstance(self.shards, tuple) or not all(isinstance(s, ShardInfo) for s in self.shards):
+        if shard_format(self.layout).in_place and isinstance(self.shards, tuple):  # listed shard by shard: kept as a PartTable
+            for number, shard in enumerate(self.shards):
+                if not isinstance(shard, ShardInfo) or shard.row_group is None:
+                    raise DatasetIndexError(f"shards[{number}].row_group: missing")
+            object.__setattr__(self, "shards", PartTable.of(self.shards))
+        if not isinstance(self.shards, PartTable) and (not isinstance(self.shards, tuple) or not all(isinstance(s, ShardInfo) for s in self.shards)):
             raise DatasetIndexError("shards: must be a list of shards")
         check_strings(self.fields, "fields")
         check_strings(self.image_fields, "image_fields")
@@ -157,7 +165,7 @@ class DatasetIndex:
                                     f"{TOKENS_VERSION if tokens else f'1 to {TOKENS_VERSION - 1}'}")  # in place: _check_in_place
         if self.tokenizer is not None and not isinstance(self.tokenizer, TokenizerIdentity):
             raise DatasetIndexError("tokenizer: must be an object")
-        for number, shard in enumerate(self.shards):
+        for number, shard in enumerate(() if isinstance(self.shards, PartTable) else self.shards):  # a part counts no tokens
             if tokens != (shard.tokens is not None):
                 raise DatasetIndexError(f"shards[{number}].tokens: {'missing' if tokens else 'only a token shard counts tokens'}")
         if self.num_tokens > MAX_INT:
@@ -172,40 +180,47 @@ class DatasetIndex:
             raise DatasetIndexError(f"columns: must be an object of roles ({', '.join(ROLES)})")
         if self.columns and not in_place:
             raise DatasetIndexError("columns: only data read in place gives its columns' roles")
-        for number, shard in enumerate(self.shards):
-            if in_place != (shard.row_group is not None):
-                raise DatasetIndexError(f"shards[{number}].row_group: {'missing' if in_place else 'only data read in place has row groups'}")
+        if in_place != isinstance(self.shards, PartTable):  # a PartTable's parts are all row groups
+            raise DatasetIndexError(f"shards: {'data read in place lists its files and parts' if in_place else 'only data read in place lists parts of files'}")
 
     @property
     def num_tokens(self) -> int:
         """Total tokens over all shards (0 for a dataset of other samples)."""
-        return sum(s.tokens or 0 for s in self.shards)
+        return 0 if isinstance(self.shards, PartTable) else sum(s.tokens or 0 for s in self.shards)
 
     @property
     def num_samples(self) -> int:
         """Total samples over all shards."""
-        return sum(s.samples for s in self.shards)
+        return int(self.shard_samples().sum()) if isinstance(self.shards, PartTable) else sum(s.samples for s in self.shards)
 
     @property
     def total_bytes(self) -> int:
         """Total bytes over all shards."""
-        return sum(s.bytes for s in self.shards)
+        return int(self.shards.column("bytes").sum()) if isinstance(self.shards, PartTable) else sum(s.bytes for s in self.shards)
+
+    def shard_samples(self) -> np.ndarray:
+        """Each shard's samples (int64), without making a shard of a PartTable."""
+        if isinstance(self.shards, PartTable):
+            return self.shards.column("samples")
+        return np.array([s.samples for s in self.shards], dtype=np.int64)
 
     def to_json(self) -> str:
         """Serialise deterministically (sorted keys, no timestamps) so reruns are byte-identical."""
-        data = asdict(self)
+        data = asdict(self)  # a PartTable is copied as it is, then written as its own form
         data["num_samples"] = self.num_samples
+        if shard_format(self.layout).in_place:
+            data["num_tokens"] = self.num_tokens
+            data["shards"] = PartTable.of(self.shards).to_json()
+            del data["tokenizer"]
+            return json.dumps(data, indent=1, sort_keys=True) + "\n"
+        del data["columns"]  # the same bytes as before data was read in place
+        for shard in data["shards"]:
+            for name in IN_PLACE_FIELDS:
+                del shard[name]
         if self.tokenizer is None:
             del data["tokenizer"]  # the same bytes as before token datasets existed
             for shard in data["shards"]:
                 del shard["tokens"]
-        if not shard_format(self.layout).in_place:
-            del data["columns"]  # the same bytes as before data was read in place
-            for shard in data["shards"]:
-                for name in IN_PLACE_FIELDS:
-                    del shard[name]
-        else:
-            data["num_tokens"] = self.num_tokens
         return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
     @classmethod
@@ -224,16 +239,19 @@ class DatasetIndex:
             _check_keys(cls, data, "the index")
             total = data.pop("num_samples", None)
             total_tokens = data.pop("num_tokens", None)
-            if not isinstance(data.get("shards"), list):
+            if isinstance(data.get("shards"), dict):
+                data["shards"] = PartTable.from_json(data["shards"])
+            elif not isinstance(data.get("shards"), list):
                 raise DatasetIndexError("shards: must be a list of shards")
             shards = []
-            for number, shard in enumerate(data["shards"]):
+            for number, shard in enumerate(data["shards"] if isinstance(data["shards"], list) else ()):
                 _check_keys(ShardInfo, shard, f"shards[{number}]")
                 try:
                     shards.append(ShardInfo(**shard))
                 except DatasetIndexError as exc:
                     raise DatasetIndexError(f"shards[{number}].{exc}") from None
-            data["shards"] = tuple(shards)
+            if isinstance(data["shards"], list):
+                data["shards"] = tuple(shards)
             for name in ("fields", "image_fields", "classes", "decoded_shape"):
                 data[name] = _as_tuple(data.get(name))
             data["image_fields"] = data["image_fields"] or ()  # absent or null: none

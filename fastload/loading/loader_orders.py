@@ -54,7 +54,7 @@ class LoaderOrders:
     read the same one)."""
 
     def __init__(self, dataset: ShardedDataset, options: LoaderOptions) -> None:
-        self.shard_sizes = tuple(shard.samples for shard in dataset.index.shards)
+        self.shard_sizes = tuple(dataset.index.shard_samples().tolist())
         self.options = options
         self.mixture = dataset if isinstance(dataset, MixedDataset) else None
         if self.mixture is not None:

@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 from fastload._util.files import reserve_descriptors, this_process
 from fastload.errors import ShardError
-from fastload.fields import DECODED_FIELD, LABEL_FIELD, decode_field, default_role, image_field
+from fastload.fields import DECODED_FIELD, LABEL_FIELD, classic_names, decode_field, default_role, image_field
 from fastload.formats.index import INDEX_FILE, DatasetIndex, read_index
+from fastload.formats.part_table import PartTable
 from fastload.formats.shard_files import offsets_name, open_shard, open_shard_files, table_name
 from fastload.formats.shard_formats import ShardFormat, shard_format
 from fastload.formats.shard_info import ShardInfo
@@ -71,9 +72,10 @@ class ShardedDataset:
         storage_options: dict | None = None,
         max_open_shards: int | None = None,
     ) -> None:
-        from fastload.storage.in_place_index import locate
+        from fastload.storage.in_place_index import locate, shown
 
         located = locate(root, storage_options)  # Parquet files read in place (None: a dataset with its index.json)
+        self._shown = shown(located) if located is not None else None  # one file read in place: its path, not its folder
         if located is not None:
             root = located.base
         url = str(root).rstrip("/") if is_url(root) else None
@@ -94,7 +96,7 @@ class ShardedDataset:
             limit = parse_size(cache_size) if isinstance(cache_size, str) else cache_size
             self.cache = ShardCache(cache_dir, limit, storage_options)
             self.index = read_remote_index(url, storage_options) if located is None else _in_place_index(located, self.cache.root, storage_options)
-            largest = max((shard.bytes + (shard.footer_bytes or 0) for shard in self.index.shards), default=0)
+            largest = self._largest_shard()
             if largest > self.cache.max_bytes:
                 raise ValueError(
                     f"{self.location}: the cache limit ({self.cache.max_bytes} bytes) is smaller than its largest "
@@ -104,15 +106,14 @@ class ShardedDataset:
             from fastload.formats.parquet.bounds import import_pyarrow_parquet
 
             import_pyarrow_parquet()
-        self._starts = list(itertools.accumulate((s.samples for s in self.index.shards), initial=0))
+        counts = self.index.shard_samples().tolist()
+        self._starts = list(itertools.accumulate(counts, initial=0))
         self.max_open_shards = _max_open_shards(max_open_shards)
         self._readers: dict[int, ShardReader] = {}  # local: every shard read so far (closed or open)
         self._open: OrderedDict[int, ShardReader] = OrderedDict()  # the open ones, least recently used first
         self._reserved = -1  # the process that reserved descriptors for its shards
         self._process = this_process()  # the process its remote readers were opened in
-        limit = min(self.max_open_shards, MAX_OPEN_REMOTE_SHARDS) if self.root is None else self.max_open_shards
-        self._evicts = len(self.index.shards) > limit  # False: every shard stays open, no LRU order kept
-        counts = [s.samples for s in self.index.shards]
+        self._evicts = len(self.index.shards) > self._open_limit()  # False: every shard stays open, no LRU order kept
         self._per_shard = counts[0] if counts and counts[0] > 0 and all(c == counts[0] for c in counts[:-1]) and counts[-1] <= counts[0] else 0
         if self.root is not None and (missing := missing_tables(self.root, self.index)):
             log.warning(
@@ -134,9 +135,11 @@ class ShardedDataset:
 
     @property
     def location(self) -> str:
-        """The dataset's folder or URL (without credentials)."""
+        """The dataset's folder or URL (without credentials); of one file read in place, the file's."""
         from fastload.storage.remote import redact
 
+        if self._shown is not None:
+            return self._shown
         return redact(self.url) if self.url is not None else str(self.root)
 
     @property
@@ -167,6 +170,11 @@ class ShardedDataset:
         row_bytes = max(1, self.index.total_bytes // len(self))
         return max(1, memory_budget() // 2 // row_bytes)
 
+    @property
+    def classic_names(self) -> tuple[str, str]:
+        """(image, label) stored names of the classic sample (:func:`fastload.fields.classic_names`)."""
+        return classic_names(self.index.columns)
+
     def role(self, field: str) -> str:
         """The role of stored field ``field``: its column's, for data read in place, else its extension's default."""
         return self.index.columns.get(field) or default_role(field)
@@ -195,7 +203,9 @@ class ShardedDataset:
         """The open reader of shard number ``shard``. At most ``max_open_shards`` stay open per
         process, least recently used closed first (a local reader keeps its table's schema, so
         reopening is two ``open`` calls); a remote dataset keeps at most
-        ``MAX_OPEN_REMOTE_SHARDS`` and drops evicted readers, so evicted cache entries free their disk."""
+        ``MAX_OPEN_REMOTE_SHARDS`` and drops evicted readers, so evicted cache entries free their disk;
+        data read in place keeps at most ``MAX_OPEN_IN_PLACE`` and drops them too, so a process keeps
+        no reader per row group it read (its decoded batches are the process's cache's)."""
         if self._process != this_process() and self.root is None:  # forked: the parent's cached copies may be evicted by now
             self._open, self._readers, self._process = OrderedDict(), {}, this_process()
         reader = self._open.get(shard)  # one lookup a read
@@ -203,12 +213,11 @@ class ShardedDataset:
             if self._evicts:  # the order matters only where shards are ever closed
                 self._open.move_to_end(shard)
             return reader
-        remote = self.root is None
-        limit = min(self.max_open_shards, MAX_OPEN_REMOTE_SHARDS) if remote else self.max_open_shards
+        remote, in_place, limit = self.root is None, self.layout.in_place, self._open_limit()
         while len(self._open) >= limit:
             evicted, closing = self._open.popitem(last=False)
             closing.close()
-            if remote:
+            if remote or in_place:  # a row group's reader is cheap to make again: not one kept a row group read
                 del self._readers[evicted]
         reader = self._readers.get(shard)
         if reader is None:
@@ -220,6 +229,12 @@ class ShardedDataset:
         reader.open()
         self._open[shard] = reader
         return reader
+
+    def _open_limit(self) -> int:
+        """The readers a process keeps open (see :meth:`reader`)."""
+        if self.root is None:
+            return min(self.max_open_shards, MAX_OPEN_REMOTE_SHARDS)
+        return min(self.max_open_shards, MAX_OPEN_IN_PLACE) if self.layout.in_place else self.max_open_shards
 
     def _open_local(self, shard: int) -> ShardReader:
         info, root = self.index.shards[shard], cast(Path, self.root)
@@ -253,6 +268,13 @@ class ShardedDataset:
     def is_remote(self, shard: int) -> bool:
         """Whether shard number ``shard`` is downloaded before it is read."""
         return self.url is not None
+
+    def _largest_shard(self) -> int:
+        """The bytes of its largest shard as the cache holds it (read in place: a row group and its file's footer)."""
+        shards = self.index.shards
+        if isinstance(shards, PartTable):
+            return int((shards.column("bytes") + shards.column("footer_bytes")).max(initial=0))
+        return max((shard.bytes for shard in shards), default=0)
 
     def fetch(self, shard: int) -> tuple[Path, Path | None]:
         """Local paths of a remote shard's files (data, offset index: a token shard's document
@@ -401,6 +423,7 @@ class ShardedDataset:
 
 
 MAX_OPEN_REMOTE_SHARDS = 16
+MAX_OPEN_IN_PLACE = 1024  # readers of row groups a process keeps (a few KiB each, made again in microseconds)
 
 
 def side_file_bytes(shard: ShardInfo) -> int:

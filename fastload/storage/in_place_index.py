@@ -29,6 +29,7 @@ from fastload.formats.in_place_reader import class_names
 from fastload.formats.in_place_reader import column_roles as in_place_roles
 from fastload.formats.index import IN_PLACE_VERSION, INDEX_FILE, DatasetIndex, write_index
 from fastload.formats.parquet.footer import TAIL, Footer, footer_length, parse_footer, row_groups
+from fastload.formats.part_table import PartTable
 from fastload.formats.shard_info import ShardInfo
 from fastload.storage import remote
 from fastload.storage.remote import is_url
@@ -249,15 +250,16 @@ def read_footer(located: Located, name: str, storage_options: dict | None = None
 def changed(located: Located, index: DatasetIndex, storage_options: dict | None = None) -> str | None:
     """What changed in ``located``'s files since ``index`` was made (a file added, gone, of another
     size or mtime), or None: a ``stat`` a file (a URL: its size, looked up)."""
+    parts = PartTable.of(index.shards)
     if located.layout == "lance":
         from fastload.formats.lance.reader import dataset_version
 
         version = in_fresh_process(dataset_version, located.file(located.names[0]))  # as in build_index
-        return None if all(shard.version == version for shard in index.shards) else f"its version is {version} now"
-    files = {shard.path: shard for shard in index.shards}
+        return None if all(entry[5] == version for entry in parts.files) else f"its version is {version} now"
+    files = {path: (file_bytes, mtime_ns) for path, file_bytes, _, mtime_ns, _, _ in parts.files}
     if set(files) != set(located.names):
         return f"its files are not those indexed ({len(located.names)} now, {len(files)} indexed)"
-    for name, shard in files.items():
+    for name, (file_bytes, mtime_ns) in files.items():
         where = located.file(name)
         if located.remote:
             size, mtime = remote.size(where, storage_options), None
@@ -267,7 +269,7 @@ def changed(located: Located, index: DatasetIndex, storage_options: dict | None 
             except FileNotFoundError:
                 return f"{name} is gone"
             size, mtime = st.st_size, st.st_mtime_ns
-        if size != shard.file_bytes or mtime != shard.mtime_ns:
+        if size != file_bytes or mtime != mtime_ns:
             return f"{name} changed since it was indexed (size or mtime)"
     return None
 

@@ -16,16 +16,18 @@ import numbers
 import os
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
+from fastload.fields import default_role
 from fastload.formats.index import FORMAT_VERSION, DatasetIndex
+from fastload.formats.part_table import PartTable
 from fastload.formats.shard_reader import ShardReader
 from fastload.formats.table import SampleTable
 from fastload.orders.epoch_order import shards_of
 from fastload.orders.mixing import apportion
-from fastload.orders.mixture_order import MemberPosition, MixtureOrder
+from fastload.orders.mixture_order import MEMBER_BUFFER, MemberPosition, MixtureOrder
 from fastload.orders.schedule import WeightSchedule
 from fastload.orders.spec import OrderSpec
 from fastload.storage.dataset import ShardedDataset, open_shards_each
@@ -35,15 +37,22 @@ Member = str | os.PathLike[str] | ShardedDataset
 
 def compatible_index(members: tuple[ShardedDataset, ...]) -> DatasetIndex:
     """One index describing every member's shards, after checking the members hold the same
-    fields (and image fields, decoded pixel shape, class names); else a ValueError naming the member."""
+    fields (and image fields, decoded pixel shape, class names); else a ValueError naming the member.
+    Where a member is read in place (its fields are its columns' names; a converted dataset's are
+    ``jpg`` and ``cls``) and the names differ, the members mix when each holds images and all or
+    none labels: the mixture's samples are the classic ones (:attr:`MixedDataset.classic_names`),
+    its fields those all share."""
     first = members[0].index
+    same_names = all(sorted(m.index.fields) == sorted(first.fields) and m.index.columns == first.columns for m in members)
+    classic = not same_names and any(m.layout.in_place for m in members)  # only the classic sample is common to all
     for number, member in enumerate(members[1:], start=1):
         index = member.index
-        for what, mine, theirs in (
-            ("fields", sorted(index.fields), sorted(first.fields)),
-            ("image fields", sorted(index.image_fields), sorted(first.image_fields)),
-            ("decoded pixel shape", index.decoded_shape, first.decoded_shape),
-        ):
+        checks: list[tuple[str, object, object]] = [("decoded pixel shape", index.decoded_shape, first.decoded_shape)]
+        if classic:
+            checks += [("images", bool(index.image_fields), bool(first.image_fields)), ("labels", member.has_labels, members[0].has_labels)]
+        else:
+            checks[:0] = [("fields", sorted(index.fields), sorted(first.fields)), ("image fields", sorted(index.image_fields), sorted(first.image_fields))]
+        for what, mine, theirs in checks:
             if mine != theirs:
                 raise ValueError(f"mix: member {number} ({member.location}) has {what} {mine}, member 0 "
                                  f"({members[0].location}) has {theirs}: members must hold the same fields")
@@ -53,10 +62,22 @@ def compatible_index(members: tuple[ShardedDataset, ...]) -> DatasetIndex:
         if (index.tokenizer and index.tokenizer.sha256) != (first.tokenizer and first.tokenizer.sha256):
             raise ValueError(f"mix: member {number} ({member.location}) was not tokenized with member 0's tokenizer "
                              f"({members[0].location}): one id would mean two tokens")
+    if classic and not first.image_fields:
+        raise ValueError(f"mix: member 0 ({members[0].location}) names its fields unlike the others and holds no images "
+                         "(the one sample they could share): members must hold the same fields")
     classes = next((m.index.classes for m in members if m.index.classes is not None), None)
-    shards = tuple(itertools.chain.from_iterable(m.index.shards for m in members))
-    return DatasetIndex(first.layout, shards, first.fields, classes, image_fields=first.image_fields, decoded_shape=first.decoded_shape,
-                        tokenizer=first.tokenizer, version=first.version if first.tokenizer is not None else FORMAT_VERSION)
+    fields = tuple(f for f in first.fields if all(f in m.index.fields for m in members))  # what every member holds
+    image_fields = first.image_fields if not classic else tuple(dict.fromkeys(f for m in members for f in m.index.image_fields))
+    if not any(m.layout.in_place for m in members):
+        shards = tuple(itertools.chain.from_iterable(m.index.shards for m in members))
+        return DatasetIndex(first.layout, shards, fields, classes, image_fields=image_fields, decoded_shape=first.decoded_shape,
+                            tokenizer=first.tokenizer, version=first.version if first.tokenizer is not None else FORMAT_VERSION)
+    # with a member read in place, its layout's: the members' parts one table (a converted member's shards as
+    # whole files), so a member of a million row groups makes no object each; each member reads through its own index
+    in_place = next(m.index for m in members if m.layout.in_place)
+    parts = PartTable.joined([m.index.shards if isinstance(m.index.shards, PartTable) else PartTable.of_whole(m.index.shards) for m in members])
+    columns = {name: role for m in members for name, role in m.index.columns.items()}
+    return DatasetIndex(in_place.layout, parts, fields, classes, image_fields=image_fields, columns=columns, version=in_place.version)
 
 
 class MixedDataset(ShardedDataset):
@@ -73,7 +94,7 @@ class MixedDataset(ShardedDataset):
         self.url, self.root, self.cache = None, None, None  # remote members fetch through their own caches
         self._offsets = list(itertools.accumulate((len(m) for m in members), initial=0))
         self._first_shards = list(itertools.accumulate((len(m.index.shards) for m in members), initial=0))
-        self._starts = list(itertools.accumulate((s.samples for s in self.index.shards), initial=0))
+        self._starts = list(itertools.accumulate(self.index.shard_samples().tolist(), initial=0))
 
     def __len__(self) -> int:
         return self._offsets[-1]
@@ -82,6 +103,38 @@ class MixedDataset(ShardedDataset):
         parts = ", ".join(f"{m.location!r}: {w:g}" for m, w in zip(self.members, self.weights, strict=True))
         scheduled = f", weights={self.schedule.as_dict()}" if self.schedule is not None else ""
         return f"fastload.mix({{{parts}}}{scheduled}): {self.samples_per_epoch} samples an epoch of {len(self)}"
+
+    @property
+    def streams(self) -> bool:
+        """False: a mixture's own order is global; each member keeps its own (a remote member's and
+        data read in place stream: :class:`~fastload.orders.mixture_order.MixtureOrder`)."""
+        return False
+
+    @property
+    def shuffle_window(self) -> int | None:
+        """None: a mixture takes no streaming buffer of its own (its members' are theirs)."""
+        return None
+
+    @property
+    def has_labels(self) -> bool:
+        """Whether every member's samples carry a label."""
+        return all(m.has_labels for m in self.members)
+
+    @property
+    def classic_names(self) -> tuple[str, str]:
+        """(image, label) stored names of the classic sample: each member's, as alternatives."""
+        return tuple(";".join(dict.fromkeys(alt for m in self.members for alt in m.classic_names[at].split(";")))  # type: ignore[return-value]
+                     for at in range(2))
+
+    def role(self, field: str) -> str:
+        """The role of stored field ``field``: the first member's that reads it in place, else its extension's default."""
+        return next((m.role(field) for m in self.members if field in m.index.columns), default_role(field))
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        """Sample ``i`` as its member gives it (``ds[i]``), its key prefixed by the member's number."""
+        member, local = self.member_of(i)
+        sample = self.members[member][local]
+        return {**sample, "key": f"{member}/{sample['key']}"}
 
     @property
     def first_shards(self) -> list[int]:
@@ -207,8 +260,8 @@ class MixedDataset(ShardedDataset):
 
     def order(self, loader: OrderSpec) -> MixtureOrder:
         """The mixture's orders for a loader whose own orders would be ``loader``'s."""
-        return MixtureOrder(loader, tuple(tuple(s.samples for s in m.index.shards) for m in self.members), self.counts,
-                            tuple(m.url is not None for m in self.members), self.schedule)
+        buffers = tuple((m.shuffle_window or MEMBER_BUFFER) if m.streams else 0 for m in self.members)
+        return MixtureOrder(loader, tuple(tuple(m.index.shard_samples().tolist()) for m in self.members), self.counts, buffers, self.schedule)
 
     def describe_positions(self, positions: tuple[MemberPosition, ...], weights: tuple[float, ...] | None = None) -> list[dict]:
         """Each member's position as a state_dict records it (location, weight: ``weights``, those in

@@ -16,6 +16,7 @@ from fastload._util.files import atomic_write_bytes
 from fastload.errors import ShardError
 from fastload.formats.index import DatasetIndex
 from fastload.formats.shard_files import open_shard, root_file, table_name
+from fastload.formats.shard_formats import shard_format
 from fastload.formats.shard_info import ShardInfo
 from fastload.formats.shard_reader import ShardReader
 from fastload.formats.table import SampleTable, key_hashes
@@ -55,7 +56,7 @@ def local_table(root: Path, index: DatasetIndex, shard: ShardInfo) -> SampleTabl
 
 def missing_tables(root: Path, index: DatasetIndex) -> int:
     """How many shards under ``root`` lack a sample table that cannot be built (the folder is read-only)."""
-    if os.access(root, os.W_OK):
+    if os.access(root, os.W_OK) or shard_format(index.layout).in_place:  # data read in place has no tables to build
         return 0
     return sum(1 for shard in index.shards if not (root / table_name(shard)).exists())
 

@@ -311,7 +311,8 @@ def resolve_spec(
     with stacked arrays' shapes probed."""
     geometric = any(isinstance(t, (*GEOMETRIC, RandomHorizontalFlip)) for t in transform)
     images = bool(ds.index.image_fields) or geometric  # a transform: images are expected, whatever the index lists
-    sample_spec = probe_array_shapes(ds, requested_spec(fields, ds.index.fields, ds.decoded, map, images, clip, audio, ds.index.columns))
+    sample_spec = probe_array_shapes(ds, requested_spec(fields, ds.index.fields, ds.decoded, map, images, clip, audio, ds.index.columns,
+                                                        ds.classic_names))
     if sample_spec.primary is None and geometric and sample_spec.clip is None:
         raise ValueError(f"transform= crops and flips images; the fields asked for ({', '.join(f.name for f in sample_spec.fields)}) hold none")
     return sample_spec

@@ -139,8 +139,9 @@ def test_fastload_index_writes_the_index_beside_and_a_changed_file_is_named(hub:
     assert "indexed 45 rows in 7 Parquet row groups of 2 file(s)" in out.stdout and "image (image), label (label)" in out.stdout
     index = json.loads((folder / "index.json").read_text())
     assert index["layout"] == "parquet" and index["version"] == 6 and index["num_samples"] == ROWS
-    assert {s["path"] for s in index["shards"]} == {p.name for p in hub.iterdir()}
-    assert all(set(s) >= {"row_group", "first_row", "span_start", "file_bytes", "footer_bytes", "mtime_ns", "sha256"} for s in index["shards"])
+    files, parts = index["shards"]["files"], index["shards"]["parts"]  # a file an entry; the row groups a compact table
+    assert [f["path"] for f in files] == sorted(p.name for p in hub.iterdir()) and parts["count"] == 7
+    assert all(set(f) == {"path", "file_bytes", "footer_bytes", "mtime_ns", "sha256", "version"} for f in files)
     assert len(fastload.open(folder)) == ROWS
     later = folder / "train-00001-of-00002.parquet"
     os.utime(later, ns=(later.stat().st_atime_ns, later.stat().st_mtime_ns + 10**9))
@@ -421,3 +422,74 @@ def test_parquet_in_s3_by_a_glob(hub: Path, s3_endpoint, tmp_path: Path) -> None
     with fastload.DataLoader(ds, batch_size=9, fields=["caption"], num_workers=1) as loader:
         captions = [c for (batch,) in loader for c in batch]
     assert captions == [f"photo {i}" for i in range(ROWS)]
+
+
+def test_the_index_of_many_row_groups_is_compact_and_opens_without_a_shard_object_each(tmp_path: Path) -> None:
+    """index.json holds a file an entry and the row groups as a compressed table (tens of bytes a
+    group, not hundreds); opening it makes no ShardInfo per row group, and a process reading every
+    row group keeps the readers of its open ones only."""
+    import gc
+
+    from fastload.formats.shard_info import ShardInfo
+
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for n in range(3):
+        pq.write_table(pa.table({"y": pa.array(range(400), pa.int64())}), folder / f"part-{n}.parquet", row_group_size=1, write_statistics=False)
+    run_cli("index", str(folder))
+    assert (folder / "index.json").stat().st_size < 20 * 1200  # 1,200 row groups (was about 400 bytes each)
+    gc.collect()
+    made = sum(type(o) is ShardInfo for o in gc.get_objects())
+    ds = fastload.ShardedDataset(folder, max_open_shards=16)
+    with fastload.DataLoader(ds, batch_size=100, shuffle=True, fields=["y"]) as loader:  # in this process (no workers)
+        ys = sorted(int(y) for (batch,) in loader for y in batch)
+    assert ys == sorted(list(range(400)) * 3) and len(ds.index.shards) == 1200
+    assert ds.index.shards[401].path == "part-1.parquet" and ds.index.shards[401].row_group == 1 and ds.index.shards[401].first_row == 1
+    gc.collect()
+    assert sum(type(o) is ShardInfo for o in gc.get_objects()) - made <= 16 + 3  # the open readers' and those asked for, not 1,200
+
+
+@pytest.mark.parametrize("damage", ["count", "file", "span"])
+def test_a_damaged_row_group_table_is_one_line_naming_the_index(hub: Path, tmp_path: Path, damage: str) -> None:
+    import base64
+    import shutil
+    import zlib
+
+    folder = tmp_path / "copy"
+    shutil.copytree(hub, folder)
+    run_cli("index", str(folder))
+    index = json.loads((folder / "index.json").read_text())
+    parts = np.frombuffer(zlib.decompress(base64.b64decode(index["shards"]["parts"]["data"])), dtype="<i8").reshape(-1, 6).copy()
+    if damage == "count":
+        index["shards"]["parts"]["count"] += 1
+    elif damage == "file":
+        parts[3, 0] = 2  # a third file, not listed
+    else:
+        parts[3, 4] = index["shards"]["files"][0]["file_bytes"]  # its bytes past the footer
+    index["shards"]["parts"]["data"] = base64.b64encode(zlib.compress(parts.tobytes())).decode()
+    (folder / "index.json").write_text(json.dumps(index))
+    want = {"count": "data holds 336 bytes, not the 8 parts' 384", "file": "names a file that is not listed",
+            "span": "bytes must lie before its file's footer"}[damage]
+    with pytest.raises(DatasetIndexError, match=rf"^{re.escape(str(folder / 'index.json'))}: parts: .*{re.escape(want)}"):
+        fastload.open(folder)
+
+
+def test_an_index_listing_each_row_group_is_still_read(hub: Path, tmp_path: Path) -> None:
+    """The first version-6 indexes listed a shard object per row group: read as the compact form."""
+    import base64
+    import shutil
+    import zlib
+
+    folder = tmp_path / "copy"
+    shutil.copytree(hub, folder)
+    run_cli("index", str(folder))
+    index = json.loads((folder / "index.json").read_text())
+    files = index["shards"]["files"]
+    parts = np.frombuffer(zlib.decompress(base64.b64decode(index["shards"]["parts"]["data"])), dtype="<i8").reshape(-1, 6)
+    index["shards"] = [{**files[f], "row_group": g, "samples": n, "first_row": r, "span_start": s, "bytes": b,
+                        "offsets": None, "offsets_sha256": None, "table": None, "table_sha256": None}
+                       for f, g, n, r, s, b in parts.tolist()]
+    (folder / "index.json").write_text(json.dumps(index))
+    listed = fastload.open(folder)
+    assert len(listed) == ROWS and [s.samples for s in listed.index.shards] == [8, 8, 8, 6, 7, 7, 1]
+    assert listed[31]["caption"] == "photo 31"

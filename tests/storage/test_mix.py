@@ -265,7 +265,7 @@ def test_epochs_past_numpys_hypergeometric_limit_split_exactly() -> None:
     assert np.abs(draws.mean(axis=0) - counts / 2).max() < 5 * np.sqrt(counts.max() / 8 / 200)
     assert len({tuple(d) for d in draws}) > 150  # drawn, not fixed
     shards = ((10_000,) * 70_000, (10_000,) * 40_000, (10_000,) * 10_000)
-    mixture = MixtureOrder(OrderSpec((10_000,) * 120_000, 0, True, 256, 0, 8, False), shards, tuple(counts.tolist()), (False,) * 3)
+    mixture = MixtureOrder(OrderSpec((10_000,) * 120_000, 0, True, 256, 0, 8, False), shards, tuple(counts.tolist()), (0,) * 3)
     order = mixture.order(0)
     plan = mixture.batches(len(order), 0)
     for batch in (0, len(plan) // 2, len(plan) - 1):
