@@ -15,7 +15,7 @@ recording decoded once for its stream facts) against webdataset's ``TarWriter`` 
 files, input MB/s.
 
     python benchmarks/fetch_audio.py data/audio
-    python benchmarks/bench_audio.py data/audio --rounds 3 --torchcodec-python /work/venv-tc/bin/python
+    python benchmarks/bench_audio.py data/audio --rounds 3 --torchcodec-python data/venv-tc/bin/python
 """
 
 from __future__ import annotations

@@ -135,10 +135,10 @@ def test_ids_beyond_the_vocabulary_in_a_shard_are_refused_naming_it(token_datase
     assert any("shard-00001.bin: sha256 mismatch" in p for p in problems)
 
 
-def test_a_reader_of_versions_up_to_5_refuses_a_newer_index_by_its_version(token_dataset: Path) -> None:
+def test_a_reader_of_versions_up_to_6_refuses_a_newer_index_by_its_version(token_dataset: Path) -> None:
     data = json.loads((token_dataset / "index.json").read_text())
-    data["version"], data["something_new"] = 6, {"a": 1}
-    with pytest.raises(DatasetIndexError, match=r"index version 6 is not supported \(this fastload reads \(1, 2, 3, 4, 5\)\)"):
+    data["version"], data["something_new"] = 7, {"a": 1}
+    with pytest.raises(DatasetIndexError, match=r"index version 7 is not supported \(this fastload reads \(1, 2, 3, 4, 5, 6\)\)"):
         DatasetIndex.from_json(json.dumps(data))
     for older in (3, 4):  # a token dataset claiming an image or a video dataset's version
         data = json.loads((token_dataset / "index.json").read_text())
