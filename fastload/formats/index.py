@@ -221,6 +221,8 @@ class DatasetIndex:
             del data["tokenizer"]  # the same bytes as before token datasets existed
             for shard in data["shards"]:
                 del shard["tokens"]
+        else:
+            data["num_tokens"] = self.num_tokens
         return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
     @classmethod

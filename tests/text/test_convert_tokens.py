@@ -54,6 +54,7 @@ def test_jsonl_documents_become_token_shards_sized_by_tokens(corpus: Path, token
     assert index.version == 5 and index.layout == "tokens" and index.fields == ("tokens",)
     assert index.tokenizer.vocab_size == 2000 and index.tokenizer.dtype == "uint16" and index.tokenizer.eos_id == 0
     assert index.num_samples == len(texts) and index.num_tokens == sum(map(len, expected))
+    assert json.loads((tmp_path / "out" / "index.json").read_text())["num_tokens"] == index.num_tokens  # the file says it too
     assert len(index.shards) >= 3 and sum(s.tokens for s in index.shards) == index.num_tokens
     assert all(s.tokens <= 2 * 40_000 for s in index.shards)  # about --shard-tokens each (within a chunk)
     assert all(s.bytes == 2 * s.tokens for s in index.shards)  # uint16 on disk
