@@ -227,7 +227,7 @@ from tokenizers import Tokenizer
 
 tok = Tokenizer.from_file(sys.argv[1])
 corpus, out, workers = sys.argv[2], sys.argv[3], int(sys.argv[4])
-lines = [l for l in open(corpus, encoding="utf-8").read().split("\n") if l]  # not splitlines: a text may hold U+2028
+lines = [l for l in open(corpus, encoding="utf-8").read().split("\\n") if l]  # not splitlines: a text may hold U+2028
 parts = [lines[i::workers * 4] for i in range(workers * 4)]
 
 def tokenize(part):
