@@ -56,23 +56,31 @@ def _av() -> Any:
     return av
 
 
+def _open_input(data: bytes, where: str, demuxers: tuple[str, ...], kind: str, containers: str,
+                options: dict[str, str] | None = None) -> Any:
+    """An input container over ``data`` in one of ``demuxers``; a SampleError naming ``where`` for
+    no bytes, another format (``containers``: the ones read, as the error names them) or a damaged
+    start. ``kind``: "video" or "recording", as the errors say it."""
+    av = _av()
+    if not data:
+        raise SampleError(where, f"empty {kind}: zero bytes")
+    try:
+        return av.open(io.BytesIO(data), mode="r", metadata_errors="ignore",
+                       container_options={"format_whitelist": ",".join(demuxers)}, options=options or {})
+    except (av.error.FFmpegError, ValueError, OSError) as exc:
+        log = getattr(exc, "log", None)  # FFmpeg's last message: (level, component, text)
+        if log and "not on whitelist" in str(log[2]):
+            container_kind = "a video" if kind == "video" else "an audio"
+            raise SampleError(where, f"its format ({log[1]}) is not {container_kind} container fastload reads ({containers})") from None
+        raise SampleError(where, f"not a readable {kind} ({type(exc).__name__})") from None
+
+
 def _open(data: bytes, where: str, max_pixels: int = MAX_PIXELS) -> Any:
     """An input container over ``data`` in one of the DEMUXERS, with its first video stream decoded
     on one thread; a SampleError for another format, no video stream, no decoder for it, or a frame
     size over ``max_pixels``. Probing, re-encoding and loading all open videos here."""
-    av = _av()
-    if not data:
-        raise SampleError(where, "empty video: zero bytes")
-    try:
-        container = av.open(  # the pixel limit also binds the decodes FFmpeg's probing makes, before any size is known
-            io.BytesIO(data), mode="r", metadata_errors="ignore", container_options={"format_whitelist": ",".join(DEMUXERS)},
-            options={"max_pixels": str(max_pixels)},
-        )
-    except (av.error.FFmpegError, ValueError, OSError) as exc:
-        log = getattr(exc, "log", None)  # FFmpeg's last message: (level, component, text)
-        if log and "not on whitelist" in str(log[2]):
-            raise SampleError(where, f"its format ({log[1]}) is not a video container fastload reads ({CONTAINERS})") from None
-        raise SampleError(where, f"not a readable video ({type(exc).__name__})") from None
+    # the pixel limit also binds the decodes FFmpeg's probing makes, before any size is known
+    container = _open_input(data, where, DEMUXERS, "video", CONTAINERS, {"max_pixels": str(max_pixels)})
     try:
         if not container.streams.video:
             raise SampleError(where, "holds no video stream")
@@ -439,17 +447,7 @@ _SAMPLE_TYPES = {"s16": ("<i2", 1 / 32768), "s32": ("<i4", 1 / 2147483648), "u8"
 def _open_audio(data: bytes, where: str) -> tuple[Any, Any]:
     """(container, its first audio stream) over ``data`` in one of AUDIO_DEMUXERS, its rate and
     channels checked against the limits before anything is decoded; a SampleError otherwise."""
-    av = _av()
-    if not data:
-        raise SampleError(where, "empty recording: zero bytes")
-    try:
-        container = av.open(io.BytesIO(data), mode="r", metadata_errors="ignore",
-                            container_options={"format_whitelist": ",".join(AUDIO_DEMUXERS)})
-    except (av.error.FFmpegError, ValueError, OSError) as exc:
-        log = getattr(exc, "log", None)
-        if log and "not on whitelist" in str(log[2]):
-            raise SampleError(where, f"its format ({log[1]}) is not an audio container fastload reads ({AUDIO_CONTAINERS})") from None
-        raise SampleError(where, f"not a readable recording ({type(exc).__name__})") from None
+    container = _open_input(data, where, AUDIO_DEMUXERS, "recording", AUDIO_CONTAINERS)
     try:
         if not container.streams.audio:
             raise SampleError(where, "holds no audio stream")

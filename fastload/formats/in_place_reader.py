@@ -130,6 +130,17 @@ class _Cache:
             _, dropped = self.batches.popitem(last=False)
             self.held -= dropped.nbytes
 
+    def file(self, key: tuple, opened: Callable[[], Any]) -> Any:
+        """A layout's per-file handle under ``key``, made by ``opened()`` on first use; the
+        OPEN_FILES most recently used are kept."""
+        found = self.files.get(key)
+        if found is None:
+            found = self.files[key] = opened()
+            while len(self.files) > OPEN_FILES:
+                self.files.popitem(last=False)
+        self.files.move_to_end(key)
+        return found
+
 
 _cache = _Cache()  # this process's (shared by every in-place layout's readers)
 

@@ -13,18 +13,12 @@ import torch
 
 import fastload
 from fastload import transforms as T
-from tests.formats.test_parquet_in_place import ROWS, hub, hub_rows  # noqa: F401  # hub: the module fixture of the same rows as Parquet
+from tests.formats.test_parquet_in_place import ROWS, cache, hub, hub_rows  # noqa: F401  # cache: every test reads with a cache folder of its own; hub: the module fixture of the same rows as Parquet
 from tests.test_resume_contract import BATCH, run_resume_contract
 
 datasets = pytest.importorskip("datasets")
 pa = pytest.importorskip("pyarrow")
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture(autouse=True)
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("FASTLOAD_CACHE_DIR", str(tmp_path / "cache"))
-    return tmp_path / "cache"
 
 
 @pytest.fixture(scope="module")

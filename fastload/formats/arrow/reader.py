@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastload.errors import ShardError
-from fastload.formats.in_place_reader import OPEN_FILES, InPlaceReader, _cache
+from fastload.formats.in_place_reader import InPlaceReader, _cache
 from fastload.formats.parquet.bounds import arrow_errors, damage, import_pyarrow
 
 if TYPE_CHECKING:
@@ -27,19 +27,15 @@ if TYPE_CHECKING:
 def _mapped(path: str, shown: str) -> tuple[Any, Any]:
     """(the memory-mapped file, its stream's schema), kept per process for OPEN_FILES files."""
     pa = import_pyarrow()
-    key = ("arrow", path)
-    found = _cache.files.get(key)
-    if found is None:
+
+    def opened() -> tuple[Any, Any]:
         try:
             source = pa.memory_map(path)
-            found = source, pa.ipc.open_stream(source).schema
+            return source, pa.ipc.open_stream(source).schema
         except arrow_errors() as exc:
             raise ShardError(f"{shown}: not a readable Arrow stream ({damage(exc)})") from None
-        _cache.files[key] = found
-        while len(_cache.files) > OPEN_FILES:
-            _cache.files.popitem(last=False)
-    _cache.files.move_to_end(key)
-    return found
+
+    return _cache.file(("arrow", path), opened)
 
 
 class ArrowBatchReader(InPlaceReader):

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastload.errors import SampleError, ShardError
-from fastload.formats.in_place_reader import OPEN_FILES, InPlaceReader, _cache
+from fastload.formats.in_place_reader import InPlaceReader, _cache
 
 if TYPE_CHECKING:
     from fastload.formats.shard_info import ShardInfo
@@ -35,18 +35,13 @@ def import_lance() -> Any:
 def open_dataset(uri: str, version: int | None = None) -> Any:
     """The Lance dataset at ``uri`` (at ``version``), kept per process for OPEN_FILES datasets; a
     ValueError naming it where it cannot be opened."""
-    key = ("lance", uri, version)
-    found = _cache.files.get(key)
-    if found is None:
+    def opened() -> Any:
         try:
-            found = import_lance().dataset(uri, version=version)
+            return import_lance().dataset(uri, version=version)
         except (OSError, ValueError, RuntimeError) as exc:
             raise ValueError(f"{uri}: not a readable Lance dataset ({' '.join(str(exc).split())[:160]})") from None
-        _cache.files[key] = found
-        while len(_cache.files) > OPEN_FILES:
-            _cache.files.popitem(last=False)
-    _cache.files.move_to_end(key)
-    return found
+
+    return _cache.file(("lance", uri, version), opened)
 
 
 def version_digest(version: int) -> str:
