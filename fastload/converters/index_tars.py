@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import os
 import time
+import warnings
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from fastload.formats.table import MAX_LABEL_BYTES, TABLE_SUFFIX, Facts, tar_tab
 from fastload.formats.tar_headers import mapped, tar_members
 
 SOURCE_NAME = "wds-index"  # the index's ``source``: tars indexed in place, not converted
+UNDECODABLE_SHOWN = 5  # recordings named in the warning about those that do not decode
 
 
 @dataclass
@@ -48,6 +50,7 @@ class IndexedTar:
     fields: set[str] = field(default_factory=set)
     labels: Counter[int] = field(default_factory=Counter)
     streams: bool = False  # whether its sample table records recordings' stream facts
+    undecodable: list[str] = field(default_factory=list)  # "tar:member (reason)" of each recording that did not probe
 
 
 def scan_tar(path: Path, shown: str | None = None) -> tuple[int, str, IndexedTar]:
@@ -136,7 +139,7 @@ def index_tar(tar: Path) -> tuple[ShardInfo, IndexedTar]:
     info, files = indexed_shard(tar, scanned, size, sha256)
     for path, data in files.items():
         _write_file(path, data)
-    return info, IndexedTar(fields=scanned.fields, labels=scanned.labels, streams=scanned.streams)
+    return info, IndexedTar(fields=scanned.fields, labels=scanned.labels, streams=scanned.streams, undecodable=scanned.undecodable)
 
 
 def check_tar_name(name: str, where: str) -> None:
@@ -151,7 +154,7 @@ def indexed_shard(tar: Path, scanned: IndexedTar, size: int, sha256: str) -> tup
     """A tar's index entry (``size`` and ``sha256`` its own) and the files that index it, by the
     path beside it each goes to: its ``.idx`` and its sample table."""
     idx, table = tar.with_suffix(".idx"), tar.with_suffix(TABLE_SUFFIX)
-    facts = recording_facts(tar, scanned.samples)
+    facts = recording_facts(tar, scanned.samples, scanned.undecodable)
     scanned.streams = any(facts)
     files = {idx: format_dali_index(scanned.samples), table: tar_table(tar, scanned.samples, facts)}
     info = ShardInfo(tar.name, len(scanned.samples), size, sha256, idx.name, hashlib.sha256(files[idx]).hexdigest(),
@@ -159,25 +162,27 @@ def indexed_shard(tar: Path, scanned: IndexedTar, size: int, sha256: str) -> tup
     return info, files
 
 
-def recording_facts(tar: Path, samples: list[list[Member]]) -> list[Facts]:
+def recording_facts(tar: Path, samples: list[list[Member]], undecodable: list[str]) -> list[Facts]:
     """Each sample's stream facts, each member of a media role that is probed in place probed
     (fastload.media's ``probe_in_place``: recordings); one that does not probe gets none, so
-    loading it is a bad sample that says so."""
+    loading it is a bad sample that says so, and is named in ``undecodable`` with its reason."""
     from fastload.media import MEDIA_ROLES
 
     probes = {role: media.probe_in_place for role, media in MEDIA_ROLES.items() if media.probe_in_place is not None}
-    wanted = [[(ext, offset, size, probes[default_role(ext)]) for ext, offset, size, _ in members if default_role(ext) in probes]
+    wanted = [[(ext, offset, size, name, probes[default_role(ext)]) for ext, offset, size, name in members if default_role(ext) in probes]
               for members in samples]
     if not any(wanted):
         return []
     facts: list[Facts] = []
     fd = open_regular(tar)
     try:
-        for members, recordings in zip(samples, wanted):
+        for recordings in wanted:
             found: Facts = {}
-            for ext, offset, size, probe in recordings:
-                with contextlib.suppress(SampleError):
-                    found[ext] = probe(os.pread(fd, size, offset) if size > 0 else b"", f"{tar.name}:{members[0][3]}")
+            for ext, offset, size, name, probe in recordings:
+                try:
+                    found[ext] = probe(os.pread(fd, size, offset) if size > 0 else b"", f"{tar.name}:{name}")
+                except SampleError as exc:
+                    undecodable.append(f"{tar.name}:{name} ({exc.reason})")
             facts.append(found)
     finally:
         os.close(fd)
@@ -185,7 +190,14 @@ def recording_facts(tar: Path, samples: list[list[Member]]) -> list[Facts]:
 
 
 def dataset_index(shards: list[ShardInfo], scans: list[IndexedTar]) -> DatasetIndex:
-    """The index of tars indexed in place: their shards, and the fields and labels found in them."""
+    """The index of tars indexed in place: their shards, and the fields and labels found in them.
+    Recordings that did not decode stay in it (loading one is a bad sample that names it): a
+    warning counts them and names the first few."""
+    undecodable = [entry for scanned in scans for entry in scanned.undecodable]
+    if undecodable:
+        shown = "; ".join(undecodable[:UNDECODABLE_SHOWN]) + ("; ..." if len(undecodable) > UNDECODABLE_SHOWN else "")
+        warnings.warn(f"{len(undecodable)} recording(s) do not decode and have no stream facts (loading one is a bad "
+                      f"sample; on_error='skip' skips it): {shown}", stacklevel=3)
     fields: set[str] = set()
     labels: Counter[int] = Counter()
     for scanned in scans:
