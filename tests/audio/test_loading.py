@@ -237,16 +237,21 @@ def whisper_log_mel(audio: np.ndarray, n_mels: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("bins", [80, 128])
-def test_log_mel_features_equal_whispers_recipe(audio_dataset: Path, bins: int) -> None:
+def test_log_mel_features_equal_whispers_recipe_and_transformers_extractor(audio_dataset: Path, bins: int) -> None:
     audio = Audio(seconds=1.0, rate=16000, mel=bins, sampling="start", short="pad")
     features = fastload.DataLoader(audio_dataset, batch_size=8, audio=audio)
     waves = fastload.DataLoader(audio_dataset, batch_size=8, audio=Audio(seconds=1.0, rate=16000, sampling="start"))
     (mel, lengths, _), (samples, _, _) = next(iter(features)), next(iter(waves))
     assert mel.shape == (8, 1, bins, 100) and mel.dtype == torch.float32 and lengths.tolist() == [16000] * 8
+    from transformers import WhisperFeatureExtractor  # Hugging Face's own front end for Whisper, built from its defaults
+
+    extractor = WhisperFeatureExtractor(feature_size=bins)
     for row in range(8):
         want = whisper_log_mel(samples[row, 0].numpy(), bins)
-        assert want.shape == (bins, 100)
+        theirs = extractor(samples[row, 0].numpy(), sampling_rate=16000, padding="longest", return_tensors="np").input_features[0]
+        assert want.shape == theirs.shape == (bins, 100)
         assert np.abs(mel[row, 0].numpy() - want).max() < 1e-4, row
+        assert np.abs(mel[row, 0].numpy() - theirs).max() < 1e-4, row
 
 
 def test_surround_recordings_mix_down_remix_or_keep_their_channels(tmp_path: Path) -> None:
