@@ -44,6 +44,21 @@ def prepare_audio(data: bytes, where: str, name: str, options: AudioConversion) 
     return name, data, probe_audio(data, where)
 
 
+def check_audio_option(audio: Audio, on_error: str) -> None:
+    """A loader's ``audio=`` against its other options: ``short="drop"`` needs ``on_error="skip"``."""
+    if audio.short == "drop" and on_error != "skip":
+        raise ValueError("Audio(short='drop') makes a recording shorter than a crop a bad sample: it needs on_error='skip'")
+
+
+def parse_audio(text: str, sampling: str | None) -> Audio:
+    """``SECONDS[:CROPS]`` (``fastload describe --audio 2.5``) as an Audio spec (its rate and channels change no crop's seconds)."""
+    seconds, _, crops = text.partition(":")
+    try:
+        return Audio(float(seconds), int(crops or 1), sampling)  # type: ignore[arg-type]  # a choice of the command's parser
+    except ValueError as exc:
+        raise ValueError(f"--audio {text}: expected SECONDS[:CROPS] ({exc})") from None
+
+
 def lengths_key(key: str) -> str:
     """The slot column holding audio field ``key``'s valid samples a crop (the batch's lengths)."""
     return f"{key}.lengths"
@@ -82,6 +97,17 @@ def describe_audio(facts: MediaFacts, where: str, name: str, audio: Audio, trans
     except SampleError as exc:
         return {"audio": name, "problem": exc.reason}
     return {"audio": name, "crops": planned.spans()}
+
+
+def audio_text(described: dict[str, Any]) -> str:
+    """A sample's crops in ``fastload describe``'s line: each one's start and end in seconds."""
+    return "".join(f" audio {t0:.3f}-{t1:.3f} s" for t0, t1 in described["crops"])
+
+
+def audio_report(a: dict, clip: str) -> list[str]:
+    """``fastload inspect``'s lines on the recordings (``a``: :func:`summarize_audio`'s; ``clip``, a video clip's, does not apply)."""
+    return [f"audio     {a['count']}, {', '.join(f'{c} {n}' for c, n in a['codecs'].items())}; {a['seconds']:.1f} s "
+            f"({a['seconds_min']}-{a['seconds_max']} s each); Hz {a['rates']}, channels {a['channels']}"]
 
 
 def check_audio(data: bytes, where: str, name: str, recorded: MediaFacts | None) -> None:
