@@ -55,10 +55,27 @@ class MediaOption:
 
 
 @dataclass(frozen=True)
+class MediaConversion:
+    """A role's part of ``fastload convert``: its flags, each setting the ConvertOptions field named
+    by its ``dest`` (those fields are the role's typed conversion keywords), and what they mean."""
+
+    flags: tuple[tuple[str, dict[str, Any]], ...]  # (flag, argparse's add_argument keywords, with dest)
+    reencodes: Callable[[Any], bool]  # (ConvertOptions) -> whether preparing the role's fields re-encodes them
+    check: Callable[[Any], None]  # (ConvertOptions) -> a ValueError for options that cannot be honoured
+    unset: Callable[[Any], tuple[str, ...]]  # (ConvertOptions) -> its fields left out of the conversion's fingerprint
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The ConvertOptions fields its flags set."""
+        return tuple(keywords["dest"] for _, keywords in self.flags)
+
+
+@dataclass(frozen=True)
 class MediaRole:
     """How one media role is asked for, probed, batched, decoded, described, verified and summed up."""
 
     option: MediaOption
+    conversion: MediaConversion
     takes: str  # what the field named by the role takes, in a "no such field" error
     summary_key: str  # its part of `fastload inspect`'s summary
     # (data, where, field name, ConvertOptions) -> (the field's name as stored, its bytes, stream facts)
@@ -92,6 +109,7 @@ MEDIA_ROLES: dict[str, MediaRole] = {
         MediaOption("clip", Clip, "is a video: give clip=fastload.Clip(frames=..., stride=...) to say which frames to take",
                     "takes frames of videos", "FRAMES[:STRIDE[:CLIPS]]",
                     "a video dataset: the loader's clip=fastload.Clip(FRAMES, STRIDE, CLIPS)", video.parse_clip),
+        MediaConversion(video.VIDEO_FLAGS, video.reencodes_video, video.check_video_conversion, video.video_options_unset),
         "takes a video of any container", "videos", video.prepare_video, video.video_columns, video.fill_video_field,
         video.describe_video, (("video", None), ("clips", ())), video.video_text, video.video_report, video.check_video, video.summarize_videos,
         images=True, classic=True),
@@ -99,6 +117,7 @@ MEDIA_ROLES: dict[str, MediaRole] = {
         MediaOption("audio", Audio, "is audio: give audio=fastload.Audio(seconds=..., rate=...) to say which samples to take",
                     "takes crops of recordings", "SECONDS[:CROPS]",
                     "an audio dataset: the loader's audio=fastload.Audio(SECONDS, CROPS)", audio.parse_audio, audio.check_audio_option),
+        MediaConversion(audio.AUDIO_FLAGS, audio.reencodes_audio, audio.check_audio_conversion, audio.audio_options_unset),
         "takes a recording of any extension", "audio", audio.prepare_audio, audio.audio_columns, audio.fill_audio_field,
         audio.describe_audio, (("audio", None), ("crops", ())), audio.audio_text, audio.audio_report, audio.check_audio, audio.summarize_audio,
         beside=audio.audio_beside, probe_in_place=probe_audio),

@@ -17,7 +17,7 @@ from fastload.av.audio_decode import audio_facts, fill_audio, plan_audio
 from fastload.av.clips import Draws
 from fastload.av.crops import Audio
 from fastload.av.facts import AudioFacts, MediaFacts
-from fastload.av.pyav import AUDIO_ENCODERS, probe_audio, reencode_audio
+from fastload.av.pyav import AUDIO_ENCODERS, check_audio_encoding, probe_audio, reencode_audio
 from fastload.errors import SampleError
 from fastload.transforms import Transform
 
@@ -34,10 +34,35 @@ class AudioConversion(Protocol):
     def audio_rate(self) -> int | None: ...
 
 
+# fastload convert's audio flags: (flag, argparse's keywords; dest: the ConvertOptions field it sets)
+AUDIO_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("--audio-codec", {"dest": "audio_codec", "choices": ["flac", "opus"], "help": "recordings: re-encode to FLAC (lossless) or Opus"}),
+    ("--audio-rate", {"dest": "audio_rate", "type": int, "metavar": "HZ",
+                      "help": "recordings: re-encode at this sample rate (FLAC unless --audio-codec)"}),
+)
+
+
+def reencodes_audio(options: AudioConversion) -> bool:
+    """Whether preparing a recording re-encodes it (``--audio-codec``, ``--audio-rate``)."""
+    return options.audio_codec is not None or options.audio_rate is not None
+
+
+def check_audio_conversion(options: AudioConversion) -> None:
+    """A ValueError unless recordings can be re-encoded as asked (the codec, the rate)."""
+    if reencodes_audio(options):
+        check_audio_encoding(options.audio_codec or "flac", options.audio_rate)
+
+
+def audio_options_unset(options: AudioConversion) -> tuple[str, ...]:
+    """The audio options left out of a conversion's fingerprint: those not given (absent when off:
+    indexes written before they existed still match)."""
+    return tuple(name for name in ("audio_codec", "audio_rate") if getattr(options, name) is None)
+
+
 def prepare_audio(data: bytes, where: str, name: str, options: AudioConversion) -> tuple[str, bytes, MediaFacts]:
     """The recording as stored (re-encoded with ``--audio-codec`` or ``--audio-rate``, flac unless
     named) and its stream facts; a SampleError for one that does not probe."""
-    if options.audio_codec is not None or options.audio_rate is not None:
+    if reencodes_audio(options):
         codec = options.audio_codec or "flac"
         data = reencode_audio(data, where, codec, options.audio_rate)
         name = AUDIO_ENCODERS[codec][2]

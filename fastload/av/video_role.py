@@ -38,10 +38,36 @@ class VideoConversion(Protocol):
     def max_pixels(self) -> int: ...
 
 
+# fastload convert's video flags: (flag, argparse's keywords; dest: the ConvertOptions field it sets)
+VIDEO_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("--reencode", {"dest": "reencode_video", "action": "store_true",
+                    "help": "videos: re-encode to H.264 with a keyframe every --keyframe-interval frames"}),
+    ("--keyframe-interval", {"dest": "keyframe_interval", "type": int, "default": REENCODE_KEYFRAME_INTERVAL, "metavar": "N",
+                             "help": f"with --reencode: frames between keyframes (default {REENCODE_KEYFRAME_INTERVAL})"}),
+)
+
+
+def reencodes_video(options: VideoConversion) -> bool:
+    """Whether preparing a video re-encodes it (``--reencode``, ``--max-size``)."""
+    return options.reencode_video or options.max_size is not None
+
+
+def check_video_conversion(options: VideoConversion) -> None:
+    """A ValueError for video conversion options that cannot be honoured."""
+    if options.keyframe_interval < 1:
+        raise ValueError("keyframe_interval must be >= 1")
+
+
+def video_options_unset(options: VideoConversion) -> tuple[str, ...]:
+    """The video options left out of a conversion's fingerprint: without ``--reencode``, both
+    (absent when off: indexes written before they existed still match)."""
+    return () if options.reencode_video else ("reencode_video", "keyframe_interval")
+
+
 def prepare_video(data: bytes, where: str, name: str, options: VideoConversion) -> tuple[str, bytes, MediaFacts]:
     """The video field as stored (re-encoded to H.264 in ``mp4`` with ``--reencode`` or ``--max-size``)
     and its stream facts; a SampleError for one that does not probe."""
-    if options.reencode_video or options.max_size is not None:
+    if reencodes_video(options):
         data = reencode_h264(data, where, options.keyframe_interval, options.max_size, options.max_pixels)
         name = "mp4"
     return name, data, probe(data, where, options.max_pixels)

@@ -17,11 +17,11 @@ NEAR_HELP = (
 )
 
 def _add_convert(sub: argparse._SubParsersAction) -> None:
-    from fastload.av.facts import REENCODE_KEYFRAME_INTERVAL
     from fastload.converters.convert_options import ENCODERS
     from fastload.converters.engines import ENGINES
     from fastload.converters.sources import SOURCE_MODULES
     from fastload.formats.shard_formats import WRITTEN_LAYOUTS
+    from fastload.media import MEDIA_ROLES
 
     p = sub.add_parser("convert", help="convert a raw dataset into sharded WebDataset tar or HDF5, or documents into token shards")
     p.add_argument("src", help="the raw dataset (folder or file)")
@@ -44,11 +44,9 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--on-error", choices=["raise", "skip"], default="raise")
     p.add_argument("--reencode-quality", type=int, metavar="Q", help="re-encode images as JPEG of quality Q")
     p.add_argument("--max-size", type=int, metavar="PX", help="shrink images (and videos, re-encoded) so the longer side is at most PX")
-    p.add_argument("--reencode", action="store_true", help="videos: re-encode to H.264 with a keyframe every --keyframe-interval frames")
-    p.add_argument("--audio-codec", choices=["flac", "opus"], help="recordings: re-encode to FLAC (lossless) or Opus")
-    p.add_argument("--audio-rate", type=int, metavar="HZ", help="recordings: re-encode at this sample rate (FLAC unless --audio-codec)")
-    p.add_argument("--keyframe-interval", type=int, default=REENCODE_KEYFRAME_INTERVAL, metavar="N",
-                   help=f"with --reencode: frames between keyframes (default {REENCODE_KEYFRAME_INTERVAL})")
+    for media in MEDIA_ROLES.values():  # each media role's conversion flags: video's --reencode, audio's --audio-codec...
+        for flag, keywords in media.conversion.flags:
+            p.add_argument(flag, **keywords)
     p.add_argument("--max-pixels", type=int, help="reject images with more pixels (bombs); default 89478485 (Pillow's), or FASTLOAD_MAX_PIXELS")
     p.add_argument("--follow-symlinks", action="store_true",
                    help="read files that symlinks lead to outside the source root (or a manifest's folders)")
@@ -97,6 +95,7 @@ def _run_convert(args: argparse.Namespace) -> int:
     from fastload.converters.sources import SourceOptions
     from fastload.decode.header import MAX_PIXELS
     from fastload.formats.writing import WriterOptions
+    from fastload.media import MEDIA_ROLES
 
     tokens = None
     if args.tokenizer is not None:
@@ -120,10 +119,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         on_error=args.on_error,
         reencode_quality=args.reencode_quality,
         max_size=args.max_size,
-        reencode_video=args.reencode,
-        keyframe_interval=args.keyframe_interval,
-        audio_codec=args.audio_codec,
-        audio_rate=args.audio_rate,
+        **{name: getattr(args, name) for media in MEDIA_ROLES.values() for name in media.conversion.fields},
         max_pixels=MAX_PIXELS if args.max_pixels is None else args.max_pixels,
         source_options=SourceOptions(
             follow_symlinks=args.follow_symlinks,
