@@ -4,12 +4,18 @@ over or look up this table and name no modality. A row's functions live in its m
 (fastload/av/video_role.py, fastload/av/audio_role.py); those that run in a worker are handed the worker's
 random streams and stage clock, since a modality's folder lies below the workers.
 
-Where each is called: ``prepare`` in conversion (fastload.converters.shard), ``probe_in_place`` by
-``fastload index`` (fastload.converters.index_tars), ``columns`` for the batch slots
-(fastload.workers.slots), ``fill`` in a worker (fastload.workers.sample_decode), ``beside`` and
-``images`` when a batch is shaped (fastload.loading.field_batch), ``describe`` by loader.describe
-(fastload.loading.provenance), ``check`` by ``fastload verify --decode`` (fastload.storage.verify),
-``summarize`` by ``fastload inspect`` (fastload.storage.summary)."""
+Where each is called: ``option`` by the loader (its keyword, fastload.loader; its class and check,
+fastload.loading.loader_options; its words in a refusal, fastload.fields.SampleSpec; its flag and
+parser, ``fastload describe``), ``conversion`` by ``fastload convert`` (its flags, cli/command.py;
+its check and fingerprint, fastload.converters.convert_options; whether it re-encodes,
+fastload.converters.conversion), ``prepare`` in conversion (fastload.converters.shard),
+``probe_in_place`` by ``fastload index`` (fastload.converters.index_tars), ``columns`` for the batch
+slots (fastload.workers.slots), ``fill`` in a worker (fastload.workers.sample_decode), ``beside`` and
+``images`` when a batch is shaped (fastload.loading.field_batch), ``describe`` and ``described`` by
+loader.describe (fastload.loading.provenance), ``text`` and ``report`` for ``fastload describe``'s and
+``inspect``'s lines, ``check`` by ``fastload verify --decode`` (fastload.storage.verify),
+``summarize`` by ``fastload inspect`` (fastload.storage.summary). ``classic``: without ``fields=``,
+its sample is the classic (stream, label) one (fastload.fields.requested_spec)."""
 
 from __future__ import annotations
 
