@@ -34,13 +34,11 @@ IMAGE_FIELDS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "ti
 # the video containers fastload opens (fastload.av.pyav.DEMUXERS) by their files' extensions; an Ogg
 # video file named .ogg is stored as ogv (an .ogg member of a tar is audio: AUDIO_FIELDS)
 VIDEO_FIELDS: tuple[str, ...] = ("mp4", "webm", "mkv", "mov", "avi", "ogv", "m4v", "mpg", "mpeg", "mpv", "m1v", "m2v")
-VIDEO_ANY = "video"  # in fields=: a sample's video, whatever its container's extension (any of VIDEO_FIELDS)
 # recordings (fastload.av.pyav.AUDIO_DEMUXERS) by their files' extensions
 AUDIO_FIELDS: tuple[str, ...] = ("flac", "wav", "mp3", "ogg", "oga", "opus", "m4a", "aac", "aiff", "aif", "weba")
-AUDIO_ANY = "audio"  # in fields=: a sample's recording, whatever its extension (any of AUDIO_FIELDS)
-# the roles whose samples are streams (fastload.media.MEDIA_ROLES), each by the field name that
-# takes any of its extensions (``video``, ``audio``: the role's own name) and those extensions
-STREAM_FIELDS: dict[str, tuple[str, ...]] = {VIDEO_ANY: VIDEO_FIELDS, AUDIO_ANY: AUDIO_FIELDS}
+# the roles whose samples are streams (fastload.media.MEDIA_ROLES) and their files' extensions; in
+# fields=, a role's own name (``video``, ``audio``) takes a sample's stream of any of them
+STREAM_FIELDS: dict[str, tuple[str, ...]] = {"video": VIDEO_FIELDS, "audio": AUDIO_FIELDS}
 LABEL_FIELD = "cls"
 JPEG_FIELD = "jpg"  # where a re-encoded image is stored
 DECODED_FIELD = "pixels"  # HDF5 shards of decoded pixels: the image, already decoded
