@@ -17,10 +17,9 @@ import io
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from fastload.av.clips import Clip
-from fastload.av.crops import Audio
 from fastload.errors import SampleError
 
 if TYPE_CHECKING:
@@ -35,18 +34,18 @@ IMAGE_FIELDS: tuple[str, ...] = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "ti
 # the video containers fastload opens (fastload.av.pyav.DEMUXERS) by their files' extensions; an Ogg
 # video file named .ogg is stored as ogv (an .ogg member of a tar is audio: AUDIO_FIELDS)
 VIDEO_FIELDS: tuple[str, ...] = ("mp4", "webm", "mkv", "mov", "avi", "ogv", "m4v", "mpg", "mpeg", "mpv", "m1v", "m2v")
-VIDEO_ANY = "video"  # in fields=: a sample's video, whatever its container's extension (any of VIDEO_FIELDS)
 # recordings (fastload.av.pyav.AUDIO_DEMUXERS) by their files' extensions
 AUDIO_FIELDS: tuple[str, ...] = ("flac", "wav", "mp3", "ogg", "oga", "opus", "m4a", "aac", "aiff", "aif", "weba")
-AUDIO_ANY = "audio"  # in fields=: a sample's recording, whatever its extension (any of AUDIO_FIELDS)
+# the roles whose samples are streams (fastload.media.MEDIA_ROLES) and their files' extensions; in
+# fields=, a role's own name (``video``, ``audio``) takes a sample's stream of any of them
+STREAM_FIELDS: dict[str, tuple[str, ...]] = {"video": VIDEO_FIELDS, "audio": AUDIO_FIELDS}
 LABEL_FIELD = "cls"
 JPEG_FIELD = "jpg"  # where a re-encoded image is stored
 DECODED_FIELD = "pixels"  # HDF5 shards of decoded pixels: the image, already decoded
 ARRAY_FIELD = "npy"
 _DEFAULT_ROLES: dict[str, Role] = {
     **{ext: "image" for ext in IMAGE_FIELDS},
-    **{ext: "video" for ext in VIDEO_FIELDS},
-    **{ext: "audio" for ext in AUDIO_FIELDS},
+    **{ext: role for role, extensions in STREAM_FIELDS.items() for ext in extensions},  # type: ignore[misc]  # STREAM_FIELDS' keys are roles
     DECODED_FIELD: "image",
     LABEL_FIELD: "label",
     "txt": "text",
@@ -87,14 +86,9 @@ def has_images(fields: Iterable[str]) -> bool:
     return any(default_role(name) == "image" for name in fields)
 
 
-def video_fields(fields: Iterable[str]) -> list[str]:
-    """Those of these field names that are videos by default, in their order."""
-    return [name for name in fields if default_role(name) == "video"]
-
-
 def stream_fields(fields: Iterable[str]) -> list[str]:
     """Those of these field names that are videos or recordings by default (their stream facts go in the sample tables)."""
-    return [name for name in fields if default_role(name) in ("video", "audio")]
+    return [name for name in fields if default_role(name) in STREAM_FIELDS]
 
 
 def parse_label(data: bytes, where: str) -> int:
@@ -352,13 +346,13 @@ class FieldSpec:
     def alternatives(self) -> tuple[str, ...]:
         """The stored names it may take, in order of preference (``video``: a stored field of that
         name, else any video container's)."""
-        anys = {VIDEO_ANY: VIDEO_FIELDS, AUDIO_ANY: AUDIO_FIELDS}
-        return tuple(dict.fromkeys(alt for part in self.name.split(";") for alt in ((part, *anys[part]) if part in anys else (part,))))
+        return tuple(dict.fromkeys(alt for part in self.name.split(";")
+                                   for alt in ((part, *STREAM_FIELDS[part]) if part in STREAM_FIELDS else (part,))))
 
     @property
     def stacked(self) -> bool:
         """Whether values are batched in shared memory (fixed shape), else as a list."""
-        return self.role in ("image", "mask", "label", "array", "video", "audio")
+        return self.role in ("image", "mask", "label", "array") or self.role in STREAM_FIELDS
 
 
 SampleMap = Callable[[dict, "np.random.Generator"], dict]
@@ -373,8 +367,8 @@ class SampleSpec:
     fields: tuple[FieldSpec, ...]
     map: SampleMap | None = None
     classic: bool = False
-    clip: Clip | None = None  # what a video field's rows hold (its sampling decided)
-    audio: Audio | None = None  # what an audio field's rows hold (its sampling decided)
+    # media role -> what its fields' rows hold (fastload.media: video's Clip, audio's Audio; their sampling decided)
+    media: Mapping[str, Any] = dataclass_field(default_factory=dict)
     array_shapes: tuple[tuple[str, tuple[int, ...], str], ...] = ()  # (field name, shape, dtype) of stacked arrays
     wide_masks: tuple[str, ...] = ()  # mask fields stacked as uint16 (16-bit masks among the first samples)
 
@@ -388,16 +382,8 @@ class SampleSpec:
             raise TypeError(f"map= must be a callable (sample dict, numpy Generator) -> sample dict, got {type(self.map).__name__}")
         if any(f.role in DECLARED_ROLES for f in self.fields) and self.primary is None:
             raise ValueError("a mask or boxes field follows an image's crop: fields= must name an image field too")
-        videos = [f.name for f in self.fields if f.role == "video"]
-        if videos and self.clip is None:
-            raise ValueError(f"field {videos[0]} is a video: give clip=fastload.Clip(frames=..., stride=...) to say which frames to take")
-        if self.clip is not None and not videos:
-            raise ValueError("clip= takes frames of videos; the fields asked for hold none")
-        recordings = [f.name for f in self.fields if f.role == "audio"]
-        if recordings and self.audio is None:
-            raise ValueError(f"field {recordings[0]} is audio: give audio=fastload.Audio(seconds=..., rate=...) to say which samples to take")
-        if self.audio is not None and not recordings:
-            raise ValueError("audio= takes crops of recordings; the fields asked for hold none")
+        for role in STREAM_FIELDS:
+            check_sampling(role, [f.name for f in self.fields if f.role == role], self.media.get(role))
 
     @functools.cached_property
     def primary(self) -> FieldSpec | None:
@@ -418,6 +404,19 @@ class SampleSpec:
         return field.stacked and (field.role != "array" or self.shape_of(field.name) is not None)
 
 
+def check_sampling(role: str, names: Sequence[str], sampling: Any) -> None:
+    """A ValueError unless media ``role``'s fields ``names`` (those asked for) and its ``sampling``
+    (None: not given) come together: each needs the other (fastload.media's row says in what words)."""
+    if bool(names) == (sampling is not None):
+        return
+    from fastload.media import MEDIA_ROLES
+
+    option = MEDIA_ROLES[role].option
+    if names:
+        raise ValueError(f"field {names[0]} {option.asks}")
+    raise ValueError(f"{option.keyword}= {option.offers}; the fields asked for hold none")
+
+
 def classic_names(roles: Mapping[str, str] | None = None) -> tuple[str, str]:
     """(image, label) stored names of the classic sample, each alternatives joined by ``;``: any
     image extension and ``cls``; of data read in place (``roles``: each column's), its first image
@@ -430,49 +429,57 @@ def classic_names(roles: Mapping[str, str] | None = None) -> tuple[str, str]:
     return image, label
 
 
-def classic_spec(decoded: bool, map: SampleMap | None = None, clip: Clip | None = None, names: tuple[str, str] | None = None) -> SampleSpec:
-    """Today's classification sample: the image (whatever its extension; with ``clip``, the video)
-    and an optional label, seen by ``map`` as ``image`` (``video``) and ``label``; ``names``: their
-    stored names (:func:`classic_names`; a mixture's: each member's, as alternatives)."""
+def classic_spec(decoded: bool, map: SampleMap | None = None, media: Mapping[str, Any] | None = None,
+                 names: tuple[str, str] | None = None) -> SampleSpec:
+    """Today's classification sample: the image (whatever its extension; with ``media``, one media
+    role's sampling, that role's stream: ``video``) and an optional label, seen by ``map`` as
+    ``image`` (``video``) and ``label``; ``names``: their stored names (:func:`classic_names`; a
+    mixture's: each member's, as alternatives)."""
     image, label = names or classic_names()
-    if clip is not None:
-        first = FieldSpec(VIDEO_ANY, "video")
+    if media:
+        role = next(iter(media))
+        first = FieldSpec(role, role)
     else:
         first = FieldSpec(DECODED_FIELD if decoded else image, "image", key="image")
-    return SampleSpec(fields=(first, FieldSpec(label, "label", optional=True, key="label")), map=map, classic=True, clip=clip)
+    return SampleSpec(fields=(first, FieldSpec(label, "label", optional=True, key="label")), map=map, classic=True, media=dict(media or {}))
 
 
 def _requested_role(name: str) -> Role:
     """The role of a requested field not given one: its first alternative's default (``video``: video)."""
     first = name.split(";")[0]
-    return "video" if first == VIDEO_ANY else "audio" if first == AUDIO_ANY else default_role(first)
+    return first if first in STREAM_FIELDS else default_role(first)  # type: ignore[return-value]  # STREAM_FIELDS' keys are roles
 
 
 def requested_spec(
     fields: Sequence[str] | Mapping[str, str] | None, dataset_fields: Sequence[str], decoded: bool,
-    map: SampleMap | None = None, images: bool = False, clip: Clip | None = None, audio: Audio | None = None,
+    map: SampleMap | None = None, images: bool = False, media: Mapping[str, Any] | None = None,
     roles: Mapping[str, str] | None = None, classic: tuple[str, str] | None = None,
 ) -> SampleSpec:
     """The SampleSpec of a loader's ``fields=`` (a sequence of names, or a mapping name -> role),
-    ``map=`` and ``clip=``. Without ``fields=``: the classic layout when the dataset has images (or
-    ``images``: the caller expects them) or, with ``clip``, videos; with ``audio``: the recording
-    (any extension) and, where the dataset has them, its label and transcript (``txt``); else
-    every field of the dataset in its index's order. ``roles``: the roles of data read in place, by column name (a
-    field named without a role takes its column's); ``classic``: the classic sample's stored names
-    where not those ``roles`` give (a mixture's members')."""
-    roles = roles or {}
-    if fields is None and audio is not None:
-        extra = [FieldSpec(LABEL_FIELD, "label", optional=True)] if LABEL_FIELD in dataset_fields else []
-        extra += [FieldSpec("txt", "text")] if "txt" in dataset_fields else []
-        return SampleSpec((FieldSpec(AUDIO_ANY, "audio"), *extra), map=map, audio=audio)
+    ``map=`` and ``media`` (each media role's sampling: ``clip=``, ``audio=``). Without ``fields=``:
+    with a sampling of a role whose sample is not the classic one (audio), the stream (any
+    extension) and, where the dataset has them, its label and transcript (``txt``); the classic
+    layout when the dataset has images (or ``images``: the caller expects them) or, with a classic
+    role's sampling (video's), that role's stream; else every field of the dataset in its index's
+    order. ``roles``: the roles of data read in place, by column name (a field named without a role
+    takes its column's); ``classic``: the classic sample's stored names where not those ``roles``
+    give (a mixture's members')."""
+    from fastload.media import MEDIA_ROLES
+
+    roles, media = roles or {}, dict(media or {})
     if fields is None:
-        videos = video_fields(dataset_fields)
-        if videos and (clip is not None or not (decoded or has_images(dataset_fields))):
-            if clip is None:
-                raise ValueError(f"field {videos[0]} is a video: give clip=fastload.Clip(frames=..., stride=...) to say which frames to take")
-            return classic_spec(decoded, map, clip)
-        if clip is not None:
-            raise ValueError("clip= takes frames of videos; the fields asked for hold none")
+        for role, sampling in media.items():
+            if not MEDIA_ROLES[role].classic:
+                extra = [FieldSpec(LABEL_FIELD, "label", optional=True)] if LABEL_FIELD in dataset_fields else []
+                extra += [FieldSpec("txt", "text")] if "txt" in dataset_fields else []
+                return SampleSpec((FieldSpec(role, role), *extra), map=map, media={role: sampling})
+        for role, row in MEDIA_ROLES.items():
+            streams = [name for name in dataset_fields if default_role(name) == role]
+            if row.classic and streams and (role in media or not (decoded or has_images(dataset_fields))):
+                check_sampling(role, streams, media.get(role))
+                return classic_spec(decoded, map, {role: media[role]})
+            if row.classic and role in media:
+                check_sampling(role, (), media[role])
         if images or decoded or has_images(dataset_fields) or "image" in roles.values():
             return classic_spec(decoded, map, names=classic or classic_names(roles))
         fields = list(dataset_fields)
@@ -480,4 +487,4 @@ def requested_spec(
         raise TypeError(f"fields= takes a list of field names or a mapping name -> role, got the string {fields!r}")
     given = dict(fields) if isinstance(fields, Mapping) else {name: None for name in fields}
     specs = tuple(FieldSpec(name, role or roles.get(name) or _requested_role(name)) for name, role in given.items())
-    return SampleSpec(specs, map=map, clip=clip, audio=audio)
+    return SampleSpec(specs, map=map, media=media)

@@ -38,6 +38,7 @@ from fastload.loading.samplers import LoaderBatchSampler, LoaderSampler, unwrap_
 from fastload.loading.state import LoaderState
 from fastload.loading.stats import LoaderStats
 from fastload.loading.torch_mode import TorchMode
+from fastload.media import MEDIA_ROLES, media_arguments
 from fastload.storage.dataset import ShardedDataset
 from fastload.text.token_rows import BLOCK_TOKENS, IGNORE_INDEX, PACKING_WINDOW, TokenOptions
 from fastload.transforms import Transform
@@ -155,7 +156,8 @@ class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
         batch_format: str = "next-token",
         attention: str | None = None,
     ) -> None:
-        check_kind_arguments({name: value for name, value in locals().items() if name not in ("self", "dataset")}, seq_len)
+        given = {name: value for name, value in locals().items() if name not in ("self", "dataset")}
+        check_kind_arguments(given, seq_len)
         self.stats, self.seq_len = LoaderStats(), seq_len
         kind: BatchKind
         if seq_len is not None:
@@ -185,7 +187,7 @@ class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
                 transform=transform, backend=backend, device=device, on_error=on_error, max_skipped=max_skipped, return_keys=return_keys,
                 evaluation=evaluation, shuffle_buffer=shuffle_buffer, hw_decoder_load=hw_decoder_load, fields=fields, map=map,
                 batch_map=batch_map, exclude=excluded_indices(sharded, exclude), class_weights=class_weights, balanced=balanced,
-                clip=clip, audio=audio, stream_buffer=sharded.shuffle_window,
+                media=media_arguments(given), stream_buffer=sharded.shuffle_window,
             )
             self.state = LoaderState(options.streaming)
             kind = SampleBatches(sharded, options, self.state, self.stats, self._probe_loader)
@@ -212,8 +214,8 @@ class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
         options = self.options
         return DataLoader(self.dataset, batch_size=options.batch_size, shuffle=True, num_workers=options.num_workers,
                           transform=options.transform, backend=backend, fields=options.fields, on_error=options.on_error,
-                          max_skipped=options.max_skipped, hw_decoder_load=options.hw_decoder_load, clip=options.clip,
-                          audio=options.audio)
+                          max_skipped=options.max_skipped, hw_decoder_load=options.hw_decoder_load,
+                          **{MEDIA_ROLES[role].keyword: sampling for role, sampling in options.media.items()})
 
     # --- the torch-compatible surface -----------------------------------------------------------
 

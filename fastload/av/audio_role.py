@@ -17,7 +17,7 @@ from fastload.av.audio_decode import audio_facts, fill_audio, plan_audio
 from fastload.av.clips import Draws
 from fastload.av.crops import Audio
 from fastload.av.facts import AudioFacts, MediaFacts
-from fastload.av.pyav import AUDIO_ENCODERS, probe_audio, reencode_audio
+from fastload.av.pyav import AUDIO_ENCODERS, check_audio_encoding, probe_audio, reencode_audio
 from fastload.errors import SampleError
 from fastload.transforms import Transform
 
@@ -34,14 +34,54 @@ class AudioConversion(Protocol):
     def audio_rate(self) -> int | None: ...
 
 
+# fastload convert's audio flags: (flag, argparse's keywords; dest: the ConvertOptions field it sets)
+AUDIO_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("--audio-codec", {"dest": "audio_codec", "choices": ["flac", "opus"], "help": "recordings: re-encode to FLAC (lossless) or Opus"}),
+    ("--audio-rate", {"dest": "audio_rate", "type": int, "metavar": "HZ",
+                      "help": "recordings: re-encode at this sample rate (FLAC unless --audio-codec)"}),
+)
+
+
+def reencodes_audio(options: AudioConversion) -> bool:
+    """Whether preparing a recording re-encodes it (``--audio-codec``, ``--audio-rate``)."""
+    return options.audio_codec is not None or options.audio_rate is not None
+
+
+def check_audio_conversion(options: AudioConversion) -> None:
+    """A ValueError unless recordings can be re-encoded as asked (the codec, the rate)."""
+    if reencodes_audio(options):
+        check_audio_encoding(options.audio_codec or "flac", options.audio_rate)
+
+
+def audio_options_unset(options: AudioConversion) -> tuple[str, ...]:
+    """The audio options left out of a conversion's fingerprint: those not given (absent when off:
+    indexes written before they existed still match)."""
+    return tuple(name for name in ("audio_codec", "audio_rate") if getattr(options, name) is None)
+
+
 def prepare_audio(data: bytes, where: str, name: str, options: AudioConversion) -> tuple[str, bytes, MediaFacts]:
     """The recording as stored (re-encoded with ``--audio-codec`` or ``--audio-rate``, flac unless
     named) and its stream facts; a SampleError for one that does not probe."""
-    if options.audio_codec is not None or options.audio_rate is not None:
+    if reencodes_audio(options):
         codec = options.audio_codec or "flac"
         data = reencode_audio(data, where, codec, options.audio_rate)
         name = AUDIO_ENCODERS[codec][2]
     return name, data, probe_audio(data, where)
+
+
+def check_audio_option(audio: Audio, on_error: str) -> None:
+    """A loader's ``audio=`` against its other options: ``short="drop"`` needs ``on_error="skip"``."""
+    if audio.short == "drop" and on_error != "skip":
+        raise ValueError("Audio(short='drop') makes a recording shorter than a crop a bad sample: it needs on_error='skip'")
+
+
+def parse_audio(text: str, sampling: str | None) -> Audio:
+    """``SECONDS[:CROPS]`` (``fastload describe --audio 2.5``) as an Audio spec (its rate and channels change no crop's seconds)."""
+    seconds, _, crops = text.partition(":")
+    try:
+        return Audio(float(seconds), int(crops or 1), sampling)  # type: ignore[arg-type]  # a choice of the command's parser
+    except ValueError as exc:
+        raise ValueError(f"--audio {text}: expected SECONDS[:CROPS] ({exc})") from None
 
 
 def lengths_key(key: str) -> str:
@@ -82,6 +122,17 @@ def describe_audio(facts: MediaFacts, where: str, name: str, audio: Audio, trans
     except SampleError as exc:
         return {"audio": name, "problem": exc.reason}
     return {"audio": name, "crops": planned.spans()}
+
+
+def audio_text(described: dict[str, Any]) -> str:
+    """A sample's crops in ``fastload describe``'s line: each one's start and end in seconds."""
+    return "".join(f" audio {t0:.3f}-{t1:.3f} s" for t0, t1 in described["crops"])
+
+
+def audio_report(a: dict, clip: str) -> list[str]:
+    """``fastload inspect``'s lines on the recordings (``a``: :func:`summarize_audio`'s; ``clip``, a video clip's, does not apply)."""
+    return [f"audio     {a['count']}, {', '.join(f'{c} {n}' for c, n in a['codecs'].items())}; {a['seconds']:.1f} s "
+            f"({a['seconds_min']}-{a['seconds_max']} s each); Hz {a['rates']}, channels {a['channels']}"]
 
 
 def check_audio(data: bytes, where: str, name: str, recorded: MediaFacts | None) -> None:

@@ -21,6 +21,7 @@ from fastload.av.pyav import decode_frames, probe, reencode_h264
 from fastload.errors import SampleError
 from fastload.transforms import Transform
 
+REENCODE_PAYS = 1.5  # fastload inspect advises --reencode when a clip would decode this many times fewer frames
 Columns = tuple[tuple[str, tuple[int, ...], str], ...]  # a field's batch columns: (name, one sample's shape, dtype)
 
 
@@ -37,13 +38,51 @@ class VideoConversion(Protocol):
     def max_pixels(self) -> int: ...
 
 
+# fastload convert's video flags: (flag, argparse's keywords; dest: the ConvertOptions field it sets)
+VIDEO_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("--reencode", {"dest": "reencode_video", "action": "store_true",
+                    "help": "videos: re-encode to H.264 with a keyframe every --keyframe-interval frames"}),
+    ("--keyframe-interval", {"dest": "keyframe_interval", "type": int, "default": REENCODE_KEYFRAME_INTERVAL, "metavar": "N",
+                             "help": f"with --reencode: frames between keyframes (default {REENCODE_KEYFRAME_INTERVAL})"}),
+)
+
+
+def reencodes_video(options: VideoConversion) -> bool:
+    """Whether preparing a video re-encodes it (``--reencode``, ``--max-size``)."""
+    return options.reencode_video or options.max_size is not None
+
+
+def check_video_conversion(options: VideoConversion) -> None:
+    """A ValueError for video conversion options that cannot be honoured."""
+    if options.keyframe_interval < 1:
+        raise ValueError("keyframe_interval must be >= 1")
+
+
+def video_options_unset(options: VideoConversion) -> tuple[str, ...]:
+    """The video options left out of a conversion's fingerprint: without ``--reencode``, both
+    (absent when off: indexes written before they existed still match)."""
+    return () if options.reencode_video else ("reencode_video", "keyframe_interval")
+
+
 def prepare_video(data: bytes, where: str, name: str, options: VideoConversion) -> tuple[str, bytes, MediaFacts]:
     """The video field as stored (re-encoded to H.264 in ``mp4`` with ``--reencode`` or ``--max-size``)
     and its stream facts; a SampleError for one that does not probe."""
-    if options.reencode_video or options.max_size is not None:
+    if reencodes_video(options):
         data = reencode_h264(data, where, options.keyframe_interval, options.max_size, options.max_pixels)
         name = "mp4"
     return name, data, probe(data, where, options.max_pixels)
+
+
+def parse_clip(text: str, sampling: str | None) -> Clip:
+    """``FRAMES[:STRIDE[:CLIPS]]`` (``fastload describe --clip 16:2``) as a Clip."""
+    try:
+        numbers = [int(part) for part in text.split(":")]
+    except ValueError:
+        raise ValueError(f"--clip {text}: expected FRAMES[:STRIDE[:CLIPS]], whole numbers") from None
+    if not 1 <= len(numbers) <= 3:
+        raise ValueError(f"--clip {text}: expected FRAMES[:STRIDE[:CLIPS]]")
+    frames, stride, clips = (*numbers, 1, 1)[:3]
+    return Clip(frames, stride, clips, sampling)  # type: ignore[arg-type]  # a choice of the command's parser
 
 
 def video_columns(name: str, key: str, clip: Clip | None, image_shape: tuple[int, int, int] | None) -> Columns:
@@ -76,6 +115,11 @@ def describe_video(facts: MediaFacts, where: str, name: str, clip: Clip, transfo
             "size": planned.plan.size, "flip": planned.plan.flip, "clips": planned.spans()}
 
 
+def video_text(described: dict[str, Any]) -> str:
+    """A sample's clips in ``fastload describe``'s line: each one's frames and seconds."""
+    return "".join(f" frames {a}-{b} ({t0:.2f}-{t1:.2f} s)" for a, b, t0, t1 in described["clips"])
+
+
 def check_video(data: bytes, where: str, name: str, recorded: MediaFacts | None) -> None:
     """A SampleError unless the video probes to the stream facts its sample table ``recorded`` and
     every one of its frames decodes as a loader decodes them (a probe decodes the first alone)."""
@@ -86,6 +130,18 @@ def check_video(data: bytes, where: str, name: str, recorded: MediaFacts | None)
         raise SampleError(where, f"field {name}: its stream facts in the sample table disagree with the video (tampered table?)")
     for _ in decode_frames(data, where, recorded, range(recorded.frames), None, math.inf):
         pass
+
+
+def video_report(v: dict, clip: str) -> list[str]:
+    """``fastload inspect``'s lines on the videos (``v``: :func:`summarize_videos`'s), and the frames
+    a random ``clip`` (inspect's ``--clip``) decodes on average, and whether --reencode would pay off."""
+    now, then, factor = v["clip_frames_decoded"], v["clip_frames_decoded_reencoded"], v["reencode_factor"]
+    return [f"videos    {v['count']}, {', '.join(f'{c} {n}' for c, n in v['codecs'].items())}; {v['seconds']:.1f} s, "
+            f"{v['frames_min']}-{v['frames_max']} frames, a keyframe every {v['mean_frames_per_keyframe']} frames; "
+            f"{v['smallest'][0]}x{v['smallest'][1]} to {v['largest'][0]}x{v['largest'][1]}; {v['with_audio']} with audio",
+            f"clips     a random {clip} clip ({v['clip_span']} frames) decodes {now:.1f} frames on average from the keyframe before it; "
+            f"--reencode (a keyframe every {v['reencode_keyframe_interval']}): {then:.1f}, {factor:.2f}x fewer"
+            + (": worth it for training on clips" if factor >= REENCODE_PAYS else "")]
 
 
 def summarize_videos(stream_facts: Iterable[MediaFacts], clip_span: int) -> dict:

@@ -17,6 +17,7 @@ from fastload.backends.hybrid.hybrid_epoch import HybridEngine
 from fastload.fields import SampleSpec
 from fastload.loading.epoch import Engine
 from fastload.loading.loader_options import LoaderOptions
+from fastload.media import has_frames
 
 
 def _hybrid(choice: BackendChoice, options: LoaderOptions, key: str) -> Engine:
@@ -39,5 +40,6 @@ def make_engine(options: LoaderOptions, sample_spec: SampleSpec, decoded_pixels:
     with why) and the engine itself. ``probe_loader(backend)`` makes the loaders ``auto`` times."""
     key = probe_key(options.transform, options.num_workers, options.batch_size)
     refusal = dali_refusal(sample_spec, options.torchvision_steps)
-    choice = choose_backend(options.backend, decoded_pixels, refusal, key, probe_loader, options.num_workers, sample_spec.clip is not None)
+    choice = choose_backend(options.backend, decoded_pixels, refusal, key, probe_loader, options.num_workers,
+                            has_frames(sample_spec.media))
     return choice, ENGINES[choice.engine](choice, options, key)

@@ -28,6 +28,7 @@ from fastload.loading.samplers import BatchIndices, BatchRequest, LoaderCollate
 from fastload.loading.state import LoaderState, OrderSettings, read_state_dict
 from fastload.loading.stats import LoaderStats
 from fastload.loading.torchvision_translation import TorchvisionSteps, steps_as_map
+from fastload.media import has_frames
 from fastload.orders.position import Position
 from fastload.storage.dataset import ShardedDataset
 from fastload.transforms import batch_transform, output_size
@@ -56,7 +57,7 @@ class SampleBatches:
                  probe_loader: Callable[[str], Iterable]) -> None:
         self.sharded, self.options, self.state, self.stats = sharded, options, state, stats
         self.sample_spec = with_torchvision_steps(
-            resolve_spec(sharded, options.fields, options.map, options.transform, options.clip, options.audio), options.torchvision_steps)
+            resolve_spec(sharded, options.fields, options.map, options.transform, options.media), options.torchvision_steps)
         self.image_shape = self._image_shape()
         choice, self.engine = make_engine(options, self.sample_spec, sharded.decoded, probe_loader)
         self.backend = choice.name
@@ -69,7 +70,7 @@ class SampleBatches:
         self._outputs = BatchOutputs(sharded.has_labels, options.return_keys, options.evaluation)
 
     def _image_shape(self) -> tuple[int, int, int] | None:
-        if self.sample_spec.primary is None and self.sample_spec.clip is None:
+        if self.sample_spec.primary is None and not has_frames(self.sample_spec.media):
             return None  # nothing to decode: no transform needed
         ds = self.sharded
         size = output_size(self.options.transform)

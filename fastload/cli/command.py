@@ -10,7 +10,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-REENCODE_PAYS = 1.5  # inspect advises --reencode when a clip would decode this many times fewer frames
 NEAR_THRESHOLD = 12  # bits of 64: benchmarks/bench_near_dupes.py measures recall and false drops by threshold
 NEAR_HELP = (
     f"near duplicates differ in at most this many of 64 hash bits, and agree in colour (default {NEAR_THRESHOLD}, 0..24; "
@@ -18,11 +17,11 @@ NEAR_HELP = (
 )
 
 def _add_convert(sub: argparse._SubParsersAction) -> None:
-    from fastload.av.facts import REENCODE_KEYFRAME_INTERVAL
     from fastload.converters.convert_options import ENCODERS
     from fastload.converters.engines import ENGINES
     from fastload.converters.sources import SOURCE_MODULES
     from fastload.formats.shard_formats import WRITTEN_LAYOUTS
+    from fastload.media import MEDIA_ROLES
 
     p = sub.add_parser("convert", help="convert a raw dataset into sharded WebDataset tar or HDF5, or documents into token shards")
     p.add_argument("src", help="the raw dataset (folder or file)")
@@ -45,11 +44,9 @@ def _add_convert(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--on-error", choices=["raise", "skip"], default="raise")
     p.add_argument("--reencode-quality", type=int, metavar="Q", help="re-encode images as JPEG of quality Q")
     p.add_argument("--max-size", type=int, metavar="PX", help="shrink images (and videos, re-encoded) so the longer side is at most PX")
-    p.add_argument("--reencode", action="store_true", help="videos: re-encode to H.264 with a keyframe every --keyframe-interval frames")
-    p.add_argument("--audio-codec", choices=["flac", "opus"], help="recordings: re-encode to FLAC (lossless) or Opus")
-    p.add_argument("--audio-rate", type=int, metavar="HZ", help="recordings: re-encode at this sample rate (FLAC unless --audio-codec)")
-    p.add_argument("--keyframe-interval", type=int, default=REENCODE_KEYFRAME_INTERVAL, metavar="N",
-                   help=f"with --reencode: frames between keyframes (default {REENCODE_KEYFRAME_INTERVAL})")
+    for media in MEDIA_ROLES.values():  # each media role's conversion flags: video's --reencode, audio's --audio-codec...
+        for flag, keywords in media.conversion.flags:
+            p.add_argument(flag, **keywords)
     p.add_argument("--max-pixels", type=int, help="reject images with more pixels (bombs); default 89478485 (Pillow's), or FASTLOAD_MAX_PIXELS")
     p.add_argument("--follow-symlinks", action="store_true",
                    help="read files that symlinks lead to outside the source root (or a manifest's folders)")
@@ -98,6 +95,7 @@ def _run_convert(args: argparse.Namespace) -> int:
     from fastload.converters.sources import SourceOptions
     from fastload.decode.header import MAX_PIXELS
     from fastload.formats.writing import WriterOptions
+    from fastload.media import MEDIA_ROLES
 
     tokens = None
     if args.tokenizer is not None:
@@ -121,10 +119,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         on_error=args.on_error,
         reencode_quality=args.reencode_quality,
         max_size=args.max_size,
-        reencode_video=args.reencode,
-        keyframe_interval=args.keyframe_interval,
-        audio_codec=args.audio_codec,
-        audio_rate=args.audio_rate,
+        **{name: getattr(args, name) for media in MEDIA_ROLES.values() for name in media.conversion.fields},
         max_pixels=MAX_PIXELS if args.max_pixels is None else args.max_pixels,
         source_options=SourceOptions(
             follow_symlinks=args.follow_symlinks,
@@ -223,7 +218,8 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
-    from fastload.cli.describe import parse_clip
+    from fastload.av.video_role import parse_clip
+    from fastload.media import MEDIA_ROLES
     from fastload.storage.summary import summarize
 
     summary = summarize(args.dataset, parse_clip(args.clip, None).span)
@@ -238,16 +234,10 @@ def _run_inspect(args: argparse.Namespace) -> int:
         _print_tokens(summary["tokens"])
     if summary["decoded_shape"]:
         print(f"pixels    {summary['decoded_shape']} uint8 per sample")
-    if summary["audio"] and summary["audio"]["count"]:
-        a = summary["audio"]
-        print(f"audio     {a['count']}, {', '.join(f'{c} {n}' for c, n in a['codecs'].items())}; {a['seconds']:.1f} s "
-              f"({a['seconds_min']}-{a['seconds_max']} s each); Hz {a['rates']}, channels {a['channels']}")
-    if summary["videos"] and summary["videos"]["count"]:
-        v = summary["videos"]
-        print(f"videos    {v['count']}, {', '.join(f'{c} {n}' for c, n in v['codecs'].items())}; {v['seconds']:.1f} s, "
-              f"{v['frames_min']}-{v['frames_max']} frames, a keyframe every {v['mean_frames_per_keyframe']} frames; "
-              f"{v['smallest'][0]}x{v['smallest'][1]} to {v['largest'][0]}x{v['largest'][1]}; {v['with_audio']} with audio")
-        _print_clip_cost(v, args.clip)
+    for media in MEDIA_ROLES.values():  # each media role's lines: videos (and a clip's cost), audio
+        part = summary[media.summary_key]
+        if part and part["count"]:
+            print("\n".join(media.report(part, args.clip)))
     if summary["classes"] is not None or summary["class_counts"]:
         _print_classes(summary["class_counts"], summary["classes"], summary["class_balance"])
     print(f"skipped   {summary['skipped_total']} {summary['skipped'] or ''}")
@@ -255,14 +245,6 @@ def _run_inspect(args: argparse.Namespace) -> int:
         print(f"  {entry['where']}: {entry['reason']}")
     print(f"duplicates dropped {summary['duplicates']}")
     return 0
-
-
-def _print_clip_cost(videos: dict, clip: str) -> None:
-    """The frames a random clip decodes on average, and whether --reencode would pay off."""
-    now, then, factor = videos["clip_frames_decoded"], videos["clip_frames_decoded_reencoded"], videos["reencode_factor"]
-    print(f"clips     a random {clip} clip ({videos['clip_span']} frames) decodes {now:.1f} frames on average from the keyframe before it; "
-          f"--reencode (a keyframe every {videos['reencode_keyframe_interval']}): {then:.1f}, {factor:.2f}x fewer"
-          + (": worth it for training on clips" if factor >= REENCODE_PAYS else ""))
 
 
 def _print_tokens(tokens: dict) -> None:
@@ -424,10 +406,12 @@ def _add_describe(sub: argparse._SubParsersAction) -> None:
                    help='the loader\'s class_weights=, as a JSON object: \'{"cat": 2, "dog": 1}\'')
     p.add_argument("--transform", choices=["train", "val", "none"], default="train", help="fastload.transforms.train/val(SIZE)")
     p.add_argument("--size", type=int, default=224, help="the transform's output side")
-    p.add_argument("--clip", metavar="FRAMES[:STRIDE[:CLIPS]]", help="a video dataset: the loader's clip=fastload.Clip(FRAMES, STRIDE, CLIPS)")
-    p.add_argument("--audio", metavar="SECONDS[:CROPS]", help="an audio dataset: the loader's audio=fastload.Audio(SECONDS, CROPS)")
+    from fastload.media import MEDIA_ROLES
+
+    for media in MEDIA_ROLES.values():  # each media role's sampling: --clip, --audio
+        p.add_argument(f"--{media.keyword}", metavar=media.option.metavar, help=media.option.help)
     p.add_argument("--sampling", choices=["random", "uniform", "centred", "start"],
-                   help="with --clip (random, uniform) or --audio: the sampling (default: random when shuffled)")
+                   help=f"with {' or '.join(f'--{media.keyword}' for media in MEDIA_ROLES.values())}: the sampling (default: random when shuffled)")
     p.add_argument("--seq-len", type=int, help="a token dataset (required for one): the loader's seq_len=")
     p.add_argument("--packing", choices=["concat", "best-fit", "pad"], help="a token dataset: the loader's packing= (default concat)")
     p.add_argument("--block-tokens", type=int, help="a token dataset: the loader's block_tokens= (default 65536)")
@@ -438,6 +422,7 @@ def _add_describe(sub: argparse._SubParsersAction) -> None:
 
 def _run_describe(args: argparse.Namespace) -> int:
     from fastload.cli.describe import TokenStepDescription, describe_from_arguments
+    from fastload.media import MEDIA_ROLES
 
     description = describe_from_arguments(args)
     if args.json:
@@ -455,8 +440,7 @@ def _run_describe(args: argparse.Namespace) -> int:
         geometry = "" if s.box is None else (
             f" {s.source_size[0]}x{s.source_size[1]} crop ({s.box[0]:.1f}, {s.box[1]:.1f}, {s.box[2]:.1f}, {s.box[3]:.1f})"  # type: ignore[index]
             f" -> {s.size[0]}x{s.size[1]}{' flipped' if s.flip else ''}{f' at DCT scale {s.dct_scale}' if s.dct_scale else ''}")  # type: ignore[index]
-        clips = "".join(f" frames {a}-{b} ({t0:.2f}-{t1:.2f} s)" for a, b, t0, t1 in s.clips)
-        clips += "".join(f" audio {t0:.3f}-{t1:.3f} s" for t0, t1 in s.crops)
+        clips = "".join(media.text(s.described(role)) for role, media in MEDIA_ROLES.items())
         print(f"{n:>5} {s.index:>9} {s.where}{'' if s.valid else ' (padding)'}{clips}{geometry}{f' PROBLEM {s.problem}' if s.problem else ''}")
     return 0
 

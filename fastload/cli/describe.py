@@ -12,9 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from fastload.av.clips import Clip
-from fastload.av.crops import Audio
 from fastload.loading.provenance import StepDescription
+from fastload.media import MEDIA_ROLES
 
 
 def read_saved_state(path: Path) -> dict[str, Any]:
@@ -40,27 +39,6 @@ def read_saved_state(path: Path) -> dict[str, Any]:
     return state
 
 
-def parse_clip(text: str, sampling: str | None) -> Clip:
-    """``FRAMES[:STRIDE[:CLIPS]]`` (``--clip 16:2``) as a Clip."""
-    try:
-        numbers = [int(part) for part in text.split(":")]
-    except ValueError:
-        raise ValueError(f"--clip {text}: expected FRAMES[:STRIDE[:CLIPS]], whole numbers") from None
-    if not 1 <= len(numbers) <= 3:
-        raise ValueError(f"--clip {text}: expected FRAMES[:STRIDE[:CLIPS]]")
-    frames, stride, clips = (*numbers, 1, 1)[:3]
-    return Clip(frames, stride, clips, sampling)  # type: ignore[arg-type]  # a choice of the command's parser
-
-
-def parse_audio(text: str, sampling: str | None) -> Audio:
-    """``SECONDS[:CROPS]`` (``--audio 2.5``) as an Audio spec (its rate and channels change no crop's seconds)."""
-    seconds, _, crops = text.partition(":")
-    try:
-        return Audio(float(seconds), int(crops or 1), sampling)  # type: ignore[arg-type]  # a choice of the command's parser
-    except ValueError as exc:
-        raise ValueError(f"--audio {text}: expected SECONDS[:CROPS] ({exc})") from None
-
-
 def read_take(path: Path) -> list[int]:
     """``--take``'s sample indices: a text file of whole numbers, one a line."""
     try:
@@ -69,7 +47,8 @@ def read_take(path: Path) -> list[int]:
         raise ValueError(f"{path}: --take needs whole numbers (sample indices), one a line") from None
 
 
-IMAGE_ONLY = ("take", "exclude", "balanced", "class_weights", "clip", "audio", "shuffle_buffer")  # options no token loader has
+# options no token loader has (each media role's sampling among them: --clip, --audio)
+IMAGE_ONLY = ("take", "exclude", "balanced", "class_weights", *(media.keyword for media in MEDIA_ROLES.values()), "shuffle_buffer")
 TOKEN_ONLY = ("seq_len", "packing", "block_tokens", "packing_window")  # the token loader's, which its rows depend on
 
 
@@ -109,7 +88,10 @@ def describe_from_arguments(args: argparse.Namespace) -> StepDescription | Token
     given = [option(name) for name in TOKEN_ONLY if getattr(args, name) is not None]
     if given:
         raise ValueError(f"{', '.join(given)}: options of a token dataset's rows, and {dataset.location} holds no tokens")
-    transform = () if args.audio else {"train": T.train(args.size), "val": T.val(args.size), "none": ()}[args.transform]  # crops of sound: no geometry
+    media = {media.keyword: media.option.parse(getattr(args, media.keyword), args.sampling)
+             for media in MEDIA_ROLES.values() if getattr(args, media.keyword)}
+    sound = any(not media.images and getattr(args, media.keyword) for media in MEDIA_ROLES.values())  # crops of sound: no geometry
+    transform = () if sound else {"train": T.train(args.size), "val": T.val(args.size), "none": ()}[args.transform]
     if args.take is not None:
         import torch
 
@@ -120,9 +102,7 @@ def describe_from_arguments(args: argparse.Namespace) -> StepDescription | Token
     try:
         loader = DataLoader(dataset, batch_size=batch_size, shuffle=args.shuffle, drop_last=args.drop_last, seed=seed,
                             transform=transform, rank=args.rank, world_size=world, shuffle_buffer=args.shuffle_buffer, backend="cpu",
-                            exclude=args.exclude, balanced=args.balanced, class_weights=args.class_weights,
-                            clip=parse_clip(args.clip, args.sampling) if args.clip else None,
-                            audio=parse_audio(args.audio, args.sampling) if args.audio else None)
+                            exclude=args.exclude, balanced=args.balanced, class_weights=args.class_weights, **media)
     finally:
         quiet.setLevel(level)
     if state:  # at another --world than the state's: its steps so far ran at the state's topology, the rest at this one

@@ -287,12 +287,13 @@ def _convert(
 
 
 def _costs_cpu(options: ConvertOptions) -> bool:
-    """Whether preparing a sample re-encodes it (``--reencode-quality``, ``--max-size``, ``--reencode``,
-    ``--audio-codec``, ``--audio-rate``): then the
-    work is spread sample by sample (converters.in_runs), else shard by shard (decoded HDF5 too:
-    its pixels would cross to the writing process)."""
-    return (options.reencode_quality is not None or options.max_size is not None or options.reencode_video
-            or options.audio_codec is not None or options.audio_rate is not None)
+    """Whether preparing a sample re-encodes it (``--reencode-quality``, ``--max-size``, a media role's
+    options: fastload.media's ``conversion.reencodes``): then the work is spread sample by sample
+    (converters.in_runs), else shard by shard (decoded HDF5 too: its pixels would cross to the writing process)."""
+    from fastload.media import MEDIA_ROLES
+
+    return (options.reencode_quality is not None or options.max_size is not None
+            or any(media.conversion.reencodes(options) for media in MEDIA_ROLES.values()))
 
 
 def _plan(

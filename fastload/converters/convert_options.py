@@ -93,12 +93,10 @@ class ConvertOptions:
             raise ValueError("max_pixels must be >= 1")
         if self.max_size is not None and self.max_size < 1:
             raise ValueError("max_size must be >= 1")
-        if self.keyframe_interval < 1:
-            raise ValueError("keyframe_interval must be >= 1")
-        if self.audio_codec is not None or self.audio_rate is not None:
-            from fastload.av.pyav import check_audio_encoding
+        from fastload.media import MEDIA_ROLES
 
-            check_audio_encoding(self.audio_codec or "flac", self.audio_rate)
+        for media in MEDIA_ROLES.values():  # each media role's conversion options (video's --reencode, audio's --audio-codec...)
+            media.conversion.check(self)
         if self.near_threshold is not None:
             from fastload.near.search import check_threshold
 
@@ -137,10 +135,9 @@ class ConvertOptions:
             data["tokens"].pop("encoder")  # the same ids whichever encodes them (the one that did: in the index's tokenizer)
         if self.near_threshold is None:
             data.pop("near_threshold")  # absent when off: indexes written before it existed still match
-        if not self.reencode_video:
-            data.pop("reencode_video")  # likewise
-            data.pop("keyframe_interval")
-        for name in ("audio_codec", "audio_rate"):
-            if data[name] is None:
-                data.pop(name)  # likewise
+        from fastload.media import MEDIA_ROLES
+
+        for media in MEDIA_ROLES.values():  # likewise each media role's options when off
+            for name in media.conversion.unset(self):
+                data.pop(name)
         return json.loads(json.dumps(data))  # as plan.json reads it back: a tuple option (--allow-root) compares as a list

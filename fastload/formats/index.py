@@ -19,7 +19,7 @@ import numpy as np
 
 from fastload._util.files import atomic_write_bytes, read_file
 from fastload.errors import DatasetIndexError
-from fastload.fields import ROLES, stream_fields
+from fastload.fields import ROLES, STREAM_FIELDS, stream_fields
 from fastload.formats.part_table import PartTable
 from fastload.formats.shard_formats import LAYOUTS, shard_format
 from fastload.formats.shard_info import IN_PLACE_FIELDS, MAX_INT, ShardInfo, check_counts, check_int, check_sha256, check_strings
@@ -153,7 +153,8 @@ class DatasetIndex:
         self._check_tokens()
         self._check_in_place()
         if self.version == VIDEO_FORMAT_VERSION and not stream_fields(self.fields):
-            raise DatasetIndexError(f"fields: a video or audio dataset (version {VIDEO_FORMAT_VERSION}) lists no video or audio field")
+            streams = " or ".join(STREAM_FIELDS)  # the media roles: video or audio
+            raise DatasetIndexError(f"fields: a {streams} dataset (version {VIDEO_FORMAT_VERSION}) lists no {streams} field")
 
     def _check_tokens(self) -> None:
         """A token dataset (and only one) names its tokenizer, is of version 5 and counts each shard's tokens."""

@@ -13,11 +13,10 @@ import torch
 from torch.utils.data.distributed import DistributedSampler
 
 from fastload._util.dist import resolve_rank_world
-from fastload.av.clips import Clip
-from fastload.av.crops import Audio
 from fastload.errors import DEFAULT_MAX_SKIPPED, OnError, check_max_skipped, check_on_error
 from fastload.loading.samplers import adopt_sampler
 from fastload.loading.torchvision_translation import TorchvisionSteps, is_torchvision_pipeline, translate
+from fastload.media import MEDIA_ROLES, media_role_of
 from fastload.transforms import Transform, validate
 
 Backend = Literal["auto", "cpu", "dali", "hybrid"]
@@ -70,8 +69,9 @@ class LoaderOptions:
     exclude: tuple[int, ...] | None = fast_path_only(None)
     class_weights: Mapping[str | int, float] | None = fast_path_only(None)  # class name or label -> share (fastload.orders.balanced)
     balanced: bool = fast_path_only(False)  # every class an equal share of each epoch
-    clip: Clip | None = fast_path_only(None)  # which frames of each video (fastload.av.clips); stored with its sampling decided
-    audio: Audio | None = fast_path_only(None)  # which crops of each recording (fastload.av.crops); stored with its sampling decided
+    # media role -> its sampling (fastload.media: video's clip=, audio's audio=; read as options.clip, options.audio); stored
+    # with each sampling decided
+    media: Mapping[str, Any] = field(default_factory=dict)
     take: tuple[int, ...] | None = None  # the sample indices a Subset / SubsetRandomSampler selects
     drop_remainder: bool = False  # as DistributedSampler(drop_last=True)
     distributed: DistributedSampler | None = None  # a sampler= whose set_epoch the loader follows
@@ -112,16 +112,7 @@ class LoaderOptions:
             raise TypeError(f"map= must be a callable (sample: dict, rng: numpy.random.Generator) -> dict, got {self.map!r}")
         if self.rank is not None and self.world_size is not None:
             resolve_rank_world(self.rank, self.world_size)  # refuse an impossible pair now
-        if self.clip is not None:
-            if not isinstance(self.clip, Clip):
-                raise TypeError(f"clip= takes a fastload.Clip, got {type(self.clip).__name__}")
-            object.__setattr__(self, "clip", self.clip.resolved(self.shuffle and not self.evaluation))
-        if self.audio is not None:
-            if not isinstance(self.audio, Audio):
-                raise TypeError(f"audio= takes a fastload.Audio, got {type(self.audio).__name__}")
-            if self.audio.short == "drop" and self.on_error != "skip":
-                raise ValueError("Audio(short='drop') makes a recording shorter than a crop a bad sample: it needs on_error='skip'")
-            object.__setattr__(self, "audio", self.audio.resolved(self.shuffle and not self.evaluation))
+        object.__setattr__(self, "media", {role: self._sampling(role, sampling) for role, sampling in self.media.items()})
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.backend == "hybrid" and self.num_workers == 0:
@@ -130,6 +121,21 @@ class LoaderOptions:
         prefetch = (2 if self.prefetch_factor is None else self.prefetch_factor) if self.num_workers else None
         object.__setattr__(self, "prefetch_factor", prefetch)
         object.__setattr__(self, "device", torch.device(self.device) if self.device is not None else None)
+
+    def _sampling(self, role: str, sampling: Any) -> Any:
+        """Media ``role``'s sampling checked (its class, with the other options) and its sampling decided."""
+        option = MEDIA_ROLES[role].option
+        if not isinstance(sampling, option.spec):
+            raise TypeError(f"{option.keyword}= takes a fastload.{option.spec.__name__}, got {type(sampling).__name__}")
+        option.check(sampling, self.on_error)
+        return sampling.resolved(self.shuffle and not self.evaluation)
+
+    def __getattr__(self, name: str) -> Any:
+        """A media role's sampling by its keyword (``options.clip``, ``options.audio``; None: not given)."""
+        role = media_role_of(name) if not name.startswith("_") and name != "media" else None
+        if role is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return self.media.get(role)
 
     def _check_class_weights(self) -> None:
         if self.balanced and self.class_weights is not None:
@@ -185,5 +191,7 @@ class LoaderOptions:
 
 
 def fast_path_defaults() -> dict[str, Any]:
-    """fastload's own arguments and their defaults: a torch Dataset's loader accepts only these values."""
-    return {f.name: f.default for f in dataclass_fields(LoaderOptions) if f.metadata.get("fast_path_only")}
+    """fastload's own arguments and their defaults: a torch Dataset's loader accepts only these values
+    (each media role's keyword among them: ``clip``, ``audio``)."""
+    defaults = {f.name: f.default for f in dataclass_fields(LoaderOptions) if f.metadata.get("fast_path_only")}
+    return {**defaults, **{media.keyword: None for media in MEDIA_ROLES.values()}}

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
+from dataclasses import field as dataclass_field
+from dataclasses import fields as dataclass_fields
 from functools import partial
 from typing import Any
 
@@ -52,17 +54,41 @@ class SampleDescription:
     dct_scale: str | None = None  # libjpeg-turbo's decode scale ("1/8" .. "1"); None: not a JPEG decoded by it
     bytes_read: int = 0  # what describing it read from the shard
     problem: str | None = None  # why it could not be planned (the workers would raise, or skip it)
-    video: str | None = None  # the video field its clips come from
-    clips: tuple[tuple[int, int, float, float], ...] = ()  # each clip's first and last frame, and their times in seconds
-    audio: str | None = None  # the audio field its crops come from
-    crops: tuple[tuple[float, float], ...] = ()  # each audio crop's start and end in seconds
+    # media role -> its part of the description, named by its row of fastload.media (``described``): video's
+    # ``video`` (the field its clips come from) and ``clips`` (each clip's first and last frame, and their times in
+    # seconds), audio's ``audio`` and ``crops`` (each crop's start and end in seconds); read as attributes
+    # (``sample.clips``), and in as_dict() in their place here, a role the sample lacks by its defaults
+    media: Mapping[str, Mapping[str, Any]] = dataclass_field(default_factory=dict)
     stands_in_for: tuple[tuple[str, str], ...] = ()  # on_error="skip": (where, reason) of the bad samples whose place it took
+
+    def described(self, role: str) -> dict[str, Any]:
+        """Media ``role``'s part of the description, each of its names (fastload.media's ``described``) with its default where the sample has none."""
+        own = self.media.get(role, {})
+        return {name: own.get(name, default) for name, default in MEDIA_ROLES[role].described}
+
+    def __getattr__(self, name: str) -> Any:
+        """A media role's part of the description by its name (``sample.crops``; the role's default where it has none)."""
+        if not name.startswith("_") and name != "media":
+            for role, media in MEDIA_ROLES.items():
+                if any(described == name for described, _ in media.described):
+                    return self.described(role)[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values, for JSON: its fields, each media role's part (:meth:`described`) in ``media``'s place."""
+        plain = {key: value for key, value in asdict(self).items() if key not in ("media", "stands_in_for")}
+        for role in MEDIA_ROLES:
+            plain.update(self.described(role))
+        return {**plain, "stands_in_for": self.stands_in_for}
 
     @property
     def where(self) -> str:
         """'shard:key', as errors and skip reports name the sample (a key of data read in place
         already names its file: then the key alone)."""
         return self.key if self.key.startswith(f"{self.shard}:") else f"{self.shard}:{self.key}"
+
+
+SAMPLE_FIELDS = frozenset(f.name for f in dataclass_fields(SampleDescription))  # a media role's describe may set these
 
 
 @dataclass(frozen=True)
@@ -79,7 +105,9 @@ class StepDescription:
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values, for JSON."""
-        return asdict(self)
+        plain = asdict(self)
+        plain["samples"] = [sample.as_dict() for sample in self.samples]
+        return plain
 
     @property
     def keys(self) -> list[str]:
@@ -201,7 +229,7 @@ def describe_media(ds: ShardedDataset, index: int, spec: SampleSpec, transforms:
     of them is read)."""
     for role, media in MEDIA_ROLES.items():
         field = next((f for f in spec.fields if f.role == role), None)
-        option = getattr(spec, media.keyword)
+        option = spec.media.get(role)
         if field is None or option is None or base.problem is not None:
             continue
         facts = ds.stream_facts(index)
@@ -209,8 +237,9 @@ def describe_media(ds: ShardedDataset, index: int, spec: SampleSpec, transforms:
         if name is None:
             base = replace(base, problem=f"no stream facts for {field.name} in its shard's sample table")
             continue
-        base = replace(base, **media.describe(facts[name], f"{base.shard}:{base.key}", name, option, transforms, seed, epoch, index,
-                                              sample_rng))
+        described = media.describe(facts[name], f"{base.shard}:{base.key}", name, option, transforms, seed, epoch, index, sample_rng)
+        own = {key: value for key, value in described.items() if key in SAMPLE_FIELDS}  # its geometry, a problem
+        base = replace(base, **own, media={**base.media, role: {key: value for key, value in described.items() if key not in own}})
     return base
 
 

@@ -17,8 +17,6 @@ from typing import Any, cast
 
 import numpy as np
 
-from fastload.av.clips import Clip
-from fastload.av.crops import Audio
 from fastload.decode.cpu import decode_image, turbo
 from fastload.decode.header import MAX_PIXELS, image_size
 from fastload.decode.mask import mask_dtype, mask_into, read_png_mask
@@ -31,7 +29,7 @@ from fastload.fields import (
     decode_field,
     requested_spec,
 )
-from fastload.media import MEDIA_ROLES
+from fastload.media import MEDIA_ROLES, has_frames
 from fastload.storage.dataset import ShardedDataset
 from fastload.transforms import (
     GEOMETRIC,
@@ -183,7 +181,7 @@ def fill_beside_primary(
             rows[field.key][...] = decode_field("label", data, where, name)
         elif field.role in MEDIA_ROLES:  # its sampling: a spec with such a field has one (SampleSpec checks)
             media = MEDIA_ROLES[field.role]
-            media.fill(data, where, name, ds.stream_facts(index).get(name), getattr(sample_spec, media.keyword), transforms, seed, epoch,
+            media.fill(data, where, name, ds.stream_facts(index).get(name), sample_spec.media[field.role], transforms, seed, epoch,
                        index, [rows[field.key]] + [rows[column] for column in media.beside(field.key)], sample_rng, clock)
         else:
             values[field.key] = decode_field(field.role, data, where, name)
@@ -304,15 +302,15 @@ def probe_array_shapes(ds: ShardedDataset, sample_spec: SampleSpec) -> SampleSpe
 
 def resolve_spec(
     ds: ShardedDataset, fields: Sequence[str] | Mapping[str, str] | None, map: SampleMap | None, transform: Sequence[Transform],
-    clip: Clip | None = None, audio: Audio | None = None,
+    media: Mapping[str, Any] | None = None,
 ) -> SampleSpec:
-    """What a loader's workers make of each sample of ``ds``, from its ``fields=``, ``map=``,
-    ``clip=`` and ``audio=`` (their sampling decided): :func:`fastload.fields.requested_spec`,
-    with stacked arrays' shapes probed."""
+    """What a loader's workers make of each sample of ``ds``, from its ``fields=``, ``map=`` and
+    ``media`` (each media role's sampling, decided: ``clip=``, ``audio=``):
+    :func:`fastload.fields.requested_spec`, with stacked arrays' shapes probed."""
     geometric = any(isinstance(t, (*GEOMETRIC, RandomHorizontalFlip)) for t in transform)
     images = bool(ds.index.image_fields) or geometric  # a transform: images are expected, whatever the index lists
-    sample_spec = probe_array_shapes(ds, requested_spec(fields, ds.index.fields, ds.decoded, map, images, clip, audio, ds.index.columns,
+    sample_spec = probe_array_shapes(ds, requested_spec(fields, ds.index.fields, ds.decoded, map, images, media, ds.index.columns,
                                                         ds.classic_names))
-    if sample_spec.primary is None and geometric and sample_spec.clip is None:
+    if sample_spec.primary is None and geometric and not has_frames(sample_spec.media):
         raise ValueError(f"transform= crops and flips images; the fields asked for ({', '.join(f.name for f in sample_spec.fields)}) hold none")
     return sample_spec

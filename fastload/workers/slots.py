@@ -43,7 +43,7 @@ def spec_columns(spec: SampleSpec, image_shape: tuple[int, int, int] | None) -> 
                 columns.append(Column(f.key, image_shape[1:], "uint16" if f.name in spec.wide_masks else "uint8"))
         elif f.role in MEDIA_ROLES:
             media = MEDIA_ROLES[f.role]
-            columns += [Column(*column) for column in media.columns(f.name, f.key, getattr(spec, media.keyword), image_shape)]
+            columns += [Column(*column) for column in media.columns(f.name, f.key, spec.media[f.role], image_shape)]
         elif f.role == "label":
             columns.append(Column(f.key, (), "int64"))
         else:

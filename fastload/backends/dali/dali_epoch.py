@@ -34,7 +34,7 @@ def dali_refusal(spec: SampleSpec, torchvision_steps: TorchvisionSteps | None = 
                 "use backend='cpu', or keep to the steps fastload translates")
     if spec.map is not None:  # map= sees each decoded sample in the workers, and DALI decodes the image after them
         return "backend='dali' decodes the image after fastload's workers are done with a sample, so map= cannot see it: use backend='cpu'"
-    if spec.clip is not None:
+    if "video" in spec.media:  # DALI's video path is video's own (fastload.backends.dali.video)
         return video_refusal(spec)
     if spec.primary is None:
         return "backend='dali' decodes images, and the fields asked for hold none: use backend='cpu'"
@@ -60,7 +60,7 @@ class DaliPipeline:
 
     def epoch(self, inputs: EpochInputs) -> Epoch:
         """An iterator over the next epoch's batches (of clips: DALI's video path)."""
-        if inputs.sample_spec.clip is not None:
+        if "video" in inputs.sample_spec.media:
             return DaliVideoEpoch(inputs, self.ensure_clips(inputs))
         return DaliEpoch(inputs, self)
 

@@ -126,7 +126,7 @@ class DaliVideoEpoch(Epoch):
         inputs, spec = self.inputs, self.inputs.sample_spec
         video = next(f for f in spec.fields if f.role == "video")
         label = next((f for f in spec.fields if f.role == "label"), None)
-        clip = cast(Clip, spec.clip)
+        clip = cast(Clip, spec.media["video"])
         substitutes = Substitutes(inputs.dataset, inputs.options.on_error, inputs.skip_limit)
         planned = [substitutes.first_readable(index, lambda i: self._plan(i, video, label, clip)) for index in indices.tolist()]
         skipped = substitutes.skipped
