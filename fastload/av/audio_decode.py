@@ -42,6 +42,14 @@ class PlannedAudio:
         return tuple((round(start / rate, 6), round((start + count) / rate, 6)) for start, count in self.crops)
 
 
+def as_int16(samples: np.ndarray) -> np.ndarray:
+    """float32 samples as int16: each times 32767, rounded (half to even), clipped to int16's range
+    (a resampled crop's peaks can pass 1.0)."""
+    scaled = np.rint(samples * np.float32(32767))
+    np.clip(scaled, -32768, 32767, out=scaled)
+    return scaled.astype(np.int16)
+
+
 def audio_facts(facts: MediaFacts, where: str, name: str) -> AudioFacts:
     """A field's facts as a recording's: its own, or a video's sound track's (a SampleError when the video has none)."""
     if isinstance(facts, AudioFacts):
@@ -66,7 +74,7 @@ def plan_audio(facts: AudioFacts, audio: Audio, seed: int, epoch: int, index: in
 
 
 def fill_audio(data: bytes, where: str, planned: PlannedAudio, audio: Audio, out: np.ndarray, lengths: np.ndarray, clock: StageClock) -> None:
-    """Decode the planned crops of the recording in ``data`` into ``out`` (audio.shape() float32)
+    """Decode the planned crops of the recording in ``data`` into ``out`` (audio.shape(), audio.dtype)
     and each crop's valid samples at ``audio.rate`` into ``lengths``; a SampleError naming ``where``."""
     facts = planned.facts
     rows = out.reshape(-1, *out.shape[-2:]) if audio.mel is None else out.reshape(-1, *out.shape[-3:])
@@ -79,7 +87,7 @@ def fill_audio(data: bytes, where: str, planned: PlannedAudio, audio: Audio, out
             samples = resample_audio(source, facts.rate, audio.rate, audio.channels, where)
             valid = min(audio.length, samples.shape[1])
             if audio.mel is None:
-                rows[row][:, :valid] = samples[:, :valid]
+                rows[row][:, :valid] = samples[:, :valid] if audio.dtype == "float32" else as_int16(samples[:, :valid])
                 rows[row][:, valid:] = 0
             else:
                 crop = np.zeros((audio.channels, audio.length), np.float32)
