@@ -147,12 +147,13 @@ def _page_from(data: bytes, stream: VorbisStream, start: int, stop: int) -> Page
     return None
 
 
-def crop_start(data: bytes, stream: VorbisStream, granule: int) -> tuple[Page, int, int]:
+def crop_start(data: bytes, stream: VorbisStream, granule: int) -> tuple[Page, int, int | None]:
     """Where to start decoding for the sample at granule position ``granule``: (a page, the segment
     its packet to feed first begins at, the granule position of the first sample decoded). That is
     the last page whose granule position is at most ``granule`` and whose last packet begins on it
     (that packet primes the decoder, and the samples after start at the page's granule position),
-    or the stream's first audio packet (from sample 0). Bisection over the bytes, then page by page."""
+    or the stream's first audio packet (None: its first sample is the stream's first). Bisection over
+    the bytes, then page by page."""
     low, high = stream.audio, len(data)
     while high - low > SCAN_BYTES:
         middle = (low + high) // 2
@@ -161,7 +162,7 @@ def crop_start(data: bytes, stream: VorbisStream, granule: int) -> tuple[Page, i
             high = middle
         else:
             low = page.at
-    found = None
+    found: tuple[Page, int, int | None] | None = None
     page: Page | None = page_at(data, low, stream.serial) or _not_plain()
     while page is not None and page.granule <= granule:
         if page.granule >= 0:
@@ -173,7 +174,7 @@ def crop_start(data: bytes, stream: VorbisStream, granule: int) -> tuple[Page, i
         return found
     if low != stream.audio:
         raise NotPlain  # every page from the bisection's on continues a packet begun earlier
-    return page_at(data, stream.audio, stream.serial) or _not_plain(), 0, 0
+    return page_at(data, stream.audio, stream.serial) or _not_plain(), 0, None
 
 
 def packets(data: bytes, stream: VorbisStream, page: Page, segment: int) -> Iterator[tuple[bytes, int | None]]:

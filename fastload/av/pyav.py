@@ -653,14 +653,13 @@ def _decode_vorbis(av: Any, data: bytes, where: str, facts: AudioFacts, ogg: Vor
     page's granule position and checked against every later page's; NotPlain where they disagree."""
     _check_facts(where, facts, ogg.rate, ogg.channels)
     page, segment, granule = crop_start(data, ogg, start + facts.start_pts)
-    position = granule - facts.start_pts if granule else 0  # a channel's samples before the first one decoded
+    position = 0 if granule is None else granule - facts.start_pts  # a channel's samples before the first one decoded
     decoder = _vorbis_decoder(av, ogg, where)
     end = start + count
     gathered = _Gathered(where, facts.channels)
     try:
         for packet, anchor in packets(data, ogg, page, segment):
-            for frame in decoder.decode(av.Packet(packet)):
-                _check_facts(where, facts, frame.sample_rate, frame.layout.nb_channels)
+            for frame in decoder.decode(av.Packet(packet)):  # its rate and channels are the identification header's, checked
                 n = frame.samples
                 if position + n > start:
                     gathered.add(frame, max(start - position, 0), min(end - position, n))
