@@ -157,11 +157,11 @@ def crop_start(data: bytes, stream: VorbisStream, granule: int) -> tuple[Page, i
     low, high = stream.audio, len(data)
     while high - low > SCAN_BYTES:
         middle = (low + high) // 2
-        page = _page_from(data, stream, middle, high)
-        if page is None or page.granule > granule:
+        found_at = _page_from(data, stream, middle, high)
+        if found_at is None or found_at.granule > granule:
             high = middle
         else:
-            low = page.at
+            low = found_at.at
     found: tuple[Page, int, int | None] | None = None
     page: Page | None = page_at(data, low, stream.serial) or _not_plain()
     while page is not None and page.granule <= granule:
