@@ -74,10 +74,10 @@ def main() -> None:
     ms: dict[str, list[float]] = {"fastload": [], "demuxer": []}
     for _ in range(args.passes):
         for name, demuxer in (("fastload", False), ("demuxer", True)):
-            start = time.perf_counter()
+            began = time.perf_counter()
             for (where, data), fact, wanted in zip(files, facts, one):
                 crops(data, where, fact, wanted, demuxer)
-            ms[name].append(1000 * (time.perf_counter() - start) / len(files))
+            ms[name].append(1000 * (time.perf_counter() - began) / len(files))
     print(json.dumps({"recordings": len(files), "check": checked,
                       "ms_per_2s_crop": {name: round(statistics.median(t), 3) for name, t in ms.items()},
                       "passes": {name: [round(x, 3) for x in t] for name, t in ms.items()}}, indent=1))
