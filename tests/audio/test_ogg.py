@@ -165,3 +165,56 @@ def test_tampered_ogg_pages_in_a_shard_are_a_bad_sample_by_name_in_bounded_memor
         assert keys == ["c0/r1", "c0/r1"], (how, keys)
         ((where, reason),) = skipped
         assert where == "shard-00000.tar:c0/r0" and re.fullmatch(EXPECTED[how], reason), (how, where, reason)
+
+
+def _mutated(data: bytes, rng: np.random.Generator, kind: int) -> bytes:
+    """``data`` with a seeded damage of kind ``kind`` (0: a few bytes changed; 1: a page header's 27
+    bytes replaced; 2: a capture pattern written anywhere; 3: a segment count raised), its length kept."""
+    out = bytearray(data)
+    if kind == 0:
+        for at in rng.integers(0, len(out), int(rng.integers(1, 9))):
+            out[at] = int(rng.integers(0, 256))
+    else:
+        pages = _pages(data)
+        at = int(pages[int(rng.integers(1, len(pages)))]) if kind != 2 else int(rng.integers(0, len(out) - 4))
+        if kind == 1:
+            out[at : at + 27] = rng.integers(0, 256, 27, dtype=np.uint8).tobytes()
+        elif kind == 2:
+            out[at : at + 4] = b"OggS"
+        else:
+            out[at + 26] = min(255, out[at + 26] + int(rng.integers(1, 40)))
+    return bytes(out)
+
+
+@pytest.mark.timeout(240)
+def test_seeded_damage_to_vorbis_members_is_loaded_or_skipped_by_name(tmp_path: Path) -> None:
+    """48 copies of a Vorbis recording in one shard, each then damaged in place in a seeded way (bytes
+    changed, page headers replaced, stray capture patterns, segment counts raised): a whole epoch of
+    crops under a 1.5 GiB address-space cap ends, each copy loaded or skipped with a one-line reason naming it."""
+    (tmp_path / "raw" / "c0").mkdir(parents=True)
+    data = _vorbis(22050, 4.0, seed=2)
+    copies = 48
+    for i in range(copies):
+        (tmp_path / "raw" / "c0" / f"r{i:02d}.ogg").write_bytes(data)
+    convert(str(tmp_path / "raw"), str(tmp_path / "out"), ConvertOptions(source="audio"), quiet=True)
+    (shard,) = (tmp_path / "out").glob("*.tar")
+    raw = bytearray(shard.read_bytes())
+    rng = np.random.default_rng(41)
+    at = 0
+    for i in range(copies):
+        at = raw.index(data, at)
+        raw[at : at + len(data)] = _mutated(data, rng, i % 4)
+        at += len(data)
+    shard.write_bytes(bytes(raw))
+    result = run_limited(f"""
+        import json
+        import fastload
+        loader = fastload.DataLoader({str(tmp_path / "out")!r}, batch_size=4, on_error="skip", max_skipped=None, return_keys=True,
+                                     audio=fastload.Audio(seconds=1.0, crops=3, rate=16000))
+        keys = [key for *_, batch_keys in loader for key in batch_keys]
+        print(json.dumps({{"keys": len(keys), "skipped": [(e["where"], e["reason"]) for e in loader.stats.skipped.entries]}}))
+    """, memory_bytes=3 << 29)
+    assert result["keys"] == copies
+    for where, reason in result["skipped"]:
+        assert re.fullmatch(r"shard-00000\.tar:c0/r\d\d", where) and reason and "\n" not in reason, (where, reason)
+    assert 0 < len(result["skipped"]) < copies, result["skipped"]
