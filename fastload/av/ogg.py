@@ -127,9 +127,12 @@ def _not_plain() -> Page:
 
 
 def _next_page(data: bytes, stream: VorbisStream, page: Page) -> Page | None:
-    """The page after ``page``: None at the end of the bytes; NotPlain where something else follows."""
-    if page.end == len(data) or page.flags & LAST:
+    """The page after ``page``: None at the end of the bytes; NotPlain where something else follows
+    (another stream chained after this one's last page, or bytes that are no page of it)."""
+    if page.end == len(data):
         return None
+    if page.flags & LAST:
+        raise NotPlain
     return page_at(data, page.end, stream.serial) or _not_plain()
 
 

@@ -218,3 +218,30 @@ def test_seeded_damage_to_vorbis_members_is_loaded_or_skipped_by_name(tmp_path: 
     for where, reason in result["skipped"]:
         assert re.fullmatch(r"shard-00000\.tar:c0/r\d\d", where) and reason and "\n" not in reason, (where, reason)
     assert 0 < len(result["skipped"]) < copies, result["skipped"]
+
+
+@pytest.mark.timeout(120)
+def test_a_chained_ogg_crop_across_its_links_is_never_silently_wrong(tmp_path: Path) -> None:
+    """Two Vorbis streams chained in one file (the second's pages after the first's last): a crop
+    across the link, and crops in the first link, are what FFmpeg decodes whole there, or a bad sample
+    by name; never the first link's samples decoded past its end and placed as the second's."""
+    (tmp_path / "raw" / "c0").mkdir(parents=True)
+    data = _vorbis(22050, 2.0, seed=0) + _vorbis(22050, 2.0, seed=1)
+    (tmp_path / "raw" / "c0" / "r0.ogg").write_bytes(data)
+    (tmp_path / "raw" / "c0" / "r1.ogg").write_bytes(_vorbis(22050, 3.0, seed=2))  # stands in for r0 when it is skipped
+    convert(str(tmp_path / "raw"), str(tmp_path / "out"), ConvertOptions(source="audio"), quiet=True)
+    whole = _decoded_whole(data)
+    for audio in (Audio(seconds=2.1, sampling="start", rate=22050, channels=2),  # 0.1 s into the second link
+                  Audio(seconds=1.0, sampling="centred", rate=22050, channels=2),  # 1.5 to 2.5 s
+                  Audio(seconds=0.5, crops=3, sampling="start", rate=22050, channels=2)):
+        loader = fastload.DataLoader(tmp_path / "out", batch_size=1, on_error="skip", max_skipped=None, return_keys=True, audio=audio)
+        for step, (samples, lengths, _, keys) in enumerate(loader):
+            if keys[0] != "c0/r0":
+                continue
+            crops = loader.describe(step, 0).samples[0].crops
+            for crop, (start_s, _) in enumerate(crops if audio.crops > 1 else crops[:1]):
+                start, length = round(start_s * 22050), int(lengths.reshape(-1)[crop])
+                assert length == min(audio.length, whole.shape[1] - start), (audio, crop, length)
+                got = samples.reshape(audio.crops, 2, -1)[crop, :, :length].numpy()
+                assert np.array_equal(got, whole[:, start : start + length]), (audio, crop, start)
+        assert all(e["where"] == "shard-00000.tar:c0/r0" and "\n" not in e["reason"] for e in loader.stats.skipped.entries)
