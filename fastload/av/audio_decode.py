@@ -3,8 +3,9 @@
 A recording's crops (which samples) are planned from its stream facts in the sample table, from
 (seed, epoch, index) alone; the decoder then seeks to a little before each crop and decodes only
 to its end, the container opened once for a recording's crops (fastload.av.pyav; a PCM WAV's
-crops are read at their bytes), and each crop is mixed down and resampled (fastload.av.resample) into its
-row, or turned into Whisper's log-mel features (fastload.av.mel). Decoding is timed as the decode
+crops are read at their bytes, an Ogg Vorbis crop's packets found in its pages by fastload.av.ogg),
+and each crop is mixed down and resampled (fastload.av.resample) into its row (int16 where asked),
+or turned into Whisper's log-mel features (fastload.av.mel). Decoding is timed as the decode
 stage, the rest as the transform stage. A video field asked for as audio gives its sound track,
 planned from the video's facts (its length, its sound's rate and channels). The random streams and
 the stage clock are the worker's, handed in (fastload.workers.rng, fastload.workers.stage_clock).

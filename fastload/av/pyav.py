@@ -2,8 +2,9 @@
 video's stream facts at conversion, decoding the frames a clip needs (a seek to the keyframe at
 or before them, then decoding only to the last one), and re-encoding to H.264; for recordings
 (and a video's sound track), probing by decoding them whole, decoding a crop's samples from a seek
-a little before it, remixing (swr) and resampling (fastload.av.resample, or swr), and re-encoding to
-FLAC or Opus.
+a little before it (an Ogg Vorbis crop's packets, found by fastload.av.ogg, fed to a bare decoder
+instead), remixing (swr) and resampling (fastload.av.resample, or swr), and re-encoding to FLAC or
+Opus.
 
 Chosen over torchcodec by measurement (docs/video.md: benchmarks/bench_video_decoders.py): on
 the same clips, PyAV seeking to the keyframe the sample table names and converting each kept
