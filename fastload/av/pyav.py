@@ -622,29 +622,33 @@ def _plain_vorbis(data: bytes, facts: AudioFacts) -> VorbisStream | None:
         return None
 
 
-_VORBIS_DECODERS: OrderedDict[bytes, Any] = OrderedDict()  # a process's Vorbis decoders by headers: a setup header's codebooks built once
+_VORBIS_DECODERS: OrderedDict[bytes, Any] = OrderedDict()  # a process's idle Vorbis decoders by headers: a setup header's codebooks built once
 VORBIS_DECODERS_KEPT = 8
 
 
 def _vorbis_decoder(av: Any, ogg: VorbisStream, where: str) -> Any:
-    """A Vorbis decoder for ``ogg``'s headers, flushed: one kept from an earlier recording with the
-    same identification and setup headers (the comment header does not change decoding), or a new one."""
-    key = ogg.headers[0] + ogg.headers[2]
-    decoder = _VORBIS_DECODERS.pop(key, None)
-    if decoder is None:
-        decoder = av.CodecContext.create("vorbis", "r")
-        decoder.extradata = ogg.extradata()
-        decoder.thread_count = 1
-        try:
-            decoder.open()
-        except av.error.FFmpegError as exc:
-            raise SampleError(where, f"not a readable recording ({type(exc).__name__})") from None
-    else:
+    """A Vorbis decoder for ``ogg``'s headers, flushed, taken out of the idle ones (so no other
+    thread's crop shares it) where one with the same identification and setup headers is there (the
+    comment header does not change decoding), else a new one."""
+    decoder = _VORBIS_DECODERS.pop(ogg.headers[0] + ogg.headers[2], None)
+    if decoder is not None:
         decoder.flush_buffers()
-    _VORBIS_DECODERS[key] = decoder
+        return decoder
+    decoder = av.CodecContext.create("vorbis", "r")
+    decoder.extradata = ogg.extradata()
+    decoder.thread_count = 1
+    try:
+        decoder.open()
+    except av.error.FFmpegError as exc:
+        raise SampleError(where, f"not a readable recording ({type(exc).__name__})") from None
+    return decoder
+
+
+def _keep_vorbis_decoder(ogg: VorbisStream, decoder: Any) -> None:
+    """``decoder`` (done with a crop of ``ogg``) back among the idle ones, the least recently used dropped beyond VORBIS_DECODERS_KEPT."""
+    _VORBIS_DECODERS[ogg.headers[0] + ogg.headers[2]] = decoder
     while len(_VORBIS_DECODERS) > VORBIS_DECODERS_KEPT:
         _VORBIS_DECODERS.popitem(last=False)
-    return decoder
 
 
 def _decode_vorbis(av: Any, data: bytes, where: str, facts: AudioFacts, ogg: VorbisStream, start: int, count: int,
@@ -668,13 +672,14 @@ def _decode_vorbis(av: Any, data: bytes, where: str, facts: AudioFacts, ogg: Vor
             if anchor is not None and position != anchor - facts.start_pts:
                 raise NotPlain  # the samples are not where the pages say: the demuxer's timestamps would differ
             if position >= end:
-                return gathered
+                break
             if time.monotonic() > deadline:
                 raise SampleError(where, f"decoding took longer than its time limit (at {position / facts.rate:.2f} s)")
     except av.error.FFmpegError as exc:
-        _VORBIS_DECODERS.pop(ogg.headers[0] + ogg.headers[2], None)
         raise SampleError(where, f"does not decode at {position / facts.rate:.2f} s ({type(exc).__name__})") from None
-    _check_length(where, facts, position, end)
+    _keep_vorbis_decoder(ogg, decoder)  # only after a crop that decoded (a failed one's decoder is dropped)
+    if position < end:
+        _check_length(where, facts, position, end)
     return gathered
 
 
