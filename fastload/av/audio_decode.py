@@ -3,8 +3,9 @@
 A recording's crops (which samples) are planned from its stream facts in the sample table, from
 (seed, epoch, index) alone; the decoder then seeks to a little before each crop and decodes only
 to its end, the container opened once for a recording's crops (fastload.av.pyav; a PCM WAV's
-crops are read at their bytes), and each crop is mixed down and resampled (fastload.av.resample) into its
-row, or turned into Whisper's log-mel features (fastload.av.mel). Decoding is timed as the decode
+crops are read at their bytes, an Ogg Vorbis crop's packets found in its pages by fastload.av.ogg),
+and each crop is mixed down and resampled (fastload.av.resample) into its row (int16 where asked),
+or turned into Whisper's log-mel features (fastload.av.mel). Decoding is timed as the decode
 stage, the rest as the transform stage. A video field asked for as audio gives its sound track,
 planned from the video's facts (its length, its sound's rate and channels). The random streams and
 the stage clock are the worker's, handed in (fastload.workers.rng, fastload.workers.stage_clock).
@@ -42,6 +43,14 @@ class PlannedAudio:
         return tuple((round(start / rate, 6), round((start + count) / rate, 6)) for start, count in self.crops)
 
 
+def as_int16(samples: np.ndarray) -> np.ndarray:
+    """float32 samples as int16: each times 32767, rounded (half to even), clipped to int16's range
+    (a resampled crop's peaks can pass 1.0)."""
+    scaled = np.rint(samples * np.float32(32767))
+    np.clip(scaled, -32768, 32767, out=scaled)
+    return scaled.astype(np.int16)
+
+
 def audio_facts(facts: MediaFacts, where: str, name: str) -> AudioFacts:
     """A field's facts as a recording's: its own, or a video's sound track's (a SampleError when the video has none)."""
     if isinstance(facts, AudioFacts):
@@ -66,7 +75,7 @@ def plan_audio(facts: AudioFacts, audio: Audio, seed: int, epoch: int, index: in
 
 
 def fill_audio(data: bytes, where: str, planned: PlannedAudio, audio: Audio, out: np.ndarray, lengths: np.ndarray, clock: StageClock) -> None:
-    """Decode the planned crops of the recording in ``data`` into ``out`` (audio.shape() float32)
+    """Decode the planned crops of the recording in ``data`` into ``out`` (audio.shape(), audio.dtype)
     and each crop's valid samples at ``audio.rate`` into ``lengths``; a SampleError naming ``where``."""
     facts = planned.facts
     rows = out.reshape(-1, *out.shape[-2:]) if audio.mel is None else out.reshape(-1, *out.shape[-3:])
@@ -79,7 +88,7 @@ def fill_audio(data: bytes, where: str, planned: PlannedAudio, audio: Audio, out
             samples = resample_audio(source, facts.rate, audio.rate, audio.channels, where)
             valid = min(audio.length, samples.shape[1])
             if audio.mel is None:
-                rows[row][:, :valid] = samples[:, :valid]
+                rows[row][:, :valid] = samples[:, :valid] if audio.dtype == "float32" else as_int16(samples[:, :valid])
                 rows[row][:, valid:] = 0
             else:
                 crop = np.zeros((audio.channels, audio.length), np.float32)

@@ -95,10 +95,10 @@ def audio_beside(key: str) -> tuple[str, ...]:
 
 
 def audio_columns(name: str, key: str, audio: Audio | None, image_shape: tuple[int, int, int] | None) -> Columns:
-    """An audio field's columns: its crops float32 (Audio.shape) and their valid samples int64."""
+    """An audio field's columns: its crops (Audio.shape, Audio.dtype) and their valid samples int64."""
     if audio is None:
         raise ValueError(f"field {name}: audio needs audio=")
-    return ((key, audio.shape(), "float32"), (lengths_key(key), audio.lengths_shape(), "int64"))
+    return ((key, audio.shape(), audio.dtype), (lengths_key(key), audio.lengths_shape(), "int64"))
 
 
 def fill_audio_field(

@@ -5,7 +5,7 @@ the file and a resumed epoch plans the same crops (Energon's ``get_audio_clips``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, get_args
 
 from fastload.av.clips import Draws
@@ -15,6 +15,8 @@ AudioSampling = Literal["random", "uniform", "centred", "start"]
 AUDIO_SAMPLINGS: tuple[str, ...] = get_args(AudioSampling)
 Short = Literal["pad", "drop"]
 SHORTS: tuple[str, ...] = get_args(Short)
+AudioDtype = Literal["float32", "int16"]
+AUDIO_DTYPES: tuple[str, ...] = get_args(AudioDtype)
 MEL_BINS: tuple[int, ...] = (80, 128)  # Whisper's two recipes (large-v3: 128)
 CROP_SALT = 0xA0D1  # the crops' random stream is the sample's seed with this mixed in (independent of a clip's)
 
@@ -28,7 +30,8 @@ class Audio:
     loader shuffles, else uniform. A recording shorter than a crop: ``short="pad"`` zero-pads it
     (its length in the batch's lengths), ``"drop"`` makes it a bad sample (skipped with
     ``on_error="skip"``). ``mel``: 80 or 128 log-mel bins (Whisper's features) instead of samples.
-    ``timeout_s`` bounds one recording's decode."""
+    ``timeout_s`` bounds one recording's decode. ``dtype``: "float32" samples in [-1, 1], or
+    "int16": each float sample times 32767, rounded, clipped to int16's range."""
 
     seconds: float = 10.0
     crops: int = 1
@@ -38,6 +41,7 @@ class Audio:
     short: Short = "pad"
     mel: int | None = None
     timeout_s: float = 30.0
+    dtype: AudioDtype = "float32"
 
     def __post_init__(self) -> None:
         if isinstance(self.seconds, bool) or not isinstance(self.seconds, (int, float)) or not 0 < self.seconds <= MAX_AUDIO_SECONDS:
@@ -58,6 +62,10 @@ class Audio:
             raise ValueError("Audio mel= is Whisper's recipe, at 16000 samples a second: give rate=16000")
         if self.mel is not None and self.length <= 200:
             raise ValueError(f"Audio mel= needs crops of more than 200 samples (its window reflects 200 at each end), got {self.length}")
+        if self.dtype not in AUDIO_DTYPES:
+            raise ValueError(f"Audio dtype must be one of {AUDIO_DTYPES}, got {self.dtype!r}")
+        if self.mel is not None and self.dtype != "float32":
+            raise ValueError("Audio mel= gives log-mel features, which are float32: leave dtype='float32'")
         if not self.timeout_s > 0:
             raise ValueError(f"Audio timeout_s must be positive, got {self.timeout_s!r}")
 
@@ -82,8 +90,7 @@ class Audio:
         """This spec with its sampling decided: random when shuffling, else uniform."""
         if self.sampling is not None:
             return self
-        return Audio(self.seconds, self.crops, "random" if shuffle else "uniform", self.rate, self.channels, self.short, self.mel,
-                     self.timeout_s)
+        return replace(self, sampling="random" if shuffle else "uniform")
 
 
 def plan_crops(audio: Audio, facts: AudioFacts, rng: Draws) -> tuple[tuple[int, int], ...] | None:

@@ -2,8 +2,9 @@
 video's stream facts at conversion, decoding the frames a clip needs (a seek to the keyframe at
 or before them, then decoding only to the last one), and re-encoding to H.264; for recordings
 (and a video's sound track), probing by decoding them whole, decoding a crop's samples from a seek
-a little before it, remixing (swr) and resampling (fastload.av.resample, or swr), and re-encoding to
-FLAC or Opus.
+a little before it (an Ogg Vorbis crop's packets, found by fastload.av.ogg, fed to a bare decoder
+instead), remixing (swr) and resampling (fastload.av.resample, or swr), and re-encoding to FLAC or
+Opus.
 
 Chosen over torchcodec by measurement (docs/video.md: benchmarks/bench_video_decoders.py): on
 the same clips, PyAV seeking to the keyframe the sample table names and converting each kept
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import io
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from fractions import Fraction
 from typing import Any
@@ -26,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from fastload.av.facts import MAX_AUDIO_RATE, MAX_AUDIO_SECONDS, MAX_CHANNELS, MAX_FRAMES, AudioFacts, StreamFacts
+from fastload.av.ogg import CAPTURE, NotPlain, VorbisStream, crop_start, packets, vorbis_stream
 from fastload.av.resample import sinc_resample
 from fastload.av.wav import data_chunk, read_wav, wav_layout
 from fastload.decode.header import MAX_PIXELS
@@ -498,11 +501,10 @@ class _Gathered:
         if self.format is None:
             return np.zeros((self.channels, 0), np.float32)
         dtype, scale = _SAMPLE_TYPES[self.format.rstrip("p")]
-        if self.format.endswith("p"):
-            values = np.stack([np.frombuffer(b"".join(parts), dtype) for parts in self.planes])
+        if self.format.endswith("p"):  # np.stack makes a fresh array: a float32 one is kept as it is
+            out = np.stack([np.frombuffer(b"".join(parts), dtype) for parts in self.planes]).astype(np.float32, copy=False)
         else:
-            values = np.frombuffer(b"".join(self.planes[0]), dtype).reshape(-1, self.channels).T
-        out = values.astype(np.float32, order="C")
+            out = np.frombuffer(b"".join(self.planes[0]), dtype).reshape(-1, self.channels).T.astype(np.float32, order="C")
         if self.format.startswith("u8"):
             out -= np.float32(128)
         if scale != 1.0:
@@ -581,10 +583,17 @@ def decode_crops(data: bytes, where: str, facts: AudioFacts, crops: Sequence[tup
             yield read_wav(data, wav, start, count)
         return
     av = _av()
+    ogg = _plain_vorbis(data, facts)
     origin = facts.start_pts * facts.time_base[0] / facts.time_base[1]  # seconds of sample 0
     container = stream = None
     try:
         for start, count in crops:
+            if ogg is not None:
+                try:
+                    yield _decode_vorbis(av, data, where, facts, ogg, start, count, deadline).samples()
+                    continue
+                except NotPlain:
+                    ogg = None  # read by the demuxer from here on
             seek_to = max(0.0, (start / facts.rate) - SEEK_PREROLL_S)
             for seeking in ((True, False) if facts.seekable and seek_to > 0 else (False,)):
                 if container is None or not seeking:  # a seek flushes the decoder; decoding from the start needs a fresh one
@@ -600,6 +609,78 @@ def decode_crops(data: bytes, where: str, facts: AudioFacts, crops: Sequence[tup
     finally:
         if container is not None:
             container.close()
+
+
+def _plain_vorbis(data: bytes, facts: AudioFacts) -> VorbisStream | None:
+    """The plain Ogg Vorbis stream in ``data`` (fastload.av.ogg) where its facts' timestamps count
+    its samples from 0; None for any other recording."""
+    if facts.codec != "vorbis" or facts.time_base != (1, facts.rate) or not data.startswith(CAPTURE):
+        return None
+    try:
+        return vorbis_stream(data)
+    except NotPlain:
+        return None
+
+
+_VORBIS_DECODERS: OrderedDict[bytes, Any] = OrderedDict()  # a process's idle Vorbis decoders by headers: a setup header's codebooks built once
+VORBIS_DECODERS_KEPT = 8
+
+
+def _vorbis_decoder(av: Any, ogg: VorbisStream, where: str) -> Any:
+    """A Vorbis decoder for ``ogg``'s headers, flushed, taken out of the idle ones (so no other
+    thread's crop shares it) where one with the same identification and setup headers is there (the
+    comment header does not change decoding), else a new one."""
+    decoder = _VORBIS_DECODERS.pop(ogg.headers[0] + ogg.headers[2], None)
+    if decoder is not None:
+        decoder.flush_buffers()
+        return decoder
+    decoder = av.CodecContext.create("vorbis", "r")
+    decoder.extradata = ogg.extradata()
+    decoder.thread_count = 1
+    try:
+        decoder.open()
+    except av.error.FFmpegError as exc:
+        raise SampleError(where, f"not a readable recording ({type(exc).__name__})") from None
+    return decoder
+
+
+def _keep_vorbis_decoder(ogg: VorbisStream, decoder: Any) -> None:
+    """``decoder`` (done with a crop of ``ogg``) back among the idle ones, the least recently used dropped beyond VORBIS_DECODERS_KEPT."""
+    _VORBIS_DECODERS[ogg.headers[0] + ogg.headers[2]] = decoder
+    while len(_VORBIS_DECODERS) > VORBIS_DECODERS_KEPT:
+        _VORBIS_DECODERS.popitem(last=False)
+
+
+def _decode_vorbis(av: Any, data: bytes, where: str, facts: AudioFacts, ogg: VorbisStream, start: int, count: int,
+                   deadline: float) -> _Gathered:
+    """One crop of a plain Ogg Vorbis stream: its packets from the one ending the last page at or
+    before the crop (which primes the decoder) fed to a bare decoder, the samples placed by that
+    page's granule position and checked against every later page's; NotPlain where they disagree."""
+    _check_facts(where, facts, ogg.rate, ogg.channels)
+    page, segment, granule = crop_start(data, ogg, start + facts.start_pts)
+    position = 0 if granule is None else granule - facts.start_pts  # a channel's samples before the first one decoded
+    decoder = _vorbis_decoder(av, ogg, where)
+    end = start + count
+    gathered = _Gathered(where, facts.channels)
+    try:
+        for packet, anchor in packets(data, ogg, page, segment):
+            for frame in decoder.decode(av.Packet(packet)):  # its rate and channels are the identification header's, checked
+                n = frame.samples
+                if position + n > start:
+                    gathered.add(frame, max(start - position, 0), min(end - position, n))
+                position += n
+            if anchor is not None and position != anchor - facts.start_pts:
+                raise NotPlain  # the samples are not where the pages say: the demuxer's timestamps would differ
+            if position >= end:
+                break
+            if time.monotonic() > deadline:
+                raise SampleError(where, f"decoding took longer than its time limit (at {position / facts.rate:.2f} s)")
+    except av.error.FFmpegError as exc:
+        raise SampleError(where, f"does not decode at {position / facts.rate:.2f} s ({type(exc).__name__})") from None
+    _keep_vorbis_decoder(ogg, decoder)  # only after a crop that decoded (a failed one's decoder is dropped)
+    if position < end:
+        _check_length(where, facts, position, end)
+    return gathered
 
 
 def _check_facts(where: str, facts: AudioFacts, rate: int, channels: int) -> None:

@@ -388,3 +388,23 @@ def test_several_crops_of_a_recording_decoded_from_one_open_container_each_hold_
             got = samples[row, crop].numpy()
             error = np.abs(got[:, 64:-64] - want[:, 64:-64]).max()
             assert error < (2e-4 if ext in ("flac", "wav") and rate == 16000 else 0.02 if ext in ("flac", "wav") else 0.08), (sample.key, crop, error)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_int16_batches_are_the_float_crops_times_32767_rounded_and_clipped(audio_dataset: Path, num_workers: int) -> None:
+    """Audio(dtype="int16"): (B, crops, C, T) int16 batches holding each float32 crop (every codec,
+    resampled and not, a padded one) times 32767, rounded and clipped, the same lengths; mel refuses it."""
+    batches = {}
+    for dtype in ("float32", "int16"):
+        loader = fastload.DataLoader(audio_dataset, batch_size=len(PLAN), num_workers=num_workers, shuffle=True, seed=3,
+                                     audio=Audio(seconds=1.8, crops=2, rate=16000, channels=2, dtype=dtype))
+        batches[dtype] = next(iter(loader))
+    (floats, float_lengths, _), (ints, int_lengths, _) = batches["float32"], batches["int16"]
+    assert ints.dtype == torch.int16 and ints.shape == floats.shape == (len(PLAN), 2, 2, 28800)
+    assert torch.equal(int_lengths, float_lengths) and (int_lengths < 28800).any()  # a recording shorter than a crop: padded
+    want = torch.clamp(torch.round(floats * 32767), -32768, 32767).to(torch.int16)
+    assert torch.equal(ints, want) and ints.abs().max() > 8000
+    with pytest.raises(ValueError, match="mel= gives log-mel features, which are float32"):
+        Audio(seconds=1.0, mel=80, dtype="int16")
+    with pytest.raises(ValueError, match="Audio dtype must be one of"):
+        Audio(dtype="int8")  # type: ignore[arg-type]
