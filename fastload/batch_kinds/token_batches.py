@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from fastload._util.dist import resolve_rank_world
-from fastload.backends.cpu.token_epoch import TokenEpoch, TokenEpochInputs, TokenWorkers
+from fastload.backends.cpu.pool_engine import CpuWorkers
+from fastload.backends.cpu.token_epoch import TokenEpoch, TokenEpochInputs
 from fastload.loading.loader_options import LoaderOptions
 from fastload.loading.state import LoaderState, OrderSettings, read_state_dict, state_number
 from fastload.loading.stats import LoaderStats
@@ -51,7 +52,7 @@ class TokenBatches:
         self.pad_id = next(i for i in (tokenizer.pad_id, tokenizer.eos_id, 0) if i is not None)
         self.filler = BatchFiller(self.corpus, tokens.seq_len, self.pad_id, tokens.ignore_index, choice(BatchFormat, batch_format, "batch_format"),
                                   None if attention is None else choice(Attention, attention, "attention"))
-        self.engine = TokenWorkers()
+        self.engine = CpuWorkers(TokenEpoch)
         self.collate_fn = token_collate
 
     def ranks(self) -> tuple[int, int]:

@@ -107,6 +107,9 @@ class EpochLifecycle:
         """The counters this backend's workers time their stages into (None: it has none)."""
         return None
 
+    def _start_prefetch(self) -> None:
+        """For a remote dataset, start downloading this rank's shards ahead of use (a backend that reads one says how)."""
+
     def _next_batch(self) -> Any:
         raise NotImplementedError
 
