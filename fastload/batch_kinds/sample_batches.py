@@ -115,12 +115,11 @@ class SampleBatches:
                                self._outputs, self.sample_spec, self.orders.ranks()[0])
         plan, order = self.orders.batches(position), self.orders.order(position)
         batches = []
-        first_step = plan.start // plan.step
         for batch_no in range(len(plan)):
             positions, valid = plan.positions(batch_no), plan.valid(batch_no)
             if (real := order.valid(positions)) is not None:
                 valid = valid & real
-            batches.append(BatchIndices(order.indices(positions).tolist(), request, valid.tolist(), first_step + batch_no))
+            batches.append(BatchIndices(order.indices(positions).tolist(), request, valid.tolist(), plan.global_step(batch_no)))
         return batches
 
     def describe(self, step: int, epoch: int) -> StepDescription:

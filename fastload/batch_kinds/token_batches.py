@@ -77,18 +77,14 @@ class TokenBatches:
 
     def upcoming_batches(self, position: Position, device: torch.device | None) -> list[TokenBatchIndices]:
         """This rank's batches from ``position`` as row numbers, each carrying how to make it (any device: rows are made on the CPU)."""
-        epoch, first = position.epoch, position.consumed
-        origin = self.rows.origin(position.resumed_from) if first else None
+        epoch, options = position.epoch, self.options
+        origin = self.rows.origin(position.resumed_from) if position.consumed else None  # from the epoch's start: rows cut from it
         rank, world = self.ranks()
-        batch, options = self.options.batch_size, self.options
-        batches = []
-        while self.rows.holds_step(epoch, first, batch * world, options.drop_last, origin):
-            mine, count = self.rows.rank_rows(epoch, first, batch, rank, world, origin)
-            request = TokenBatchRequest(self.tokens, self.filler.format, self.filler.attention, options.seed, options.shuffle, self.pad_id,
-                                        epoch, mine, self.rows.locate(epoch, mine, origin), batch)
-            batches.append(TokenBatchIndices(range(mine, mine + count), request))
-            first += batch * world
-        return batches
+        batches = self.rows.rank_batches(epoch, position.consumed, options.batch_size, rank, world, options.drop_last, origin)
+        return [TokenBatchIndices(range(first, first + count),
+                                  TokenBatchRequest(self.tokens, self.filler.format, self.filler.attention, options.seed, options.shuffle,
+                                                    self.pad_id, epoch, first, cursor, options.batch_size))
+                for first, count, cursor in batches]
 
     def identity(self) -> str:
         """A digest of the tokens read and how they are packed (recorded in state_dict)."""

@@ -249,8 +249,8 @@ class Epoch(EpochLifecycle):
 
     def _batch_generator(self) -> torch.Generator:
         """``batch_map``'s generator for the batch about to be handed out, on the batch's device."""
-        step = self.plan.start // self.plan.step + self.next_yield  # the global step: batches every rank took
-        return batch_generator(self.inputs.options.seed, self.epoch, step, self.inputs.orders.ranks()[0], self.inputs.device)
+        return batch_generator(self.inputs.options.seed, self.epoch, self.plan.global_step(self.next_yield), self.inputs.orders.ranks()[0],
+                               self.inputs.device)
 
     def _finish_batch(self, columns: Mapping[str, torch.Tensor | np.ndarray], values: dict[str, list], keys: list[str],
                       skipped: list, batch_no: int) -> Any:

@@ -46,6 +46,11 @@ class RankBatches:
             return self._tail() < self.order_length
         return np.ones(self.batch_size, dtype=bool)
 
+    def global_step(self, batch_no: int) -> int:
+        """The epoch's global step of batch ``batch_no`` as ``batch_map``'s generator and the samplers' batches number
+        it: the steps of this plan's size in the positions consumed before it, then its batches."""
+        return self.start // self.step + batch_no
+
     def consumed_after(self, batches_done: int) -> int:
         """Global samples consumed once ``batches_done`` of these batches were handed out."""
         if batches_done >= len(self):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any, cast
 
 import numpy as np
@@ -26,12 +27,10 @@ from fastload.text.epoch_rows import BestFitRows
 from fastload.text.token_attention import batch_tensors, with_attention
 from fastload.text.token_batch import BatchBounds, BatchFiller
 from fastload.text.token_corpus import Segments
-from fastload.text.token_rows import Cursor, Packing, TokenRows
+from fastload.text.token_rows import BatchWork, Cursor, Packing, TokenRows
 from fastload.workers.pool import Filled
 from fastload.workers.slots import BatchBuffers, Column
 from fastload.workers.stage_clock import READ_BYTES, SAMPLES, TRANSFORM, StageClock, StageCounters
-
-BatchWork = tuple[int, int, Cursor | None]  # a batch's first global row, its rows (the rest padding), best-fit's window holding it with that window's first row (concat: the rows' origin)
 
 
 @dataclass(frozen=True)
@@ -155,14 +154,9 @@ class TokenEpoch(PoolEpoch[TokenEpochInputs]):
         return Position(self.epoch, self.start.consumed + self.next_yield * self.step_rows, self.start.resumed_from)
 
     def _work(self, batch_no: int) -> BatchWork:
-        """This rank's rows of batch ``batch_no`` (fastload.text.token_rows.TokenRows.rank_rows)."""
-        return self._step_work(self.epoch, self.start.consumed + batch_no * self.step_rows, self.origin)
-
-    def _step_work(self, epoch: int, step_first: int, origin: Cursor | None) -> BatchWork:
-        """This rank's rows of ``epoch``'s global step from row ``step_first`` (concat: rows cut from ``origin``)."""
-        rows = self.inputs.rows
-        first, count = rows.rank_rows(epoch, step_first, self.batch_size, self.rank, self.world, origin)
-        return first, count, rows.locate(epoch, first, origin)
+        """This rank's rows of batch ``batch_no`` (fastload.text.token_rows.TokenRows.step_batch)."""
+        return self.inputs.rows.step_batch(self.epoch, self.start.consumed + batch_no * self.step_rows, self.batch_size, self.rank, self.world,
+                                           self.origin)
 
     def _parts(self, work: BatchWork) -> Parts:
         """A whole batch is one task (its rows are a few NumPy operations to make)."""
@@ -170,9 +164,8 @@ class TokenEpoch(PoolEpoch[TokenEpochInputs]):
 
     def _next_works(self, start: Position) -> list[Any]:
         """The first batches of the epoch from ``start`` (rows from the epoch's start)."""
-        rows, drop_last = self.inputs.rows, self.inputs.options.drop_last
-        return [self._step_work(start.epoch, step * self.step_rows, None) for step in range(RUN_AHEAD_BATCHES)
-                if rows.holds_step(start.epoch, step * self.step_rows, self.step_rows, drop_last)]
+        batches = self.inputs.rows.rank_batches(start.epoch, 0, self.batch_size, self.rank, self.world, self.inputs.options.drop_last)
+        return list(islice(batches, RUN_AHEAD_BATCHES))
 
     def _made_here(self) -> tuple[dict[str, np.ndarray], BatchBounds]:
         """num_workers=0: the batch made in this process, into arrays of its own."""
