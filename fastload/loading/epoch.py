@@ -234,10 +234,7 @@ class Epoch(EpochLifecycle):
 
     def valid(self, batch_no: int) -> np.ndarray:
         """Which entries of batch ``batch_no`` are real samples (not padding)."""
-        valid = self.plan.valid(batch_no)
-        if (real := self.order.valid(self.plan.positions(batch_no))) is not None:
-            valid = valid & real
-        return valid
+        return self.plan.valid(batch_no, self.order)
 
     def _handed_out(self, batch: Any) -> Any:
         options = self.inputs.options
