@@ -4,8 +4,9 @@ breaking off, accelerate's epoch hooks, the epoch's stats, a remote dataset's do
 use) and :class:`Epoch`, the image path's (which shards its batches read, and the finishing of each batch: device, Normalize/ToDtype,
 the outputs' shape, then ``collate_fn=`` on its samples and ``batch_map=`` on the whole batch).
 Image backends subclass :class:`Epoch`, and their engines (what lasts across epochs: worker
-processes, a pipeline) are :class:`Engine`\ s; the token loader's epoch subclasses
-:class:`EpochLifecycle` (fastload.backends.cpu.token_epoch)."""
+processes, a pipeline) are :class:`Engine`\ s; on the CPU engine every kind's epoch subclasses
+fastload.backends.cpu.pool_engine.PoolEpoch (an :class:`EpochLifecycle`): the image path's with
+:class:`Epoch`, the token rows' alone (fastload.backends.cpu.token_epoch)."""
 
 from __future__ import annotations
 
