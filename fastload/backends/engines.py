@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from fastload.backends.choice import BackendChoice, cached_rates, choose_backend, probe_key
-from fastload.backends.cpu.cpu_epoch import CpuWorkers
+from fastload.backends.cpu.cpu_epoch import CpuEpoch
+from fastload.backends.cpu.pool_engine import CpuWorkers
 from fastload.backends.dali.dali_epoch import DaliPipeline, dali_refusal
 from fastload.backends.hybrid.hybrid_epoch import HybridEngine
 from fastload.fields import SampleSpec
@@ -28,7 +29,7 @@ def _hybrid(choice: BackendChoice, options: LoaderOptions, key: str) -> Engine:
 
 
 ENGINES: dict[str, Callable[[BackendChoice, LoaderOptions, str], Engine]] = {
-    "cpu": lambda choice, options, key: CpuWorkers(),
+    "cpu": lambda choice, options, key: CpuWorkers(CpuEpoch),
     "dali": lambda choice, options, key: DaliPipeline(gpu=choice.gpu),
     "hybrid": _hybrid,
 }

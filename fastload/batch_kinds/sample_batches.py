@@ -115,14 +115,8 @@ class SampleBatches:
         request = BatchRequest(options.transform, options.seed, position.epoch, options.on_error, self.image_shape,
                                self._outputs, self.sample_spec, self.orders.ranks()[0])
         plan, order = self.orders.batches(position), self.orders.order(position)
-        batches = []
-        first_step = plan.start // plan.step
-        for batch_no in range(len(plan)):
-            positions, valid = plan.positions(batch_no), plan.valid(batch_no)
-            if (real := order.valid(positions)) is not None:
-                valid = valid & real
-            batches.append(BatchIndices(order.indices(positions).tolist(), request, valid.tolist(), first_step + batch_no))
-        return batches
+        return [BatchIndices(order.indices(plan.positions(batch_no)).tolist(), request, plan.valid(batch_no, order).tolist(),
+                             plan.global_step(batch_no)) for batch_no in range(len(plan))]
 
     def describe(self, step: int, epoch: int) -> StepDescription:
         """Each sample of this rank's batch at ``step``: key, index, planned crop, flip and DCT scale

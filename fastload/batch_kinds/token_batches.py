@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from fastload._util.dist import resolve_rank_world
-from fastload.backends.cpu.token_epoch import TokenEpoch, TokenEpochInputs, TokenWorkers
+from fastload.backends.cpu.pool_engine import CpuWorkers
+from fastload.backends.cpu.token_epoch import TokenEpoch, TokenEpochInputs
 from fastload.loading.loader_options import LoaderOptions
 from fastload.loading.state import LoaderState, OrderSettings, read_state_dict, state_number
 from fastload.loading.stats import LoaderStats
@@ -51,7 +52,7 @@ class TokenBatches:
         self.pad_id = next(i for i in (tokenizer.pad_id, tokenizer.eos_id, 0) if i is not None)
         self.filler = BatchFiller(self.corpus, tokens.seq_len, self.pad_id, tokens.ignore_index, choice(BatchFormat, batch_format, "batch_format"),
                                   None if attention is None else choice(Attention, attention, "attention"))
-        self.engine = TokenWorkers()
+        self.engine = CpuWorkers(TokenEpoch)
         self.collate_fn = token_collate
 
     def ranks(self) -> tuple[int, int]:
@@ -76,18 +77,14 @@ class TokenBatches:
 
     def upcoming_batches(self, position: Position, device: torch.device | None) -> list[TokenBatchIndices]:
         """This rank's batches from ``position`` as row numbers, each carrying how to make it (any device: rows are made on the CPU)."""
-        epoch, first = position.epoch, position.consumed
-        origin = self.rows.origin(position.resumed_from) if first else None
+        epoch, options = position.epoch, self.options
+        origin = self.rows.origin(position.resumed_from) if position.consumed else None  # from the epoch's start: rows cut from it
         rank, world = self.ranks()
-        batch, options = self.options.batch_size, self.options
-        batches = []
-        while self.rows.holds_step(epoch, first, batch * world, options.drop_last, origin):
-            mine, count = self.rows.rank_rows(epoch, first, batch, rank, world, origin)
-            request = TokenBatchRequest(self.tokens, self.filler.format, self.filler.attention, options.seed, options.shuffle, self.pad_id,
-                                        epoch, mine, self.rows.locate(epoch, mine, origin), batch)
-            batches.append(TokenBatchIndices(range(mine, mine + count), request))
-            first += batch * world
-        return batches
+        batches = self.rows.rank_batches(epoch, position.consumed, options.batch_size, rank, world, options.drop_last, origin)
+        return [TokenBatchIndices(range(first, first + count),
+                                  TokenBatchRequest(self.tokens, self.filler.format, self.filler.attention, options.seed, options.shuffle,
+                                                    self.pad_id, epoch, first, cursor, options.batch_size))
+                for first, count, cursor in batches]
 
     def identity(self) -> str:
         """A digest of the tokens read and how they are packed (recorded in state_dict)."""

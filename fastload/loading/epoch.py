@@ -4,8 +4,9 @@ breaking off, accelerate's epoch hooks, the epoch's stats, a remote dataset's do
 use) and :class:`Epoch`, the image path's (which shards its batches read, and the finishing of each batch: device, Normalize/ToDtype,
 the outputs' shape, then ``collate_fn=`` on its samples and ``batch_map=`` on the whole batch).
 Image backends subclass :class:`Epoch`, and their engines (what lasts across epochs: worker
-processes, a pipeline) are :class:`Engine`\ s; the token loader's epoch subclasses
-:class:`EpochLifecycle` (fastload.backends.cpu.token_epoch)."""
+processes, a pipeline) are :class:`Engine`\ s; on the CPU engine every kind's epoch subclasses
+fastload.backends.cpu.pool_engine.PoolEpoch (an :class:`EpochLifecycle`): the image path's with
+:class:`Epoch`, the token rows' alone (fastload.backends.cpu.token_epoch)."""
 
 from __future__ import annotations
 
@@ -106,6 +107,9 @@ class EpochLifecycle:
     def _stage_counters(self) -> StageCounters | None:
         """The counters this backend's workers time their stages into (None: it has none)."""
         return None
+
+    def _start_prefetch(self) -> None:
+        """For a remote dataset, start downloading this rank's shards ahead of use (a backend that reads one says how)."""
 
     def _next_batch(self) -> Any:
         raise NotImplementedError
@@ -231,10 +235,7 @@ class Epoch(EpochLifecycle):
 
     def valid(self, batch_no: int) -> np.ndarray:
         """Which entries of batch ``batch_no`` are real samples (not padding)."""
-        valid = self.plan.valid(batch_no)
-        if (real := self.order.valid(self.plan.positions(batch_no))) is not None:
-            valid = valid & real
-        return valid
+        return self.plan.valid(batch_no, self.order)
 
     def _handed_out(self, batch: Any) -> Any:
         options = self.inputs.options
@@ -246,8 +247,8 @@ class Epoch(EpochLifecycle):
 
     def _batch_generator(self) -> torch.Generator:
         """``batch_map``'s generator for the batch about to be handed out, on the batch's device."""
-        step = self.plan.start // self.plan.step + self.next_yield  # the global step: batches every rank took
-        return batch_generator(self.inputs.options.seed, self.epoch, step, self.inputs.orders.ranks()[0], self.inputs.device)
+        return batch_generator(self.inputs.options.seed, self.epoch, self.plan.global_step(self.next_yield), self.inputs.orders.ranks()[0],
+                               self.inputs.device)
 
     def _finish_batch(self, columns: Mapping[str, torch.Tensor | np.ndarray], values: dict[str, list], keys: list[str],
                       skipped: list, batch_no: int) -> Any:

@@ -150,10 +150,7 @@ def step_batch(spec: OrderSpec | MixtureOrder, resumed_from: Sequence[ResumedFro
     order = order_of(found.segment)
     plan_ = topologies[found.segment].batches(len(order), found.start)
     positions = plan_.positions(found.index)
-    valid = plan_.valid(found.index)
-    if (real := order.valid(positions)) is not None:
-        valid = valid & real
-    return StepBatch(order.indices(positions), valid, found.world_size, found.batch_size, int(positions[0]) if len(positions) else len(order))
+    return StepBatch(order.indices(positions), plan_.valid(found.index, order), found.world_size, found.batch_size, int(positions[0]) if len(positions) else len(order))
 
 
 def turbo_scale(plan_: Plan) -> str:

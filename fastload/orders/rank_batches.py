@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fastload.orders.epoch_order import EpochOrder
+
 
 @dataclass(frozen=True)
 class RankBatches:
@@ -40,11 +42,18 @@ class RankBatches:
         positions, tail_start = self._tail(), self.start + self.full * self.step
         return np.where(positions < self.order_length, positions, positions - tail_start) % self.order_length
 
-    def valid(self, batch_no: int) -> np.ndarray:
-        """Which entries of batch ``batch_no`` are real samples rather than padding."""
-        if batch_no == self.full and self.share:
-            return self._tail() < self.order_length
-        return np.ones(self.batch_size, dtype=bool)
+    def valid(self, batch_no: int, order: EpochOrder | None = None) -> np.ndarray:
+        """Which entries of batch ``batch_no`` are real samples: not this plan's padding, nor (given the
+        epoch's ``order``) the order's own (``EpochOrder.valid``)."""
+        valid = self._tail() < self.order_length if batch_no == self.full and self.share else np.ones(self.batch_size, dtype=bool)
+        if order is not None and (real := order.valid(self.positions(batch_no))) is not None:
+            valid = valid & real
+        return valid
+
+    def global_step(self, batch_no: int) -> int:
+        """The epoch's global step of batch ``batch_no`` as ``batch_map``'s generator and the samplers' batches number
+        it: the steps of this plan's size in the positions consumed before it, then its batches."""
+        return self.start // self.step + batch_no
 
     def consumed_after(self, batches_done: int) -> int:
         """Global samples consumed once ``batches_done`` of these batches were handed out."""

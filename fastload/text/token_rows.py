@@ -4,7 +4,8 @@ epoch's arithmetic over them that iteration, ``len()``, the samplers, ``describe
 use: an epoch's length, where a resume continues (best-fit's cursor; after a resume at another
 ``seq_len``, the *origin*: concat's (C, T), rows from row C on cut from the stream's token T;
 best-fit's :class:`~fastload.text.epoch_rows.Boundary` of each such resume, each naming the window
-holding its row, which a state records in its ``resumed_from`` entry), and the rows of each rank in a global step."""
+holding its row, which a state records in its ``resumed_from`` entry), and the rows of each rank in a global step
+(:meth:`TokenRows.step_batch`, the one function iteration, the run-ahead and the samplers make a batch from)."""
 
 from __future__ import annotations
 
@@ -96,6 +97,7 @@ EpochRows = StreamRows | PaddedRows | BestFitRows | MixtureRows
 # best-fit: the window holding a row and its first row (and, after a resume at another seq_len, the origin of its rows:
 # their boundaries); concat: the origin (StreamRows: row, token); an origin is best-fit's boundaries too (TokenRows.origin)
 Cursor = tuple[Any, ...]
+BatchWork = tuple[int, int, Cursor | None]  # a rank's batch: its first row of the epoch, its rows (the rest padding), and locate()'s cursor
 KEPT_EPOCH_ROWS = 2  # epochs' rows kept, by (epoch, origin): an epoch's and the next one's the workers run ahead into
 
 
@@ -267,6 +269,21 @@ class TokenRows:
         step = batch * world
         held = rows.held(step_first, step) if isinstance(rows, BestFitRows) else max(0, min(step, len(rows) - step_first))
         return rank_share(step_first, held, batch, rank, world)
+
+    def step_batch(self, epoch: int, step_first: int, batch: int, rank: int, world: int, origin: Cursor | None = None) -> BatchWork:
+        """``rank``'s batch in ``epoch``'s global step from row ``step_first``: its first row and rows (:meth:`rank_rows`)
+        and where they are found (:meth:`locate`), as a worker makes it (concat: rows cut from ``origin``)."""
+        first, count = self.rank_rows(epoch, step_first, batch, rank, world, origin)
+        return first, count, self.locate(epoch, first, origin)
+
+    def rank_batches(self, epoch: int, consumed: int, batch: int, rank: int, world: int, drop_last: bool,
+                     origin: Cursor | None = None) -> Iterator[BatchWork]:
+        """``rank``'s batches of ``epoch`` from row ``consumed`` on (:meth:`step_batch`), a global step of ``batch * world``
+        rows each, while the epoch holds the step (:meth:`holds_step`)."""
+        step = batch * world
+        while self.holds_step(epoch, consumed, step, drop_last, origin):
+            yield self.step_batch(epoch, consumed, batch, rank, world, origin)
+            consumed += step
 
     def batch_shards(self, rows: StreamRows | PaddedRows | MixtureRows, consumed: int, batch: int, rank: int, world: int, drop_last: bool) -> Iterator[np.ndarray]:
         """The shards each of ``rank``'s batches opens, batch by batch from row ``consumed`` of ``rows``

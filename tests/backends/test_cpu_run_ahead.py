@@ -1,4 +1,4 @@
-"""The CPU workers run ahead across an epoch's end (fastload.backends.cpu.cpu_epoch.RunAhead): the next epoch's
+"""The CPU workers run ahead across an epoch's end (fastload.backends.cpu.pool_engine.RunAhead): the next epoch's
 first batches are made while this epoch's last ones are handed out. Order, pixels, state_dict and
 resume stay those of a loader that never runs ahead (the inline one), whether the next iteration
 adopts those batches (it starts where the epoch left off) or discards them (set_epoch,

@@ -140,6 +140,23 @@ def test_http_dataset_loads_like_local_and_downloads_each_shard_once(served, loc
     assert server.counts["index.json"] == 1
 
 
+def test_without_workers_the_next_shards_are_fetched_before_the_batches_that_read_them(served, local_wds: Path, tmp_path: Path) -> None:
+    server, _ = served
+    remote = fastload.open(server.url, cache_dir=tmp_path / "cache")
+    shards = [shard.path for shard in remote.index.shards]  # 8 samples each: batches of 4 read shard s at steps 2s and 2s + 1
+    assert len(shards) == 4
+    with fastload.DataLoader(remote, batch_size=4, transform=T.val(16), return_keys=True) as loader:
+        got = iter(loader)  # in the training process: it reads a shard only when its batch is made
+        keys = [key for _ in range(2) for key in next(got)[2]]  # steps 0 and 1: shard 0 only
+        deadline = time.monotonic() + 30  # only guards a hang: fetched once 2 steps are made (SHARDS_AHEAD beyond shard 1, first read at step 2)
+        while not server.counts[shards[3]] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.counts[shards[3]] == 1, server.counts
+        keys += [key for _, _, batch_keys in got for key in batch_keys]
+    assert keys == load_all(fastload.open(local_wds), num_workers=0)[0]
+    assert all(server.counts[name] == 1 for name in shards), server.counts  # fetched ahead, read from the cache: once each
+
+
 def test_dali_backend_reads_a_url(served, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     pytest.importorskip("nvidia.dali")
     server, root = served

@@ -1,4 +1,4 @@
-"""The token loader's workers run ahead across an epoch's end (fastload.backends.cpu.cpu_epoch.PoolEngine, as
+"""The token loader's workers run ahead across an epoch's end (fastload.backends.cpu.pool_engine.CpuWorkers, as
 the image path's, tests/backends/test_cpu_run_ahead.py): the next epoch's first batch is made while this
 epoch's last ones are handed out. Its batches and state stay those of a loader that never runs ahead
 (a fresh one set to that epoch), whether the next iteration adopts that batch (it starts where the

@@ -1,41 +1,24 @@
-"""The CPU path's epoch: batches split among libjpeg-turbo worker processes that write pixels into
-shared batch slots, handed out in order (lent without a copy where nothing is pinned).
-
-Workers run ahead across an epoch's end: once this epoch's last batch is handed out, the next
-epoch's first batch is submitted (its order from ``Position(epoch + 1)``, where a finished epoch
-leaves the loader), so it is being made while the caller finishes the epoch (a validation pass, a
-checkpoint). The next iteration adopts it when it starts exactly there and its first batch holds
-the same samples, and its stage stats then count from when that work began; anything else
-(set_epoch, load_state_dict, a break, another topology) discards it, so order, resume and each
-epoch's stats are those of a loader that never ran ahead.
-"""
+"""The CPU path's epoch of samples: batches split among libjpeg-turbo worker processes that write
+pixels (and every stacked field) into shared batch slots, on the one CPU engine
+(fastload.backends.cpu.pool_engine: its dispatch, run-ahead and lending are every kind's)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
 
+from fastload.backends.cpu.pool_engine import RUN_AHEAD_BATCHES, CpuWorkers, Parts, PoolEpoch, WorkerSetup
 from fastload.loading.epoch import Epoch, EpochInputs
-from fastload.loading.field_batch import as_tensor, copied
-from fastload.loading.state import LoaderState
-from fastload.loading.stats import LoaderStats
 from fastload.orders.position import Position
 from fastload.workers.batch_fill import fill_fields
-from fastload.workers.pool import BatchResult, WorkerConfig, WorkerError, WorkerPool, merge_parts, raise_failure
-from fastload.workers.slots import BatchBuffers, spec_columns
-from fastload.workers.stage_clock import StageCounters
+from fastload.workers.pool import BatchResult, WorkerConfig
+from fastload.workers.slots import spec_columns
 
-LENDABLE_SLOTS = 2  # batch slots beyond the workers' queue, for batches the caller still holds
 MIN_PART = 16  # the fewest samples a worker is given of a batch
-# The next epoch's batches made ahead: one has the first batch ready as the next iteration starts
-# (it submits the rest then) and wastes at most one batch after the last epoch.
-RUN_AHEAD_BATCHES = 1
 
 
-def image_parts(indices: np.ndarray, workers: int) -> list[tuple[int, int, np.ndarray]]:
+def image_parts(indices: np.ndarray, workers: int) -> Parts:
     """An image batch's samples split into one part per worker (at least MIN_PART samples each):
     all workers work on the oldest batch, so a batch, the first one included, is ready in
     1/workers of the time."""
@@ -44,263 +27,52 @@ def image_parts(indices: np.ndarray, workers: int) -> list[tuple[int, int, np.nd
     return [(start, end - start, indices[start:end]) for start, end in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
 
 
-@dataclass
-class Dispatch:
-    """The batches of one run (an iteration, or the next epoch's run-ahead) in the workers' hands:
-    the tag its tasks carry, the next batch to submit, the slot of each batch submitted and not yet
-    handed out, the finished parts of batches not yet whole, and the whole ones."""
+class CpuEpoch(PoolEpoch[EpochInputs], Epoch):
+    """The CPU path: a batch's work is its sample indices, split among the workers; a finished
+    slot's columns are shaped into the batch (fastload.loading.epoch.Epoch)."""
 
-    run: int
-    next_submit: int = 0
-    slots: dict[int, int] = field(default_factory=dict)  # batch number -> its slot
-    expected_parts: dict[int, int] = field(default_factory=dict)
-    parts: dict[int, list[BatchResult]] = field(default_factory=dict)
-    ready: dict[int, BatchResult] = field(default_factory=dict)
-
-    def submit(self, pool: WorkerPool, buffers: BatchBuffers, slot: int, epoch: int, parts: list[tuple[int, int, Any]]) -> None:
-        """Give batch ``next_submit`` to the workers in ``slot``, as ``parts`` (each its first row,
-        its rows and their work), which any free worker takes."""
-        buffers.start_filling(slot, len(parts))
-        for start, count, work in parts:
-            pool.submit(self.run, self.next_submit, slot, epoch, start, count, work)
-        self.expected_parts[self.next_submit] = len(parts)
-        self.slots[self.next_submit] = slot
-        self.next_submit += 1
-
-    def receive(self, got: BatchResult) -> None:
-        """File a finished part; a batch whose parts are all in is ready."""
-        parts = self.parts.setdefault(got.batch_no, [])
-        parts.append(got)
-        if len(parts) == self.expected_parts[got.batch_no]:
-            self.ready[got.batch_no] = merge_parts(self.parts.pop(got.batch_no))
-            del self.expected_parts[got.batch_no]
-
-    def wait(self, pool: WorkerPool, buffers: BatchBuffers, batch_no: int, timeout: float) -> BatchResult:
-        """Collect the workers' answers until batch ``batch_no`` is whole, and take it; answers for
-        an abandoned run free their slots. A failed part comes back as it is (the caller raises
-        its error); a dead worker or the timeout raise from the pool."""
-        while batch_no not in self.ready:
-            got = pool.get(timeout)
-            buffers.part_done(got.slot)
-            if got.run != self.run:
-                continue
-            if got.error is not None:
-                return got
-            self.receive(got)
-        return self.take(batch_no)
-
-    def take(self, batch_no: int) -> BatchResult:
-        """Batch ``batch_no``, ready: it leaves the run (its slot is the caller's now)."""
-        del self.slots[batch_no]
-        return self.ready.pop(batch_no)
-
-    def release(self, buffers: BatchBuffers) -> None:
-        """Nobody will take this run's batches: their slots are free now, or once the workers writing them are done."""
-        for slot in self.slots.values():
-            buffers.release(slot)
-        self.slots.clear()
-        self.expected_parts.clear()
-        self.parts.clear()
-        self.ready.clear()
-
-
-Parts = list[tuple[int, int, Any]]  # a batch's parts for the workers: each its first row, its rows and their work
-
-
-def same_work(got: Any, submitted: Any) -> bool:
-    """Whether a batch's work (an image batch's sample indices, a token batch's rows) is the one submitted."""
-    return got is not None and (np.array_equal(got, submitted) if isinstance(submitted, np.ndarray) else got == submitted)
-
-
-@dataclass
-class RunAhead:
-    """The next epoch's first batches, submitted as this epoch ended, with each one's work (an image
-    batch's sample indices; a token batch's first row, rows and cursor), checked on adoption."""
-
-    start: Position  # where the next iteration must start to adopt them
-    dispatch: Dispatch
-    since: np.ndarray  # the workers' stage counters when they were submitted: the adopting epoch counts from there
-    submitted: list[Any] = field(default_factory=list)  # each batch's work
-
-    def fits(self, start: Position, work: Callable[[int], Any]) -> bool:
-        """Whether these are the first batches of an epoch from ``start`` whose batch b is ``work(b)`` (None: it has none)."""
-        return start == self.start and all(same_work(work(batch_no), done) for batch_no, done in enumerate(self.submitted))
-
-
-class PoolEngine:
-    """What a loader keeps across its epochs on the worker pool (image or token batches): the pool
-    and its batch slots (made by a subclass's ``ensure``), the stage counters, the runs' tags, and
-    the next epoch's first batches made ahead."""
-
-    def __init__(self) -> None:
-        self.pool: WorkerPool | None = None
-        self.buffers: BatchBuffers | None = None
-        self.counters: StageCounters | None = None  # the workers' (and inline work's) stage times
-        self.runs = 0  # runs started (epochs, run-aheads): tags worker tasks, so answers for an abandoned one are recognised
-        self._run_ahead: RunAhead | None = None  # the next epoch's first batches, made before it starts
-
-    def new_run(self) -> Dispatch:
-        """A run under a tag of its own."""
-        self.runs += 1
-        return Dispatch(self.runs)
-
-    def start_run(self, start: Position, work: Callable[[int], Any], stats: LoaderStats, stats_token: object) -> tuple[Dispatch, object]:
-        """An epoch from ``start`` (whose batch b is ``work(b)``, None past its end) starts: its run is
-        the batches made ahead when they are its first ones (its stats ``stats_token`` then count from
-        when that work began: the token returned), else a new one (those made ahead are discarded).
-        Slots still lent or being filled for an abandoned run stay out."""
-        ahead, self._run_ahead = self._run_ahead, None
-        if ahead is not None and self.buffers is not None and ahead.fits(start, work):
-            dispatch, stats_token = ahead.dispatch, stats.count_from(stats_token, ahead.since)
-        else:
-            if ahead is not None and self.buffers is not None:
-                ahead.dispatch.release(self.buffers)
-            dispatch = self.new_run()
-        if self.buffers is not None:
-            self.buffers.reclaim(held=dispatch.slots.values())
-        return dispatch, stats_token
-
-    def run_ahead(self, start: Position, works: list[Any], parts: Callable[[Any], Parts]) -> None:
-        """Give free slots the next epoch's first RUN_AHEAD_BATCHES batches (``works``: its first
-        batches' work, ``parts(work)``: as the workers take it), for the next iteration from ``start``
-        to adopt or discard."""
-        pool, buffers, counters = self.pool, self.buffers, self.counters
-        assert pool is not None and buffers is not None and counters is not None  # the epoch ending ran on them
-        ahead = self._run_ahead = RunAhead(start, self.new_run(), counters.snapshot())
-        for work in works[:RUN_AHEAD_BATCHES]:
-            if (slot := buffers.take()) is None:
-                break
-            ahead.submitted.append(work)
-            ahead.dispatch.submit(pool, buffers, slot, start.epoch, parts(work))
-
-    def _stop_pool(self) -> None:
-        self._run_ahead = None
-        if self.pool is not None:
-            self.pool.close()
-            self.pool = None
-
-    def discard_pool(self) -> None:
-        """Stop the workers after a failure: the next epoch starts fresh ones at once."""
-        self._stop_pool()
-        if self.buffers is not None:
-            self.buffers.forget_filling()  # nobody writes into those slots any more
-
-    def close(self) -> None:
-        """Stop the workers and release the shared memory."""
-        self._stop_pool()
-        if self.buffers is not None:
-            self.buffers.close()
-            self.buffers = None
-
-
-class CpuWorkers(PoolEngine):
-    """A loader's worker pool and batch slots, made on first use and kept across its epochs."""
-
-    def epoch(self, inputs: EpochInputs) -> CpuEpoch:
-        """An iterator over the next epoch's batches."""
-        return CpuEpoch(inputs, self)
-
-    def ensure(self, inputs: EpochInputs) -> tuple[BatchBuffers, WorkerPool | None, StageCounters]:
-        """The slots, (with num_workers > 0) the pool, started if not yet running, and the stage counters."""
-        options = inputs.options
-        if self.buffers is None:
-            in_flight = options.num_workers * (options.prefetch_factor or 0)
-            slots = in_flight + LENDABLE_SLOTS if in_flight else 1
-            self.buffers = BatchBuffers(slots, options.batch_size, spec_columns(inputs.sample_spec, inputs.image_shape))
-        if self.counters is None:
-            self.counters = StageCounters(options.num_workers)
-        if options.num_workers and self.pool is None:
-            config = WorkerConfig(inputs.dataset, options.transform, options.seed, options.on_error, inputs.skip_limit,
-                                  self.buffers, options.worker_init_fn, inputs.sample_spec, self.counters)
-            self.pool = WorkerPool(config, options.num_workers)
-        return self.buffers, self.pool, self.counters
-
-
-class CpuEpoch(Epoch):
-    """The CPU path: dispatches batches to the workers' free slots, yields them in order."""
-
-    RUNS_AHEAD = True  # submit the next epoch's first batches as this one's last is handed out
-
-    def __init__(self, inputs: EpochInputs, workers: CpuWorkers) -> None:
+    def __init__(self, inputs: EpochInputs, workers: CpuWorkers[EpochInputs, CpuEpoch]) -> None:
         super().__init__(inputs)
         self.workers = workers
 
-    def reset(self, state: LoaderState) -> None:
-        """Start at ``state``'s position with the loader's workers, adopting the batches made ahead
-        for it; slots still lent or being filled for an abandoned run stay out."""
-        self.buffers, self.pool, counters = self.workers.ensure(self.inputs)  # first: the epoch's stats start from its counters
-        self.inline_clock = counters.clock(-1)  # num_workers=0: this process times its own stages
-        super().reset(state)
-        self.dispatch, self.stats_token = self.workers.start_run(self.start, self._work, self.inputs.stats, self.stats_token)
-        self._start_prefetch()
+    def _setup(self) -> WorkerSetup:
+        """Workers that decode and transform samples into slots of the fields' columns; with
+        num_workers=0 this process fills a slot alike."""
+        inputs, options = self.inputs, self.inputs.options
+        return WorkerSetup(lambda: spec_columns(inputs.sample_spec, inputs.image_shape),
+                           lambda buffers, counters: WorkerConfig(inputs.dataset, options.transform, options.seed, options.on_error,
+                                                                  inputs.skip_limit, buffers, options.worker_init_fn, inputs.sample_spec,
+                                                                  counters),
+                           fills_inline=True)
 
-    @property
-    def run(self) -> int:
-        """The tag of this epoch's worker tasks."""
-        return self.dispatch.run
-
-    def _work(self, batch_no: int) -> np.ndarray | None:
-        """The samples the workers make of batch ``batch_no`` (None past the epoch's end)."""
-        return self._indices(batch_no) if batch_no < len(self.plan) else None
-
-    def _dispatched(self) -> int:
-        return self.dispatch.next_submit
-
-    def _stage_counters(self) -> StageCounters | None:
-        return self.workers.counters
-
-    def _indices(self, batch_no: int) -> np.ndarray:
-        """The samples the workers make of batch ``batch_no``: all of them here."""
+    def _work(self, batch_no: int) -> np.ndarray:
+        """The samples the CPU workers make of batch ``batch_no``: all of them here."""
         return self.indices(batch_no)
 
-    def _submit_more(self, pool: WorkerPool) -> None:
-        """Give every free slot the next batch."""
-        workers, dispatch = self.inputs.options.num_workers, self.dispatch
-        while dispatch.next_submit < len(self.plan) and (slot := self.buffers.take()) is not None:
-            dispatch.submit(pool, self.buffers, slot, self.epoch, image_parts(self._indices(dispatch.next_submit), workers))
+    def _parts(self, work: np.ndarray) -> Parts:
+        return image_parts(work, self.inputs.options.num_workers)
 
-    def __next__(self) -> Any:
-        batch = super().__next__()
-        if self.finished and self.RUNS_AHEAD and self.pool is not None and not self.inputs.dataset.downloads:
-            self._run_ahead(self.pool)  # after the epoch's stats ended; remote shards (a mixture's remote members too) are fetched for the epoch that reads them
-        return batch
-
-    def _run_ahead(self, pool: WorkerPool) -> None:
-        """Submit the next epoch's first batches (the epoch has just handed out its last)."""
-        start = Position(self.epoch + 1)  # where LoaderState.finish() leaves the next iteration
+    def _next_works(self, start: Position) -> list[Any]:
         orders = self.inputs.orders
         plan, order = orders.batches(start), orders.order(start)
-        works = [order.indices(plan.positions(batch_no)) for batch_no in range(min(len(plan), RUN_AHEAD_BATCHES))]
-        self.workers.run_ahead(start, works, lambda indices: image_parts(indices, self.inputs.options.num_workers))
+        return [order.indices(plan.positions(batch_no)) for batch_no in range(min(len(plan), RUN_AHEAD_BATCHES))]
 
     def _run_inline(self) -> BatchResult:
-        slot = cast(int, self.buffers.take())  # never None: the inline path copies every batch out
-        indices = self._indices(self.next_yield)
+        buffers = self.buffers
+        assert buffers is not None  # this kind fills a slot in this process too
+        slot = cast(int, buffers.take())  # never None: the inline path copies every batch out
+        indices = self._work(self.next_yield)
         result = BatchResult(run=self.run, batch_no=self.next_yield, slot=slot, count=len(indices))
         options = self.inputs.options
         try:
             result.keys, result.skipped, result.values = fill_fields(
                 self.inputs.dataset, indices, self.inputs.sample_spec, options.transform, options.seed,
-                self.epoch, options.on_error, self.buffers.slot_columns(slot), self.inline_clock, self.inputs.skip_limit,
+                self.epoch, options.on_error, buffers.slot_columns(slot), self.inline_clock, self.inputs.skip_limit,
             )
         except BaseException:
-            self.buffers.give_back(slot)
+            buffers.give_back(slot)
             raise
         return result
-
-    def _await_ready(self, pool: WorkerPool) -> BatchResult:
-        """Wait for the next batch in order."""
-        self._submit_more(pool)
-        try:
-            got = self.dispatch.wait(pool, self.buffers, self.next_yield, self.inputs.options.timeout)
-        except (WorkerError, TimeoutError):
-            self.workers.discard_pool()  # the next iteration starts fresh workers at once
-            self.close()
-            raise
-        if got.error is not None:
-            self.close()
-            raise_failure(got)
-        return got
 
     def _next_batch(self) -> Any:
         stats = self.inputs.stats
@@ -315,23 +87,3 @@ class CpuEpoch(Epoch):
     def _deliver(self, result: BatchResult) -> Any:
         """Hand a finished slot's columns out and finish the batch."""
         return self._finish_batch(self._slot_columns(result), result.values, result.keys, result.skipped, self.next_yield)
-
-    def _slot_columns(self, result: BatchResult) -> dict[str, Any]:
-        """A finished slot's columns as tensors: lent without a copy when workers fill the slots and
-        nothing is pinned; else copied (into pinned memory when asked) and the slot given back."""
-        options, buffers, n = self.inputs.options, self.buffers, result.count
-        keep = options.num_workers * (options.prefetch_factor or 0)  # lending never thins the workers' queue
-        lent = None if options.pin_memory or self.pool is None else buffers.lend(result.slot, n, keep=keep)
-        if lent is not None:
-            # per-sample scalars (labels) are copied: a caller keeping them must not keep the slot
-            return {name: as_tensor(view if view.ndim > 1 else view.copy()) for name, view in lent.items()}
-        columns = {c.name: copied(buffers.column(result.slot, c.name)[:n], options.pin_memory) for c in buffers.columns}
-        buffers.give_back(result.slot)
-        return columns
-
-    def close(self) -> None:
-        """Abandon the epoch: batches in flight are not waited for; their slots come back as the
-        workers' answers arrive (recognised by the run they were asked for)."""
-        if self.started and not self.finished:
-            self.dispatch.release(self.buffers)
-        super().close()

@@ -1,31 +1,23 @@
-"""The token loader's engine and epoch: packed token rows made by the CPU worker pool (the image
-path's, fastload.workers.pool) into shared batch slots and lent to the caller without a
-copy, or made in the training process with ``num_workers=0``.
-
-Each task is a whole batch: its first global row (and, for best-fit, the window holding it), which
-the worker turns into segments (fastload.text.token_rows) and fills (fastload.text.token_batch)
-from its own shard readers. Workers run ``prefetch_factor`` batches ahead each; the training
-process only hands out finished slots and submits the next batches. As the image path's
-(fastload.backends.cpu.cpu_epoch.PoolEngine), the workers run ahead across an epoch's end: once its
-last batch is handed out, the next epoch's first batch is submitted from ``Position(epoch + 1)`` at
-this rank and world size; the next iteration adopts it when it starts exactly there and its first
-batch is the same work (first row, rows, cursor), and discards it otherwise (set_epoch,
-load_state_dict, a break, another topology). A remote dataset's shards are downloaded ahead of use
-(fastload.loading.prefetch): those each batch opens (best-fit: each window), found from the index alone.
+"""Packed token rows on the one CPU engine (fastload.backends.cpu.pool_engine): each task is a
+whole batch, its work the batch's first global row, its rows and (best-fit) the window holding it
+(fastload.text.token_rows.BatchWork), which the worker turns into segments and fills
+(fastload.text.token_batch) from its own shard readers into a shared slot, lent to the caller
+without a copy; with ``num_workers=0`` the batch is made in the training process. The dispatch,
+the run-ahead across an epoch's end and the lending are the engine's, as for samples. A remote
+dataset's shards are downloaded ahead of use (fastload.loading.prefetch): those each batch opens
+(best-fit: each window), found from the index alone.
 """
-
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any, cast
 
 import numpy as np
 import torch
 
-from fastload.backends.cpu.cpu_epoch import LENDABLE_SLOTS, RUN_AHEAD_BATCHES, PoolEngine
-from fastload.loading.epoch import EpochLifecycle
-from fastload.loading.field_batch import copied
+from fastload.backends.cpu.pool_engine import RUN_AHEAD_BATCHES, CpuWorkers, Parts, PoolEpoch, WorkerSetup
 from fastload.loading.loader_options import LoaderOptions
 from fastload.loading.state import LoaderState
 from fastload.loading.stats import LoaderStats
@@ -35,12 +27,10 @@ from fastload.text.epoch_rows import BestFitRows
 from fastload.text.token_attention import batch_tensors, with_attention
 from fastload.text.token_batch import BatchBounds, BatchFiller
 from fastload.text.token_corpus import Segments
-from fastload.text.token_rows import Cursor, Packing, TokenRows
-from fastload.workers.pool import BatchResult, Filled, WorkerError, WorkerPool, raise_failure
+from fastload.text.token_rows import BatchWork, Cursor, Packing, TokenRows
+from fastload.workers.pool import Filled
 from fastload.workers.slots import BatchBuffers, Column
 from fastload.workers.stage_clock import READ_BYTES, SAMPLES, TRANSFORM, StageClock, StageCounters
-
-BatchWork = tuple[int, int, Cursor | None]  # a batch's first global row, its rows (the rest padding), best-fit's window holding it with that window's first row (concat: the rows' origin)
 
 
 @dataclass(frozen=True)
@@ -89,50 +79,30 @@ class TokenEpochInputs:
     ranks: Callable[[], tuple[int, int]]  # (rank, world size), resolved when the epoch starts
 
 
-class TokenWorkers(PoolEngine):
-    """A token loader's engine: its worker pool and batch slots, made on first use and kept across
-    epochs (the ``Engine`` protocol's shape: ``epoch(inputs)``, ``close()``)."""
-
-    def epoch(self, inputs: TokenEpochInputs) -> TokenEpoch:
-        """An iterator over the next epoch's batches."""
-        return TokenEpoch(inputs, self)
-
-    def ensure(self, inputs: TokenEpochInputs) -> tuple[BatchBuffers | None, WorkerPool | None, StageCounters]:
-        """With num_workers > 0 the slots and the pool, started if not yet running; the stage counters."""
-        options = inputs.options
-        if self.counters is None:
-            self.counters = StageCounters(options.num_workers)
-        if options.num_workers and self.pool is None:
-            if self.buffers is None:
-                seq_len = inputs.filler.seq_len
-                slots = options.num_workers * cast(int, options.prefetch_factor) + LENDABLE_SLOTS
-                columns = [Column(name, (seq_len,), "int64") for name in inputs.filler.format.columns]
-                self.buffers = BatchBuffers(slots, options.batch_size, columns)
-            job = TokenJob(inputs.rows, inputs.filler, self.buffers, options.worker_init_fn, self.counters)
-            self.pool = WorkerPool(job, options.num_workers)
-        return self.buffers, self.pool, self.counters
-
-
-class TokenEpoch(EpochLifecycle):
+class TokenEpoch(PoolEpoch[TokenEpochInputs]):
     """One pass over this rank's steps: every global step is ``world_size * batch_size`` rows of
     the epoch, rank r taking the r-th ``batch_size`` of them, but the last step's rows split evenly
     over the ranks (TokenRows.rank_rows); rows past the epoch's end are padding, so every rank
     makes the same number of steps (of full ones only, with ``drop_last``)."""
 
-    def __init__(self, inputs: TokenEpochInputs, workers: TokenWorkers) -> None:
+    def __init__(self, inputs: TokenEpochInputs, workers: CpuWorkers[TokenEpochInputs, TokenEpoch]) -> None:
         super().__init__(inputs.state, inputs.stats, inputs.accelerate, inputs.dataset.downloads, inputs.before_start)
         self.inputs, self.workers = inputs, workers
 
-    def reset(self, state: LoaderState) -> None:
-        """Start at ``state``'s position, adopting the batches the workers made ahead for it."""
-        super().reset(state)
-        self.dispatch, self.stats_token = self.workers.start_run(self.start, self._work_of, self.inputs.stats, self.stats_token)
-        if self.inputs.dataset.downloads:
-            self._start_prefetch()
+    def _setup(self) -> WorkerSetup:
+        """Workers that pack rows into slots of the batch format's (batch_size, seq_len) int64 columns;
+        with num_workers=0 this process makes arrays of its own."""
+        inputs = self.inputs
+        filler = inputs.filler
+        return WorkerSetup(lambda: [Column(name, (filler.seq_len,), "int64") for name in filler.format.columns],
+                           lambda buffers, counters: TokenJob(inputs.rows, filler, buffers, inputs.options.worker_init_fn, counters),
+                           fills_inline=False)
 
     def _start_prefetch(self) -> None:
-        """Start downloading the remote shards this rank's batches open, in the order the epoch reads
-        them: batch by batch, or best-fit's window by window from the one holding the first batch."""
+        """For a remote dataset, start downloading the shards this rank's batches open, in the order the
+        epoch reads them: batch by batch, or best-fit's window by window from the one holding the first batch."""
+        if not self.inputs.dataset.downloads:
+            return
         rows = self.inputs.rows.of(self.epoch, self.origin)
         if isinstance(rows, BestFitRows):
             if not self._has_batch(0):
@@ -144,10 +114,6 @@ class TokenEpoch(EpochLifecycle):
             self._prefetch(self.inputs.dataset, self.inputs.rows.batch_shards(rows, self.start.consumed, self.batch_size, self.rank, self.world,
                                                                               self.inputs.options.drop_last), self._dispatched)
 
-    def _dispatched(self) -> int:
-        """Batches given to the workers (or made here) so far."""
-        return self.next_yield if self.pool is None else self.dispatch.next_submit
-
     def _reached(self, work: BatchWork) -> BatchWork:
         """``work``, about to be made: best-fit's prefetching goes on from its window."""
         if self.prefetcher is not None and self.inputs.rows.options.packing is Packing.BEST_FIT and work[2] is not None:
@@ -155,8 +121,6 @@ class TokenEpoch(EpochLifecycle):
         return work
 
     def _plan_epoch(self, start: Position) -> None:
-        self.buffers, self.pool, self.counters = self.workers.ensure(self.inputs)
-        self.inline_clock = self.counters.clock(-1)
         self.rank, self.world = self.inputs.ranks()
         self.batch_size = self.inputs.options.batch_size
         self.step_rows = self.batch_size * self.world
@@ -189,42 +153,19 @@ class TokenEpoch(EpochLifecycle):
         """Where this epoch is: the rows consumed once the batches handed out so far count."""
         return Position(self.epoch, self.start.consumed + self.next_yield * self.step_rows, self.start.resumed_from)
 
-    def _stage_counters(self) -> StageCounters | None:
-        return self.counters
-
     def _work(self, batch_no: int) -> BatchWork:
-        """This rank's rows of batch ``batch_no`` (fastload.text.token_rows.TokenRows.rank_rows)."""
-        return self._step_work(self.epoch, self.start.consumed + batch_no * self.step_rows, self.origin)
+        """This rank's rows of batch ``batch_no`` (fastload.text.token_rows.TokenRows.step_batch)."""
+        return self.inputs.rows.step_batch(self.epoch, self.start.consumed + batch_no * self.step_rows, self.batch_size, self.rank, self.world,
+                                           self.origin)
 
-    def _step_work(self, epoch: int, step_first: int, origin: Cursor | None) -> BatchWork:
-        """This rank's rows of ``epoch``'s global step from row ``step_first`` (concat: rows cut from ``origin``)."""
-        rows = self.inputs.rows
-        first, count = rows.rank_rows(epoch, step_first, self.batch_size, self.rank, self.world, origin)
-        return first, count, rows.locate(epoch, first, origin)
+    def _parts(self, work: BatchWork) -> Parts:
+        """A whole batch is one task (its rows are a few NumPy operations to make)."""
+        return [(0, self.batch_size, self._reached(work))]
 
-    def _work_of(self, batch_no: int) -> BatchWork | None:
-        """Batch ``batch_no``'s work, None past the epoch's end."""
-        return self._work(batch_no) if self._has_batch(batch_no) else None
-
-    def __next__(self) -> dict[str, Any]:
-        batch = super().__next__()
-        if self.finished and self.pool is not None and not self.inputs.dataset.downloads:
-            self._run_ahead()  # after the epoch's stats ended; remote shards are fetched for the epoch that reads them
-        return batch
-
-    def _run_ahead(self) -> None:
-        """Submit the next epoch's first batches (the epoch has just handed out its last), at this rank and world size."""
-        start = Position(self.epoch + 1)  # where LoaderState.finish() leaves the next iteration: rows from the epoch's start
-        rows, drop_last = self.inputs.rows, self.inputs.options.drop_last
-        works = [self._step_work(start.epoch, step * self.step_rows, None) for step in range(RUN_AHEAD_BATCHES)
-                 if rows.holds_step(start.epoch, step * self.step_rows, self.step_rows, drop_last)]
-        self.workers.run_ahead(start, works, lambda work: [(0, self.batch_size, work)])
-
-    def _submit_more(self, pool: WorkerPool, buffers: BatchBuffers) -> None:
-        """Give every free slot the next batch of the epoch."""
-        dispatch = self.dispatch
-        while self._has_batch(dispatch.next_submit) and (slot := buffers.take()) is not None:
-            dispatch.submit(pool, buffers, slot, self.epoch, [(0, self.batch_size, self._reached(self._work(dispatch.next_submit)))])
+    def _next_works(self, start: Position) -> list[Any]:
+        """The first batches of the epoch from ``start`` (rows from the epoch's start)."""
+        batches = self.inputs.rows.rank_batches(start.epoch, 0, self.batch_size, self.rank, self.world, self.inputs.options.drop_last)
+        return list(islice(batches, RUN_AHEAD_BATCHES))
 
     def _made_here(self) -> tuple[dict[str, np.ndarray], BatchBounds]:
         """num_workers=0: the batch made in this process, into arrays of its own."""
@@ -238,37 +179,16 @@ class TokenEpoch(EpochLifecycle):
         clock.flush()
         return arrays, bounds
 
-    def _made_by_workers(self, pool: WorkerPool, buffers: BatchBuffers) -> tuple[dict[str, Any], BatchBounds]:
-        """The next batch from the workers: its slot's arrays lent (or copied, when the caller holds
-        too many slots or pinned memory is asked for)."""
-        self._submit_more(pool, buffers)
-        try:
-            got: BatchResult = self.dispatch.wait(pool, buffers, self.next_yield, self.inputs.options.timeout)
-        except (WorkerError, TimeoutError):
-            self.workers.discard_pool()
-            self.close()
-            raise
-        if got.error is not None:
-            self.close()
-            raise_failure(got)
-        options = self.inputs.options
-        keep = options.num_workers * cast(int, options.prefetch_factor)  # lending never thins the workers' queue
-        lent = None if options.pin_memory else buffers.lend(got.slot, self.batch_size, keep=keep)
-        if lent is not None:
-            return dict(lent), got.values["bounds"][0]
-        columns = {name: copied(buffers.column(got.slot, name), options.pin_memory) for name in self.inputs.filler.format.columns}
-        buffers.give_back(got.slot)
-        return columns, got.values["bounds"][0]
-
     def _next_batch(self) -> dict[str, Any]:
         stats = self.inputs.stats
         if self.prefetcher is not None:
             self.prefetcher.check()
         with stats.waiting():
-            if self.pool is None or self.buffers is None:
+            if self.pool is None:
                 arrays, bounds = self._made_here()
             else:
-                arrays, bounds = self._made_by_workers(self.pool, self.buffers)
+                got = self._await_ready(self.pool)
+                arrays, bounds = self._slot_columns(got), got.values["bounds"][0]
         filler = self.inputs.filler
         batch = batch_tensors(arrays, bounds, filler.format)
         device = self.inputs.device
@@ -278,10 +198,3 @@ class TokenEpoch(EpochLifecycle):
         stats.record_batch(bounds.rows)
         stats.record_tokens(bounds.tokens)
         return with_attention(batch, bounds, filler.attention)
-
-    def close(self) -> None:
-        """Abandon the epoch: batches in flight are not waited for; their slots come back as the
-        workers' answers arrive (recognised by the run they were asked for)."""
-        if self.started and not self.finished and self.buffers is not None:
-            self.dispatch.release(self.buffers)
-        super().close()

@@ -11,7 +11,8 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from fastload.backends.cpu.cpu_epoch import CpuEpoch, CpuWorkers
+from fastload.backends.cpu.cpu_epoch import CpuEpoch
+from fastload.backends.cpu.pool_engine import CpuWorkers
 from fastload.backends.dali.dali_epoch import DaliBatches, DaliPipeline, as_tensors
 from fastload.backends.dali.shares import DaliShares
 from fastload.backends.hybrid.split import SplitController
@@ -28,7 +29,7 @@ class HybridEngine:
     split controller (its rates carry over from epoch to epoch) and the shares DALI's feed reads."""
 
     def __init__(self, gpu: bool, num_workers: int, rates: tuple[float, float] | None = None) -> None:
-        self.cpu = CpuWorkers()
+        self.cpu = CpuWorkers(CpuEpoch)
         self.dali = DaliPipeline(gpu, feed_workers=math.ceil(num_workers / FEED_WORKERS_PER_CPU_WORKER))
         self.split = SplitController(*rates) if rates is not None else SplitController()
         self.shares: DaliShares | None = None
@@ -92,7 +93,7 @@ class HybridEpoch(CpuEpoch):
         self._publish_through(batch_no)
         return int(self.shares.published(batch_no) or 0)  # published just above
 
-    def _indices(self, batch_no: int) -> np.ndarray:
+    def _work(self, batch_no: int) -> np.ndarray:
         """The CPU workers' part of the batch: what DALI leaves."""
         return self.indices(batch_no)[self._dali_count(batch_no) :]
 
