@@ -22,12 +22,14 @@ from tests.video.media import camera_frames, encode
 RATE = 8000  # the sound's samples a second, kept by the loader: a crop is the file's samples
 CFR, UNIT = 25, 100  # a constant-rate video's frames a second; a variable-rate one's timestamps a second
 CLIP = Clip(frames=3, stride=2, clips=2)  # 5 frames' span a clip
+LATE = 5  # a variable-rate video's first frame is shown 5 units (0.05 s) after its sound starts
 
 
 def durations(k: int, frames: int) -> tuple[list[int], int]:
     """Video ``k``'s frames' durations in timestamp units, and the units a second: 1/25 s each for
     an even ``k``; else varied, every frame a keyframe (so each one's timestamp is in the stream
-    facts), the last frame 1 unit (its packet's duration: the facts' end of the video)."""
+    facts), the last frame 1 unit (its packet's duration: the facts' end of the video), the first
+    shown at LATE (its sound starting at 0 s)."""
     if k % 2 == 0:
         return [1] * frames, CFR
     varied = np.random.default_rng(k).choice([2, 4, 6, 8], frames)
@@ -42,20 +44,23 @@ def level(frame: int, k: int) -> float:
 @pytest.fixture(scope="module")
 def clip_videos(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, tuple[np.ndarray, np.ndarray]]]:
     """8 Matroska videos with FLAC sound, converted (shards of 4); by key: each frame's start in
-    seconds (and the video's end), and its sound's samples."""
+    seconds from the first one's (and the video's end), the first one's on the sound's clock, and
+    the sound's samples."""
     root = tmp_path_factory.mktemp("clip-sound")
     truth = {}
     for k in range(8):
         frames = 18 + k
         spans, unit = durations(k, frames)
         starts = np.concatenate([[0], np.cumsum(spans)])
-        sound = np.concatenate([np.full(d * RATE // unit, level(i, k), np.float32) for i, d in enumerate(spans)])
+        late = 0 if unit == CFR else LATE
+        sound = np.concatenate([np.zeros(late * RATE // unit, np.float32),
+                                *(np.full(d * RATE // unit, level(i, k), np.float32) for i, d in enumerate(spans))])
         folder = root / "raw" / f"c{k % 2}"
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"v{k}.mkv").write_bytes(encode(camera_frames(k, frames, 64, 48), container="matroska", rate=unit, gop=8 if unit == CFR else 1,
-                                                  stamps=None if unit == CFR else [int(s) for s in starts[:-1]], audio_rate=RATE,
+                                                  stamps=None if unit == CFR else [int(s) + late for s in starts[:-1]], audio_rate=RATE,
                                                   sound=sound, audio_codec="flac"))
-        truth[f"c{k % 2}/v{k}"] = (starts / unit, sound)
+        truth[f"c{k % 2}/v{k}"] = (starts / unit, late / unit, sound)
     convert(str(root / "raw"), str(root / "out"), ConvertOptions(source="videos", samples_per_shard=4), quiet=True)
     return root / "out", truth
 
@@ -74,15 +79,15 @@ def check_sound_of_clips(clip_videos, made: fastload.DataLoader, audio: Audio, e
         made.set_epoch(epoch)
         for step, (_, sound, lengths, keys) in enumerate(made):
             for row, (key, described) in enumerate(zip(keys, made.describe(step, epoch).samples)):
-                starts, samples = truth[key]
+                starts, late, samples = truth[key]
                 assert described.key == key and len(described.clips) == len(described.crops) == CLIP.clips
                 for c, ((first, last, t_first, t_last), (t0, t1)) in enumerate(zip(described.clips, described.crops)):
                     assert last == min(first + CLIP.span - 1, len(starts) - 2)
                     assert (t_first, t_last) == pytest.approx((starts[first], starts[last]), abs=1e-6)
                     end = min(starts[last + 1], starts[first] + audio.seconds)
                     assert (t0, t1) == pytest.approx((starts[first], end), abs=1e-6)  # the crop's seconds: its clip's
-                    a = round(starts[first] * RATE)
-                    valid = round(end * RATE) - a
+                    a = round((late + starts[first]) * RATE)  # on the sound's clock
+                    valid = round((late + end) * RATE) - a
                     assert lengths[row, c] == valid
                     got = sound[row, c, 0].numpy()
                     np.testing.assert_array_equal(got[:valid], samples[a : a + valid])  # exactly its frames' sound
