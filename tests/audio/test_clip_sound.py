@@ -85,7 +85,7 @@ def check_sound_of_clips(clip_videos, made: fastload.DataLoader, audio: Audio, e
                     assert last == min(first + CLIP.span - 1, len(starts) - 2)
                     assert (t_first, t_last) == pytest.approx((starts[first], starts[last]), abs=1e-6)
                     end = min(starts[last + 1], starts[first] + audio.seconds)
-                    assert (t0, t1) == pytest.approx((starts[first], end), abs=1e-6)  # the crop's seconds: its clip's
+                    assert t0 == t_first and (t0, t1) == pytest.approx((starts[first], end), abs=1e-6)  # the crop's seconds: its clip's
                     a = round((late + starts[first]) * RATE)  # on the sound's clock
                     valid = round((late + end) * RATE) - a
                     assert lengths[row, c] == valid
