@@ -170,3 +170,29 @@ def test_a_video_without_sound_is_a_skipped_sample_named_with_its_reason(tmp_pat
     for described in (first, second):
         ((_, _, t0, _),) = described.clips
         assert described.key == "a/with" and described.crops[0] == pytest.approx((t0, t0 + 4 / 24), abs=1e-6)  # 4 frames at 24 fps
+
+
+@pytest.mark.parametrize("audio_codec", ["aac", "libmp3lame"])
+def test_in_an_mp4_with_lossy_sound_each_frames_burst_starts_where_its_frame_is_shown(tmp_path: Path, audio_codec: str) -> None:
+    """A 5 ms 2 kHz burst as each frame is shown, AAC or MP3 in MP4 (their encoders' delay undone by
+    the container): in each clip's sound, the bursts lie one frame apart from the crop's first sample
+    (to within 2 samples; crops after the first are decoded after a seek)."""
+    rate, fps = 16000, 25
+    burst = (0.5 * np.sin(2 * np.pi * 2000 * np.arange(80) / rate)).astype(np.float32)
+    sound = np.zeros(2 * rate, np.float32)
+    for frame in range(2 * fps):
+        sound[frame * rate // fps : frame * rate // fps + 80] = burst
+    (tmp_path / "raw" / "a").mkdir(parents=True)
+    (tmp_path / "raw" / "a" / "v.mp4").write_bytes(encode(camera_frames(2, 2 * fps, 64, 48), rate=fps, audio_rate=rate, sound=sound,
+                                                          audio_codec=audio_codec))
+    convert(str(tmp_path / "raw"), str(tmp_path / "out"), ConvertOptions(source="videos"), quiet=True)
+    made = fastload.DataLoader(tmp_path / "out", batch_size=1, fields={"mp4": "video", "video": "audio"}, transform=[T.Resize((48, 64))],
+                               clip=Clip(frames=4, clips=3, sampling="uniform"), audio=Audio(seconds=0.5, rate=rate, crops=3, sampling="clip"))
+    _, crops, lengths = next(iter(made))
+    assert [t0 for t0, _ in made.describe(0).samples[0].crops] == [0.0, 0.92, 1.84]  # frames 0, 23, 46: two crops after a seek
+    for crop, valid in zip(crops[0, :, 0].numpy(), lengths[0].tolist(), strict=True):
+        assert valid == 4 * rate // fps
+        padded = np.concatenate([np.zeros(100, np.float32), crop[:valid], np.zeros(100, np.float32)])
+        match = np.correlate(padded, burst, "valid")
+        found = [int(np.argmax(match[k * rate // fps : k * rate // fps + 200])) - 100 for k in range(4)]
+        assert all(abs(offset) <= 2 for offset in found), found
