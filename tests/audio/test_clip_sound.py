@@ -2,7 +2,8 @@
 time of the clip's first frame to the end of its last, at constant and variable frame rates. Each
 video's sound holds its frame's number as a level for as long as that frame is shown, so a crop's
 samples tell exactly which frames' times it covers; describe names the clip's seconds, and the
-crops are a pure function of (seed, epoch, index): workers, resume."""
+crops are a pure function of (seed, epoch, index): workers, resume. Lossy sound in MP4 (AAC, MP3):
+a burst as each frame is shown lands where its frame starts."""
 
 from __future__ import annotations
 
