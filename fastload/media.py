@@ -4,7 +4,7 @@ over or look up this table and name no modality. A row's functions live in its m
 (fastload/av/video_role.py, fastload/av/audio_role.py); those that run in a worker are handed the worker's
 random streams and stage clock, since a modality's folder lies below the workers.
 
-Where each is called: ``option`` by the loader (its keyword, fastload.loader; its class and check,
+Where each is called: ``option`` by the loader (its keyword, fastload.loader; its class, check and join,
 fastload.loading.loader_options; its words in a refusal, fastload.fields.SampleSpec; its flag and
 parser, ``fastload describe``), ``conversion`` by ``fastload convert`` (its flags, cli/command.py;
 its check and fingerprint, fastload.converters.convert_options; whether it re-encodes,
@@ -46,6 +46,11 @@ def _any_option(option: Any, on_error: str) -> None:
     """Any sampling goes with any other loader option."""
 
 
+def _alone(option: Any, media: Mapping[str, Any]) -> Any:
+    """A sampling that follows no other role's."""
+    return option
+
+
 @dataclass(frozen=True)
 class MediaOption:
     """A role's sampling as the loader takes it: ``DataLoader(keyword=spec)``, ``fastload describe --keyword TEXT``."""
@@ -58,6 +63,8 @@ class MediaOption:
     help: str
     parse: Callable[[str, str | None], Any]  # (the option's text, --sampling) -> its sampling
     check: Callable[[Any, str], None] = _any_option  # (its sampling, on_error=): a ValueError for a pair the loader refuses
+    # (its sampling, every role's sampling, decided) -> its sampling as it follows the others' (audio's sampling="clip": the clip=)
+    join: Callable[[Any, Mapping[str, Any]], Any] = _alone
 
 
 @dataclass(frozen=True)
@@ -122,7 +129,8 @@ MEDIA_ROLES: dict[str, MediaRole] = {
     "audio": MediaRole(
         MediaOption("audio", Audio, "is audio: give audio=fastload.Audio(seconds=..., rate=...) to say which samples to take",
                     "takes crops of recordings", "SECONDS[:CROPS]",
-                    "an audio dataset: the loader's audio=fastload.Audio(SECONDS, CROPS)", audio.parse_audio, audio.check_audio_option),
+                    "an audio dataset: the loader's audio=fastload.Audio(SECONDS, CROPS)", audio.parse_audio, audio.check_audio_option,
+                    audio.join_audio),
         MediaConversion(audio.AUDIO_FLAGS, audio.reencodes_audio, audio.check_audio_conversion, audio.audio_options_unset),
         "takes a recording of any extension", "audio", audio.prepare_audio, audio.audio_columns, audio.fill_audio_field,
         audio.describe_audio, (("audio", None), ("crops", ())), audio.audio_text, audio.audio_report, audio.check_audio, audio.summarize_audio,

@@ -7,16 +7,18 @@ fastload.av.audio_decode's; the worker's random streams and stage clock come in 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 import numpy as np
 
 from fastload._util.stages import Laps
-from fastload.av.audio_decode import audio_facts, fill_audio, plan_audio
-from fastload.av.clips import Draws
+from fastload.av.audio_decode import PlannedAudio, audio_facts, fill_audio, plan_audio
+from fastload.av.clip_audio import plan_clip_sound
+from fastload.av.clips import Clip, Draws
 from fastload.av.crops import Audio
-from fastload.av.facts import AudioFacts, MediaFacts
+from fastload.av.facts import AudioFacts, MediaFacts, StreamFacts
 from fastload.av.pyav import AUDIO_ENCODERS, check_audio_encoding, probe_audio, reencode_audio
 from fastload.errors import SampleError
 from fastload.transforms import Transform
@@ -75,6 +77,19 @@ def check_audio_option(audio: Audio, on_error: str) -> None:
         raise ValueError("Audio(short='drop') makes a recording shorter than a crop a bad sample: it needs on_error='skip'")
 
 
+def join_audio(audio: Audio, media: Mapping[str, Any]) -> Audio:
+    """A loader's ``audio=`` beside its other samplings (role -> sampling, each decided): with
+    sampling="clip", the loader's ``clip=`` it follows (a ValueError without one, or for another)."""
+    if audio.sampling != "clip":
+        return audio
+    clip = media.get("video")
+    if not isinstance(clip, Clip):
+        raise ValueError("Audio(sampling='clip') crops the sound of each clip of a video: give the loader clip=fastload.Clip(...) too")
+    if audio.clip not in (None, clip):
+        raise ValueError(f"Audio clip= ({audio.clip}) is not the loader's clip= ({clip}): leave it out, the loader sets it")
+    return replace(audio, clip=clip)
+
+
 def parse_audio(text: str, sampling: str | None) -> Audio:
     """``SECONDS[:CROPS]`` (``fastload describe --audio 2.5``) as an Audio spec (its rate and channels change no crop's seconds)."""
     seconds, _, crops = text.partition(":")
@@ -109,8 +124,19 @@ def fill_audio_field(
     (the crops, then their lengths); ``transforms`` (an image's geometry) do not apply to sound."""
     if facts is None:
         raise SampleError(where, f"field {name}: no stream facts in its shard's sample table (it did not probe when converted or indexed)")
-    planned = plan_audio(audio_facts(facts, where, name), audio, seed, epoch, index, where, sample_rng)
-    fill_audio(data, where, planned, audio, rows[0], rows[1], clock)
+    fill_audio(data, where, _planned(facts, where, name, audio, seed, epoch, index, sample_rng), audio, rows[0], rows[1], clock)
+
+
+def _planned(facts: MediaFacts, where: str, name: str, audio: Audio, seed: int, epoch: int, index: int,
+             sample_rng: SampleRng) -> PlannedAudio:
+    """Sample ``index``'s crops of audio field ``name``: a recording's, or a video's sound (its
+    clips', with sampling="clip"); a SampleError when it has none."""
+    sound = audio_facts(facts, where, name)
+    if audio.sampling != "clip":
+        return plan_audio(sound, audio, seed, epoch, index, where, sample_rng)
+    if not isinstance(facts, StreamFacts) or audio.clip is None:
+        raise SampleError(where, f"field {name}: a recording, not a video: Audio(sampling='clip') takes the sound of a video's clips")
+    return plan_clip_sound(facts, sound, audio, audio.clip, seed, epoch, index, sample_rng)
 
 
 def describe_audio(facts: MediaFacts, where: str, name: str, audio: Audio, transforms: Sequence[Transform], seed: int, epoch: int,
@@ -118,7 +144,7 @@ def describe_audio(facts: MediaFacts, where: str, name: str, audio: Audio, trans
     """A sample description's audio fields: its crops as a worker plans them (nothing of the
     recording is read), or the problem that stops it."""
     try:
-        planned = plan_audio(audio_facts(facts, where, name), audio, seed, epoch, index, where, sample_rng)
+        planned = _planned(facts, where, name, audio, seed, epoch, index, sample_rng)
     except SampleError as exc:
         return {"audio": name, "problem": exc.reason}
     return {"audio": name, "crops": planned.spans()}

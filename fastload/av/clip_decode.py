@@ -59,8 +59,15 @@ def plan_video(facts: StreamFacts, clip: Clip, transforms: Sequence[Transform], 
                sample_rng: SampleRng) -> PlannedVideo:
     """The clips and geometry of sample ``index``'s video: pure functions of (seed, epoch, index)
     and its facts, drawn from ``sample_rng`` (the crop's random stream is an image's; the clips' is independent of it)."""
-    clips = plan_clips(clip, facts.frames, sample_rng(seed ^ CLIP_SALT, epoch, index))
-    return PlannedVideo(facts, clips, plan(transforms, facts.height, facts.width, sample_rng(seed, epoch, index)))
+    return PlannedVideo(facts, clip_frames(facts, clip, seed, epoch, index, sample_rng),
+                        plan(transforms, facts.height, facts.width, sample_rng(seed, epoch, index)))
+
+
+def clip_frames(facts: StreamFacts, clip: Clip, seed: int, epoch: int, index: int,
+                sample_rng: Callable[[int, int, int], Draws]) -> tuple[tuple[int, ...], ...]:
+    """Each clip's frame numbers of sample ``index``'s video, as its video field plans them: a pure
+    function of (seed, epoch, index) and its facts (the sound of a clip follows them)."""
+    return plan_clips(clip, facts.frames, sample_rng(seed ^ CLIP_SALT, epoch, index))
 
 
 def fill_video(data: bytes, where: str, planned: PlannedVideo, out: np.ndarray, timeout_s: float, clock: StageClock) -> None:

@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal, get_args
 
-from fastload.av.clips import Draws
+from fastload.av.clips import Clip, Draws
 from fastload.av.facts import MAX_AUDIO_RATE, MAX_AUDIO_SECONDS, MAX_CHANNELS, AudioFacts
 
-AudioSampling = Literal["random", "uniform", "centred", "start"]
+AudioSampling = Literal["random", "uniform", "centred", "start", "clip"]
 AUDIO_SAMPLINGS: tuple[str, ...] = get_args(AudioSampling)
 Short = Literal["pad", "drop"]
 SHORTS: tuple[str, ...] = get_args(Short)
@@ -26,8 +26,10 @@ class Audio:
     """``crops`` crops of ``seconds`` from each recording, as ``channels`` channels (1: the channels'
     mean) at ``rate`` samples a second. ``sampling``: "random" starts (training), "uniform" starts
     evenly spaced over the recording (one crop: the centred one), "centred", or "start" (every crop
-    from the recording's start: whole utterances for speech recognition); None: random when the
-    loader shuffles, else uniform. A recording shorter than a crop: ``short="pad"`` zero-pads it
+    from the recording's start: whole utterances for speech recognition), or "clip" (a video's
+    sound track, one crop a clip of its video field: from the clip's first frame's presentation time
+    to its last frame's end, at most ``seconds``; ``clip``: the loader's ``clip=``, set by the
+    loader); None: random when the loader shuffles, else uniform. A recording shorter than a crop: ``short="pad"`` zero-pads it
     (its length in the batch's lengths), ``"drop"`` makes it a bad sample (skipped with
     ``on_error="skip"``). ``mel``: 80 or 128 log-mel bins (Whisper's features) instead of samples.
     ``timeout_s`` bounds one recording's decode. ``dtype``: "float32" samples in [-1, 1], or
@@ -42,6 +44,7 @@ class Audio:
     mel: int | None = None
     timeout_s: float = 30.0
     dtype: AudioDtype = "float32"
+    clip: Clip | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.seconds, bool) or not isinstance(self.seconds, (int, float)) or not 0 < self.seconds <= MAX_AUDIO_SECONDS:
@@ -54,6 +57,12 @@ class Audio:
             raise ValueError(f"Audio sampling must be one of {AUDIO_SAMPLINGS} or None, got {self.sampling!r}")
         if self.sampling == "centred" and self.crops > 1:
             raise ValueError("Audio sampling='centred' takes one crop a recording: for several use 'uniform' or 'random'")
+        if self.clip is not None and self.sampling != "clip":
+            raise ValueError("Audio clip= is the clips sampling='clip' follows: give it with sampling='clip' (the loader sets it from its clip=)")
+        if self.clip is not None and self.crops != self.clip.clips:
+            raise ValueError(f"Audio(sampling='clip') takes one crop a clip: crops={self.clip.clips} for a Clip of {self.clip.clips} clips, got {self.crops}")
+        if self.sampling == "clip" and self.short == "drop":
+            raise ValueError("Audio(sampling='clip') crops a clip's span, shorter than a crop as a rule: short='drop' does not apply")
         if self.short not in SHORTS:
             raise ValueError(f"Audio short must be one of {SHORTS}, got {self.short!r}")
         if self.mel is not None and self.mel not in MEL_BINS:
@@ -87,7 +96,9 @@ class Audio:
         return (self.crops,) if self.crops > 1 else ()
 
     def resolved(self, shuffle: bool) -> Audio:
-        """This spec with its sampling decided: random when shuffling, else uniform."""
+        """This spec with its sampling decided: random when shuffling, else uniform (a clip's, as the loader's clip=)."""
+        if self.clip is not None:
+            return replace(self, clip=self.clip.resolved(shuffle))
         if self.sampling is not None:
             return self
         return replace(self, sampling="random" if shuffle else "uniform")

@@ -112,7 +112,8 @@ class LoaderOptions:
             raise TypeError(f"map= must be a callable (sample: dict, rng: numpy.random.Generator) -> dict, got {self.map!r}")
         if self.rank is not None and self.world_size is not None:
             resolve_rank_world(self.rank, self.world_size)  # refuse an impossible pair now
-        object.__setattr__(self, "media", {role: self._sampling(role, sampling) for role, sampling in self.media.items()})
+        media = {role: self._sampling(role, sampling) for role, sampling in self.media.items()}
+        object.__setattr__(self, "media", {role: MEDIA_ROLES[role].option.join(sampling, media) for role, sampling in media.items()})
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.backend == "hybrid" and self.num_workers == 0:

@@ -45,9 +45,11 @@ def camera_frames(seed: int, frames: int, width: int, height: int) -> list[np.nd
 
 
 def encode(frames: list[np.ndarray], codec: str = "libx264", container: str = "mp4", gop: int = 8, rate: int = 24,
-           audio_rate: int = 0, bframes: int = 0, stamps: list[int] | None = None) -> bytes:
+           audio_rate: int = 0, bframes: int = 0, stamps: list[int] | None = None, sound: np.ndarray | None = None,
+           audio_codec: str = "aac") -> bytes:
     """The frames encoded (``codec`` in ``container``, a keyframe every ``gop`` frames; x264 with
-    ``bframes`` B-frames (default 2), x265 with 4, other codecs with ``bframes``), with a sine tone of ``audio_rate`` Hz sampling where asked;
+    ``bframes`` B-frames (default 2), x265 with 4, other codecs with ``bframes``), with a sine tone of ``audio_rate`` Hz sampling where asked
+    (``sound``: these mono samples instead, encoded by ``audio_codec``);
     frame i shown at ``stamps[i] / rate`` seconds where given (a variable frame rate), else at ``i / rate``."""
     buf = io.BytesIO()
     with av.open(buf, mode="w", format=container) as out:
@@ -61,21 +63,23 @@ def encode(frames: list[np.ndarray], codec: str = "libx264", container: str = "m
             stream.codec_context.options = {"x265-params": f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes={bframes or 4}:log-level=error"}
         elif bframes:
             stream.codec_context.max_b_frames = bframes
-        sound = out.add_stream("aac", rate=audio_rate) if audio_rate else None
+        track = out.add_stream(audio_codec, rate=audio_rate, layout="mono") if audio_rate else None
         for i, pixels in enumerate(frames):
             frame = av.VideoFrame.from_ndarray(pixels, format="rgb24")
             if stamps is not None:
                 frame.pts, frame.time_base = stamps[i], Fraction(1, rate)
             out.mux(stream.encode(frame))
         out.mux(stream.encode(None))
-        if sound is not None:
+        if track is not None:
             samples = int(audio_rate * len(frames) / rate)
-            tone = (0.2 * np.sin(2 * np.pi * 440 * np.arange(samples) / audio_rate)).astype(np.float32)[None, :]
-            for start in range(0, samples, 1024):
-                chunk = av.AudioFrame.from_ndarray(np.ascontiguousarray(tone[:, start : start + 1024]), format="fltp", layout="mono")
+            tone = (0.2 * np.sin(2 * np.pi * 440 * np.arange(samples) / audio_rate)).astype(np.float32) if sound is None else sound
+            convert = av.AudioResampler(format=track.codec_context.codec.audio_formats[0].name, layout="mono", rate=audio_rate)
+            for start in range(0, len(tone), 1024):
+                chunk = av.AudioFrame.from_ndarray(np.ascontiguousarray(tone[None, start : start + 1024]), format="fltp", layout="mono")
                 chunk.sample_rate, chunk.pts, chunk.time_base = audio_rate, start, Fraction(1, audio_rate)
-                out.mux(sound.encode(chunk))
-            out.mux(sound.encode(None))
+                for part in convert.resample(chunk):
+                    out.mux(track.encode(part))
+            out.mux(track.encode(None))
     return buf.getvalue()
 
 
