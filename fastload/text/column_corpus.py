@@ -1,0 +1,195 @@
+"""A column of token ids of data read in place (Parquet, ``datasets.save_to_disk`` Arrow, Lance: a row a
+document, its ids a list of integers, ``input_ids`` by default) as one global token space, read span by
+span as token shards are (fastload.text.token_corpus): the same stream, rows, labels, positions and
+resume as the same documents converted to token shards.
+
+Where each document starts is a *document table* fastload makes once, from one pass over the column
+(each part read in bounded batches, in a spawned process: pylance is not fork-safe) and keeps in the
+cache folder beside the dataset's in-place index (``in-place/``, named by the dataset's location and
+index, the column and the tokenizer, so a changed file or another column makes another): a token shard's
+``.docs`` table (fastload.formats.tokens.reader) of the whole column, memory-mapped, 8 bytes a row;
+the parts' first tokens are read from it. A span is then read from the row holding it, out of the
+process's cache of decoded batches (fastload.formats.in_place_reader), and its ids checked (none
+below 0; below the vocabulary of the tokenizer named)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import mmap
+import time
+from typing import Any
+
+import numpy as np
+
+from fastload._util.files import atomic_write_bytes
+from fastload._util.processes import in_fresh_process
+from fastload.errors import ShardError
+from fastload.formats.in_place_reader import InPlaceReader
+from fastload.formats.index import TokenizerIdentity
+from fastload.formats.part_table import PartTable
+from fastload.formats.tokens.reader import DOCS_MAGIC, encode_documents
+from fastload.storage.dataset import ShardedDataset
+from fastload.storage.in_place_index import CACHE_FOLDER
+from fastload.text.token_corpus import Segments, TokenCorpus
+
+DEFAULT_FIELD = "input_ids"
+HEADER_BYTES = 64  # a document table's header (fastload.formats.tokens.reader)
+log = logging.getLogger("fastload")
+
+
+def _reader(dataset: ShardedDataset, part: int) -> InPlaceReader:
+    """Part ``part``'s reader, open in this process."""
+    reader = dataset.reader(part)
+    assert isinstance(reader, InPlaceReader)  # a layout read in place opens in-place readers
+    return reader
+
+
+def build_table(dataset: ShardedDataset, field: str, vocab_size: int | None, path: str) -> int:
+    """Write the document table of column ``field`` of ``dataset`` to ``path`` (every part read once, in
+    bounded batches, its ids checked); returns its rows."""
+    lengths = [_reader(dataset, part).list_lengths(field, vocab_size) for part in range(len(dataset.index.shards))]
+    dataset.close()
+    offsets = np.zeros(sum(map(len, lengths)) + 1, dtype=np.int64)
+    if len(offsets) > 1:
+        np.cumsum(np.concatenate(lengths), out=offsets[1:])
+    atomic_write_bytes(path, encode_documents(offsets, np.dtype(np.int64).itemsize), durable=False)
+    return len(offsets) - 1
+
+
+class ColumnCorpus(TokenCorpus):
+    """Column ``field`` (None: ``input_ids``) of ``dataset``, data read in place, as a token corpus: a row a
+    document; ``tokenizer`` (a tokenizer.json or folder, optional) gives the pad and eos ids and the
+    vocabulary every id is checked against."""
+
+    def __init__(self, dataset: ShardedDataset, field: str | None = None, tokenizer: str | None = None) -> None:
+        self.dataset, self.field = dataset, field or DEFAULT_FIELD
+        role = dataset.index.columns.get(self.field)
+        if role is None:
+            raise ValueError(f"{dataset.location}: no column {self.field!r} of token ids (its columns: {', '.join(dataset.index.columns)}); "
+                             "name the column holding each row's token ids with fields=[COLUMN]")
+        if role != "array":
+            raise ValueError(f"{dataset.location}: column {self.field!r} holds {role}, not lists of token ids "
+                             "(a text column is converted to token shards: fastload convert ... --text-field COLUMN --tokenizer TOKENIZER)")
+        self.tokenizer: TokenizerIdentity | None = None
+        self.vocab_size: int | None = None
+        self.pad_id = 0
+        if tokenizer is not None:
+            from fastload.text.tokenizer import TextTokenizer
+
+            self.tokenizer = TextTokenizer(tokenizer).identity
+            self.vocab_size = self.tokenizer.vocab_size
+            self.pad_id = next(i for i in (self.tokenizer.pad_id, self.tokenizer.eos_id, 0) if i is not None)
+        self.dtype = np.dtype(np.int64)
+        self.doc_starts = np.concatenate([[0], np.cumsum(dataset.index.shard_samples())]).astype(np.int64)
+        parts = PartTable.of(dataset.index.shards)  # its files (but their mtimes) and their parts: what the ids are read from
+        files = [(path, size, footer, sha256, version) for path, size, footer, _, sha256, version in parts.files]
+        read = hashlib.sha256(json.dumps(files).encode() + parts.parts.tobytes()).hexdigest()
+        self.source = json.dumps([read, self.field, self.tokenizer.sha256 if self.tokenizer is not None else None])
+        index = hashlib.sha256(dataset.index.to_json().encode()).hexdigest()  # mtimes too: a file rewritten is counted again
+        name = hashlib.sha256(json.dumps([dataset.location, index, self.source]).encode()).hexdigest()[:32]
+        self.table = dataset.kept_in() / CACHE_FOLDER / f"{name}.docs"
+        self._map: mmap.mmap | None = None
+        self._offsets: np.ndarray | None = None
+        if not self.table.exists():
+            self.table.parent.mkdir(parents=True, exist_ok=True)
+            start = time.perf_counter()
+            in_fresh_process(build_table, dataset, self.field, self.vocab_size, str(self.table))
+            log.warning("%s: counted the token ids of column %r in %.1fs (kept in %s)", dataset.location, self.field,
+                        time.perf_counter() - start, self.table)
+        self.token_starts = self.offsets()[self.doc_starts].astype(np.int64)
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_map"], state["_offsets"] = None, None  # each process maps the table itself
+        return state
+
+    def offsets(self) -> np.ndarray:
+        """Every row's first token, then the column's token count (uint64, memory-mapped); its header
+        checked against the dataset's rows, and a table cut short since it was mapped is a ShardError."""
+        if self._offsets is None:
+            try:
+                with open(self.table, "rb") as file:
+                    self._map = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError) as exc:
+                raise ShardError(f"{self.table}: cannot map the document table of column {self.field!r} ({exc})") from None
+            rows = self.documents
+            count, tokens = np.frombuffer(self._map, dtype="<u8", count=2, offset=8).tolist() if len(self._map) >= HEADER_BYTES else (-1, -1)
+            if bytes(self._map[:8]) != DOCS_MAGIC or count != rows or len(self._map) != HEADER_BYTES + 8 * (rows + 1):
+                raise ShardError(f"{self.table}: not the document table of the {rows} rows of column {self.field!r} (delete it to make it again)")
+            self._offsets = np.frombuffer(self._map, dtype="<u8", offset=HEADER_BYTES)
+            if self._offsets[0] != 0 or self._offsets[-1] != tokens:
+                raise ShardError(f"{self.table}: its offsets do not run from 0 to its {tokens} tokens (delete it to make it again)")
+        assert self._map is not None
+        if self._map.size() < len(self._map):
+            raise ShardError(f"{self.table}: cut short (truncated since it was mapped?)")
+        return self._offsets
+
+    @property
+    def documents(self) -> int:
+        """Rows (documents) in the dataset."""
+        return int(self.doc_starts[-1])
+
+    def starts_inside(self, start: int, end: int) -> np.ndarray:
+        """Global positions of the documents starting strictly between ``start`` and ``end`` (empty rows: none)."""
+        offsets = self.offsets()
+        lo, hi = int(np.searchsorted(offsets, start, side="right")), int(np.searchsorted(offsets, end, side="left"))
+        return np.unique(offsets[lo:hi].astype(np.int64))
+
+    def starts_document(self, token: int) -> bool:
+        """Whether a document starts at global token ``token`` (the end of the tokens: True)."""
+        if token >= self.total:
+            return True
+        offsets = self.offsets()
+        at = int(np.searchsorted(offsets, token, side="left"))
+        return at < len(offsets) and int(offsets[at]) == token
+
+    def documents_at(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(first global token, tokens) of rows ``indices``."""
+        offsets = self.offsets()
+        first, end = offsets[indices].astype(np.int64), offsets[indices + 1].astype(np.int64)
+        if np.any(end < first):
+            raise ShardError(f"{self.table}: its offsets do not ascend (delete it to make it again)")
+        return first, end - first
+
+    def _row_of(self, token: int) -> tuple[int, int, int]:
+        """(part, row in it, the row's first global token) of the row holding global token ``token``."""
+        offsets = self.offsets()
+        document = int(np.searchsorted(offsets, token, side="right")) - 1
+        part = int(np.searchsorted(self.doc_starts, document, side="right")) - 1
+        return part, document - int(self.doc_starts[part]), int(offsets[document])
+
+    def read_into(self, buffer: np.ndarray, segments: Segments, destinations: np.ndarray, extra: np.ndarray) -> np.ndarray:
+        """Each segment's ids into ``buffer`` at its destination, read from the row holding it (with the row's
+        next id where ``extra`` says so, also returned); each row's ids checked."""
+        offsets = self.offsets()
+        nexts = np.zeros(len(segments.start), dtype=np.int64)
+        for n, (start, count, dest, more) in enumerate(zip(segments.start.tolist(), (segments.length + extra).tolist(),
+                                                          destinations.tolist(), extra.tolist())):
+            part, row, first = self._row_of(start)
+            reader = _reader(self.dataset, part)
+            ids = reader.list_values(row, self.field)
+            document = int(self.doc_starts[part]) + row
+            if len(ids) != int(offsets[document + 1]) - first:
+                raise ShardError(f"{reader.key(row)}: holds {len(ids)} ids in column {self.field!r}, the document table "
+                                 f"{int(offsets[document + 1]) - first} (the file changed since it was indexed?)")
+            span = ids[start - first : start - first + count]
+            reader.check_ids(row, self.field, span, self.vocab_size)
+            buffer[dest : dest + count] = span
+            if more:
+                nexts[n] = buffer[dest + count - 1]
+        return nexts
+
+    def named(self, token: int) -> dict[str, Any]:
+        """The file (a Lance dataset, with its fragment), the row as its key names it, and the token's offset in it."""
+        part, row, first = self._row_of(token)
+        shard = self.dataset.index.shards[part]
+        named: dict[str, Any] = {"shard": shard.path, "document": (shard.first_row or 0) + row, "offset": token - first}
+        if self.dataset.index.layout == "lance":
+            named["fragment"] = shard.row_group
+        return named
+
+    def identity(self) -> str:
+        """The files read (their names, sizes and footers: not where they lie, nor their mtimes), their parts, the column and the tokenizer."""
+        return self.source
