@@ -6,6 +6,7 @@ row; bad ids are one line naming the row."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -129,6 +130,22 @@ def test_a_resume_mid_epoch_continues_exactly(parquet: Path, packing: str) -> No
     resumed = loader(parquet, packing=packing, packing_window=2 * BLOCK)
     resumed.load_state_dict(state)
     assert same_batches(list(resumed), whole[5:])
+
+
+@pytest.mark.parametrize("packing", ["concat", "best-fit", "pad"])
+def test_a_resume_at_another_seq_len_and_world_size_gives_the_token_shards_batches(parquet: Path, shards: Path, tokenizer_file: Path,
+                                                                                  packing: str) -> None:
+    def run(location: Path, **extra: object) -> list[dict]:
+        first = loader(location, packing=packing, seq_len=64, packing_window=BLOCK, **extra)
+        delivered = list(itertools.islice(first, 5))
+        state = json.loads(json.dumps(first.state_dict()))
+        for rank in (0, 1):
+            resumed = loader(location, packing=packing, seq_len=96, packing_window=BLOCK, rank=rank, world_size=2, **extra)
+            resumed.load_state_dict(state)
+            delivered += list(resumed)
+        return delivered
+
+    assert same_batches(run(parquet, tokenizer=tokenizer_file), run(shards))
 
 
 def every_token(parquet: Path) -> Counter:
