@@ -1,16 +1,20 @@
-"""A column of token ids of data read in place (Parquet, ``datasets.save_to_disk`` Arrow, Lance: a row a
-document, its ids a list of integers, ``input_ids`` by default) as one global token space, read span by
-span as token shards are (fastload.text.token_corpus): the same stream, rows, labels, positions and
-resume as the same documents converted to token shards.
+"""A column of data read in place (Parquet, ``datasets.save_to_disk`` Arrow, Lance: a row a document) as
+one global token space, read span by span as token shards are (fastload.text.token_corpus): the same
+stream, rows, labels, positions and resume as the same documents converted to token shards. The column
+holds each document's token ids (a list of integers, ``input_ids`` by default), or its text, encoded in
+the workers with the tokenizer named (as ``fastload convert --tokenizer`` encodes it, adding no special
+tokens).
 
 Where each document starts is a *document table* fastload makes once, from one pass over the column
-(each part read in bounded batches, in a spawned process: pylance is not fork-safe) and keeps in the
-cache folder beside the dataset's in-place index (``in-place/``, named by the dataset's location and
-index, the column and the tokenizer, so a changed file or another column makes another): a token shard's
-``.docs`` table (fastload.formats.tokens.reader) of the whole column, memory-mapped, 8 bytes a row;
-the parts' first tokens are read from it. A span is then read from the row holding it, out of the
-process's cache of decoded batches (fastload.formats.in_place_reader), and its ids checked (none
-below 0; below the vocabulary of the tokenizer named)."""
+(each part read in bounded batches, a text column's texts encoded; in a spawned process: pylance is
+not fork-safe) and keeps in the cache folder beside the dataset's in-place index (``in-place/``, named
+by the dataset's location and index, the column and the tokenizer, so a changed file or another
+column makes another): a token shard's ``.docs`` table (fastload.formats.tokens.reader) of the whole
+column, memory-mapped, 8 bytes a row; the parts' first tokens are read from it. A span is then read
+from the row holding it, out of the process's cache of decoded batches
+(fastload.formats.in_place_reader), its ids checked (none below 0; below the vocabulary of the
+tokenizer named), or its text encoded (the texts a process encoded last kept, so a document cut
+across rows is encoded once)."""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import json
 import logging
 import mmap
 import time
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -33,9 +38,12 @@ from fastload.formats.tokens.reader import DOCS_MAGIC, encode_documents
 from fastload.storage.dataset import ShardedDataset
 from fastload.storage.in_place_index import CACHE_FOLDER
 from fastload.text.token_corpus import Segments, TokenCorpus
+from fastload.text.tokenizer import TextTokenizer
 
 DEFAULT_FIELD = "input_ids"
 HEADER_BYTES = 64  # a document table's header (fastload.formats.tokens.reader)
+TEXT_BATCH = 1024  # texts encoded at once when a text column's table is made
+ENCODED_TOKENS = 1 << 22  # a process keeps the ids of the texts it encoded last, up to this many
 log = logging.getLogger("fastload")
 
 
@@ -46,10 +54,27 @@ def _reader(dataset: ShardedDataset, part: int) -> InPlaceReader:
     return reader
 
 
-def build_table(dataset: ShardedDataset, field: str, vocab_size: int | None, path: str) -> int:
+def text_ids(tokenizer: TextTokenizer, reader: InPlaceReader, row: int, column: str) -> np.ndarray:
+    """Row ``row``'s text in ``column`` encoded (one text at a time: no thread pool, so a process may fork after; a null: no ids)."""
+    text = reader.read(row, (column,)).get(column)
+    return np.asarray(tokenizer.encode_each([text.decode("utf-8", "surrogatepass")])[0] if text else [], dtype=np.int64)
+
+
+def text_lengths(tokenizer: TextTokenizer, reader: InPlaceReader, column: str) -> np.ndarray:
+    """Each row's number of ids, its text in ``column`` encoded ``TEXT_BATCH`` rows at a time (a null: none)."""
+    lengths = np.zeros(len(reader), dtype=np.int64)
+    for first in range(0, len(reader), TEXT_BATCH):
+        rows = range(first, min(first + TEXT_BATCH, len(reader)))
+        texts = [reader.read(row, (column,)).get(column, b"").decode("utf-8", "surrogatepass") for row in rows]
+        lengths[first : first + len(texts)] = tokenizer.encode_arrays(texts)[1] if texts else []
+    return lengths
+
+
+def build_table(dataset: ShardedDataset, field: str, vocab_size: int | None, path: str, tokenizer: TextTokenizer | None = None) -> int:
     """Write the document table of column ``field`` of ``dataset`` to ``path`` (every part read once, in
-    bounded batches, its ids checked); returns its rows."""
-    lengths = [_reader(dataset, part).list_lengths(field, vocab_size) for part in range(len(dataset.index.shards))]
+    bounded batches; a list of ids checked, a text encoded with ``tokenizer``); returns its rows."""
+    readers = (_reader(dataset, part) for part in range(len(dataset.index.shards)))
+    lengths = [reader.list_lengths(field, vocab_size) if tokenizer is None else text_lengths(tokenizer, reader, field) for reader in readers]
     dataset.close()
     offsets = np.zeros(sum(map(len, lengths)) + 1, dtype=np.int64)
     if len(offsets) > 1:
@@ -60,8 +85,8 @@ def build_table(dataset: ShardedDataset, field: str, vocab_size: int | None, pat
 
 class ColumnCorpus(TokenCorpus):
     """Column ``field`` (None: ``input_ids``) of ``dataset``, data read in place, as a token corpus: a row a
-    document; ``tokenizer`` (a tokenizer.json or folder, optional) gives the pad and eos ids and the
-    vocabulary every id is checked against."""
+    document, a list of ids or a text; ``tokenizer`` (a tokenizer.json or folder; optional for ids) gives the
+    pad and eos ids and the vocabulary every id is checked against, and encodes a text column."""
 
     def __init__(self, dataset: ShardedDataset, field: str | None = None, tokenizer: str | None = None) -> None:
         self.dataset, self.field = dataset, field or DEFAULT_FIELD
@@ -69,15 +94,16 @@ class ColumnCorpus(TokenCorpus):
         if role is None:
             raise ValueError(f"{dataset.location}: no column {self.field!r} of token ids (its columns: {', '.join(dataset.index.columns)}); "
                              "name the column holding each row's token ids with fields=[COLUMN]")
-        if role != "array":
-            raise ValueError(f"{dataset.location}: column {self.field!r} holds {role}, not lists of token ids "
-                             "(a text column is converted to token shards: fastload convert ... --text-field COLUMN --tokenizer TOKENIZER)")
+        if role not in ("array", "text"):
+            raise ValueError(f"{dataset.location}: column {self.field!r} holds {role}, not lists of token ids nor text")
+        if role == "text" and tokenizer is None:
+            raise ValueError(f"{dataset.location}: column {self.field!r} holds text: name the tokenizer that encodes it with tokenizer=")
         self.tokenizer: TokenizerIdentity | None = None
         self.vocab_size: int | None = None
+        self.encoder = TextTokenizer(tokenizer) if role == "text" and tokenizer is not None else None  # encodes each row's text
+        self._encoded: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()  # the rows this process encoded last
         self.pad_id = 0
         if tokenizer is not None:
-            from fastload.text.tokenizer import TextTokenizer
-
             self.tokenizer = TextTokenizer(tokenizer).identity
             self.vocab_size = self.tokenizer.vocab_size
             self.pad_id = next(i for i in (self.tokenizer.pad_id, self.tokenizer.eos_id, 0) if i is not None)
@@ -95,14 +121,14 @@ class ColumnCorpus(TokenCorpus):
         if not self.table.exists():
             self.table.parent.mkdir(parents=True, exist_ok=True)
             start = time.perf_counter()
-            in_fresh_process(build_table, dataset, self.field, self.vocab_size, str(self.table))
+            in_fresh_process(build_table, dataset, self.field, self.vocab_size, str(self.table), self.encoder)
             log.warning("%s: counted the token ids of column %r in %.1fs (kept in %s)", dataset.location, self.field,
                         time.perf_counter() - start, self.table)
         self.token_starts = self.offsets()[self.doc_starts].astype(np.int64)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_map"], state["_offsets"] = None, None  # each process maps the table itself
+        state["_map"], state["_offsets"], state["_encoded"] = None, None, OrderedDict()  # each process maps the table itself
         return state
 
     def offsets(self) -> np.ndarray:
@@ -169,7 +195,7 @@ class ColumnCorpus(TokenCorpus):
                                                           destinations.tolist(), extra.tolist())):
             part, row, first = self._row_of(start)
             reader = _reader(self.dataset, part)
-            ids = reader.list_values(row, self.field)
+            ids = reader.list_values(row, self.field) if self.encoder is None else self._text_ids(reader, part, row)
             document = int(self.doc_starts[part]) + row
             if len(ids) != int(offsets[document + 1]) - first:
                 raise ShardError(f"{reader.key(row)}: holds {len(ids)} ids in column {self.field!r}, the document table "
@@ -180,6 +206,18 @@ class ColumnCorpus(TokenCorpus):
             if more:
                 nexts[n] = buffer[dest + count - 1]
         return nexts
+
+    def _text_ids(self, reader: InPlaceReader, part: int, row: int) -> np.ndarray:
+        """Row ``row`` of part ``part``, its text encoded (the last ENCODED_TOKENS ids encoded kept: a document
+        cut across rows is encoded once)."""
+        ids = self._encoded.get((part, row))
+        if ids is None:
+            assert self.encoder is not None
+            ids = self._encoded[(part, row)] = text_ids(self.encoder, reader, row, self.field)
+            while sum(len(kept) for kept in self._encoded.values()) > ENCODED_TOKENS and len(self._encoded) > 1:
+                self._encoded.popitem(last=False)
+        self._encoded.move_to_end((part, row))
+        return ids
 
     def named(self, token: int) -> dict[str, Any]:
         """The file (a Lance dataset, with its fragment), the row as its key names it, and the token's offset in it."""

@@ -209,8 +209,10 @@ def test_a_file_changed_since_its_table_was_made_is_counted_again(shards: Path, 
 def test_bad_columns_and_ids_are_one_line_naming_them(parquet: Path, shards: Path, tokenizer_file: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=re.escape("no column 'tokens' of token ids (its columns: id, input_ids, note)")):
         loader(parquet, fields=["tokens"])
-    with pytest.raises(ValueError, match=re.escape("column 'note' holds text, not lists of token ids")):
+    with pytest.raises(ValueError, match=re.escape("column 'note' holds text: name the tokenizer that encodes it with tokenizer=")):
         loader(parquet, fields=["note"])
+    with pytest.raises(ValueError, match=re.escape("column 'id' holds label, not lists of token ids nor text")):
+        loader(parquet, fields=["id"])
     with pytest.raises(ValueError, match=re.escape("fields= names the one column holding each row's token ids")):
         loader(parquet, fields=["input_ids", "note"])
     with pytest.raises(ValueError, match="fields=, tokenizer= name the column .* holds token shards"):
@@ -241,3 +243,42 @@ def test_the_document_table_is_made_once_and_mapped_by_every_loader(parquet: Pat
     offsets = np.frombuffer(tables[0].read_bytes()[64:], dtype="<u8")
     rows = sum(pq.read_metadata(parquet / name).num_rows for name in ("a.parquet", "b.parquet"))
     assert len(offsets) == rows + 1 and offsets[-1] == sum(every_token(parquet).values()) and os.path.getsize(tables[0]) == 64 + 8 * (rows + 1)
+
+
+@pytest.fixture(scope="module")
+def texts(tokenizer_file: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Real paragraphs as a text column of Parquet files, and converted to token shards with the same tokenizer."""
+    root = tmp_path_factory.mktemp("texts")
+    paragraphs = real_paragraphs()[:700]
+    write_jsonl(root / "docs.jsonl", paragraphs)
+    convert(str(root / "docs.jsonl"), str(root / "shards"), ConvertOptions(
+        source="jsonl", layout="tokens", tokens=TokenizeOptions(str(tokenizer_file), shard_tokens=20_000)), quiet=True)
+    (root / "parquet").mkdir()
+    for name, part in (("a.parquet", slice(0, 300)), ("b.parquet", slice(300, None))):
+        pq.write_table(pa.table({"text": paragraphs[part], "n": list(range(len(paragraphs[part])))}), str(root / "parquet" / name),
+                       row_group_size=61)
+    return root / "parquet", root / "shards"
+
+
+@pytest.mark.parametrize(("packing", "num_workers"), [("concat", 0), ("best-fit", 2), ("pad", 0)])
+def test_a_text_column_encoded_in_the_workers_gives_the_token_shards_batches(texts: tuple[Path, Path], tokenizer_file: Path, packing: str,
+                                                                             num_workers: int) -> None:
+    parquet, shards = texts
+    with loader(parquet, fields=["text"], tokenizer=tokenizer_file, packing=packing, packing_window=2 * BLOCK, num_workers=num_workers) as ld:
+        assert same_batches(list(ld), list(loader(shards, packing=packing, packing_window=2 * BLOCK)))
+        segment = ld.describe(3)[1][0]
+        assert segment["shard"] in ("a.parquet", "b.parquet") and segment["tokens"] > 0
+
+
+def test_a_text_column_resumes_exactly(texts: tuple[Path, Path], tokenizer_file: Path) -> None:
+    parquet, _ = texts
+    whole = list(loader(parquet, fields=["text"], tokenizer=tokenizer_file, packing="best-fit"))
+    first = loader(parquet, fields=["text"], tokenizer=tokenizer_file, packing="best-fit", num_workers=2)
+    it = iter(first)
+    for _ in range(7):
+        next(it)
+    state = json.loads(json.dumps(first.state_dict()))
+    first.close()
+    resumed = loader(parquet, fields=["text"], tokenizer=tokenizer_file, packing="best-fit")
+    resumed.load_state_dict(state)
+    assert same_batches(list(resumed), whole[7:])
