@@ -282,3 +282,20 @@ def test_a_text_column_resumes_exactly(texts: tuple[Path, Path], tokenizer_file:
     resumed = loader(parquet, fields=["text"], tokenizer=tokenizer_file, packing="best-fit")
     resumed.load_state_dict(state)
     assert same_batches(list(resumed), whole[7:])
+
+
+def test_parquet_over_http_gives_the_local_files_batches_read_by_ranges(parquet: Path, tmp_path: Path) -> None:
+    from tests.formats.test_parquet_in_place import RangeServer
+
+    server = RangeServer(parquet)
+    try:
+        remote = fastload.open([f"{server.url}/{name}" for name in ("a.parquet", "b.parquet")], cache_dir=tmp_path / "remote-cache")
+        with fastload.DataLoader(remote, batch_size=4, seq_len=SEQ, block_tokens=BLOCK, seed=3, packing="best-fit", num_workers=2) as ld:
+            got = list(ld)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert same_batches(got, list(loader(parquet, packing="best-fit")))
+    gets = [asked for name, asked in server.gets if name.endswith(".parquet")]
+    assert gets and all(asked is not None for asked in gets)  # ranges only, never a whole file
+    assert list((tmp_path / "remote-cache" / "in-place").glob("*.docs"))
