@@ -18,17 +18,19 @@ across rows is encoded once)."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
 import mmap
+import os
 import time
 from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 
-from fastload._util.files import atomic_write_bytes
+from fastload._util.files import atomic_write_bytes, open_lock_file
 from fastload._util.processes import in_fresh_process
 from fastload.errors import ShardError
 from fastload.formats.in_place_reader import InPlaceReader
@@ -119,12 +121,23 @@ class ColumnCorpus(TokenCorpus):
         self._map: mmap.mmap | None = None
         self._offsets: np.ndarray | None = None
         if not self.table.exists():
-            self.table.parent.mkdir(parents=True, exist_ok=True)
-            start = time.perf_counter()
-            in_fresh_process(build_table, dataset, self.field, self.vocab_size, str(self.table), self.encoder)
-            log.warning("%s: counted the token ids of column %r in %.1fs (kept in %s)", dataset.location, self.field,
-                        time.perf_counter() - start, self.table)
+            self._make_table()
         self.token_starts = self.offsets()[self.doc_starts].astype(np.int64)
+
+    def _make_table(self) -> None:
+        """Make the document table, one process at a time (the ranks of a machine opening it at once make it once)."""
+        self.table.parent.mkdir(parents=True, exist_ok=True)
+        fd = open_lock_file(self.table.with_name(self.table.name + ".lock"))
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if self.table.exists():  # made while this process waited
+                return
+            start = time.perf_counter()
+            in_fresh_process(build_table, self.dataset, self.field, self.vocab_size, str(self.table), self.encoder)
+            log.warning("%s: counted the token ids of column %r in %.1fs (kept in %s)", self.dataset.location, self.field,
+                        time.perf_counter() - start, self.table)
+        finally:
+            os.close(fd)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
