@@ -104,6 +104,7 @@ class ColumnCorpus(TokenCorpus):
         self.vocab_size: int | None = None
         self.encoder = TextTokenizer(tokenizer) if role == "text" and tokenizer is not None else None  # encodes each row's text
         self._encoded: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()  # the rows this process encoded last
+        self._encoded_ids = 0  # the ids they hold
         self.pad_id = 0
         if tokenizer is not None:
             self.tokenizer = TextTokenizer(tokenizer).identity
@@ -141,7 +142,7 @@ class ColumnCorpus(TokenCorpus):
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_map"], state["_offsets"], state["_encoded"] = None, None, OrderedDict()  # each process maps the table itself
+        state["_map"], state["_offsets"], state["_encoded"], state["_encoded_ids"] = None, None, OrderedDict(), 0  # each process its own
         return state
 
     def offsets(self) -> np.ndarray:
@@ -227,8 +228,9 @@ class ColumnCorpus(TokenCorpus):
         if ids is None:
             assert self.encoder is not None
             ids = self._encoded[(part, row)] = text_ids(self.encoder, reader, row, self.field)
-            while sum(len(kept) for kept in self._encoded.values()) > ENCODED_TOKENS and len(self._encoded) > 1:
-                self._encoded.popitem(last=False)
+            self._encoded_ids += len(ids)
+            while self._encoded_ids > ENCODED_TOKENS and len(self._encoded) > 1:
+                self._encoded_ids -= len(self._encoded.popitem(last=False)[1])
         self._encoded.move_to_end((part, row))
         return ids
 
