@@ -95,7 +95,7 @@ class ColumnCorpus(TokenCorpus):
         role = dataset.index.columns.get(self.field)
         if role is None:
             raise ValueError(f"{dataset.location}: no column {self.field!r} of token ids (its columns: {', '.join(dataset.index.columns)}); "
-                             "name the column holding each row's token ids with fields=[COLUMN]")
+                             "name the column holding each row's token ids (or its text, with tokenizer=) with fields=[COLUMN]")
         if role not in ("array", "text"):
             raise ValueError(f"{dataset.location}: column {self.field!r} holds {role}, not lists of token ids nor text")
         if role == "text" and tokenizer is None:
