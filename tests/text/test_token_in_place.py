@@ -10,6 +10,8 @@ import itertools
 import json
 import os
 import re
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -299,3 +301,23 @@ def test_parquet_over_http_gives_the_local_files_batches_read_by_ranges(parquet:
     gets = [asked for name, asked in server.gets if name.endswith(".parquet")]
     assert gets and all(asked is not None for asked in gets)  # ranges only, never a whole file
     assert list((tmp_path / "remote-cache" / "in-place").glob("*.docs"))
+
+
+UNGUARDED = """
+import fastload
+loader = fastload.DataLoader({location!r}, batch_size=4, seq_len=64)   # no `if __name__ == "__main__":` around it
+print(sum(int(batch["attention_mask"].sum()) for batch in loader))
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_script_without_a_main_guard_makes_the_table_and_loads(parquet: Path, tmp_path: Path) -> None:
+    """The table is made in a fresh interpreter that does not run the user's script again (multiprocessing's
+    spawn did: there the loader was made again and waited for the table's lock its parent held, for ever)."""
+    script = tmp_path / "train.py"
+    script.write_text(UNGUARDED.format(location=str(parquet)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(fastload.__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout.split()[-1]) == sum(every_token(parquet).values())
+    assert done.stderr.count("counted the token ids of column 'input_ids'") == 1
