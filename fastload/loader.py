@@ -70,12 +70,12 @@ def check_kind_arguments(given: Mapping[str, Any], seq_len: int | None) -> None:
 
 
 def token_field(fields: object) -> str | None:
-    """The one column ``fields=`` names for token rows (data read in place: each row's token ids), or None."""
+    """The one column ``fields=`` names for token rows (data read in place: each row's token ids or text), or None."""
     if fields is None:
         return None
     if isinstance(fields, (list, tuple)) and len(fields) == 1 and isinstance(fields[0], str):
         return fields[0]
-    raise ValueError(f"with seq_len=, fields= names the one column holding each row's token ids, as [COLUMN]: got {fields!r}")
+    raise ValueError(f"with seq_len=, fields= names the one column holding each row's token ids (or text), as [COLUMN]: got {fields!r}")
 
 
 class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
@@ -110,8 +110,9 @@ class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
     (flash-attention's ``cu_seq_lens_q/k``, ``max_length_q/k``) keeps a row's documents apart;
     ``ignore_index`` marks labels not trained on; ``block_tokens`` is the shuffle's unit
     (fastload.text.token_batch, fastload.text.token_rows). Data read in place (Parquet, Arrow, Lance) gives
-    its rows' token ids from the column ``fields=[COLUMN]`` names (default ``input_ids``); ``tokenizer``
-    (a tokenizer.json or folder) names their tokenizer: its pad and eos ids, the vocabulary ids are checked against.
+    each row's token ids, or its text, from the column ``fields=[COLUMN]`` names (default ``input_ids``);
+    ``tokenizer`` (a tokenizer.json or folder) names their tokenizer: its pad and eos ids, the vocabulary
+    ids are checked against; it encodes a text column (fastload.text.column_corpus).
     """
 
     use_stateful_dataloader = True  # Accelerate's save_state/load_state then save and load state_dict()

@@ -55,7 +55,7 @@ class TokenOptions:
     ignore_index: int = IGNORE_INDEX
     packing_window: int = PACKING_WINDOW  # best-fit: tokens packed at once (whole blocks of the stream, at least one)
     field: str | None = None  # data read in place: the column holding each row's document (None: input_ids)
-    tokenizer: str | None = None  # data read in place: the tokenizer its ids are of (pad, eos, vocabulary)
+    tokenizer: str | None = None  # data read in place: the tokenizer of its ids (pad, eos, vocabulary), which encodes a text column
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "block_tokens", "packing_window", "ignore_index"):
@@ -104,14 +104,15 @@ def open_corpus(dataset: ShardedDataset, options: TokenOptions) -> TokenCorpus:
     (``options.field``, else ``input_ids``; with ``options.tokenizer``)."""
     if isinstance(dataset, MixedDataset):
         if any(member.layout.in_place for member in dataset.members):
-            raise ValueError("a mixture by tokens mixes token datasets: data read in place is not a member of one yet "
+            raise ValueError("token rows of a mixture read token datasets only: data read in place is not a member of one yet "
                              "(convert it with fastload convert ... --tokenizer)")
     elif dataset.layout.in_place:
         return ColumnCorpus(dataset, options.field, options.tokenizer)
     given = [name for name, value in (("fields", options.field), ("tokenizer", options.tokenizer)) if value is not None]
     if given:
+        held = "token shards, whose documents are their tokens" if dataset.index.tokenizer is not None else "no column read in place"
         raise ValueError(f"{', '.join(name + '=' for name in given)} name the column (and its tokenizer) of data read in place; "
-                         f"{dataset.location} holds token shards, whose documents are their tokens")
+                         f"{dataset.location} holds {held}")
     return ShardCorpus(dataset)
 
 

@@ -215,7 +215,7 @@ def test_bad_columns_and_ids_are_one_line_naming_them(parquet: Path, shards: Pat
         loader(parquet, fields=["note"])
     with pytest.raises(ValueError, match=re.escape("column 'id' holds label, not lists of token ids nor text")):
         loader(parquet, fields=["id"])
-    with pytest.raises(ValueError, match=re.escape("fields= names the one column holding each row's token ids")):
+    with pytest.raises(ValueError, match=re.escape("fields= names the one column holding each row's token ids (or text)")):
         loader(parquet, fields=["input_ids", "note"])
     with pytest.raises(ValueError, match="fields=, tokenizer= name the column .* holds token shards"):
         loader(shards, fields=["input_ids"], tokenizer=tokenizer_file)
