@@ -33,7 +33,7 @@ import numpy as np
 from fastload._util.files import atomic_write_bytes, open_lock_file
 from fastload._util.processes import in_fresh_process
 from fastload.errors import ShardError
-from fastload.formats.in_place_reader import InPlaceReader
+from fastload.formats.in_place_reader import MAX_ID, InPlaceReader
 from fastload.formats.index import TokenizerIdentity
 from fastload.formats.part_table import PartTable
 from fastload.formats.tokens.reader import DOCS_MAGIC, encode_documents
@@ -193,37 +193,44 @@ class ColumnCorpus(TokenCorpus):
             raise ShardError(f"{self.table}: its offsets do not ascend (delete it to make it again)")
         return first, end - first
 
-    def _row_of(self, token: int) -> tuple[int, int, int]:
-        """(part, row in it, the row's first global token) of the row holding global token ``token``."""
+    def _rows_of(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(part, row in it, the row's first global token, its ids) of the row holding each global token of ``tokens``."""
         offsets = self.offsets()
-        document = int(np.searchsorted(offsets, token, side="right")) - 1
-        part = int(np.searchsorted(self.doc_starts, document, side="right")) - 1
-        return part, document - int(self.doc_starts[part]), int(offsets[document])
+        documents = np.searchsorted(offsets, tokens, side="right").astype(np.int64) - 1
+        parts = np.searchsorted(self.doc_starts, documents, side="right") - 1
+        firsts = offsets[documents].astype(np.int64)
+        return parts, documents - self.doc_starts[parts], firsts, offsets[documents + 1].astype(np.int64) - firsts
 
     def read_into(self, buffer: np.ndarray, segments: Segments, destinations: np.ndarray, extra: np.ndarray) -> np.ndarray:
         """Each segment's ids into ``buffer`` at its destination, read from the row holding it (with the row's
-        next id where ``extra`` says so, also returned); each row's ids checked."""
-        offsets = self.offsets()
+        next id where ``extra`` says so, also returned); every id read checked."""
         nexts = np.zeros(len(segments.start), dtype=np.int64)
-        for n, (start, count, dest, more) in enumerate(zip(segments.start.tolist(), (segments.length + extra).tolist(),
-                                                          destinations.tolist(), extra.tolist())):
-            part, row, first = self._row_of(start)
+        counts = segments.length + extra
+        parts, rows, firsts, sizes = self._rows_of(segments.start)
+        for n, (part, row, first, size, start, count, dest, more) in enumerate(zip(
+                parts.tolist(), rows.tolist(), firsts.tolist(), sizes.tolist(), segments.start.tolist(), counts.tolist(),
+                destinations.tolist(), extra.tolist())):
             reader = _reader(self.dataset, part)
-            ids = reader.list_values(row, self.field) if self.encoder is None else self._text_ids(reader, part, row)
-            document = int(self.doc_starts[part]) + row
-            if len(ids) != int(offsets[document + 1]) - first:
+            ids = self._ids(reader, part, row)
+            if len(ids) != size:
                 raise ShardError(f"{reader.key(row)}: holds {len(ids)} ids in column {self.field!r}, the document table "
-                                 f"{int(offsets[document + 1]) - first} (the file changed since it was indexed?)")
-            span = ids[start - first : start - first + count]
-            reader.check_ids(row, self.field, span, self.vocab_size)
-            buffer[dest : dest + count] = span
+                                 f"{size} (the file changed since it was indexed?)")
+            buffer[dest : dest + count] = ids[start - first : start - first + count]
             if more:
                 nexts[n] = buffer[dest + count - 1]
+        end = int((destinations + segments.length).max(initial=0))
+        highest = MAX_ID if self.vocab_size is None else self.vocab_size - 1
+        if min(int(buffer[:end].min(initial=0)), int(nexts.min(initial=0))) < 0 or max(int(buffer[:end].max(initial=0)), int(nexts.max(initial=0))) > highest:
+            for part, row, first, start, count in zip(parts.tolist(), rows.tolist(), firsts.tolist(), segments.start.tolist(), counts.tolist()):
+                reader = _reader(self.dataset, part)  # the row holding a bad id named: read again (an error's path)
+                reader.check_ids(row, self.field, self._ids(reader, part, row)[start - first : start - first + count], self.vocab_size)
         return nexts
 
-    def _text_ids(self, reader: InPlaceReader, part: int, row: int) -> np.ndarray:
-        """Row ``row`` of part ``part``, its text encoded (the last ENCODED_TOKENS ids encoded kept: a document
-        cut across rows is encoded once)."""
+    def _ids(self, reader: InPlaceReader, part: int, row: int) -> np.ndarray:
+        """Row ``row``'s ids (of part ``part``, read by ``reader``): its list, or its text encoded (the last
+        ENCODED_TOKENS ids encoded kept: a document cut across rows is encoded once)."""
+        if self.encoder is None:
+            return reader.list_values(row, self.field)
         ids = self._encoded.get((part, row))
         if ids is None:
             assert self.encoder is not None
@@ -236,9 +243,9 @@ class ColumnCorpus(TokenCorpus):
 
     def named(self, token: int) -> dict[str, Any]:
         """The file (a Lance dataset, with its fragment), the row as its key names it, and the token's offset in it."""
-        part, row, first = self._row_of(token)
-        shard = self.dataset.index.shards[part]
-        named: dict[str, Any] = {"shard": shard.path, "document": (shard.first_row or 0) + row, "offset": token - first}
+        parts, rows, firsts, _ = self._rows_of(np.array([token], dtype=np.int64))
+        shard = self.dataset.index.shards[int(parts[0])]
+        named: dict[str, Any] = {"shard": shard.path, "document": (shard.first_row or 0) + int(rows[0]), "offset": token - int(firsts[0])}
         if self.dataset.index.layout == "lance":
             named["fragment"] = shard.row_group
         return named

@@ -321,3 +321,26 @@ def test_a_script_without_a_main_guard_makes_the_table_and_loads(parquet: Path, 
     assert done.returncode == 0, done.stderr[-2000:]
     assert int(done.stdout.split()[-1]) == sum(every_token(parquet).values())
     assert done.stderr.count("counted the token ids of column 'input_ids'") == 1
+
+
+def test_an_id_rewritten_under_the_same_size_and_mtime_is_refused_as_it_is_read(shards: Path, tmp_path: Path) -> None:
+    """Ids are checked as they are read, not only when the document table is made: a file rewritten in place
+    (plain encoding, no statistics: the same size and footer), its mtime put back, keeps its table."""
+    docs = documents(shards)[:300]
+    path = tmp_path / "data" / "a.parquet"
+    path.parent.mkdir()
+
+    def write(rows: list[list[int]]) -> None:
+        pq.write_table(pa.table({"input_ids": pa.array(rows, type=pa.list_(pa.int32()))}), str(path), row_group_size=97,
+                       compression="none", use_dictionary=False, write_statistics=False)
+
+    write(docs)
+    list(loader(path.parent))
+    before = path.stat()
+    docs[123][4] = -7
+    write(docs)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_size == before.st_size
+    with pytest.raises(ShardError, match=re.escape("a.parquet:row123: column 'input_ids' holds token id -7, below 0")):
+        list(loader(path.parent, num_workers=1))  # a worker: this process keeps the batches it decoded before
+    assert len(list((tmp_path / "cache" / "in-place").glob("*.docs"))) == 1  # the same table: counted once
