@@ -17,6 +17,7 @@ import os
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 ROW_GROUP = 500  # documents a row group (datasets' to_parquet writes groups of about this many short rows)
 
@@ -29,7 +30,8 @@ def write_parquet(work: Path, out: Path) -> None:
     import fastload
 
     ds = fastload.open(work / "tokens")
-    docs = [ds.reader(s).document(d).tolist() for s in range(len(ds.index.shards)) for d in range(len(ds.reader(s)))]
+    readers: list[Any] = [ds.reader(s) for s in range(len(ds.index.shards))]  # token shards' readers
+    docs = [reader.document(d).tolist() for reader in readers for d in range(len(reader))]
     (out / "ids").mkdir(parents=True)
     pq.write_table(pa.table({"input_ids": pa.array(docs, type=pa.list_(pa.int32()))}), out / "ids" / "train.parquet", row_group_size=ROW_GROUP)
     with open(work / "corpus.jsonl", encoding="utf-8") as lines:
@@ -38,7 +40,7 @@ def write_parquet(work: Path, out: Path) -> None:
     pq.write_table(pa.table({"text": texts}), out / "text" / "train.parquet", row_group_size=ROW_GROUP)
 
 
-def epoch(location: Path, workers: int, **kwargs: object) -> float:
+def epoch(location: Path, workers: int, **kwargs: Any) -> float:
     """Tokens/s of one epoch of a fresh loader (its start included), batch 8, L = 2048."""
     import fastload
 
@@ -62,11 +64,11 @@ def main() -> None:
     import fastload
 
     tokenizer = str(args.work / "tokenizer.json")
-    kinds = {"shards": (args.work / "tokens", {}), "ids in place": (out / "ids", {}),
+    kinds: dict[str, tuple[Path, dict[str, Any]]] = {"shards": (args.work / "tokens", {}), "ids in place": (out / "ids", {}),
              "text in place": (out / "text", {"fields": ["text"], "tokenizer": tokenizer})}
     for name, (location, kwargs) in kinds.items():
         start = time.perf_counter()
-        fastload.DataLoader(str(location), batch_size=8, seq_len=2048, **kwargs).close()  # type: ignore[arg-type]
+        fastload.DataLoader(str(location), batch_size=8, seq_len=2048, **kwargs).close()
         print(f"{name}: opened (document table made if missing) in {time.perf_counter() - start:.2f} s", flush=True)
     for packing in ("concat", "best-fit"):
         rates: dict[str, list[float]] = {name: [] for name in kinds}
