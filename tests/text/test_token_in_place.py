@@ -348,3 +348,19 @@ def test_an_id_rewritten_under_the_same_size_and_mtime_is_refused_as_it_is_read(
     with pytest.raises(ShardError, match=re.escape("a.parquet:row123: column 'input_ids' holds token id -7, below 0")):
         list(loader(path.parent, num_workers=1))  # a worker: this process keeps the batches it decoded before
     assert len(list((tmp_path / "cache" / "in-place").glob("*.docs"))) == 1  # the same table: counted once
+
+
+def test_fastload_describe_lists_a_columns_token_rows_as_the_loader_does(texts: tuple[Path, Path], tokenizer_file: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from fastload.cli.command import main
+
+    parquet, _ = texts
+    ld = loader(parquet, packing="best-fit", fields=["text"], tokenizer=tokenizer_file)
+    common = [str(parquet), "--seq-len", str(SEQ), "--packing", "best-fit", "--block-tokens", str(BLOCK), "--seed", "3", "--batch-size", "4",
+              "--field", "text", "--tokenizer", str(tokenizer_file), "--step", "2"]
+    assert main(["describe", *common, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] == ld.describe(2)
+    assert main(["describe", *common]) == 0
+    first = ld.describe(2)[0][0]
+    assert capsys.readouterr().out.splitlines()[2].startswith(f"    0 {first['shard']}:{first['document']}[{first['offset']}:")
+    assert main(["describe", str(parquet), "--step", "0", "--field", "text"]) == 2
+    assert "--field: options of a token dataset's rows" in capsys.readouterr().err
