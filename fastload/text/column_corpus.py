@@ -6,7 +6,7 @@ the workers with the tokenizer named (as ``fastload convert --tokenizer`` encode
 tokens).
 
 Where each document starts is a *document table* fastload makes once, from one pass over the column
-(each part read in bounded batches, a text column's texts encoded; in a spawned process: pylance is
+(each part read in bounded batches, a text column's texts encoded; in a fresh Python process: pylance is
 not fork-safe) and keeps in the cache folder beside the dataset's in-place index (``in-place/``, named
 by the dataset's location and index, the column and the tokenizer, so a changed file or another
 column makes another): a token shard's ``.docs`` table (fastload.formats.tokens.reader) of the whole
