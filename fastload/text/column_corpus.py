@@ -30,13 +30,13 @@ from typing import Any
 
 import numpy as np
 
-from fastload._util.files import atomic_write_bytes, open_lock_file
+from fastload._util.files import open_lock_file, temporary_beside
 from fastload._util.processes import in_fresh_process
 from fastload.errors import ShardError
 from fastload.formats.in_place_reader import MAX_ID, InPlaceReader
 from fastload.formats.index import TokenizerIdentity
 from fastload.formats.part_table import PartTable
-from fastload.formats.tokens.reader import DOCS_MAGIC, encode_documents
+from fastload.formats.tokens.reader import DOCS_MAGIC, documents_header
 from fastload.storage.dataset import ShardedDataset
 from fastload.storage.in_place_index import CACHE_FOLDER
 from fastload.text.token_corpus import Segments, TokenCorpus
@@ -74,15 +74,27 @@ def text_lengths(tokenizer: TextTokenizer, reader: InPlaceReader, column: str) -
 
 def build_table(dataset: ShardedDataset, field: str, vocab_size: int | None, path: str, tokenizer: TextTokenizer | None = None) -> int:
     """Write the document table of column ``field`` of ``dataset`` to ``path`` (every part read once, in
-    bounded batches; a list of ids checked, a text encoded with ``tokenizer``); returns its rows."""
-    readers = (_reader(dataset, part) for part in range(len(dataset.index.shards)))
-    lengths = [reader.list_lengths(field, vocab_size) if tokenizer is None else text_lengths(tokenizer, reader, field) for reader in readers]
-    dataset.close()
-    offsets = np.zeros(sum(map(len, lengths)) + 1, dtype=np.int64)
-    if len(offsets) > 1:
-        np.cumsum(np.concatenate(lengths), out=offsets[1:])
-    atomic_write_bytes(path, encode_documents(offsets, np.dtype(np.int64).itemsize), durable=False)
-    return len(offsets) - 1
+    bounded batches, its offsets written part by part: nothing held per row; a list of ids checked, a text
+    encoded with ``tokenizer``); returns its rows."""
+    fd, tmp = temporary_beside(path)
+    rows = tokens = 0
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(bytes(HEADER_BYTES + 8))  # the header, written last, and the first offset, 0
+            for part in range(len(dataset.index.shards)):
+                reader = _reader(dataset, part)
+                lengths = reader.list_lengths(field, vocab_size) if tokenizer is None else text_lengths(tokenizer, reader, field)
+                file.write((tokens + np.cumsum(lengths)).astype("<u8").tobytes())
+                rows, tokens = rows + len(lengths), tokens + int(lengths.sum())
+            file.seek(0)
+            file.write(documents_header(rows, tokens, np.dtype(np.int64).itemsize))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        dataset.close()
+    return rows
 
 
 class ColumnCorpus(TokenCorpus):
