@@ -44,7 +44,7 @@ from fastload.text.token_rows import BLOCK_TOKENS, IGNORE_INDEX, PACKING_WINDOW,
 from fastload.transforms import Transform
 
 TOKEN_DEFAULTS = {"packing": "concat", "block_tokens": BLOCK_TOKENS, "ignore_index": IGNORE_INDEX,
-                  "packing_window": PACKING_WINDOW, "batch_format": "next-token", "attention": None}
+                  "packing_window": PACKING_WINDOW, "batch_format": "next-token", "attention": None, "tokenizer": None}
 SAMPLE_ONLY = ("sampler", "batch_sampler", "generator", "collate_fn")  # beside fast_path_defaults(): what token rows refuse
 
 
@@ -62,12 +62,21 @@ def check_kind_arguments(given: Mapping[str, Any], seq_len: int | None) -> None:
             raise ValueError(f"{', '.join(f'{name}=' for name in stray)} set how token rows are packed: give seq_len= "
                              "(the tokens a row) to load a token dataset's packed rows")
         return
-    defaults = {name: default for name, default in fast_path_defaults().items() if name not in ("rank", "world_size", "device")}
+    defaults = {name: default for name, default in fast_path_defaults().items() if name not in ("rank", "world_size", "device", "fields")}
     stray = [name for name in SAMPLE_ONLY if given[name] is not None]
     stray += [name for name, default in defaults.items() if given[name] is not default and given[name] != default]
     if stray:
         raise ValueError(f"seq_len= loads packed token rows: {', '.join(f'{name}=' for name in stray)} apply to samples "
                          "(images, fields, clips) and are not used here")
+
+
+def token_field(fields: object) -> str | None:
+    """The one column ``fields=`` names for token rows (data read in place: each row's token ids or text), or None."""
+    if fields is None:
+        return None
+    if isinstance(fields, (list, tuple)) and len(fields) == 1 and isinstance(fields[0], str):
+        return fields[0]
+    raise ValueError(f"with seq_len=, fields= names the one column holding each row's token ids (or text), as [COLUMN]: got {fields!r}")
 
 
 class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
@@ -101,7 +110,10 @@ class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
     ``attention``: ``"block-causal"`` (a (B, 1, L, L) additive mask) or ``"varlen"``
     (flash-attention's ``cu_seq_lens_q/k``, ``max_length_q/k``) keeps a row's documents apart;
     ``ignore_index`` marks labels not trained on; ``block_tokens`` is the shuffle's unit
-    (fastload.text.token_batch, fastload.text.token_rows).
+    (fastload.text.token_batch, fastload.text.token_rows). Data read in place (Parquet, Arrow, Lance) gives
+    each row's token ids, or its text, from the column ``fields=[COLUMN]`` names (default ``input_ids``);
+    ``tokenizer`` (a tokenizer.json or folder) names their tokenizer: its pad and eos ids, the vocabulary
+    ids are checked against; it encodes a text column (fastload.text.column_corpus).
     """
 
     use_stateful_dataloader = True  # Accelerate's save_state/load_state then save and load state_dict()
@@ -155,6 +167,7 @@ class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
         packing_window: int = PACKING_WINDOW,
         batch_format: str = "next-token",
         attention: str | None = None,
+        tokenizer: str | os.PathLike[str] | None = None,
     ) -> None:
         given = {name: value for name, value in locals().items() if name not in ("self", "dataset")}
         check_kind_arguments(given, seq_len)
@@ -169,7 +182,8 @@ class DataLoader(KeptByAccelerate, torch.utils.data.DataLoader):
                                     drop_last=drop_last, seed=seed, rank=rank, world_size=world_size, prefetch_factor=prefetch_factor,
                                     pin_memory=pin_memory, timeout=timeout, worker_init_fn=worker_init_fn,
                                     persistent_workers=persistent_workers, device=device)  # type: ignore[arg-type]  # checked there
-            tokens = TokenOptions(seq_len, packing, block_tokens, ignore_index, packing_window)  # type: ignore[arg-type]  # checked there
+            tokens = TokenOptions(seq_len, packing, block_tokens, ignore_index, packing_window, token_field(fields),  # type: ignore[arg-type]
+                                  None if tokenizer is None else os.fspath(tokenizer))  # checked there
             self.state = LoaderState()
             kind = TokenBatches(sharded, tokens, options, self.state, self.stats, batch_format, attention)
         else:

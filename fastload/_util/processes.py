@@ -16,12 +16,15 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
+import pickle
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 PARENT_POLL_S = 0.2  # how often a forked child checks that its parent is alive
 
@@ -57,7 +60,40 @@ def forked_pool(workers: int) -> ProcessPoolExecutor:
 
 
 def in_fresh_process(fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` run in a freshly spawned Python (not forked): what a library that is not
-    fork-safe (pylance's threads) does there leaves this process free to fork its workers."""
-    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(fn, *args).result()
+    """``fn(*args)`` (a module's function) run in a fresh Python interpreter (not forked): what a library
+    that is not fork-safe (pylance's threads) does there leaves this process free to fork its workers.
+    Started as ``python -c``, not by multiprocessing's spawn, which runs the caller's script again first
+    (one without an ``if __name__ == "__main__":`` guard would make its loader again there); the result,
+    or the exception it raised, comes back pickled."""
+    with tempfile.TemporaryDirectory(prefix="fastload-fresh-") as folder:
+        task, answer = os.path.join(folder, "task"), os.path.join(folder, "answer")
+        with open(task, "wb") as file:
+            pickle.dump(sys.path, file)  # first: where the child finds the modules the task names
+            pickle.dump((fn, args), file)
+        done = subprocess.run([sys.executable, "-c", _FRESH_CHILD, task, answer], stdin=subprocess.DEVNULL, check=False)
+        try:
+            with open(answer, "rb") as file:
+                ok, value = pickle.load(file)
+        except OSError:
+            raise RuntimeError(f"a fresh Python running {fn.__qualname__} exited with status {done.returncode} before it answered") from None
+    if not ok:
+        raise value
+    return cast(T, value)
+
+
+_FRESH_CHILD = """
+import pickle, sys
+with open(sys.argv[1], "rb") as file:
+    sys.path[:0] = pickle.load(file)
+    fn, args = pickle.load(file)
+try:
+    answer = (True, fn(*args))
+except BaseException as exc:
+    answer = (False, exc)
+try:
+    data = pickle.dumps(answer)
+except Exception:
+    data = pickle.dumps((False, RuntimeError(f"{type(answer[1]).__name__}: {answer[1]}")))
+with open(sys.argv[2], "wb") as file:
+    file.write(data)
+"""

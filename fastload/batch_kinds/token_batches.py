@@ -48,8 +48,7 @@ class TokenBatches:
         self.rows = TokenRows(sharded, tokens, options.seed, options.shuffle)
         self.corpus = self.rows.corpus
         self.mixture = sharded if isinstance(sharded, MixedDataset) else None
-        tokenizer = self.corpus.tokenizer
-        self.pad_id = next(i for i in (tokenizer.pad_id, tokenizer.eos_id, 0) if i is not None)
+        self.pad_id = self.corpus.pad_id
         self.filler = BatchFiller(self.corpus, tokens.seq_len, self.pad_id, tokens.ignore_index, choice(BatchFormat, batch_format, "batch_format"),
                                   None if attention is None else choice(Attention, attention, "attention"))
         self.engine = CpuWorkers(TokenEpoch)
@@ -93,8 +92,7 @@ class TokenBatches:
     def _identity(self, seq_len: int) -> str:
         """:meth:`identity` as a loader of rows of ``seq_len`` tokens has it (a state saved at another seq_len names that one)."""
         digest = hashlib.sha256()
-        for shard in self.sharded.index.shards:
-            digest.update(f"{shard.path}|{shard.tokens}|{shard.sha256};".encode())
+        digest.update(self.corpus.identity().encode())
         options = self.tokens
         digest.update(f"{seq_len}|{options.packing.value}|{options.block_tokens}".encode())
         if options.packing is Packing.BEST_FIT:
@@ -196,9 +194,7 @@ class TokenBatches:
             segments = self.rows.cut_at(epoch, first, count, seq_len, origin)
         out: list[list[dict[str, Any]]] = [[] for _ in range(batch)]
         for start, length, row in zip(segments.start.tolist(), segments.length.tolist(), segments.row.tolist()):
-            shard, document = self.corpus.where(start)
-            offset = start - self.corpus.document_start(shard, document)
-            segment: dict[str, Any] = {"shard": self.sharded.shard_name(shard), "document": document, "offset": offset, "tokens": length}
+            segment: dict[str, Any] = {**self.corpus.named(start), "tokens": length}
             if isinstance(rows := self.rows.of(epoch), MixtureRows):
                 segment["weights"] = list(rows.weights_at(first + row))
             out[row].append(segment)

@@ -416,6 +416,8 @@ def _add_describe(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--packing", choices=["concat", "best-fit", "pad"], help="a token dataset: the loader's packing= (default concat)")
     p.add_argument("--block-tokens", type=int, help="a token dataset: the loader's block_tokens= (default 65536)")
     p.add_argument("--packing-window", type=int, help="a token dataset, best-fit: the loader's packing_window=")
+    p.add_argument("--field", metavar="COLUMN", help="data read in place, with --seq-len: the column of token ids or text (the loader's fields=[COLUMN])")
+    p.add_argument("--tokenizer", help="data read in place, with --seq-len: the loader's tokenizer= (a text column's)")
     p.add_argument("--json", action="store_true", help="print the description as JSON")
     p.set_defaults(run=_run_describe)
 

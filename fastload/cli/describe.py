@@ -50,6 +50,7 @@ def read_take(path: Path) -> list[int]:
 # options no token loader has (each media role's sampling among them: --clip, --audio)
 IMAGE_ONLY = ("take", "exclude", "balanced", "class_weights", *(media.keyword for media in MEDIA_ROLES.values()), "shuffle_buffer")
 TOKEN_ONLY = ("seq_len", "packing", "block_tokens", "packing_window")  # the token loader's, which its rows depend on
+IN_PLACE_TOKENS = ("field", "tokenizer")  # the token loader's over data read in place: the column and its tokenizer
 
 
 @dataclass(frozen=True)
@@ -83,9 +84,9 @@ def describe_from_arguments(args: argparse.Namespace) -> StepDescription | Token
     except (TypeError, ValueError):
         raise ValueError(f"{args.state}: its world_size, batch_size and seed must be whole numbers") from None
     dataset: Any = ShardedDataset(args.dataset)
-    if dataset.index.tokenizer is not None:
+    if dataset.index.tokenizer is not None or (dataset.layout.in_place and args.seq_len is not None):  # in place: a column's token rows
         return describe_tokens(args, dataset, state, world, batch_size, seed)
-    given = [option(name) for name in TOKEN_ONLY if getattr(args, name) is not None]
+    given = [option(name) for name in (*TOKEN_ONLY, *IN_PLACE_TOKENS) if getattr(args, name) is not None]
     if given:
         raise ValueError(f"{', '.join(given)}: options of a token dataset's rows, and {dataset.location} holds no tokens")
     media = {media.keyword: media.option.parse(getattr(args, media.keyword), args.sampling)
@@ -118,7 +119,8 @@ def option(name: str) -> str:
 def describe_tokens(args: argparse.Namespace, dataset: Any, state: dict[str, Any], world: int, batch_size: int,
                     seed: int) -> TokenStepDescription:
     """The token loader's batch at the step ``args`` names: its rows' segments, with the rows'
-    options (``--seq-len``, required, and ``--packing``, ``--block-tokens``, ``--packing-window``) given."""
+    options (``--seq-len``, required, and ``--packing``, ``--block-tokens``, ``--packing-window``; data read in
+    place: ``--field``, ``--tokenizer``) given."""
     from fastload.loader import DataLoader
 
     given = [option(name) for name in IMAGE_ONLY if getattr(args, name) not in (None, False)]
@@ -129,7 +131,8 @@ def describe_tokens(args: argparse.Namespace, dataset: Any, state: dict[str, Any
                          "and --packing-window where the loader had other than their defaults")
     rows = {name: getattr(args, name) for name in TOKEN_ONLY[1:] if getattr(args, name) is not None}
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=args.shuffle, drop_last=args.drop_last, seq_len=args.seq_len,
-                        seed=seed, rank=args.rank, world_size=world, **rows)
+                        seed=seed, rank=args.rank, world_size=world, fields=None if args.field is None else [args.field],
+                        tokenizer=args.tokenizer, **rows)
     if state:
         loader.load_state_dict(state)
     epoch = args.epoch if args.epoch is not None else loader.state.current_epoch

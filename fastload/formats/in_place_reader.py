@@ -15,6 +15,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from fastload.errors import SampleError, ShardError
 from fastload.fields import format_label
 from fastload.formats.parquet.bounds import import_pyarrow
@@ -27,6 +29,7 @@ MEMORY_ENV = "FASTLOAD_PARQUET_MEMORY"
 DEFAULT_MEMORY = 256 << 20  # decoded batches a process keeps
 OPEN_GROUPS = 8  # shards a process keeps a forward reader of
 OPEN_FILES = 64  # files whose parsed footer (schema, handle) a process keeps
+MAX_ID = 2**63 - 1  # the largest token id a column of ids may hold (a batch's arrays are int64)
 
 
 def role_of(arrow_type: Any) -> str:
@@ -91,8 +94,6 @@ def field_bytes(role: str, value: Any, where: str, column: str) -> bytes:
             raise SampleError(where, f"column {column!r}: not text")
         return value.encode("utf-8", "surrogatepass")
     if role == "array":
-        import numpy as np
-
         out = io.BytesIO()
         try:
             np.save(out, np.asarray(value), allow_pickle=False)
@@ -195,6 +196,56 @@ class InPlaceReader:
             if value is not None:
                 out[name] = field_bytes(self.columns[name], value, self.where(i), name)
         return out
+
+    def list_lengths(self, column: str, vocab_size: int | None = None) -> np.ndarray:
+        """Each row's number of ids in ``column``, a list of integers (a null row: 0), read a bounded
+        batch at a time; a ShardError naming the row whose list holds a null or an id below 0 (or at or
+        past ``vocab_size``), or naming the column when it holds no lists of integers."""
+        pa = import_pyarrow()
+        lengths = np.zeros(self.rows, dtype=np.int64)
+        i = 0
+        while i < self.rows:
+            batch, row = self._batch_of(i, (column,))
+            lists = batch.column(column).slice(row)
+            kind = lists.type
+            if not (pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)) \
+                    or not pa.types.is_integer(kind.value_type):
+                raise ShardError(f"{self.shown}: column {column!r} holds {kind}, not lists of token ids")
+            lengths[i : i + len(lists)] = lists.value_lengths().fill_null(0).to_numpy(zero_copy_only=False)
+            values = lists.flatten()
+            ids = values.to_numpy(zero_copy_only=False) if len(values) and not values.null_count else None
+            highest = MAX_ID if vocab_size is None else vocab_size - 1
+            if values.null_count or (ids is not None and (int(ids.min()) < 0 or int(ids.max()) > highest)):
+                for n in range(len(lists)):
+                    self.check_ids(i + n, column, lists[n].values, vocab_size)
+            i += len(lists)
+        return lengths
+
+    def list_values(self, i: int, column: str) -> Any:
+        """Row ``i``'s list of ids in ``column`` as a NumPy array (not copied where Arrow holds it so; a null row: none)."""
+        batch, row = self._batch_of(i, (column,))
+        values = batch.column(column)[row].values
+        if values is None:
+            return np.zeros(0, dtype=np.int64)
+        if values.null_count:
+            raise ShardError(f"{self.key(i)}: column {column!r} holds a null among its ids")
+        return values.to_numpy(zero_copy_only=False)
+
+    def check_ids(self, i: int, column: str, values: Any, vocab_size: int | None) -> None:
+        """A ShardError naming row ``i`` where ``values`` (its ids, an Arrow or NumPy array) hold a null or an
+        id below 0, past an int64's range, or at or past ``vocab_size``."""
+        if values is None or not len(values):
+            return
+        if getattr(values, "null_count", 0):
+            raise ShardError(f"{self.key(i)}: column {column!r} holds a null among its ids")
+        ids = np.asarray(values)
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0:
+            raise ShardError(f"{self.key(i)}: column {column!r} holds token id {low}, below 0")
+        if high > MAX_ID:
+            raise ShardError(f"{self.key(i)}: column {column!r} holds token id {high}, past an int64's range")
+        if vocab_size is not None and high >= vocab_size:
+            raise ShardError(f"{self.key(i)}: column {column!r} holds token id {high} at or beyond the tokenizer's vocabulary of {vocab_size}")
 
     def _batch_of(self, i: int, columns: tuple[str, ...]) -> tuple[Any, int]:
         """(a decoded batch holding row ``i``'s ``columns``, its row there)."""

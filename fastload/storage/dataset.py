@@ -79,6 +79,7 @@ class ShardedDataset:
         if located is not None:
             root = located.base
         url = str(root).rstrip("/") if is_url(root) else None
+        self._cache_dir = cache_dir
         self.url, self.root = url, (Path(root) if url is None else None)
         if url is None:
             if located is None and (cache_dir is not None or cache_size is not None or storage_options is not None):
@@ -141,6 +142,15 @@ class ShardedDataset:
         if self._shown is not None:
             return self._shown
         return redact(self.url) if self.url is not None else str(self.root)
+
+    def kept_in(self) -> Path:
+        """The folder holding what fastload derives from this dataset and keeps (an index of data read in
+        place, a column's document table): the shard cache's, else ``cache_dir=``, else FASTLOAD_CACHE_DIR's."""
+        from fastload.storage.cache import default_cache_dir
+
+        if self.cache is not None:
+            return self.cache.root
+        return Path(self._cache_dir) if self._cache_dir is not None else default_cache_dir()
 
     @property
     def classes(self) -> list[str] | None:

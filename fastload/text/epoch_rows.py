@@ -37,7 +37,7 @@ from fastload.orders.mixing import member_seed, mixture_members
 from fastload.orders.permutation import Permutation, mix_key
 from fastload.storage.mixed_dataset import MixedDataset
 from fastload.text.packing import best_fit_decreasing, best_fit_rows, split_lengths, split_long
-from fastload.text.token_corpus import Segments, TokenCorpus
+from fastload.text.token_corpus import Segments, ShardCorpus, TokenCorpus
 from fastload.text.token_order import ROW_KEY, TokenStream, block_pieces
 
 BLOCKS_KEPT = 8  # a stream's most recent blocks kept (their pieces)
@@ -353,7 +353,7 @@ class MixtureRows:
 
     def __init__(self, mixture: MixedDataset, corpus: TokenCorpus, seq_len: int, block: int, seed: int, epoch: int, shuffle: bool) -> None:
         self.mixture, self.seq_len, self.block, self.seed, self.epoch, self.shuffle = mixture, seq_len, block, seed, epoch, shuffle
-        self.corpora = [TokenCorpus(member) for member in mixture.members]
+        self.corpora = [ShardCorpus(member) for member in mixture.members]
         self.bases = [int(corpus.token_starts[first]) for first in mixture.first_shards[:-1]]
         self.length = sum(c.total for c in self.corpora) // seq_len
         self._streams: dict[tuple[int, int], StreamRows] = {}

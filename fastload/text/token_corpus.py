@@ -1,13 +1,15 @@
-"""A token dataset's global token space, its shards one after another, read span by span: the
-spans a batch holds (:class:`Segments`, as NumPy arrays) and the reading of them (one ``preadv`` a
-span, every id checked against the tokenizer's vocabulary). Which spans the rows of an epoch hold
-is fastload.text.token_rows' concern."""
+"""A dataset's documents as one global token space, read span by span: the spans a batch holds
+(:class:`Segments`, as NumPy arrays), what every kind of corpus is (:class:`TokenCorpus`) and token
+shards' (:class:`ShardCorpus`: one ``preadv`` a span, every id checked against the tokenizer's
+vocabulary); a column of data read in place is fastload.text.column_corpus'. Which spans the rows
+of an epoch hold is fastload.text.token_rows' concern."""
 
 from __future__ import annotations
 
 import itertools
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -39,16 +41,16 @@ class Segments:
 
 
 class TokenCorpus:
-    """A token dataset's global token space: shards concatenated, read span by span."""
+    """A dataset's documents as one global token space (its shards, or parts, one after another), read
+    span by span: what token rows are cut from. The arithmetic over ``token_starts`` and ``doc_starts``
+    is shared; a kind of corpus gives the rest: token shards (:class:`ShardCorpus`) or a column of data
+    read in place (fastload.text.column_corpus)."""
 
-    def __init__(self, dataset: ShardedDataset) -> None:
-        if dataset.index.tokenizer is None:
-            raise ValueError(f"{dataset.location} holds no tokens (convert documents with --tokenizer)")
-        self.dataset = dataset
-        self.tokenizer = dataset.index.tokenizer
-        self.dtype = np.dtype(self.tokenizer.dtype)
-        self.token_starts = np.array(list(itertools.accumulate((s.tokens or 0 for s in dataset.index.shards), initial=0)), dtype=np.int64)
-        self.doc_starts = np.array(list(itertools.accumulate((s.samples for s in dataset.index.shards), initial=0)), dtype=np.int64)
+    dataset: ShardedDataset
+    dtype: np.dtype  # what its ids are read into (a batch's staging buffer)
+    pad_id: int  # what pads a row: the tokenizer's pad id, else its eos id, else 0
+    token_starts: np.ndarray  # int64: each shard's first global token, then the total
+    doc_starts: np.ndarray  # int64: each shard's first document, then the total
 
     @property
     def total(self) -> int:
@@ -59,12 +61,6 @@ class TokenCorpus:
     def documents(self) -> int:
         """Documents in the dataset."""
         return int(self.doc_starts[-1])
-
-    def reader(self, shard: int) -> TokenShardReader:
-        """Shard ``shard``'s reader, open in this process."""
-        reader = self.dataset.reader(shard)
-        assert isinstance(reader, TokenShardReader)  # a token dataset's layout opens token readers
-        return reader
 
     def shard_of(self, token: int) -> int:
         """The shard holding global token ``token``."""
@@ -77,6 +73,53 @@ class TokenCorpus:
         first = np.searchsorted(self.token_starts, starts, side="right") - 1
         last = np.searchsorted(self.token_starts, np.minimum(ends, self.total - 1), side="right") - 1
         return np.concatenate([np.arange(lo, hi + 1) for lo, hi in zip(first.tolist(), last.tolist())] + [np.zeros(0, dtype=np.int64)])
+
+    def starts_inside(self, start: int, end: int) -> np.ndarray:
+        """Global positions of the documents starting strictly between ``start`` and ``end``."""
+        raise NotImplementedError
+
+    def starts_document(self, token: int) -> bool:
+        """Whether a document starts at global token ``token`` (the end of the tokens: no next token, so True)."""
+        raise NotImplementedError
+
+    def documents_at(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(first global token, tokens) of documents ``indices`` (numbered across the shards)."""
+        raise NotImplementedError
+
+    def read_into(self, buffer: np.ndarray, segments: Segments, destinations: np.ndarray, extra: np.ndarray) -> np.ndarray:
+        """Each segment's tokens into ``buffer`` (of :attr:`dtype`) at its destination (with the document's
+        next token, where ``extra`` says it continues, which is also returned: the next segment may overwrite it)."""
+        raise NotImplementedError
+
+    def named(self, token: int) -> dict[str, Any]:
+        """How ``describe`` names the document holding global token ``token``: its shard, its document
+        there, and ``offset``, the token's place in the document."""
+        raise NotImplementedError
+
+    def identity(self) -> str:
+        """What names the tokens read, for a loader's identity digest."""
+        raise NotImplementedError
+
+
+class ShardCorpus(TokenCorpus):
+    """A token dataset's global token space: its token shards concatenated, read span by span (one
+    ``preadv`` a span, every id checked against the tokenizer's vocabulary)."""
+
+    def __init__(self, dataset: ShardedDataset) -> None:
+        if dataset.index.tokenizer is None:
+            raise ValueError(f"{dataset.location} holds no tokens (convert documents with --tokenizer)")
+        self.dataset = dataset
+        self.tokenizer = dataset.index.tokenizer
+        self.dtype = np.dtype(self.tokenizer.dtype)
+        self.pad_id = next(i for i in (self.tokenizer.pad_id, self.tokenizer.eos_id, 0) if i is not None)
+        self.token_starts = np.array(list(itertools.accumulate((s.tokens or 0 for s in dataset.index.shards), initial=0)), dtype=np.int64)
+        self.doc_starts = np.array(list(itertools.accumulate((s.samples for s in dataset.index.shards), initial=0)), dtype=np.int64)
+
+    def reader(self, shard: int) -> TokenShardReader:
+        """Shard ``shard``'s reader, open in this process."""
+        reader = self.dataset.reader(shard)
+        assert isinstance(reader, TokenShardReader)  # a token dataset's layout opens token readers
+        return reader
 
     def starts_inside(self, start: int, end: int) -> np.ndarray:
         """Global positions of the documents starting strictly between ``start`` and ``end``."""
@@ -157,12 +200,14 @@ class TokenCorpus:
                 raise ShardError(f"{reader.data}: token id {worst} at or beyond the tokenizer's vocabulary of {vocab} "
                                  f"(tokens {first}..{first + n + 1})")
 
-    def where(self, token: int) -> tuple[int, int]:
-        """(shard number, document number in it) holding global token ``token``."""
+    def named(self, token: int) -> dict[str, Any]:
+        """The shard's name, the document's number in it and the token's offset in the document."""
         shard = self.shard_of(token)
         local = token - int(self.token_starts[shard])
-        return shard, int(np.searchsorted(self.reader(shard).offsets(), local, side="right") - 1)
+        reader = self.reader(shard)
+        document = int(np.searchsorted(reader.offsets(), local, side="right") - 1)
+        return {"shard": self.dataset.shard_name(shard), "document": document, "offset": local - reader.bounds(document)[0]}
 
-    def document_start(self, shard: int, document: int) -> int:
-        """The first global token of document ``document`` of shard ``shard``."""
-        return int(self.token_starts[shard]) + self.reader(shard).bounds(document)[0]
+    def identity(self) -> str:
+        """Each shard's path, tokens and checksum."""
+        return "".join(f"{shard.path}|{shard.tokens}|{shard.sha256};" for shard in self.dataset.index.shards)

@@ -20,8 +20,9 @@ import numpy as np
 
 from fastload.storage.dataset import ShardedDataset
 from fastload.storage.mixed_dataset import MixedDataset
+from fastload.text.column_corpus import ColumnCorpus
 from fastload.text.epoch_rows import BestFitRows, Boundary, MixtureRows, PaddedRows, StreamRows, refuse_members_shorter_than_a_row
-from fastload.text.token_corpus import Segments, TokenCorpus
+from fastload.text.token_corpus import Segments, ShardCorpus, TokenCorpus
 
 BLOCK_TOKENS = 1 << 16  # the stream's blocks: documents are shuffled within one, blocks within the epoch
 PACKING_WINDOW = 1 << 22  # best-fit's window: on the Debian text of benchmarks/bench_tokens.py, 0.8% padding at L = 2048 (10% a block)
@@ -54,6 +55,8 @@ class TokenOptions:
     block_tokens: int = BLOCK_TOKENS
     ignore_index: int = IGNORE_INDEX
     packing_window: int = PACKING_WINDOW  # best-fit: tokens packed at once (whole blocks of the stream, at least one)
+    field: str | None = None  # data read in place: the column holding each row's document (None: input_ids)
+    tokenizer: str | None = None  # data read in place: the tokenizer of its ids (pad, eos, vocabulary), which encodes a text column
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "block_tokens", "packing_window", "ignore_index"):
@@ -62,6 +65,10 @@ class TokenOptions:
                 raise ValueError(f"{name} must be a {'whole' if name == 'ignore_index' else 'positive'} number of tokens, got {value!r}")
             object.__setattr__(self, name, int(value))  # a NumPy integer too
         object.__setattr__(self, "packing", choice(Packing, self.packing, "packing"))
+        for name in ("field", "tokenizer"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{name} must be {'a column name' if name == 'field' else 'a tokenizer file or folder'}, got {value!r}")
         if self.packing_window < self.seq_len and self.packing is Packing.BEST_FIT:
             raise ValueError("best-fit packs a window of the stream at a time: packing_window must be at least seq_len")
 
@@ -93,6 +100,23 @@ def rank_share(step_first: int, held: int, batch: int, rank: int, world: int) ->
     return step_first + rank * share + min(rank, extra), share + int(rank < extra)
 
 
+def open_corpus(dataset: ShardedDataset, options: TokenOptions) -> TokenCorpus:
+    """The documents ``dataset`` holds as one token space: its token shards, or a column of data read in place
+    (``options.field``, else ``input_ids``; with ``options.tokenizer``)."""
+    if isinstance(dataset, MixedDataset):
+        if any(member.layout.in_place for member in dataset.members):
+            raise ValueError("token rows of a mixture read token datasets only: data read in place is not a member of one yet "
+                             "(convert it with fastload convert ... --tokenizer)")
+    elif dataset.layout.in_place:
+        return ColumnCorpus(dataset, options.field, options.tokenizer)
+    given = [name for name, value in (("fields", options.field), ("tokenizer", options.tokenizer)) if value is not None]
+    if given:
+        held = "token shards, whose documents are their tokens" if dataset.index.tokenizer is not None else "no column read in place"
+        raise ValueError(f"{', '.join(name + '=' for name in given)} name the column (and its tokenizer) of data read in place; "
+                         f"{dataset.location} holds {held}")
+    return ShardCorpus(dataset)
+
+
 EpochRows = StreamRows | PaddedRows | BestFitRows | MixtureRows
 # best-fit: the window holding a row and its first row (and, after a resume at another seq_len, the origin of its rows:
 # their boundaries); concat: the origin (StreamRows: row, token); an origin is best-fit's boundaries too (TokenRows.origin)
@@ -107,7 +131,7 @@ class TokenRows:
     of rows). The loader and each of its workers hold their own."""
 
     def __init__(self, dataset: ShardedDataset, options: TokenOptions, seed: int, shuffle: bool) -> None:
-        self.corpus = TokenCorpus(dataset)
+        self.corpus = open_corpus(dataset, options)
         self.options, self.seed, self.shuffle = options, seed, shuffle
         self.mixture = dataset if isinstance(dataset, MixedDataset) else None
         if self.mixture is not None and options.packing is not Packing.CONCAT:

@@ -32,8 +32,8 @@ def test_a_token_loader_is_a_fastload_dataloader_with_torchs_attributes(tokens: 
 
 
 def test_each_kind_refuses_the_other_kinds_arguments_by_name(tokens: Path, clean: Path) -> None:  # noqa: F811
-    with pytest.raises(ValueError, match=r"seq_len= loads packed token rows: transform=, fields= apply to samples"):
-        fastload.DataLoader(tokens, seq_len=SEQ, transform=fastload.transforms.val(32), fields=["input_ids"])
+    with pytest.raises(ValueError, match=r"seq_len= loads packed token rows: transform=, return_keys= apply to samples"):
+        fastload.DataLoader(tokens, seq_len=SEQ, transform=fastload.transforms.val(32), return_keys=True)
     with pytest.raises(ValueError, match=r"collate_fn= apply to samples"):
         fastload.DataLoader(tokens, seq_len=SEQ, collate_fn=lambda batch: batch)
     with pytest.raises(ValueError, match=r"packing=, batch_format= set how token rows are packed: give seq_len="):

@@ -46,11 +46,15 @@ TOKENS_FIELD = "tokens"  # the field a token dataset's samples (documents) hold
 CHECK_BLOCK = 1 << 24  # tokens checked against the vocabulary at a time by ``check``
 
 
+def documents_header(documents: int, tokens: int, itemsize: int) -> bytes:
+    """The header of a document table of ``documents`` documents holding ``tokens`` ids of ``itemsize`` bytes."""
+    return _HEADER.pack(DOCS_MAGIC, documents, tokens, itemsize)
+
+
 def encode_documents(offsets: np.ndarray, itemsize: int) -> bytes:
     """The document table of a shard whose document i spans tokens ``offsets[i]:offsets[i + 1]``."""
     offsets = np.asarray(offsets, dtype="<u8")
-    header = _HEADER.pack(DOCS_MAGIC, len(offsets) - 1, int(offsets[-1]), itemsize)
-    return header + offsets.tobytes()
+    return documents_header(len(offsets) - 1, int(offsets[-1]), itemsize) + offsets.tobytes()
 
 
 class TokenShardReader:

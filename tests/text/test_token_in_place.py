@@ -1,0 +1,366 @@
+"""A column of token ids read in place (#40): Parquet files (and ``datasets.save_to_disk`` Arrow, Lance)
+whose ``input_ids`` hold the documents the token converter wrote to token shards give, through
+``fastload.DataLoader(location, seq_len=...)``, the shards' very batches in every packing mode and format,
+with workers, resumed exactly and at another world size, ``describe`` naming each segment's file and
+row; bad ids are one line naming the row."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import fastload
+from fastload.converters import ConvertOptions, convert
+from fastload.converters.convert_options import TokenizeOptions
+from fastload.errors import ShardError
+from tests.text.conftest import real_paragraphs, write_jsonl
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+pytestmark = pytest.mark.timeout(240)
+
+SEQ = 128
+BLOCK = 4096
+SPLIT = 500  # the first file's rows
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("FASTLOAD_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture(scope="module")
+def shards(tokenizer_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Real paragraphs (with eos) converted to token shards of about 20,000 tokens."""
+    root = tmp_path_factory.mktemp("tokens")
+    write_jsonl(root / "docs.jsonl", real_paragraphs()[:1200])
+    convert(str(root / "docs.jsonl"), str(root / "ds"), ConvertOptions(
+        source="jsonl", layout="tokens", tokens=TokenizeOptions(str(tokenizer_file), append_eos=True, shard_tokens=20_000)), quiet=True)
+    return root / "ds"
+
+
+def documents(path: Path) -> list[list[int]]:
+    """Every document's ids of a token dataset, in the dataset's order."""
+    ds = fastload.open(path)
+    return [ds.reader(shard).document(d).tolist() for shard in range(len(ds.index.shards)) for d in range(len(ds.reader(shard)))]
+
+
+def write_parquet(folder: Path, docs: list[list[int]], ids: object = None) -> Path:
+    """``docs`` as two Parquet files of row groups of 97 rows: ``input_ids`` (list<int32>) beside a text and a number column."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, part in (("a.parquet", slice(0, SPLIT)), ("b.parquet", slice(SPLIT, None))):
+        rows = docs[part]
+        table = pa.table({"id": list(range(len(rows))), "input_ids": pa.array(rows, type=ids or pa.list_(pa.int32())),
+                          "note": [f"row {n}" for n in range(len(rows))]})
+        pq.write_table(table, str(folder / name), row_group_size=97)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def parquet(shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shards' documents as Parquet rows."""
+    return write_parquet(tmp_path_factory.mktemp("parquet") / "data", documents(shards))
+
+
+def loader(location: object, **kwargs: object) -> fastload.DataLoader:
+    return fastload.DataLoader(str(location), **{"batch_size": 4, "seq_len": SEQ, "block_tokens": BLOCK, "seed": 3, **kwargs})
+
+
+def same_batches(a: list[dict], b: list[dict]) -> bool:
+    return len(a) == len(b) and all(x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize(("packing", "num_workers", "batch_format"), [("concat", 0, "next-token"), ("best-fit", 0, "next-token"),
+                                                                       ("pad", 0, "next-token"), ("best-fit", 2, "next-token"),
+                                                                       ("concat", 2, "transformers")])
+def test_an_input_ids_column_gives_the_token_shards_very_batches(parquet: Path, shards: Path, tokenizer_file: Path, packing: str,
+                                                                 num_workers: int, batch_format: str) -> None:
+    kwargs = {"packing": packing, "batch_format": batch_format, "packing_window": 2 * BLOCK}
+    with loader(parquet, tokenizer=tokenizer_file, num_workers=num_workers, **kwargs) as in_place, loader(shards, **kwargs) as converted:
+        assert len(in_place) == len(converted)
+        assert same_batches(list(in_place), list(converted))
+        assert same_batches(list(in_place), list(converted))  # the next epoch too: another order, the same
+        assert in_place.kind.pad_id == converted.kind.pad_id != 0
+
+
+def test_without_a_tokenizer_rows_pad_with_0_and_hold_the_same_tokens(parquet: Path, shards: Path) -> None:
+    for mine, theirs in zip(loader(parquet, packing="best-fit"), loader(shards, packing="best-fit"), strict=True):
+        real = theirs["attention_mask"].bool()
+        assert torch.equal(mine["attention_mask"], theirs["attention_mask"]) and torch.equal(mine["labels"], theirs["labels"])
+        assert torch.equal(mine["input_ids"][real], theirs["input_ids"][real]) and (mine["input_ids"][~real] == 0).all()
+
+
+def row_ids(parquet: Path, name: str, row: int) -> list[int]:
+    return pq.read_table(parquet / name, columns=["input_ids"])["input_ids"][row].as_py()
+
+
+def test_describe_names_each_segments_file_and_row(parquet: Path) -> None:
+    ld = loader(parquet, packing="best-fit")
+    for step, batch in zip(range(6), ld):
+        for r, row in enumerate(ld.describe(step)):
+            column = 0
+            for s in row:
+                ids = row_ids(parquet, s["shard"], s["document"])
+                assert batch["input_ids"][r, column : column + s["tokens"]].tolist() == ids[s["offset"] : s["offset"] + s["tokens"]]
+                assert batch["position_ids"][r, column : column + s["tokens"]].tolist() == list(range(s["tokens"]))
+                after = ids[s["offset"] + 1 : s["offset"] + s["tokens"] + 1]
+                assert batch["labels"][r, column : column + s["tokens"]].tolist() == after + [-100] * (s["tokens"] - len(after))
+                column += s["tokens"]
+    assert {s["shard"] for step in range(len(ld)) for row in ld.describe(step) for s in row} == {"a.parquet", "b.parquet"}
+
+
+@pytest.mark.parametrize("packing", ["concat", "best-fit", "pad"])
+def test_a_resume_mid_epoch_continues_exactly(parquet: Path, packing: str) -> None:
+    whole = list(loader(parquet, packing=packing, packing_window=2 * BLOCK))
+    first = loader(parquet, packing=packing, packing_window=2 * BLOCK, num_workers=2)
+    it = iter(first)
+    for _ in range(5):
+        next(it)
+    state = json.loads(json.dumps(first.state_dict()))
+    first.close()
+    resumed = loader(parquet, packing=packing, packing_window=2 * BLOCK)
+    resumed.load_state_dict(state)
+    assert same_batches(list(resumed), whole[5:])
+
+
+@pytest.mark.parametrize("packing", ["concat", "best-fit", "pad"])
+def test_a_resume_at_another_seq_len_and_world_size_gives_the_token_shards_batches(parquet: Path, shards: Path, tokenizer_file: Path,
+                                                                                  packing: str) -> None:
+    def run(location: Path, **extra: object) -> list[dict]:
+        first = loader(location, packing=packing, seq_len=64, packing_window=BLOCK, **extra)
+        delivered = list(itertools.islice(first, 5))
+        state = json.loads(json.dumps(first.state_dict()))
+        for rank in (0, 1):
+            resumed = loader(location, packing=packing, seq_len=96, packing_window=BLOCK, rank=rank, world_size=2, **extra)
+            resumed.load_state_dict(state)
+            delivered += list(resumed)
+        return delivered
+
+    assert same_batches(run(parquet, tokenizer=tokenizer_file), run(shards))
+
+
+def every_token(parquet: Path) -> Counter:
+    out: Counter = Counter()
+    for name in ("a.parquet", "b.parquet"):
+        for row, ids in enumerate(pq.read_table(parquet / name, columns=["input_ids"])["input_ids"].to_pylist()):
+            out.update((name, row, i) for i in range(len(ids)))
+    return out
+
+
+@pytest.mark.parametrize("packing", ["concat", "best-fit"])
+def test_a_resume_at_another_world_and_batch_size_reads_every_token_once(parquet: Path, packing: str) -> None:
+    first = loader(parquet, packing=packing, packing_window=2 * BLOCK, batch_size=4)
+    it = iter(first)
+    for _ in range(5):
+        next(it)
+    state = json.loads(json.dumps(first.state_dict()))
+    seen: Counter = Counter()
+    for rank in (0, 1):
+        view = loader(parquet, packing=packing, packing_window=2 * BLOCK, batch_size=6, rank=rank, world_size=2)
+        view.load_state_dict(state)
+        steps = len(list(view)) + 5
+        for step in range(steps):  # the 5 steps before the resume at their topology (rank 1 had none)
+            seen.update((s["shard"], s["document"], s["offset"] + i) for row in view.describe(step, 0) for s in row for i in range(s["tokens"]))
+    assert seen == every_token(parquet)
+
+
+def test_the_batch_sampler_makes_the_loaders_batches_from_the_dataset(parquet: Path) -> None:
+    one = loader(parquet, packing="best-fit", rank=1, world_size=2)
+    parts = torch.utils.data.DataLoader(one.dataset, batch_sampler=one.batch_sampler, collate_fn=one.collate_fn)
+    assert same_batches(list(parts), list(one))
+
+
+@pytest.mark.parametrize("kind", ["arrow", "lance"])
+def test_save_to_disk_and_lance_give_the_parquet_files_batches(parquet: Path, tmp_path_factory: pytest.TempPathFactory, kind: str) -> None:
+    table = pa.concat_tables([pq.read_table(parquet / name) for name in ("a.parquet", "b.parquet")])
+    if kind == "arrow":
+        datasets = pytest.importorskip("datasets")
+        location = tmp_path_factory.mktemp("saved") / "ds"
+        datasets.Dataset(table).save_to_disk(str(location), num_shards=2)
+    else:  # written in a child: pylance's threads in this process would make the workers it forks unsafe
+        if importlib.util.find_spec("lance") is None:
+            pytest.skip("pylance is not installed")
+        location = tmp_path_factory.mktemp("lance") / "ds.lance"
+        write = ("import sys, lance, pyarrow as pa, pyarrow.parquet as pq; "
+                 "lance.write_dataset(pa.concat_tables([pq.read_table(p) for p in sys.argv[2:]]), sys.argv[1], max_rows_per_file=300)")
+        subprocess.run([sys.executable, "-c", write, str(location), *(str(parquet / name) for name in ("a.parquet", "b.parquet"))], check=True)
+    with loader(location, packing="best-fit", num_workers=2) as ld:
+        assert same_batches(list(ld), list(loader(parquet, packing="best-fit")))
+        files = {s["shard"] for step in range(len(ld)) for row in ld.describe(step) for s in row}
+        assert files == ({"data-00000-of-00002.arrow", "data-00001-of-00002.arrow"} if kind == "arrow" else {"ds.lance"})
+
+
+def test_a_file_changed_since_its_table_was_made_is_counted_again(shards: Path, tmp_path: Path) -> None:
+    docs = documents(shards)
+    folder = write_parquet(tmp_path / "data", docs)
+    before = list(loader(folder, packing="concat"))
+    write_parquet(folder, docs[::-1])  # the same documents, the other way round: other sizes, mtimes and footers
+    after = list(loader(folder, packing="concat"))
+    write_parquet(tmp_path / "reversed", docs[::-1])
+    assert same_batches(after, list(loader(tmp_path / "reversed", packing="concat"))) and not same_batches(before, after)
+
+
+def test_bad_columns_and_ids_are_one_line_naming_them(parquet: Path, shards: Path, tokenizer_file: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=re.escape("no column 'tokens' of token ids (its columns: id, input_ids, note)")):
+        loader(parquet, fields=["tokens"])
+    with pytest.raises(ValueError, match=re.escape("column 'note' holds text: name the tokenizer that encodes it with tokenizer=")):
+        loader(parquet, fields=["note"])
+    with pytest.raises(ValueError, match=re.escape("column 'id' holds label, not lists of token ids nor text")):
+        loader(parquet, fields=["id"])
+    with pytest.raises(ValueError, match=re.escape("fields= names the one column holding each row's token ids (or text)")):
+        loader(parquet, fields=["input_ids", "note"])
+    with pytest.raises(ValueError, match="fields=, tokenizer= name the column .* holds token shards"):
+        loader(shards, fields=["input_ids"], tokenizer=tokenizer_file)
+    docs = documents(shards)
+    docs[SPLIT + 123][5] = -7
+    with pytest.raises(ShardError, match=re.escape("b.parquet:row123: column 'input_ids' holds token id -7, below 0")) as error:
+        loader(write_parquet(tmp_path / "negative", docs))
+    assert "\n" not in str(error.value)
+    docs[SPLIT + 123][5] = 2000  # the tokenizer's vocabulary is 2,000
+    folder = write_parquet(tmp_path / "past", docs)
+    list(loader(folder))  # no tokenizer named: any id from 0
+    with pytest.raises(ShardError, match=re.escape("b.parquet:row123: column 'input_ids' holds token id 2000 at or beyond the tokenizer's vocabulary of 2000")):
+        loader(folder, tokenizer=tokenizer_file)
+    floats = tmp_path / "floats"
+    write_parquet(floats, [[float(i) for i in doc[:3]] for doc in docs], ids=pa.list_(pa.float32()))
+    with pytest.raises(ShardError, match=re.escape("column 'input_ids' holds list<element: float>, not lists of token ids")):
+        loader(floats)
+
+
+def test_the_document_table_is_made_once_and_mapped_by_every_loader(parquet: Path, cache: Path) -> None:
+    loader(parquet)
+    tables = sorted((cache / "in-place").glob("*.docs"))
+    assert len(tables) == 1
+    made = tables[0].stat().st_mtime_ns
+    loader(parquet, packing="pad", num_workers=1)
+    assert sorted((cache / "in-place").glob("*.docs")) == tables and tables[0].stat().st_mtime_ns == made
+    offsets = np.frombuffer(tables[0].read_bytes()[64:], dtype="<u8")
+    rows = sum(pq.read_metadata(parquet / name).num_rows for name in ("a.parquet", "b.parquet"))
+    assert len(offsets) == rows + 1 and offsets[-1] == sum(every_token(parquet).values()) and os.path.getsize(tables[0]) == 64 + 8 * (rows + 1)
+
+
+@pytest.fixture(scope="module")
+def texts(tokenizer_file: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Real paragraphs as a text column of Parquet files, and converted to token shards with the same tokenizer."""
+    root = tmp_path_factory.mktemp("texts")
+    paragraphs = real_paragraphs()[:700]
+    write_jsonl(root / "docs.jsonl", paragraphs)
+    convert(str(root / "docs.jsonl"), str(root / "shards"), ConvertOptions(
+        source="jsonl", layout="tokens", tokens=TokenizeOptions(str(tokenizer_file), shard_tokens=20_000)), quiet=True)
+    (root / "parquet").mkdir()
+    for name, part in (("a.parquet", slice(0, 300)), ("b.parquet", slice(300, None))):
+        pq.write_table(pa.table({"text": paragraphs[part], "n": list(range(len(paragraphs[part])))}), str(root / "parquet" / name),
+                       row_group_size=61)
+    return root / "parquet", root / "shards"
+
+
+@pytest.mark.parametrize(("packing", "num_workers"), [("concat", 0), ("best-fit", 2), ("pad", 0)])
+def test_a_text_column_encoded_in_the_workers_gives_the_token_shards_batches(texts: tuple[Path, Path], tokenizer_file: Path, packing: str,
+                                                                             num_workers: int) -> None:
+    parquet, shards = texts
+    with loader(parquet, fields=["text"], tokenizer=tokenizer_file, packing=packing, packing_window=2 * BLOCK, num_workers=num_workers) as ld:
+        assert same_batches(list(ld), list(loader(shards, packing=packing, packing_window=2 * BLOCK)))
+        segment = ld.describe(3)[1][0]
+        assert segment["shard"] in ("a.parquet", "b.parquet") and segment["tokens"] > 0
+
+
+def test_a_text_column_resumes_exactly(texts: tuple[Path, Path], tokenizer_file: Path) -> None:
+    parquet, _ = texts
+    whole = list(loader(parquet, fields=["text"], tokenizer=tokenizer_file, packing="best-fit"))
+    first = loader(parquet, fields=["text"], tokenizer=tokenizer_file, packing="best-fit", num_workers=2)
+    it = iter(first)
+    for _ in range(7):
+        next(it)
+    state = json.loads(json.dumps(first.state_dict()))
+    first.close()
+    resumed = loader(parquet, fields=["text"], tokenizer=tokenizer_file, packing="best-fit")
+    resumed.load_state_dict(state)
+    assert same_batches(list(resumed), whole[7:])
+
+
+def test_parquet_over_http_gives_the_local_files_batches_read_by_ranges(parquet: Path, tmp_path: Path) -> None:
+    from tests.formats.test_parquet_in_place import RangeServer
+
+    server = RangeServer(parquet)
+    try:
+        remote = fastload.open([f"{server.url}/{name}" for name in ("a.parquet", "b.parquet")], cache_dir=tmp_path / "remote-cache")
+        with fastload.DataLoader(remote, batch_size=4, seq_len=SEQ, block_tokens=BLOCK, seed=3, packing="best-fit", num_workers=2) as ld:
+            got = list(ld)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert same_batches(got, list(loader(parquet, packing="best-fit")))
+    gets = [asked for name, asked in server.gets if name.endswith(".parquet")]
+    assert gets and all(asked is not None for asked in gets)  # ranges only, never a whole file
+    assert list((tmp_path / "remote-cache" / "in-place").glob("*.docs"))
+
+
+UNGUARDED = """
+import fastload
+loader = fastload.DataLoader({location!r}, batch_size=4, seq_len=64)   # no `if __name__ == "__main__":` around it
+print(sum(int(batch["attention_mask"].sum()) for batch in loader))
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_script_without_a_main_guard_makes_the_table_and_loads(parquet: Path, tmp_path: Path) -> None:
+    """The table is made in a fresh interpreter that does not run the user's script again (multiprocessing's
+    spawn did: there the loader was made again and waited for the table's lock its parent held, for ever)."""
+    script = tmp_path / "train.py"
+    script.write_text(UNGUARDED.format(location=str(parquet)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(fastload.__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout.split()[-1]) == sum(every_token(parquet).values())
+    assert done.stderr.count("counted the token ids of column 'input_ids'") == 1
+
+
+def test_an_id_rewritten_under_the_same_size_and_mtime_is_refused_as_it_is_read(shards: Path, tmp_path: Path) -> None:
+    """Ids are checked as they are read, not only when the document table is made: a file rewritten in place
+    (plain encoding, no statistics: the same size and footer), its mtime put back, keeps its table."""
+    docs = documents(shards)[:300]
+    path = tmp_path / "data" / "a.parquet"
+    path.parent.mkdir()
+
+    def write(rows: list[list[int]]) -> None:
+        pq.write_table(pa.table({"input_ids": pa.array(rows, type=pa.list_(pa.int32()))}), str(path), row_group_size=97,
+                       compression="none", use_dictionary=False, write_statistics=False)
+
+    write(docs)
+    list(loader(path.parent))
+    before = path.stat()
+    docs[123][4] = -7
+    write(docs)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_size == before.st_size
+    with pytest.raises(ShardError, match=re.escape("a.parquet:row123: column 'input_ids' holds token id -7, below 0")):
+        list(loader(path.parent, num_workers=1))  # a worker: this process keeps the batches it decoded before
+    assert len(list((tmp_path / "cache" / "in-place").glob("*.docs"))) == 1  # the same table: counted once
+
+
+def test_fastload_describe_lists_a_columns_token_rows_as_the_loader_does(texts: tuple[Path, Path], tokenizer_file: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from fastload.cli.command import main
+
+    parquet, _ = texts
+    ld = loader(parquet, packing="best-fit", fields=["text"], tokenizer=tokenizer_file)
+    common = [str(parquet), "--seq-len", str(SEQ), "--packing", "best-fit", "--block-tokens", str(BLOCK), "--seed", "3", "--batch-size", "4",
+              "--field", "text", "--tokenizer", str(tokenizer_file), "--step", "2"]
+    assert main(["describe", *common, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] == ld.describe(2)
+    assert main(["describe", *common]) == 0
+    first = ld.describe(2)[0][0]
+    assert capsys.readouterr().out.splitlines()[2].startswith(f"    0 {first['shard']}:{first['document']}[{first['offset']}:")
+    assert main(["describe", str(parquet), "--step", "0", "--field", "text"]) == 2
+    assert "--field: options of a token dataset's rows" in capsys.readouterr().err
