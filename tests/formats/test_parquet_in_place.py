@@ -192,6 +192,22 @@ def test_shuffled_orders_ranks_elastic_resume_and_describe(hub: Path) -> None:
     assert first[1].describe(0, 0).keys == before[1][0]
 
 
+def test_the_first_batch_reads_few_row_groups_and_later_windows_mix_many(hub: Path) -> None:
+    """A lane's first windows are smaller (a sixteenth of the buffer, doubling): the first batch
+    needs the rows of at most two row groups, not of every group a whole window spans, while the
+    epoch still holds every row once and a full window later mixes many groups."""
+    ds = fastload.open(hub)
+    group_of = {ds.key_of(i): ds.locate(i)[0] for i in range(ROWS)}
+    for seed in range(4):
+        loader = fastload.DataLoader(str(hub), batch_size=6, shuffle=True, seed=seed, transform=T.val(16), return_keys=True,
+                                     shuffle_buffer=32, num_workers=2)
+        batches = delivered(loader)
+        flat = [key for keys in batches for key in keys]
+        assert sorted(flat) == sorted(group_of)
+        assert len({group_of[key] for key in batches[0]}) <= 2, seed
+        assert len({group_of[key] for key in flat[-12:]}) >= 3, seed  # the last window holds at least 32 rows' groups
+
+
 def test_a_group_declaring_too_much_is_refused_by_name_and_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from fastload.formats.parquet import reader
 
