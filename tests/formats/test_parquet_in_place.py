@@ -274,6 +274,25 @@ print(json.dumps({{"grown": peak_rss() - before, "sizes": sizes}}))
     assert got["grown"] < 72 << 20, got  # the budget, a batch being read and a row's copy; the group is 128 MiB
 
 
+def test_a_row_group_read_to_its_end_holds_nothing_beyond_its_cached_batches(tmp_path: Path) -> None:
+    """Twelve row groups of one 4 MiB row read in turn with 8 MiB of Parquet memory: the process
+    grows by its budget and a group being read, not by the column chunks that the readers of the
+    groups already read to their end would keep buffered (eight of them: 32 MiB)."""
+    path = tmp_path / "groups.parquet"
+    pq.write_table(pa.table({"image": [os.urandom(4 << 20) for _ in range(12)]}), path, row_group_size=1, compression="none")
+    got = run_limited(PEAK_RSS + f"""
+import json
+import fastload
+ds = fastload.open({str(path)!r})
+ds.raw(0, ["image"])  # the imports and the first group
+before = peak_rss()
+sizes = [len(ds.raw(i, ["image"])[1]["image"]) for i in range(1, 12)]
+print(json.dumps({{"grown": peak_rss() - before, "sizes": sizes}}))
+""", memory_bytes=2 << 30, env={"FASTLOAD_PARQUET_MEMORY": "8MiB", "FASTLOAD_CACHE_DIR": str(tmp_path / "cache")})
+    assert got["sizes"] == [4 << 20] * 11
+    assert got["grown"] < 24 << 20, got  # the budget, a group being read (its chunk and its batch) and a row's copy
+
+
 class RangeHandler(SimpleHTTPRequestHandler):
     """Serves files and byte ranges (``Range: bytes=A-B``), recording each GET's path and range."""
 

@@ -97,6 +97,6 @@ class LanceSliceReader(InPlaceReader):
                                        strict_batch_size=True)
 
         try:
-            return self._cached(columns, number, batches), row
+            return self._cached(columns, number, batches, -(-self.rows // BATCH_ROWS)), row
         except (OSError, ValueError, RuntimeError) as exc:
             raise SampleError(self.where(i), f"damaged Lance data in fragment {self.part} ({' '.join(str(exc).split())[:160]})") from None
