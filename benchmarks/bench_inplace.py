@@ -23,7 +23,8 @@ WORKERS workers, the CPU backend:
   ``StreamingDataset(FOLDER, item_loader=ParquetLoader(), shuffle=True)`` under its
   ``StreamingDataLoader``, each image decoded by Pillow and cropped, resized and flipped as above.
 
-It prints each one's median images/s and the medians of the per-round ratios. With
+It prints each one's median images/s and seconds to its first batch (from making the loader), and
+the medians of the per-round ratios. With
 ``--simulate-rows``: that many rows of Parquet (1,000 files of 100-row groups of a tiny column) are
 written once, indexed, then opened in a fresh process: the seconds to open the index and make an
 epoch's order, the resident memory they add beyond importing pyarrow (what each forked worker
@@ -160,8 +161,9 @@ def litdata_loader(folder: Path, workers: int) -> Any:
                                persistent_workers=True)
 
 
-def run_one(name: str, made: dict[str, Path], workers: int, workdir: Path, epochs: int) -> float:
-    """Images/s over ``epochs`` epochs of configuration ``name`` (a fresh loader; its start-up counted)."""
+def run_one(name: str, made: dict[str, Path], workers: int, workdir: Path, epochs: int) -> tuple[float, float]:
+    """(images/s over ``epochs`` epochs of configuration ``name``, seconds to its first batch): a
+    fresh loader, its start-up counted."""
     import fastload
     from fastload import transforms as T
 
@@ -175,14 +177,18 @@ def run_one(name: str, made: dict[str, Path], workers: int, workdir: Path, epoch
         location = {"parquet in place": made["parquet"], "arrow in place": made["arrow"], "lance in place": made["lance"],
                     "converted shards": made["wds"]}[name]
         loader = fastload.DataLoader(str(location), batch_size=64, shuffle=True, num_workers=workers, transform=T.train(224), backend="cpu")
-    images = sum(len(x) for _ in range(epochs) for x, _ in loader)
+    images, first = 0, 0.0
+    for _ in range(epochs):
+        for x, _ in loader:
+            first = first or time.perf_counter() - start
+            images += len(x)
     seconds = time.perf_counter() - start
     if hasattr(loader, "close"):
         loader.close()
-    return images / seconds
+    return images / seconds, first
 
 
-def run_apart(name: str, args: argparse.Namespace) -> float:
+def run_apart(name: str, args: argparse.Namespace) -> tuple[float, float]:
     """:func:`run_one` in a fresh process (LitData's in the peers' venv): what one configuration
     loads (pylance's threads, which are not fork-safe; datasets' caches) cannot slow or hang the next."""
     python = args.peers if name in PEERS else Path(sys.executable)
@@ -191,8 +197,9 @@ def run_apart(name: str, args: argparse.Namespace) -> float:
     done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=checkout_env())
     if done.returncode != 0:
         print(f"{name} failed (exit status {done.returncode}): {done.stderr.strip().splitlines()[-1:]}", flush=True)
-        return float("nan")
-    return float(json.loads(done.stdout.strip().splitlines()[-1])["rate"])
+        return float("nan"), float("nan")
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    return float(got["rate"]), float(got["first_s"])
 
 
 SIMULATE = """
@@ -257,20 +264,25 @@ def main() -> None:
         simulate(args.simulate_rows, args.workdir)
         return
     if args.run:  # in a fresh process, maybe the peers' venv (no datasets there): the forms are made
-        print(json.dumps({"rate": run_one(args.run, made_paths(args.workdir), args.workers, args.workdir, args.epochs)}))
+        rate, first = run_one(args.run, made_paths(args.workdir), args.workers, args.workdir, args.epochs)
+        print(json.dumps({"rate": rate, "first_s": first}))
         return
     prepare(args.photos, args.workdir, args.images, args.peers)
     names = args.only or [name for name in LOADERS if args.peers is not None or name not in PEERS]
     rates: dict[str, list[float]] = {name: [] for name in names}
+    firsts: dict[str, list[float]] = {name: [] for name in names}
     for round_no in range(args.rounds):
         order = names[round_no % len(names):] + names[: round_no % len(names)]
         for name in order:
-            rates[name].append(run_apart(name, args))
+            rate, first = run_apart(name, args)
+            rates[name].append(rate)
+            firsts[name].append(first)
         print(f"round {round_no + 1}: " + ", ".join(f"{name} {rates[name][-1]:.0f}/s" for name in names), flush=True)
     print(f"\n{args.images} photos, batch 64, T.train(224), {args.workers} workers, {args.epochs} epochs a loader (its start-up "
           f"counted), median of {args.rounds} rounds")
     for name in names:
-        print(f"{name:18s} {statistics.median(rates[name]):8.0f} images/s  (rounds: {', '.join(f'{r:.0f}' for r in rates[name])})")
+        print(f"{name:18s} {statistics.median(rates[name]):8.0f} images/s  (rounds: {', '.join(f'{r:.0f}' for r in rates[name])}); "
+              f"first batch after {statistics.median(firsts[name]):.2f} s  (rounds: {', '.join(f'{f:.2f}' for f in firsts[name])})")
     base = names[0]
     for name in names[1:]:
         ratios = [a / b for a, b in zip(rates[base], rates[name])]
