@@ -251,26 +251,29 @@ class InPlaceReader:
         """(a decoded batch holding row ``i``'s ``columns``, its row there)."""
         raise NotImplementedError
 
-    def _cached(self, columns: tuple[str, ...], number: int, read: Callable[[], Iterator[Any]]) -> Any:
-        """Batch ``number`` of this shard's ``columns``: from the process's cache, else read forward
-        through the shard's reader (``read()`` makes a new one where the batch lies behind it)."""
+    def _cached(self, columns: tuple[str, ...], number: int, read: Callable[[], Iterator[Any]], count: int) -> Any:
+        """Batch ``number`` of this shard's ``columns`` (of ``count``): from the process's cache,
+        else read forward through the shard's reader (``read()`` makes a new one where the batch
+        lies behind it). A reader that has given its last batch is let go, with what it buffered
+        (a Parquet group's column chunks), rather than kept among the OPEN_GROUPS."""
         key = (*self._id, columns, number)
         batch = _cache.batches.get(key)
         if batch is not None:
             _cache.batches.move_to_end(key)
             return batch
         group_key = (*self._id, columns)
-        batches, at = _cache.readers.pop(group_key, (None, 0))
-        if batches is None or at > number:
-            batches, at = read(), 0
+        reader, at = _cache.readers.pop(group_key, (None, 0))
+        if reader is None or at > number:
+            reader, at = read(), 0
         try:
             while at <= number:
-                batch = next(batches)
+                batch = next(reader)
                 _cache.keep((*group_key, at), batch)
                 at += 1
         except StopIteration:
             raise ShardError(f"{self.shown}: part {self.part} ends before its batch {number} (the file changed since it was indexed?)") from None
-        _cache.readers[group_key] = (batches, at)
+        if at < count:
+            _cache.readers[group_key] = (reader, at)
         while len(_cache.readers) > OPEN_GROUPS:
             _cache.readers.popitem(last=False)
         return batch

@@ -57,6 +57,7 @@ class LoaderOrders:
         self.shard_sizes = tuple(dataset.index.shard_samples().tolist())
         self.options = options
         self.mixture = dataset if isinstance(dataset, MixedDataset) else None
+        self.ramp = self.mixture is None and dataset.layout.in_place  # a first batch reads few row groups (OrderSpec.ramp)
         if self.mixture is not None:
             refuse_for_mixture(options)
         self._cached: tuple[tuple[int, OrderSpec | MixtureOrder], EpochOrder] | None = None
@@ -82,7 +83,7 @@ class LoaderOrders:
         return OrderSpec(
             self.shard_sizes, options.seed, options.shuffle, options.batch_size, rank, world,
             options.drop_last, options.streaming, options.buffer_size, resumed_from, options.take, options.drop_remainder,
-            options.exclude or (), self.class_weights,
+            options.exclude or (), self.class_weights, self.ramp,
         )
 
     def order(self, position: Position) -> EpochOrder:

@@ -35,6 +35,7 @@ class OrderSpec:
     drop_remainder: bool = False  # as DistributedSampler(drop_last=True): no padding to a multiple of the world size
     excluded: tuple[int, ...] = ()  # sample indices left out of every epoch (exclude=), sorted
     class_weights: tuple[float, ...] | None = None  # each present class's share of an epoch (the class-balanced order's ClassMembers.labels)
+    ramp: bool = False  # the streaming order's first windows of each lane smaller (data read in place: fastload.orders.streaming.Lane)
 
     def selection(self) -> Selection:
         """The samples the orders draw from."""
@@ -61,7 +62,7 @@ class OrderSpec:
         topologies = [*self.resumed_from, (self.world_size, self.batch_size, 0)]
         for redeal, (world, batch, consumed) in enumerate(topologies):
             streamed = streaming_order(groups, world, batch, self.shuffle_buffer, self.drop_last, self.seed, epoch,
-                                       selection, redeal)
+                                       selection, redeal, self.ramp)
             if redeal < len(self.resumed_from):
                 groups = unseen_groups(streamed, consumed, starts)
         return streamed

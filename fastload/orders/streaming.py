@@ -20,6 +20,7 @@ from fastload.orders.permutation import Permutation, mix64, mix_key, permute
 
 LANE_KEY = 0xB0FF  # tags the windows' keys, apart from the other orders'
 SHARD_KEY = 0x5AAD
+RAMP = 16  # with ramp: a lane's first window holds buffer_size // RAMP samples, each next twice the last, up to buffer_size
 
 
 @dataclass(eq=False, slots=True)  # one per shard: slotted (not frozen) is ~5x cheaper to make
@@ -74,15 +75,17 @@ def deal(groups: list[Group], lanes: int) -> list[list[Group]]:
 
 class Lane:
     """One rank's stream: its groups in sequence, each window of consecutive groups holding at least
-    ``buffer_size`` samples permuted by its own seeded bijection (``buffer_size`` 1: unshuffled)."""
+    ``buffer_size`` samples permuted by its own seeded bijection (``buffer_size`` 1: unshuffled).
+    With ``ramp`` the first windows are smaller (:data:`RAMP`), so the lane's first batches read few
+    groups: a worker's first batch waits for a sixteenth of a window's reads, not all of them."""
 
-    def __init__(self, groups: list[Group], buffer_size: int, key: int) -> None:
+    def __init__(self, groups: list[Group], buffer_size: int, key: int, ramp: bool = False) -> None:
         self.groups = groups
         lengths = np.array([g.stop - g.start for g in groups], dtype=np.int64)
         self.group_starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         self.length = int(self.group_starts[-1])
         self.shuffled, self.key = buffer_size > 1, np.uint64(key)
-        self.window_bounds = self._windows(lengths, buffer_size)  # group numbers where windows start (and the count)
+        self.window_bounds = self._windows(lengths, buffer_size, ramp)  # group numbers where windows start (and the count)
         self.window_starts = self.group_starts[self.window_bounds]
         explicit = [g for g in groups if g.members is not None]
         self.members = np.concatenate([g.ranks() for g in explicit]) if explicit else np.zeros(0, np.int64)
@@ -91,13 +94,15 @@ class Lane:
         self.base = np.array([g.start for g in groups], dtype=np.int64)
         self.base[self.is_explicit] = explicit_base
 
-    def _windows(self, lengths: np.ndarray, buffer_size: int) -> np.ndarray:
+    def _windows(self, lengths: np.ndarray, buffer_size: int, ramp: bool) -> np.ndarray:
         if not self.shuffled or not len(lengths) or lengths.min() >= buffer_size:
             return np.arange(len(lengths) + 1)
         bounds, group = [0], 0
+        size = max(1, buffer_size // RAMP) if ramp else buffer_size
         while group < len(lengths):
-            group = max(group + 1, int(np.searchsorted(self.group_starts, self.group_starts[group] + buffer_size)))
+            group = max(group + 1, int(np.searchsorted(self.group_starts, self.group_starts[group] + size)))
             bounds.append(min(group, len(lengths)))
+            size = min(buffer_size, 2 * size)
         return np.asarray(bounds)
 
     def ranks(self, lane_positions: np.ndarray) -> np.ndarray:
@@ -184,15 +189,16 @@ class StreamingOrder(EpochOrder):
 
 def streaming_order(
     groups: list[Group], world_size: int, batch_size: int, buffer_size: int, drop_last: bool,
-    seed: int, epoch: int, selection: Selection, redeal: int = 0,
+    seed: int, epoch: int, selection: Selection, redeal: int = 0, ramp: bool = False,
 ) -> StreamingOrder:
     """The streaming order of ``groups`` for ``world_size`` ranks. The trade-off against a global
     permutation: samples close together in a lane come from the few shards its window spans, so a
     buffer several shards deep keeps batches varied. ``redeal`` counts resumes at another
-    world size within the epoch (each re-deals the unseen samples)."""
+    world size within the epoch (each re-deals the unseen samples); ``ramp``: each lane's first
+    windows smaller (:class:`Lane`)."""
     if buffer_size < 1:
         raise ValueError("buffer_size must be >= 1")
-    lanes = [Lane(dealt, buffer_size, mix_key(seed, epoch, redeal, lane, LANE_KEY))
+    lanes = [Lane(dealt, buffer_size, mix_key(seed, epoch, redeal, lane, LANE_KEY), ramp)
              for lane, dealt in enumerate(deal(groups, world_size))]
     every = Lane(groups if any(not lane.length for lane in lanes) else [], 1, 0)  # pads empty lanes only
     return StreamingOrder(lanes, every, batch_size, drop_last, selection)

@@ -252,9 +252,12 @@ def changed(located: Located, index: DatasetIndex, storage_options: dict | None 
     size or mtime), or None: a ``stat`` a file (a URL: its size, looked up)."""
     parts = PartTable.of(index.shards)
     if located.layout == "lance":
-        from fastload.formats.lance.reader import dataset_version
+        from fastload.formats.lance.reader import dataset_version, listed_version
 
-        version = in_fresh_process(dataset_version, located.file(located.names[0]))  # as in build_index
+        uri = located.file(located.names[0])
+        version = listed_version(uri)  # its manifests' names; else pylance in a spawned process, as in build_index
+        if version is None:
+            version = in_fresh_process(dataset_version, uri)
         return None if all(entry[5] == version for entry in parts.files) else f"its version is {version} now"
     files = {path: (file_bytes, mtime_ns) for path, file_bytes, _, mtime_ns, _, _ in parts.files}
     if set(files) != set(located.names):

@@ -14,6 +14,7 @@ import torch
 import fastload
 from fastload import transforms as T
 from tests.formats.test_parquet_in_place import ROWS, cache, hub, hub_rows  # noqa: F401  # cache: every test reads with a cache folder of its own; hub: the module fixture of the same rows as Parquet
+from tests.hostile_data import run_limited
 from tests.test_resume_contract import BATCH, run_resume_contract
 
 datasets = pytest.importorskip("datasets")
@@ -87,6 +88,31 @@ def test_a_lance_dataset_written_to_is_indexed_again(lanced: Path, tmp_path: Pat
     lance.write_dataset(lance.dataset(str(copy)).to_table().slice(0, 3), str(copy), mode="append")
     again = fastload.open(copy)
     assert len(again) == ROWS + 3 and again.index.shards[-1].version == lance.dataset(str(copy)).version
+
+
+@pytest.mark.parametrize("v2_names", [True, False])
+def test_a_lance_dataset_indexed_before_opens_without_a_spawned_process(v2_names: bool, lanced: Path, tmp_path: Path) -> None:
+    """Its version is read from its manifests' names (either naming scheme), so opening it again
+    spawns no process for pylance (which imports the caller's script again); written to since, it is
+    indexed again."""
+    import lance
+
+    path = tmp_path / "photos.lance"
+    lance.write_dataset(lance.dataset(str(lanced)).to_table(), str(path), enable_v2_manifest_paths=v2_names)
+    got = run_limited(f"""
+import json, resource
+import fastload
+def children_cpu():
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+first = len(fastload.open({str(path)!r}))  # indexed: pylance in a spawned process
+before = children_cpu()
+again = len(fastload.open({str(path)!r}))
+print(json.dumps({{"rows": [first, again], "children_cpu": children_cpu() - before}}))
+""", env={"FASTLOAD_CACHE_DIR": str(tmp_path / "cache")})
+    assert got == {"rows": [ROWS, ROWS], "children_cpu": 0}
+    lance.write_dataset(lance.dataset(str(path)).to_table().slice(0, 3), str(path), mode="append")
+    assert len(fastload.open(path)) == ROWS + 3
 
 
 def test_a_damaged_arrow_file_is_one_line_naming_it(saved: Path, tmp_path: Path) -> None:

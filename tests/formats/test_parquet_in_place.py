@@ -192,6 +192,22 @@ def test_shuffled_orders_ranks_elastic_resume_and_describe(hub: Path) -> None:
     assert first[1].describe(0, 0).keys == before[1][0]
 
 
+def test_the_first_batch_reads_few_row_groups_and_later_windows_mix_many(hub: Path) -> None:
+    """A lane's first windows are smaller (a sixteenth of the buffer, doubling): the first batch
+    needs the rows of at most two row groups, not of every group a whole window spans, while the
+    epoch still holds every row once and a full window later mixes many groups."""
+    ds = fastload.open(hub)
+    group_of = {ds.key_of(i): ds.locate(i)[0] for i in range(ROWS)}
+    for seed in range(4):
+        loader = fastload.DataLoader(str(hub), batch_size=6, shuffle=True, seed=seed, transform=T.val(16), return_keys=True,
+                                     shuffle_buffer=32, num_workers=2)
+        batches = delivered(loader)
+        flat = [key for keys in batches for key in keys]
+        assert sorted(flat) == sorted(group_of)
+        assert len({group_of[key] for key in batches[0]}) <= 2, seed
+        assert len({group_of[key] for key in flat[-12:]}) >= 3, seed  # the last window holds at least 32 rows' groups
+
+
 def test_a_group_declaring_too_much_is_refused_by_name_and_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from fastload.formats.parquet import reader
 
@@ -256,6 +272,25 @@ print(json.dumps({{"grown": peak_rss() - before, "sizes": sizes}}))
 """, memory_bytes=2 << 30, env={"FASTLOAD_PARQUET_MEMORY": "32MiB", "FASTLOAD_CACHE_DIR": str(tmp_path / "cache")})
     assert got["sizes"] == [8 << 20] * 16
     assert got["grown"] < 72 << 20, got  # the budget, a batch being read and a row's copy; the group is 128 MiB
+
+
+def test_a_row_group_read_to_its_end_holds_nothing_beyond_its_cached_batches(tmp_path: Path) -> None:
+    """Twelve row groups of one 4 MiB row read in turn with 8 MiB of Parquet memory: the process
+    grows by its budget and a group being read, not by the column chunks that the readers of the
+    groups already read to their end would keep buffered (eight of them: 32 MiB)."""
+    path = tmp_path / "groups.parquet"
+    pq.write_table(pa.table({"image": [os.urandom(4 << 20) for _ in range(12)]}), path, row_group_size=1, compression="none")
+    got = run_limited(PEAK_RSS + f"""
+import json
+import fastload
+ds = fastload.open({str(path)!r})
+ds.raw(0, ["image"])  # the imports and the first group
+before = peak_rss()
+sizes = [len(ds.raw(i, ["image"])[1]["image"]) for i in range(1, 12)]
+print(json.dumps({{"grown": peak_rss() - before, "sizes": sizes}}))
+""", memory_bytes=2 << 30, env={"FASTLOAD_PARQUET_MEMORY": "8MiB", "FASTLOAD_CACHE_DIR": str(tmp_path / "cache")})
+    assert got["sizes"] == [4 << 20] * 11
+    assert got["grown"] < 24 << 20, got  # the budget, a group being read (its chunk and its batch) and a row's copy
 
 
 class RangeHandler(SimpleHTTPRequestHandler):

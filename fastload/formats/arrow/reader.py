@@ -52,7 +52,7 @@ class ArrowBatchReader(InPlaceReader):
 
     def _batch_of(self, i: int, columns: tuple[str, ...]) -> tuple[Any, int]:
         """(the record batch, row ``i``): read from the mapped file at the index's offset, once a process while cached."""
-        return self._cached(columns, 0, lambda: iter([self._record_batch(columns)])), i
+        return self._cached(columns, 0, lambda: iter([self._record_batch(columns)]), 1), i
 
     def _record_batch(self, columns: tuple[str, ...]) -> Any:
         pa = import_pyarrow()

@@ -9,6 +9,7 @@ version: a dataset written to since has another, and its index is made again.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 
 SLICE_ROWS = 512  # a shard: at most this many rows of one fragment
 BATCH_ROWS = 64  # rows a read decodes at once (images: a few MB)
+U64_MAX = (1 << 64) - 1  # Lance's second manifest naming counts versions down from it
 
 
 def import_lance() -> Any:
@@ -52,6 +54,27 @@ def version_digest(version: int) -> str:
 def dataset_version(uri: str) -> int:
     """The dataset's latest version."""
     return int(import_lance().dataset(uri).version)
+
+
+def listed_version(uri: str) -> int | None:
+    """The latest version of the local dataset at ``uri`` from the names of its manifests alone
+    (``_versions/N.manifest``, or in Lance's second naming scheme ``_versions/M.manifest`` with M
+    = 2**64 - 1 - N in 20 digits), without pylance: None where a manifest's name is neither, or
+    there is none."""
+    try:
+        names = os.listdir(os.path.join(uri, "_versions"))
+    except OSError:
+        return None
+    versions = []
+    for name in names:
+        stem, _, extension = name.partition(".")
+        if extension != "manifest":
+            continue
+        if not stem.isdigit():
+            return None
+        number = int(stem)
+        versions.append(U64_MAX - number if len(stem) == 20 and number > U64_MAX // 2 else number)
+    return max(versions) if versions else None
 
 
 def lance_parts(uri: str, name: str) -> tuple[list[ShardInfo], Any, int]:
@@ -97,6 +120,6 @@ class LanceSliceReader(InPlaceReader):
                                        strict_batch_size=True)
 
         try:
-            return self._cached(columns, number, batches), row
+            return self._cached(columns, number, batches, -(-self.rows // BATCH_ROWS)), row
         except (OSError, ValueError, RuntimeError) as exc:
             raise SampleError(self.where(i), f"damaged Lance data in fragment {self.part} ({' '.join(str(exc).split())[:160]})") from None
