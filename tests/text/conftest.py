@@ -57,6 +57,18 @@ def write_jsonl(path: Path, texts: list[str], field: str = "text") -> Path:
     return path
 
 
+def paragraph_shards(root: Path, tokenizer_file: Path, paragraphs: int, shard_tokens: int) -> Path:
+    """The first ``paragraphs`` real paragraphs, each ending in eos, converted to token shards of
+    about ``shard_tokens`` tokens in ``root/ds``."""
+    from fastload.converters import ConvertOptions, convert
+    from fastload.converters.convert_options import TokenizeOptions
+
+    write_jsonl(root / "docs.jsonl", real_paragraphs()[:paragraphs])
+    convert(str(root / "docs.jsonl"), str(root / "ds"), ConvertOptions(
+        source="jsonl", layout="tokens", tokens=TokenizeOptions(str(tokenizer_file), append_eos=True, shard_tokens=shard_tokens)), quiet=True)
+    return root / "ds"
+
+
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder of two JSONL files of the real paragraphs (the second also gzipped beside)."""

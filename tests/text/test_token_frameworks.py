@@ -12,10 +12,8 @@ from pathlib import Path
 import pytest
 
 import fastload
-from fastload.converters import ConvertOptions, convert
-from fastload.converters.convert_options import TokenizeOptions
 from tests.conftest import run_script, torchrun
-from tests.text.conftest import real_paragraphs, write_jsonl
+from tests.text.conftest import paragraph_shards
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 HERE = Path(__file__).parent.parent / "frameworks"
@@ -24,11 +22,7 @@ HERE = Path(__file__).parent.parent / "frameworks"
 @pytest.fixture(scope="module")
 def small_tokens(tokenizer_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """120 real paragraphs with eos in shards of about 3,000 tokens (about 14,000 tokens)."""
-    root = tmp_path_factory.mktemp("lm")
-    write_jsonl(root / "docs.jsonl", real_paragraphs()[:120])
-    convert(str(root / "docs.jsonl"), str(root / "ds"), ConvertOptions(
-        source="jsonl", layout="tokens", tokens=TokenizeOptions(str(tokenizer_file), append_eos=True, shard_tokens=3000)), quiet=True)
-    return root / "ds"
+    return paragraph_shards(tmp_path_factory.mktemp("lm"), tokenizer_file, 120, 3000)
 
 
 def read_jsonl(path: Path) -> list[dict]:

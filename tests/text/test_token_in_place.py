@@ -24,7 +24,7 @@ import fastload
 from fastload.converters import ConvertOptions, convert
 from fastload.converters.convert_options import TokenizeOptions
 from fastload.errors import ShardError
-from tests.text.conftest import real_paragraphs, write_jsonl
+from tests.text.conftest import paragraph_shards, real_paragraphs, write_jsonl
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -44,11 +44,7 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture(scope="module")
 def shards(tokenizer_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Real paragraphs (with eos) converted to token shards of about 20,000 tokens."""
-    root = tmp_path_factory.mktemp("tokens")
-    write_jsonl(root / "docs.jsonl", real_paragraphs()[:1200])
-    convert(str(root / "docs.jsonl"), str(root / "ds"), ConvertOptions(
-        source="jsonl", layout="tokens", tokens=TokenizeOptions(str(tokenizer_file), append_eos=True, shard_tokens=20_000)), quiet=True)
-    return root / "ds"
+    return paragraph_shards(tmp_path_factory.mktemp("tokens"), tokenizer_file, 1200, 20_000)
 
 
 def documents(path: Path) -> list[list[int]]:
