@@ -56,12 +56,14 @@ def step_at(epoch: int, step: int, resumed_from: Sequence[ResumedFrom], world_si
     streaming order's re-deal), else they run on. An IndexError names a step past the epoch's end."""
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
+    steps = 0  # the epoch's, once every segment's are counted
     for first, ran in _segments(resumed_from, world_size, batch_size, rank, held, restarts):
         if ran is None and held is not None:  # the current segment
             ran = held(first.segment, first.start)
         if ran is None or step < first.first_step + ran:
             return replace(first, index=step - first.first_step)
-    raise IndexError(f"step {step} is past the end of epoch {epoch} ({first.first_step + ran} steps)")
+        steps = first.first_step + ran
+    raise IndexError(f"step {step} is past the end of epoch {epoch} ({steps} steps)")
 
 
 def current_segment(resumed_from: Sequence[ResumedFrom], world_size: int, batch_size: int, rank: int,
