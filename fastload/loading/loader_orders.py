@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from fastload._util.dist import resolve_rank_world
@@ -17,7 +18,9 @@ from fastload.orders.epoch_order import EpochOrder
 from fastload.orders.mixture_order import MemberPosition, MixtureOrder
 from fastload.orders.position import Position, ResumedFrom
 from fastload.orders.rank_batches import RankBatches
+from fastload.orders.segments import EpochSegments
 from fastload.orders.spec import OrderSpec
+from fastload.orders.steps import StepAt
 from fastload.storage.dataset import ShardedDataset
 from fastload.storage.mixed_dataset import MixedDataset
 
@@ -61,6 +64,7 @@ class LoaderOrders:
         if self.mixture is not None:
             refuse_for_mixture(options)
         self._cached: tuple[tuple[int, OrderSpec | MixtureOrder], EpochOrder] | None = None
+        self._segment: tuple[tuple[int, tuple[ResumedFrom, ...]], StepAt] | None = None  # an elastically resumed epoch's current segment
         self.classes: ClassMembers | None = None  # the class-balanced order's samples by label
         self.class_weights: tuple[float, ...] | None = None
         if options.balanced or options.class_weights is not None:
@@ -94,8 +98,16 @@ class LoaderOrders:
         return self._cached[1]
 
     def batches(self, position: Position) -> RankBatches:
-        """This rank's batches from the position to the end of its epoch."""
-        return self.spec(position.resumed_from).batches(len(self.order(position)), position.consumed)
+        """This rank's batches from the position to the end of its epoch, numbered by the epoch's global steps
+        as ``describe`` numbers them (after an elastic resume: the left topologies' steps, then these)."""
+        plan = self.spec(position.resumed_from).batches(len(self.order(position)), position.consumed)
+        if not position.resumed_from:
+            return plan
+        key = (position.epoch, position.resumed_from)
+        if self._segment is None or self._segment[0] != key:
+            self._segment = (key, EpochSegments(self.spec(), position.resumed_from, position.epoch, self.classes).current())
+        segment = self._segment[1]
+        return replace(plan, first_step=segment.first_step + (plan.start - segment.start) // plan.step)
 
     def member_positions(self, position: Position) -> tuple[MemberPosition, ...]:
         """Where each member of a mixture is at ``position``."""

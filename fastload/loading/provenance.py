@@ -27,11 +27,10 @@ from fastload.fields import DECODED_FIELD, SampleSpec
 from fastload.formats.wds.reader import TarShardReader
 from fastload.media import MEDIA_ROLES
 from fastload.orders.balanced import ClassMembers
-from fastload.orders.epoch_order import EpochOrder
 from fastload.orders.mixture_order import MixtureOrder
 from fastload.orders.position import ResumedFrom
+from fastload.orders.segments import EpochSegments
 from fastload.orders.spec import OrderSpec
-from fastload.orders.steps import step_at
 from fastload.storage.dataset import ShardedDataset
 from fastload.transforms import Plan, Transform, plan
 from fastload.workers.rng import sample_rng
@@ -130,25 +129,12 @@ def step_batch(spec: OrderSpec | MixtureOrder, resumed_from: Sequence[ResumedFro
     """This rank's batch at ``step`` of ``epoch`` (``spec``: the current topology; ``resumed_from``:
     the topologies the epoch was resumed from as (world size, batch size, samples consumed) when it left them;
     ``classes``: as the class-balanced order needs)."""
-    topologies = [spec.at_topology(w, b, tuple(resumed_from[:g])) for g, (w, b, *_) in enumerate(resumed_from)]
-    topologies.append(spec.at_topology(spec.world_size, spec.batch_size, tuple(resumed_from)))
-    orders: dict[int, EpochOrder] = {}
-
-    def order_of(segment: int) -> EpochOrder:
-        if segment not in orders:
-            orders[segment] = topologies[segment].order(epoch, classes)
-        return orders[segment]
-
-    def held(segment: int, start: int) -> int:
-        """Rank 0's batches (a rank's batches depend on its topology only): every rank has as many."""
-        at = topologies[segment]
-        return len(at.at_topology(at.world_size, at.batch_size, (), rank=0).batches(len(order_of(segment)), start))
-
-    found = step_at(epoch, step, resumed_from, spec.world_size, spec.batch_size, spec.rank, held, restarts=spec.streaming)
+    segments = EpochSegments(spec, resumed_from, epoch, classes)
+    found = segments.step_at(step)
     if not found.rank_existed:
         raise ValueError(f"rank {spec.rank} did not exist at steps {found.first_step}.. of epoch {epoch} (world size {found.world_size})")
-    order = order_of(found.segment)
-    plan_ = topologies[found.segment].batches(len(order), found.start)
+    order = segments.order(found.segment)
+    plan_ = segments.topologies[found.segment].batches(len(order), found.start)
     positions = plan_.positions(found.index)
     return StepBatch(order.indices(positions), plan_.valid(found.index, order), found.world_size, found.batch_size, int(positions[0]) if len(positions) else len(order))
 

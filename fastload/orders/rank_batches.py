@@ -24,6 +24,7 @@ class RankBatches:
     order_length: int
     full: int  # full batches
     share: int = 0  # size of the last, smaller batch; 0: none
+    first_step: int | None = None  # the epoch's global step of batch 0 (EpochSegments.current); None: start // step, no elastic resume
 
     def __len__(self) -> int:
         return self.full + (self.share > 0)
@@ -51,9 +52,9 @@ class RankBatches:
         return valid
 
     def global_step(self, batch_no: int) -> int:
-        """The epoch's global step of batch ``batch_no`` as ``batch_map``'s generator and the samplers' batches number
-        it: the steps of this plan's size in the positions consumed before it, then its batches."""
-        return self.start // self.step + batch_no
+        """The epoch's global step of batch ``batch_no`` as ``describe``, ``batch_map``'s generator and the samplers'
+        batches number it: :attr:`first_step` (else the steps of this plan's size before it), then its batches."""
+        return (self.start // self.step if self.first_step is None else self.first_step) + batch_no
 
     def consumed_after(self, batches_done: int) -> int:
         """Global samples consumed once ``batches_done`` of these batches were handed out."""

@@ -2,12 +2,13 @@
 segments: each of its ``resumed_from`` entries (world size, batch size, units consumed when it was
 left, ...) one, then the current topology to the epoch's end; a global step is ``world_size *
 batch_size`` units (samples, token rows) of its segment. :func:`step_at` is the one arithmetic
-that finds a step's segment, for every kind of batch's ``describe``."""
+that finds a step's segment, for every kind of batch's ``describe``, and (:func:`current_segment`) the global step a
+resumed loader numbers its batches from (``batch_map``'s generator)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 
 from fastload.orders.position import ResumedFrom
 
@@ -31,6 +32,21 @@ class StepAt:
         return self.start + self.index * self.world_size * self.batch_size
 
 
+def _segments(resumed_from: Sequence[ResumedFrom], world_size: int, batch_size: int, rank: int,
+              held: Callable[[int, int], int] | None, restarts: bool) -> Iterator[tuple[StepAt, int | None]]:
+    """Each segment at its first step, with the steps it ran: a left segment ceil((units consumed when left - its start)
+    / its step's units), at most ``held(segment, start)``; the current one None (its held steps not asked)."""
+    first_step, start = 0, 0
+    for segment, (world, batch, end, *_) in enumerate(resumed_from):
+        start = 0 if restarts else start
+        ran = -(-(end - start) // (world * batch))  # its steps up to the units consumed when it was left
+        if held is not None:
+            ran = min(ran, held(segment, start))
+        yield StepAt(segment, world, batch, rank < world, first_step, start, 0), ran
+        first_step, start = first_step + ran, end
+    yield StepAt(len(resumed_from), world_size, batch_size, rank < world_size, first_step, 0 if restarts else start, 0), None
+
+
 def step_at(epoch: int, step: int, resumed_from: Sequence[ResumedFrom], world_size: int, batch_size: int, rank: int,
             held: Callable[[int, int], int] | None = None, restarts: bool = False) -> StepAt:
     """Where global ``step`` of ``epoch`` ran for ``rank``, the epoch resumed from ``resumed_from`` and now at
@@ -40,17 +56,19 @@ def step_at(epoch: int, step: int, resumed_from: Sequence[ResumedFrom], world_si
     streaming order's re-deal), else they run on. An IndexError names a step past the epoch's end."""
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
-    first_step, start = 0, 0
-    segments: list[tuple[int, int, int | None]] = [(world, batch, end) for world, batch, end, *_ in resumed_from]
-    segments.append((world_size, batch_size, None))
-    for segment, (world, batch, end) in enumerate(segments):
-        start = 0 if restarts else start
-        ran = None if held is None else held(segment, start)  # None: no end
-        if end is not None:
-            left = -(-(end - start) // (world * batch))  # its steps up to the units consumed when it was left
-            ran = left if ran is None else min(ran, left)
-        if ran is None or step < first_step + ran:
-            return StepAt(segment, world, batch, rank < world, first_step, start, step - first_step)
-        first_step += ran
-        start = start if end is None else end
-    raise IndexError(f"step {step} is past the end of epoch {epoch} ({first_step} steps)")
+    steps = 0  # the epoch's, once every segment's are counted
+    for first, ran in _segments(resumed_from, world_size, batch_size, rank, held, restarts):
+        if ran is None and held is not None:  # the current segment
+            ran = held(first.segment, first.start)
+        if ran is None or step < first.first_step + ran:
+            return replace(first, index=step - first.first_step)
+        steps = first.first_step + ran
+    raise IndexError(f"step {step} is past the end of epoch {epoch} ({steps} steps)")
+
+
+def current_segment(resumed_from: Sequence[ResumedFrom], world_size: int, batch_size: int, rank: int,
+                    held: Callable[[int, int], int] | None = None, restarts: bool = False) -> StepAt:
+    """The current topology's segment at its first step (index 0), counted as :func:`step_at` counts: the global
+    step a loader resumed from ``resumed_from`` numbers its first batch after the units ``start`` with."""
+    *_, (current, _) = _segments(resumed_from, world_size, batch_size, rank, held, restarts)
+    return current

@@ -4,6 +4,7 @@ stacking, loader.collate_fn, and batch_map's determinism across runs, worker cou
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ from torch.utils.data import default_collate
 
 import fastload
 from fastload import transforms as T
+from fastload.workers.rng import batch_generator
 from tests.conftest import jpeg_bytes, run_cli, small_photo
 
 wds = pytest.importorskip("webdataset")
@@ -197,3 +199,38 @@ def test_a_torch_loader_of_the_parts_yields_fields_map_and_batch_map_batches(cap
     resumed.load_state_dict(state)
     assert all(equal(a, b) for a, b in zip(parts(resumed), expected[2:], strict=True))
     assert not equal(parts(load(captioned, **{**kwargs, "seed": 5}))[0][0], expected[0][0])  # the check can fail
+
+
+def one_draw(batch: tuple, generator: torch.Generator) -> tuple:
+    """A batch_map= that keeps its batch and adds one draw of its generator."""
+    return (*batch, int(torch.randint(0, 2**62, (), generator=generator)))
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_batch_map_numbers_the_steps_after_a_resume_at_another_world_size_as_describe_does(clean: Path, streaming: bool) -> None:
+    """Four ranks take two batches of 2 each (16 samples: 2 global steps of 8) and save; two ranks resume (steps of 4):
+    each resumed batch's batch_map draw is that of the generator seeded with the global step describe names its batch
+    (2.., the left topology's steps at their size, then these), the batch sampler numbers the batches so, and no draw
+    repeats one of the rank's earlier steps of the epoch (the streaming order re-deals, its positions from 0 again)."""
+    kwargs: dict = dict(batch_size=2, num_workers=0, seed=3, shuffle=True, transform=T.train(16), return_keys=True,
+                        batch_map=one_draw, backend="cpu")
+    if streaming:
+        kwargs["shuffle_buffer"] = 4
+    earlier, state = {}, None
+    for rank in range(4):
+        with fastload.DataLoader(str(clean), rank=rank, world_size=4, **kwargs) as it:
+            it.set_epoch(2)
+            earlier[rank] = [batch[-1] for batch in itertools.islice(iter(it), 2)]
+            state = it.state_dict()
+    for rank in range(2):
+        with fastload.DataLoader(str(clean), rank=rank, world_size=2, **kwargs) as it:
+            it.load_state_dict(state)
+            sampled = [batch.step for batch in it.batch_sampler]
+            resumed = [(list(keys), draw) for *_, keys, draw in it]
+            first = state["samples_consumed"] // (4 * 2)  # the steps of the left topology
+            steps = list(range(first, first + len(resumed)))
+            assert [it.describe(step).keys for step in steps] == [keys for keys, _ in resumed]
+        expected = [int(torch.randint(0, 2**62, (), generator=batch_generator(3, 2, step, rank, None))) for step in steps]
+        assert [draw for _, draw in resumed] == expected
+        assert not {draw for _, draw in resumed} & set(earlier[rank])
+        assert sampled == steps
