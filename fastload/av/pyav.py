@@ -19,6 +19,7 @@ decoder's reordering), and a frame over the pixel limit is refused before it is 
 from __future__ import annotations
 
 import io
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
@@ -440,7 +441,16 @@ AUDIO_DEMUXERS: tuple[str, ...] = ("flac", "wav", "w64", "mp3", "aac", "aiff", *
 AUDIO_CONTAINERS = "FLAC, WAV, MP3, Ogg (Vorbis, Opus), M4A/MP4, Matroska/WebM, AAC, AIFF, or a video's sound track"
 # Demuxers whose timestamps after a seek are guesses (ADTS AAC has none to seek by): crops decoded from the file's start.
 NO_SEEK_AUDIO = frozenset({"aac", "mpeg", "mpegvideo"})
-SEEK_PREROLL_S = 0.25  # seconds decoded before a crop after a seek (MP3's bit reservoir, AAC's and Opus's overlap), then dropped
+SEEK_PREROLL_S = 0.25  # seconds decoded before a crop after a seek (AAC's overlap, FLAC's none), then dropped
+# Opus's decoder converges on a decode from the start only gradually after a seek (its predictors'
+# state): 0.25 s left crops 7e-4 off at 16 kbps, 0.5 s within 1e-6 (tests/audio/test_crops.py).
+OPUS_PREROLL_S = 0.5
+# An MP3 frame's data may begin in the frames before it (the bit reservoir: up to 511 bytes back in
+# MPEG-1, 255 in MPEG-2 and 2.5), and FFmpeg's decoder refills its reservoir only frame by frame after
+# a seek: a crop is decoded from twice a reservoir of the frames' data (the recording's mean frame
+# less its header and side information) before it, plus two frames (the overlap). The 0.25 s pre-roll
+# before left 8 kbps crops wrong by up to 0.5 for 0.24 s (a 24 kHz stereo one: 3 bytes of data a
+# frame, 170 frames of pre-roll).
 TRUNCATION_SLACK_S = 0.25  # seconds a decoded recording may fall short of its header's duration (encoder padding) before it counts as truncated
 # a sample format's (numpy dtype, scale to [-1, 1]), planar or packed
 _SAMPLE_TYPES = {"s16": ("<i2", 1 / 32768), "s32": ("<i4", 1 / 2147483648), "u8": ("u1", 1 / 128), "flt": ("<f4", 1.0),
@@ -594,7 +604,7 @@ def decode_crops(data: bytes, where: str, facts: AudioFacts, crops: Sequence[tup
                     continue
                 except NotPlain:
                     ogg = None  # read by the demuxer from here on
-            seek_to = max(0.0, (start / facts.rate) - SEEK_PREROLL_S)
+            seek_to = max(0.0, (start / facts.rate) - _preroll(facts, len(data)))
             for seeking in ((True, False) if facts.seekable and seek_to > 0 else (False,)):
                 if container is None or not seeking:  # a seek flushes the decoder; decoding from the start needs a fresh one
                     if container is not None:
@@ -609,6 +619,21 @@ def decode_crops(data: bytes, where: str, facts: AudioFacts, crops: Sequence[tup
     finally:
         if container is not None:
             container.close()
+
+
+def _preroll(facts: AudioFacts, size: int) -> float:
+    """Seconds decoded before a crop after a seek so that its samples equal a decode from the start
+    (within Opus's convergence): by codec, MP3's from its mean frame size (``size`` bytes over its packets)."""
+    if facts.codec in ("mp3", "mp3float"):
+        mpeg1 = facts.rate >= 32000
+        frame, reservoir = (1152, 511) if mpeg1 else (576, 255)  # samples a frame, reservoir bytes
+        side = (32 if facts.channels > 1 else 17) if mpeg1 else (17 if facts.channels > 1 else 9)
+        data_bytes = max(1.0, size / facts.packets - 4 - side)  # a frame's own data, after its header and side information
+        frames = 2 + math.ceil(2 * reservoir / data_bytes)
+        return max(SEEK_PREROLL_S, frames * frame / facts.rate)
+    if facts.codec in ("opus", "libopus"):
+        return OPUS_PREROLL_S
+    return SEEK_PREROLL_S
 
 
 def _plain_vorbis(data: bytes, facts: AudioFacts) -> VorbisStream | None:
@@ -697,13 +722,19 @@ def _check_length(where: str, facts: AudioFacts, position: int, end: int) -> Non
 
 def _decode_range(av: Any, container: Any, stream: Any, where: str, facts: AudioFacts, origin: float, seek_to: float | None,
                   start: int, count: int, deadline: float) -> _Gathered | None:
-    """One crop's try in :func:`decode_crops`: the crop's samples, or None when a seek to ``seek_to`` seconds landed past ``start``."""
+    """One crop's try in :func:`decode_crops`: the crop's samples, or None when a seek to ``seek_to``
+    seconds landed past half the pre-roll before it, or cannot place samples exactly: timestamps
+    coarser than a sample (Matroska's and WebM's milliseconds, rounded: Opus crops came 24 samples
+    early, AAC ones up to 22 samples off) are counted from the start instead."""
     if seek_to is not None:
+        if stream.time_base is None or stream.time_base * facts.rate > 1:
+            return None
         try:
             container.seek(int((origin + seek_to) * 1_000_000), backward=True, any_frame=False)
         except av.error.FFmpegError:
             return None
     position: int | None = None if seek_to is not None else 0
+    landed_by = start if seek_to is None else (start + seek_to * facts.rate) / 2  # half the pre-roll decoded at least
     end = start + count
     gathered = _Gathered(where, facts.channels)
     try:
@@ -713,7 +744,7 @@ def _decode_range(av: Any, container: Any, stream: Any, where: str, facts: Audio
                 if frame.pts is None:
                     return None
                 position = round((float(frame.pts * frame.time_base) - origin) * facts.rate)
-                if position > start:
+                if position > landed_by:  # past half its pre-roll: the decoder would not have caught up
                     return None
             n = frame.samples
             if position + n > start:
