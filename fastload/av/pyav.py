@@ -596,6 +596,7 @@ def decode_crops(data: bytes, where: str, facts: AudioFacts, crops: Sequence[tup
     ogg = _plain_vorbis(data, facts)
     origin = facts.start_pts * facts.time_base[0] / facts.time_base[1]  # seconds of sample 0
     container = stream = None
+    places: dict[int, int] | None = None
     try:
         for start, count in crops:
             if ogg is not None:
@@ -610,7 +611,10 @@ def decode_crops(data: bytes, where: str, facts: AudioFacts, crops: Sequence[tup
                     if container is not None:
                         container.close()
                     container, stream = _open_audio(data, where)
-                gathered = _decode_range(av, container, stream, where, facts, origin, seek_to if seeking else None, start, count, deadline)
+                if seeking and places is None and stream.time_base is not None and stream.time_base * facts.rate > 1:
+                    places = _packet_places(data, where, facts)  # timestamps coarser than a sample: the packets' places counted once
+                gathered = _decode_range(av, container, stream, where, facts, origin, seek_to if seeking else None, start, count, deadline,
+                                         places)
                 if gathered is not None:
                     break
             else:  # unreachable: no seek always lands at 0
@@ -619,6 +623,57 @@ def decode_crops(data: bytes, where: str, facts: AudioFacts, crops: Sequence[tup
     finally:
         if container is not None:
             container.close()
+
+
+# Codecs whose every packet decodes to the decoder's frame size (the last one trimmed by the container)
+FIXED_FRAME_CODECS = frozenset({"aac", "mp3", "mp3float", "mp2", "mp2float", "ac3", "eac3"})
+
+
+def _opus_samples(packet: bytes) -> int:
+    """The 48 kHz samples an Opus packet decodes to, from its table-of-contents byte (RFC 6716, 3.1)."""
+    config, code = packet[0] >> 3, packet[0] & 3
+    size = (480, 960, 1920, 2880)[config % 4] if config < 12 else (480, 960)[config % 2] if config < 16 else (120, 240, 480, 960)[config % 4]
+    frames = 1 if code == 0 else 2 if code < 3 else (packet[1] & 0x3F if len(packet) > 1 else 0)
+    return size * frames
+
+
+def _packet_places(data: bytes, where: str, facts: AudioFacts) -> dict[int, int] | None:
+    """Each packet's timestamp -> the recording's sample its decoded samples start at, counted over
+    every packet from the start without decoding them (Opus's from its table of contents, a fixed
+    frame size's codec's from that; only the first ones decoded, for the samples the decoder skips
+    at the start): for a stream whose timestamps are coarser than a sample. None where a packet's
+    samples cannot be told so, two packets share a timestamp, or the count disagrees with the facts."""
+    container, stream = _open_audio(data, where)
+    try:
+        context = stream.codec_context
+        fixed = int(context.frame_size or 0)
+        if context.name in ("opus", "libopus") and facts.rate == 48000:
+            counted: Callable[[bytes], int] = _opus_samples
+        elif context.name in FIXED_FRAME_CODECS and fixed > 0:
+            counted = lambda packet: fixed  # noqa: E731
+        else:
+            return None
+        places: dict[int, int] = {}
+        fed, samples, skip = 0, 0, None  # skip: the packets' samples before the recording's first
+        for packet in container.demux(stream):
+            if not packet.size:
+                continue
+            if packet.pts is None or packet.pts in places:
+                return None
+            samples = counted(bytes(packet))
+            places[packet.pts] = fed
+            if skip is None:
+                produced = sum(frame.samples for frame in packet.decode())
+                if produced:
+                    skip = fed + samples - produced
+            fed += samples
+    except (_av().error.FFmpegError, IndexError):  # a damaged packet: decoded from the start, where it fails by name
+        return None
+    finally:
+        container.close()
+    if skip is None or (facts.codec != "video" and not 0 <= fed - skip - facts.samples < max(samples, 1)):  # the last packet's end trimmed
+        return None
+    return {pts: at - skip for pts, at in places.items()}
 
 
 def _preroll(facts: AudioFacts, size: int) -> float:
@@ -721,13 +776,15 @@ def _check_length(where: str, facts: AudioFacts, position: int, end: int) -> Non
 
 
 def _decode_range(av: Any, container: Any, stream: Any, where: str, facts: AudioFacts, origin: float, seek_to: float | None,
-                  start: int, count: int, deadline: float) -> _Gathered | None:
+                  start: int, count: int, deadline: float, places: dict[int, int] | None = None) -> _Gathered | None:
     """One crop's try in :func:`decode_crops`: the crop's samples, or None when a seek to ``seek_to``
-    seconds landed past half the pre-roll before it, or cannot place samples exactly: timestamps
+    seconds landed past half the pre-roll before it, or cannot place samples exactly. Timestamps
     coarser than a sample (Matroska's and WebM's milliseconds, rounded: Opus crops came 24 samples
-    early, AAC ones up to 22 samples off) are counted from the start instead."""
+    early, AAC ones up to 22 samples off) place the first frame after a seek by ``places`` (its
+    packet's timestamp -> its first sample, :func:`_packet_places`); without them, from the start."""
+    coarse = stream.time_base is None or stream.time_base * facts.rate > 1
     if seek_to is not None:
-        if stream.time_base is None or stream.time_base * facts.rate > 1:
+        if coarse and places is None:
             return None
         try:
             container.seek(int((origin + seek_to) * 1_000_000), backward=True, any_frame=False)
@@ -743,7 +800,9 @@ def _decode_range(av: Any, container: Any, stream: Any, where: str, facts: Audio
             if position is None:
                 if frame.pts is None:
                     return None
-                position = round((float(frame.pts * frame.time_base) - origin) * facts.rate)
+                position = places.get(frame.pts) if coarse and places is not None else round((float(frame.pts * frame.time_base) - origin) * facts.rate)
+                if position is None:
+                    return None
                 if position > landed_by:  # past half its pre-roll: the decoder would not have caught up
                     return None
             n = frame.samples

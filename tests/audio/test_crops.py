@@ -3,8 +3,8 @@ WebM, AAC in M4A and a video's sound track in Matroska), each compared with the 
 whole from its start, where describe places it: at the recording's own rate and channels (nothing
 resampled), several crops a recording, evenly spaced (its first, its last, between) and random ones.
 Equal sample for sample where a decoder's state after a seek can equal a decode from the start
-(MP3 after its bit reservoir's pre-roll, FLAC, AAC, a stream whose timestamps are coarser than a
-sample, counted from its start); Opus within its decoder's convergence. AAC is encoded without
+(MP3 after its bit reservoir's pre-roll, FLAC, AAC); Opus within its decoder's convergence; in
+Matroska and WebM (millisecond timestamps) placed by its packets counted from the start. AAC is encoded without
 noise substitution here: the noise FFmpeg's decoder substitutes is drawn from a generator a seek
 does not rewind, so those bands differ after any seek (as loud as the noise they stand for)."""
 
@@ -30,7 +30,8 @@ RECORDINGS: dict[str, tuple[str, int, int, float, int | None, float]] = {
     "mp3-44k": ("mp3", 44100, 2, 4.0, None, 0.0),
     "flac-44k": ("flac", 44100, 2, 4.0, None, 0.0),
     "opus-16kbps": ("opus", 48000, 1, 6.0, 16000, 1e-5),  # 0.25 s of pre-roll: 7e-4 off
-    "weba": ("weba", 48000, 2, 5.0, None, 0.0),  # millisecond timestamps: crops came 24 samples early
+    "weba": ("weba", 48000, 2, 5.0, None, 1e-5),  # millisecond timestamps: crops came 24 samples early (0.68 off)
+    "weba-vorbis": ("weba", 44100, 2, 4.0, None, 0.0),  # packets of two sizes: counted by decoding from the start
     "m4a-44k": ("m4a", 44100, 1, 5.0, None, 0.0),
 }
 
@@ -54,7 +55,7 @@ def recordings(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str
         (root / "raw" / name).mkdir(parents=True)
         samples = chirp(rate, seconds, channels, seed=i)
         samples += 0.05 * np.random.default_rng(i).standard_normal(samples.shape).astype(np.float32)
-        data = encode(samples, rate, ext, bit_rate=bit_rate, options={"aac_pns": "0"} if ext == "m4a" else None)
+        data = encode(samples, rate, ext, "vorbis" if name == "weba-vorbis" else None, bit_rate, {"aac_pns": "0"} if ext == "m4a" else None)
         (root / "raw" / name / f"r.{ext}").write_bytes(data)
         whole[f"{name}/r"] = _decoded_whole(data)
     convert(str(root / "raw"), str(root / "out"), ConvertOptions(source="audio"), quiet=True)
