@@ -113,7 +113,7 @@ def main() -> None:
                 files.append((f"{path}.{ext}", data, pyav.probe_audio(data, str(path))))
             except Exception as exc:  # a recording the encoder does not take (a rate or layout): counted, named
                 report.setdefault("not_encoded", []).append(f"{path.name} as {ext}: {exc}")
-        checked = {name: {"crops": 0, "equal": 0, "differ": 0, "max_diff": 0.0, "misplaced": 0, "shifts": {}} for name in ("new", "old")}
+        checked: dict[str, dict[str, Any]] = {name: {"crops": 0, "equal": 0, "differ": 0, "max_diff": 0.0, "misplaced": 0, "shifts": {}} for name in ("new", "old")}
         for where, data, facts in files:
             whole = decoded_whole(data)
             with av.open(io.BytesIO(data)) as container:

@@ -595,7 +595,8 @@ def decode_crops(data: bytes, where: str, facts: AudioFacts, crops: Sequence[tup
     av = _av()
     ogg = _plain_vorbis(data, facts)
     origin = facts.start_pts * facts.time_base[0] / facts.time_base[1]  # seconds of sample 0
-    container = stream = None
+    container: Any = None
+    stream: Any = None
     places: dict[int, int] | None = None
     try:
         for start, count in crops:
