@@ -598,6 +598,7 @@ def decode_crops(data: bytes, where: str, facts: AudioFacts, crops: Sequence[tup
     container: Any = None
     stream: Any = None
     places: dict[int, int] | None = None
+    read = False  # whether the open container has been read from
     try:
         for start, count in crops:
             if ogg is not None:
@@ -608,10 +609,13 @@ def decode_crops(data: bytes, where: str, facts: AudioFacts, crops: Sequence[tup
                     ogg = None  # read by the demuxer from here on
             seek_to = max(0.0, (start / facts.rate) - _preroll(facts, len(data)))
             for seeking in ((True, False) if facts.seekable and seek_to > 0 else (False,)):
-                if container is None or not seeking:  # a seek flushes the decoder; decoding from the start needs a fresh one
+                # A seek flushes the decoder; decoding from the start needs a fresh one. So does a seek in an Ogg
+                # container read before: onto its last page, FFmpeg's Ogg demuxer timed the packets up to 0.7 s early.
+                if container is None or not seeking or (read and container.format.name == "ogg"):
                     if container is not None:
                         container.close()
                     container, stream = _open_audio(data, where)
+                read = True
                 if seeking and places is None and stream.time_base is not None and stream.time_base * facts.rate > 1:
                     places = _packet_places(data, where, facts)  # timestamps coarser than a sample: the packets' places counted once
                 gathered = _decode_range(av, container, stream, where, facts, origin, seek_to if seeking else None, start, count, deadline,

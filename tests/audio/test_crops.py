@@ -31,6 +31,7 @@ RECORDINGS: dict[str, tuple[str, int, int, float, int | None, float]] = {
     "flac-44k": ("flac", 44100, 2, 4.0, None, 0.0),
     "opus-16kbps": ("opus", 48000, 1, 6.0, 16000, 1e-5),  # 0.25 s of pre-roll: 7e-4 off
     "weba": ("weba", 48000, 2, 5.0, None, 1e-5),  # millisecond timestamps: crops came 24 samples early (0.68 off)
+    "opus-last-page": ("opus", 48000, 1, 6.9, None, 1e-5),  # a last page of 0.9 s: see the test below
     "weba-vorbis": ("weba", 44100, 2, 4.0, None, 0.0),  # packets of two sizes: counted by decoding from the start
     "m4a-44k": ("m4a", 44100, 1, 5.0, None, 0.0),
 }
@@ -63,12 +64,12 @@ def recordings(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str
 
 
 def _check_crops(dataset: Path, whole: dict[str, np.ndarray], key: str, rate: int, channels: int, tolerance: float,
-                 fields: dict[str, str] | None = None) -> int:
+                 fields: dict[str, str] | None = None, seconds: float = 0.5, uniform: int = 7) -> int:
     """Every crop of ``key`` in ``dataset`` (uniform ones, then random ones over three epochs) against
     its recording decoded whole where describe places it; the crops checked."""
     checked = 0
-    for audio, epochs in ((Audio(seconds=0.5, crops=7, sampling="uniform", rate=rate, channels=channels), 1),
-                          (Audio(seconds=0.5, crops=4, sampling="random", rate=rate, channels=channels), 3)):
+    for audio, epochs in ((Audio(seconds=seconds, crops=uniform, sampling="uniform", rate=rate, channels=channels), 1),
+                          (Audio(seconds=seconds, crops=4, sampling="random", rate=rate, channels=channels), 3)):
         loader = fastload.DataLoader(dataset, batch_size=1, shuffle=True, seed=3, return_keys=True, audio=audio, fields=fields)
         for epoch in range(epochs):
             loader.set_epoch(epoch)
@@ -96,6 +97,16 @@ def test_crops_after_a_seek_are_the_recording_decoded_whole(recordings, name: st
     dataset, whole = recordings
     _, rate, channels, _, _, tolerance = RECORDINGS[name]
     assert _check_crops(dataset, whole, f"{name}/r", rate, channels, tolerance) == 7 + 3 * 4
+
+
+@pytest.mark.timeout(240)
+def test_ogg_opus_crops_on_its_last_page_after_other_crops_are_placed_right(recordings) -> None:
+    """40 short crops (10 ms, 0.17 s apart) of an Ogg Opus recording whose last page holds 0.9 s, from
+    one container: a seek onto the last page after another crop's seek there, where FFmpeg's Ogg
+    demuxer timed the packets up to 0.7 s early (the crop came out wrong, or the recording "ended"
+    before its sample table said); the container is opened again before each seek."""
+    dataset, whole = recordings
+    assert _check_crops(dataset, whole, "opus-last-page/r", 48000, 1, 1e-5, seconds=0.01, uniform=40) == 40 + 3 * 4
 
 
 @pytest.mark.timeout(240)
