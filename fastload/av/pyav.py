@@ -634,7 +634,7 @@ def decode_crops(data: bytes, where: str, facts: AudioFacts, crops: Sequence[tup
 FIXED_FRAME_CODECS = frozenset({"aac", "mp3", "mp3float", "mp2", "mp2float", "ac3", "eac3"})
 
 
-def _opus_samples(packet: bytes) -> int:
+def _opus_samples(packet: memoryview) -> int:
     """The 48 kHz samples an Opus packet decodes to, from its table-of-contents byte (RFC 6716, 3.1)."""
     config, code = packet[0] >> 3, packet[0] & 3
     size = (480, 960, 1920, 2880)[config % 4] if config < 12 else (480, 960)[config % 2] if config < 16 else (120, 240, 480, 960)[config % 4]
@@ -653,7 +653,7 @@ def _packet_places(data: bytes, where: str, facts: AudioFacts) -> dict[int, int]
         context = stream.codec_context
         fixed = int(context.frame_size or 0)
         if context.name in ("opus", "libopus") and facts.rate == 48000:
-            counted: Callable[[bytes], int] = _opus_samples
+            counted: Callable[[memoryview], int] = _opus_samples
         elif context.name in FIXED_FRAME_CODECS and fixed > 0:
             counted = lambda packet: fixed  # noqa: E731
         else:
@@ -665,7 +665,7 @@ def _packet_places(data: bytes, where: str, facts: AudioFacts) -> dict[int, int]
                 continue
             if packet.pts is None or packet.pts in places:
                 return None
-            samples = counted(bytes(packet))
+            samples = counted(memoryview(packet))  # no copy: Opus reads its first two bytes
             places[packet.pts] = fed
             if skip is None:
                 produced = sum(frame.samples for frame in packet.decode())
