@@ -598,6 +598,7 @@ def decode_crops(data: bytes, where: str, facts: AudioFacts, crops: Sequence[tup
     container: Any = None
     stream: Any = None
     places: dict[int, int] | None = None
+    counted = False  # whether the packets' places were counted (None where they cannot be)
     read = False  # whether the open container has been read from
     try:
         for start, count in crops:
@@ -616,8 +617,8 @@ def decode_crops(data: bytes, where: str, facts: AudioFacts, crops: Sequence[tup
                         container.close()
                     container, stream = _open_audio(data, where)
                 read = True
-                if seeking and places is None and stream.time_base is not None and stream.time_base * facts.rate > 1:
-                    places = _packet_places(data, where, facts)  # timestamps coarser than a sample: the packets' places counted once
+                if seeking and not counted and stream.time_base is not None and stream.time_base * facts.rate > 1:
+                    places, counted = _packet_places(data, where, facts), True  # timestamps coarser than a sample: counted once
                 gathered = _decode_range(av, container, stream, where, facts, origin, seek_to if seeking else None, start, count, deadline,
                                          places)
                 if gathered is not None:
@@ -631,7 +632,7 @@ def decode_crops(data: bytes, where: str, facts: AudioFacts, crops: Sequence[tup
 
 
 # Codecs whose every packet decodes to the decoder's frame size (the last one trimmed by the container)
-FIXED_FRAME_CODECS = frozenset({"aac", "mp3", "mp3float", "mp2", "mp2float", "ac3", "eac3"})
+FIXED_FRAME_CODECS = frozenset({"aac", "mp3", "mp3float"})
 
 
 def _opus_samples(packet: memoryview) -> int:
@@ -647,7 +648,8 @@ def _packet_places(data: bytes, where: str, facts: AudioFacts) -> dict[int, int]
     every packet from the start without decoding them (Opus's from its table of contents, a fixed
     frame size's codec's from that; only the first ones decoded, for the samples the decoder skips
     at the start): for a stream whose timestamps are coarser than a sample. None where a packet's
-    samples cannot be told so, two packets share a timestamp, or the count disagrees with the facts."""
+    samples cannot be told so, two packets share a timestamp, the first packets decode to other
+    counts, or the count disagrees with the facts."""
     container, stream = _open_audio(data, where)
     try:
         context = stream.codec_context
@@ -659,7 +661,7 @@ def _packet_places(data: bytes, where: str, facts: AudioFacts) -> dict[int, int]
         else:
             return None
         places: dict[int, int] = {}
-        fed, samples, skip = 0, 0, None  # skip: the packets' samples before the recording's first
+        fed, samples, skip, checked = 0, 0, None, 0  # skip: the packets' samples before the recording's first
         for packet in container.demux(stream):
             if not packet.size:
                 continue
@@ -667,9 +669,13 @@ def _packet_places(data: bytes, where: str, facts: AudioFacts) -> dict[int, int]
                 return None
             samples = counted(memoryview(packet))  # no copy: Opus reads its first two bytes
             places[packet.pts] = fed
-            if skip is None:
+            if skip is None or checked < 2:  # the skip found, and two packets after it decoding to the samples counted
                 produced = sum(frame.samples for frame in packet.decode())
-                if produced:
+                if skip is not None:
+                    if produced != samples:
+                        return None
+                    checked += 1
+                elif produced:
                     skip = fed + samples - produced
             fed += samples
     except (_av().error.FFmpegError, IndexError):  # a damaged packet: decoded from the start, where it fails by name
