@@ -443,7 +443,7 @@ AUDIO_CONTAINERS = "FLAC, WAV, MP3, Ogg (Vorbis, Opus), M4A/MP4, Matroska/WebM, 
 NO_SEEK_AUDIO = frozenset({"aac", "mpeg", "mpegvideo"})
 SEEK_PREROLL_S = 0.25  # seconds decoded before a crop after a seek (AAC's overlap, FLAC's none), then dropped
 # Opus's decoder converges on a decode from the start only gradually after a seek (its predictors'
-# state): 0.25 s left crops 7e-4 off at 16 kbps, 0.5 s within 1e-6 (tests/audio/test_crops.py).
+# state): 0.25 s left crops 7e-4 off at 16 kbps, 0.5 s within 1e-6 (1e-3 at 6 kbps; tests/audio/test_crops.py).
 OPUS_PREROLL_S = 0.5
 # An MP3 frame's data may begin in the frames before it (the bit reservoir: up to 511 bytes back in
 # MPEG-1, 255 in MPEG-2 and 2.5), and FFmpeg's decoder refills its reservoir only frame by frame after
