@@ -19,6 +19,7 @@ decoder's reordering), and a frame over the pixel limit is refused before it is 
 from __future__ import annotations
 
 import io
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
@@ -440,7 +441,16 @@ AUDIO_DEMUXERS: tuple[str, ...] = ("flac", "wav", "w64", "mp3", "aac", "aiff", *
 AUDIO_CONTAINERS = "FLAC, WAV, MP3, Ogg (Vorbis, Opus), M4A/MP4, Matroska/WebM, AAC, AIFF, or a video's sound track"
 # Demuxers whose timestamps after a seek are guesses (ADTS AAC has none to seek by): crops decoded from the file's start.
 NO_SEEK_AUDIO = frozenset({"aac", "mpeg", "mpegvideo"})
-SEEK_PREROLL_S = 0.25  # seconds decoded before a crop after a seek (MP3's bit reservoir, AAC's and Opus's overlap), then dropped
+SEEK_PREROLL_S = 0.25  # seconds decoded before a crop after a seek (AAC's overlap, FLAC's none), then dropped
+# Opus's decoder converges on a decode from the start only gradually after a seek (its predictors'
+# state): 0.25 s left crops 7e-4 off at 16 kbps, 0.5 s within 1e-6 (1e-3 at 6 kbps; tests/audio/test_crops.py).
+OPUS_PREROLL_S = 0.5
+# An MP3 frame's data may begin in the frames before it (the bit reservoir: up to 511 bytes back in
+# MPEG-1, 255 in MPEG-2 and 2.5), and FFmpeg's decoder refills its reservoir only frame by frame after
+# a seek: a crop is decoded from twice a reservoir of the frames' data (the recording's mean frame
+# less its header and side information) before it, plus two frames (the overlap). The 0.25 s pre-roll
+# before left 8 kbps crops wrong by up to 0.5 for 0.24 s (a 24 kHz stereo one: 3 bytes of data a
+# frame, 170 frames of pre-roll).
 TRUNCATION_SLACK_S = 0.25  # seconds a decoded recording may fall short of its header's duration (encoder padding) before it counts as truncated
 # a sample format's (numpy dtype, scale to [-1, 1]), planar or packed
 _SAMPLE_TYPES = {"s16": ("<i2", 1 / 32768), "s32": ("<i4", 1 / 2147483648), "u8": ("u1", 1 / 128), "flt": ("<f4", 1.0),
@@ -585,7 +595,11 @@ def decode_crops(data: bytes, where: str, facts: AudioFacts, crops: Sequence[tup
     av = _av()
     ogg = _plain_vorbis(data, facts)
     origin = facts.start_pts * facts.time_base[0] / facts.time_base[1]  # seconds of sample 0
-    container = stream = None
+    container: Any = None
+    stream: Any = None
+    places: dict[int, int] | None = None
+    counted = False  # whether the packets' places were counted (None where they cannot be)
+    read = False  # whether the open container has been read from
     try:
         for start, count in crops:
             if ogg is not None:
@@ -594,13 +608,19 @@ def decode_crops(data: bytes, where: str, facts: AudioFacts, crops: Sequence[tup
                     continue
                 except NotPlain:
                     ogg = None  # read by the demuxer from here on
-            seek_to = max(0.0, (start / facts.rate) - SEEK_PREROLL_S)
+            seek_to = max(0.0, (start / facts.rate) - _preroll(facts, len(data)))
             for seeking in ((True, False) if facts.seekable and seek_to > 0 else (False,)):
-                if container is None or not seeking:  # a seek flushes the decoder; decoding from the start needs a fresh one
+                # A seek flushes the decoder; decoding from the start needs a fresh one. So does a seek in an Ogg
+                # container read before: onto its last page, FFmpeg's Ogg demuxer timed the packets up to 0.7 s early.
+                if container is None or not seeking or (read and container.format.name == "ogg"):
                     if container is not None:
                         container.close()
                     container, stream = _open_audio(data, where)
-                gathered = _decode_range(av, container, stream, where, facts, origin, seek_to if seeking else None, start, count, deadline)
+                read = True
+                if seeking and not counted and stream.time_base is not None and stream.time_base * facts.rate > 1:
+                    places, counted = _packet_places(data, where, facts), True  # timestamps coarser than a sample: counted once
+                gathered = _decode_range(av, container, stream, where, facts, origin, seek_to if seeking else None, start, count, deadline,
+                                         places)
                 if gathered is not None:
                     break
             else:  # unreachable: no seek always lands at 0
@@ -609,6 +629,77 @@ def decode_crops(data: bytes, where: str, facts: AudioFacts, crops: Sequence[tup
     finally:
         if container is not None:
             container.close()
+
+
+# Codecs whose every packet decodes to the decoder's frame size (the last one trimmed by the container)
+FIXED_FRAME_CODECS = frozenset({"aac", "mp3", "mp3float"})
+
+
+def _opus_samples(packet: memoryview) -> int:
+    """The 48 kHz samples an Opus packet decodes to, from its table-of-contents byte (RFC 6716, 3.1)."""
+    config, code = packet[0] >> 3, packet[0] & 3
+    size = (480, 960, 1920, 2880)[config % 4] if config < 12 else (480, 960)[config % 2] if config < 16 else (120, 240, 480, 960)[config % 4]
+    frames = 1 if code == 0 else 2 if code < 3 else (packet[1] & 0x3F if len(packet) > 1 else 0)
+    return size * frames
+
+
+def _packet_places(data: bytes, where: str, facts: AudioFacts) -> dict[int, int] | None:
+    """Each packet's timestamp -> the recording's sample its decoded samples start at, counted over
+    every packet from the start without decoding them (Opus's from its table of contents, a fixed
+    frame size's codec's from that; only the first ones decoded, for the samples the decoder skips
+    at the start): for a stream whose timestamps are coarser than a sample. None where a packet's
+    samples cannot be told so, two packets share a timestamp, the first packets decode to other
+    counts, or the count disagrees with the facts."""
+    container, stream = _open_audio(data, where)
+    try:
+        context = stream.codec_context
+        fixed = int(context.frame_size or 0)
+        if context.name in ("opus", "libopus") and facts.rate == 48000:
+            counted: Callable[[memoryview], int] = _opus_samples
+        elif context.name in FIXED_FRAME_CODECS and fixed > 0:
+            counted = lambda packet: fixed  # noqa: E731
+        else:
+            return None
+        places: dict[int, int] = {}
+        fed, samples, skip, checked = 0, 0, None, 0  # skip: the packets' samples before the recording's first
+        for packet in container.demux(stream):
+            if not packet.size:
+                continue
+            if packet.pts is None or packet.pts in places:
+                return None
+            samples = counted(memoryview(packet))  # no copy: Opus reads its first two bytes
+            places[packet.pts] = fed
+            if skip is None or checked < 2:  # the skip found, and two packets after it decoding to the samples counted
+                produced = sum(frame.samples for frame in packet.decode())
+                if skip is not None:
+                    if produced != samples:
+                        return None
+                    checked += 1
+                elif produced:
+                    skip = fed + samples - produced
+            fed += samples
+    except (_av().error.FFmpegError, IndexError):  # a damaged packet: decoded from the start, where it fails by name
+        return None
+    finally:
+        container.close()
+    if skip is None or (facts.codec != "video" and not 0 <= fed - skip - facts.samples < max(samples, 1)):  # the last packet's end trimmed
+        return None
+    return {pts: at - skip for pts, at in places.items()}
+
+
+def _preroll(facts: AudioFacts, size: int) -> float:
+    """Seconds decoded before a crop after a seek so that its samples equal a decode from the start
+    (within Opus's convergence): by codec, MP3's from its mean frame size (``size`` bytes over its packets)."""
+    if facts.codec in ("mp3", "mp3float"):
+        mpeg1 = facts.rate >= 32000
+        frame, reservoir = (1152, 511) if mpeg1 else (576, 255)  # samples a frame, reservoir bytes
+        side = (32 if facts.channels > 1 else 17) if mpeg1 else (17 if facts.channels > 1 else 9)
+        data_bytes = max(1.0, size / facts.packets - 4 - side)  # a frame's own data, after its header and side information
+        frames = 2 + math.ceil(2 * reservoir / data_bytes)
+        return max(SEEK_PREROLL_S, frames * frame / facts.rate)
+    if facts.codec in ("opus", "libopus"):
+        return OPUS_PREROLL_S
+    return SEEK_PREROLL_S
 
 
 def _plain_vorbis(data: bytes, facts: AudioFacts) -> VorbisStream | None:
@@ -696,14 +787,22 @@ def _check_length(where: str, facts: AudioFacts, position: int, end: int) -> Non
 
 
 def _decode_range(av: Any, container: Any, stream: Any, where: str, facts: AudioFacts, origin: float, seek_to: float | None,
-                  start: int, count: int, deadline: float) -> _Gathered | None:
-    """One crop's try in :func:`decode_crops`: the crop's samples, or None when a seek to ``seek_to`` seconds landed past ``start``."""
+                  start: int, count: int, deadline: float, places: dict[int, int] | None = None) -> _Gathered | None:
+    """One crop's try in :func:`decode_crops`: the crop's samples, or None when a seek to ``seek_to``
+    seconds landed past half the pre-roll before it, or cannot place samples exactly. Timestamps
+    coarser than a sample (Matroska's and WebM's milliseconds, rounded: Opus crops came 24 samples
+    early, AAC ones up to 22 samples off) place the first frame after a seek by ``places`` (its
+    packet's timestamp -> its first sample, :func:`_packet_places`); without them, from the start."""
+    coarse = stream.time_base is None or stream.time_base * facts.rate > 1
     if seek_to is not None:
+        if coarse and places is None:
+            return None
         try:
             container.seek(int((origin + seek_to) * 1_000_000), backward=True, any_frame=False)
         except av.error.FFmpegError:
             return None
     position: int | None = None if seek_to is not None else 0
+    landed_by = start if seek_to is None else (start + seek_to * facts.rate) / 2  # half the pre-roll decoded at least
     end = start + count
     gathered = _Gathered(where, facts.channels)
     try:
@@ -712,8 +811,10 @@ def _decode_range(av: Any, container: Any, stream: Any, where: str, facts: Audio
             if position is None:
                 if frame.pts is None:
                     return None
-                position = round((float(frame.pts * frame.time_base) - origin) * facts.rate)
-                if position > start:
+                position = places.get(frame.pts) if coarse and places is not None else round((float(frame.pts * frame.time_base) - origin) * facts.rate)
+                if position is None:
+                    return None
+                if position > landed_by:  # past half its pre-roll: the decoder would not have caught up
                     return None
             n = frame.samples
             if position + n > start:

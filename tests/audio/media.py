@@ -19,6 +19,7 @@ CODECS: dict[str, tuple[str, str]] = {
     "opus": ("libopus", "ogg"),
     "m4a": ("aac", "ipod"),
 }
+FORMATS: dict[str, tuple[str, str]] = {**CODECS, "weba": ("libopus", "webm")}  # CODECS and other containers of them
 LOSSLESS = ("flac", "wav")
 NATIVE_RATE = {"opus": 48000}  # Opus encodes at 48 kHz only
 
@@ -31,16 +32,22 @@ def chirp(rate: int, seconds: float, channels: int = 1, seed: int = 0) -> np.nda
     return np.stack([tone * (1 + 0.5 * c) / (1 + 0.5 * (channels - 1)) for c in range(channels)]).astype(np.float32)
 
 
-def encode(samples: np.ndarray, rate: int, ext: str, encoder: str | None = None) -> bytes:
-    """``samples`` (channels, n float32) encoded as a file of extension ``ext`` (CODECS; ``encoder``: another of its container's)."""
-    encoder, container = encoder or CODECS[ext][0], CODECS[ext][1]
+def encode(samples: np.ndarray, rate: int, ext: str, encoder: str | None = None, bit_rate: int | None = None,
+           options: dict[str, str] | None = None) -> bytes:
+    """``samples`` (channels, n float32) encoded as a file of extension ``ext`` (FORMATS; ``encoder``:
+    another of its container's), at the encoder's default bit rate or ``bit_rate`` bits a second, with the encoder's ``options``."""
+    encoder, container = encoder or FORMATS[ext][0], FORMATS[ext][1]
     channels = samples.shape[0]
     layout = av.AudioLayout(f"{channels}c").name  # FFmpeg's default layout: mono, stereo, 2.1, ..., 5.1, 6.1
     buf = io.BytesIO()
     with av.open(buf, mode="w", format=container) as out:
         stream = out.add_stream(encoder, rate=rate, layout=layout)
+        if bit_rate:
+            stream.bit_rate = bit_rate
         if encoder == "vorbis":
             stream.codec_context.options = {"strict": "experimental"}  # FFmpeg's own Vorbis encoder (stereo only)
+        elif options:
+            stream.codec_context.options = options
         convert = av.AudioResampler(format=stream.codec_context.codec.audio_formats[0].name, layout=layout, rate=rate)
         for start in range(0, samples.shape[1], 1024):
             frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(samples[:, start : start + 1024]), format="fltp", layout=layout)
