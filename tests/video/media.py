@@ -63,7 +63,8 @@ def encode(frames: list[np.ndarray], codec: str = "libx264", container: str = "m
             stream.codec_context.options = {"x265-params": f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes={bframes or 4}:log-level=error"}
         elif bframes:
             stream.codec_context.max_b_frames = bframes
-        track = out.add_stream(audio_codec, rate=audio_rate, layout="mono") if audio_rate else None
+        # the default tone as it always was (the encoder's default layout), given sound as mono
+        track = out.add_stream(audio_codec, rate=audio_rate, **({} if sound is None else {"layout": "mono"})) if audio_rate else None
         for i, pixels in enumerate(frames):
             frame = av.VideoFrame.from_ndarray(pixels, format="rgb24")
             if stamps is not None:
@@ -73,11 +74,12 @@ def encode(frames: list[np.ndarray], codec: str = "libx264", container: str = "m
         if track is not None:
             samples = int(audio_rate * len(frames) / rate)
             tone = (0.2 * np.sin(2 * np.pi * 440 * np.arange(samples) / audio_rate)).astype(np.float32) if sound is None else sound
-            convert = av.AudioResampler(format=track.codec_context.codec.audio_formats[0].name, layout="mono", rate=audio_rate)
+            convert = None if sound is None else av.AudioResampler(format=track.codec_context.codec.audio_formats[0].name, layout="mono",
+                                                                    rate=audio_rate)
             for start in range(0, len(tone), 1024):
                 chunk = av.AudioFrame.from_ndarray(np.ascontiguousarray(tone[None, start : start + 1024]), format="fltp", layout="mono")
                 chunk.sample_rate, chunk.pts, chunk.time_base = audio_rate, start, Fraction(1, audio_rate)
-                for part in convert.resample(chunk):
+                for part in [chunk] if convert is None else convert.resample(chunk):
                     out.mux(track.encode(part))
             out.mux(track.encode(None))
     return buf.getvalue()
