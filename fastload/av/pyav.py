@@ -600,7 +600,11 @@ def decode_crops(data: bytes, where: str, facts: AudioFacts, crops: Sequence[tup
     places: dict[int, int] | None = None
     counted = False  # whether the packets' places were counted (None where they cannot be)
     read = False  # whether the open container has been read from
+    codec, frame_bytes = facts.codec, len(data) / facts.packets
     try:
+        if codec == "video":  # a video's sound track: its codec (for its pre-roll) from the stream
+            container, stream = _open_audio(data, where)
+            codec, frame_bytes = _sound_codec(stream, facts.rate)
         for start, count in crops:
             if ogg is not None:
                 try:
@@ -608,7 +612,7 @@ def decode_crops(data: bytes, where: str, facts: AudioFacts, crops: Sequence[tup
                     continue
                 except NotPlain:
                     ogg = None  # read by the demuxer from here on
-            seek_to = max(0.0, (start / facts.rate) - _preroll(facts, len(data)))
+            seek_to = max(0.0, (start / facts.rate) - _preroll(codec, facts.rate, facts.channels, frame_bytes))
             for seeking in ((True, False) if facts.seekable and seek_to > 0 else (False,)):
                 # A seek flushes the decoder; decoding from the start needs a fresh one. So does a seek in an Ogg
                 # container read before: onto its last page, FFmpeg's Ogg demuxer timed the packets up to 0.7 s early.
@@ -687,19 +691,34 @@ def _packet_places(data: bytes, where: str, facts: AudioFacts) -> dict[int, int]
     return {pts: at - skip for pts, at in places.items()}
 
 
-def _preroll(facts: AudioFacts, size: int) -> float:
+def _preroll(codec: str, rate: int, channels: int, frame_bytes: float | None) -> float:
     """Seconds decoded before a crop after a seek so that its samples equal a decode from the start
-    (within Opus's convergence): by codec, MP3's from its mean frame size (``size`` bytes over its packets)."""
-    if facts.codec in ("mp3", "mp3float"):
-        mpeg1 = facts.rate >= 32000
+    (within Opus's convergence): by ``codec``, MP3's from its mean frame's bytes (None: not known, its
+    smallest frame's, 32 kbps in MPEG-1 and 8 kbps in MPEG-2 and 2.5: the longest pre-roll)."""
+    if codec in ("mp3", "mp3float"):
+        mpeg1 = rate >= 32000
         frame, reservoir = (1152, 511) if mpeg1 else (576, 255)  # samples a frame, reservoir bytes
-        side = (32 if facts.channels > 1 else 17) if mpeg1 else (17 if facts.channels > 1 else 9)
-        data_bytes = max(1.0, size / facts.packets - 4 - side)  # a frame's own data, after its header and side information
+        side = (32 if channels > 1 else 17) if mpeg1 else (17 if channels > 1 else 9)
+        if frame_bytes is None:
+            frame_bytes = _mp3_frame_bytes(rate, 32000 if mpeg1 else 8000)
+        data_bytes = max(1.0, frame_bytes - 4 - side)  # a frame's own data, after its header and side information
         frames = 2 + math.ceil(2 * reservoir / data_bytes)
-        return max(SEEK_PREROLL_S, frames * frame / facts.rate)
-    if facts.codec in ("opus", "libopus"):
+        return max(SEEK_PREROLL_S, frames * frame / rate)
+    if codec in ("opus", "libopus"):
         return OPUS_PREROLL_S
     return SEEK_PREROLL_S
+
+
+def _mp3_frame_bytes(rate: int, bit_rate: int) -> float:
+    """An MP3 frame's mean bytes at ``bit_rate`` bits a second (MPEG-1 from 32 kHz, 1152 samples a frame; else 576)."""
+    return (144 if rate >= 32000 else 72) * bit_rate / rate
+
+
+def _sound_codec(stream: Any, rate: int) -> tuple[str, float | None]:
+    """A video's sound track's codec (its stream facts name none) and, for MP3's pre-roll, its mean
+    frame's bytes from its bit rate (None where the container declares none)."""
+    bit_rate = int(stream.bit_rate or stream.codec_context.bit_rate or 0)
+    return stream.codec_context.name, _mp3_frame_bytes(rate, bit_rate) if bit_rate > 0 else None
 
 
 def _plain_vorbis(data: bytes, facts: AudioFacts) -> VorbisStream | None:
