@@ -643,6 +643,20 @@ def decode_crops(data: bytes, where: str, facts: AudioFacts, crops: Sequence[tup
 FIXED_FRAME_CODECS = frozenset({"aac", "mp3", "mp3float"})
 
 
+def _flac_samples(packet: memoryview) -> int:
+    """The samples a FLAC frame decodes to, from its header's block size: 4 bits of its third byte,
+    or 8 or 16 bits after its coded frame number (RFC 9639, 9.1); a ValueError for no frame header."""
+    if packet[0] != 0xFF or packet[1] >> 1 != 0x7C or not packet[2] >> 4:
+        raise ValueError("not a FLAC frame header")
+    code = packet[2] >> 4
+    if code < 6:
+        return 192 if code == 1 else 576 << (code - 2)
+    if code > 7:
+        return 256 << (code - 8)
+    at = 4 + max(1, 8 - (packet[4] ^ 0xFF).bit_length())  # after the frame number, coded as UTF-8 is: as many bytes as its first one's leading ones
+    return (packet[at] if code == 6 else packet[at] << 8 | packet[at + 1]) + 1
+
+
 def _opus_samples(packet: memoryview) -> int:
     """The 48 kHz samples an Opus packet decodes to, from its table-of-contents byte (RFC 6716, 3.1)."""
     config, code = packet[0] >> 3, packet[0] & 3
@@ -654,7 +668,7 @@ def _opus_samples(packet: memoryview) -> int:
 class _Places:
     """A Matroska/WebM recording's packets' places (each one's timestamp -> the recording's sample its
     decoded samples start at), counted from its start without decoding (Opus's from its table of
-    contents, a fixed frame size's codec's from that; only the first packets decoded, for the samples
+    contents, FLAC's from its frame header, a fixed frame size's codec's from that; only the first packets decoded, for the samples
     the decoder skips at the start), only as far as a crop needs, and on from there for a later one
     (a seek back to the last packet counted): for a stream whose timestamps are coarser than a
     sample. Every packet's count is checked against its timestamp (a miscount moves a place by more
@@ -671,10 +685,12 @@ class _Places:
             self.counted, least = _opus_samples, 120  # a packet's samples: a multiple of 2.5 ms
         elif context.name in FIXED_FRAME_CODECS and fixed > 0:
             self.counted, least = (lambda packet: fixed), fixed
+        elif context.name == "flac":
+            self.counted, least = _flac_samples, 0  # a frame's own header: what its decoder decodes
         else:
             return
         self.tick = (base.numerator * facts.rate, base.denominator)  # samples a timestamp unit, as a fraction
-        if 2 * self.tick[0] + self.tick[1] >= least * self.tick[1]:  # ticks too coarse to tell a miscount
+        if least and 2 * self.tick[0] + self.tick[1] >= least * self.tick[1]:  # ticks too coarse to tell a miscount
             self.counted = None
 
     def _reset(self) -> None:
@@ -707,7 +723,7 @@ class _Places:
                     self._reset()
                     self._count_on(container, stream, target, False)
                 return
-            except (_av().error.FFmpegError, IndexError):  # a damaged packet: decoded from the start, where it fails by name
+            except (_av().error.FFmpegError, IndexError, ValueError):  # a damaged packet: decoded from the start, where it fails by name
                 self.counted = None
                 return
             finally:

@@ -110,14 +110,17 @@ def test_ogg_opus_crops_on_its_last_page_after_other_crops_are_placed_right(reco
 
 
 @pytest.mark.timeout(240)
-def test_a_matroska_videos_sound_track_crops_are_placed_to_the_sample(tmp_path: Path) -> None:
-    """A video's AAC sound track in Matroska (millisecond timestamps: after a seek, crops came up to 22
-    samples off) loads as its decode from the start does, sample for sample."""
+@pytest.mark.parametrize("codec", ["aac", "flac"])
+def test_a_matroska_videos_sound_track_crops_are_placed_to_the_sample(tmp_path: Path, codec: str) -> None:
+    """A video's AAC (without noise substitution, as above) or FLAC sound track in Matroska
+    (millisecond timestamps: after a seek, AAC crops came up to 22 samples off; FLAC's were decoded
+    from the start) loads as its decode from the start does, sample for sample."""
     from tests.video.media import camera_frames
     from tests.video.media import encode as encode_video
 
     (tmp_path / "raw" / "a").mkdir(parents=True)
-    data = encode_video(camera_frames(1, 96, 32, 32), container="matroska", audio_rate=44100)  # 4 s of a 440 Hz tone
+    data = encode_video(camera_frames(1, 96, 32, 32), container="matroska", audio_rate=44100, audio_codec=codec,  # 4 s of a 440 Hz tone
+                        audio_options={"aac_pns": "0"} if codec == "aac" else None)
     (tmp_path / "raw" / "a" / "v.mkv").write_bytes(data)
     convert(str(tmp_path / "raw"), str(tmp_path / "out"), ConvertOptions(source="videos"), quiet=True)
     whole = {"a/v": _decoded_whole(data)}

@@ -46,10 +46,10 @@ def camera_frames(seed: int, frames: int, width: int, height: int) -> list[np.nd
 
 def encode(frames: list[np.ndarray], codec: str = "libx264", container: str = "mp4", gop: int = 8, rate: int = 24,
            audio_rate: int = 0, bframes: int = 0, stamps: list[int] | None = None, sound: np.ndarray | None = None,
-           audio_codec: str = "aac") -> bytes:
+           audio_codec: str = "aac", audio_options: dict[str, str] | None = None) -> bytes:
     """The frames encoded (``codec`` in ``container``, a keyframe every ``gop`` frames; x264 with
     ``bframes`` B-frames (default 2), x265 with 4, other codecs with ``bframes``), with a sine tone of ``audio_rate`` Hz sampling where asked
-    (``sound``: these mono samples instead, encoded by ``audio_codec``);
+    (``sound``: these mono samples instead, encoded by ``audio_codec`` with ``audio_options``);
     frame i shown at ``stamps[i] / rate`` seconds where given (a variable frame rate), else at ``i / rate``."""
     buf = io.BytesIO()
     with av.open(buf, mode="w", format=container) as out:
@@ -64,6 +64,8 @@ def encode(frames: list[np.ndarray], codec: str = "libx264", container: str = "m
         elif bframes:
             stream.codec_context.max_b_frames = bframes
         track = out.add_stream(audio_codec, rate=audio_rate, layout="mono") if audio_rate else None
+        if track is not None and audio_options:
+            track.codec_context.options = audio_options
         for i, pixels in enumerate(frames):
             frame = av.VideoFrame.from_ndarray(pixels, format="rgb24")
             if stamps is not None:
