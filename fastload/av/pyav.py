@@ -621,9 +621,11 @@ def decode_crops(data: bytes, where: str, facts: AudioFacts, crops: Sequence[tup
                     if container is not None:
                         container.close()
                     container, stream = _open_audio(data, where)
-                read = True
                 if seeking and places is None and stream.time_base is not None and stream.time_base * facts.rate > 1:
                     places = _take_places(data, stream, facts)
+                if seeking and places is not None and not read:
+                    _prime(av, container, stream)
+                read = True
                 place = None if places is None else (lambda pts, counted=places: counted.place(data, where, pts))
                 gathered = _decode_range(av, container, stream, where, facts, origin, seek_to if seeking else None, start, count, deadline,
                                          place)
@@ -637,6 +639,19 @@ def decode_crops(data: bytes, where: str, facts: AudioFacts, crops: Sequence[tup
             container.close()
         if places is not None:
             _keep_places(places)
+
+
+def _prime(av: Any, container: Any, stream: Any) -> None:
+    """Decode a fresh container's first packets up to one that gives samples: the decoder's start skip
+    (Opus's pre-skip, AAC's priming) is spent on them. Unspent, it trimmed the first packet decoded after
+    a seek, whose frame then had no packet's timestamp to be placed by (every WebM crop after a seek
+    was decoded again from the start)."""
+    try:
+        for packet in container.demux(stream):
+            if packet.size and sum(frame.samples for frame in packet.decode()):
+                return
+    except av.error.FFmpegError:
+        return  # the seek's first frame then has no place, and the crop is decoded from the start, where it fails by name
 
 
 # Codecs whose every packet decodes to the decoder's frame size (the last one trimmed by the container)
