@@ -601,7 +601,8 @@ def decode_crops(data: bytes, where: str, facts: AudioFacts, crops: Sequence[tup
     stream: Any = None
     places: _Places | None = None  # timestamps coarser than a sample: the packets' places, counted
     read = False  # whether the open container has been read from
-    codec, frame_bytes = facts.codec, len(data) / facts.packets
+    codec = facts.codec
+    frame_bytes: float | None = len(data) / facts.packets  # MP3's mean frame, for its pre-roll
     try:
         if codec == "video":  # a video's sound track: its codec (for its pre-roll) from the stream
             container, stream = _open_audio(data, where)
