@@ -722,7 +722,7 @@ class _Places:
 
     def place(self, data: bytes, where: str, pts: int) -> int | None:
         """The recording's sample the packet at ``pts`` starts at (counted as far as it first), or None."""
-        if self.counted is not None and not self.done and (self.last is None or pts > self.last or self.checked < 2):
+        if self.counted is not None and not self.done and (self.last is None or pts > self.last):  # a count stops only past the checks
             self._count(data, where, pts)
         at = self.places.get(pts) if self.counted is not None else None
         return None if at is None or self.skip is None else at - self.skip
