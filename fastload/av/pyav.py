@@ -18,8 +18,10 @@ decoder's reordering), and a frame over the pixel limit is refused before it is 
 
 from __future__ import annotations
 
+import hashlib
 import io
 import math
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
@@ -597,10 +599,14 @@ def decode_crops(data: bytes, where: str, facts: AudioFacts, crops: Sequence[tup
     origin = facts.start_pts * facts.time_base[0] / facts.time_base[1]  # seconds of sample 0
     container: Any = None
     stream: Any = None
-    places: dict[int, int] | None = None
-    counted = False  # whether the packets' places were counted (None where they cannot be)
+    places: _Places | None = None  # timestamps coarser than a sample: the packets' places, counted
     read = False  # whether the open container has been read from
+    codec = facts.codec
+    frame_bytes: float | None = len(data) / facts.packets  # MP3's mean frame, for its pre-roll
     try:
+        if codec == "video":  # a video's sound track: its codec (for its pre-roll) from the stream
+            container, stream = _open_audio(data, where)
+            codec, frame_bytes = _sound_codec(stream, facts.rate)
         for start, count in crops:
             if ogg is not None:
                 try:
@@ -608,7 +614,7 @@ def decode_crops(data: bytes, where: str, facts: AudioFacts, crops: Sequence[tup
                     continue
                 except NotPlain:
                     ogg = None  # read by the demuxer from here on
-            seek_to = max(0.0, (start / facts.rate) - _preroll(facts, len(data)))
+            seek_to = max(0.0, (start / facts.rate) - _preroll(codec, facts.rate, facts.channels, frame_bytes))
             for seeking in ((True, False) if facts.seekable and seek_to > 0 else (False,)):
                 # A seek flushes the decoder; decoding from the start needs a fresh one. So does a seek in an Ogg
                 # container read before: onto its last page, FFmpeg's Ogg demuxer timed the packets up to 0.7 s early.
@@ -616,11 +622,14 @@ def decode_crops(data: bytes, where: str, facts: AudioFacts, crops: Sequence[tup
                     if container is not None:
                         container.close()
                     container, stream = _open_audio(data, where)
+                if seeking and places is None and stream.time_base is not None and stream.time_base * facts.rate > 1:
+                    places = _take_places(data, stream, facts)
+                if seeking and places is not None and not read:
+                    _prime(av, container, stream)
                 read = True
-                if seeking and not counted and stream.time_base is not None and stream.time_base * facts.rate > 1:
-                    places, counted = _packet_places(data, where, facts), True  # timestamps coarser than a sample: counted once
+                place = None if places is None else (lambda pts, counted=places: counted.place(data, where, pts))
                 gathered = _decode_range(av, container, stream, where, facts, origin, seek_to if seeking else None, start, count, deadline,
-                                         places)
+                                         place)
                 if gathered is not None:
                     break
             else:  # unreachable: no seek always lands at 0
@@ -629,10 +638,39 @@ def decode_crops(data: bytes, where: str, facts: AudioFacts, crops: Sequence[tup
     finally:
         if container is not None:
             container.close()
+        if places is not None:
+            _keep_places(places)
+
+
+def _prime(av: Any, container: Any, stream: Any) -> None:
+    """Decode a fresh container's first packets up to one that gives samples: the decoder's start skip
+    (Opus's pre-skip, AAC's priming) is spent on them. Unspent, it trimmed the first packet decoded after
+    a seek, whose frame then had no packet's timestamp to be placed by (every WebM crop after a seek
+    was decoded again from the start)."""
+    try:
+        for packet in container.demux(stream):
+            if packet.size and sum(frame.samples for frame in packet.decode()):
+                return
+    except av.error.FFmpegError:
+        return  # the seek's first frame then has no place, and the crop is decoded from the start, where it fails by name
 
 
 # Codecs whose every packet decodes to the decoder's frame size (the last one trimmed by the container)
 FIXED_FRAME_CODECS = frozenset({"aac", "mp3", "mp3float"})
+
+
+def _flac_samples(packet: memoryview) -> int:
+    """The samples a FLAC frame decodes to, from its header's block size: 4 bits of its third byte,
+    or 8 or 16 bits after its coded frame number (RFC 9639, 9.1); a ValueError for no frame header."""
+    if packet[0] != 0xFF or packet[1] >> 1 != 0x7C or not packet[2] >> 4:
+        raise ValueError("not a FLAC frame header")
+    code = packet[2] >> 4
+    if code < 6:
+        return 192 if code == 1 else 576 << (code - 2)
+    if code > 7:
+        return 256 << (code - 8)
+    at = 4 + max(1, 8 - (packet[4] ^ 0xFF).bit_length())  # after the frame number, coded as UTF-8 is: as many bytes as its first one's leading ones
+    return (packet[at] if code == 6 else packet[at] << 8 | packet[at + 1]) + 1
 
 
 def _opus_samples(packet: memoryview) -> int:
@@ -643,63 +681,177 @@ def _opus_samples(packet: memoryview) -> int:
     return size * frames
 
 
-def _packet_places(data: bytes, where: str, facts: AudioFacts) -> dict[int, int] | None:
-    """Each packet's timestamp -> the recording's sample its decoded samples start at, counted over
-    every packet from the start without decoding them (Opus's from its table of contents, a fixed
-    frame size's codec's from that; only the first ones decoded, for the samples the decoder skips
-    at the start): for a stream whose timestamps are coarser than a sample. None where a packet's
-    samples cannot be told so, two packets share a timestamp, the first packets decode to other
-    counts, or the count disagrees with the facts."""
-    container, stream = _open_audio(data, where)
-    try:
-        context = stream.codec_context
+class _Places:
+    """A Matroska/WebM recording's packets' places (each one's timestamp -> the recording's sample its
+    decoded samples start at), counted from its start without decoding (Opus's from its table of
+    contents, FLAC's from its frame header, a fixed frame size's codec's from that; only the first packets decoded, for the samples
+    the decoder skips at the start), only as far as a crop needs, and on from there for a later one
+    (a seek back to the last packet counted): for a stream whose timestamps are coarser than a
+    sample. Every packet's count is checked against its timestamp (a miscount moves a place by more
+    than two of the timestamps' ticks), and the total, once the count reaches the end, against the
+    facts. Where a packet's samples cannot be told so or a check fails, :meth:`place` is None."""
+
+    def __init__(self, stream: Any, facts: AudioFacts, key: tuple[int, bytes, AudioFacts]) -> None:
+        self.facts, self.key = facts, key  # key: what _PLACES knows the recording by
+        self._reset()
+        self.counted: Callable[[memoryview], int] | None = None  # None: not countable
+        context, base = stream.codec_context, stream.time_base
         fixed = int(context.frame_size or 0)
         if context.name in ("opus", "libopus") and facts.rate == 48000:
-            counted: Callable[[memoryview], int] = _opus_samples
+            self.counted, least = _opus_samples, 120  # a packet's samples: a multiple of 2.5 ms
         elif context.name in FIXED_FRAME_CODECS and fixed > 0:
-            counted = lambda packet: fixed  # noqa: E731
+            self.counted, least = (lambda packet: fixed), fixed
+        elif context.name == "flac":
+            self.counted, least = _flac_samples, 0  # a frame's own header: what its decoder decodes
         else:
-            return None
-        places: dict[int, int] = {}
-        fed, samples, skip, checked = 0, 0, None, 0  # skip: the packets' samples before the recording's first
+            return
+        self.tick = (base.numerator * facts.rate, base.denominator)  # samples a timestamp unit, as a fraction
+        if least and 2 * self.tick[0] + self.tick[1] >= least * self.tick[1]:  # ticks too coarse to tell a miscount
+            self.counted = None
+
+    def _reset(self) -> None:
+        """Nothing counted."""
+        self.places: dict[int, int] = {}  # timestamp -> the samples of the packets before it, from the first one
+        self.fed = 0  # the samples of every packet counted
+        self.samples = 0  # the last packet counted's
+        self.last: int | None = None  # its timestamp
+        self.first = 0  # the first packet's timestamp
+        self.skip: int | None = None  # the packets' samples before the recording's first
+        self.checked = 0  # packets after the skip decoded to the samples counted
+        self.done = False  # counted to the end
+
+    def place(self, data: bytes, where: str, pts: int) -> int | None:
+        """The recording's sample the packet at ``pts`` starts at (counted as far as it first), or None."""
+        if self.counted is not None and not self.done and (self.last is None or pts > self.last):  # a count stops only past the checks
+            self._count(data, where, pts)
+        at = self.places.get(pts) if self.counted is not None else None
+        return None if at is None or self.skip is None else at - self.skip
+
+    def _count(self, data: bytes, where: str, target: int) -> None:
+        """Count on to the packet at ``target`` (its timestamp) and two packets past the decoder's
+        start skip, from the last packet counted (a seek back to it) or the start; ``counted`` None where a check fails."""
+        for resume in ((True, False) if self.last is not None else (False,)):
+            container, stream = _open_audio(data, where)
+            try:
+                if resume and not self._count_on(container, stream, target, True):
+                    continue  # the seek did not land at or before the last packet counted: from the start
+                if not resume:
+                    self._reset()
+                    self._count_on(container, stream, target, False)
+                return
+            except (_av().error.FFmpegError, IndexError, ValueError):  # a damaged packet: decoded from the start, where it fails by name
+                self.counted = None
+                return
+            finally:
+                container.close()
+
+    def _count_on(self, container: Any, stream: Any, target: int, resume: bool) -> bool:
+        """:meth:`_count`'s demuxing; with ``resume``, after a seek to the last packet counted,
+        False where the seek landed past it."""
+        counted = self.counted
+        assert counted is not None
+        rate_n, rate_d = self.tick
+        last = self.last
+        if resume:
+            container.seek(last, backward=True, any_frame=False, stream=stream)
         for packet in container.demux(stream):
             if not packet.size:
                 continue
-            if packet.pts is None or packet.pts in places:
-                return None
+            pts = packet.pts
+            if resume:  # packets counted before, up to the last one
+                if pts is None or pts > last:
+                    return False
+                resume = pts != last
+                continue
+            if pts is None or (self.last is not None and pts <= self.last):
+                self.counted = None
+                return True
+            if self.last is None:
+                self.first = pts
             samples = counted(memoryview(packet))  # no copy: Opus reads its first two bytes
-            places[packet.pts] = fed
-            if skip is None or checked < 2:  # the skip found, and two packets after it decoding to the samples counted
+            if abs((pts - self.first) * rate_n - self.fed * rate_d) > rate_n + rate_d:  # not where its timestamp says
+                self.counted = None
+                return True
+            self.places[pts], self.last, self.samples = self.fed, pts, samples
+            if self.skip is None or self.checked < 2:  # the skip found, and two packets after it decoding to the samples counted
                 produced = sum(frame.samples for frame in packet.decode())
-                if skip is not None:
+                if self.skip is not None:
                     if produced != samples:
-                        return None
-                    checked += 1
+                        self.counted = None
+                        return True
+                    self.checked += 1
                 elif produced:
-                    skip = fed + samples - produced
-            fed += samples
-    except (_av().error.FFmpegError, IndexError):  # a damaged packet: decoded from the start, where it fails by name
-        return None
-    finally:
-        container.close()
-    if skip is None or (facts.codec != "video" and not 0 <= fed - skip - facts.samples < max(samples, 1)):  # the last packet's end trimmed
-        return None
-    return {pts: at - skip for pts, at in places.items()}
+                    self.skip = self.fed + samples - produced
+            self.fed += samples
+            if pts >= target and self.checked >= 2:
+                return True
+        if resume:
+            return False
+        self.done = True
+        if self.skip is None or (self.facts.codec != "video" and not 0 <= self.fed - self.skip - self.facts.samples < max(self.samples, 1)):
+            self.counted = None  # the last packet's end trimmed
+        return True
 
 
-def _preroll(facts: AudioFacts, size: int) -> float:
+_PLACES: OrderedDict[tuple[int, bytes, AudioFacts], _Places] = OrderedDict()  # a process's counted places by recording
+_PLACES_LOCK = threading.Lock()  # two threads' loaders (a prefetch thread each) take and keep places at once
+PLACES_KEPT = 1 << 16  # the most packets' places kept (~6 MB: 22 minutes of 20 ms Opus packets)
+PLACES_KEY_BYTES = 1 << 16  # a recording is known by its length, facts, and the hash of this many bytes at its start and end
+
+
+def _places_key(data: bytes, facts: AudioFacts) -> tuple[int, bytes, AudioFacts]:
+    """What :data:`_PLACES` knows a recording by."""
+    view = memoryview(data)
+    ends = hashlib.blake2b(view[:PLACES_KEY_BYTES], digest_size=16)
+    ends.update(view[-PLACES_KEY_BYTES:])
+    return len(data), ends.digest(), facts
+
+
+def _take_places(data: bytes, stream: Any, facts: AudioFacts) -> _Places:
+    """The places counted for the recording in ``data`` (``stream``: its audio stream) before, taken
+    out of the kept ones (so no other thread counts on with them at once), or new ones."""
+    key = _places_key(data, facts)
+    with _PLACES_LOCK:
+        kept = _PLACES.pop(key, None)
+    return kept or _Places(stream, facts, key)
+
+
+def _keep_places(places: _Places) -> None:
+    """``places`` back among the kept ones, the least recently used dropped beyond PLACES_KEPT packets."""
+    with _PLACES_LOCK:
+        _PLACES[places.key] = places
+        while _PLACES and sum(len(kept.places) for kept in _PLACES.values()) > PLACES_KEPT:
+            _PLACES.popitem(last=False)
+
+
+def _preroll(codec: str, rate: int, channels: int, frame_bytes: float | None) -> float:
     """Seconds decoded before a crop after a seek so that its samples equal a decode from the start
-    (within Opus's convergence): by codec, MP3's from its mean frame size (``size`` bytes over its packets)."""
-    if facts.codec in ("mp3", "mp3float"):
-        mpeg1 = facts.rate >= 32000
+    (within Opus's convergence): by ``codec``, MP3's from its mean frame's bytes (None: not known, its
+    smallest frame's, 32 kbps in MPEG-1 and 8 kbps in MPEG-2 and 2.5: the longest pre-roll)."""
+    if codec in ("mp3", "mp3float"):
+        mpeg1 = rate >= 32000
         frame, reservoir = (1152, 511) if mpeg1 else (576, 255)  # samples a frame, reservoir bytes
-        side = (32 if facts.channels > 1 else 17) if mpeg1 else (17 if facts.channels > 1 else 9)
-        data_bytes = max(1.0, size / facts.packets - 4 - side)  # a frame's own data, after its header and side information
+        side = (32 if channels > 1 else 17) if mpeg1 else (17 if channels > 1 else 9)
+        if frame_bytes is None:
+            frame_bytes = _mp3_frame_bytes(rate, 32000 if mpeg1 else 8000)
+        data_bytes = max(1.0, frame_bytes - 4 - side)  # a frame's own data, after its header and side information
         frames = 2 + math.ceil(2 * reservoir / data_bytes)
-        return max(SEEK_PREROLL_S, frames * frame / facts.rate)
-    if facts.codec in ("opus", "libopus"):
+        return max(SEEK_PREROLL_S, frames * frame / rate)
+    if codec in ("opus", "libopus"):
         return OPUS_PREROLL_S
     return SEEK_PREROLL_S
+
+
+def _mp3_frame_bytes(rate: int, bit_rate: int) -> float:
+    """An MP3 frame's mean bytes at ``bit_rate`` bits a second (MPEG-1 from 32 kHz, 1152 samples a frame; else 576)."""
+    return (144 if rate >= 32000 else 72) * bit_rate / rate
+
+
+def _sound_codec(stream: Any, rate: int) -> tuple[str, float | None]:
+    """A video's sound track's codec (its stream facts name none) and, for MP3's pre-roll, its mean
+    frame's bytes from its bit rate (None where the container declares none)."""
+    bit_rate = int(stream.bit_rate or stream.codec_context.bit_rate or 0)
+    return stream.codec_context.name, _mp3_frame_bytes(rate, bit_rate) if bit_rate > 0 else None
 
 
 def _plain_vorbis(data: bytes, facts: AudioFacts) -> VorbisStream | None:
@@ -787,15 +939,15 @@ def _check_length(where: str, facts: AudioFacts, position: int, end: int) -> Non
 
 
 def _decode_range(av: Any, container: Any, stream: Any, where: str, facts: AudioFacts, origin: float, seek_to: float | None,
-                  start: int, count: int, deadline: float, places: dict[int, int] | None = None) -> _Gathered | None:
+                  start: int, count: int, deadline: float, place: Callable[[int], int | None] | None = None) -> _Gathered | None:
     """One crop's try in :func:`decode_crops`: the crop's samples, or None when a seek to ``seek_to``
     seconds landed past half the pre-roll before it, or cannot place samples exactly. Timestamps
     coarser than a sample (Matroska's and WebM's milliseconds, rounded: Opus crops came 24 samples
-    early, AAC ones up to 22 samples off) place the first frame after a seek by ``places`` (its
-    packet's timestamp -> its first sample, :func:`_packet_places`); without them, from the start."""
+    early, AAC ones up to 22 samples off) place the first frame after a seek by ``place`` (its
+    packet's timestamp -> its first sample, :class:`_Places`); without it, from the start."""
     coarse = stream.time_base is None or stream.time_base * facts.rate > 1
     if seek_to is not None:
-        if coarse and places is None:
+        if coarse and place is None:
             return None
         try:
             container.seek(int((origin + seek_to) * 1_000_000), backward=True, any_frame=False)
@@ -811,7 +963,7 @@ def _decode_range(av: Any, container: Any, stream: Any, where: str, facts: Audio
             if position is None:
                 if frame.pts is None:
                     return None
-                position = places.get(frame.pts) if coarse and places is not None else round((float(frame.pts * frame.time_base) - origin) * facts.rate)
+                position = place(frame.pts) if coarse and place is not None else round((float(frame.pts * frame.time_base) - origin) * facts.rate)
                 if position is None:
                     return None
                 if position > landed_by:  # past half its pre-roll: the decoder would not have caught up

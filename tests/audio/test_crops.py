@@ -110,15 +110,42 @@ def test_ogg_opus_crops_on_its_last_page_after_other_crops_are_placed_right(reco
 
 
 @pytest.mark.timeout(240)
-def test_a_matroska_videos_sound_track_crops_are_placed_to_the_sample(tmp_path: Path) -> None:
-    """A video's AAC sound track in Matroska (millisecond timestamps: after a seek, crops came up to 22
-    samples off) loads as its decode from the start does, sample for sample."""
+@pytest.mark.parametrize("codec", ["aac", "flac"])
+def test_a_matroska_videos_sound_track_crops_are_placed_to_the_sample(tmp_path: Path, codec: str) -> None:
+    """A video's AAC (without noise substitution, as above) or FLAC sound track in Matroska
+    (millisecond timestamps: after a seek, AAC crops came up to 22 samples off; FLAC's were decoded
+    from the start) loads as its decode from the start does, sample for sample."""
     from tests.video.media import camera_frames
     from tests.video.media import encode as encode_video
 
     (tmp_path / "raw" / "a").mkdir(parents=True)
-    data = encode_video(camera_frames(1, 96, 32, 32), container="matroska", audio_rate=44100)  # 4 s of a 440 Hz tone
+    data = encode_video(camera_frames(1, 96, 32, 32), container="matroska", audio_rate=44100, audio_codec=codec,  # 4 s of a 440 Hz tone
+                        audio_options={"aac_pns": "0"} if codec == "aac" else None)
     (tmp_path / "raw" / "a" / "v.mkv").write_bytes(data)
     convert(str(tmp_path / "raw"), str(tmp_path / "out"), ConvertOptions(source="videos"), quiet=True)
     whole = {"a/v": _decoded_whole(data)}
     assert _check_crops(tmp_path / "out", whole, "a/v", 44100, whole["a/v"].shape[0], 0.0, fields={"mkv": "audio"}) == 7 + 3 * 4
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("ext", "container", "video_codec", "audio_codec", "rate", "tolerance"), [
+    ("webm", "webm", "libvpx", "libopus", 48000, 1e-5),  # 0.25 s of pre-roll instead of Opus's 0.5: 7e-4 off
+    ("mkv", "matroska", "libx264", "libmp3lame", 8000, 0.0),  # 8 kbps: 0.25 s instead of twice its bit reservoir (0.8 s)
+])
+def test_a_videos_sound_track_gets_its_codecs_pre_roll(tmp_path: Path, ext: str, container: str, video_codec: str,
+                                                       audio_codec: str, rate: int, tolerance: float) -> None:
+    """A video's sound track (whose stream facts name no audio codec) in Opus, and in MP3 at 8 kbps,
+    is pre-rolled as its codec needs after a seek: its crops equal its decode from the start (Opus
+    within its decoder's convergence)."""
+    from tests.video.media import camera_frames
+    from tests.video.media import encode as encode_video
+
+    (tmp_path / "raw" / "a").mkdir(parents=True)
+    sound = chirp(rate, 4.0, 1, seed=7)[0]
+    sound += 0.05 * np.random.default_rng(7).standard_normal(sound.shape).astype(np.float32)
+    data = encode_video(camera_frames(1, 96, 32, 32), codec=video_codec, container=container, audio_rate=rate, sound=sound,
+                        audio_codec=audio_codec)
+    (tmp_path / "raw" / "a" / f"v.{ext}").write_bytes(data)
+    convert(str(tmp_path / "raw"), str(tmp_path / "out"), ConvertOptions(source="videos"), quiet=True)
+    whole = {"a/v": _decoded_whole(data)}
+    assert _check_crops(tmp_path / "out", whole, "a/v", rate, 1, tolerance, fields={ext: "audio"}) == 7 + 3 * 4

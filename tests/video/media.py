@@ -46,10 +46,10 @@ def camera_frames(seed: int, frames: int, width: int, height: int) -> list[np.nd
 
 def encode(frames: list[np.ndarray], codec: str = "libx264", container: str = "mp4", gop: int = 8, rate: int = 24,
            audio_rate: int = 0, bframes: int = 0, stamps: list[int] | None = None, sound: np.ndarray | None = None,
-           audio_codec: str = "aac") -> bytes:
+           audio_codec: str = "aac", audio_options: dict[str, str] | None = None) -> bytes:
     """The frames encoded (``codec`` in ``container``, a keyframe every ``gop`` frames; x264 with
     ``bframes`` B-frames (default 2), x265 with 4, other codecs with ``bframes``), with a sine tone of ``audio_rate`` Hz sampling where asked
-    (``sound``: these mono samples instead, encoded by ``audio_codec``);
+    (``sound``: these mono samples instead, encoded by ``audio_codec`` with ``audio_options``);
     frame i shown at ``stamps[i] / rate`` seconds where given (a variable frame rate), else at ``i / rate``."""
     buf = io.BytesIO()
     with av.open(buf, mode="w", format=container) as out:
@@ -63,8 +63,9 @@ def encode(frames: list[np.ndarray], codec: str = "libx264", container: str = "m
             stream.codec_context.options = {"x265-params": f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes={bframes or 4}:log-level=error"}
         elif bframes:
             stream.codec_context.max_b_frames = bframes
-        # the default tone as it always was (the encoder's default layout), given sound as mono
-        track = out.add_stream(audio_codec, rate=audio_rate, **({} if sound is None else {"layout": "mono"})) if audio_rate else None
+        track = out.add_stream(audio_codec, rate=audio_rate, layout="mono") if audio_rate else None
+        if track is not None and audio_options:
+            track.codec_context.options = audio_options
         for i, pixels in enumerate(frames):
             frame = av.VideoFrame.from_ndarray(pixels, format="rgb24")
             if stamps is not None:
@@ -74,12 +75,11 @@ def encode(frames: list[np.ndarray], codec: str = "libx264", container: str = "m
         if track is not None:
             samples = int(audio_rate * len(frames) / rate)
             tone = (0.2 * np.sin(2 * np.pi * 440 * np.arange(samples) / audio_rate)).astype(np.float32) if sound is None else sound
-            convert = None if sound is None else av.AudioResampler(format=track.codec_context.codec.audio_formats[0].name, layout="mono",
-                                                                    rate=audio_rate)
+            convert = av.AudioResampler(format=track.codec_context.codec.audio_formats[0].name, layout="mono", rate=audio_rate)
             for start in range(0, len(tone), 1024):
                 chunk = av.AudioFrame.from_ndarray(np.ascontiguousarray(tone[None, start : start + 1024]), format="fltp", layout="mono")
                 chunk.sample_rate, chunk.pts, chunk.time_base = audio_rate, start, Fraction(1, audio_rate)
-                for part in [chunk] if convert is None else convert.resample(chunk):
+                for part in convert.resample(chunk):
                     out.mux(track.encode(part))
             out.mux(track.encode(None))
     return buf.getvalue()
