@@ -32,6 +32,7 @@ class PartTable(Sequence["ShardInfo"]):
 
     def __init__(self, files: tuple[tuple[Any, ...], ...], parts: np.ndarray) -> None:
         self.files, self.parts = files, parts
+        self._last: tuple[int, ShardInfo] | None = None  # the part last made a shard: a row group's samples are read one after another
         self._check()
 
     def _check(self) -> None:
@@ -97,12 +98,17 @@ class PartTable(Sequence["ShardInfo"]):
     def __getitem__(self, i: int | slice) -> ShardInfo | tuple[ShardInfo, ...]:
         if isinstance(i, slice):
             return tuple(self[j] for j in range(*i.indices(len(self))))
+        last = self._last
+        if last is not None and last[0] == i:
+            return last[1]
         from fastload.formats.shard_info import ShardInfo
 
         file, row_group, samples, first_row, span_start, size = self.parts[i].tolist()
         path, file_bytes, footer_bytes, mtime_ns, sha256, version = self.files[file]
-        return ShardInfo(path, samples, size, sha256, row_group=row_group, first_row=first_row, span_start=span_start,
-                         file_bytes=file_bytes, footer_bytes=footer_bytes, mtime_ns=mtime_ns, version=version)
+        shard = ShardInfo(path, samples, size, sha256, row_group=row_group, first_row=first_row, span_start=span_start,
+                          file_bytes=file_bytes, footer_bytes=footer_bytes, mtime_ns=mtime_ns, version=version)
+        self._last = (int(i), shard)
+        return shard
 
     def __iter__(self) -> Iterator[ShardInfo]:
         return (self[i] for i in range(len(self)))
