@@ -27,12 +27,11 @@ from fastload.loading.loader_options import LoaderOptions
 from fastload.loading.state import LoaderState, OrderSettings, read_state_dict, state_number
 from fastload.loading.stats import LoaderStats
 from fastload.orders.position import Position
-from fastload.orders.steps import step_at
 from fastload.storage.dataset import ShardedDataset
 from fastload.storage.mixed_dataset import MixedDataset
 from fastload.text.epoch_rows import MixtureRows
 from fastload.text.token_batch import Attention, BatchFiller, BatchFormat
-from fastload.text.token_rows import Cursor, Packing, TokenOptions, TokenRows, choice, read_cursor
+from fastload.text.token_rows import Packing, TokenOptions, TokenRows, choice, read_cursor
 from fastload.text.token_samplers import TokenBatchIndices, TokenBatchRequest, token_collate
 
 
@@ -167,32 +166,18 @@ class TokenBatches:
                                    "rows", (saved_len, self.tokens.seq_len), None if cursor is None else read_cursor(cursor))
         return position
 
-    def _first_row(self, step: int, epoch: int) -> tuple[int, int, int, int, Cursor | None] | None:
-        """(first row, rows, batch size, seq_len, the rows' origin) of this rank's batch at global ``step`` of ``epoch``: steps
-        run before a resume at another topology or seq_len as they ran (None where this rank did not exist)."""
-        rank, world = self.ranks()
-        resumed_from = self.state.resumed_from(epoch)
-        cuts = self.rows.cuts(resumed_from)
-        found = step_at(epoch, step, resumed_from, world, self.options.batch_size, rank)
-        if not found.rank_existed:
-            return None
-        seq_len, cut = cuts[found.segment]
-        first, count = self.rows.rank_rows(epoch, found.consumed, found.batch_size, rank, found.world_size, cuts[-1][1])
-        return first, count, found.batch_size, seq_len, cut
-
     def describe(self, step: int, epoch: int) -> list[list[dict[str, Any]]]:
         """Each row of this rank's batch at global ``step`` of ``epoch`` (steps before a resume at another topology or
-        seq_len as they ran): its segments, each named by shard, document, first token in the document and length;
-        of a mixture, also the members' weights in force at the row (``"weights"``, in the members' order)."""
-        found = self._first_row(step, epoch)
+        seq_len as they ran: fastload.text.token_rows.TokenRows.batch_at): its segments, each named by shard, document,
+        first token in the document and length; of a mixture, also the members' weights in force at the row (``"weights"``,
+        in the members' order)."""
+        rank, world = self.ranks()
+        found = self.rows.batch_at(epoch, step, self.state.resumed_from(epoch), self.options.batch_size, rank, world)
         if found is None:
             return []
-        first, count, batch, seq_len, origin = found
-        if seq_len == self.tokens.seq_len:
-            segments = self.rows.segments(epoch, first, count, self.rows.locate(epoch, first, origin))
-        else:
-            segments = self.rows.cut_at(epoch, first, count, seq_len, origin)
-        out: list[list[dict[str, Any]]] = [[] for _ in range(batch)]
+        first, count, cursor = found.work
+        segments = self.rows.segments(epoch, first, count, cursor, found.seq_len)
+        out: list[list[dict[str, Any]]] = [[] for _ in range(found.batch_size)]
         for start, length, row in zip(segments.start.tolist(), segments.length.tolist(), segments.row.tolist()):
             segment: dict[str, Any] = {**self.corpus.named(start), "tokens": length}
             if isinstance(rows := self.rows.of(epoch), MixtureRows):

@@ -5,7 +5,8 @@ use: an epoch's length, where a resume continues (best-fit's cursor; after a res
 ``seq_len``, the *origin*: concat's (C, T), rows from row C on cut from the stream's token T;
 best-fit's :class:`~fastload.text.epoch_rows.Boundary` of each such resume, each naming the window
 holding its row, which a state records in its ``resumed_from`` entry), and the rows of each rank in a global step
-(:meth:`TokenRows.step_batch`, the one function iteration, the run-ahead and the samplers make a batch from)."""
+(:meth:`TokenRows.step_batch`, the one function iteration, the run-ahead, the samplers and, at a global step's
+segment, ``describe`` (:meth:`TokenRows.batch_at`) make a batch from)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from fastload.orders.steps import step_at
 from fastload.storage.dataset import ShardedDataset
 from fastload.storage.mixed_dataset import MixedDataset
 from fastload.text.column_corpus import ColumnCorpus
@@ -122,6 +124,17 @@ EpochRows = StreamRows | PaddedRows | BestFitRows | MixtureRows
 # their boundaries); concat: the origin (StreamRows: row, token); an origin is best-fit's boundaries too (TokenRows.origin)
 Cursor = tuple[Any, ...]
 BatchWork = tuple[int, int, Cursor | None]  # a rank's batch: its first row of the epoch, its rows (the rest padding), and locate()'s cursor
+
+
+@dataclass(frozen=True)
+class StepRows:
+    """A rank's batch at a global step (:meth:`TokenRows.batch_at`): its work, and the batch size and seq_len it ran at."""
+
+    work: BatchWork
+    batch_size: int
+    seq_len: int
+
+
 KEPT_EPOCH_ROWS = 2  # epochs' rows kept, by (epoch, origin): an epoch's and the next one's the workers run ahead into
 
 
@@ -140,27 +153,32 @@ class TokenRows:
             refuse_members_shorter_than_a_row(self.mixture, options.seq_len)
         self._kept: dict[tuple[int, Cursor | None], EpochRows] = {}
 
-    def of(self, epoch: int, origin: Cursor | None = None) -> EpochRows:
+    def of(self, epoch: int, origin: Cursor | None = None, seq_len: int | None = None) -> EpochRows:
         """The rows of ``epoch``; ``origin`` (:meth:`origin`; None: the epoch's start) is where they are cut from after a
-        resume at another seq_len: for concat, (row, stream token); for best-fit, the resumes' boundaries."""
+        resume at another seq_len: for concat, (row, stream token); for best-fit, the resumes' boundaries. ``seq_len``:
+        rows as an earlier segment of the epoch cut them (:meth:`cuts`; made anew each time), else this loader's (kept)."""
         concat = self.mixture is None and self.options.packing is Packing.CONCAT
+        if seq_len is not None and seq_len != self.options.seq_len:
+            return self._cut(epoch, seq_len, origin, concat)
         key = (epoch, (origin or (0, 0)) if concat else tuple(origin or ()) if self.options.packing is Packing.BEST_FIT else None)
         rows = self._kept.get(key)
-        if rows is not None:
-            return rows
+        if rows is None:
+            rows = self._cut(epoch, self.options.seq_len, origin, concat)
+            if len(self._kept) >= KEPT_EPOCH_ROWS:
+                self._kept.pop(next(iter(self._kept)))
+            self._kept[key] = rows
+        return rows
+
+    def _cut(self, epoch: int, seq_len: int, origin: Cursor | None, concat: bool) -> EpochRows:
+        """``epoch``'s rows of ``seq_len`` tokens cut from ``origin`` (see :meth:`of`)."""
         options, corpus = self.options, self.corpus
         if self.mixture is not None:
-            rows = MixtureRows(self.mixture, corpus, options.seq_len, options.block_tokens, self.seed, epoch, self.shuffle)
-        elif concat:
-            rows = StreamRows(corpus, options.seq_len, options.block_tokens, self.seed, epoch, self.shuffle, origin or (0, 0))
-        elif options.packing is Packing.PAD:
-            rows = PaddedRows(corpus, options.seq_len, self.seed, epoch, self.shuffle)
-        else:
-            rows = self._best_fit(epoch, options.seq_len, origin)
-        if len(self._kept) >= KEPT_EPOCH_ROWS:
-            self._kept.pop(next(iter(self._kept)))
-        self._kept[key] = rows
-        return rows
+            return MixtureRows(self.mixture, corpus, seq_len, options.block_tokens, self.seed, epoch, self.shuffle)
+        if concat:
+            return StreamRows(corpus, seq_len, options.block_tokens, self.seed, epoch, self.shuffle, origin or (0, 0))
+        if options.packing is Packing.PAD:
+            return PaddedRows(corpus, seq_len, self.seed, epoch, self.shuffle)
+        return self._best_fit(epoch, seq_len, origin)
 
     def _best_fit(self, epoch: int, seq_len: int, origin: Cursor | None) -> BestFitRows:
         """``epoch``'s best-fit rows cut at ``seq_len`` from ``origin`` (boundaries; None: the epoch's start)."""
@@ -214,34 +232,24 @@ class TokenRows:
         rows = self.of(epoch, origin)
         return rows.total() if isinstance(rows, BestFitRows) else len(rows)
 
-    def segments(self, epoch: int, first: int, count: int, cursor: Cursor | None = None) -> Segments:
+    def segments(self, epoch: int, first: int, count: int, cursor: Cursor | None = None, seq_len: int | None = None) -> Segments:
         """Rows ``first`` to ``first + count`` of ``epoch`` (past its end: empty), numbered from 0;
         ``cursor``: best-fit's window holding row ``first`` and that window's first row, when known (:meth:`locate`,
-        with the rows' origin); concat's origin."""
+        with the rows' origin); concat's origin. ``seq_len``: rows an earlier segment cut another way (:meth:`of`)."""
         if count <= 0:
             return Segments.join([])
         if self.options.packing is Packing.BEST_FIT:
-            rows = self.of(epoch, cursor[2] if cursor is not None and len(cursor) > 2 else None)
+            rows = self.of(epoch, cursor[2] if cursor is not None and len(cursor) > 2 else None, seq_len)
             assert isinstance(rows, BestFitRows)
             return rows.segments(first, count, None if cursor is None else (cursor[0], cursor[1]))
-        rows = self.of(epoch, cursor)
+        rows = self.of(epoch, cursor, seq_len)
         assert not isinstance(rows, BestFitRows)
         return rows.segments(first, count)
 
-    def cut_at(self, epoch: int, first: int, count: int, seq_len: int, origin: Cursor | None) -> Segments:
-        """Rows ``first`` to ``first + count`` of ``epoch`` as cut at another ``seq_len`` (from ``origin``),
-        numbered from 0: the rows delivered before a resume at this loader's seq_len."""
-        options = self.options
-        if options.packing is Packing.PAD:
-            return PaddedRows(self.corpus, seq_len, self.seed, epoch, self.shuffle).segments(first, count)
-        if options.packing is Packing.BEST_FIT:
-            return self._best_fit(epoch, seq_len, origin).segments(first, count, None)
-        return StreamRows(self.corpus, seq_len, options.block_tokens, self.seed, epoch, self.shuffle, origin or (0, 0)).segments(first, count)
-
-    def locate(self, epoch: int, row: int, origin: Cursor | None = None) -> Cursor | None:
+    def locate(self, epoch: int, row: int, origin: Cursor | None = None, seq_len: int | None = None) -> Cursor | None:
         """Best-fit: the window holding ``row`` of ``epoch`` and its first row, with the rows' origin if any (None past the
-        end); concat: ``origin``; pad: None."""
-        rows = self.of(epoch, origin)
+        end); concat: ``origin``; pad: None. ``seq_len``: as :meth:`of`."""
+        rows = self.of(epoch, origin, seq_len)
         if isinstance(rows, BestFitRows):
             found = rows.locate(row)
             return found if found is None or not rows.origin else (*found, rows.origin)
@@ -284,21 +292,35 @@ class TokenRows:
         rows = self.of(epoch, origin)
         return rows.locate(row) is not None if isinstance(rows, BestFitRows) else row < len(rows)
 
-    def rank_rows(self, epoch: int, step_first: int, batch: int, rank: int, world: int, origin: Cursor | None = None) -> tuple[int, int]:
+    def rank_rows(self, epoch: int, step_first: int, batch: int, rank: int, world: int, origin: Cursor | None = None,
+                  seq_len: int | None = None) -> tuple[int, int]:
         """(first row, rows) of ``rank``'s batch in the global step from row ``step_first``: the r-th
         ``batch`` rows, but in an epoch's last, partial step its rows split as evenly as they go
         (the first ``held % world`` ranks one more), so a rank's batch is all padding only when
-        fewer rows than ranks are left; the rest of a batch is padding (concat: rows cut from ``origin``)."""
-        rows = self.of(epoch, origin)
+        fewer rows than ranks are left; the rest of a batch is padding (rows cut from ``origin`` at ``seq_len``: :meth:`of`)."""
+        rows = self.of(epoch, origin, seq_len)
         step = batch * world
         held = rows.held(step_first, step) if isinstance(rows, BestFitRows) else max(0, min(step, len(rows) - step_first))
         return rank_share(step_first, held, batch, rank, world)
 
-    def step_batch(self, epoch: int, step_first: int, batch: int, rank: int, world: int, origin: Cursor | None = None) -> BatchWork:
+    def step_batch(self, epoch: int, step_first: int, batch: int, rank: int, world: int, origin: Cursor | None = None,
+                   seq_len: int | None = None) -> BatchWork:
         """``rank``'s batch in ``epoch``'s global step from row ``step_first``: its first row and rows (:meth:`rank_rows`)
-        and where they are found (:meth:`locate`), as a worker makes it (concat: rows cut from ``origin``)."""
-        first, count = self.rank_rows(epoch, step_first, batch, rank, world, origin)
-        return first, count, self.locate(epoch, first, origin)
+        and where they are found (:meth:`locate`), as a worker makes it (rows cut from ``origin`` at ``seq_len``: :meth:`of`)."""
+        first, count = self.rank_rows(epoch, step_first, batch, rank, world, origin, seq_len)
+        return first, count, self.locate(epoch, first, origin, seq_len)
+
+    def batch_at(self, epoch: int, step: int, resumed_from: Sequence[tuple[int, ...]], batch: int, rank: int,
+                 world: int) -> StepRows | None:
+        """``rank``'s batch at global ``step`` of ``epoch`` resumed from ``resumed_from`` and now at (``world``, ``batch``):
+        :meth:`step_batch` at the topology, seq_len and origin the step ran at (fastload.orders.steps.step_at; None where
+        the rank was not one of that segment's)."""
+        found = step_at(epoch, step, resumed_from, world, batch, rank)
+        if not found.rank_existed:
+            return None
+        seq_len, origin = self.cuts(resumed_from)[found.segment]
+        work = self.step_batch(epoch, found.consumed, found.batch_size, rank, found.world_size, origin, seq_len)
+        return StepRows(work, found.batch_size, seq_len)
 
     def rank_batches(self, epoch: int, consumed: int, batch: int, rank: int, world: int, drop_last: bool,
                      origin: Cursor | None = None) -> Iterator[BatchWork]:
