@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU machine's check, run once per lent machine (docs/gpu.md, "On a GPU machine", shows its tables):
-#   bash benchmarks/gpu_check.sh PART...   (PART: setup, loader, dali, parity, stall, train, video)
+#   bash benchmarks/gpu_check.sh PART...   (PART: setup, loader, dali, parity, stall, train, video, tokens)
 # Issue #20's run, in one call of at most 6 minutes once DALI's parts are there:
 #   bash benchmarks/gpu_check.sh dali parity stall
 # Carry .whl/ and data/gpu-photos. .whl/ holds the simplejpeg wheel for CPython 3.12 (`pip download
@@ -22,6 +22,8 @@
 #           benchmarks/make_videos.py) the video `gpu` tests (NVDEC's clips against the CPU path, a video
 #           NVDEC cannot decode named or skipped) and benchmarks/bench_video.py --dali (fastload's DALI
 #           video path against its CPU path and DALI's own fn.readers.video).
+#   tokens  (nothing to carry but the tree) the `gpu` test of packed rows at the model: tiny Llama, GPT-2
+#           and Qwen2 in float16 on flash-attention's varlen kernel, each document's logits as fed alone.
 # Logs and JSON go to $OUT.
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -44,7 +46,7 @@ fi
 python3 -c "import fastload.decode._turbo" 2>/dev/null && echo "extension: built" || echo "extension: NOT built (simplejpeg path), see build.log"
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)
 echo "machine: $gpu, $(nproc) CPU cores, python $(python3 -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)'), $(date -u +%Y-%m-%d)"
-[ -d /tmp/photos-wds ] || python3 -m fastload.cli convert data/gpu-photos /tmp/photos-wds --from imagefolder --shard-size 16MB --workers 8 --quiet
+[ -d /tmp/photos-wds ] || [ "$parts" = " tokens " ] || python3 -m fastload.cli convert data/gpu-photos /tmp/photos-wds --from imagefolder --shard-size 16MB --workers 8 --quiet
 
 if [[ $parts == *" loader "* ]]; then
   echo "== gpu tests without DALI"
@@ -97,5 +99,9 @@ if [[ $parts == *" video "* ]]; then
   [ -d /tmp/videos-wds ] || python3 -m fastload.cli convert data/videos /tmp/videos-wds --from videos --workers 8 --quiet
   timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/backends/test_dali_video.py 2>&1 | tee "$OUT/pytest-video.log" | tail -4
   timeout 240 python3 benchmarks/bench_video.py data/videos /tmp/videos-wds --rounds 2 --dali 2>&1 | tee "$OUT/video.log" | tail -8
+fi
+if [[ $parts == *" tokens "* ]]; then
+  echo "== tokens: packed documents apart in a real flash-attention kernel (flash_attn's, else PyTorch's varlen), float16"
+  timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/text/test_packed_attention.py 2>&1 | tee "$OUT/pytest-tokens.log" | tail -4
 fi
 echo "== gpu_check: ${SECONDS} s"

@@ -22,6 +22,7 @@ transformers = pytest.importorskip("transformers")
 
 SEQ = 96
 TOLERANCE = 1e-4
+HALF_TOLERANCE = 2e-2  # float16 on a GPU: flash-attention against SDPA, each within its rounding
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +140,59 @@ def test_varlen_arguments_keep_each_packed_document_apart_on_the_flash_attention
                     assert (logits[r, column : column + s["tokens"]] - own).abs().max().item() < TOLERANCE, (batch_format, r)
                     column += s["tokens"]
         ld.close()
+
+
+def flash_varlen_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
+                           scaling: float | None = None, dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' flash-attention path through PyTorch's own FlashAttention-2 varlen kernel
+    (``torch.nn.attention.varlen.varlen_attn``, CUDA only): the batch flattened to B * L tokens, causal within each span."""
+    import inspect
+
+    from torch.nn.attention.varlen import varlen_attn
+
+    assert attention_mask is None
+    batch, heads, length, dim = query.shape
+    q, k, v = (x.transpose(1, 2).reshape(batch * length, x.shape[1], dim) for x in (query, key, value))
+    k, v = (x.repeat_interleave(heads // x.shape[1], dim=1) for x in (k, v))
+    causal = {"is_causal": True} if "is_causal" in inspect.signature(varlen_attn).parameters else {"window_size": (-1, 0)}
+    out = varlen_attn(q, k, v, kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"], int(kwargs["max_length_q"]), int(kwargs["max_length_k"]),
+                      scale=scaling, **causal)
+    return out.reshape(batch, length, heads, dim), None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["llama", pytest.param("gpt2", marks=GPT2_VARLEN), "qwen2"])
+def test_varlen_arguments_keep_each_packed_document_apart_in_a_real_flash_attention_kernel(packed: Path, family: str) -> None:
+    """On a GPU, in half precision: flash-attention itself (``flash_attention_2`` where the flash_attn package is there, else
+    PyTorch's FlashAttention-2 varlen kernel registered with transformers) fed the documented varlen call keeps each packed
+    document apart (its logits as the document's fed alone through SDPA), and fed positions alone it does not."""
+    try:
+        import flash_attn  # noqa: F401
+        implementation = "flash_attention_2"
+    except ImportError:
+        pytest.importorskip("torch.nn.attention.varlen")
+        transformers.AttentionInterface.register("fastload_flash_varlen", flash_varlen_attention)
+        implementation = "fastload_flash_varlen"
+    half = {"dtype": torch.float16, "device": "cuda"}
+    net, alone = model(family, implementation).to(**half), model(family, "sdpa").to(**half)
+    ld = fastload.DataLoader(str(packed), batch_size=3, seq_len=SEQ, packing="best-fit", attention="varlen", device="cuda")
+    worst, shared = 0.0, 0
+    with torch.no_grad():
+        for step, batch in enumerate(ld):
+            if step == 3:
+                break
+            logits = documented_varlen(net, batch).float()
+            for r, segments in enumerate(ld.describe(step)):
+                shared += len(segments) > 1
+                column = 0
+                for s in segments:
+                    own = alone(input_ids=batch["input_ids"][r : r + 1, column : column + s["tokens"]]).logits[0].float()
+                    worst = max(worst, (logits[r, column : column + s["tokens"]] - own).abs().max().item())
+                    column += s["tokens"]
+        leaked = alone(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits.float()  # positions alone, SDPA
+    assert shared >= 3 and worst < HALF_TOLERANCE, worst
+    assert (leaked - documented_varlen(net, batch).float()).abs().max().item() > 10 * HALF_TOLERANCE  # the check can fail
+    ld.close()
 
 
 def test_the_mask_comes_the_same_from_workers_and_from_the_batch_sampler(packed: Path) -> None:
