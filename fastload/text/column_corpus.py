@@ -10,11 +10,14 @@ Where each document starts is a *document table* fastload makes once, from one p
 not fork-safe) and keeps in the cache folder beside the dataset's in-place index (``in-place/``, named
 by the dataset's location and index, the column and the tokenizer, so a changed file or another
 column makes another): a token shard's ``.docs`` table (fastload.formats.tokens.reader) of the whole
-column, memory-mapped, 8 bytes a row; the parts' first tokens are read from it. A span is then read
-from the row holding it, out of the process's cache of decoded batches
-(fastload.formats.in_place_reader), its ids checked (none below 0; below the vocabulary of the
-tokenizer named), or its text encoded (the texts a process encoded last kept, so a document cut
-across rows is encoded once)."""
+column, memory-mapped, 8 bytes a row; the parts' first tokens are read from it. A text column's pass
+also encodes every text with fastokens and keeps, beside the table (``.encoder``), whether it gave
+every row ``tokenizers``' ids. A span is then read from the row holding it, out of the process's
+cache of decoded batches (fastload.formats.in_place_reader), its ids checked (none below 0; below the
+vocabulary of the tokenizer named), or its text encoded: a batch's texts not among those the process
+encoded last (kept, so a document cut across rows or batches is encoded once) in one call, by
+fastokens in the calling thread alone where that pass found it exact (made in the process that
+encodes, after a fork; no pool thread to fork with), else by ``tokenizers`` one text at a time."""
 
 from __future__ import annotations
 
@@ -92,10 +95,11 @@ class _TextCount:
     def __init__(self, tokenizer: TextTokenizer) -> None:
         self.tokenizer, self.why = tokenizer, ""
         self.fast: TextTokenizer | None = replace(tokenizer, fast=True)
+        self.version: str | None = None
         try:
             self.version = fast_encoder.version()
         except ImportError as exc:
-            self.fast, self.version, self.why = None, None, str(exc)
+            self.fast, self.why = None, str(exc)
 
     def lengths(self, reader: InPlaceReader, column: str) -> np.ndarray:
         """Each row's number of ids, its text in ``column`` encoded (a null: none)."""
