@@ -231,6 +231,18 @@ class InPlaceReader:
             raise ShardError(f"{self.key(i)}: column {column!r} holds a null among its ids")
         return values.to_numpy(zero_copy_only=False)
 
+    def texts(self, rows: Sequence[int], column: str) -> list[str | None]:
+        """Rows ``rows``' values in ``column``, a text column, as strings (a null: None; no bytes made of them), a
+        SampleError naming a row whose value is no text."""
+        out: list[str | None] = []
+        for i in rows:
+            batch, row = self._batch_of(i, (column,))
+            value = batch.column(column)[row].as_py()
+            if value is not None and not isinstance(value, str):
+                raise SampleError(self.where(i), f"column {column!r}: not text")
+            out.append(value)
+        return out
+
     def check_ids(self, i: int, column: str, values: Any, vocab_size: int | None) -> None:
         """A ShardError naming row ``i`` where ``values`` (its ids, an Arrow or NumPy array) hold a null or an
         id below 0, past an int64's range, or at or past ``vocab_size``."""

@@ -418,9 +418,15 @@ class ShardedDataset:
         key no sample has."""
         return indices_holding(keys, zip(self._starts, self._tables()), self.location)
 
+    def made_here(self) -> dict[Any, Any]:
+        """What this process keeps made of the dataset (a token loader's rows, for torch's batch sampler), by what
+        made it; never pickled, and let go with the dataset."""
+        return self.__dict__.setdefault("_made_here", {})
+
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_readers"], state["_open"] = {}, OrderedDict()  # each process opens its own files
+        state.pop("_made_here", None)  # each process makes its own
         return state
 
     def close(self) -> None:

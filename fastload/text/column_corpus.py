@@ -10,22 +10,29 @@ Where each document starts is a *document table* fastload makes once, from one p
 not fork-safe) and keeps in the cache folder beside the dataset's in-place index (``in-place/``, named
 by the dataset's location and index, the column and the tokenizer, so a changed file or another
 column makes another): a token shard's ``.docs`` table (fastload.formats.tokens.reader) of the whole
-column, memory-mapped, 8 bytes a row; the parts' first tokens are read from it. A span is then read
-from the row holding it, out of the process's cache of decoded batches
-(fastload.formats.in_place_reader), its ids checked (none below 0; below the vocabulary of the
-tokenizer named), or its text encoded (the texts a process encoded last kept, so a document cut
-across rows is encoded once)."""
+column, memory-mapped, 8 bytes a row; the parts' first tokens are read from it. A text column's pass
+also encodes every text with fastokens and keeps, beside the table (``.encoder``), whether it gave
+every row ``tokenizers``' ids. A span is then read from the row holding it, out of the process's
+cache of decoded batches (fastload.formats.in_place_reader), its ids checked (none below 0; below the
+vocabulary of the tokenizer named), or its text encoded: a batch's texts not among those the process
+encoded last (kept, so a document cut across rows or batches is encoded once) in one call, by
+fastokens in the calling thread alone where that pass found it exact (made in the process that
+encodes, after a fork; no pool thread to fork with), else by ``tokenizers`` one text at a time."""
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import itertools
 import json
 import logging
 import mmap
+import operator
 import os
 import time
 from collections import OrderedDict
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,6 +46,7 @@ from fastload.formats.part_table import PartTable
 from fastload.formats.tokens.reader import DOCS_MAGIC, documents_header
 from fastload.storage.dataset import ShardedDataset
 from fastload.storage.in_place_index import CACHE_FOLDER
+from fastload.text import fast_encoder
 from fastload.text.token_corpus import Segments, TokenCorpus
 from fastload.text.tokenizer import TextTokenizer
 
@@ -56,38 +64,92 @@ def _reader(dataset: ShardedDataset, part: int) -> InPlaceReader:
     return reader
 
 
-def text_ids(tokenizer: TextTokenizer, reader: InPlaceReader, row: int, column: str) -> np.ndarray:
-    """Row ``row``'s text in ``column`` encoded (one text at a time: no thread pool, so a process may fork after; a null: no ids)."""
-    text = reader.read(row, (column,)).get(column)
-    return np.asarray(tokenizer.encode_each([text.decode("utf-8", "surrogatepass")])[0] if text else [], dtype=np.int64)
+def encoded_texts(encoder: TextTokenizer, texts: list[str | None]) -> list[np.ndarray]:
+    """Each text's ids (int64; a null or empty text: none): all in one call by fastokens (in this thread alone,
+    so a process may fork after) where ``encoder`` is fast, else one text at a time by ``tokenizers`` (no thread pool)."""
+    present = [text for text in texts if text]
+    if not present:
+        return [np.zeros(0, dtype=np.int64) for _ in texts]
+    if encoder.fast:
+        fast_encoder.one_thread()
+        flat, lengths = encoder.encode_arrays(present)
+        pieces = iter(np.split(flat.astype(np.int64), np.cumsum(lengths)[:-1]))
+    else:
+        pieces = (np.asarray(ids, dtype=np.int64) for ids in encoder.encode_each(present))
+    return [next(pieces) if text else np.zeros(0, dtype=np.int64) for text in texts]
 
 
-def text_lengths(tokenizer: TextTokenizer, reader: InPlaceReader, column: str) -> np.ndarray:
-    """Each row's number of ids, its text in ``column`` encoded ``TEXT_BATCH`` rows at a time (a null: none)."""
-    lengths = np.zeros(len(reader), dtype=np.int64)
-    for first in range(0, len(reader), TEXT_BATCH):
-        rows = range(first, min(first + TEXT_BATCH, len(reader)))
-        texts = [reader.read(row, (column,)).get(column, b"").decode("utf-8", "surrogatepass") for row in rows]
-        lengths[first : first + len(texts)] = tokenizer.encode_arrays(texts)[1] if texts else []
-    return lengths
+def installed_fast_encoder() -> str | None:
+    """fastokens' library and version where it is installed (None: it is not)."""
+    try:
+        return fast_encoder.version()
+    except ImportError:
+        return None
+
+
+class _TextCount:
+    """A text column's ids counted ``TEXT_BATCH`` rows at a time by ``tokenizers`` (the ids the workers must
+    give), every text also encoded by fastokens (``fast``) until one's ids differ: whether the workers may
+    encode the column with it, checked on every row rather than a sample."""
+
+    def __init__(self, tokenizer: TextTokenizer) -> None:
+        self.tokenizer, self.why = tokenizer, ""
+        self.fast: TextTokenizer | None = replace(tokenizer, fast=True)
+        self.version: str | None = None
+        try:
+            self.version = fast_encoder.version()
+        except ImportError as exc:
+            self.fast, self.why = None, str(exc)
+
+    def lengths(self, reader: InPlaceReader, column: str) -> np.ndarray:
+        """Each row's number of ids, its text in ``column`` encoded (a null: none)."""
+        lengths = np.zeros(len(reader), dtype=np.int64)
+        for first in range(0, len(reader), TEXT_BATCH):
+            texts = [text or "" for text in reader.texts(range(first, min(first + TEXT_BATCH, len(reader))), column)]
+            flat, lengths[first : first + len(texts)] = self.tokenizer.encode_arrays(texts)
+            if self.fast is not None:
+                self._compare(texts, flat, lengths[first : first + len(texts)], reader, first)
+        return lengths
+
+    def _compare(self, texts: list[str], flat: np.ndarray, lengths: np.ndarray, reader: InPlaceReader, first: int) -> None:
+        """Stop encoding with fastokens where its ids of ``texts`` differ from ``tokenizers``' (``flat``, ``lengths``), saying where."""
+        assert self.fast is not None
+        try:
+            fast_flat, fast_lengths = self.fast.encode_arrays(texts)
+        except ValueError as exc:  # a tokenizer.json fastokens cannot encode exactly
+            self.fast, self.why = None, str(exc)
+            return
+        if np.array_equal(fast_lengths, lengths) and np.array_equal(fast_flat, flat):
+            return
+        differs = next(n for n, (a, b) in enumerate(zip(np.split(fast_flat, np.cumsum(fast_lengths)[:-1]), np.split(flat, np.cumsum(lengths)[:-1])))
+                       if not np.array_equal(a, b))
+        self.fast, self.why = None, f"{reader.key(first + differs)}: fastokens' ids differ from tokenizers'"
+
+    def verdict(self) -> dict[str, str | None]:
+        """What the table's ``.encoder`` file keeps: the fastokens that gave every row tokenizers' ids (else None, and why not)."""
+        return {"fast": self.version if self.fast is not None else None, "why": self.why or None}
 
 
 def build_table(dataset: ShardedDataset, field: str, vocab_size: int | None, path: str, tokenizer: TextTokenizer | None = None) -> int:
     """Write the document table of column ``field`` of ``dataset`` to ``path`` (every part read once, in
     bounded batches, its offsets written part by part: nothing held per row; a list of ids checked, a text
-    encoded with ``tokenizer``); returns its rows."""
+    encoded with ``tokenizer``, and by fastokens, whether it gives every text the same ids written beside it:
+    :func:`encoder_file`); returns its rows."""
     fd, tmp = temporary_beside(path)
     rows = tokens = 0
+    count = _TextCount(tokenizer) if tokenizer is not None else None
     try:
         with os.fdopen(fd, "wb") as file:
             file.write(bytes(HEADER_BYTES + 8))  # the header, written last, and the first offset, 0
             for part in range(len(dataset.index.shards)):
                 reader = _reader(dataset, part)
-                lengths = reader.list_lengths(field, vocab_size) if tokenizer is None else text_lengths(tokenizer, reader, field)
+                lengths = reader.list_lengths(field, vocab_size) if count is None else count.lengths(reader, field)
                 file.write((tokens + np.cumsum(lengths)).astype("<u8").tobytes())
                 rows, tokens = rows + len(lengths), tokens + int(lengths.sum())
             file.seek(0)
             file.write(documents_header(rows, tokens, np.dtype(np.int64).itemsize))
+        if count is not None:
+            encoder_file(Path(path)).write_text(json.dumps(count.verdict()))  # before the table: a table made has its verdict
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -95,6 +157,11 @@ def build_table(dataset: ShardedDataset, field: str, vocab_size: int | None, pat
     finally:
         dataset.close()
     return rows
+
+
+def encoder_file(table: Path) -> Path:
+    """Where a text column's table keeps which fastokens gave every row ``tokenizers``' ids (JSON)."""
+    return table.with_suffix(".encoder")
 
 
 class ColumnCorpus(TokenCorpus):
@@ -115,6 +182,7 @@ class ColumnCorpus(TokenCorpus):
         self.tokenizer: TokenizerIdentity | None = None
         self.vocab_size: int | None = None
         self.encoder = TextTokenizer(tokenizer) if role == "text" and tokenizer is not None else None  # encodes each row's text
+        fast = installed_fast_encoder() if self.encoder is not None else None  # a text column's table says whether this one may encode it
         self._encoded: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()  # the rows this process encoded last
         self._encoded_ids = 0  # the ids they hold
         self.pad_id = 0
@@ -129,13 +197,23 @@ class ColumnCorpus(TokenCorpus):
         read = hashlib.sha256(json.dumps(files).encode() + parts.parts.tobytes()).hexdigest()
         self.source = json.dumps([read, self.field, self.tokenizer.sha256 if self.tokenizer is not None else None])
         index = hashlib.sha256(dataset.index.to_json().encode()).hexdigest()  # mtimes too: a file rewritten is counted again
-        name = hashlib.sha256(json.dumps([dataset.location, index, self.source]).encode()).hexdigest()[:32]
+        name = hashlib.sha256(json.dumps([dataset.location, index, self.source, *([fast] if self.encoder is not None else [])]).encode()).hexdigest()[:32]
         self.table = dataset.kept_in() / CACHE_FOLDER / f"{name}.docs"
         self._map: mmap.mmap | None = None
         self._offsets: np.ndarray | None = None
         if not self.table.exists():
             self._make_table()
         self.token_starts = self.offsets()[self.doc_starts].astype(np.int64)
+        if self.encoder is not None and fast is not None and self._verdict().get("fast") == fast:
+            self.encoder = replace(self.encoder, fast=True)  # fastokens gave every row tokenizers' ids: it encodes them in the workers
+
+    def _verdict(self) -> dict[str, Any]:
+        """The text column's ``.encoder`` file: which fastokens gave every row ``tokenizers``' ids (none: tokenizers encodes)."""
+        try:
+            verdict = json.loads(encoder_file(self.table).read_text())
+        except (OSError, ValueError):
+            return {}
+        return verdict if isinstance(verdict, dict) else {}
 
     def _make_table(self) -> None:
         """Make the document table, one process at a time (the ranks of a machine opening it at once make it once)."""
@@ -149,12 +227,17 @@ class ColumnCorpus(TokenCorpus):
             in_fresh_process(build_table, self.dataset, self.field, self.vocab_size, str(self.table), self.encoder)
             log.warning("%s: counted the token ids of column %r in %.1fs (kept in %s)", self.dataset.location, self.field,
                         time.perf_counter() - start, self.table)
+            why = self._verdict().get("why") if self.encoder is not None else None
+            if why:
+                log.warning("%s: column %r is encoded by tokenizers, one text at a time, not fastokens (%s)", self.dataset.location, self.field, why)
         finally:
             os.close(fd)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_map"], state["_offsets"], state["_encoded"], state["_encoded_ids"] = None, None, OrderedDict(), 0  # each process its own
+        if self.encoder is not None:
+            state["encoder"] = replace(self.encoder)  # without the encoders this process loaded
         return state
 
     def offsets(self) -> np.ndarray:
@@ -219,13 +302,13 @@ class ColumnCorpus(TokenCorpus):
         nexts = np.zeros(len(segments.start), dtype=np.int64)
         counts = segments.length + extra
         parts, rows, firsts, sizes = self._rows_of(segments.start)
+        held = self._ids(list(zip(parts.tolist(), rows.tolist())))
         for n, (part, row, first, size, start, count, dest, more) in enumerate(zip(
                 parts.tolist(), rows.tolist(), firsts.tolist(), sizes.tolist(), segments.start.tolist(), counts.tolist(),
                 destinations.tolist(), extra.tolist())):
-            reader = _reader(self.dataset, part)
-            ids = self._ids(reader, part, row)
+            ids = held[part, row]
             if len(ids) != size:
-                raise ShardError(f"{reader.key(row)}: holds {len(ids)} ids in column {self.field!r}, the document table "
+                raise ShardError(f"{_reader(self.dataset, part).key(row)}: holds {len(ids)} ids in column {self.field!r}, the document table "
                                  f"{size} (the file changed since it was indexed?)")
             buffer[dest : dest + count] = ids[start - first : start - first + count]
             if more:
@@ -234,24 +317,30 @@ class ColumnCorpus(TokenCorpus):
         highest = MAX_ID if self.vocab_size is None else self.vocab_size - 1
         if min(int(buffer[:end].min(initial=0)), int(nexts.min(initial=0))) < 0 or max(int(buffer[:end].max(initial=0)), int(nexts.max(initial=0))) > highest:
             for part, row, first, start, count in zip(parts.tolist(), rows.tolist(), firsts.tolist(), segments.start.tolist(), counts.tolist()):
-                reader = _reader(self.dataset, part)  # the row holding a bad id named: read again (an error's path)
-                reader.check_ids(row, self.field, self._ids(reader, part, row)[start - first : start - first + count], self.vocab_size)
+                _reader(self.dataset, part).check_ids(row, self.field, held[part, row][start - first : start - first + count], self.vocab_size)
         return nexts
 
-    def _ids(self, reader: InPlaceReader, part: int, row: int) -> np.ndarray:
-        """Row ``row``'s ids (of part ``part``, read by ``reader``): its list, or its text encoded (the last
-        ENCODED_TOKENS ids encoded kept: a document cut across rows is encoded once)."""
+    def _ids(self, rows: list[tuple[int, int]]) -> dict[tuple[int, int], np.ndarray]:
+        """The ids of each (part, row) of ``rows``: its list, or its text encoded, those not among the last
+        ENCODED_TOKENS ids this process encoded read and encoded in one call (a document cut across rows, or
+        read by the next batch, is encoded once)."""
         if self.encoder is None:
-            return reader.list_values(row, self.field)
-        ids = self._encoded.get((part, row))
-        if ids is None:
-            assert self.encoder is not None
-            ids = self._encoded[(part, row)] = text_ids(self.encoder, reader, row, self.field)
+            return {(part, row): _reader(self.dataset, part).list_values(row, self.field) for part, row in rows}
+        held: dict[tuple[int, int], np.ndarray] = {}
+        for key in rows:
+            ids = self._encoded.get(key)
+            if ids is not None:
+                self._encoded.move_to_end(key)
+                held[key] = ids
+        missing = sorted(set(rows) - held.keys())
+        texts = [text for part, group in itertools.groupby(missing, key=operator.itemgetter(0))
+                 for text in _reader(self.dataset, part).texts([row for _, row in group], self.field)]
+        for key, ids in zip(missing, encoded_texts(self.encoder, texts)):
+            held[key] = self._encoded[key] = ids
             self._encoded_ids += len(ids)
-            while self._encoded_ids > ENCODED_TOKENS and len(self._encoded) > 1:
-                self._encoded_ids -= len(self._encoded.popitem(last=False)[1])
-        self._encoded.move_to_end((part, row))
-        return ids
+        while self._encoded_ids > ENCODED_TOKENS and len(self._encoded) > 1:
+            self._encoded_ids -= len(self._encoded.popitem(last=False)[1])
+        return held
 
     def named(self, token: int) -> dict[str, Any]:
         """The file (a Lance dataset, with its fragment), the row as its key names it, and the token's offset in it."""

@@ -34,6 +34,12 @@ def share_cores(processes: int) -> None:
     os.environ.setdefault(THREADS, str(max(1, cores // processes)))
 
 
+def one_thread() -> None:
+    """Have fastokens encode in the calling thread alone (``THREADS`` 1, unless the environment sets it): no pool
+    thread of its own is alive in a process that forks later. Called before this process first encodes."""
+    os.environ.setdefault(THREADS, "1")
+
+
 def version() -> str:
     """The library and its version, as an index records what made the ids."""
     import_fastokens()

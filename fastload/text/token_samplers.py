@@ -37,6 +37,25 @@ class TokenBatchRequest:
     batch_size: int  # the batch's rows: its own, then padding
 
 
+KEPT_ROWS = 4  # row makers a process keeps per dataset (the loaders it serves: one, or a few)
+
+
+def rows_and_filler(dataset: ShardedDataset, request: TokenBatchRequest) -> tuple[TokenRows, BatchFiller]:
+    """This process's rows and filler of ``dataset`` for ``request``'s loader (its options, seed, shuffle, format, pad id),
+    made once and kept on the dataset while it lives (a worker of torch's DataLoader fills batch after batch: the corpus
+    opened, an epoch's rows made and a text column's encoded documents kept once, not once a batch)."""
+    key = (request.options, request.seed, request.shuffle, request.batch_format, request.pad_id)
+    kept = dataset.made_here().setdefault(TokenRows, {})
+    found = kept.get(key)
+    if found is None:
+        rows = TokenRows(dataset, request.options, request.seed, request.shuffle)
+        options = request.options
+        found = kept[key] = (rows, BatchFiller(rows.corpus, options.seq_len, request.pad_id, options.ignore_index, request.batch_format))
+        while len(kept) > KEPT_ROWS:
+            kept.pop(next(iter(kept)))
+    return found
+
+
 class TokenBatchIndices(list):
     """One batch's row numbers (a list, as torch's batch samplers yield; the rest of the batch is
     padding) that a token dataset's ``__getitems__`` makes into the loader's batch."""
@@ -51,8 +70,7 @@ class TokenBatchIndices(list):
     def fill(self, dataset: ShardedDataset) -> dict[str, Any]:
         """The batch as the loader makes it, made here from ``dataset``."""
         request = self.request
-        rows = TokenRows(dataset, request.options, request.seed, request.shuffle)
-        filler = BatchFiller(rows.corpus, request.options.seq_len, request.pad_id, request.options.ignore_index, request.batch_format)
+        rows, filler = rows_and_filler(dataset, request)
         arrays, bounds = filler.batch(rows.segments(request.epoch, request.first, len(self), request.cursor), request.batch_size)
         return with_attention(batch_tensors(arrays, bounds, request.batch_format), bounds, request.attention)
 

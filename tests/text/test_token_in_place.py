@@ -360,3 +360,112 @@ def test_fastload_describe_lists_a_columns_token_rows_as_the_loader_does(texts: 
     assert capsys.readouterr().out.splitlines()[2].startswith(f"    0 {first['shard']}:{first['document']}[{first['offset']}:")
     assert main(["describe", str(parquet), "--step", "0", "--field", "text"]) == 2
     assert "--field: options of a token dataset's rows" in capsys.readouterr().err
+
+
+def text_column_and_shards(root: Path, tokenizer: Path, texts: list[str]) -> tuple[Path, Path]:
+    """``texts`` as the text column of two Parquet files (row groups of 61), and converted to token shards by ``tokenizers``."""
+    write_jsonl(root / "docs.jsonl", texts)
+    convert(str(root / "docs.jsonl"), str(root / "shards"), ConvertOptions(
+        source="jsonl", layout="tokens", tokens=TokenizeOptions(str(tokenizer), shard_tokens=20_000, encoder="tokenizers")), quiet=True)
+    (root / "parquet").mkdir()
+    for name, part in (("a.parquet", slice(0, 150)), ("b.parquet", slice(150, None))):
+        pq.write_table(pa.table({"text": texts[part]}), str(root / "parquet" / name), row_group_size=61)
+    return root / "parquet", root / "shards"
+
+
+def encoder_cases() -> dict[str, tuple[object, str | None]]:
+    """Tokenizer families fastokens encodes as tokenizers does (no reason), and two it cannot or does not (the reason logged)."""
+    from tests.text.test_fast_encoder import FALLBACKS, FAMILIES
+
+    cases: dict[str, tuple[object, str | None]] = {name: (make, None) for name, (make, _) in FAMILIES.items()}
+    cases["nfkc"] = (lambda tmp, path: FALLBACKS["nfkc"][0](json.loads(path.read_text())), FALLBACKS["nfkc"][1])
+    cases["added-tokens-with-gaps"] = (lambda tmp, path: FALLBACKS["added-tokens-with-gaps"][0](json.loads(path.read_text())),
+                                       "b.parquet:row3: fastokens' ids differ from tokenizers'")
+    return cases
+
+
+@pytest.mark.parametrize("case", ["gpt2-byte-level", "llama3-regex", "byte-fallback", "nfkc", "added-tokens-with-gaps"])
+def test_a_text_column_is_encoded_by_fastokens_where_it_gave_every_row_tokenizers_ids(tokenizer_file: Path, tmp_path: Path, cache: Path,
+                                                                                   case: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The document table's pass encodes every row by tokenizers and fastokens and keeps the verdict beside the table
+    (``.encoder``): the workers encode with fastokens only where every row's ids were the same, else with tokenizers,
+    logging why (a row named); either way the batches are those of the texts converted by tokenizers."""
+    pytest.importorskip("fastokens")
+    import logging
+
+    from fastload.text.fast_encoder import version
+
+    make, why = encoder_cases()[case]
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(make(tmp_path, tokenizer_file)))  # type: ignore[operator]
+    texts = real_paragraphs()[:300]
+    texts[153] = "fastload's <|im_start|>user\nhi<|im_end|> ﬁne ligatures ① and ＡＢＣ full width"  # b.parquet's row 3
+    parquet, shards = text_column_and_shards(tmp_path, path, texts)
+    with caplog.at_level(logging.WARNING, logger="fastload"):
+        in_place = loader(parquet, fields=["text"], tokenizer=path, packing="best-fit", packing_window=2 * BLOCK, num_workers=2)
+    verdict = json.loads(next((cache / "in-place").glob("*.encoder")).read_text())
+    assert verdict == ({"fast": version(), "why": None} if why is None else {"fast": None, "why": verdict["why"]})
+    if why is not None:
+        assert verdict["why"].endswith(why)
+        assert [r.getMessage() for r in caplog.records if "not fastokens" in r.getMessage()] == [
+            f"{parquet}: column 'text' is encoded by tokenizers, one text at a time, not fastokens ({verdict['why']})"]
+    with in_place:
+        assert same_batches(list(in_place), list(loader(shards, packing="best-fit", packing_window=2 * BLOCK)))
+
+
+FORKS_AFTER_ENCODING = """
+import json, os, sys, threading, torch, fastload
+location, tokenizer = sys.argv[1:]
+ld = fastload.DataLoader(location, batch_size=4, seq_len=128, block_tokens=4096, seed=3, fields=["text"], tokenizer=tokenizer)
+mine = [ld.batch_sampler.__iter__().__next__().fill(ld.dataset)]   # encoded in this process first
+parts = torch.utils.data.DataLoader(ld.dataset, batch_sampler=ld.batch_sampler, collate_fn=ld.collate_fn, num_workers=2)
+same = all(all(torch.equal(a[k], b[k]) for k in a) for a, b in zip(parts, ld, strict=True))   # workers forked after it
+print(json.dumps([same, os.environ.get("FASTOKENS_BPE_THREADS")]))
+"""
+
+
+def test_a_process_that_encoded_a_text_column_forks_workers_that_encode_it_too(texts: tuple[Path, Path], tokenizer_file: Path,
+                                                                               tmp_path: Path) -> None:
+    """fastokens encodes a text column in the calling thread alone (FASTOKENS_BPE_THREADS 1 unless set): a process
+    that encoded batches itself forks torch's workers, which fill the rest from what it kept, as the loader does."""
+    pytest.importorskip("fastokens")
+    parquet, _ = texts
+    env = {k: v for k, v in os.environ.items() if k != "FASTOKENS_BPE_THREADS"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(fastload.__file__).parents[1]), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", FORKS_AFTER_ENCODING, str(parquet), str(tokenizer_file)], capture_output=True, text=True,
+                          env=env, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == [True, "1"]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_batch_sampler_keeps_its_rows_once_a_process_and_gives_the_loaders_batches_across_a_resume(
+        texts: tuple[Path, Path], tokenizer_file: Path, num_workers: int) -> None:
+    """torch's DataLoader over the loader's parts fills every batch from rows made once a process and dataset (kept
+    on the dataset by the loader's settings): the batches of a loader resumed over the same dataset object, at the
+    same seq_len and at another, are those the loader itself gives."""
+    parquet, _ = texts
+    ds = fastload.open(str(parquet))
+    text = {"fields": ["text"], "tokenizer": tokenizer_file, "packing": "best-fit", "packing_window": 2 * BLOCK}
+
+    def through_torch(ld: fastload.DataLoader) -> list[dict]:
+        return list(torch.utils.data.DataLoader(ld.dataset, batch_sampler=ld.batch_sampler, collate_fn=ld.collate_fn, num_workers=num_workers))
+
+    def over(location: object, **extra: object) -> fastload.DataLoader:
+        return fastload.DataLoader(location, **{"batch_size": 4, "seq_len": SEQ, "block_tokens": BLOCK, "seed": 3, **text, **extra})
+
+    first = over(ds)
+    assert same_batches(through_torch(first), list(over(str(parquet))))
+    it = iter(first)
+    for _ in range(5):
+        next(it)
+    state = json.loads(json.dumps(first.state_dict()))
+    for seq_len in (SEQ, 96):
+        resumed = over(ds, seq_len=seq_len)
+        resumed.load_state_dict(state)
+        mine = through_torch(resumed)
+        again = over(str(parquet), seq_len=seq_len)
+        again.load_state_dict(state)
+        assert len(mine) > 3 and same_batches(mine, list(again))
+    # rows made in this process: once for each seq_len (with workers, in each worker)
+    assert [len(kept) for kept in ds.made_here().values()] == ([] if num_workers else [2])
