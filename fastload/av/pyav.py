@@ -222,17 +222,20 @@ class _FrameCursor:
     program stream it lands anywhere), then decoding on. Frames shown before the keyframe (a
     landing early, an open GOP's leading frames) are passed over; a landing past it starts again
     from the keyframe before, and the first keyframe is decoded from the file's start, no seek
-    (as is every frame of an MPEG program or elementary stream: NO_SEEK_DEMUXERS)."""
+    (as is every frame of an MPEG program or elementary stream: NO_SEEK_DEMUXERS). A frame the plan
+    does not keep (``wanted``: every frame it asks for) that no other frame refers to is not decoded,
+    before a clip, between its kept frames or after its last."""
 
-    def __init__(self, data: bytes, where: str, facts: StreamFacts, deadline: float, max_pixels: int) -> None:
+    def __init__(self, data: bytes, where: str, facts: StreamFacts, wanted: Iterable[int], deadline: float, max_pixels: int) -> None:
         self.data, self.where, self.facts, self.deadline, self.max_pixels = data, where, facts, deadline, max_pixels
+        self.wanted = frozenset(wanted)
         self.container = _open(data, where, max_pixels)
         self.frames: Iterator[Any] | None = None  # the decoder's frames, from the last seek on
         self.position = -1  # the number of the frame last decoded
         self.key, self.landed = 0, False  # the keyframe decoding started at, and whether its first frame came
         self.seeks = self.container.format.name not in NO_SEEK_DEMUXERS
         self.skips = self.seeks and self.container.streams.video[0].codec_context.name in SKIPPING_CODECS
-        self.target = 0  # the frame asked for: frames before it that no other frame refers to need no decoding
+        self.target = 0  # the frame asked for: frames before it, or not wanted, that no other frame refers to need no decoding
         self.numbers: dict[int, int] = {}  # timestamp -> frame number, of the keyframe's group of frames where known
 
     def close(self) -> None:
@@ -253,7 +256,7 @@ class _FrameCursor:
                 raise SampleError(self.where, f"seeking to the keyframe at frame {self.facts.keyframes[key]} failed ({type(exc).__name__})") from None
         packets: Iterator[Any] = self.container.demux(stream)
         self.numbers = {}
-        if self.skips and self.target > self.facts.keyframes[key]:
+        if self.skips:
             packets = self._number(packets, key)
         self.frames = _decoded(self.container, stream, packets, self._skippable if self.numbers else None)
         self.key, self.landed, self.position = key, False, self.facts.keyframes[key] - 1
@@ -299,12 +302,12 @@ class _FrameCursor:
             yield from rest
 
     def _skippable(self, packet: Any) -> bool:
-        """Whether ``packet`` is a frame before the one asked for: shown before the keyframe decoding
-        started at, or numbered before the target (a frame no other refers to is then not decoded)."""
+        """Whether ``packet`` is a frame not to show: shown before the keyframe decoding started at,
+        or numbered before the target or not wanted at all (a frame no other refers to is then not decoded)."""
         if packet.pts is None:
             return False
         number = self.numbers.get(packet.pts)
-        return packet.pts < self.facts.keyframe_pts[self.key] or (number is not None and number < self.target)
+        return packet.pts < self.facts.keyframe_pts[self.key] or (number is not None and (number < self.target or number not in self.wanted))
 
     def frame(self, target: int) -> Any:
         """Frame number ``target`` (at or after the last one asked for, or anywhere after a seek)."""
@@ -376,7 +379,7 @@ def decode_frames(
     if not wanted:
         return
     facts.check_size(where, max_pixels)
-    cursor = _FrameCursor(data, where, facts, deadline, max_pixels)
+    cursor = _FrameCursor(data, where, facts, wanted, deadline, max_pixels)
     reformatter = av.video.reformatter.VideoReformatter()  # one scaler for the clip: FFmpeg's context is set up once
     height, width = size if size is not None else (facts.height, facts.width)
     try:

@@ -75,10 +75,11 @@ def test_long_clips_far_from_a_keyframe_decode_as_from_the_start(tmp_path: Path)
 
 @pytest.mark.parametrize("codec, bframes", [("libx264", 3), ("libx265", 4)])
 def test_frames_before_a_clip_that_none_refers_to_are_skipped_and_clips_stay_the_same(tmp_path: Path, codec: str, bframes: int) -> None:
-    """Frames before a clip that no other frame refers to are not decoded (FFmpeg's skip_frame
-    NONREF, numbered by their timestamps): with B-frames that other B-frames refer to (x264's and
-    x265's pyramids) and x265's open groups of frames, every clip, one crossing a keyframe, one
-    decoding on from another, far into a group or at its start, holds the frames decoding from the start gives."""
+    """Frames a clip does not keep that no other frame refers to are not decoded (FFmpeg's skip_frame
+    NONREF, numbered by their timestamps), before a clip, between its kept frames (a stride) and
+    after its last: with B-frames that other B-frames refer to (x264's and x265's pyramids) and
+    x265's open groups of frames, every clip, one crossing a keyframe, one decoding on from another,
+    far into a group or at its start, holds the frames decoding from the start gives."""
     from tests.video.media import camera_frames, encode
 
     data = encode(camera_frames(8, 90, 96, 64), codec=codec, gop=40, bframes=bframes)
@@ -88,7 +89,8 @@ def test_frames_before_a_clip_that_none_refers_to_are_skipped_and_clips_stay_the
         assert len(list(container.decode(stream))) < 0.7 * 90  # frames the skip passes over
     assert_clips_decode_as_from_the_start(tmp_path, "pyramid.mp4", data)
     truth = every_frame(data)
-    for clip in (Clip(frames=4, stride=1, clips=9, sampling="uniform"), Clip(frames=2, stride=37, clips=3, sampling="uniform")):
+    for clip in (Clip(frames=4, stride=1, clips=9, sampling="uniform"), Clip(frames=2, stride=37, clips=3, sampling="uniform"),
+                 Clip(frames=5, stride=2, clips=7, sampling="uniform"), Clip(frames=3, stride=3, clips=5, sampling="uniform")):
         loader = fastload.DataLoader(tmp_path / "out", batch_size=1, clip=clip, transform=[T.Resize(SIZE)])
         (clips,) = next(iter(fastload.DataLoader(tmp_path / "out", batch_size=1, clip=clip, transform=[T.Resize(SIZE)], fields=["mp4"])))
         for c, (first, _, _, _) in enumerate(loader.describe(0, 0).samples[0].clips):
