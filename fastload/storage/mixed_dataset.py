@@ -35,7 +35,7 @@ from fastload.storage.dataset import ShardedDataset, open_shards_each
 Member = str | os.PathLike[str] | ShardedDataset
 
 
-def compatible_index(members: tuple[ShardedDataset, ...], by: str = "samples") -> DatasetIndex:
+def compatible_index(members: tuple[ShardedDataset, ...], by: str) -> DatasetIndex:
     """One index describing every member's shards, after checking the members hold the same
     fields (and image fields, decoded pixel shape, class names); else a ValueError naming the member.
     Where a member is read in place (its fields are its columns' names; a converted dataset's are
@@ -74,8 +74,10 @@ def compatible_index(members: tuple[ShardedDataset, ...], by: str = "samples") -
 def check_tokenizers(members: tuple[ShardedDataset, ...]) -> None:
     """A ValueError naming the first token dataset among ``members`` not tokenized with the first one's tokenizer."""
     tokenized = [(number, member, tokenizer.sha256) for number, member in enumerate(members) if (tokenizer := member.index.tokenizer)]
+    if not tokenized:
+        return
+    first_number, first, first_sha256 = tokenized[0]
     for number, member, sha256 in tokenized[1:]:
-        first_number, first, first_sha256 = tokenized[0]
         if sha256 != first_sha256:
             raise ValueError(f"mix: member {number} ({member.location}) was not tokenized with member {first_number}'s tokenizer "
                              f"({first.location}): one id would mean two tokens")
@@ -345,10 +347,12 @@ def mix(members: Mapping[Member, float] | Sequence[Member], samples_per_epoch: i
     if not isinstance(total, numbers.Integral) or isinstance(total, bool) or total < 1:
         raise ValueError(f"mix: samples_per_epoch must be a positive integer, got {samples_per_epoch!r}")
     for number, dataset in enumerate(opened):
-        if (by == "tokens") != (dataset.index.tokenizer is not None) and not (by == "tokens" and dataset.layout.in_place):
-            raise ValueError(f"mix: member {number} ({dataset.location}) "
-                             f"{'holds tokens' if by == 'samples' else 'holds neither tokens nor data read in place'}: token datasets "
-                             "(and columns of token ids or text read in place) are mixed by='tokens', and only they")
+        tokens = dataset.index.tokenizer is not None
+        if by == "samples" and tokens:
+            raise ValueError(f"mix: member {number} ({dataset.location}) holds tokens: token datasets are mixed by='tokens'")
+        if by == "tokens" and not (tokens or dataset.layout.in_place):
+            raise ValueError(f"mix: member {number} ({dataset.location}) holds neither tokens nor data read in place: by='tokens' "
+                             "mixes token datasets and columns of token ids or text read in place")
     return MixedDataset(tuple(opened), tuple(float(w) for w in weighed.values()), int(total), by, weights)
 
 

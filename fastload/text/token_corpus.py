@@ -227,6 +227,8 @@ class MixtureCorpus(TokenCorpus):
     def __init__(self, mixture: MixedDataset, members: list[TokenCorpus]) -> None:
         self.dataset, self.members = mixture, members
         reference = next((corpus for corpus in members if not corpus.dataset.layout.in_place), members[0])  # the mixture's tokenizer's
+        # token shards only: read as one dataset's (one ``preadv`` a segment, the ids checked once)
+        self.shards = ShardCorpus(mixture) if all(isinstance(corpus, ShardCorpus) for corpus in members) else None
         self.tokenizer, self.pad_id = reference.tokenizer, reference.pad_id
         self.dtype = np.result_type(*(corpus.dtype for corpus in members))
         self.bases = np.array(list(itertools.accumulate((corpus.total for corpus in members), initial=0)), dtype=np.int64)
@@ -235,19 +237,26 @@ class MixtureCorpus(TokenCorpus):
         self.doc_starts = np.concatenate([c.doc_starts[:-1] + first for c, first in zip(members, firsts)] + [firsts[-1:]])
 
     def read_into(self, buffer: np.ndarray, segments: Segments, destinations: np.ndarray, extra: np.ndarray) -> np.ndarray:
-        """Each segment's tokens into ``buffer`` at its destination, read by its member's corpus into a buffer of the
-        member's own (in its dtype; each segment with its next token where ``extra`` says so, returned) and copied over."""
+        """Each segment's tokens into ``buffer`` at its destination, read by its member's corpus (with the document's next
+        token where ``extra`` says so, returned): into ``buffer`` itself, or where the member's ids are of another dtype
+        (a column read in place beside token shards), into a buffer of its own dtype and copied over; token shards
+        only, as one dataset's."""
+        if self.shards is not None:
+            return self.shards.read_into(buffer, segments, destinations, extra)
         nexts = np.zeros(len(segments.start), dtype=np.int64)
         owners = np.searchsorted(self.bases, segments.start, side="right") - 1
+        firsts = np.empty(len(owners), dtype=buffer.dtype)
         for member in np.unique(owners).tolist():
-            at = np.flatnonzero(owners == member)
-            lengths, more = segments.length[at], extra[at]
-            spaces = np.concatenate([[0], np.cumsum(lengths + more)])  # each segment's place in the member's buffer
-            own = np.empty(int(spaces[-1]), dtype=self.members[member].dtype)
-            mine = Segments(segments.start[at] - self.bases[member], lengths, segments.continues[at], segments.row[at])
-            nexts[at] = self.members[member].read_into(own, mine, spaces[:-1], more)
-            within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-            buffer[np.repeat(destinations[at], lengths) + within] = own[np.repeat(spaces[:-1], lengths) + within]
+            at, corpus = np.flatnonzero(owners == member), self.members[member]
+            mine = Segments(segments.start[at] - self.bases[member], segments.length[at], segments.continues[at], segments.row[at])
+            own = buffer if corpus.dtype == buffer.dtype else np.zeros(len(buffer), dtype=corpus.dtype)  # zeros: what it checks is ids
+            nexts[at] = corpus.read_into(own, mine, destinations[at], extra[at])
+            if own is not buffer:
+                lengths = mine.length
+                held = np.repeat(destinations[at], lengths) + np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+                buffer[held] = own[held]
+            firsts[at] = buffer[destinations[at]]
+        buffer[destinations] = firsts  # a next token read past a segment lands on the next one's first: maybe another member's, read before
         return nexts
 
     def named(self, token: int) -> dict[str, Any]:

@@ -128,7 +128,7 @@ def refuse_column_options(dataset: ShardedDataset, options: TokenOptions) -> Non
 def refuse_another_tokenizer(mixture: MixedDataset, options: TokenOptions) -> None:
     """A ValueError naming the mixture's first member read in place unless ``options.tokenizer``, which its members read
     in place are read with, is its token datasets' tokenizer (if it has any): checked before a column is counted."""
-    converted = next(((n, m) for n, m in enumerate(mixture.members) if m.index.tokenizer is not None), None)
+    converted = next(((n, m, tokenizer) for n, m in enumerate(mixture.members) if (tokenizer := m.index.tokenizer) is not None), None)
     if converted is None:
         return
     number, member = next((n, m) for n, m in enumerate(mixture.members) if m.layout.in_place)
@@ -136,7 +136,7 @@ def refuse_another_tokenizer(mixture: MixedDataset, options: TokenOptions) -> No
     if options.tokenizer is None:
         raise ValueError(f"mix: member {number} ({member.location}) reads token ids in place with no tokenizer= to check them "
                          f"against {theirs}: name the tokenizer its ids are of with tokenizer=")
-    if TextTokenizer(options.tokenizer).identity.sha256 != (converted[1].index.tokenizer and converted[1].index.tokenizer.sha256):
+    if TextTokenizer(options.tokenizer).identity.sha256 != converted[2].sha256:
         raise ValueError(f"mix: member {number} ({member.location}) is read with a tokenizer= other than {theirs}: "
                          "one id would mean two tokens")
 

@@ -387,8 +387,8 @@ def mixed(members: dict[Path, float], **kwargs: object) -> fastload.DataLoader:
     return fastload.DataLoader(mixture, **{"batch_size": 8, "seq_len": SEQ, "block_tokens": BLOCK, "seed": 3, **kwargs})
 
 
-@pytest.mark.parametrize(("read_in_place", "num_workers", "batch_format"), [((0,), 0, "next-token"), ((1,), 2, "next-token"),
-                                                                            ((0, 1), 2, "transformers")])
+@pytest.mark.parametrize(("read_in_place", "num_workers", "batch_format"), [((0,), 0, "next-token"), ((1,), 2, "transformers"),
+                                                                            ((0, 1), 2, "next-token")])
 def test_a_mixture_with_members_read_in_place_gives_the_token_shards_mixtures_very_batches(
         shards: Path, parquet: Path, second: Path, second_parquet: Path, tokenizer_file: Path, read_in_place: tuple[int, ...],
         num_workers: int, batch_format: str) -> None:
@@ -509,3 +509,30 @@ def test_a_member_read_in_place_shorter_than_a_row_is_refused_naming_it(shards: 
     with pytest.raises(ValueError, match=re.escape(f"mix: member 1 ({named}) holds {tokens} tokens, fewer than a row of seq_len={tokens + 1}")):
         mixed({shards: 0.5, tiny: 0.5}, seq_len=tokens + 1, tokenizer=tokenizer_file)
     assert len(list(mixed({shards: 0.5, tiny: 0.5}, seq_len=tokens, tokenizer=tokenizer_file))) > 0
+
+
+def test_a_member_read_in_place_over_http_gives_the_local_files_batches(parquet: Path, second: Path, tokenizer_file: Path,
+                                                                        tmp_path: Path) -> None:
+    from tests.formats.test_parquet_in_place import RangeServer
+
+    server = RangeServer(parquet)
+    try:
+        remote = fastload.open([f"{server.url}/{name}" for name in ("a.parquet", "b.parquet")], cache_dir=tmp_path / "remote-cache")
+        mixture = fastload.mix({remote: 0.3, str(second): 0.7}, by="tokens")
+        with fastload.DataLoader(mixture, batch_size=8, seq_len=SEQ, block_tokens=BLOCK, seed=3, tokenizer=tokenizer_file, num_workers=2) as ld:
+            got = list(ld)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert same_batches(got, list(mixed({parquet: 0.3, second: 0.7}, tokenizer=tokenizer_file)))
+    assert [name for name, asked in server.gets if name.endswith(".parquet") and asked is None] == []  # ranges only
+
+
+def test_mix_names_a_member_that_does_not_mix_by_what_it_holds(shards: Path, parquet: Path, tmp_path: Path) -> None:
+    from tests.conftest import demo_dataset
+
+    images = fastload.open(demo_dataset(tmp_path / "images", 8))
+    with pytest.raises(ValueError, match=re.escape(f"mix: member 1 ({images.location}) holds neither tokens nor data read in place")):
+        fastload.mix({str(parquet): 0.5, images: 0.5}, by="tokens")
+    with pytest.raises(ValueError, match=re.escape(f"mix: member 0 ({shards}) holds tokens: token datasets are mixed by='tokens'")):
+        fastload.mix({str(shards): 0.5, str(parquet): 0.5})
