@@ -35,16 +35,21 @@ from fastload.storage.dataset import ShardedDataset, open_shards_each
 Member = str | os.PathLike[str] | ShardedDataset
 
 
-def compatible_index(members: tuple[ShardedDataset, ...]) -> DatasetIndex:
+def compatible_index(members: tuple[ShardedDataset, ...], by: str) -> DatasetIndex:
     """One index describing every member's shards, after checking the members hold the same
     fields (and image fields, decoded pixel shape, class names); else a ValueError naming the member.
     Where a member is read in place (its fields are its columns' names; a converted dataset's are
     ``jpg`` and ``cls``) and the names differ, the members mix when each holds images and all or
     none labels: the mixture's samples are the classic ones (:attr:`MixedDataset.classic_names`),
-    its fields those all share."""
+    its fields those all share. Mixed ``by="tokens"``, only the token datasets' tokenizers are
+    checked (a member read in place is checked by the loader, against the ``tokenizer=`` it reads the member with)."""
+    in_place = any(m.layout.in_place for m in members)
+    if by == "tokens":
+        check_tokenizers(members)
+        return joined_index(members) if in_place else concatenated_index(members)
     first = members[0].index
     same_names = all(sorted(m.index.fields) == sorted(first.fields) and m.index.columns == first.columns for m in members)
-    classic = not same_names and any(m.layout.in_place for m in members)  # only the classic sample is common to all
+    classic = not same_names and in_place  # only the classic sample is common to all
     for number, member in enumerate(members[1:], start=1):
         index = member.index
         checks: list[tuple[str, object, object]] = [("decoded pixel shape", index.decoded_shape, first.decoded_shape)]
@@ -59,21 +64,45 @@ def compatible_index(members: tuple[ShardedDataset, ...]) -> DatasetIndex:
         if None not in (index.classes, first.classes) and index.classes != first.classes:
             raise ValueError(f"mix: member {number} ({member.location}) names its classes differently from member 0 "
                              f"({members[0].location}): one label would mean two classes")
-        if (index.tokenizer and index.tokenizer.sha256) != (first.tokenizer and first.tokenizer.sha256):
-            raise ValueError(f"mix: member {number} ({member.location}) was not tokenized with member 0's tokenizer "
-                             f"({members[0].location}): one id would mean two tokens")
     if classic and not first.image_fields:
         raise ValueError(f"mix: member 0 ({members[0].location}) names its fields unlike the others and holds no images "
                          "(the one sample they could share): members must hold the same fields")
-    classes = next((m.index.classes for m in members if m.index.classes is not None), None)
-    fields = tuple(f for f in first.fields if all(f in m.index.fields for m in members))  # what every member holds
     image_fields = first.image_fields if not classic else tuple(dict.fromkeys(f for m in members for f in m.index.image_fields))
-    if not any(m.layout.in_place for m in members):
-        shards = tuple(itertools.chain.from_iterable(m.index.shards for m in members))
-        return DatasetIndex(first.layout, shards, fields, classes, image_fields=image_fields, decoded_shape=first.decoded_shape,
-                            tokenizer=first.tokenizer, version=first.version if first.tokenizer is not None else FORMAT_VERSION)
-    # with a member read in place, its layout's: the members' parts one table (a converted member's shards as
-    # whole files), so a member of a million row groups makes no object each; each member reads through its own index
+    return joined_index(members, image_fields) if in_place else concatenated_index(members)
+
+
+def check_tokenizers(members: tuple[ShardedDataset, ...]) -> None:
+    """A ValueError naming the first token dataset among ``members`` not tokenized with the first one's tokenizer."""
+    tokenized = [(number, member, tokenizer.sha256) for number, member in enumerate(members) if (tokenizer := member.index.tokenizer)]
+    if not tokenized:
+        return
+    first_number, first, first_sha256 = tokenized[0]
+    for number, member, sha256 in tokenized[1:]:
+        if sha256 != first_sha256:
+            raise ValueError(f"mix: member {number} ({member.location}) was not tokenized with member {first_number}'s tokenizer "
+                             f"({first.location}): one id would mean two tokens")
+
+
+def shared_fields(members: tuple[ShardedDataset, ...]) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
+    """(the fields every member holds, in the first member's order; the class names of the first member naming them)."""
+    fields = tuple(f for f in members[0].index.fields if all(f in m.index.fields for m in members))
+    return fields, next((m.index.classes for m in members if m.index.classes is not None), None)
+
+
+def concatenated_index(members: tuple[ShardedDataset, ...]) -> DatasetIndex:
+    """The index of converted members: their shards one after another, in the first member's layout."""
+    first = members[0].index
+    fields, classes = shared_fields(members)
+    shards = tuple(itertools.chain.from_iterable(m.index.shards for m in members))
+    return DatasetIndex(first.layout, shards, fields, classes, image_fields=first.image_fields, decoded_shape=first.decoded_shape,
+                        tokenizer=first.tokenizer, version=first.version if first.tokenizer is not None else FORMAT_VERSION)
+
+
+def joined_index(members: tuple[ShardedDataset, ...], image_fields: tuple[str, ...] = ()) -> DatasetIndex:
+    """The index of members of which one is read in place, in its layout: the members' parts one table (a converted
+    member's shards as whole files), so a member of a million row groups makes no object each; each member reads
+    through its own index."""
+    fields, classes = shared_fields(members)
     in_place = next(m.index for m in members if m.layout.in_place)
     parts = PartTable.joined([m.index.shards if isinstance(m.index.shards, PartTable) else PartTable.of_whole(m.index.shards) for m in members])
     columns = {name: role for m in members for name, role in m.index.columns.items()}
@@ -90,7 +119,7 @@ class MixedDataset(ShardedDataset):
         self.members, self.weights, self.samples_per_epoch, self.by = members, weights, samples_per_epoch, by
         self.schedule = schedule  # weights that change over the run; ``weights`` are then its first stage's
         self.counts = apportion(samples_per_epoch, weights)
-        self.index = compatible_index(members)
+        self.index = compatible_index(members, by)
         self.url, self.root, self.cache = None, None, None  # remote members fetch through their own caches
         self._offsets = list(itertools.accumulate((len(m) for m in members), initial=0))
         self._first_shards = list(itertools.accumulate((len(m.index.shards) for m in members), initial=0))
@@ -317,8 +346,13 @@ def mix(members: Mapping[Member, float] | Sequence[Member], samples_per_epoch: i
     total = sum(len(d) for d in opened) if samples_per_epoch is None else samples_per_epoch
     if not isinstance(total, numbers.Integral) or isinstance(total, bool) or total < 1:
         raise ValueError(f"mix: samples_per_epoch must be a positive integer, got {samples_per_epoch!r}")
-    if (by == "tokens") != any(d.index.tokenizer is not None for d in opened):
-        raise ValueError("mix: token datasets are mixed by='tokens', and only they")
+    for number, dataset in enumerate(opened):
+        tokens = dataset.index.tokenizer is not None
+        if by == "samples" and tokens:
+            raise ValueError(f"mix: member {number} ({dataset.location}) holds tokens: token datasets are mixed by='tokens'")
+        if by == "tokens" and not (tokens or dataset.layout.in_place):
+            raise ValueError(f"mix: member {number} ({dataset.location}) holds neither tokens nor data read in place: by='tokens' "
+                             "mixes token datasets and columns of token ids or text read in place")
     return MixedDataset(tuple(opened), tuple(float(w) for w in weighed.values()), int(total), by, weights)
 
 

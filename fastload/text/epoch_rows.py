@@ -37,7 +37,7 @@ from fastload.orders.mixing import member_seed, mixture_members
 from fastload.orders.permutation import Permutation, mix_key
 from fastload.storage.mixed_dataset import MixedDataset
 from fastload.text.packing import best_fit_decreasing, best_fit_rows, split_lengths, split_long
-from fastload.text.token_corpus import Segments, ShardCorpus, TokenCorpus
+from fastload.text.token_corpus import MixtureCorpus, Segments, TokenCorpus
 from fastload.text.token_order import ROW_KEY, TokenStream, block_pieces
 
 BLOCKS_KEPT = 8  # a stream's most recent blocks kept (their pieces)
@@ -351,10 +351,10 @@ class MixtureRows:
     ``(j+1)*L`` of its epochs' streams one after another (each epoch with the member's own seed),
     so every row is L tokens of one member."""
 
-    def __init__(self, mixture: MixedDataset, corpus: TokenCorpus, seq_len: int, block: int, seed: int, epoch: int, shuffle: bool) -> None:
+    def __init__(self, mixture: MixedDataset, corpus: MixtureCorpus, seq_len: int, block: int, seed: int, epoch: int, shuffle: bool) -> None:
         self.mixture, self.seq_len, self.block, self.seed, self.epoch, self.shuffle = mixture, seq_len, block, seed, epoch, shuffle
-        self.corpora = [ShardCorpus(member) for member in mixture.members]
-        self.bases = [int(corpus.token_starts[first]) for first in mixture.first_shards[:-1]]
+        self.corpora = corpus.members
+        self.bases = corpus.bases.tolist()
         self.length = sum(c.total for c in self.corpora) // seq_len
         self._streams: dict[tuple[int, int], StreamRows] = {}
 
@@ -427,11 +427,11 @@ class MixtureRows:
         return cut_into_rows(np.concatenate(starts), np.concatenate(lengths), np.concatenate(continues), self.seq_len)
 
 
-def refuse_members_shorter_than_a_row(mixture: MixedDataset, seq_len: int) -> None:
+def refuse_members_shorter_than_a_row(corpus: MixtureCorpus, seq_len: int) -> None:
     """A ValueError naming the first member of a mixture by tokens that holds fewer than ``seq_len``
     tokens: each of its rows would be that many of its epochs, one after another."""
-    for number, member in enumerate(mixture.members):
-        tokens = sum(shard.tokens or 0 for shard in member.index.shards)
+    for number, member in enumerate(corpus.members):
+        tokens = member.total
         if tokens < seq_len:
-            raise ValueError(f"mix: member {number} ({member.location}) holds {tokens} tokens, fewer than a row of seq_len={seq_len}: "
+            raise ValueError(f"mix: member {number} ({member.dataset.location}) holds {tokens} tokens, fewer than a row of seq_len={seq_len}: "
                              f"each of its rows would repeat it {-(-seq_len // max(tokens, 1))} times over; give it more documents or leave it out")

@@ -1,8 +1,9 @@
 """A dataset's documents as one global token space, read span by span: the spans a batch holds
 (:class:`Segments`, as NumPy arrays), what every kind of corpus is (:class:`TokenCorpus`) and token
 shards' (:class:`ShardCorpus`: one ``preadv`` a span, every id checked against the tokenizer's
-vocabulary); a column of data read in place is fastload.text.column_corpus'. Which spans the rows
-of an epoch hold is fastload.text.token_rows' concern."""
+vocabulary) and a mixture by tokens' (:class:`MixtureCorpus`: its members' corpora one after another);
+a column of data read in place is fastload.text.column_corpus'. Which spans the rows of an epoch hold
+is fastload.text.token_rows' concern."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from typing import Any
 import numpy as np
 
 from fastload.errors import ShardError
+from fastload.formats.index import TokenizerIdentity
 from fastload.formats.tokens.reader import TokenShardReader
 from fastload.storage.dataset import ShardedDataset
+from fastload.storage.mixed_dataset import MixedDataset
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,7 @@ class TokenCorpus:
     read in place (fastload.text.column_corpus)."""
 
     dataset: ShardedDataset
+    tokenizer: TokenizerIdentity | None  # the tokenizer its ids are of (None: a column of ids read in place, no tokenizer named)
     dtype: np.dtype  # what its ids are read into (a batch's staging buffer)
     pad_id: int  # what pads a row: the tokenizer's pad id, else its eos id, else 0
     token_starts: np.ndarray  # int64: each shard's first global token, then the total
@@ -109,7 +113,7 @@ class ShardCorpus(TokenCorpus):
         if dataset.index.tokenizer is None:
             raise ValueError(f"{dataset.location} holds no tokens (convert documents with --tokenizer)")
         self.dataset = dataset
-        self.tokenizer = dataset.index.tokenizer
+        self.tokenizer: TokenizerIdentity = dataset.index.tokenizer
         self.dtype = np.dtype(self.tokenizer.dtype)
         self.pad_id = next(i for i in (self.tokenizer.pad_id, self.tokenizer.eos_id, 0) if i is not None)
         self.token_starts = np.array(list(itertools.accumulate((s.tokens or 0 for s in dataset.index.shards), initial=0)), dtype=np.int64)
@@ -211,3 +215,56 @@ class ShardCorpus(TokenCorpus):
     def identity(self) -> str:
         """Each shard's path, tokens and checksum."""
         return "".join(f"{shard.path}|{shard.tokens}|{shard.sha256};" for shard in self.dataset.index.shards)
+
+
+class MixtureCorpus(TokenCorpus):
+    """A mixture by tokens' members as one global token space: each member's corpus (its token shards, or a column
+    read in place) after the one before. Its rows are cut from the members' corpora
+    (fastload.text.epoch_rows.MixtureRows); a batch's spans are read from the member holding each, and named by it.
+    Its members share a tokenizer (fastload.mix checks the token datasets', fastload.text.token_rows the ``tokenizer=``
+    its members read in place are read with), so the first token dataset's (else the first member's) pads its rows."""
+
+    def __init__(self, mixture: MixedDataset, members: list[TokenCorpus]) -> None:
+        self.dataset, self.members = mixture, members
+        reference = next((corpus for corpus in members if not corpus.dataset.layout.in_place), members[0])  # the mixture's tokenizer's
+        # token shards only: read as one dataset's (one ``preadv`` a segment, the ids checked once)
+        self.shards = ShardCorpus(mixture) if all(isinstance(corpus, ShardCorpus) for corpus in members) else None
+        self.tokenizer, self.pad_id = reference.tokenizer, reference.pad_id
+        self.dtype = np.result_type(*(corpus.dtype for corpus in members))
+        self.bases = np.array(list(itertools.accumulate((corpus.total for corpus in members), initial=0)), dtype=np.int64)
+        self.token_starts = np.concatenate([c.token_starts[:-1] + base for c, base in zip(members, self.bases)] + [self.bases[-1:]])
+        firsts = np.array(list(itertools.accumulate((corpus.documents for corpus in members), initial=0)), dtype=np.int64)
+        self.doc_starts = np.concatenate([c.doc_starts[:-1] + first for c, first in zip(members, firsts)] + [firsts[-1:]])
+
+    def read_into(self, buffer: np.ndarray, segments: Segments, destinations: np.ndarray, extra: np.ndarray) -> np.ndarray:
+        """Each segment's tokens into ``buffer`` at its destination, read by its member's corpus (with the document's next
+        token where ``extra`` says so, returned): into ``buffer`` itself, or where the member's ids are of another dtype
+        (a column read in place beside token shards), into a buffer of its own dtype and copied over; token shards
+        only, as one dataset's."""
+        if self.shards is not None:
+            return self.shards.read_into(buffer, segments, destinations, extra)
+        nexts = np.zeros(len(segments.start), dtype=np.int64)
+        owners = np.searchsorted(self.bases, segments.start, side="right") - 1
+        firsts = np.empty(len(owners), dtype=buffer.dtype)
+        for member in np.unique(owners).tolist():
+            at, corpus = np.flatnonzero(owners == member), self.members[member]
+            mine = Segments(segments.start[at] - self.bases[member], segments.length[at], segments.continues[at], segments.row[at])
+            own = buffer if corpus.dtype == buffer.dtype else np.zeros(len(buffer), dtype=corpus.dtype)  # zeros: what it checks is ids
+            nexts[at] = corpus.read_into(own, mine, destinations[at], extra[at])
+            if own is not buffer:
+                lengths = mine.length
+                held = np.repeat(destinations[at], lengths) + np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+                buffer[held] = own[held]
+            firsts[at] = buffer[destinations[at]]
+        buffer[destinations] = firsts  # a next token read past a segment lands on the next one's first: maybe another member's, read before
+        return nexts
+
+    def named(self, token: int) -> dict[str, Any]:
+        """As its member names the token's document, the shard (file) prefixed by the member's location."""
+        member = int(np.searchsorted(self.bases, token, side="right") - 1)
+        named = self.members[member].named(token - int(self.bases[member]))
+        return {**named, "shard": f"{self.members[member].dataset.location}/{named['shard']}"}
+
+    def identity(self) -> str:
+        """The members' identities, one after another."""
+        return "".join(corpus.identity() for corpus in self.members)

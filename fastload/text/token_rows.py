@@ -24,7 +24,8 @@ from fastload.storage.dataset import ShardedDataset
 from fastload.storage.mixed_dataset import MixedDataset
 from fastload.text.column_corpus import ColumnCorpus
 from fastload.text.epoch_rows import BestFitRows, Boundary, MixtureRows, PaddedRows, StreamRows, refuse_members_shorter_than_a_row
-from fastload.text.token_corpus import Segments, ShardCorpus, TokenCorpus
+from fastload.text.token_corpus import MixtureCorpus, Segments, ShardCorpus, TokenCorpus
+from fastload.text.tokenizer import TextTokenizer
 
 BLOCK_TOKENS = 1 << 16  # the stream's blocks: documents are shuffled within one, blocks within the epoch
 PACKING_WINDOW = 1 << 22  # best-fit's window: on the Debian text of benchmarks/bench_tokens.py, 0.8% padding at L = 2048 (10% a block)
@@ -104,19 +105,54 @@ def rank_share(step_first: int, held: int, batch: int, rank: int, world: int) ->
 
 def open_corpus(dataset: ShardedDataset, options: TokenOptions) -> TokenCorpus:
     """The documents ``dataset`` holds as one token space: its token shards, or a column of data read in place
-    (``options.field``, else ``input_ids``; with ``options.tokenizer``)."""
+    (``options.field``, else ``input_ids``; with ``options.tokenizer``); of a mixture, each member's, one after another."""
     if isinstance(dataset, MixedDataset):
         if any(member.layout.in_place for member in dataset.members):
-            raise ValueError("token rows of a mixture read token datasets only: data read in place is not a member of one yet "
-                             "(convert it with fastload convert ... --tokenizer)")
-    elif dataset.layout.in_place:
+            refuse_another_tokenizer(dataset, options)
+        else:
+            refuse_column_options(dataset, options)
+        return MixtureCorpus(dataset, [member_corpus(dataset, number, options) for number in range(len(dataset.members))])
+    if dataset.layout.in_place:
         return ColumnCorpus(dataset, options.field, options.tokenizer)
+    refuse_column_options(dataset, options)
+    return ShardCorpus(dataset)
+
+
+def refuse_column_options(dataset: ShardedDataset, options: TokenOptions) -> None:
+    """A ValueError naming ``fields=`` and ``tokenizer=`` where given for ``dataset``, which reads no column in place."""
     given = [name for name, value in (("fields", options.field), ("tokenizer", options.tokenizer)) if value is not None]
     if given:
         held = "token shards, whose documents are their tokens" if dataset.index.tokenizer is not None else "no column read in place"
         raise ValueError(f"{', '.join(name + '=' for name in given)} name the column (and its tokenizer) of data read in place; "
                          f"{dataset.location} holds {held}")
-    return ShardCorpus(dataset)
+
+
+def refuse_another_tokenizer(mixture: MixedDataset, options: TokenOptions) -> None:
+    """A ValueError naming the mixture's first member read in place unless ``options.tokenizer``, which its members read
+    in place are read with, is its token datasets' tokenizer (if it has any): checked before a column is counted."""
+    converted = next(((n, m, tokenizer) for n, m in enumerate(mixture.members) if (tokenizer := m.index.tokenizer) is not None), None)
+    if converted is None:
+        return
+    number, member = next((n, m) for n, m in enumerate(mixture.members) if m.layout.in_place)
+    theirs = f"member {converted[0]}'s ({converted[1].location})"
+    if options.tokenizer is None:
+        raise ValueError(f"mix: member {number} ({member.location}) reads token ids in place with no tokenizer= to check them "
+                         f"against {theirs}: name the tokenizer its ids are of with tokenizer=")
+    if TextTokenizer(options.tokenizer).identity.sha256 != converted[2].sha256:
+        raise ValueError(f"mix: member {number} ({member.location}) is read with a tokenizer= other than {theirs}: "
+                         "one id would mean two tokens")
+
+
+def member_corpus(mixture: MixedDataset, number: int, options: TokenOptions) -> TokenCorpus:
+    """Member ``number`` of a mixture by tokens as a token space: its token shards, or its column read in place
+    (a ValueError about the column naming the member)."""
+    member = mixture.members[number]
+    if not member.layout.in_place:
+        return ShardCorpus(member)
+    try:
+        return ColumnCorpus(member, options.field, options.tokenizer)
+    except ValueError as error:
+        raise ValueError(f"mix: member {number} ({member.location}): {error}") from None
 
 
 EpochRows = StreamRows | PaddedRows | BestFitRows | MixtureRows
@@ -144,13 +180,13 @@ class TokenRows:
     of rows). The loader and each of its workers hold their own."""
 
     def __init__(self, dataset: ShardedDataset, options: TokenOptions, seed: int, shuffle: bool) -> None:
-        self.corpus = open_corpus(dataset, options)
-        self.options, self.seed, self.shuffle = options, seed, shuffle
         self.mixture = dataset if isinstance(dataset, MixedDataset) else None
         if self.mixture is not None and options.packing is not Packing.CONCAT:
             raise ValueError("a mixture by tokens is made of concat rows (every row seq_len tokens of one member): packing='concat'")
-        if self.mixture is not None:
-            refuse_members_shorter_than_a_row(self.mixture, options.seq_len)
+        self.corpus = open_corpus(dataset, options)
+        self.options, self.seed, self.shuffle = options, seed, shuffle
+        if isinstance(self.corpus, MixtureCorpus):
+            refuse_members_shorter_than_a_row(self.corpus, options.seq_len)
         self._kept: dict[tuple[int, Cursor | None], EpochRows] = {}
 
     def of(self, epoch: int, origin: Cursor | None = None, seq_len: int | None = None) -> EpochRows:
@@ -173,6 +209,7 @@ class TokenRows:
         """``epoch``'s rows of ``seq_len`` tokens cut from ``origin`` (see :meth:`of`)."""
         options, corpus = self.options, self.corpus
         if self.mixture is not None:
+            assert isinstance(corpus, MixtureCorpus)  # a mixture's corpus (open_corpus)
             return MixtureRows(self.mixture, corpus, seq_len, options.block_tokens, self.seed, epoch, self.shuffle)
         if concat:
             return StreamRows(corpus, seq_len, options.block_tokens, self.seed, epoch, self.shuffle, origin or (0, 0))

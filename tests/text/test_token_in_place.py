@@ -469,3 +469,179 @@ def test_the_batch_sampler_keeps_its_rows_once_a_process_and_gives_the_loaders_b
         assert len(mine) > 3 and same_batches(mine, list(again))
     # rows made in this process: once for each seq_len (with workers, in each worker)
     assert [len(kept) for kept in ds.made_here().values()] == ([] if num_workers else [2])
+
+
+# --- a member of a mixture by tokens ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def second(tokenizer_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A second token dataset to mix with: the last 600 real paragraphs, backwards (with eos)."""
+    root = tmp_path_factory.mktemp("second")
+    write_jsonl(root / "b.jsonl", real_paragraphs()[::-1][:600])
+    convert(str(root / "b.jsonl"), str(root / "ds"), ConvertOptions(
+        source="jsonl", layout="tokens", tokens=TokenizeOptions(str(tokenizer_file), append_eos=True, shard_tokens=20_000)), quiet=True)
+    return root / "ds"
+
+
+@pytest.fixture(scope="module")
+def second_parquet(second: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The second token dataset's documents as Parquet rows."""
+    return write_parquet(tmp_path_factory.mktemp("second-parquet") / "data", documents(second))
+
+
+def mixed(members: dict[Path, float], **kwargs: object) -> fastload.DataLoader:
+    """A loader of the mixture by tokens of ``members`` (paths and weights)."""
+    mixture = fastload.mix({str(path): weight for path, weight in members.items()}, by="tokens")
+    return fastload.DataLoader(mixture, **{"batch_size": 8, "seq_len": SEQ, "block_tokens": BLOCK, "seed": 3, **kwargs})
+
+
+@pytest.mark.parametrize(("read_in_place", "num_workers", "batch_format"), [((0,), 0, "next-token"), ((1,), 2, "transformers"),
+                                                                            ((0, 1), 2, "next-token")])
+def test_a_mixture_with_members_read_in_place_gives_the_token_shards_mixtures_very_batches(
+        shards: Path, parquet: Path, second: Path, second_parquet: Path, tokenizer_file: Path, read_in_place: tuple[int, ...],
+        num_workers: int, batch_format: str) -> None:
+    """The same documents, read in place or from their token shards: the same rows of each member, the same batches,
+    epoch after epoch (a member read in place in first or second place, or both)."""
+    places = [(shards, parquet), (second, second_parquet)]
+    in_place = {places[n][n in read_in_place]: weight for n, weight in enumerate((0.3, 0.7))}
+    with (mixed(in_place, tokenizer=tokenizer_file, num_workers=num_workers, batch_format=batch_format) as got,
+          mixed({shards: 0.3, second: 0.7}, batch_format=batch_format) as want):
+        assert len(got) == len(want) > 20
+        for _ in range(2):  # the next epoch too: the members' rows run on through their epochs
+            assert same_batches(list(got), list(want))
+        assert got.kind.pad_id == want.kind.pad_id != 0
+
+
+def test_a_text_column_mixes_with_token_shards_as_its_own_token_shards_do(texts: tuple[Path, Path], second: Path, tokenizer_file: Path) -> None:
+    text, text_shards = texts
+    with mixed({text: 0.5, second: 0.5}, fields=["text"], tokenizer=tokenizer_file, num_workers=2) as got:
+        assert same_batches(list(got), list(mixed({text_shards: 0.5, second: 0.5})))
+
+
+def test_a_mixture_with_a_member_read_in_place_resumes_exactly(parquet: Path, shards: Path, second: Path, tokenizer_file: Path) -> None:
+    whole = list(mixed({shards: 0.3, second: 0.7}))
+    first = mixed({parquet: 0.3, second: 0.7}, tokenizer=tokenizer_file, num_workers=2)
+    it = iter(first)
+    for _ in range(6):
+        next(it)
+    state = json.loads(json.dumps(first.state_dict()))
+    first.close()
+    resumed = mixed({parquet: 0.3, second: 0.7}, tokenizer=tokenizer_file)
+    resumed.load_state_dict(state)
+    assert same_batches(list(resumed), whole[6:])
+
+
+def described_tokens(ld: fastload.DataLoader, steps: int) -> Counter:
+    """Every token the described rows of ``steps`` steps of epoch 0 hold: (member's file, row, offset), counted."""
+    return Counter((s["shard"], s["document"], s["offset"] + i) for step in range(steps) for row in ld.describe(step, 0) for s in row
+                   for i in range(s["tokens"]))
+
+
+def test_a_mixture_with_a_member_read_in_place_resumes_at_another_world_and_batch_size(parquet: Path, shards: Path, second: Path,
+                                                                                       tokenizer_file: Path) -> None:
+    """Saved by one rank at batch 8, resumed by two at batch 6: the ranks deliver the all-shards mixture's batches, and the
+    epoch's rows, each once (a member's tokens as often as its share of the rows takes it round)."""
+    def run(first_member: Path, **extra: object) -> tuple[list[dict], Counter]:
+        first = mixed({first_member: 0.3, second: 0.7}, **extra)
+        delivered = list(itertools.islice(first, 5))
+        state = json.loads(json.dumps(first.state_dict()))
+        seen: Counter = Counter()
+        for rank in (0, 1):
+            view = mixed({first_member: 0.3, second: 0.7}, batch_size=6, rank=rank, world_size=2, **extra)
+            view.load_state_dict(state)
+            batches = list(view)
+            delivered += batches
+            seen += described_tokens(view, len(batches) + 5)  # the 5 steps before the resume at their topology (rank 1 had none)
+        return delivered, seen
+
+    got, seen = run(parquet, tokenizer=tokenizer_file)
+    want, _ = run(shards)
+    assert same_batches(got, want)
+    whole = mixed({parquet: 0.3, second: 0.7}, tokenizer=tokenizer_file)
+    assert seen == described_tokens(whole, len(whole))
+
+
+def test_describe_names_a_member_read_in_place_its_file_and_row(parquet: Path, second: Path, tokenizer_file: Path) -> None:
+    ld = mixed({second: 0.5, parquet: 0.5}, tokenizer=tokenizer_file)
+    converted = fastload.open(second)
+    shard_numbers = {f"{second}/{shard.path}": n for n, shard in enumerate(converted.index.shards)}
+    files: set[str] = set()
+    for step, batch in zip(range(12), ld):
+        for r, row in enumerate(ld.describe(step)):
+            column = 0
+            for s in row:
+                assert s["weights"] == [0.5, 0.5]
+                if s["shard"].startswith(f"{second}/"):
+                    ids = converted.reader(shard_numbers[s["shard"]]).document(s["document"]).tolist()
+                else:
+                    member, name = s["shard"].rsplit("/", 1)
+                    assert member == str(parquet)
+                    files.add(name)
+                    ids = row_ids(parquet, name, s["document"])
+                assert batch["input_ids"][r, column : column + s["tokens"]].tolist() == ids[s["offset"] : s["offset"] + s["tokens"]]
+                column += s["tokens"]
+    assert files == {"a.parquet", "b.parquet"}
+
+
+def test_a_member_read_in_place_is_checked_against_the_mixtures_tokenizer_naming_it(parquet: Path, shards: Path, second: Path,
+                                                                                     second_parquet: Path, tokenizer_file: Path,
+                                                                                     tmp_path: Path, cache: Path) -> None:
+    """Before its column is counted: no document table is made for a member refused."""
+    with pytest.raises(ValueError, match=re.escape(f"mix: member 0 ({parquet}) reads token ids in place with no tokenizer= to check "
+                                                   f"them against member 1's ({second})")) as error:
+        mixed({parquet: 0.5, second: 0.5})
+    assert "\n" not in str(error.value)
+    other = tmp_path / "other.json"  # the same tokenizer, written otherwise: another file, another identity
+    other.write_text(json.dumps(json.loads(tokenizer_file.read_text()), indent=1))
+    with pytest.raises(ValueError, match=re.escape(f"mix: member 0 ({parquet}) is read with a tokenizer= other than member 1's "
+                                                   f"({second}): one id would mean two tokens")):
+        mixed({parquet: 0.5, second: 0.5}, tokenizer=other)
+    assert not list((cache / "in-place").glob("*.docs"))
+    with pytest.raises(ValueError, match=re.escape(f"mix: member 1 ({second_parquet}): {second_parquet}: no column 'tokens' of token ids")):
+        mixed({second: 0.5, second_parquet: 0.5}, fields=["tokens"], tokenizer=tokenizer_file)
+    with pytest.raises(ValueError, match=re.escape("tokenizer= name the column (and its tokenizer) of data read in place; mix(")):
+        mixed({shards: 0.5, second: 0.5}, tokenizer=tokenizer_file)
+    # members read in place only: with no tokenizer, ids from 0 (and rows padded with 0), as one dataset read in place
+    bare, named = mixed({parquet: 0.3, second_parquet: 0.7}), mixed({parquet: 0.3, second_parquet: 0.7}, tokenizer=tokenizer_file)
+    for mine, theirs in zip(bare, named, strict=True):
+        real = theirs["attention_mask"].bool()
+        assert torch.equal(mine["labels"], theirs["labels"]) and torch.equal(mine["input_ids"][real], theirs["input_ids"][real])
+
+
+def test_a_member_read_in_place_shorter_than_a_row_is_refused_naming_it(shards: Path, tokenizer_file: Path, tmp_path: Path) -> None:
+    docs = documents(shards)[:2]
+    tiny, tokens = tmp_path / "tiny", sum(len(doc) for doc in docs)
+    tiny.mkdir()
+    pq.write_table(pa.table({"input_ids": pa.array(docs, type=pa.list_(pa.int32()))}), str(tiny / "a.parquet"))
+    named = fastload.open(tiny).location  # a folder of one file: the file
+    with pytest.raises(ValueError, match=re.escape(f"mix: member 1 ({named}) holds {tokens} tokens, fewer than a row of seq_len={tokens + 1}")):
+        mixed({shards: 0.5, tiny: 0.5}, seq_len=tokens + 1, tokenizer=tokenizer_file)
+    assert len(list(mixed({shards: 0.5, tiny: 0.5}, seq_len=tokens, tokenizer=tokenizer_file))) > 0
+
+
+def test_a_member_read_in_place_over_http_gives_the_local_files_batches(parquet: Path, second: Path, tokenizer_file: Path,
+                                                                        tmp_path: Path) -> None:
+    from tests.formats.test_parquet_in_place import RangeServer
+
+    server = RangeServer(parquet)
+    try:
+        remote = fastload.open([f"{server.url}/{name}" for name in ("a.parquet", "b.parquet")], cache_dir=tmp_path / "remote-cache")
+        mixture = fastload.mix({remote: 0.3, str(second): 0.7}, by="tokens")
+        with fastload.DataLoader(mixture, batch_size=8, seq_len=SEQ, block_tokens=BLOCK, seed=3, tokenizer=tokenizer_file, num_workers=2) as ld:
+            got = list(ld)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert same_batches(got, list(mixed({parquet: 0.3, second: 0.7}, tokenizer=tokenizer_file)))
+    assert [name for name, asked in server.gets if name.endswith(".parquet") and asked is None] == []  # ranges only
+
+
+def test_mix_names_a_member_that_does_not_mix_by_what_it_holds(shards: Path, parquet: Path, tmp_path: Path) -> None:
+    from tests.conftest import demo_dataset
+
+    images = fastload.open(demo_dataset(tmp_path / "images", 8))
+    with pytest.raises(ValueError, match=re.escape(f"mix: member 1 ({images.location}) holds neither tokens nor data read in place")):
+        fastload.mix({str(parquet): 0.5, images: 0.5}, by="tokens")
+    with pytest.raises(ValueError, match=re.escape(f"mix: member 0 ({shards}) holds tokens: token datasets are mixed by='tokens'")):
+        fastload.mix({str(shards): 0.5, str(parquet): 0.5})
