@@ -98,6 +98,22 @@ def test_plain_binary_images_and_a_single_file_and_a_list(tmp_path: Path) -> Non
     assert labels == list(range(12))
 
 
+def test_each_rows_bytes_are_exact_in_groups_with_and_without_nulls_and_large_binary(tmp_path: Path) -> None:
+    # Row groups of 4: those holding a null are read a value at a time, the others from the batch's buffers.
+    images = [png_bytes(small_photo(i)) + bytes(i) for i in range(10)]  # each a different length
+    big = [None if i == 6 else image for i, image in enumerate(images)]
+    labels = [None if i == 9 else i * 7 for i in range(10)]
+    hub_images = [None if i == 1 else {"bytes": image, "path": f"{i}.png"} for i, image in enumerate(images)]
+    table = pa.table({"big": pa.array(big, pa.large_binary()), "y": pa.array(labels, pa.int16()), "hub": hub_images})
+    pq.write_table(table, tmp_path / "a.parquet", row_group_size=4)
+    ds = fastload.open(tmp_path / "a.parquet")
+    assert ds.index.columns == {"big": "image", "y": "label", "hub": "image"}
+    for i in [*range(10), 5, 0, 9, 3]:
+        want = {"big": big[i], "y": None if labels[i] is None else str(labels[i]).encode(), "hub": hub_images[i] and images[i]}
+        assert ds.raw(i)[1] == {name: value for name, value in want.items() if value is not None}
+        assert ds.raw(i, ["hub"])[1] == ({"hub": images[i]} if i != 1 else {})
+
+
 def converted(hub: Path, out: Path) -> Path:
     convert(str(hub), str(out), ConvertOptions(source="parquet", samples_per_shard=8), quiet=True)
     return out

@@ -75,20 +75,21 @@ def batch_rows(meta: Any, group: int, columns: tuple[str, ...], declared: int) -
     return max(1, BATCH_BYTES * row_group.num_rows // max(declared, 1))
 
 
-def group_batches(source: Any, group: int, columns: tuple[str, ...], batch_rows: int, meta: Any = None) -> Iterator[Any]:
+def group_batches(source: Any, group: int, columns: tuple[str, ...], batch_rows: int, meta: Any = None, mapped: bool = False) -> Iterator[Any]:
     """Row group ``group``'s ``columns`` in batches of ``batch_rows`` rows (pyarrow's
     ``iter_batches``) from ``source`` (a path, or a file object with the file's footer ``meta``),
     their dictionary-encoded binary and string leaves read as dictionaries: a value a dictionary
     page repeats is held once, never once a row. A batch's rows are sized from the group's declared
     (encoded) size, which says nothing of how often a dictionary repeats a value: a 49 KB file's
     group of one 8 MiB value in every row decoded to 1 GB, one of 50 KB of text to 450 MiB. (A
-    plain-encoded leaf is read as it is: made a dictionary, its values would be copied twice more.)"""
+    plain-encoded leaf is read as it is: made a dictionary, its values would be copied twice more.)
+    ``mapped`` (a local file's path): its pages are read from the file mapped, not copied to memory first."""
     pq = import_pyarrow_parquet()
     meta = pq.read_metadata(source) if meta is None else meta
     chunks = map(meta.row_group(group).column, range(meta.num_columns))
     leaves = [chunk.path_in_schema for chunk in chunks if chunk.physical_type == "BYTE_ARRAY"
               and chunk.path_in_schema.split(".", 1)[0] in columns and any("DICTIONARY" in encoding for encoding in chunk.encodings)]
-    file = pq.ParquetFile(source, metadata=meta, read_dictionary=leaves)
+    file = pq.ParquetFile(source, metadata=meta, read_dictionary=leaves, memory_map=mapped, pre_buffer=not mapped)
     return file.iter_batches(batch_size=batch_rows, row_groups=[group], columns=list(columns), use_threads=False)
 
 

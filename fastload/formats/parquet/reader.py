@@ -157,7 +157,7 @@ class ParquetGroupReader(InPlaceReader):
                                              f"{', '.join(columns)}, over the {MAX_ROW_GROUP_BYTES} fastload reads of a group")
         number, row = divmod(i, per_batch)
         try:
-            return self._cached(columns, number, lambda: group_batches(self._source(), self.group, columns, per_batch, meta),
+            return self._cached(columns, number, lambda: group_batches(self._source(), self.group, columns, per_batch, meta, mapped=self.footer is None),
                                 -(-self.rows // per_batch)), row
         except arrow_errors() as exc:
             raise SampleError(self.where(i), f"damaged Parquet data in row group {self.group}: {damage(exc)}") from None
