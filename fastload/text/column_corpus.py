@@ -93,13 +93,9 @@ class _TextCount:
     encode the column with it, checked on every row rather than a sample."""
 
     def __init__(self, tokenizer: TextTokenizer) -> None:
-        self.tokenizer, self.why = tokenizer, ""
-        self.fast: TextTokenizer | None = replace(tokenizer, fast=True)
-        self.version: str | None = None
-        try:
-            self.version = fast_encoder.version()
-        except ImportError as exc:
-            self.fast, self.why = None, str(exc)
+        self.tokenizer, self.version = tokenizer, installed_fast_encoder()
+        self.fast: TextTokenizer | None = replace(tokenizer, fast=True) if self.version is not None else None
+        self.why = "" if self.version is not None else "fastokens is not installed"
 
     def lengths(self, reader: InPlaceReader, column: str) -> np.ndarray:
         """Each row's number of ids, its text in ``column`` encoded (a null: none)."""
