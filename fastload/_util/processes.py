@@ -17,14 +17,14 @@ import gc
 import multiprocessing
 import os
 import pickle
+import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any, TypeVar, cast
+from typing import Any, BinaryIO, TypeVar, cast
 
 PARENT_POLL_S = 0.2  # how often a forked child checks that its parent is alive
 
@@ -32,8 +32,8 @@ T = TypeVar("T")
 
 
 def die_with_parent(parent: int) -> None:
-    """In a forked child: exit at once if ``parent`` is already gone, and from then on within
-    PARENT_POLL_S of its death (a daemon thread polls ``getppid``)."""
+    """In a child (forked, or a :class:`FreshInterpreter`): exit at once if ``parent`` is already
+    gone, and from then on within PARENT_POLL_S of its death (a daemon thread polls ``getppid``)."""
     if os.getppid() != parent:
         os._exit(1)
     threading.Thread(target=_watch_parent, args=(parent,), name="fastload-parent-watch", daemon=True).start()
@@ -59,41 +59,137 @@ def forked_pool(workers: int) -> ProcessPoolExecutor:
                                initializer=_start_child, initargs=(os.getpid(),))
 
 
-def in_fresh_process(fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` (a module's function) run in a fresh Python interpreter (not forked): what a library
-    that is not fork-safe (pylance's threads) does there leaves this process free to fork its workers.
-    Started as ``python -c``, not by multiprocessing's spawn, which runs the caller's script again first
-    (one without an ``if __name__ == "__main__":`` guard would make its loader again there); the result,
-    or the exception it raised, comes back pickled."""
-    with tempfile.TemporaryDirectory(prefix="fastload-fresh-") as folder:
-        task, answer = os.path.join(folder, "task"), os.path.join(folder, "answer")
-        with open(task, "wb") as file:
-            pickle.dump(sys.path, file)  # first: where the child finds the modules the task names
-            pickle.dump((fn, args), file)
-        done = subprocess.run([sys.executable, "-c", _FRESH_CHILD, task, answer], stdin=subprocess.DEVNULL, check=False)
+class FreshInterpreter:
+    """A fresh Python interpreter that runs the module functions it is sent, one call at a time, and
+    answers each: what a library that is not fork-safe (pylance's threads) does there leaves this
+    process free to fork. Started as ``python -c``, not forked and not by multiprocessing's spawn,
+    which runs the caller's script again first (one without an ``if __name__ == "__main__":`` guard
+    would make its loader again there). Calls and answers travel over two pipes of its own, pickled
+    with their large buffers (an Arrow stream's) sent apart, read straight into their memory; it
+    exits at :meth:`close`, or within PARENT_POLL_S of this process's death."""
+
+    def __init__(self) -> None:
+        from_parent, to_child = os.pipe()  # (read end, write end)
+        from_child, to_parent = os.pipe()
         try:
-            with open(answer, "rb") as file:
-                ok, value = pickle.load(file)
+            self.process = subprocess.Popen([sys.executable, "-c", _FRESH_CHILD, str(from_parent), str(to_parent), str(os.getpid())],
+                                            pass_fds=(from_parent, to_parent), stdin=subprocess.DEVNULL)
+        finally:
+            os.close(from_parent)
+            os.close(to_parent)
+        self._calls = open(to_child, "wb", buffering=0)  # noqa: SIM115  # closed by close()
+        self._answers = open(from_child, "rb", buffering=0)  # noqa: SIM115
+        self._lock = threading.Lock()  # one call at a time, whichever thread makes it
+        write_message(self._calls, sys.path)  # first: where the child finds modules, this process's very path
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` (a module's function) run there: its result, or the exception it raised."""
+        with self._lock:
+            try:
+                write_message(self._calls, (fn, args))
+                ok, value = read_message(self._answers)
+            except (EOFError, OSError):
+                status = self.process.poll()
+                raise RuntimeError(f"a fresh Python running {fn.__qualname__} exited with status {status} before it answered") from None
+        if not ok:
+            raise value
+        return cast(T, value)
+
+    def close(self) -> None:
+        """Let it exit; wait for it."""
+        try:
+            write_message(self._calls, None)  # not only EOF: forked children hold this pipe's end too
         except OSError:
-            raise RuntimeError(f"a fresh Python running {fn.__qualname__} exited with status {done.returncode} before it answered") from None
-    if not ok:
-        raise value
-    return cast(T, value)
+            pass
+        self._calls.close()
+        self._answers.close()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def __enter__(self) -> FreshInterpreter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def in_fresh_process(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` (a module's function) run in a fresh Python interpreter of its own (:class:`FreshInterpreter`)."""
+    with FreshInterpreter() as fresh:
+        return fresh.call(fn, *args)
+
+
+def write_message(pipe: BinaryIO, value: Any) -> None:
+    """``value`` pickled to ``pipe``: the count of parts, their sizes, the pickle, then each large
+    buffer it holds as it is (pickle protocol 5's out-of-band buffers: no copy made of them here)."""
+    buffers: list[pickle.PickleBuffer] = []
+    parts = [memoryview(pickle.dumps(value, 5, buffer_callback=buffers.append)), *(b.raw() for b in buffers)]
+    _write_all(pipe, memoryview(struct.pack(f"<I{len(parts)}Q", len(parts), *(part.nbytes for part in parts))))
+    for part in parts:
+        _write_all(pipe, part)
+
+
+def read_message(pipe: BinaryIO) -> Any:
+    """The value :func:`write_message` wrote to the other end of ``pipe``; EOFError where it ends first."""
+    (count,) = struct.unpack("<I", _read_exact(pipe, 4))
+    parts = [_read_exact(pipe, size) for size in struct.unpack(f"<{count}Q", _read_exact(pipe, 8 * count))]
+    return pickle.loads(parts[0], buffers=parts[1:])
+
+
+def _write_all(pipe: BinaryIO, view: memoryview) -> None:
+    while view.nbytes:
+        view = view[pipe.write(view) or 0 :]
+
+
+def _read_exact(pipe: BinaryIO, size: int) -> bytearray:
+    out = bytearray(size)
+    view, got = memoryview(out), 0
+    while got < size:
+        n = pipe.readinto(view[got:])  # type: ignore[attr-defined]  # a raw FileIO
+        if not n:
+            raise EOFError("the other end of the pipe closed")
+        got += n
+    return out
+
+
+def serve(calls: BinaryIO, answers: BinaryIO) -> None:
+    """In a fresh interpreter: run each call read from ``calls``, answer it on ``answers``, until told to stop."""
+    while True:
+        try:
+            task = read_message(calls)
+        except EOFError:
+            return
+        if task is None:
+            return
+        try:
+            fn, args = task
+            answer = (True, fn(*args))
+        except BaseException as exc:  # sent back, raised there
+            answer = (False, exc)
+        try:
+            write_message(answers, answer)
+        except Exception:  # an answer that does not pickle
+            write_message(answers, (False, RuntimeError(f"{type(answer[1]).__name__}: {answer[1]}")))
 
 
 _FRESH_CHILD = """
-import pickle, sys
-with open(sys.argv[1], "rb") as file:
-    sys.path[:0] = pickle.load(file)
-    fn, args = pickle.load(file)
-try:
-    answer = (True, fn(*args))
-except BaseException as exc:
-    answer = (False, exc)
-try:
-    data = pickle.dumps(answer)
-except Exception:
-    data = pickle.dumps((False, RuntimeError(f"{type(answer[1]).__name__}: {answer[1]}")))
-with open(sys.argv[2], "wb") as file:
-    file.write(data)
+import os, pickle, struct, sys
+calls, answers, parent = open(int(sys.argv[1]), "rb", buffering=0), open(int(sys.argv[2]), "wb", buffering=0), int(sys.argv[3])
+def read(size):
+    data = b""
+    while len(data) < size:
+        chunk = calls.read(size - len(data))
+        if not chunk:
+            sys.exit(0)
+        data += chunk
+    return data
+count, = struct.unpack("<I", read(4))
+sizes = struct.unpack(f"<{count}Q", read(8 * count))
+sys.path[:] = pickle.loads(read(sizes[0]))
+from fastload._util.processes import die_with_parent, serve
+die_with_parent(parent)
+serve(calls, answers)
 """

@@ -169,6 +169,20 @@ class _Cache:
             self.values.pop(id(dropped), None)
             self.held -= dropped.nbytes
 
+    def hit(self, key: tuple) -> Any:
+        """The batch kept under ``key`` (now the most recently used), or None."""
+        batch = self.batches.get(key)
+        if batch is not None:
+            self.batches.move_to_end(key)
+        return batch
+
+    def drop(self, key: tuple) -> Any:
+        """The batch kept under ``key``, no longer kept."""
+        batch = self.batches.pop(key)
+        self.held -= batch.nbytes
+        self.values.pop(id(batch), None)
+        return batch
+
     def file(self, key: tuple, opened: Callable[[], Any]) -> Any:
         """A layout's per-file handle under ``key``, made by ``opened()`` on first use; the
         OPEN_FILES most recently used are kept."""
@@ -314,10 +328,8 @@ class InPlaceReader:
         else read forward through the shard's reader (``read()`` makes a new one where the batch
         lies behind it). A reader that has given its last batch is let go, with what it buffered
         (a Parquet group's column chunks), rather than kept among the OPEN_GROUPS."""
-        key = (*self._id, columns, number)
-        batch = _cache.batches.get(key)
+        batch = _cache.hit((*self._id, columns, number))
         if batch is not None:
-            _cache.batches.move_to_end(key)
             return batch
         group_key = (*self._id, columns)
         reader, at = _cache.readers.pop(group_key, (None, 0))

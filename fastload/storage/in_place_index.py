@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from fastload._util.files import atomic_write_bytes, check_relative_path, read_file, resolved_inside
-from fastload._util.processes import in_fresh_process
 from fastload.errors import DatasetIndexError
 from fastload.formats.in_place_reader import class_names
 from fastload.formats.in_place_reader import column_roles as in_place_roles
@@ -193,10 +192,9 @@ def build_index(located: Located, storage_options: dict | None = None) -> Datase
     (Arrow streams) or their fragments (Lance); every file's columns must be the first's, with the
     same roles. A ValueError naming the file that cannot be indexed."""
     if located.layout == "lance":
-        from fastload.formats.lance.reader import lance_parts
+        from fastload.formats.lance.reader import lance_parts, lance_process
 
-        # in a spawned process: pylance's threads, once started here, could deadlock the workers this process forks
-        shards, schema, _ = in_fresh_process(lance_parts, located.file(located.names[0]), located.names[0])
+        shards, schema, _ = lance_process().call(lance_parts, located.file(located.names[0]), located.names[0])
         return in_place_index("lance", shards, in_place_roles(schema), schema.metadata)
     every: list[ShardInfo] = []
     columns: dict[str, str] | None = None
@@ -252,12 +250,12 @@ def changed(located: Located, index: DatasetIndex, storage_options: dict | None 
     size or mtime), or None: a ``stat`` a file (a URL: its size, looked up)."""
     parts = PartTable.of(index.shards)
     if located.layout == "lance":
-        from fastload.formats.lance.reader import dataset_version, listed_version
+        from fastload.formats.lance.reader import dataset_version, lance_process, listed_version
 
         uri = located.file(located.names[0])
-        version = listed_version(uri)  # its manifests' names; else pylance in a spawned process, as in build_index
+        version = listed_version(uri)  # its manifests' names; else asked of pylance
         if version is None:
-            version = in_fresh_process(dataset_version, uri)
+            version = lance_process().call(dataset_version, uri)
         return None if all(entry[5] == version for entry in parts.files) else f"its version is {version} now"
     files = {path: (file_bytes, mtime_ns) for path, file_bytes, _, mtime_ns, _, _ in parts.files}
     if set(files) != set(located.names):

@@ -5,6 +5,7 @@ the same rows; their orders and resume are those of every dataset; changes are s
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -113,6 +114,59 @@ print(json.dumps({{"rows": [first, again], "children_cpu": children_cpu() - befo
     assert got == {"rows": [ROWS, ROWS], "children_cpu": 0}
     lance.write_dataset(lance.dataset(str(path)).to_table().slice(0, 3), str(path), mode="append")
     assert len(fastload.open(path)) == ROWS + 3
+
+
+def test_pylance_runs_in_no_process_of_fastloads_so_its_workers_fork_safely(lanced: Path, tmp_path: Path) -> None:
+    """pylance is not fork-safe: a process forked after it ran may hang in it. Every pylance call runs
+    in a fresh interpreter of each process's own, so a training process that reads rows itself
+    (``ds[i]``, the array field's shape probed) and then forks workers imports no lance, nor do its
+    workers, and every row comes."""
+    got = run_limited(f"""
+import json, os, sys
+import fastload
+def seen(sample, rng):
+    sample["caption"] += "|" + str(os.getpid()) + ("|lance" if "lance" in sys.modules else "|none")
+    return sample
+first = fastload.open({str(lanced)!r})[0]["caption"]
+with fastload.DataLoader({str(lanced)!r}, batch_size=8, fields=["caption", "label", "emb"], num_workers=2, map=seen) as loader:
+    captions = [c for captions, labels, emb in loader for c in captions]
+print(json.dumps({{"first": first, "rows": len(captions), "main": "lance" in sys.modules,
+                  "workers": sorted({{c.split("|")[1] for c in captions}} - {{str(os.getpid())}}),
+                  "imported": sorted({{c.split("|")[2] for c in captions}})}}))
+""", env={"FASTLOAD_CACHE_DIR": str(tmp_path / "cache")})
+    assert got["first"] == fastload.open(lanced)[0]["caption"] and got["rows"] == ROWS
+    assert got["main"] is False and len(got["workers"]) == 2 and got["imported"] == ["none"]
+
+
+def test_the_lance_process_exits_with_the_process_it_serves(lanced: Path, tmp_path: Path) -> None:
+    """Killed by SIGKILL mid-run, the process leaves no Lance process behind."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = f"""
+import os, sys, time
+import fastload
+from fastload.formats.lance.reader import lance_process
+fastload.open({str(lanced)!r})[0]
+print(lance_process().process.pid, flush=True)
+time.sleep(60)
+"""
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "FASTLOAD_CACHE_DIR": str(tmp_path / "cache")})
+    try:
+        helper = int(owner.stdout.readline())
+        os.kill(helper, 0)  # alive while its process is
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{helper}").exists() and Path(f"/proc/{helper}/stat").read_text().split()[2] != "Z" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not Path(f"/proc/{helper}").exists() or Path(f"/proc/{helper}/stat").read_text().split()[2] == "Z"
+    finally:
+        owner.kill()
+        owner.wait()
 
 
 def test_a_damaged_arrow_file_is_one_line_naming_it(saved: Path, tmp_path: Path) -> None:
