@@ -8,8 +8,8 @@ version: a dataset written to since has another, and its index is made again.
 pylance is not fork-safe (its maintainers' word: a process forked after it ran may hang in it),
 and fastload's workers are forked. So pylance never runs in a process of fastload's: each process
 that reads a Lance dataset (the training process, each worker) has a fresh interpreter of its own
-(:func:`lance_process`) that runs every pylance call and sends each batch back as an Arrow IPC
-stream, whatever the process or the user's own code did with pylance before.
+(:func:`lance_process`) that runs every pylance call and sends the batches it reads back as an
+Arrow IPC stream, whatever the process or the user's own code did with pylance before.
 """
 
 from __future__ import annotations
