@@ -14,6 +14,7 @@ Arrow IPC stream, whatever the process or the user's own code did with pylance b
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import threading
@@ -42,7 +43,14 @@ def _forked() -> None:
     _starting = threading.Lock()  # another thread of the parent may have held it
 
 
+def _close_own() -> None:
+    own = _processes.pop(os.getpid(), None)
+    if own is not None:  # at exit: it would go within PARENT_POLL_S anyway, without being waited for
+        own.close()
+
+
 os.register_at_fork(after_in_child=_forked)
+atexit.register(_close_own)
 
 
 def lance_process() -> FreshInterpreter:
