@@ -9,7 +9,11 @@ A child exits within PARENT_POLL_S of its parent's death, even one killed by SIG
 child is doing, so no orphan keeps working: a thread of the child's own polls ``getppid``. Not
 ``PR_SET_PDEATHSIG``: it fires when the parent *thread* that forked exits, and a pool outlives the
 thread that made it wherever a loader's first epoch ran in a thread of its own or a conversion's
-first task was handed out by one (the workers were killed under a live pool)."""
+first task was handed out by one (the workers were killed under a live pool).
+
+What a library that is not fork-safe must do (pylance) runs in a :class:`FreshInterpreter` instead:
+a ``python -c`` child, never forked, that runs the module functions it is sent and dies with its
+owner by the same rule."""
 
 from __future__ import annotations
 
