@@ -169,6 +169,36 @@ time.sleep(60)
         owner.wait()
 
 
+def test_a_damaged_lance_fragment_is_a_sample_error_naming_its_rows(lanced: Path, tmp_path: Path) -> None:
+    """A fragment's data file cut short: its rows are sample errors naming the fragment and row (as
+    the Lance process reports them), skipped with their reason under ``on_error="skip"``; the other
+    fragments read on."""
+    import shutil
+
+    from fastload.errors import SampleError
+
+    copy = tmp_path / "photos.lance"
+    shutil.copytree(lanced, copy)
+    ds = fastload.open(copy)
+    last = ds.index.shards[-1]
+    import lance
+
+    # which file holds the last fragment is pylance's to say
+    files = {fragment.fragment_id: fragment.data_files()[0].path for fragment in lance.dataset(str(copy)).get_fragments()}
+    damaged = copy / "data" / Path(files[last.row_group]).name
+    damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])
+    first_damaged = ROWS - last.samples
+    with pytest.raises(SampleError, match=rf"photos.lance:fragment{last.row_group}:row0: damaged Lance data in fragment {last.row_group} \("):
+        ds[first_damaged]
+    assert ds[0]["label"] == fastload.open(lanced)[0]["label"]
+    with fastload.DataLoader(copy, batch_size=8, fields=["caption", "label"], num_workers=2, on_error="skip", max_skipped=None) as loader:
+        rows = sum(len(captions) for captions, _ in loader)
+        skipped = loader.stats.skipped.entries
+    assert rows == ROWS and len(skipped) == last.samples
+    assert all(entry["where"].startswith(f"photos.lance:fragment{last.row_group}:row") and "damaged Lance data" in entry["reason"]
+               and "\n" not in entry["reason"] for entry in skipped)
+
+
 def test_a_damaged_arrow_file_is_one_line_naming_it(saved: Path, tmp_path: Path) -> None:
     import shutil
 
