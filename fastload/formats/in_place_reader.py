@@ -13,6 +13,7 @@ import json
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -210,11 +211,13 @@ class InPlaceReader:
     """One shard of data read in place (``shard``: its index entry; ``columns``: each column read, by
     its role): rows by number as their columns' bytes. A layout's reader gives :meth:`_batch_of`."""
 
-    def __init__(self, shard: ShardInfo, columns: Mapping[str, str]) -> None:
+    def __init__(self, shard: ShardInfo, columns: Mapping[str, str], location: str | Path) -> None:
         self.shard, self.columns = shard, dict(columns)
         self.part = shard.row_group if shard.row_group is not None else 0
         self.rows = shard.samples
-        self._id: tuple[Any, ...] = (shard.path, shard.sha256, self.part)  # the file's footer (a Lance dataset's version) names its content
+        # the batch cache's name for it: where it is (two datasets' files may share a name and a footer,
+        # two Lance datasets a name and a version) and what the index says its content is
+        self._id: tuple[Any, ...] = (str(location), shard.sha256, self.part)
 
     def __len__(self) -> int:
         return self.rows
@@ -369,5 +372,5 @@ class InPlaceReader:
 
     def close(self) -> None:
         """Drop this shard's forward readers (the batches read stay in the process's cache until evicted)."""
-        for key in [key for key in _cache.readers if key[:3] == self._id]:
+        for key in [key for key in _cache.readers if key[: len(self._id)] == self._id]:
             del _cache.readers[key]

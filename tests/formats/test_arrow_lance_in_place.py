@@ -173,16 +173,14 @@ def test_a_damaged_lance_fragment_is_a_sample_error_naming_its_rows(lanced: Path
     """A fragment's data file cut short: its rows are sample errors naming the fragment and row (as
     the Lance process reports them), skipped with their reason under ``on_error="skip"``; the other
     fragments read on."""
-    import shutil
+    import lance
 
     from fastload.errors import SampleError
 
-    copy = tmp_path / "photos.lance"
-    shutil.copytree(lanced, copy)
+    copy = tmp_path / "photos.lance"  # written anew: files of new names (pylance's caches know a copy's files by name)
+    lance.write_dataset(lance.dataset(str(lanced)).to_table(), str(copy), max_rows_per_file=20)
     ds = fastload.open(copy)
     last = ds.index.shards[-1]
-    import lance
-
     # which file holds the last fragment is pylance's to say
     files = {fragment.fragment_id: fragment.data_files()[0].path for fragment in lance.dataset(str(copy)).get_fragments()}
     damaged = copy / "data" / Path(files[last.row_group]).name
@@ -197,6 +195,21 @@ def test_a_damaged_lance_fragment_is_a_sample_error_naming_its_rows(lanced: Path
     assert rows == ROWS and len(skipped) == last.samples
     assert all(entry["where"].startswith(f"photos.lance:fragment{last.row_group}:row") and "damaged Lance data" in entry["reason"]
                and "\n" not in entry["reason"] for entry in skipped)
+
+
+def test_two_lance_datasets_of_one_name_and_version_give_each_its_own_rows(tmp_path: Path) -> None:
+    """``a/photos.lance`` and ``b/photos.lance``, both at version 1, read in one process: the batch
+    cache names a slice by where the dataset is, not by its name and version alone (it once gave
+    the second dataset the first one's rows)."""
+    import lance
+
+    for folder, word in (("a", "left"), ("b", "right")):
+        (tmp_path / folder).mkdir()
+        lance.write_dataset(pa.table({"caption": [f"{word} {i}" for i in range(6)], "label": list(range(6))}), str(tmp_path / folder / "photos.lance"))
+    first, second = (fastload.open(tmp_path / folder / "photos.lance") for folder in ("a", "b"))
+    assert first.index.shards[0].version == second.index.shards[0].version == 1
+    assert [first[i]["caption"] for i in range(6)] == [f"left {i}" for i in range(6)]
+    assert [second[i]["caption"] for i in range(6)] == [f"right {i}" for i in range(6)]
 
 
 def test_a_damaged_arrow_file_is_one_line_naming_it(saved: Path, tmp_path: Path) -> None:

@@ -243,6 +243,19 @@ def test_a_group_declaring_too_much_is_refused_by_name_and_skipped(tmp_path: Pat
     assert len(skipped) == 3 and all("row group 1 declares" in entry["reason"] for entry in skipped)
 
 
+def test_two_files_of_one_name_and_footer_give_each_its_own_rows(tmp_path: Path) -> None:
+    """``a/d.parquet`` and ``b/d.parquet`` with byte-identical footers (values of equal lengths, no
+    statistics) read in one process: the batch cache names a row group by where its file is, not by
+    its name and footer alone (it once gave the second file the first one's rows)."""
+    for folder, word in (("a", "left"), ("b", "rite")):
+        (tmp_path / folder).mkdir()
+        pq.write_table(pa.table({"caption": [f"{word} {i}" for i in range(4)]}), tmp_path / folder / "d.parquet", write_statistics=False)
+    first, second = (fastload.open(tmp_path / folder / "d.parquet") for folder in ("a", "b"))
+    assert first.index.shards[0].sha256 == second.index.shards[0].sha256  # the footers are the same bytes
+    assert [first[i]["caption"] for i in range(4)] == [f"left {i}" for i in range(4)]
+    assert [second[i]["caption"] for i in range(4)] == [f"rite {i}" for i in range(4)]
+
+
 @pytest.mark.parametrize("damage", ["footer length", "footer bytes", "chunks past the data"])
 def test_a_lying_footer_is_one_line_naming_the_file(tmp_path: Path, damage: str) -> None:
     path = tmp_path / "d.parquet"

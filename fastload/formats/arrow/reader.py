@@ -43,7 +43,7 @@ class ArrowBatchReader(InPlaceReader):
     span) as a shard; ``columns`` maps each column read to its role."""
 
     def __init__(self, path: str | Path, shard: ShardInfo, columns: Mapping[str, str]) -> None:
-        super().__init__(shard, columns)
+        super().__init__(shard, columns, path)
         self.path = str(path)
 
     def open(self) -> None:

@@ -162,7 +162,7 @@ class _Slice(InPlaceReader):
     """A slice of a fragment as the Lance process and the reader both name it."""
 
     def __init__(self, uri: str | Path, shard: ShardInfo, columns: Mapping[str, str], version: int | None) -> None:
-        super().__init__(shard, columns)
+        super().__init__(shard, columns, uri)
         self.uri, self.version = str(uri), version
         self._id = (*self._id, shard.first_row)  # a fragment's slices are shards of their own
 

@@ -88,7 +88,7 @@ class ParquetGroupReader(InPlaceReader):
     the group's bytes and that of the file's footer (a remote file)."""
 
     def __init__(self, path: str | Path, shard: ShardInfo, columns: Mapping[str, str], footer: str | Path | None = None) -> None:
-        super().__init__(shard, columns)
+        super().__init__(shard, columns, path)
         self.path, self.footer, self.group = path, footer, self.part
         self._pid = -1
         self._meta: Any = None
@@ -120,7 +120,7 @@ class ParquetGroupReader(InPlaceReader):
         file when it cannot be read or disagrees with the index (a file changed since it was indexed)."""
         if self._meta is not None and self._pid == this_process():
             return self._meta
-        files, file = _cache.files, self._id[:2]
+        files, file = _cache.files, (str(self.footer or self.path), self.shard.sha256)  # a remote file's footer: one cache entry for its groups
         meta = files.get(file)
         source = self._source()
         if meta is None:
