@@ -18,6 +18,7 @@ owner by the same rule."""
 from __future__ import annotations
 
 import gc
+import json
 import multiprocessing
 import os
 import pickle
@@ -76,15 +77,15 @@ class FreshInterpreter:
         from_parent, to_child = os.pipe()  # (read end, write end)
         from_child, to_parent = os.pipe()
         try:
-            self.process = subprocess.Popen([sys.executable, "-c", _FRESH_CHILD, str(from_parent), str(to_parent), str(os.getpid())],
-                                            pass_fds=(from_parent, to_parent), stdin=subprocess.DEVNULL)
+            # this process's very path, so the child finds modules where this process does
+            self.process = subprocess.Popen([sys.executable, "-c", _FRESH_CHILD, str(from_parent), str(to_parent), str(os.getpid()),
+                                             json.dumps(sys.path)], pass_fds=(from_parent, to_parent), stdin=subprocess.DEVNULL)
         finally:
             os.close(from_parent)
             os.close(to_parent)
         self._calls = open(to_child, "wb", buffering=0)  # noqa: SIM115  # closed by close()
         self._answers = open(from_child, "rb", buffering=0)  # noqa: SIM115
         self._lock = threading.Lock()  # one call at a time, whichever thread makes it
-        write_message(self._calls, sys.path)  # first: where the child finds modules, this process's very path
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` (a module's function) run there: its result, or the exception it raised."""
@@ -180,20 +181,9 @@ def serve(calls: BinaryIO, answers: BinaryIO) -> None:
 
 
 _FRESH_CHILD = """
-import os, pickle, struct, sys
-calls, answers, parent = open(int(sys.argv[1]), "rb", buffering=0), open(int(sys.argv[2]), "wb", buffering=0), int(sys.argv[3])
-def read(size):
-    data = b""
-    while len(data) < size:
-        chunk = calls.read(size - len(data))
-        if not chunk:
-            sys.exit(0)
-        data += chunk
-    return data
-count, = struct.unpack("<I", read(4))
-sizes = struct.unpack(f"<{count}Q", read(8 * count))
-sys.path[:] = pickle.loads(read(sizes[0]))
+import json, sys
+sys.path[:] = json.loads(sys.argv[4])
 from fastload._util.processes import die_with_parent, serve
-die_with_parent(parent)
-serve(calls, answers)
+die_with_parent(int(sys.argv[3]))
+serve(open(int(sys.argv[1]), "rb", buffering=0), open(int(sys.argv[2]), "wb", buffering=0))
 """
